@@ -1,0 +1,90 @@
+// The one place where tandem's C++ objects meet libfabric's C fids.
+//
+// An object that libfabric sees as a fid derives from FidObject<Self, FidT>; its fid lives
+// in a slot next to a pointer back to the object, so a fid handed in by libfabric maps back
+// to its object without casts scattered through the code. Ops tables are filled with
+// Trampoline<&Self::method>::call: the generated function has exactly the C signature of
+// the table entry (checked by the compiler), catches every exception and returns it as a
+// negative fabric errno.
+#pragma once
+
+#include "fabric_error.h"
+
+#include <rdma/fabric.h>
+
+#include <type_traits>
+
+namespace tandem {
+
+template <class FidT>
+struct FidSlot {
+    FidT fid;  // first member: a pointer to fid (or to its embedded struct fid) is a slot pointer
+    void *self;
+};
+
+template <class Self, class FidT>
+class FidObject {
+public:
+    FidObject() {
+        slot_.fid = {};
+        slot_.self = static_cast<Self *>(this);
+    }
+    FidObject(const FidObject &) = delete;
+    FidObject &operator=(const FidObject &) = delete;
+
+    FidT *fid() noexcept { return &slot_.fid; }
+    struct fid *base_fid() noexcept { return reinterpret_cast<struct fid *>(&slot_.fid); }
+
+    // Any pointer to this object's fid (typed or as struct fid *) back to the object.
+    static Self *of(const void *fid) noexcept {
+        return static_cast<Self *>(static_cast<const FidSlot<FidT> *>(fid)->self);
+    }
+
+    // Initialises the embedded struct fid; fclass and ops are the object's, context the user's.
+    void init_fid(size_t fclass, void *context, fi_ops *ops) noexcept {
+        base_fid()->fclass = fclass;
+        base_fid()->context = context;
+        base_fid()->ops = ops;
+    }
+
+private:
+    FidSlot<FidT> slot_;
+};
+
+template <class R>
+inline R error_return(int negative_errno) noexcept {
+    if constexpr (std::is_pointer_v<R>) {
+        return nullptr;  // calls that return a string (strerror, straddr) fail with NULL
+    } else {
+        return static_cast<R>(negative_errno);
+    }
+}
+
+template <auto Method>
+struct Trampoline;
+
+template <class Obj, class R, class... A, R (Obj::*M)(A...)>
+struct Trampoline<M> {
+    template <class FidT>
+    static R call(FidT *fid, A... args) noexcept {
+        try {
+            return (Obj::of(fid)->*M)(args...);
+        } catch (...) {
+            return error_return<R>(current_exception_errno());
+        }
+    }
+};
+
+// For ops-table entries tandem does not implement: returns -FI_ENOSYS with the entry's type.
+template <class FnPtr>
+struct NotSupported;
+
+template <class R, class... A>
+struct NotSupported<R (*)(A...)> {
+    static R call(A...) noexcept { return static_cast<R>(-FI_ENOSYS); }
+};
+
+template <class FnPtr>
+inline constexpr FnPtr enosys = &NotSupported<FnPtr>::call;
+
+}  // namespace tandem

@@ -1,0 +1,65 @@
+#include "wait_fd.h"
+
+#include "fabric_error.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+namespace tandem {
+
+EventFd::EventFd() : fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+    if (fd_ < 0) fail(errno, "eventfd");
+}
+EventFd::~EventFd() { close(fd_); }
+
+void EventFd::signal() noexcept {
+    uint64_t one = 1;
+    [[maybe_unused]] ssize_t n = write(fd_, &one, sizeof one);
+}
+
+void EventFd::drain() noexcept {
+    uint64_t value;
+    [[maybe_unused]] ssize_t n = read(fd_, &value, sizeof value);
+}
+
+WaitSet::WaitSet() : epfd_(epoll_create1(EPOLL_CLOEXEC)) {
+    if (epfd_ < 0) fail(errno, "epoll_create1");
+}
+WaitSet::~WaitSet() { close(epfd_); }
+
+void WaitSet::add(int fd) noexcept {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
+}
+
+void WaitSet::remove(int fd) noexcept { epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr); }
+
+bool WaitSet::wait(int timeout_ms) noexcept {
+    epoll_event ev[8];
+    int n;
+    do {
+        n = epoll_wait(epfd_, ev, 8, timeout_ms);
+    } while (n < 0 && errno == EINTR);
+    return n > 0;
+}
+
+Deadline::Deadline(int timeout_ms)
+    : infinite_(timeout_ms < 0),
+      end_(std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms < 0 ? 0 : timeout_ms)) {}
+
+bool Deadline::expired() const noexcept {
+    return !infinite_ && std::chrono::steady_clock::now() >= end_;
+}
+
+int Deadline::remaining_ms() const noexcept {
+    if (infinite_) return -1;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end_ - std::chrono::steady_clock::now());
+    return left.count() < 0 ? 0 : static_cast<int>(left.count());
+}
+
+}  // namespace tandem

@@ -1,0 +1,56 @@
+// The file descriptors an application may sleep on. A WaitSet is an epoll descriptor that
+// contains an eventfd (signalled when a completion or event is written) and the sockets of
+// every endpoint whose progress can produce one: with manual progress, "readable" must
+// mean "progress has work to do", not only "a completion is already queued".
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+namespace tandem {
+
+class EventFd {
+public:
+    EventFd();
+    ~EventFd();
+    EventFd(const EventFd &) = delete;
+    EventFd &operator=(const EventFd &) = delete;
+    int fd() const noexcept { return fd_; }
+    void signal() noexcept;
+    void drain() noexcept;
+
+private:
+    int fd_;
+};
+
+class WaitSet {
+public:
+    WaitSet();
+    ~WaitSet();
+    WaitSet(const WaitSet &) = delete;
+    WaitSet &operator=(const WaitSet &) = delete;
+
+    int fd() const noexcept { return epfd_; }
+    void add(int fd) noexcept;     // readable events; duplicates are ignored
+    void remove(int fd) noexcept;  // absent descriptors are ignored
+    // Sleeps until some member is readable or the timeout (ms, negative = forever) expires.
+    // Returns true if woken by a member.
+    bool wait(int timeout_ms) noexcept;
+
+private:
+    int epfd_;
+};
+
+// Milliseconds left until a deadline given as fi_*sread timeout (negative = infinite).
+class Deadline {
+public:
+    explicit Deadline(int timeout_ms);
+    bool expired() const noexcept;
+    int remaining_ms() const noexcept;  // -1 for infinite
+
+private:
+    bool infinite_;
+    std::chrono::steady_clock::time_point end_;
+};
+
+}  // namespace tandem

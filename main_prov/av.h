@@ -1,0 +1,60 @@
+// fid_av: endpoint names (socket addresses of RDM endpoints) and the fi_addr_t values the
+// application uses for them. FI_AV_MAP and FI_AV_TABLE both hand out stable indices; a
+// reverse map answers "who sent this" for FI_SOURCE and directed receives.
+#pragma once
+
+#include "common/fid_adaptor.h"
+#include "main_prov/types.h"
+
+#include <rdma/fi_domain.h>
+
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace tandem {
+
+class Domain;
+class Eq;
+
+class Av : public FidObject<Av, fid_av> {
+public:
+    Av(Domain *domain, const fi_av_attr &attr, void *context);
+    ~Av();
+
+    int close();
+    int bind(struct fid *bfid, uint64_t flags);
+    int insert(const void *addr, size_t count, fi_addr_t *fi_addr, uint64_t flags, void *context);
+    int insertsvc(const char *node, const char *service, fi_addr_t *fi_addr, uint64_t flags,
+                  void *context);
+    int insertsym(const char *node, size_t nodecnt, const char *service, size_t svccnt,
+                  fi_addr_t *fi_addr, uint64_t flags, void *context);
+    int remove(fi_addr_t *fi_addr, size_t count, uint64_t flags);
+    int lookup(fi_addr_t fi_addr, void *addr, size_t *addrlen);
+    const char *straddr(const void *addr, char *buf, size_t *len);
+
+    // Inside tandem, with the domain lock held.
+    const EndpointName *name_of(FabricAddr addr) const;
+    FabricAddr addr_of(const EndpointName &name) const;
+    size_t addrlen() const { return addrlen_; }
+    // Bumped on every insert/remove so endpoints can refresh cached translations.
+    uint64_t version() const { return version_; }
+    void hold() { ++refs_; }
+    void release() { --refs_; }
+
+private:
+    int finish_insert(int done, size_t count, uint64_t flags, void *context);
+
+    Domain *domain_;
+    fi_av_type type_;
+    size_t addrlen_;
+    uint32_t addr_format_;
+    std::vector<EndpointName> names_;
+    std::vector<bool> valid_;
+    std::unordered_map<std::string, FabricAddr> reverse_;
+    Eq *eq_ = nullptr;
+    uint64_t version_ = 0;
+    int refs_ = 0;
+};
+
+}  // namespace tandem

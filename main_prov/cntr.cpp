@@ -1,0 +1,153 @@
+#include "main_prov/cntr.h"
+
+#include "main_prov/domain.h"
+#include "main_prov/wait.h"
+
+namespace tandem {
+
+namespace {
+
+fi_ops cntr_fi_ops = {
+    .size = sizeof(fi_ops),
+    .close = &Trampoline<&Cntr::close>::call<fid>,
+    .bind = enosys<decltype(fi_ops::bind)>,
+    .control = &Trampoline<&Cntr::control>::call<fid>,
+    .ops_open = enosys<decltype(fi_ops::ops_open)>,
+    .tostr = enosys<decltype(fi_ops::tostr)>,
+    .ops_set = enosys<decltype(fi_ops::ops_set)>,
+};
+
+fi_ops_cntr cntr_ops = {
+    .size = sizeof(fi_ops_cntr),
+    .read = &Trampoline<&Cntr::read>::call<fid_cntr>,
+    .readerr = &Trampoline<&Cntr::readerr>::call<fid_cntr>,
+    .add = &Trampoline<&Cntr::add>::call<fid_cntr>,
+    .set = &Trampoline<&Cntr::set>::call<fid_cntr>,
+    .wait = &Trampoline<&Cntr::wait>::call<fid_cntr>,
+    .adderr = &Trampoline<&Cntr::adderr>::call<fid_cntr>,
+    .seterr = &Trampoline<&Cntr::seterr>::call<fid_cntr>,
+};
+
+}  // namespace
+
+Cntr::Cntr(Domain *domain, const fi_cntr_attr &attr, void *context) : domain_(domain) {
+    if (attr.events != FI_CNTR_EVENTS_COMP) fail(FI_ENOSYS, "unsupported counter events");
+    if (attr.flags) fail(FI_EINVAL, "unsupported counter flags");
+    switch (attr.wait_obj) {
+        case FI_WAIT_NONE:
+            break;
+        case FI_WAIT_UNSPEC:
+        case FI_WAIT_FD:
+            own_wait_ = std::make_unique<WaitSet>();
+            wait_set_ = own_wait_.get();
+            break;
+        case FI_WAIT_SET:
+            if (!attr.wait_set) fail(FI_EINVAL, "FI_WAIT_SET without a wait set");
+            wait_object_ = WaitObject::of(attr.wait_set);
+            wait_set_ = &wait_object_->set();
+            wait_object_->attach(base_fid());
+            break;
+        default:
+            fail(FI_ENOSYS, "unsupported counter wait object");
+    }
+    if (wait_set_) wait_set_->add(signal_.fd());
+    init_fid(FI_CLASS_CNTR, context, &cntr_fi_ops);
+    fid()->ops = &cntr_ops;
+    domain_->hold();
+}
+
+Cntr::~Cntr() {
+    if (wait_set_) wait_set_->remove(signal_.fd());
+    if (wait_object_) wait_object_->detach(base_fid());
+    domain_->release();
+}
+
+int Cntr::close() {
+    {
+        std::lock_guard guard(domain_->lock());
+        if (refs_) return -FI_EBUSY;
+    }
+    delete this;
+    return 0;
+}
+
+int Cntr::control(int command, void *arg) {
+    if (command != FI_GETWAIT) return -FI_ENOSYS;
+    if (!own_wait_) return -FI_ENODATA;
+    if (!arg) return -FI_EINVAL;
+    {
+        std::lock_guard guard(domain_->lock());
+        domain_->watch_fds(*own_wait_);
+    }
+    *static_cast<int *>(arg) = own_wait_->fd();
+    return 0;
+}
+
+void Cntr::bump(std::atomic<uint64_t> &which, uint64_t n) {
+    which.fetch_add(n, std::memory_order_release);
+    if (wait_set_) signal_.signal();
+}
+
+uint64_t Cntr::read() {
+    std::lock_guard guard(domain_->lock());
+    domain_->progress();
+    return value_.load(std::memory_order_acquire);
+}
+
+uint64_t Cntr::readerr() {
+    std::lock_guard guard(domain_->lock());
+    domain_->progress();
+    return errors_.load(std::memory_order_acquire);
+}
+
+int Cntr::add(uint64_t value) {
+    bump(value_, value);
+    return 0;
+}
+
+int Cntr::set(uint64_t value) {
+    value_.store(value, std::memory_order_release);
+    if (wait_set_) signal_.signal();
+    return 0;
+}
+
+int Cntr::adderr(uint64_t value) {
+    bump(errors_, value);
+    return 0;
+}
+
+int Cntr::seterr(uint64_t value) {
+    errors_.store(value, std::memory_order_release);
+    if (wait_set_) signal_.signal();
+    return 0;
+}
+
+int Cntr::wait(uint64_t threshold, int timeout) {
+    Deadline deadline(timeout);
+    uint64_t errs_at_start = errors_.load();
+    for (;;) {
+        {
+            std::lock_guard guard(domain_->lock());
+            domain_->progress();
+            if (value_.load() >= threshold) return 0;
+            // fi_cntr_wait(3): an error increment ends the wait with -FI_EAVAIL.
+            if (errors_.load() != errs_at_start) return -FI_EAVAIL;
+            if (wait_set_) domain_->watch_fds(*wait_set_);
+        }
+        if (deadline.expired()) return -FI_ETIMEDOUT;
+        if (wait_set_) {
+            signal_.drain();
+            int left = deadline.remaining_ms();
+            wait_set_->wait(left < 0 || left > 50 ? 50 : left);
+        }
+    }
+}
+
+int Cntr::trywait() {
+    std::lock_guard guard(domain_->lock());
+    domain_->progress();
+    if (wait_set_) domain_->watch_fds(*wait_set_);
+    return 0;
+}
+
+}  // namespace tandem

@@ -1,0 +1,52 @@
+// fid_cntr: success and error counts of the operations bound to it. Reading drives progress.
+#pragma once
+
+#include "common/fid_adaptor.h"
+#include "common/wait_fd.h"
+
+#include <rdma/fi_domain.h>
+
+#include <atomic>
+#include <memory>
+
+namespace tandem {
+
+class Domain;
+class WaitObject;
+
+class Cntr : public FidObject<Cntr, fid_cntr> {
+public:
+    Cntr(Domain *domain, const fi_cntr_attr &attr, void *context);
+    ~Cntr();
+
+    int close();
+    int control(int command, void *arg);
+    uint64_t read();
+    uint64_t readerr();
+    int add(uint64_t value);
+    int set(uint64_t value);
+    int wait(uint64_t threshold, int timeout);
+    int adderr(uint64_t value);
+    int seterr(uint64_t value);
+
+    // Inside tandem, with the domain lock held.
+    void inc() { bump(value_, 1); }
+    void inc_err() { bump(errors_, 1); }
+    int trywait();
+    void hold() { ++refs_; }
+    void release() { --refs_; }
+
+private:
+    void bump(std::atomic<uint64_t> &which, uint64_t n);
+
+    Domain *domain_;
+    std::atomic<uint64_t> value_{0};
+    std::atomic<uint64_t> errors_{0};
+    std::unique_ptr<WaitSet> own_wait_;
+    WaitSet *wait_set_ = nullptr;
+    WaitObject *wait_object_ = nullptr;
+    EventFd signal_;
+    int refs_ = 0;
+};
+
+}  // namespace tandem

@@ -1,0 +1,256 @@
+#include "main_prov/cq.h"
+
+#include "main_prov/domain.h"
+#include "main_prov/wait.h"
+
+#include <cstring>
+
+namespace tandem {
+
+namespace {
+
+size_t entry_size_of(fi_cq_format format) {
+    switch (format) {
+        case FI_CQ_FORMAT_CONTEXT:
+            return sizeof(fi_cq_entry);
+        case FI_CQ_FORMAT_MSG:
+            return sizeof(fi_cq_msg_entry);
+        case FI_CQ_FORMAT_DATA:
+            return sizeof(fi_cq_data_entry);
+        case FI_CQ_FORMAT_TAGGED:
+            return sizeof(fi_cq_tagged_entry);
+        default:
+            return 0;
+    }
+}
+
+fi_ops cq_fi_ops = {
+    .size = sizeof(fi_ops),
+    .close = &Trampoline<&Cq::close>::call<fid>,
+    .bind = enosys<decltype(fi_ops::bind)>,
+    .control = &Trampoline<&Cq::control>::call<fid>,
+    .ops_open = enosys<decltype(fi_ops::ops_open)>,
+    .tostr = enosys<decltype(fi_ops::tostr)>,
+    .ops_set = enosys<decltype(fi_ops::ops_set)>,
+};
+
+fi_ops_cq cq_ops = {
+    .size = sizeof(fi_ops_cq),
+    .read = &Trampoline<&Cq::read>::call<fid_cq>,
+    .readfrom = &Trampoline<&Cq::readfrom>::call<fid_cq>,
+    .readerr = &Trampoline<&Cq::readerr>::call<fid_cq>,
+    .sread = &Trampoline<&Cq::sread>::call<fid_cq>,
+    .sreadfrom = &Trampoline<&Cq::sreadfrom>::call<fid_cq>,
+    .signal = &Trampoline<&Cq::signal>::call<fid_cq>,
+    .strerror = &Trampoline<&Cq::strerror>::call<fid_cq>,
+};
+
+}  // namespace
+
+Cq::Cq(Domain *domain, const fi_cq_attr &attr, void *context)
+    : domain_(domain),
+      format_(attr.format == FI_CQ_FORMAT_UNSPEC ? FI_CQ_FORMAT_CONTEXT : attr.format),
+      entry_size_(entry_size_of(format_)) {
+    if (!entry_size_) fail(FI_ENOSYS, "unsupported CQ format");
+    if (attr.flags & ~(FI_AFFINITY)) fail(FI_EINVAL, "unsupported CQ flags");
+    if (attr.wait_cond != FI_CQ_COND_NONE && attr.wait_cond != FI_CQ_COND_THRESHOLD)
+        fail(FI_ENOSYS, "unsupported CQ wait condition");
+    switch (attr.wait_obj) {
+        case FI_WAIT_NONE:
+            break;
+        case FI_WAIT_UNSPEC:
+        case FI_WAIT_FD:
+            own_wait_ = std::make_unique<WaitSet>();
+            wait_set_ = own_wait_.get();
+            break;
+        case FI_WAIT_SET:
+            if (!attr.wait_set) fail(FI_EINVAL, "FI_WAIT_SET without a wait set");
+            wait_object_ = WaitObject::of(attr.wait_set);
+            wait_set_ = &wait_object_->set();
+            wait_object_->attach(base_fid());
+            break;
+        default:
+            fail(FI_ENOSYS, "unsupported CQ wait object");
+    }
+    if (wait_set_) wait_set_->add(signal_.fd());
+    init_fid(FI_CLASS_CQ, context, &cq_fi_ops);
+    fid()->ops = &cq_ops;
+    domain_->hold();
+}
+
+Cq::~Cq() {
+    if (wait_set_) wait_set_->remove(signal_.fd());
+    if (wait_object_) wait_object_->detach(base_fid());
+    domain_->release();
+}
+
+int Cq::close() {
+    {
+        std::lock_guard guard(domain_->lock());
+        if (refs_) return -FI_EBUSY;
+    }
+    delete this;
+    return 0;
+}
+
+int Cq::control(int command, void *arg) {
+    if (command != FI_GETWAIT) return -FI_ENOSYS;
+    if (!own_wait_) return -FI_ENODATA;
+    if (!arg) return -FI_EINVAL;
+    {
+        std::lock_guard guard(domain_->lock());
+        domain_->watch_fds(*own_wait_);
+    }
+    *static_cast<int *>(arg) = own_wait_->fd();
+    return 0;
+}
+
+void Cq::copy_out(const Completion &c, void *dst) const {
+    switch (format_) {
+        case FI_CQ_FORMAT_CONTEXT:
+            static_cast<fi_cq_entry *>(dst)->op_context = c.op_context;
+            break;
+        case FI_CQ_FORMAT_MSG:
+            *static_cast<fi_cq_msg_entry *>(dst) = {c.op_context, c.flags, c.len};
+            break;
+        case FI_CQ_FORMAT_DATA:
+            *static_cast<fi_cq_data_entry *>(dst) = {c.op_context, c.flags, c.len, c.buf, c.data};
+            break;
+        case FI_CQ_FORMAT_TAGGED:
+            *static_cast<fi_cq_tagged_entry *>(dst) = {c.op_context, c.flags, c.len,
+                                                       c.buf,        c.data,  c.tag};
+            break;
+        default:
+            break;
+    }
+}
+
+ssize_t Cq::read_locked(void *buf, size_t count, fi_addr_t *src_addr) {
+    if (entries_.empty() || !errors_.empty()) {
+        domain_->progress();
+    }
+    // An error waiting at the head is reported before later successes (fi_cq(3)).
+    if (!errors_.empty()) return -FI_EAVAIL;
+    if (entries_.empty()) return -FI_EAGAIN;
+    size_t n = 0;
+    auto *out = static_cast<uint8_t *>(buf);
+    while (n < count && !entries_.empty()) {
+        copy_out(entries_.front(), out + n * entry_size_);
+        if (src_addr) src_addr[n] = entries_.front().src;
+        entries_.pop_front();
+        ++n;
+    }
+    if (entries_.empty() && wait_set_) signal_.drain();
+    return static_cast<ssize_t>(n);
+}
+
+ssize_t Cq::read(void *buf, size_t count) { return readfrom(buf, count, nullptr); }
+
+ssize_t Cq::readfrom(void *buf, size_t count, fi_addr_t *src_addr) {
+    if (count && !buf) return -FI_EINVAL;
+    std::lock_guard guard(domain_->lock());
+    return read_locked(buf, count, src_addr);
+}
+
+ssize_t Cq::readerr(fi_cq_err_entry *buf, uint64_t flags) {
+    (void)flags;
+    if (!buf) return -FI_EINVAL;
+    std::lock_guard guard(domain_->lock());
+    if (errors_.empty()) domain_->progress();
+    if (errors_.empty()) return -FI_EAGAIN;
+    const fi_cq_err_entry &e = errors_.front().entry;
+    // API >= 1.5: a caller-provided err_data buffer of err_data_size bytes is filled;
+    // otherwise err_data points at provider memory valid until the next readerr.
+    void *user_data = buf->err_data;
+    size_t user_size = buf->err_data_size;
+    *buf = e;
+    if (user_data && user_size) {
+        size_t n = std::min(user_size, e.err_data_size);
+        if (n) memcpy(user_data, e.err_data, n);
+        buf->err_data = user_data;
+        buf->err_data_size = n;
+    } else {
+        buf->err_data = nullptr;
+        buf->err_data_size = 0;
+    }
+    errors_.pop_front();
+    return 1;
+}
+
+ssize_t Cq::sread(void *buf, size_t count, const void *cond, int timeout) {
+    return sreadfrom(buf, count, nullptr, cond, timeout);
+}
+
+ssize_t Cq::sreadfrom(void *buf, size_t count, fi_addr_t *src_addr, const void *cond,
+                      int timeout) {
+    (void)cond;
+    if (!wait_set_) return -FI_ENOSYS;
+    if (count && !buf) return -FI_EINVAL;
+    Deadline deadline(timeout);
+    for (;;) {
+        {
+            std::lock_guard guard(domain_->lock());
+            ssize_t n = read_locked(buf, count, src_addr);
+            if (n != -FI_EAGAIN) return n;
+            if (signalled_) {
+                signalled_ = false;
+                return -FI_EAGAIN;  // fi_cq_signal: wake without a completion
+            }
+            domain_->watch_fds(*wait_set_);
+            armed_ = true;
+        }
+        if (deadline.expired()) return -FI_EAGAIN;
+        int left = deadline.remaining_ms();
+        // Sleep on the sockets; wake at least every 100 ms to recheck the deadline.
+        wait_set_->wait(left < 0 || left > 100 ? 100 : left);
+    }
+}
+
+int Cq::signal() {
+    std::lock_guard guard(domain_->lock());
+    signalled_ = true;
+    signal_.signal();
+    return 0;
+}
+
+const char *Cq::strerror(int prov_errno, const void *err_data, char *buf, size_t len) {
+    (void)err_data;
+    const char *text = fi_strerror(prov_errno < 0 ? -prov_errno : prov_errno);
+    if (buf && len) {
+        strncpy(buf, text, len - 1);
+        buf[len - 1] = '\0';
+        return buf;
+    }
+    return text;
+}
+
+// The eventfd is written only when someone may be asleep (armed by sread or fi_trywait),
+// so a busy-polling application pays no system call per completion.
+void Cq::write(const Completion &c) {
+    entries_.push_back(c);
+    if (armed_) {
+        armed_ = false;
+        signal_.signal();
+    }
+}
+
+void Cq::write_error(const CompletionError &e) {
+    errors_.push_back(e);
+    if (armed_) {
+        armed_ = false;
+        signal_.signal();
+    }
+}
+
+int Cq::trywait() {
+    std::lock_guard guard(domain_->lock());
+    domain_->progress();
+    if (has_entries()) return -FI_EAGAIN;
+    if (wait_set_) {
+        domain_->watch_fds(*wait_set_);
+        armed_ = true;
+    }
+    return 0;
+}
+
+}  // namespace tandem

@@ -1,0 +1,79 @@
+// fid_cq: completions of one domain's endpoints. Entries are kept in the widest form and
+// copied out in the format the application chose; the queue grows rather than drop a
+// completion ("overflow that loses nothing"). Reading drives the domain's progress.
+#pragma once
+
+#include "common/fid_adaptor.h"
+#include "common/wait_fd.h"
+
+#include <rdma/fi_eq.h>
+
+#include <deque>
+#include <memory>
+
+namespace tandem {
+
+class Domain;
+class WaitObject;
+
+struct Completion {
+    void *op_context;
+    uint64_t flags;
+    size_t len;
+    void *buf;
+    uint64_t data;
+    uint64_t tag;
+    fi_addr_t src;
+};
+
+struct CompletionError {
+    fi_cq_err_entry entry;
+    fi_addr_t src;
+};
+
+class Cq : public FidObject<Cq, fid_cq> {
+public:
+    Cq(Domain *domain, const fi_cq_attr &attr, void *context);
+    ~Cq();
+
+    int close();
+    int control(int command, void *arg);
+    ssize_t read(void *buf, size_t count);
+    ssize_t readfrom(void *buf, size_t count, fi_addr_t *src_addr);
+    ssize_t readerr(fi_cq_err_entry *buf, uint64_t flags);
+    ssize_t sread(void *buf, size_t count, const void *cond, int timeout);
+    ssize_t sreadfrom(void *buf, size_t count, fi_addr_t *src_addr, const void *cond, int timeout);
+    int signal();
+    const char *strerror(int prov_errno, const void *err_data, char *buf, size_t len);
+
+    // Inside tandem, with the domain lock held.
+    void write(const Completion &c);
+    void write_error(const CompletionError &e);
+    bool has_entries() const { return !entries_.empty() || !errors_.empty(); }
+    // fi_trywait: 0 when it is safe to sleep, -FI_EAGAIN when entries are ready.
+    int trywait();
+    WaitSet *wait_set() const { return wait_set_; }
+    void hold() { ++refs_; }
+    void release() { --refs_; }
+
+private:
+    ssize_t read_locked(void *buf, size_t count, fi_addr_t *src_addr);
+    void copy_out(const Completion &c, void *dst) const;
+
+    Domain *domain_;
+    fi_cq_format format_;
+    size_t entry_size_;
+    std::deque<Completion> entries_;
+    std::deque<CompletionError> errors_;
+    std::unique_ptr<WaitSet> own_wait_;
+    WaitSet *wait_set_ = nullptr;  // own_wait_ or a wait set the application opened
+    WaitObject *wait_object_ = nullptr;
+    EventFd signal_;
+    bool signalled_ = false;
+    bool armed_ = false;  // a reader may sleep on wait_set_: signal the eventfd on write
+    int refs_ = 0;  // endpoints bound to this CQ
+    // fi_cq_readerr's err_data must stay valid until the next readerr: keep the last one.
+    std::unique_ptr<uint8_t[]> last_err_data_;
+};
+
+}  // namespace tandem

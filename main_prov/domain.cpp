@@ -1,0 +1,167 @@
+#include "main_prov/domain.h"
+
+#include "main_prov/av.h"
+#include "main_prov/cntr.h"
+#include "main_prov/cq.h"
+#include "main_prov/endpoint.h"
+#include "main_prov/fabric.h"
+#include "main_prov/wait.h"
+
+#include <algorithm>
+
+namespace tandem {
+
+namespace {
+
+fi_ops domain_fi_ops = {
+    .size = sizeof(fi_ops),
+    .close = &Trampoline<&Domain::close>::call<fid>,
+    .bind = &Trampoline<&Domain::bind>::call<fid>,
+    .control = &Trampoline<&Domain::control>::call<fid>,
+    .ops_open = &Trampoline<&Domain::ops_open>::call<fid>,
+    .tostr = enosys<decltype(fi_ops::tostr)>,
+    .ops_set = enosys<decltype(fi_ops::ops_set)>,
+};
+
+fi_ops_domain domain_ops = {
+    .size = sizeof(fi_ops_domain),
+    .av_open = &Trampoline<&Domain::av_open>::call<fid_domain>,
+    .cq_open = &Trampoline<&Domain::cq_open>::call<fid_domain>,
+    .endpoint = &Trampoline<&Domain::endpoint>::call<fid_domain>,
+    .scalable_ep = &Trampoline<&Domain::scalable_ep>::call<fid_domain>,
+    .cntr_open = &Trampoline<&Domain::cntr_open>::call<fid_domain>,
+    .poll_open = &Trampoline<&Domain::poll_open>::call<fid_domain>,
+    .stx_ctx = &Trampoline<&Domain::stx_ctx>::call<fid_domain>,
+    .srx_ctx = &Trampoline<&Domain::srx_ctx>::call<fid_domain>,
+    .query_atomic = &Trampoline<&Domain::query_atomic>::call<fid_domain>,
+    .query_collective = &Trampoline<&Domain::query_collective>::call<fid_domain>,
+    .endpoint2 = enosys<decltype(fi_ops_domain::endpoint2)>,
+};
+
+fi_ops_mr domain_mr_ops = {
+    .size = sizeof(fi_ops_mr),
+    .reg = &Trampoline<&Domain::mr_reg>::call<fid>,
+    .regv = &Trampoline<&Domain::mr_regv>::call<fid>,
+    .regattr = &Trampoline<&Domain::mr_regattr>::call<fid>,
+};
+
+}  // namespace
+
+Domain::Domain(Fabric *fabric, const fi_info *info, void *context)
+    : fabric_(fabric), info_(fi_dupinfo(info)) {
+    if (!info_) fail(FI_ENOMEM, "fi_dupinfo");
+    mr_mode_ = info_->domain_attr->mr_mode;
+    threading_ = info_->domain_attr->threading;
+    init_fid(FI_CLASS_DOMAIN, context, &domain_fi_ops);
+    fid()->ops = &domain_ops;
+    fid()->mr = &domain_mr_ops;
+    fabric_->hold();
+}
+
+Domain::~Domain() {
+    fi_freeinfo(info_);
+    fabric_->release();
+}
+
+int Domain::close() {
+    if (refs_.load()) return -FI_EBUSY;
+    delete this;
+    return 0;
+}
+
+int Domain::bind(struct fid *, uint64_t) { return -FI_ENOSYS; }
+int Domain::control(int, void *) { return -FI_ENOSYS; }
+int Domain::ops_open(const char *, uint64_t, void **, void *) { return -FI_ENOSYS; }
+
+int Domain::av_open(fi_av_attr *attr, fid_av **av, void *context) {
+    if (!attr || !av) return -FI_EINVAL;
+    auto *a = new Av(this, *attr, context);
+    *av = a->fid();
+    return 0;
+}
+
+int Domain::cq_open(fi_cq_attr *attr, fid_cq **cq, void *context) {
+    if (!attr || !cq) return -FI_EINVAL;
+    auto *c = new Cq(this, *attr, context);
+    *cq = c->fid();
+    return 0;
+}
+
+int Domain::endpoint(fi_info *info, fid_ep **ep, void *context) {
+    if (!info || !ep) return -FI_EINVAL;
+    auto *e = new Endpoint(this, info, context);
+    *ep = e->fid();
+    return 0;
+}
+
+int Domain::scalable_ep(fi_info *, fid_ep **, void *) { return -FI_ENOSYS; }
+
+int Domain::cntr_open(fi_cntr_attr *attr, fid_cntr **cntr, void *context) {
+    if (!attr || !cntr) return -FI_EINVAL;
+    auto *c = new Cntr(this, *attr, context);
+    *cntr = c->fid();
+    return 0;
+}
+
+int Domain::poll_open(fi_poll_attr *attr, fid_poll **pollset) {
+    if (!attr || !pollset) return -FI_EINVAL;
+    auto *p = new PollObject(this, *attr);
+    *pollset = p->fid();
+    return 0;
+}
+
+int Domain::stx_ctx(fi_tx_attr *, fid_stx **, void *) { return -FI_ENOSYS; }
+int Domain::srx_ctx(fi_rx_attr *, fid_ep **, void *) { return -FI_ENOSYS; }
+
+int Domain::query_atomic(enum fi_datatype, enum fi_op, fi_atomic_attr *, uint64_t) {
+    return -FI_EOPNOTSUPP;
+}
+
+int Domain::query_collective(enum fi_collective_op, fi_collective_attr *, uint64_t) {
+    return -FI_EOPNOTSUPP;
+}
+
+int Domain::mr_reg(const void *buf, size_t len, uint64_t access, uint64_t offset,
+                   uint64_t requested_key, uint64_t flags, fid_mr **mr, void *context) {
+    iovec iov{const_cast<void *>(buf), len};
+    return mr_regv(&iov, 1, access, offset, requested_key, flags, mr, context);
+}
+
+int Domain::mr_regv(const iovec *iov, size_t count, uint64_t access, uint64_t offset,
+                    uint64_t requested_key, uint64_t flags, fid_mr **mr, void *context) {
+    fi_mr_attr attr{};
+    attr.mr_iov = iov;
+    attr.iov_count = count;
+    attr.access = access;
+    attr.offset = offset;
+    attr.requested_key = requested_key;
+    attr.context = context;
+    attr.iface = FI_HMEM_SYSTEM;
+    return mr_regattr(&attr, flags, mr);
+}
+
+int Domain::mr_regattr(const fi_mr_attr *attr, uint64_t flags, fid_mr **mr) {
+    if (!attr || !mr) return -FI_EINVAL;
+    if (attr->iov_count > info_->domain_attr->mr_iov_limit) return -FI_EINVAL;
+    std::lock_guard guard(mutex_);
+    auto *m = new MemoryRegion(this, *attr, flags);
+    *mr = m->fid();
+    return 0;
+}
+
+void Domain::progress() {
+    // Index loop: progress never opens or closes endpoints.
+    for (size_t i = 0; i < endpoints_.size(); ++i) endpoints_[i]->progress();
+}
+
+void Domain::add_endpoint(Endpoint *ep) { endpoints_.push_back(ep); }
+
+void Domain::remove_endpoint(Endpoint *ep) { std::erase(endpoints_, ep); }
+
+void Domain::watch_fds(WaitSet &set) {
+    std::vector<int> fds;
+    for (auto *ep : endpoints_) ep->wait_fds(fds);
+    for (int fd : fds) set.add(fd);
+}
+
+}  // namespace tandem

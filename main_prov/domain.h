@@ -1,0 +1,76 @@
+// fid_domain: one IP interface of the TCP fabric. Owns the lock every object of the domain
+// shares (docs/architecture.md, "Threads and progress"), the memory-region table that
+// checks remote keys, and the list of endpoints whose progress a CQ or counter read drives.
+#pragma once
+
+#include "common/fid_adaptor.h"
+#include "common/wait_fd.h"
+#include "main_prov/mr.h"
+
+#include <rdma/fi_domain.h>
+
+#include <atomic>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+class Fabric;
+class Endpoint;
+
+class Domain : public FidObject<Domain, fid_domain> {
+public:
+    Domain(Fabric *fabric, const fi_info *info, void *context);
+    ~Domain();
+
+    // libfabric entry points (fi_domain(3) and friends).
+    int close();
+    int bind(struct fid *bfid, uint64_t flags);
+    int control(int command, void *arg);
+    int ops_open(const char *name, uint64_t flags, void **ops, void *context);
+    int av_open(fi_av_attr *attr, fid_av **av, void *context);
+    int cq_open(fi_cq_attr *attr, fid_cq **cq, void *context);
+    int endpoint(fi_info *info, fid_ep **ep, void *context);
+    int scalable_ep(fi_info *info, fid_ep **sep, void *context);
+    int cntr_open(fi_cntr_attr *attr, fid_cntr **cntr, void *context);
+    int poll_open(fi_poll_attr *attr, fid_poll **pollset);
+    int stx_ctx(fi_tx_attr *attr, fid_stx **stx, void *context);
+    int srx_ctx(fi_rx_attr *attr, fid_ep **rx_ep, void *context);
+    int query_atomic(enum fi_datatype datatype, enum fi_op op, fi_atomic_attr *attr,
+                     uint64_t flags);
+    int query_collective(enum fi_collective_op coll, fi_collective_attr *attr, uint64_t flags);
+    int mr_reg(const void *buf, size_t len, uint64_t access, uint64_t offset,
+               uint64_t requested_key, uint64_t flags, fid_mr **mr, void *context);
+    int mr_regv(const iovec *iov, size_t count, uint64_t access, uint64_t offset,
+                uint64_t requested_key, uint64_t flags, fid_mr **mr, void *context);
+    int mr_regattr(const fi_mr_attr *attr, uint64_t flags, fid_mr **mr);
+
+    // Inside tandem.
+    std::mutex &lock() { return mutex_; }
+    // Drives every endpoint of the domain; the caller holds lock().
+    void progress();
+    void add_endpoint(Endpoint *ep);
+    void remove_endpoint(Endpoint *ep);
+    // Puts the descriptors of every endpoint into the wait set (before an application sleeps).
+    void watch_fds(WaitSet &set);
+    MrTable &mr_table() { return mr_table_; }
+    Fabric *fabric() const { return fabric_; }
+    const fi_info *info() const { return info_; }
+    uint64_t mr_mode() const { return mr_mode_; }
+    fi_threading threading() const { return threading_; }
+    void hold() { ++refs_; }
+    void release() { --refs_; }
+
+private:
+    Fabric *fabric_;
+    fi_info *info_;
+    uint64_t mr_mode_;
+    fi_threading threading_;
+    std::mutex mutex_;
+    std::vector<Endpoint *> endpoints_;
+    MrTable mr_table_;
+    std::atomic<int> refs_{0};  // objects opened on this domain and not closed yet
+};
+
+}  // namespace tandem

@@ -1,0 +1,591 @@
+// Control path of the endpoint: creation, binding, enabling, options, connection management.
+// The data path is in endpoint_data.cpp.
+#include "main_prov/endpoint.h"
+
+#include "common/log.h"
+#include "main_prov/av.h"
+#include "main_prov/cntr.h"
+#include "main_prov/config.h"
+#include "main_prov/domain.h"
+#include "main_prov/interfaces.h"
+#include "main_prov/pep.h"
+
+#include <rdma/fi_errno.h>
+
+#include <cstring>
+
+namespace tandem {
+
+namespace {
+
+// FI_OPT_CUDA_API_PERMITTED arrived in libfabric 1.18 (value 10, after FI_OPT_XPU_TRIGGER);
+// handled by value so a 1.17 build answers it too.
+constexpr int kOptCudaApiPermitted = 10;
+
+fi_ops ep_fi_ops = {
+    .size = sizeof(fi_ops),
+    .close = &Trampoline<&Endpoint::close>::call<fid>,
+    .bind = &Trampoline<&Endpoint::bind>::call<fid>,
+    .control = &Trampoline<&Endpoint::control>::call<fid>,
+    .ops_open = enosys<decltype(fi_ops::ops_open)>,
+    .tostr = enosys<decltype(fi_ops::tostr)>,
+    .ops_set = enosys<decltype(fi_ops::ops_set)>,
+};
+
+fi_ops_ep ep_ops = {
+    .size = sizeof(fi_ops_ep),
+    .cancel = &Trampoline<&Endpoint::cancel>::call<struct fid>,
+    .getopt = &Trampoline<&Endpoint::getopt>::call<fid>,
+    .setopt = &Trampoline<&Endpoint::setopt>::call<fid>,
+    .tx_ctx = enosys<decltype(fi_ops_ep::tx_ctx)>,
+    .rx_ctx = enosys<decltype(fi_ops_ep::rx_ctx)>,
+    .rx_size_left = &Trampoline<&Endpoint::rx_size_left>::call<fid_ep>,
+    .tx_size_left = &Trampoline<&Endpoint::tx_size_left>::call<fid_ep>,
+};
+
+fi_ops_cm ep_cm_ops = {
+    .size = sizeof(fi_ops_cm),
+    .setname = &Trampoline<&Endpoint::setname>::call<fid>,
+    .getname = &Trampoline<&Endpoint::getname>::call<fid>,
+    .getpeer = &Trampoline<&Endpoint::getpeer>::call<fid_ep>,
+    .connect = &Trampoline<&Endpoint::connect>::call<fid_ep>,
+    .listen = enosys<decltype(fi_ops_cm::listen)>,
+    .accept = &Trampoline<&Endpoint::accept>::call<fid_ep>,
+    .reject = enosys<decltype(fi_ops_cm::reject)>,
+    .shutdown = &Trampoline<&Endpoint::shutdown>::call<fid_ep>,
+    .join = enosys<decltype(fi_ops_cm::join)>,
+};
+
+fi_ops_msg ep_msg_ops = {
+    .size = sizeof(fi_ops_msg),
+    .recv = &Trampoline<&Endpoint::msg_recv>::call<fid_ep>,
+    .recvv = &Trampoline<&Endpoint::msg_recvv>::call<fid_ep>,
+    .recvmsg = &Trampoline<&Endpoint::msg_recvmsg>::call<fid_ep>,
+    .send = &Trampoline<&Endpoint::msg_send>::call<fid_ep>,
+    .sendv = &Trampoline<&Endpoint::msg_sendv>::call<fid_ep>,
+    .sendmsg = &Trampoline<&Endpoint::msg_sendmsg>::call<fid_ep>,
+    .inject = &Trampoline<&Endpoint::msg_inject>::call<fid_ep>,
+    .senddata = &Trampoline<&Endpoint::msg_senddata>::call<fid_ep>,
+    .injectdata = &Trampoline<&Endpoint::msg_injectdata>::call<fid_ep>,
+};
+
+fi_ops_tagged ep_tagged_ops = {
+    .size = sizeof(fi_ops_tagged),
+    .recv = &Trampoline<&Endpoint::tag_recv>::call<fid_ep>,
+    .recvv = &Trampoline<&Endpoint::tag_recvv>::call<fid_ep>,
+    .recvmsg = &Trampoline<&Endpoint::tag_recvmsg>::call<fid_ep>,
+    .send = &Trampoline<&Endpoint::tag_send>::call<fid_ep>,
+    .sendv = &Trampoline<&Endpoint::tag_sendv>::call<fid_ep>,
+    .sendmsg = &Trampoline<&Endpoint::tag_sendmsg>::call<fid_ep>,
+    .inject = &Trampoline<&Endpoint::tag_inject>::call<fid_ep>,
+    .senddata = &Trampoline<&Endpoint::tag_senddata>::call<fid_ep>,
+    .injectdata = &Trampoline<&Endpoint::tag_injectdata>::call<fid_ep>,
+};
+
+fi_ops_rma ep_rma_ops = {
+    .size = sizeof(fi_ops_rma),
+    .read = &Trampoline<&Endpoint::rma_read>::call<fid_ep>,
+    .readv = &Trampoline<&Endpoint::rma_readv>::call<fid_ep>,
+    .readmsg = &Trampoline<&Endpoint::rma_readmsg>::call<fid_ep>,
+    .write = &Trampoline<&Endpoint::rma_write>::call<fid_ep>,
+    .writev = &Trampoline<&Endpoint::rma_writev>::call<fid_ep>,
+    .writemsg = &Trampoline<&Endpoint::rma_writemsg>::call<fid_ep>,
+    .inject = &Trampoline<&Endpoint::rma_inject>::call<fid_ep>,
+    .writedata = &Trampoline<&Endpoint::rma_writedata>::call<fid_ep>,
+    .injectdata = &Trampoline<&Endpoint::rma_injectdata>::call<fid_ep>,
+};
+
+}  // namespace
+
+Endpoint::Endpoint(Domain *domain, fi_info *info, void *context)
+    : domain_(domain), info_(fi_dupinfo(info)) {
+    if (!info_ || !info_->ep_attr) fail(FI_EINVAL, "endpoint without attributes");
+    type_ = info_->ep_attr->type;
+    if (type_ != FI_EP_RDM && type_ != FI_EP_MSG) fail(FI_EINVAL, "unsupported endpoint type");
+    caps_ = info_->caps ? info_->caps : (FI_MSG | FI_TAGGED | FI_RMA);
+    tx_op_flags_ = info_->tx_attr ? info_->tx_attr->op_flags : 0;
+    rx_op_flags_ = info_->rx_attr ? info_->rx_attr->op_flags : 0;
+    const Config &cfg = Config::get();
+    eager_limit_ = cfg.eager_limit;
+    inject_size_ = cfg.inject_size;
+    rx_buf_size_ = sizeof(wire::ProtoHeader) + std::max(eager_limit_, sizeof(wire::RtsBody));
+    TcpLinkConfig link;
+    link.max_send_size = rx_buf_size_;
+    link.max_inline = sizeof(wire::ProtoHeader) + inject_size_;
+    link.socket_buffer = cfg.socket_buffer;
+    transport_ = std::make_unique<TcpTransport>(this, link);
+
+    init_fid(FI_CLASS_EP, context, &ep_fi_ops);
+    fid()->ops = &ep_ops;
+    fid()->cm = &ep_cm_ops;
+    fid()->msg = &ep_msg_ops;
+    fid()->tagged = &ep_tagged_ops;
+    fid()->rma = &ep_rma_ops;
+
+    if (info_->src_addr) {
+        if (!EndpointName::from_bytes(info_->src_addr, info_->src_addrlen, src_name_))
+            fail(FI_EINVAL, "bad source address");
+        named_ = true;
+    } else {
+        src_name_.ss.ss_family = info_->addr_format == FI_SOCKADDR_IN6 ? AF_INET6 : AF_INET;
+    }
+    if (type_ == FI_EP_RDM) {
+        int ret = transport_->listen(src_name_.sa(), src_name_.length(), 512);
+        if (ret) fail(-ret, "cannot listen on the source address");
+    }
+    if (info_->handle) {
+        if (type_ != FI_EP_MSG || info_->handle->fclass != FI_CLASS_CONNREQ)
+            fail(FI_EINVAL, "connection request handle on a non-MSG endpoint");
+    }
+    domain_->hold();
+}
+
+Endpoint::~Endpoint() {
+    for (auto *rx : posted_msg_) delete rx;
+    for (auto *rx : posted_tag_) delete rx;
+    for (auto &[id, op] : await_remote_) delete op;
+    for (auto &[name, peer] : peers_)
+        for (auto *op : peer->waiting) delete op;
+    transport_.reset();
+    fi_freeinfo(info_);
+    domain_->release();
+}
+
+int Endpoint::close() {
+    if (eq_) eq_->remove_source(this);
+    {
+        std::lock_guard guard(domain_->lock());
+        if (enabled_) domain_->remove_endpoint(this);
+        for (auto &[name, peer] : peers_)
+            if (peer->conn) peer->conn->disconnect();
+        if (pending_request_) pending_request_->reject(nullptr, 0);
+        for (Cq *cq : {tx_cq_, rx_cq_})
+            if (cq) cq->release();
+        for (Cntr *c : {send_cntr_, recv_cntr_, read_cntr_, write_cntr_, rread_cntr_, rwrite_cntr_})
+            if (c) c->release();
+        if (av_) av_->release();
+    }
+    delete this;
+    return 0;
+}
+
+int Endpoint::bind(struct fid *bfid, uint64_t flags) {
+    if (!bfid) return -FI_EINVAL;
+    std::lock_guard guard(domain_->lock());
+    if (enabled_) return -FI_EOPBADSTATE;
+    switch (bfid->fclass) {
+        case FI_CLASS_CQ: {
+            if (flags & ~uint64_t(FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION))
+                return -FI_EBADFLAGS;
+            if (!(flags & (FI_TRANSMIT | FI_RECV))) return -FI_EBADFLAGS;
+            Cq *cq = Cq::of(bfid);
+            if (((flags & FI_TRANSMIT) && tx_cq_) || ((flags & FI_RECV) && rx_cq_))
+                return -FI_EINVAL;
+            if (flags & FI_TRANSMIT) {
+                tx_cq_ = cq;
+                tx_selective_ = flags & FI_SELECTIVE_COMPLETION;
+                cq->hold();
+            }
+            if (flags & FI_RECV) {
+                rx_cq_ = cq;
+                rx_selective_ = flags & FI_SELECTIVE_COMPLETION;
+                cq->hold();
+            }
+            return 0;
+        }
+        case FI_CLASS_CNTR: {
+            constexpr uint64_t all = FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ |
+                                     FI_REMOTE_WRITE;
+            if (!flags || (flags & ~all)) return -FI_EBADFLAGS;
+            Cntr *c = Cntr::of(bfid);
+            auto set = [&](uint64_t bit, Cntr *&slot) {
+                if (!(flags & bit)) return;
+                if (slot) slot->release();
+                slot = c;
+                c->hold();
+            };
+            set(FI_SEND, send_cntr_);
+            set(FI_RECV, recv_cntr_);
+            set(FI_READ, read_cntr_);
+            set(FI_WRITE, write_cntr_);
+            set(FI_REMOTE_READ, rread_cntr_);
+            set(FI_REMOTE_WRITE, rwrite_cntr_);
+            return 0;
+        }
+        case FI_CLASS_AV:
+            if (type_ != FI_EP_RDM) return -FI_EINVAL;
+            if (av_) return -FI_EINVAL;
+            if (flags) return -FI_EBADFLAGS;
+            av_ = Av::of(bfid);
+            av_->hold();
+            return 0;
+        case FI_CLASS_EQ:
+            if (eq_) return -FI_EINVAL;
+            eq_ = Eq::of(bfid);
+            eq_->add_source(this);
+            return 0;
+        case FI_CLASS_SRX_CTX:
+        case FI_CLASS_STX_CTX:
+            return -FI_ENOSYS;
+        default:
+            return -FI_EINVAL;
+    }
+}
+
+int Endpoint::control(int command, void *arg) {
+    switch (command) {
+        case FI_ENABLE: {
+            std::lock_guard guard(domain_->lock());
+            if (enabled_) return 0;
+            if (type_ == FI_EP_RDM && !av_) return -FI_ENOAV;
+            if ((caps_ & (FI_MSG | FI_TAGGED | FI_RMA)) && !tx_cq_ && !send_cntr_ && !write_cntr_ &&
+                !read_cntr_)
+                return -FI_ENOCQ;
+            if (type_ == FI_EP_MSG && !eq_) return -FI_ENOEQ;
+            // Post the link's receive buffers (the SRQ of a verbs link).
+            size_t count = Config::get().rx_buffers;
+            rx_slab_.assign(count * rx_buf_size_, 0);
+            for (size_t i = 0; i < count; ++i)
+                transport_->post_recv(rx_slab_.data() + i * rx_buf_size_, rx_buf_size_,
+                                      reinterpret_cast<uint64_t>(rx_slab_.data() + i * rx_buf_size_));
+            enabled_ = true;
+            domain_->add_endpoint(this);
+            if (info_->handle) {
+                // Passive side: the connection request this endpoint was created for.
+                auto *req = reinterpret_cast<struct fid *>(info_->handle);
+                adopt_request(take_connection_request(req));
+                info_->handle = nullptr;
+            }
+            return 0;
+        }
+        case FI_GETOPSFLAG:
+        case FI_SETOPSFLAG: {
+            if (!arg) return -FI_EINVAL;
+            auto *flags = static_cast<uint64_t *>(arg);
+            bool tx = *flags & FI_TRANSMIT, rx = *flags & FI_RECV;
+            if (tx == rx) return -FI_EINVAL;
+            uint64_t &which = tx ? tx_op_flags_ : rx_op_flags_;
+            if (command == FI_GETOPSFLAG) {
+                *flags = which | (tx ? FI_TRANSMIT : FI_RECV);
+            } else {
+                which = *flags & ~uint64_t(FI_TRANSMIT | FI_RECV);
+            }
+            return 0;
+        }
+        case FI_GETWAIT:
+            return -FI_ENOSYS;
+        default:
+            return -FI_ENOSYS;
+    }
+}
+
+int Endpoint::getopt(int level, int optname, void *optval, size_t *optlen) {
+    if (level != FI_OPT_ENDPOINT) return -FI_ENOPROTOOPT;
+    if (!optval || !optlen) return -FI_EINVAL;
+    switch (optname) {
+        case FI_OPT_MIN_MULTI_RECV:
+            if (*optlen < sizeof(size_t)) return -FI_ETOOSMALL;
+            *static_cast<size_t *>(optval) = min_multi_recv_;
+            *optlen = sizeof(size_t);
+            return 0;
+        case FI_OPT_CM_DATA_SIZE:
+            if (*optlen < sizeof(size_t)) return -FI_ETOOSMALL;
+            *static_cast<size_t *>(optval) = cm_data_size_;
+            *optlen = sizeof(size_t);
+            return 0;
+        case FI_OPT_FI_HMEM_P2P:
+            if (*optlen < sizeof(int)) return -FI_ETOOSMALL;
+            *static_cast<int *>(optval) = hmem_p2p_;
+            *optlen = sizeof(int);
+            return 0;
+        default:
+            return -FI_ENOPROTOOPT;
+    }
+}
+
+int Endpoint::setopt(int level, int optname, const void *optval, size_t optlen) {
+    if (level != FI_OPT_ENDPOINT) return -FI_ENOPROTOOPT;
+    if (!optval) return -FI_EINVAL;
+    switch (optname) {
+        case FI_OPT_MIN_MULTI_RECV:
+            if (optlen != sizeof(size_t)) return -FI_EINVAL;
+            min_multi_recv_ = *static_cast<const size_t *>(optval);
+            return 0;
+        case FI_OPT_CM_DATA_SIZE: {
+            if (optlen != sizeof(size_t)) return -FI_EINVAL;
+            size_t want = *static_cast<const size_t *>(optval);
+            if (want > wire::kMaxCmPrivate) return -FI_EINVAL;
+            cm_data_size_ = want;
+            return 0;
+        }
+        case FI_OPT_FI_HMEM_P2P: {
+            if (optlen != sizeof(int)) return -FI_EINVAL;
+            int mode = *static_cast<const int *>(optval);
+            // Without FI_HMEM no transfer can be peer to peer: REQUIRED cannot be met,
+            // the other modes are honoured trivially (fi_endpoint(3)).
+            switch (mode) {
+                case FI_HMEM_P2P_REQUIRED:
+                    return -FI_EOPNOTSUPP;
+                case FI_HMEM_P2P_ENABLED:
+                case FI_HMEM_P2P_PREFERRED:
+                case FI_HMEM_P2P_DISABLED:
+                    hmem_p2p_ = mode;
+                    return 0;
+                default:
+                    return -FI_EINVAL;
+            }
+        }
+        case kOptCudaApiPermitted:
+            // fi_endpoint(3): -FI_EINVAL when the CUDA library or a device is missing, which
+            // is always the case for an endpoint without FI_HMEM.
+            if (optlen != sizeof(bool)) return -FI_EINVAL;
+            return -FI_EINVAL;
+        default:
+            return -FI_ENOPROTOOPT;
+    }
+}
+
+ssize_t Endpoint::rx_size_left() {
+    std::lock_guard guard(domain_->lock());
+    if (!enabled_) return -FI_EOPBADSTATE;
+    size_t size = info_->rx_attr ? info_->rx_attr->size : 0;
+    return static_cast<ssize_t>(size > rx_outstanding_ ? size - rx_outstanding_ : 0);
+}
+
+ssize_t Endpoint::tx_size_left() {
+    std::lock_guard guard(domain_->lock());
+    if (!enabled_) return -FI_EOPBADSTATE;
+    size_t size = info_->tx_attr ? info_->tx_attr->size : 0;
+    return static_cast<ssize_t>(size > tx_outstanding_ ? size - tx_outstanding_ : 0);
+}
+
+int Endpoint::setname(void *addr, size_t addrlen) {
+    if (!addr) return -FI_EINVAL;
+    std::lock_guard guard(domain_->lock());
+    if (enabled_) return -FI_EOPBADSTATE;
+    EndpointName name;
+    if (!EndpointName::from_bytes(addr, addrlen, name)) return -FI_EINVAL;
+    if (type_ == FI_EP_RDM) {
+        auto fresh = std::make_unique<TcpTransport>(this, transport_->config());
+        int ret = fresh->listen(name.sa(), name.length(), 512);
+        if (ret) return ret;
+        transport_ = std::move(fresh);
+    }
+    src_name_ = name;
+    named_ = true;
+    return 0;
+}
+
+int Endpoint::getname(void *addr, size_t *addrlen) {
+    if (!addrlen) return -FI_EINVAL;
+    std::lock_guard guard(domain_->lock());
+    EndpointName name = src_name_;
+    if (type_ == FI_EP_RDM) {
+        name.ss = transport_->name();
+        // Bound to the wildcard address: advertise the domain's interface address.
+        substitute_interface_address(domain_->info()->domain_attr->name, name);
+    } else if (msg_peer_ && msg_peer_->conn) {
+        name.ss = msg_peer_->conn->local_address();
+    }
+    size_t need = name.length();
+    size_t have = *addrlen;
+    *addrlen = need;
+    if (have < need) return -FI_ETOOSMALL;
+    if (!addr) return -FI_EINVAL;
+    memcpy(addr, &name.ss, need);
+    return 0;
+}
+
+int Endpoint::getpeer(void *addr, size_t *addrlen) {
+    if (!addrlen) return -FI_EINVAL;
+    std::lock_guard guard(domain_->lock());
+    if (type_ != FI_EP_MSG || !msg_peer_ || !msg_peer_->conn) return -FI_ENOTCONN;
+    EndpointName name;
+    name.ss = msg_peer_->conn->peer_address();
+    size_t need = name.length(), have = *addrlen;
+    *addrlen = need;
+    if (have < need) return -FI_ETOOSMALL;
+    if (!addr) return -FI_EINVAL;
+    memcpy(addr, &name.ss, need);
+    return 0;
+}
+
+int Endpoint::connect(const void *addr, const void *param, size_t paramlen) {
+    if (type_ != FI_EP_MSG) return -FI_EOPNOTSUPP;
+    if (paramlen && !param) return -FI_EINVAL;
+    if (paramlen > cm_data_size_) return -FI_EINVAL;
+    std::lock_guard guard(domain_->lock());
+    if (!enabled_) return -FI_EOPBADSTATE;
+    if (msg_state_ != MsgState::Idle) return -FI_EISCONN;
+    EndpointName dst;
+    const void *target = addr ? addr : info_->dest_addr;
+    size_t target_len = addr ? sizeof(sockaddr_storage) : info_->dest_addrlen;
+    if (!target || !EndpointName::from_bytes(target, target_len, dst)) return -FI_EINVAL;
+    std::vector<uint8_t> priv(sizeof(wire::ConnHello) + paramlen);
+    wire::ConnHello hello{wire::kProtoMagic, wire::kProtoVersion,
+                          static_cast<uint8_t>(wire::ConnKind::Msg), 0,
+                          static_cast<uint32_t>(paramlen), 0};
+    memcpy(priv.data(), &hello, sizeof hello);
+    if (paramlen) memcpy(priv.data() + sizeof hello, param, paramlen);
+    auto peer = std::make_unique<Peer>();
+    peer->name = dst;
+    peer->conn = transport_->connect(dst.sa(), dst.length(), priv.data(), priv.size());
+    peer->conn->context = peer.get();
+    msg_peer_ = peer.get();
+    peers_[dst.key()] = std::move(peer);
+    msg_state_ = MsgState::Connecting;
+    return 0;
+}
+
+void Endpoint::adopt_request(std::unique_ptr<LinkConnection> conn) {
+    if (!conn) fail(FI_EINVAL, "connection request already answered");
+    auto peer = std::make_unique<Peer>();
+    peer->conn = conn.get();
+    conn->context = peer.get();
+    msg_peer_ = peer.get();
+    peers_["passive"] = std::move(peer);
+    pending_request_ = std::move(conn);
+    msg_state_ = MsgState::Accepting;
+}
+
+int Endpoint::accept(const void *param, size_t paramlen) {
+    if (type_ != FI_EP_MSG) return -FI_EOPNOTSUPP;
+    if (paramlen && !param) return -FI_EINVAL;
+    if (paramlen > cm_data_size_) return -FI_EINVAL;
+    std::lock_guard guard(domain_->lock());
+    if (!enabled_ || msg_state_ != MsgState::Accepting || !pending_request_)
+        return -FI_EOPBADSTATE;
+    LinkConnection *conn = pending_request_.get();
+    transport_->adopt(std::move(pending_request_));
+    int ret = conn->accept(param, paramlen);
+    if (ret) return ret;
+    return 0;
+}
+
+int Endpoint::shutdown(uint64_t flags) {
+    if (flags) return -FI_EBADFLAGS;
+    if (type_ != FI_EP_MSG) return -FI_EOPNOTSUPP;
+    std::lock_guard guard(domain_->lock());
+    if (!msg_peer_ || !msg_peer_->conn) return -FI_ENOTCONN;
+    if (msg_state_ == MsgState::Shutdown) return 0;
+    msg_state_ = MsgState::Shutdown;
+    msg_peer_->established = false;
+    msg_peer_->conn->disconnect();
+    return 0;
+}
+
+void Endpoint::progress_cm() {
+    std::lock_guard guard(domain_->lock());
+    progress();
+}
+
+void Endpoint::cm_wait_fds(std::vector<int> &out) {
+    std::lock_guard guard(domain_->lock());
+    transport_->wait_fds(out);
+}
+
+void Endpoint::wait_fds(std::vector<int> &out) const { transport_->wait_fds(out); }
+
+void Endpoint::handle_cm_event(CmEvent &ev) {
+    LinkConnection *conn = ev.conn;
+    Peer *peer = static_cast<Peer *>(conn->context);
+    switch (ev.type) {
+        case CmEventType::ConnectRequest: {
+            // RDM: a peer connecting on demand. Its hello names its listening address.
+            wire::ConnHello hello{};
+            EndpointName name;
+            if (type_ != FI_EP_RDM || ev.private_data.size() < sizeof hello) {
+                conn->reject(nullptr, 0);
+                return;
+            }
+            memcpy(&hello, ev.private_data.data(), sizeof hello);
+            if (hello.magic != wire::kProtoMagic || hello.version != wire::kProtoVersion ||
+                hello.kind != static_cast<uint8_t>(wire::ConnKind::Rdm) ||
+                sizeof hello + hello.addr_len > ev.private_data.size() ||
+                !EndpointName::from_bytes(ev.private_data.data() + sizeof hello, hello.addr_len,
+                                          name)) {
+                TANDEM_WARN(FI_LOG_EP_CTRL, "rejecting a malformed connection request\n");
+                conn->reject(nullptr, 0);
+                return;
+            }
+            auto &slot = peers_[name.key()];
+            if (!slot) {
+                slot = std::make_unique<Peer>();
+                slot->name = name;
+            }
+            conn->context = slot.get();
+            conn->accept(nullptr, 0);
+            return;
+        }
+        case CmEventType::Established:
+            if (!peer) return;
+            if (type_ == FI_EP_RDM) {
+                if (!peer->conn || (peer->conn != conn && !peer->established)) {
+                    // An incoming connection before our own was up: both directions work, keep
+                    // sending on the one we chose first if it is pending.
+                    if (!peer->conn) peer->conn = conn;
+                }
+                if (peer->conn == conn) {
+                    peer->established = true;
+                    while (!peer->waiting.empty()) {
+                        TxOp *op = peer->waiting.front();
+                        peer->waiting.pop_front();
+                        op->conn = conn;
+                        issue_tx(op);
+                    }
+                }
+                return;
+            }
+            // MSG endpoint.
+            peer->established = true;
+            msg_state_ = MsgState::Connected;
+            if (eq_) {
+                std::vector<uint8_t> buf(sizeof(fi_eq_cm_entry) + ev.private_data.size());
+                auto *entry = reinterpret_cast<fi_eq_cm_entry *>(buf.data());
+                entry->fid = base_fid();
+                entry->info = nullptr;
+                if (!ev.private_data.empty())
+                    memcpy(entry->data, ev.private_data.data(), ev.private_data.size());
+                eq_->post(FI_CONNECTED, buf.data(), buf.size());
+            }
+            return;
+        case CmEventType::Rejected:
+        case CmEventType::Unreachable: {
+            int err = ev.type == CmEventType::Rejected ? FI_ECONNREFUSED : FI_ECONNREFUSED;
+            if (type_ == FI_EP_MSG) {
+                msg_state_ = MsgState::Shutdown;
+                if (eq_)
+                    eq_->post_error(base_fid(), base_fid()->context, err, ev.private_data.data(),
+                                    ev.private_data.size());
+            }
+            if (peer) fail_peer(peer, FI_ECONNREFUSED);
+            if (peer && peer->conn == conn) peer->conn = nullptr;
+            transport_->destroy(conn);
+            return;
+        }
+        case CmEventType::Disconnected:
+            if (type_ == FI_EP_MSG) {
+                bool was_up = msg_state_ == MsgState::Connected;
+                msg_state_ = MsgState::Shutdown;
+                if (peer) peer->established = false;
+                if (eq_ && was_up) {
+                    fi_eq_cm_entry entry{};
+                    entry.fid = base_fid();
+                    eq_->post(FI_SHUTDOWN, &entry, sizeof entry);
+                }
+                if (peer) fail_peer(peer, FI_ECONNRESET);
+                return;
+            }
+            if (peer) {
+                fail_peer(peer, FI_ECONNRESET);
+                if (peer->conn == conn) {
+                    peer->conn = nullptr;
+                    peer->established = false;
+                }
+            }
+            transport_->destroy(conn);
+            return;
+    }
+}
+
+}  // namespace tandem

@@ -1,0 +1,308 @@
+// fid_ep for FI_EP_MSG and FI_EP_RDM. Both run the same protocol over link connections:
+// eager messages for small payloads, rendezvous by RDMA read for large ones, tag matching
+// with unexpected-message queues, RMA straight onto the link. An MSG endpoint has one
+// connection made through fi_connect/fi_accept; an RDM endpoint makes one per peer on
+// demand, named by the peer's listening address.
+#pragma once
+
+#include "common/fid_adaptor.h"
+#include "main_prov/cq.h"
+#include "main_prov/eq.h"
+#include "main_prov/link/tcp_link.h"
+#include "main_prov/types.h"
+#include "main_prov/wire.h"
+
+#include <rdma/fi_cm.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_rma.h>
+#include <rdma/fi_tagged.h>
+
+#include <deque>
+#include <list>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+namespace tandem {
+
+class Domain;
+class Av;
+class Cntr;
+
+inline constexpr size_t kMaxIov = 4;
+// Operation flag internal to tandem (bit 63 is no FI_* operation flag): fi_inject and friends,
+// which generate no completion entry.
+inline constexpr uint64_t kNoCompletion = 1ull << 63;
+
+struct TxOp;
+struct RxOp;
+
+struct Peer {
+    EndpointName name;                 // RDM: the peer's listening address
+    LinkConnection *conn = nullptr;    // the connection we send on
+    bool established = false;
+    std::deque<TxOp *> waiting;        // posted before the connection was up
+    FabricAddr addr = FI_ADDR_NOTAVAIL;  // in our AV, refreshed when the AV changes
+    uint64_t av_version = ~0ull;
+};
+
+struct TxOp {
+    enum class Kind : uint8_t { Send, Write, Read } kind = Kind::Send;
+    void *context = nullptr;
+    uint64_t cq_flags = 0;    // flags of the completion entry
+    uint64_t op_flags = 0;    // FI_* flags the operation was posted with
+    bool report = true;       // write a CQ entry on success
+    size_t len = 0;
+    Peer *peer = nullptr;
+    LinkConnection *conn = nullptr;
+    uint64_t id = 0;
+    wire::ProtoHeader hdr{};
+    wire::RtsBody rts{};
+    wire::WriteNotifyBody notify{};
+    std::vector<iovec> iov;
+    std::vector<uint8_t> inject_copy;  // fi_inject: the payload, owned
+    std::vector<uint64_t> internal_keys;
+    RemoteRegion remote{};
+    uint64_t data = 0;
+    int link_wrs = 0;           // link work requests not completed yet
+    bool await_remote = false;  // rendezvous Fin or DeliveryAck pending
+    int error = 0;
+};
+
+struct RxOp {
+    void *context = nullptr;
+    uint64_t op_flags = 0;
+    iovec iov[kMaxIov]{};
+    size_t count = 0;
+    size_t total = 0;
+    fi_addr_t src = FI_ADDR_UNSPEC;
+    uint64_t tag = 0, ignore = 0;
+    bool tagged = false;
+    // FI_MULTI_RECV
+    bool multi = false;
+    size_t consumed = 0;
+    bool retired = false;   // no more messages will be matched into it
+    int children = 0;       // rendezvous slices still reading into it
+    RxOp *parent = nullptr;
+    // Rendezvous in progress.
+    LinkConnection *conn = nullptr;
+    uint64_t msg_id = 0;
+    size_t msg_len = 0;     // the sender's length
+    size_t recv_len = 0;    // what fits
+    uint64_t cq_data = 0;
+    uint64_t msg_tag = 0;
+    uint8_t proto_flags = 0;
+    fi_addr_t msg_src = FI_ADDR_NOTAVAIL;
+    int reads = 0;
+    int error = 0;
+};
+
+struct Unexpected {
+    LinkConnection *conn = nullptr;
+    Peer *peer = nullptr;
+    wire::ProtoHeader hdr{};
+    std::vector<uint8_t> data;   // eager payload
+    wire::RtsBody rts{};         // rendezvous
+    bool claimed = false;
+    void *claim_context = nullptr;
+};
+
+class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public RemoteKeyResolver {
+public:
+    Endpoint(Domain *domain, fi_info *info, void *context);
+    ~Endpoint() override;
+
+    // fi_ops
+    int close();
+    int bind(struct fid *bfid, uint64_t flags);
+    int control(int command, void *arg);
+    // fi_ops_ep
+    ssize_t cancel(void *context);
+    int getopt(int level, int optname, void *optval, size_t *optlen);
+    int setopt(int level, int optname, const void *optval, size_t optlen);
+    ssize_t rx_size_left();
+    ssize_t tx_size_left();
+    // fi_ops_cm
+    int setname(void *addr, size_t addrlen);
+    int getname(void *addr, size_t *addrlen);
+    int getpeer(void *addr, size_t *addrlen);
+    int connect(const void *addr, const void *param, size_t paramlen);
+    int accept(const void *param, size_t paramlen);
+    int shutdown(uint64_t flags);
+    // fi_ops_msg
+    ssize_t msg_recv(void *buf, size_t len, void *desc, fi_addr_t src, void *context);
+    ssize_t msg_recvv(const iovec *iov, void **desc, size_t count, fi_addr_t src, void *context);
+    ssize_t msg_recvmsg(const fi_msg *msg, uint64_t flags);
+    ssize_t msg_send(const void *buf, size_t len, void *desc, fi_addr_t dest, void *context);
+    ssize_t msg_sendv(const iovec *iov, void **desc, size_t count, fi_addr_t dest, void *context);
+    ssize_t msg_sendmsg(const fi_msg *msg, uint64_t flags);
+    ssize_t msg_inject(const void *buf, size_t len, fi_addr_t dest);
+    ssize_t msg_senddata(const void *buf, size_t len, void *desc, uint64_t data, fi_addr_t dest,
+                         void *context);
+    ssize_t msg_injectdata(const void *buf, size_t len, uint64_t data, fi_addr_t dest);
+    // fi_ops_tagged
+    ssize_t tag_recv(void *buf, size_t len, void *desc, fi_addr_t src, uint64_t tag,
+                     uint64_t ignore, void *context);
+    ssize_t tag_recvv(const iovec *iov, void **desc, size_t count, fi_addr_t src, uint64_t tag,
+                      uint64_t ignore, void *context);
+    ssize_t tag_recvmsg(const fi_msg_tagged *msg, uint64_t flags);
+    ssize_t tag_send(const void *buf, size_t len, void *desc, fi_addr_t dest, uint64_t tag,
+                     void *context);
+    ssize_t tag_sendv(const iovec *iov, void **desc, size_t count, fi_addr_t dest, uint64_t tag,
+                      void *context);
+    ssize_t tag_sendmsg(const fi_msg_tagged *msg, uint64_t flags);
+    ssize_t tag_inject(const void *buf, size_t len, fi_addr_t dest, uint64_t tag);
+    ssize_t tag_senddata(const void *buf, size_t len, void *desc, uint64_t data, fi_addr_t dest,
+                         uint64_t tag, void *context);
+    ssize_t tag_injectdata(const void *buf, size_t len, uint64_t data, fi_addr_t dest,
+                           uint64_t tag);
+    // fi_ops_rma
+    ssize_t rma_read(void *buf, size_t len, void *desc, fi_addr_t src, uint64_t addr,
+                     uint64_t key, void *context);
+    ssize_t rma_readv(const iovec *iov, void **desc, size_t count, fi_addr_t src, uint64_t addr,
+                      uint64_t key, void *context);
+    ssize_t rma_readmsg(const fi_msg_rma *msg, uint64_t flags);
+    ssize_t rma_write(const void *buf, size_t len, void *desc, fi_addr_t dest, uint64_t addr,
+                      uint64_t key, void *context);
+    ssize_t rma_writev(const iovec *iov, void **desc, size_t count, fi_addr_t dest,
+                       uint64_t addr, uint64_t key, void *context);
+    ssize_t rma_writemsg(const fi_msg_rma *msg, uint64_t flags);
+    ssize_t rma_inject(const void *buf, size_t len, fi_addr_t dest, uint64_t addr, uint64_t key);
+    ssize_t rma_writedata(const void *buf, size_t len, void *desc, uint64_t data,
+                          fi_addr_t dest, uint64_t addr, uint64_t key, void *context);
+    ssize_t rma_injectdata(const void *buf, size_t len, uint64_t data, fi_addr_t dest,
+                           uint64_t addr, uint64_t key);
+
+    // CmSource
+    void progress_cm() override;
+    void cm_wait_fds(std::vector<int> &out) override;
+    // RemoteKeyResolver
+    void *resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access) noexcept override;
+    void remote_access_done(uint64_t key, uint64_t access) noexcept override;
+
+    // Inside tandem, with the domain lock held.
+    void progress();
+    void wait_fds(std::vector<int> &out) const;
+    // Passive side of an MSG connection: the request this endpoint answers with fi_accept.
+    void adopt_request(std::unique_ptr<LinkConnection> conn);
+
+private:
+    struct SendArgs {
+        const iovec *iov;
+        size_t count;
+        fi_addr_t dest;
+        void *context;
+        uint64_t flags;
+        uint64_t tag;
+        uint64_t data;
+        bool tagged;
+    };
+    struct RecvArgs {
+        const iovec *iov;
+        size_t count;
+        fi_addr_t src;
+        void *context;
+        uint64_t flags;
+        uint64_t tag;
+        uint64_t ignore;
+        bool tagged;
+    };
+    struct RmaArgs {
+        const iovec *iov;
+        size_t count;
+        fi_addr_t peer;
+        uint64_t addr;
+        uint64_t key;
+        void *context;
+        uint64_t flags;
+        uint64_t data;
+        bool write;
+    };
+
+    ssize_t post_send(const SendArgs &a);
+    ssize_t post_recv(const RecvArgs &a);
+    ssize_t post_rma(const RmaArgs &a);
+    ssize_t peek_or_claim(const RecvArgs &a);
+    void check_tx_ready(uint64_t cap) const;
+    void check_rx_ready(uint64_t cap) const;
+    Peer *peer_for(fi_addr_t addr);
+    void start_tx(TxOp *op);
+    void issue_tx(TxOp *op);
+    void finish_tx(TxOp *op);
+    void fail_tx(TxOp *op, int err);
+    void tx_report(TxOp *op);
+    void send_control(LinkConnection *conn, wire::ProtoOp op, const void *body, size_t len,
+                      uint64_t msg_id);
+
+    void handle_wc(const WorkCompletion &wc);
+    void handle_cm_event(CmEvent &ev);
+    void handle_message(LinkConnection *conn, const uint8_t *buf, size_t len);
+    void deliver_eager(RxOp *rx, const wire::ProtoHeader &hdr, const uint8_t *payload,
+                       fi_addr_t src);
+    void start_rendezvous(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,
+                          const wire::RtsBody &rts, fi_addr_t src);
+    void finish_rendezvous(RxOp *rx);
+    RxOp *match_posted(bool tagged, uint64_t tag, fi_addr_t src);
+    RxOp *slice_for(RxOp *rx, size_t len);
+    void rx_complete(RxOp *rx, size_t len, uint64_t tag, uint64_t data, uint8_t proto_flags,
+                     fi_addr_t src, int err, size_t olen);
+    void release_rx(RxOp *rx);
+    fi_addr_t source_of(LinkConnection *conn);
+    void repost(void *buf);
+    void fail_peer(Peer *peer, int err);
+    void process_unexpected_for(RxOp *rx);
+
+    void write_tx_cq(const Completion &c);
+    void write_rx_cq(const Completion &c, fi_addr_t src);
+    void write_tx_err(void *context, uint64_t flags, int err, size_t len);
+    void write_rx_err(const RxOp *rx, uint64_t flags, int err, size_t len, size_t olen,
+                      uint64_t tag, uint64_t data);
+
+    Domain *domain_;
+    fi_info *info_;
+    fi_ep_type type_;
+    uint64_t caps_;
+    uint64_t tx_op_flags_;
+    uint64_t rx_op_flags_;
+    bool enabled_ = false;
+    bool closing_ = false;
+
+    Cq *tx_cq_ = nullptr;
+    Cq *rx_cq_ = nullptr;
+    bool tx_selective_ = false;
+    bool rx_selective_ = false;
+    Cntr *send_cntr_ = nullptr, *recv_cntr_ = nullptr, *read_cntr_ = nullptr,
+         *write_cntr_ = nullptr, *rread_cntr_ = nullptr, *rwrite_cntr_ = nullptr;
+    Av *av_ = nullptr;
+    Eq *eq_ = nullptr;
+
+    std::unique_ptr<TcpTransport> transport_;
+    std::vector<uint8_t> rx_slab_;  // link receive buffers
+    size_t rx_buf_size_ = 0;
+    size_t eager_limit_ = 0;
+    size_t inject_size_ = 0;
+    size_t min_multi_recv_ = 0;
+    size_t cm_data_size_ = wire::kMaxCmPrivate;
+    int hmem_p2p_ = FI_HMEM_P2P_DISABLED;
+
+    // Peers: RDM keyed by name; MSG has exactly one.
+    std::unordered_map<std::string, std::unique_ptr<Peer>> peers_;
+    std::unordered_map<fi_addr_t, Peer *> peer_by_addr_;
+    uint64_t peer_cache_version_ = ~0ull;
+    Peer *msg_peer_ = nullptr;
+    EndpointName src_name_;  // bound / advertised address
+    bool named_ = false;
+
+    enum class MsgState : uint8_t { Idle, Connecting, Accepting, Connected, Shutdown };
+    MsgState msg_state_ = MsgState::Idle;
+    std::unique_ptr<LinkConnection> pending_request_;
+
+    std::list<RxOp *> posted_msg_, posted_tag_;
+    std::list<Unexpected> unexpected_msg_, unexpected_tag_;
+    std::unordered_map<uint64_t, TxOp *> await_remote_;
+    uint64_t next_op_id_ = 1;
+    size_t tx_outstanding_ = 0;
+    size_t rx_outstanding_ = 0;
+};
+
+}  // namespace tandem

@@ -1,0 +1,951 @@
+// Data path of the endpoint: sends, receives, tag matching, rendezvous, RMA, completions.
+//
+// A message of at most eager_limit bytes travels as one link send (ProtoHeader + payload)
+// into a posted link buffer and is copied into the matching receive (or kept as unexpected).
+// A larger one sends a ProtoHeader + RtsBody naming the source buffers under internal keys;
+// the receiver, once matched, RDMA-reads straight into the application's buffer and answers
+// with a Fin, which completes the send. Nothing larger than one link buffer is ever held at
+// the receiver for a message nobody asked for.
+#include "common/log.h"
+#include "main_prov/av.h"
+#include "main_prov/cntr.h"
+#include "main_prov/config.h"
+#include "main_prov/domain.h"
+#include "main_prov/endpoint.h"
+#include "main_prov/interfaces.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace tandem {
+
+namespace {
+
+// Link work-request ids carry what they belong to in their low bits (objects are 8-aligned).
+enum WrKind : uint64_t { kWrTx = 1, kWrBuffer = 2, kWrRxRead = 3, kWrControl = 4 };
+constexpr uint64_t kWrKindMask = 7;
+
+template <class T>
+uint64_t wr_id(T *p, WrKind kind) {
+    return reinterpret_cast<uint64_t>(p) | kind;
+}
+template <class T>
+T *wr_ptr(uint64_t id) {
+    return reinterpret_cast<T *>(id & ~kWrKindMask);
+}
+
+struct ControlMsg {
+    wire::ProtoHeader hdr;
+    uint8_t body[sizeof(wire::RtsBody)];
+};
+
+size_t iov_len(const iovec *iov, size_t count) {
+    size_t n = 0;
+    for (size_t i = 0; i < count; ++i) n += iov[i].iov_len;
+    return n;
+}
+
+// Copies len bytes from src into the iov list, returns bytes copied.
+size_t copy_to_iov(const iovec *iov, size_t count, const uint8_t *src, size_t len) {
+    size_t done = 0;
+    for (size_t i = 0; i < count && done < len; ++i) {
+        size_t n = std::min(len - done, iov[i].iov_len);
+        if (n) memcpy(iov[i].iov_base, src + done, n);
+        done += n;
+    }
+    return done;
+}
+
+int error_of(WcStatus s) {
+    switch (s) {
+        case WcStatus::Success:
+            return 0;
+        case WcStatus::RemoteAccessError:
+            return FI_EACCES;
+        case WcStatus::RemoteInvalid:
+            return FI_EINVAL;
+        case WcStatus::Flushed:
+            return FI_ECONNRESET;
+    }
+    return FI_EIO;
+}
+
+bool tag_matches(const RxOp *rx, uint64_t tag) { return ((rx->tag ^ tag) & ~rx->ignore) == 0; }
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------
+// Entry points: the fi_msg / fi_tagged / fi_rma calls map onto three internal posts.
+
+ssize_t Endpoint::msg_recv(void *buf, size_t len, void *, fi_addr_t src, void *context) {
+    iovec iov{buf, len};
+    return post_recv({&iov, 1, src, context, rx_op_flags_, 0, 0, false});
+}
+ssize_t Endpoint::msg_recvv(const iovec *iov, void **, size_t count, fi_addr_t src,
+                            void *context) {
+    return post_recv({iov, count, src, context, rx_op_flags_, 0, 0, false});
+}
+ssize_t Endpoint::msg_recvmsg(const fi_msg *msg, uint64_t flags) {
+    if (!msg) return -FI_EINVAL;
+    return post_recv(
+        {msg->msg_iov, msg->iov_count, msg->addr, msg->context, flags & ~kNoCompletion, 0, 0, false});
+}
+ssize_t Endpoint::msg_send(const void *buf, size_t len, void *, fi_addr_t dest, void *context) {
+    iovec iov{const_cast<void *>(buf), len};
+    return post_send({&iov, 1, dest, context, tx_op_flags_, 0, 0, false});
+}
+ssize_t Endpoint::msg_sendv(const iovec *iov, void **, size_t count, fi_addr_t dest,
+                            void *context) {
+    return post_send({iov, count, dest, context, tx_op_flags_, 0, 0, false});
+}
+ssize_t Endpoint::msg_sendmsg(const fi_msg *msg, uint64_t flags) {
+    if (!msg) return -FI_EINVAL;
+    return post_send(
+        {msg->msg_iov, msg->iov_count, msg->addr, msg->context, flags & ~kNoCompletion, 0, msg->data, false});
+}
+ssize_t Endpoint::msg_inject(const void *buf, size_t len, fi_addr_t dest) {
+    iovec iov{const_cast<void *>(buf), len};
+    return post_send({&iov, 1, dest, nullptr, FI_INJECT | kNoCompletion, 0, 0, false});
+}
+ssize_t Endpoint::msg_senddata(const void *buf, size_t len, void *, uint64_t data,
+                               fi_addr_t dest, void *context) {
+    iovec iov{const_cast<void *>(buf), len};
+    return post_send(
+        {&iov, 1, dest, context, tx_op_flags_ | FI_REMOTE_CQ_DATA, 0, data, false});
+}
+ssize_t Endpoint::msg_injectdata(const void *buf, size_t len, uint64_t data, fi_addr_t dest) {
+    iovec iov{const_cast<void *>(buf), len};
+    return post_send({&iov, 1, dest, nullptr, FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, 0,
+                      data, false});
+}
+
+ssize_t Endpoint::tag_recv(void *buf, size_t len, void *, fi_addr_t src, uint64_t tag,
+                           uint64_t ignore, void *context) {
+    iovec iov{buf, len};
+    return post_recv({&iov, 1, src, context, rx_op_flags_, tag, ignore, true});
+}
+ssize_t Endpoint::tag_recvv(const iovec *iov, void **, size_t count, fi_addr_t src,
+                            uint64_t tag, uint64_t ignore, void *context) {
+    return post_recv({iov, count, src, context, rx_op_flags_, tag, ignore, true});
+}
+ssize_t Endpoint::tag_recvmsg(const fi_msg_tagged *msg, uint64_t flags) {
+    if (!msg) return -FI_EINVAL;
+    RecvArgs a{msg->msg_iov, msg->iov_count, msg->addr, msg->context,
+               flags,        msg->tag,       msg->ignore, true};
+    if (flags & (FI_PEEK | FI_CLAIM)) return peek_or_claim(a);
+    return post_recv(a);
+}
+ssize_t Endpoint::tag_send(const void *buf, size_t len, void *, fi_addr_t dest, uint64_t tag,
+                           void *context) {
+    iovec iov{const_cast<void *>(buf), len};
+    return post_send({&iov, 1, dest, context, tx_op_flags_, tag, 0, true});
+}
+ssize_t Endpoint::tag_sendv(const iovec *iov, void **, size_t count, fi_addr_t dest,
+                            uint64_t tag, void *context) {
+    return post_send({iov, count, dest, context, tx_op_flags_, tag, 0, true});
+}
+ssize_t Endpoint::tag_sendmsg(const fi_msg_tagged *msg, uint64_t flags) {
+    if (!msg) return -FI_EINVAL;
+    return post_send({msg->msg_iov, msg->iov_count, msg->addr, msg->context, flags & ~kNoCompletion, msg->tag,
+                      msg->data, true});
+}
+ssize_t Endpoint::tag_inject(const void *buf, size_t len, fi_addr_t dest, uint64_t tag) {
+    iovec iov{const_cast<void *>(buf), len};
+    return post_send({&iov, 1, dest, nullptr, FI_INJECT | kNoCompletion, tag, 0, true});
+}
+ssize_t Endpoint::tag_senddata(const void *buf, size_t len, void *, uint64_t data,
+                               fi_addr_t dest, uint64_t tag, void *context) {
+    iovec iov{const_cast<void *>(buf), len};
+    return post_send(
+        {&iov, 1, dest, context, tx_op_flags_ | FI_REMOTE_CQ_DATA, tag, data, true});
+}
+ssize_t Endpoint::tag_injectdata(const void *buf, size_t len, uint64_t data, fi_addr_t dest,
+                                 uint64_t tag) {
+    iovec iov{const_cast<void *>(buf), len};
+    return post_send({&iov, 1, dest, nullptr, FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion,
+                      tag, data, true});
+}
+
+ssize_t Endpoint::rma_read(void *buf, size_t len, void *, fi_addr_t src, uint64_t addr,
+                           uint64_t key, void *context) {
+    iovec iov{buf, len};
+    return post_rma({&iov, 1, src, addr, key, context, tx_op_flags_, 0, false});
+}
+ssize_t Endpoint::rma_readv(const iovec *iov, void **, size_t count, fi_addr_t src,
+                            uint64_t addr, uint64_t key, void *context) {
+    return post_rma({iov, count, src, addr, key, context, tx_op_flags_, 0, false});
+}
+ssize_t Endpoint::rma_readmsg(const fi_msg_rma *msg, uint64_t flags) {
+    if (!msg || msg->rma_iov_count != 1 || !msg->rma_iov) return -FI_EINVAL;
+    return post_rma({msg->msg_iov, msg->iov_count, msg->addr, msg->rma_iov[0].addr,
+                     msg->rma_iov[0].key, msg->context, flags & ~kNoCompletion, msg->data, false});
+}
+ssize_t Endpoint::rma_write(const void *buf, size_t len, void *, fi_addr_t dest, uint64_t addr,
+                            uint64_t key, void *context) {
+    iovec iov{const_cast<void *>(buf), len};
+    return post_rma({&iov, 1, dest, addr, key, context, tx_op_flags_, 0, true});
+}
+ssize_t Endpoint::rma_writev(const iovec *iov, void **, size_t count, fi_addr_t dest,
+                             uint64_t addr, uint64_t key, void *context) {
+    return post_rma({iov, count, dest, addr, key, context, tx_op_flags_, 0, true});
+}
+ssize_t Endpoint::rma_writemsg(const fi_msg_rma *msg, uint64_t flags) {
+    if (!msg || msg->rma_iov_count != 1 || !msg->rma_iov) return -FI_EINVAL;
+    return post_rma({msg->msg_iov, msg->iov_count, msg->addr, msg->rma_iov[0].addr,
+                     msg->rma_iov[0].key, msg->context, flags & ~kNoCompletion, msg->data, true});
+}
+ssize_t Endpoint::rma_inject(const void *buf, size_t len, fi_addr_t dest, uint64_t addr,
+                             uint64_t key) {
+    iovec iov{const_cast<void *>(buf), len};
+    return post_rma({&iov, 1, dest, addr, key, nullptr, FI_INJECT | kNoCompletion, 0, true});
+}
+ssize_t Endpoint::rma_writedata(const void *buf, size_t len, void *, uint64_t data,
+                                fi_addr_t dest, uint64_t addr, uint64_t key, void *context) {
+    iovec iov{const_cast<void *>(buf), len};
+    return post_rma(
+        {&iov, 1, dest, addr, key, context, tx_op_flags_ | FI_REMOTE_CQ_DATA, data, true});
+}
+ssize_t Endpoint::rma_injectdata(const void *buf, size_t len, uint64_t data, fi_addr_t dest,
+                                 uint64_t addr, uint64_t key) {
+    iovec iov{const_cast<void *>(buf), len};
+    return post_rma({&iov, 1, dest, addr, key, nullptr,
+                     FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, data, true});
+}
+
+// ------------------------------------------------------------------------------------------
+// Transmit side
+
+void Endpoint::check_tx_ready(uint64_t cap) const {
+    if (!enabled_) fail(FI_EOPBADSTATE, "endpoint not enabled");
+    if (!(caps_ & cap)) fail(FI_EOPNOTSUPP, "capability not requested");
+}
+
+void Endpoint::check_rx_ready(uint64_t cap) const {
+    if (!enabled_) fail(FI_EOPBADSTATE, "endpoint not enabled");
+    if (!(caps_ & cap)) fail(FI_EOPNOTSUPP, "capability not requested");
+}
+
+Peer *Endpoint::peer_for(fi_addr_t addr) {
+    if (type_ == FI_EP_MSG) {
+        if (!msg_peer_ || msg_state_ != MsgState::Connected) fail(FI_ENOTCONN, "not connected");
+        return msg_peer_;
+    }
+    if (peer_cache_version_ != av_->version()) {
+        peer_by_addr_.clear();
+        peer_cache_version_ = av_->version();
+    }
+    auto it = peer_by_addr_.find(addr);
+    if (it != peer_by_addr_.end()) return it->second;
+    const EndpointName *name = av_->name_of(addr);
+    if (!name) fail(FI_EINVAL, "unknown destination address");
+    auto &slot = peers_[name->key()];
+    if (!slot) {
+        slot = std::make_unique<Peer>();
+        slot->name = *name;
+    }
+    peer_by_addr_[addr] = slot.get();
+    return slot.get();
+}
+
+ssize_t Endpoint::post_send(const SendArgs &a) {
+    if (a.count && !a.iov) return -FI_EINVAL;
+    if (a.count > kMaxIov) return -FI_EINVAL;
+    std::lock_guard guard(domain_->lock());
+    check_tx_ready(a.tagged ? FI_TAGGED : FI_MSG);
+    size_t len = iov_len(a.iov, a.count);
+    if (len > info_->ep_attr->max_msg_size) return -FI_EMSGSIZE;
+    if ((a.flags & FI_INJECT) && len > inject_size_) return -FI_EMSGSIZE;
+    if (tx_outstanding_ >= info_->tx_attr->size) {
+        progress();
+        if (tx_outstanding_ >= info_->tx_attr->size) return -FI_EAGAIN;
+    }
+    Peer *peer = peer_for(a.dest);
+
+    auto *op = new TxOp;
+    op->kind = TxOp::Kind::Send;
+    op->context = a.context;
+    op->op_flags = a.flags;
+    op->cq_flags = FI_SEND | (a.tagged ? FI_TAGGED : FI_MSG);
+    op->report = !(a.flags & kNoCompletion) && (!tx_selective_ || (a.flags & FI_COMPLETION));
+    op->len = len;
+    op->peer = peer;
+    op->id = next_op_id_++;
+    op->hdr.flags = (a.tagged ? wire::kProtoTagged : 0) |
+                    ((a.flags & FI_REMOTE_CQ_DATA) ? wire::kProtoCqData : 0);
+    op->hdr.tag = a.tag;
+    op->hdr.cq_data = a.data;
+    op->hdr.size = len;
+    op->hdr.msg_id = op->id;
+    if (len <= eager_limit_) {
+        op->hdr.op = static_cast<uint8_t>(wire::ProtoOp::Eager);
+        if (a.flags & FI_DELIVERY_COMPLETE) {
+            op->hdr.flags |= wire::kProtoAckReq;
+            op->await_remote = true;
+        }
+        if ((a.flags & FI_INJECT) || len <= inject_size_) {
+            // Own the bytes now: the application may reuse its buffer when we return.
+            op->inject_copy.resize(len);
+            size_t off = 0;
+            for (size_t i = 0; i < a.count; ++i) {
+                if (a.iov[i].iov_len) memcpy(op->inject_copy.data() + off, a.iov[i].iov_base, a.iov[i].iov_len);
+                off += a.iov[i].iov_len;
+            }
+            if (len) op->iov.push_back({op->inject_copy.data(), len});
+        } else {
+            for (size_t i = 0; i < a.count; ++i)
+                if (a.iov[i].iov_len) op->iov.push_back(a.iov[i]);
+        }
+    } else {
+        op->hdr.op = static_cast<uint8_t>(wire::ProtoOp::Rts);
+        op->await_remote = true;
+        for (size_t i = 0; i < a.count; ++i) {
+            if (!a.iov[i].iov_len) continue;
+            uint64_t key = domain_->mr_table().insert_internal(a.iov[i]);
+            op->internal_keys.push_back(key);
+            auto &e = op->rts.iov[op->rts.iov_count++];
+            e = {reinterpret_cast<uint64_t>(a.iov[i].iov_base), a.iov[i].iov_len, key};
+        }
+    }
+    ++tx_outstanding_;
+    start_tx(op);
+    return 0;
+}
+
+ssize_t Endpoint::post_rma(const RmaArgs &a) {
+    if (a.count && !a.iov) return -FI_EINVAL;
+    if (a.count > kMaxIov) return -FI_EINVAL;
+    std::lock_guard guard(domain_->lock());
+    check_tx_ready(a.write ? (FI_RMA | FI_WRITE) : (FI_RMA | FI_READ));
+    if (!(caps_ & FI_RMA)) return -FI_EOPNOTSUPP;
+    size_t len = iov_len(a.iov, a.count);
+    if (len > info_->ep_attr->max_msg_size) return -FI_EMSGSIZE;
+    if ((a.flags & FI_INJECT) && len > inject_size_) return -FI_EMSGSIZE;
+    if (tx_outstanding_ >= info_->tx_attr->size) {
+        progress();
+        if (tx_outstanding_ >= info_->tx_attr->size) return -FI_EAGAIN;
+    }
+    Peer *peer = peer_for(a.peer);
+    auto *op = new TxOp;
+    op->kind = a.write ? TxOp::Kind::Write : TxOp::Kind::Read;
+    op->context = a.context;
+    op->op_flags = a.flags;
+    op->cq_flags = FI_RMA | (a.write ? FI_WRITE : FI_READ);
+    op->report = !(a.flags & kNoCompletion) && (!tx_selective_ || (a.flags & FI_COMPLETION));
+    op->len = len;
+    op->peer = peer;
+    op->id = next_op_id_++;
+    op->remote = {a.addr, a.key};
+    if (a.write && ((a.flags & FI_INJECT) || len <= inject_size_)) {
+        op->inject_copy.resize(len);
+        size_t off = 0;
+        for (size_t i = 0; i < a.count; ++i) {
+            if (a.iov[i].iov_len) memcpy(op->inject_copy.data() + off, a.iov[i].iov_base, a.iov[i].iov_len);
+            off += a.iov[i].iov_len;
+        }
+        if (len) op->iov.push_back({op->inject_copy.data(), len});
+    } else {
+        for (size_t i = 0; i < a.count; ++i)
+            if (a.iov[i].iov_len) op->iov.push_back(a.iov[i]);
+    }
+    if (a.write && (a.flags & FI_REMOTE_CQ_DATA)) {
+        op->hdr.op = static_cast<uint8_t>(wire::ProtoOp::WriteNotify);
+        op->hdr.flags = wire::kProtoCqData;
+        op->hdr.cq_data = a.data;
+        op->hdr.size = sizeof op->notify;
+        op->hdr.msg_id = op->id;
+        op->notify = {a.addr, len, a.key};
+    }
+    ++tx_outstanding_;
+    start_tx(op);
+    return 0;
+}
+
+void Endpoint::start_tx(TxOp *op) {
+    Peer *peer = op->peer;
+    if (peer->established && peer->conn) {
+        op->conn = peer->conn;
+        issue_tx(op);
+        return;
+    }
+    peer->waiting.push_back(op);
+    if (peer->conn || type_ != FI_EP_RDM) return;
+    // First message to this peer: connect, naming ourselves so it can map us in its AV.
+    EndpointName me;
+    me.ss = transport_->name();
+    substitute_interface_address(domain_->info()->domain_attr->name, me);
+    std::vector<uint8_t> priv(sizeof(wire::ConnHello) + me.length());
+    wire::ConnHello hello{wire::kProtoMagic, wire::kProtoVersion,
+                          static_cast<uint8_t>(wire::ConnKind::Rdm),
+                          static_cast<uint8_t>(me.length()), 0, 0};
+    memcpy(priv.data(), &hello, sizeof hello);
+    memcpy(priv.data() + sizeof hello, &me.ss, me.length());
+    peer->conn = transport_->connect(peer->name.sa(), peer->name.length(), priv.data(), priv.size());
+    peer->conn->context = peer;
+}
+
+void Endpoint::issue_tx(TxOp *op) {
+    LinkConnection *conn = op->conn;
+    int ret = 0;
+    switch (op->kind) {
+        case TxOp::Kind::Send: {
+            iovec iov[kMaxIov + 2];
+            size_t n = 0;
+            iov[n++] = {&op->hdr, sizeof op->hdr};
+            if (op->hdr.op == static_cast<uint8_t>(wire::ProtoOp::Rts)) {
+                iov[n++] = {&op->rts, sizeof op->rts};
+                await_remote_[op->id] = op;
+            } else {
+                for (auto &v : op->iov) iov[n++] = v;
+                if (op->await_remote) await_remote_[op->id] = op;
+            }
+            op->link_wrs = 1;
+            ret = conn->post_send(iov, n, nullptr, wr_id(op, kWrTx));
+            break;
+        }
+        case TxOp::Kind::Write:
+            op->link_wrs = 1;
+            ret = conn->post_write(op->iov.data(), op->iov.size(), op->remote, nullptr,
+                                   wr_id(op, kWrTx));
+            if (!ret && op->hdr.op == static_cast<uint8_t>(wire::ProtoOp::WriteNotify)) {
+                iovec iov[2] = {{&op->hdr, sizeof op->hdr}, {&op->notify, sizeof op->notify}};
+                op->link_wrs = 2;
+                ret = conn->post_send(iov, 2, nullptr, wr_id(op, kWrTx));
+                if (ret) op->link_wrs = 1;  // the write is still outstanding
+            }
+            break;
+        case TxOp::Kind::Read:
+            op->link_wrs = 1;
+            ret = conn->post_read(op->iov.data(), op->iov.size(), op->remote, wr_id(op, kWrTx));
+            break;
+    }
+    if (ret) {
+        // The connection is gone: nothing was queued for this op (or only the write).
+        op->error = FI_ECONNRESET;
+        if (--op->link_wrs <= 0) {
+            await_remote_.erase(op->id);
+            fail_tx(op, FI_ECONNRESET);
+        }
+    }
+}
+
+void Endpoint::tx_report(TxOp *op) {
+    Cntr *cntr = op->kind == TxOp::Kind::Send    ? send_cntr_
+                 : op->kind == TxOp::Kind::Write ? write_cntr_
+                                                 : read_cntr_;
+    if (cntr) cntr->inc();
+    if (op->report && tx_cq_) tx_cq_->write({op->context, op->cq_flags, 0, nullptr, 0, 0, FI_ADDR_NOTAVAIL});
+}
+
+void Endpoint::finish_tx(TxOp *op) {
+    if (op->error) {
+        fail_tx(op, op->error);
+        return;
+    }
+    tx_report(op);
+    for (uint64_t key : op->internal_keys) domain_->mr_table().erase_internal(key);
+    --tx_outstanding_;
+    delete op;
+}
+
+void Endpoint::fail_tx(TxOp *op, int err) {
+    Cntr *cntr = op->kind == TxOp::Kind::Send    ? send_cntr_
+                 : op->kind == TxOp::Kind::Write ? write_cntr_
+                                                 : read_cntr_;
+    if (cntr) cntr->inc_err();
+    write_tx_err(op->context, op->cq_flags, err, op->len);
+    for (uint64_t key : op->internal_keys) domain_->mr_table().erase_internal(key);
+    --tx_outstanding_;
+    delete op;
+}
+
+void Endpoint::send_control(LinkConnection *conn, wire::ProtoOp op, const void *body,
+                            size_t len, uint64_t msg_id) {
+    if (!conn || conn->failed()) return;
+    auto *msg = new ControlMsg{};
+    msg->hdr.op = static_cast<uint8_t>(op);
+    msg->hdr.size = len;
+    msg->hdr.msg_id = msg_id;
+    if (len) memcpy(msg->body, body, len);
+    iovec iov[2] = {{&msg->hdr, sizeof msg->hdr}, {msg->body, len}};
+    if (conn->post_send(iov, len ? 2 : 1, nullptr, wr_id(msg, kWrControl))) delete msg;
+}
+
+// ------------------------------------------------------------------------------------------
+// Completion queue writes
+
+void Endpoint::write_tx_err(void *context, uint64_t flags, int err, size_t len) {
+    if (!tx_cq_) return;
+    CompletionError e{};
+    e.entry.op_context = context;
+    e.entry.flags = flags;
+    e.entry.len = len;
+    e.entry.err = err;
+    e.entry.prov_errno = err;
+    e.src = FI_ADDR_NOTAVAIL;
+    tx_cq_->write_error(e);
+}
+
+void Endpoint::write_rx_err(const RxOp *rx, uint64_t flags, int err, size_t len, size_t olen,
+                            uint64_t tag, uint64_t data) {
+    if (recv_cntr_) recv_cntr_->inc_err();
+    if (!rx_cq_) return;
+    CompletionError e{};
+    e.entry.op_context = rx->context;
+    e.entry.flags = flags;
+    e.entry.len = len;
+    e.entry.buf = rx->count ? rx->iov[0].iov_base : nullptr;
+    e.entry.data = data;
+    e.entry.tag = tag;
+    e.entry.olen = olen;
+    e.entry.err = err;
+    e.entry.prov_errno = err;
+    e.src = FI_ADDR_NOTAVAIL;
+    rx_cq_->write_error(e);
+}
+
+void Endpoint::write_rx_cq(const Completion &c, fi_addr_t src) {
+    if (!rx_cq_) return;
+    Completion out = c;
+    out.src = src;
+    rx_cq_->write(out);
+}
+
+// ------------------------------------------------------------------------------------------
+// Receive side
+
+ssize_t Endpoint::post_recv(const RecvArgs &a) {
+    if (a.count && !a.iov) return -FI_EINVAL;
+    if (a.count > kMaxIov) return -FI_EINVAL;
+    std::lock_guard guard(domain_->lock());
+    check_rx_ready(a.tagged ? FI_TAGGED : FI_MSG);
+    if ((a.flags & FI_MULTI_RECV) && (a.tagged || !(caps_ & FI_MULTI_RECV) || a.count != 1))
+        return -FI_EINVAL;
+    if (rx_outstanding_ >= info_->rx_attr->size) return -FI_EAGAIN;
+    auto *rx = new RxOp;
+    rx->context = a.context;
+    rx->op_flags = a.flags;
+    rx->count = a.count;
+    for (size_t i = 0; i < a.count; ++i) rx->iov[i] = a.iov[i];
+    rx->total = iov_len(a.iov, a.count);
+    rx->src = (caps_ & FI_DIRECTED_RECV) && type_ == FI_EP_RDM ? a.src : FI_ADDR_UNSPEC;
+    rx->tag = a.tag;
+    rx->ignore = a.ignore;
+    rx->tagged = a.tagged;
+    rx->multi = a.flags & FI_MULTI_RECV;
+    ++rx_outstanding_;
+    (a.tagged ? posted_tag_ : posted_msg_).push_back(rx);
+    process_unexpected_for(rx);
+    return 0;
+}
+
+// Matches a newly posted receive against messages that arrived before it.
+void Endpoint::process_unexpected_for(RxOp *rx) {
+    auto &list = rx->tagged ? unexpected_tag_ : unexpected_msg_;
+    for (auto it = list.begin(); it != list.end();) {
+        if (it->claimed) {
+            ++it;
+            continue;
+        }
+        fi_addr_t src = source_of(it->conn);
+        if (rx->tagged && !tag_matches(rx, it->hdr.tag)) {
+            ++it;
+            continue;
+        }
+        if (rx->src != FI_ADDR_UNSPEC && rx->src != src) {
+            ++it;
+            continue;
+        }
+        Unexpected ux = std::move(*it);
+        it = list.erase(it);
+        auto &posted = rx->tagged ? posted_tag_ : posted_msg_;
+        RxOp *target = rx;
+        if (!rx->multi) posted.remove(rx);
+        else target = slice_for(rx, ux.hdr.size);
+        if (ux.hdr.op == static_cast<uint8_t>(wire::ProtoOp::Eager))
+            deliver_eager(target, ux.hdr, ux.data.data(), src);
+        else
+            start_rendezvous(target, ux.conn, ux.hdr, ux.rts, src);
+        if (!rx->multi || rx->retired) return;
+    }
+}
+
+ssize_t Endpoint::peek_or_claim(const RecvArgs &a) {
+    std::lock_guard guard(domain_->lock());
+    check_rx_ready(FI_TAGGED);
+    progress();
+    uint64_t cq_flags = FI_RECV | FI_TAGGED;
+    RxOp probe;
+    probe.context = a.context;
+    probe.count = a.count;
+    for (size_t i = 0; i < a.count && i < kMaxIov; ++i) probe.iov[i] = a.iov[i];
+    probe.tag = a.tag;
+    probe.ignore = a.ignore;
+    probe.tagged = true;
+    probe.src = (caps_ & FI_DIRECTED_RECV) ? a.src : FI_ADDR_UNSPEC;
+    auto match = unexpected_tag_.end();
+    for (auto it = unexpected_tag_.begin(); it != unexpected_tag_.end(); ++it) {
+        if (a.flags & FI_PEEK) {
+            if (it->claimed || !tag_matches(&probe, it->hdr.tag)) continue;
+            if (probe.src != FI_ADDR_UNSPEC && probe.src != source_of(it->conn)) continue;
+        } else if (!it->claimed || it->claim_context != a.context) {
+            continue;
+        }
+        match = it;
+        break;
+    }
+    if (match == unexpected_tag_.end()) {
+        if (!(a.flags & FI_PEEK)) return -FI_EINVAL;  // FI_CLAIM of nothing claimed
+        write_rx_err(&probe, cq_flags, FI_ENOMSG, 0, 0, a.tag, 0);
+        return 0;
+    }
+    fi_addr_t src = source_of(match->conn);
+    uint64_t data = match->hdr.cq_data;
+    if (match->hdr.flags & wire::kProtoCqData) cq_flags |= FI_REMOTE_CQ_DATA;
+    if (a.flags & FI_PEEK) {
+        size_t size = match->hdr.size;
+        uint64_t tag = match->hdr.tag;
+        if (a.flags & FI_CLAIM) {
+            match->claimed = true;
+            match->claim_context = a.context;
+        }
+        if (a.flags & FI_DISCARD) {
+            if (match->hdr.op == static_cast<uint8_t>(wire::ProtoOp::Rts)) {
+                wire::FinBody fin{match->hdr.msg_id, uint32_t(wire::FinStatus::Ok), 0};
+                send_control(match->conn, wire::ProtoOp::Fin, &fin, sizeof fin,
+                             match->hdr.msg_id);
+            }
+            unexpected_tag_.erase(match);
+        }
+        write_rx_cq({a.context, cq_flags, size, nullptr, data, tag, src}, src);
+        return 0;
+    }
+    // FI_CLAIM: deliver (or discard) the message claimed by an earlier peek.
+    Unexpected ux = std::move(*match);
+    unexpected_tag_.erase(match);
+    if (a.flags & FI_DISCARD) {
+        if (ux.hdr.op == static_cast<uint8_t>(wire::ProtoOp::Rts)) {
+            wire::FinBody fin{ux.hdr.msg_id, uint32_t(wire::FinStatus::Ok), 0};
+            send_control(ux.conn, wire::ProtoOp::Fin, &fin, sizeof fin, ux.hdr.msg_id);
+        }
+        write_rx_cq({a.context, cq_flags, 0, nullptr, data, ux.hdr.tag, src}, src);
+        return 0;
+    }
+    auto *rx = new RxOp(probe);
+    rx->total = iov_len(a.iov, a.count);
+    ++rx_outstanding_;
+    if (ux.hdr.op == static_cast<uint8_t>(wire::ProtoOp::Eager))
+        deliver_eager(rx, ux.hdr, ux.data.data(), src);
+    else
+        start_rendezvous(rx, ux.conn, ux.hdr, ux.rts, src);
+    return 0;
+}
+
+RxOp *Endpoint::match_posted(bool tagged, uint64_t tag, fi_addr_t src) {
+    auto &list = tagged ? posted_tag_ : posted_msg_;
+    for (auto it = list.begin(); it != list.end(); ++it) {
+        RxOp *rx = *it;
+        if (tagged && !tag_matches(rx, tag)) continue;
+        if (rx->src != FI_ADDR_UNSPEC && rx->src != src) continue;
+        if (!rx->multi) list.erase(it);
+        return rx;
+    }
+    return nullptr;
+}
+
+// For a multi-receive buffer: carve the next message's slice; retire the buffer once less
+// than FI_OPT_MIN_MULTI_RECV bytes are left.
+RxOp *Endpoint::slice_for(RxOp *rx, size_t len) {
+    if (!rx->multi) return rx;
+    size_t left = rx->total - rx->consumed;
+    size_t take = std::min(len, left);
+    auto *slice = new RxOp;
+    slice->context = rx->context;
+    slice->op_flags = rx->op_flags & ~uint64_t(FI_MULTI_RECV);
+    slice->count = 1;
+    slice->iov[0] = {static_cast<uint8_t *>(rx->iov[0].iov_base) + rx->consumed, take};
+    slice->total = take;
+    slice->parent = rx;
+    rx->consumed += take;
+    rx->children++;
+    if (rx->total - rx->consumed < min_multi_recv_ || rx->total == rx->consumed) {
+        rx->retired = true;
+        posted_msg_.remove(rx);
+    }
+    return slice;
+}
+
+fi_addr_t Endpoint::source_of(LinkConnection *conn) {
+    if (type_ != FI_EP_RDM || !conn) return FI_ADDR_NOTAVAIL;
+    auto *peer = static_cast<Peer *>(conn->context);
+    if (!peer || !av_) return FI_ADDR_NOTAVAIL;
+    if (peer->av_version != av_->version()) {
+        peer->addr = av_->addr_of(peer->name);
+        peer->av_version = av_->version();
+    }
+    return peer->addr;
+}
+
+void Endpoint::rx_complete(RxOp *rx, size_t len, uint64_t tag, uint64_t data,
+                           uint8_t proto_flags, fi_addr_t src, int err, size_t olen) {
+    uint64_t flags = FI_RECV | ((proto_flags & wire::kProtoTagged) ? FI_TAGGED : FI_MSG);
+    if (proto_flags & wire::kProtoCqData) flags |= FI_REMOTE_CQ_DATA;
+    RxOp *parent = rx->parent;
+    if (parent) {
+        parent->children--;
+        if (parent->retired && parent->children == 0) flags |= FI_MULTI_RECV;
+    }
+    void *buf = rx->count ? rx->iov[0].iov_base : nullptr;
+    if (err) {
+        write_rx_err(rx, flags, err, len, olen, tag, data);
+    } else {
+        if (recv_cntr_) recv_cntr_->inc();
+        if (!rx_selective_ || (rx->op_flags & FI_COMPLETION))
+            write_rx_cq({rx->context, flags, len, buf, data, tag, src}, src);
+    }
+    if (parent) {
+        delete rx;
+        if (parent->retired && parent->children == 0) release_rx(parent);
+    } else {
+        release_rx(rx);
+    }
+}
+
+void Endpoint::release_rx(RxOp *rx) {
+    --rx_outstanding_;
+    delete rx;
+}
+
+void Endpoint::deliver_eager(RxOp *rx, const wire::ProtoHeader &hdr, const uint8_t *payload,
+                             fi_addr_t src) {
+    size_t copied = copy_to_iov(rx->iov, rx->count, payload, hdr.size);
+    int err = copied < hdr.size ? FI_ETRUNC : 0;
+    rx_complete(rx, copied, hdr.tag, hdr.cq_data, hdr.flags, src, err, hdr.size - copied);
+}
+
+void Endpoint::start_rendezvous(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,
+                                const wire::RtsBody &rts, fi_addr_t src) {
+    rx->conn = conn;
+    rx->msg_id = hdr.msg_id;
+    rx->msg_len = hdr.size;
+    rx->recv_len = std::min<size_t>(hdr.size, rx->total);
+    rx->cq_data = hdr.cq_data;
+    rx->msg_tag = hdr.tag;
+    rx->proto_flags = hdr.flags;
+    rx->msg_src = src;
+    rx->reads = 0;
+    // Walk the sender's buffers and ours together; one RDMA read per overlapping piece.
+    size_t remaining = rx->recv_len;
+    size_t li = 0, loff = 0, ri = 0, roff = 0;
+    while (remaining && li < rx->count && ri < rts.iov_count) {
+        size_t lleft = rx->iov[li].iov_len - loff;
+        size_t rleft = rts.iov[ri].length - roff;
+        if (!lleft) { ++li; loff = 0; continue; }
+        if (!rleft) { ++ri; roff = 0; continue; }
+        size_t n = std::min({lleft, rleft, remaining});
+        iovec local{static_cast<uint8_t *>(rx->iov[li].iov_base) + loff, n};
+        RemoteRegion remote{rts.iov[ri].addr + roff, rts.iov[ri].key};
+        if (conn->post_read(&local, 1, remote, wr_id(rx, kWrRxRead)) == 0) {
+            ++rx->reads;
+        } else {
+            rx->error = FI_ECONNRESET;
+            break;
+        }
+        loff += n;
+        roff += n;
+        remaining -= n;
+    }
+    if (rx->reads == 0) finish_rendezvous(rx);
+}
+
+void Endpoint::finish_rendezvous(RxOp *rx) {
+    wire::FinBody fin{rx->msg_id,
+                      uint32_t(rx->error ? wire::FinStatus::ReadFailed : wire::FinStatus::Ok), 0};
+    send_control(rx->conn, wire::ProtoOp::Fin, &fin, sizeof fin, rx->msg_id);
+    int err = rx->error ? FI_EIO : (rx->recv_len < rx->msg_len ? FI_ETRUNC : 0);
+    if (rx->error == FI_ECONNRESET) err = FI_ECONNRESET;
+    rx_complete(rx, rx->recv_len, rx->msg_tag, rx->cq_data, rx->proto_flags, rx->msg_src, err,
+                rx->msg_len - rx->recv_len);
+}
+
+void Endpoint::handle_message(LinkConnection *conn, const uint8_t *buf, size_t len) {
+    wire::ProtoHeader hdr;
+    if (len < sizeof hdr) {
+        TANDEM_WARN(FI_LOG_EP_DATA, "dropping a runt message (%zu bytes)\n", len);
+        return;
+    }
+    memcpy(&hdr, buf, sizeof hdr);
+    const uint8_t *body = buf + sizeof hdr;
+    size_t body_len = len - sizeof hdr;
+    bool tagged = hdr.flags & wire::kProtoTagged;
+    switch (static_cast<wire::ProtoOp>(hdr.op)) {
+        case wire::ProtoOp::Eager: {
+            if (hdr.size != body_len) break;
+            fi_addr_t src = source_of(conn);
+            if (hdr.flags & wire::kProtoAckReq)
+                send_control(conn, wire::ProtoOp::DeliveryAck, nullptr, 0, hdr.msg_id);
+            RxOp *rx = match_posted(tagged, hdr.tag, src);
+            if (rx) {
+                deliver_eager(slice_for(rx, hdr.size), hdr, body, src);
+            } else {
+                Unexpected ux;
+                ux.conn = conn;
+                ux.hdr = hdr;
+                ux.data.assign(body, body + body_len);
+                (tagged ? unexpected_tag_ : unexpected_msg_).push_back(std::move(ux));
+            }
+            return;
+        }
+        case wire::ProtoOp::Rts: {
+            wire::RtsBody rts{};
+            if (body_len < sizeof rts) break;
+            memcpy(&rts, body, sizeof rts);
+            if (rts.iov_count == 0 || rts.iov_count > wire::kMaxRtsIov) break;
+            uint64_t total = 0;
+            for (uint32_t i = 0; i < rts.iov_count; ++i) total += rts.iov[i].length;
+            if (total != hdr.size) break;
+            fi_addr_t src = source_of(conn);
+            RxOp *rx = match_posted(tagged, hdr.tag, src);
+            if (rx) {
+                start_rendezvous(slice_for(rx, hdr.size), conn, hdr, rts, src);
+            } else {
+                Unexpected ux;
+                ux.conn = conn;
+                ux.hdr = hdr;
+                ux.rts = rts;
+                (tagged ? unexpected_tag_ : unexpected_msg_).push_back(std::move(ux));
+            }
+            return;
+        }
+        case wire::ProtoOp::Fin:
+        case wire::ProtoOp::DeliveryAck: {
+            auto it = await_remote_.find(hdr.msg_id);
+            if (it == await_remote_.end()) break;
+            TxOp *op = it->second;
+            await_remote_.erase(it);
+            if (hdr.op == static_cast<uint8_t>(wire::ProtoOp::Fin)) {
+                wire::FinBody fin{};
+                if (body_len >= sizeof fin) memcpy(&fin, body, sizeof fin);
+                if (fin.status != uint32_t(wire::FinStatus::Ok)) op->error = FI_EIO;
+            }
+            op->await_remote = false;
+            if (op->link_wrs == 0) finish_tx(op);
+            return;
+        }
+        case wire::ProtoOp::WriteNotify: {
+            wire::WriteNotifyBody n{};
+            if (body_len < sizeof n) break;
+            memcpy(&n, body, sizeof n);
+            fi_addr_t src = source_of(conn);
+            if (rx_cq_)
+                write_rx_cq({nullptr, FI_RMA | FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA, n.length,
+                             nullptr, hdr.cq_data, 0, src},
+                            src);
+            return;
+        }
+    }
+    TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed message (op %u, %zu bytes)\n", hdr.op, len);
+}
+
+void Endpoint::repost(void *buf) {
+    transport_->post_recv(buf, rx_buf_size_, wr_id(static_cast<uint8_t *>(buf), kWrBuffer));
+}
+
+void Endpoint::handle_wc(const WorkCompletion &wc) {
+    switch (static_cast<WrKind>(wc.wr_id & kWrKindMask)) {
+        case kWrBuffer: {
+            auto *buf = wr_ptr<uint8_t>(wc.wr_id);
+            if (wc.status == WcStatus::Success && wc.conn && wc.conn->context)
+                handle_message(wc.conn, buf, wc.byte_len);
+            repost(buf);
+            return;
+        }
+        case kWrTx: {
+            TxOp *op = wr_ptr<TxOp>(wc.wr_id);
+            if (wc.status != WcStatus::Success && !op->error) op->error = error_of(wc.status);
+            if (--op->link_wrs > 0) return;
+            if (op->error) {
+                // No Fin / ack will come for an operation whose request failed.
+                if (op->await_remote) await_remote_.erase(op->id);
+                finish_tx(op);
+                return;
+            }
+            if (!op->await_remote) finish_tx(op);
+            return;
+        }
+        case kWrRxRead: {
+            RxOp *rx = wr_ptr<RxOp>(wc.wr_id);
+            if (wc.status != WcStatus::Success && !rx->error) rx->error = error_of(wc.status);
+            if (--rx->reads == 0) finish_rendezvous(rx);
+            return;
+        }
+        case kWrControl:
+            delete wr_ptr<ControlMsg>(wc.wr_id);
+            return;
+    }
+}
+
+void Endpoint::fail_peer(Peer *peer, int err) {
+    while (!peer->waiting.empty()) {
+        TxOp *op = peer->waiting.front();
+        peer->waiting.pop_front();
+        fail_tx(op, err);
+    }
+    // Operations waiting for a Fin or an ack from this peer will never get one.
+    for (auto it = await_remote_.begin(); it != await_remote_.end();) {
+        TxOp *op = it->second;
+        if (op->peer != peer) {
+            ++it;
+            continue;
+        }
+        it = await_remote_.erase(it);
+        op->await_remote = false;
+        op->error = err;
+        if (op->link_wrs == 0) finish_tx(op);
+    }
+}
+
+void Endpoint::progress() {
+    WorkCompletion wc[32];
+    for (;;) {
+        int n = transport_->poll(wc, 32);
+        for (int i = 0; i < n; ++i) handle_wc(wc[i]);
+        if (n < 32) break;
+    }
+    CmEvent ev;
+    while (transport_->poll_cm(ev)) handle_cm_event(ev);
+}
+
+ssize_t Endpoint::cancel(void *context) {
+    std::lock_guard guard(domain_->lock());
+    for (auto *list : {&posted_msg_, &posted_tag_}) {
+        for (auto it = list->begin(); it != list->end(); ++it) {
+            RxOp *rx = *it;
+            if (rx->context != context) continue;
+            list->erase(it);
+            uint64_t flags = FI_RECV | (rx->tagged ? FI_TAGGED : FI_MSG);
+            if (rx->multi) flags |= FI_MULTI_RECV;
+            write_rx_err(rx, flags, FI_ECANCELED, 0, 0, rx->tag, 0);
+            if (rx->multi && rx->children) {
+                rx->retired = true;  // slices still reading: released by the last one
+            } else {
+                release_rx(rx);
+            }
+            return 0;
+        }
+    }
+    return -FI_ENOENT;
+}
+
+void *Endpoint::resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access) noexcept {
+    return domain_->mr_table().resolve(key, addr, len, access);
+}
+
+void Endpoint::remote_access_done(uint64_t key, uint64_t access) noexcept {
+    MemoryRegion *mr = domain_->mr_table().find(key);
+    if (!mr) return;  // protocol-internal (rendezvous) access: not the application's event
+    mr->count_remote_access(access);
+    if (access == FI_REMOTE_WRITE && rwrite_cntr_) rwrite_cntr_->inc();
+    if (access == FI_REMOTE_READ && rread_cntr_) rread_cntr_->inc();
+}
+
+}  // namespace tandem

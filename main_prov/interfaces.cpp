@@ -1,0 +1,114 @@
+#include "main_prov/interfaces.h"
+
+#include "main_prov/config.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+
+#include <algorithm>
+#include <cstring>
+#include <sstream>
+
+namespace tandem {
+
+namespace {
+
+int prefix_length(const sockaddr *mask) {
+    int bits = 0;
+    const uint8_t *p;
+    size_t n;
+    if (mask->sa_family == AF_INET) {
+        p = reinterpret_cast<const uint8_t *>(&reinterpret_cast<const sockaddr_in *>(mask)->sin_addr);
+        n = 4;
+    } else {
+        p = reinterpret_cast<const uint8_t *>(&reinterpret_cast<const sockaddr_in6 *>(mask)->sin6_addr);
+        n = 16;
+    }
+    for (size_t i = 0; i < n; ++i) bits += __builtin_popcount(p[i]);
+    return bits;
+}
+
+std::string subnet_name(const sockaddr *addr, const sockaddr *mask) {
+    char text[INET6_ADDRSTRLEN] = "";
+    if (addr->sa_family == AF_INET) {
+        in_addr a = reinterpret_cast<const sockaddr_in *>(addr)->sin_addr;
+        if (mask) a.s_addr &= reinterpret_cast<const sockaddr_in *>(mask)->sin_addr.s_addr;
+        inet_ntop(AF_INET, &a, text, sizeof text);
+    } else {
+        in6_addr a = reinterpret_cast<const sockaddr_in6 *>(addr)->sin6_addr;
+        if (mask)
+            for (int i = 0; i < 16; ++i)
+                a.s6_addr[i] &= reinterpret_cast<const sockaddr_in6 *>(mask)->sin6_addr.s6_addr[i];
+        inet_ntop(AF_INET6, &a, text, sizeof text);
+    }
+    return std::string(text) + "/" + std::to_string(mask ? prefix_length(mask) : 0);
+}
+
+bool allowed_by_config(const std::string &name) {
+    const std::string &list = Config::get().iface;
+    if (list.empty()) return true;
+    std::stringstream ss(list);
+    std::string item;
+    while (std::getline(ss, item, ','))
+        if (item == name) return true;
+    return false;
+}
+
+bool is_wildcard(const EndpointName &name) {
+    if (name.ss.ss_family == AF_INET)
+        return reinterpret_cast<const sockaddr_in *>(&name.ss)->sin_addr.s_addr == htonl(INADDR_ANY);
+    if (name.ss.ss_family == AF_INET6)
+        return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6 *>(&name.ss)->sin6_addr);
+    return false;
+}
+
+}  // namespace
+
+std::vector<Interface> usable_interfaces(int family) {
+    std::vector<Interface> out;
+    ifaddrs *list = nullptr;
+    if (getifaddrs(&list) != 0) return out;
+    for (ifaddrs *ifa = list; ifa; ifa = ifa->ifa_next) {
+        if (!ifa->ifa_addr || ifa->ifa_addr->sa_family != family) continue;
+        if (!(ifa->ifa_flags & IFF_UP) || !(ifa->ifa_flags & IFF_RUNNING)) continue;
+        bool loopback = ifa->ifa_flags & IFF_LOOPBACK;
+        if (loopback && !Config::get().include_loopback) continue;
+        if (!allowed_by_config(ifa->ifa_name)) continue;
+        if (family == AF_INET6 &&
+            IN6_IS_ADDR_LINKLOCAL(&reinterpret_cast<sockaddr_in6 *>(ifa->ifa_addr)->sin6_addr))
+            continue;  // link-local addresses need a scope id peers cannot guess
+        bool seen = std::any_of(out.begin(), out.end(),
+                                [&](const Interface &i) { return i.name == ifa->ifa_name; });
+        if (seen) continue;  // first address of an interface names its domain
+        Interface itf;
+        itf.name = ifa->ifa_name;
+        EndpointName::from_bytes(ifa->ifa_addr, family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6),
+                                 itf.address);
+        itf.fabric_name = subnet_name(ifa->ifa_addr, ifa->ifa_netmask);
+        itf.loopback = loopback;
+        out.push_back(std::move(itf));
+    }
+    freeifaddrs(list);
+    std::stable_partition(out.begin(), out.end(), [](const Interface &i) { return !i.loopback; });
+    return out;
+}
+
+void substitute_interface_address(const char *ifname, EndpointName &name) {
+    if (!is_wildcard(name) || !ifname) return;
+    uint16_t port = name.ss.ss_family == AF_INET
+                        ? reinterpret_cast<sockaddr_in *>(&name.ss)->sin_port
+                        : reinterpret_cast<sockaddr_in6 *>(&name.ss)->sin6_port;
+    for (const Interface &itf : usable_interfaces(name.ss.ss_family)) {
+        if (itf.name != ifname) continue;
+        name = itf.address;
+        if (name.ss.ss_family == AF_INET)
+            reinterpret_cast<sockaddr_in *>(&name.ss)->sin_port = port;
+        else
+            reinterpret_cast<sockaddr_in6 *>(&name.ss)->sin6_port = port;
+        return;
+    }
+}
+
+}  // namespace tandem

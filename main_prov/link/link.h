@@ -1,0 +1,141 @@
+// The link interface: what tandem's protocol needs from a transport, shaped like verbs RC so
+// that a verbs link fits behind it without touching the protocol (docs/architecture.md maps
+// every operation onto its verbs call).
+//
+//  LinkTransport  ~ one protection domain + completion queue + shared receive queue +
+//                   rdma_cm listener of one endpoint. Receive buffers are posted to it, not to a
+//                   connection, and every connection draws from them (SRQ semantics: a message
+//                   that finds no posted buffer waits, like an RNR retry).
+//  LinkConnection ~ one RC queue pair. Work requests complete in the order they were posted;
+//                   a send completes when the peer's link has placed it in a posted buffer,
+//                   an RDMA write when the data is in the target region, a read when the data
+//                   is in the local buffer.
+//
+// The protocol asks a transport what it can do (LinkCaps) and chooses eager, rendezvous by
+// RDMA read, or bounce buffers from the answer, never from the transport's name.
+#pragma once
+
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace tandem {
+
+struct LinkCaps {
+    size_t max_inline = 0;      // bytes a send may carry without keeping the source buffer
+    size_t max_send_size = 0;   // largest two-sided message (the posted buffer size)
+    size_t max_rdma_size = 0;   // largest single RDMA read or write
+    size_t max_sge = 0;         // scatter/gather entries per work request
+    bool rdma_read = false;
+    bool rdma_write = false;
+    bool remote_access_events = false;  // the target's link reports remote reads/writes
+};
+
+// Remote memory as the link sees it: an address in the peer's key space and its key.
+struct RemoteRegion {
+    uint64_t addr;
+    uint64_t key;
+};
+
+// Resolves a remote key at the target, with bounds and access checks, the way an RNIC checks
+// an rkey. Implemented by the domain's memory-region table.
+class RemoteKeyResolver {
+public:
+    virtual ~RemoteKeyResolver() = default;
+    // Returns the local address for [addr, addr+len) under key with the given FI_REMOTE_*
+    // access, or nullptr if the key is unknown, the range out of bounds or access denied.
+    virtual void *resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access) noexcept = 0;
+    // Called after a remote write/read completed into a region (for FI_RMA_EVENT counters).
+    virtual void remote_access_done(uint64_t key, uint64_t access) noexcept = 0;
+};
+
+enum class WcOpcode : uint8_t { Send, Recv, RecvWriteImm, Write, Read };
+
+enum class WcStatus : uint8_t {
+    Success,
+    RemoteAccessError,   // bad key, out of bounds, access denied at the target
+    RemoteInvalid,       // malformed request rejected by the target
+    Flushed,             // the connection went down before the request completed
+};
+
+class LinkConnection;
+
+struct WorkCompletion {
+    uint64_t wr_id;
+    LinkConnection *conn;
+    WcOpcode opcode;
+    WcStatus status;
+    bool has_imm;
+    uint32_t imm;
+    size_t byte_len;  // for receives: bytes placed in the posted buffer
+};
+
+enum class CmEventType : uint8_t { ConnectRequest, Established, Rejected, Unreachable, Disconnected };
+
+struct CmEvent {
+    CmEventType type;
+    LinkConnection *conn;
+    std::vector<uint8_t> private_data;
+};
+
+class LinkConnection {
+public:
+    virtual ~LinkConnection() = default;
+
+    virtual int post_send(const iovec *iov, size_t count, const uint32_t *imm, uint64_t wr_id) = 0;
+    virtual int post_write(const iovec *iov, size_t count, RemoteRegion dst, const uint32_t *imm,
+                           uint64_t wr_id) = 0;
+    virtual int post_read(const iovec *iov, size_t count, RemoteRegion src, uint64_t wr_id) = 0;
+
+    // rdma_cm side of a connection.
+    virtual int accept(const void *priv, size_t len) = 0;
+    virtual int reject(const void *priv, size_t len) = 0;
+    virtual void disconnect() = 0;
+
+    virtual bool established() const = 0;
+    virtual bool failed() const = 0;
+    virtual sockaddr_storage peer_address() const = 0;
+    virtual sockaddr_storage local_address() const = 0;
+
+    // File descriptor that becomes readable when this connection has work (for wait sets),
+    // or -1 when none.
+    virtual int wait_fd() const = 0;
+
+    void *context = nullptr;  // owned by the protocol (its peer / connection state)
+};
+
+class LinkTransport {
+public:
+    virtual ~LinkTransport() = default;
+
+    virtual const LinkCaps &caps() const = 0;
+
+    // Listening address; port 0 picks one. After listen(), name() is the bound address.
+    virtual int listen(const sockaddr *addr, socklen_t len, int backlog) = 0;
+    virtual sockaddr_storage name() const = 0;
+
+    // Starts a connection; completion is reported as a CmEvent (Established / Rejected /
+    // Unreachable). The private data reaches the peer's ConnectRequest.
+    virtual LinkConnection *connect(const sockaddr *dst, socklen_t len, const void *priv,
+                                    size_t priv_len) = 0;
+    // Adopts a connection created by another transport's listener (a passive endpoint's
+    // connection request accepted on an active endpoint). Ownership moves here.
+    virtual void adopt(std::unique_ptr<LinkConnection> conn) = 0;
+    // Gives up a connection: flushes its work requests and frees it.
+    virtual void destroy(LinkConnection *conn) = 0;
+
+    virtual int post_recv(void *buf, size_t len, uint64_t wr_id) = 0;
+
+    // Drives the link and returns up to max completions / one connection-manager event.
+    virtual int poll(WorkCompletion *wc, int max) = 0;
+    virtual bool poll_cm(CmEvent &event) = 0;
+
+    // Descriptors that become readable when poll()/poll_cm() has work.
+    virtual void wait_fds(std::vector<int> &out) const = 0;
+};
+
+}  // namespace tandem

@@ -1,0 +1,842 @@
+#include "main_prov/link/tcp_link.h"
+
+#include "common/fabric_error.h"
+#include "common/log.h"
+
+#include <rdma/fabric.h>
+#include <rdma/fi_errno.h>
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+namespace tandem {
+
+namespace {
+
+constexpr size_t kRxBufferSize = 64 * 1024;
+constexpr size_t kDirectReadThreshold = 16 * 1024;
+constexpr size_t kMaxSendIov = 64;
+constexpr uint32_t kAckEvery = 32;
+constexpr uint64_t kMaxCmPayload = sizeof(wire::TcpCmHello) + 4096;
+
+bool op_has_extension(wire::TcpOp op) {
+    return op == wire::TcpOp::Write || op == wire::TcpOp::ReadReq;
+}
+
+bool op_is_wr(wire::TcpOp op) {
+    return op == wire::TcpOp::Send || op == wire::TcpOp::Write || op == wire::TcpOp::ReadReq;
+}
+
+void set_socket_options(int fd, size_t buffer) {
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    if (buffer) {
+        int size = static_cast<int>(buffer);
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
+    }
+}
+
+size_t iov_total(const iovec *iov, size_t count) {
+    size_t total = 0;
+    for (size_t i = 0; i < count; ++i) total += iov[i].iov_len;
+    return total;
+}
+
+WcStatus status_from_wire(uint8_t status) {
+    switch (static_cast<wire::TcpStatus>(status)) {
+        case wire::TcpStatus::Ok:
+            return WcStatus::Success;
+        case wire::TcpStatus::RemoteAccess:
+            return WcStatus::RemoteAccessError;
+        default:
+            return WcStatus::RemoteInvalid;
+    }
+}
+
+}  // namespace
+
+// ----------------------------------------------------------------------------------------
+// TcpConnection
+
+TcpConnection::TcpConnection(TcpTransport *transport, int fd, State state)
+    : transport_(transport), fd_(fd), state_(state), rxbuf_(kRxBufferSize) {}
+
+TcpConnection::~TcpConnection() {
+    if (fd_ >= 0) close(fd_);
+}
+
+sockaddr_storage TcpConnection::peer_address() const {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    if (fd_ >= 0) getpeername(fd_, reinterpret_cast<sockaddr *>(&ss), &len);
+    return ss;
+}
+
+sockaddr_storage TcpConnection::local_address() const {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    if (fd_ >= 0) getsockname(fd_, reinterpret_cast<sockaddr *>(&ss), &len);
+    return ss;
+}
+
+TcpConnection::OutFrame TcpConnection::make_frame(wire::TcpOp op, const iovec *iov, size_t count,
+                                                  bool copy_payload) {
+    OutFrame f;
+    f.hdr.op = static_cast<uint8_t>(op);
+    size_t len = iov_total(iov, count);
+    f.hdr.length = len;
+    if (copy_payload && len) {
+        f.inline_copy.resize(len);
+        size_t off = 0;
+        for (size_t i = 0; i < count; ++i) {
+            memcpy(f.inline_copy.data() + off, iov[i].iov_base, iov[i].iov_len);
+            off += iov[i].iov_len;
+        }
+        f.iov.push_back({f.inline_copy.data(), len});
+    } else {
+        for (size_t i = 0; i < count; ++i)
+            if (iov[i].iov_len) f.iov.push_back(iov[i]);
+    }
+    return f;
+}
+
+void TcpConnection::queue_frame(OutFrame &&frame) {
+    frame.total = sizeof(wire::TcpFrame) + (frame.has_ext ? sizeof(wire::TcpRdma) : 0) +
+                  frame.hdr.length;
+    outq_.push_back(std::move(frame));
+}
+
+int TcpConnection::queue_wr(OutFrame &&frame, uint64_t wr_id, WcOpcode opcode,
+                            std::vector<iovec> read_iov, size_t length) {
+    if (state_ != State::Established) return -FI_ENOTCONN;
+    frame.counts_as_wr = true;
+    PendingWr wr;
+    wr.wr_id = wr_id;
+    wr.seq = next_seq_++;
+    wr.opcode = opcode;
+    wr.read_iov = std::move(read_iov);
+    wr.length = length;
+    pending_.push_back(std::move(wr));
+    queue_frame(std::move(frame));
+    // Send right away when the queue was empty: the common case of a latency-bound exchange.
+    if (outq_.size() == 1) flush_send();
+    return FI_SUCCESS;
+}
+
+int TcpConnection::post_send(const iovec *iov, size_t count, const uint32_t *imm, uint64_t wr_id) {
+    size_t len = iov_total(iov, count);
+    if (len > transport_->caps().max_send_size || count > transport_->caps().max_sge)
+        return -FI_EMSGSIZE;
+    OutFrame f = make_frame(wire::TcpOp::Send, iov, count, len <= transport_->caps().max_inline);
+    if (imm) {
+        f.hdr.flags |= wire::kTcpHasImm;
+        f.hdr.imm = *imm;
+    }
+    return queue_wr(std::move(f), wr_id, WcOpcode::Send, {}, len);
+}
+
+int TcpConnection::post_write(const iovec *iov, size_t count, RemoteRegion dst,
+                              const uint32_t *imm, uint64_t wr_id) {
+    size_t len = iov_total(iov, count);
+    if (len > transport_->caps().max_rdma_size || count > transport_->caps().max_sge)
+        return -FI_EMSGSIZE;
+    OutFrame f = make_frame(wire::TcpOp::Write, iov, count, len <= transport_->caps().max_inline);
+    f.has_ext = true;
+    f.ext = {dst.addr, dst.key, len};
+    if (imm) {
+        f.hdr.flags |= wire::kTcpHasImm;
+        f.hdr.imm = *imm;
+    }
+    return queue_wr(std::move(f), wr_id, WcOpcode::Write, {}, len);
+}
+
+int TcpConnection::post_read(const iovec *iov, size_t count, RemoteRegion src, uint64_t wr_id) {
+    size_t len = iov_total(iov, count);
+    if (len > transport_->caps().max_rdma_size || count > transport_->caps().max_sge)
+        return -FI_EMSGSIZE;
+    OutFrame f = make_frame(wire::TcpOp::ReadReq, nullptr, 0, false);
+    f.has_ext = true;
+    f.ext = {src.addr, src.key, len};
+    return queue_wr(std::move(f), wr_id, WcOpcode::Read, std::vector<iovec>(iov, iov + count), len);
+}
+
+void TcpConnection::send_cm_request(const void *priv, size_t len) {
+    wire::TcpCmHello hello{wire::kTcpMagic, wire::kTcpVersion, 0, static_cast<uint32_t>(len), 0};
+    iovec iov[2] = {{&hello, sizeof hello}, {const_cast<void *>(priv), len}};
+    queue_frame(make_frame(wire::TcpOp::CmRequest, iov, len ? 2 : 1, true));
+}
+
+int TcpConnection::accept(const void *priv, size_t len) {
+    if (state_ != State::RequestReceived) return -FI_EINVAL;
+    if (len > wire::kMaxCmPrivate) return -FI_EINVAL;
+    iovec iov{const_cast<void *>(priv), len};
+    queue_frame(make_frame(wire::TcpOp::CmAccept, &iov, len ? 1 : 0, true));
+    state_ = State::Established;
+    flush_send();
+    transport_->push_cm({CmEventType::Established, this, {}});
+    return FI_SUCCESS;
+}
+
+int TcpConnection::reject(const void *priv, size_t len) {
+    if (state_ != State::RequestReceived) return -FI_EINVAL;
+    if (len > wire::kMaxCmPrivate) return -FI_EINVAL;
+    iovec iov{const_cast<void *>(priv), len};
+    queue_frame(make_frame(wire::TcpOp::CmReject, &iov, len ? 1 : 0, true));
+    disconnect_requested_ = true;
+    reported_down_ = true;  // the application already knows: it rejected
+    flush_send();
+    return FI_SUCCESS;
+}
+
+void TcpConnection::disconnect() {
+    if (state_ == State::Closed || disconnect_requested_) return;
+    if (state_ == State::Established) {
+        queue_frame(make_frame(wire::TcpOp::Disconnect, nullptr, 0, false));
+        flush_send();
+    }
+    disconnect_requested_ = true;
+    reported_down_ = true;  // the local side asked for it: no Disconnected event to itself
+    if (outq_.empty()) fail_connection(nullptr, 0);
+}
+
+bool TcpConnection::flush_send() {
+    if (fd_ < 0 || state_ == State::Connecting || state_ == State::Closed) return false;
+    while (!outq_.empty()) {
+        iovec iov[kMaxSendIov];
+        size_t n = 0;
+        size_t bytes = 0;
+        for (auto &f : outq_) {
+            if (n + 2 + f.iov.size() > kMaxSendIov) break;
+            if (f.sent == 0) {
+                f.hdr.ack = rx_count_;
+                acked_sent_ = rx_count_;
+            }
+            size_t skip = f.sent;
+            size_t head_len = sizeof f.hdr;
+            auto push = [&](void *base, size_t len) {
+                if (skip >= len) {
+                    skip -= len;
+                    return;
+                }
+                iov[n++] = {static_cast<char *>(base) + skip, len - skip};
+                bytes += len - skip;
+                skip = 0;
+            };
+            push(&f.hdr, head_len);
+            if (f.has_ext) push(&f.ext, sizeof f.ext);
+            for (auto &v : f.iov) push(v.iov_base, v.iov_len);
+        }
+        if (n == 0) break;
+        msghdr msg{};
+        msg.msg_iov = iov;
+        msg.msg_iovlen = n;
+        ssize_t sent = sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (sent < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
+            if (errno == EINTR) continue;
+            fail_connection("send failed", errno);
+            return false;
+        }
+        size_t left = static_cast<size_t>(sent);
+        while (left && !outq_.empty()) {
+            auto &f = outq_.front();
+            size_t take = std::min(left, f.total - f.sent);
+            f.sent += take;
+            left -= take;
+            if (f.sent == f.total) outq_.pop_front();
+        }
+        if (static_cast<size_t>(sent) < bytes) return false;  // socket buffer full
+    }
+    return true;
+}
+
+bool TcpConnection::fill_rx(size_t want) {
+    while (rx_tail_ - rx_head_ < want) {
+        if (rx_head_ == rx_tail_) {
+            rx_head_ = rx_tail_ = 0;
+        } else if (rx_tail_ == rxbuf_.size() || rxbuf_.size() - rx_head_ < want) {
+            memmove(rxbuf_.data(), rxbuf_.data() + rx_head_, rx_tail_ - rx_head_);
+            rx_tail_ -= rx_head_;
+            rx_head_ = 0;
+        }
+        ssize_t got = recv(fd_, rxbuf_.data() + rx_tail_, rxbuf_.size() - rx_tail_, MSG_DONTWAIT);
+        if (got > 0) {
+            rx_tail_ += static_cast<size_t>(got);
+            continue;
+        }
+        if (got == 0) {
+            fail_connection(nullptr, 0);  // orderly close by the peer
+            return false;
+        }
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) fail_connection("receive failed", errno);
+        return false;
+    }
+    return true;
+}
+
+// Decides where the payload of the frame in cur_ goes. Returns false to stall (no posted
+// receive buffer yet: the RNR case) without consuming anything more.
+bool TcpConnection::begin_frame() {
+    auto op = static_cast<wire::TcpOp>(cur_.op);
+    dst_iov_.clear();
+    dst_discard_ = false;
+    payload_done_ = 0;
+    cur_status_ = wire::TcpStatus::Ok;
+    write_target_ = nullptr;
+    switch (op) {
+        case wire::TcpOp::Send: {
+            TcpTransport::PostedRecv posted;
+            if (!transport_->take_posted(posted)) return false;
+            if (cur_.length > posted.len) {
+                // The peer broke the size it was told: a protocol error, as on a verbs QP.
+                transport_->post_recv(posted.buf, posted.len, posted.wr_id);
+                fail_connection("message larger than the posted receive buffer", EMSGSIZE);
+                return false;
+            }
+            posted_buf_ = posted.buf;
+            posted_len_ = posted.len;
+            posted_wr_id_ = posted.wr_id;
+            dst_iov_.push_back({posted.buf, cur_.length});
+            return true;
+        }
+        case wire::TcpOp::Write: {
+            if (cur_ext_.length != cur_.length) {
+                fail_connection("malformed write", EPROTO);
+                return false;
+            }
+            if (cur_.flags & wire::kTcpHasImm) {
+                TcpTransport::PostedRecv posted;
+                if (!transport_->take_posted(posted)) return false;
+                posted_buf_ = posted.buf;
+                posted_len_ = posted.len;
+                posted_wr_id_ = posted.wr_id;
+            }
+            void *target = transport_->resolver()->resolve(cur_ext_.key, cur_ext_.addr,
+                                                           cur_.length, FI_REMOTE_WRITE);
+            if (!target && cur_.length) {
+                cur_status_ = wire::TcpStatus::RemoteAccess;
+                dst_discard_ = true;
+            } else {
+                write_target_ = target;
+                dst_iov_.push_back({target, cur_.length});
+            }
+            return true;
+        }
+        case wire::TcpOp::ReadReq:
+            return true;
+        case wire::TcpOp::ReadResp: {
+            for (auto &wr : pending_) {
+                if (wr.opcode != WcOpcode::Read || wr.read_done) continue;
+                size_t expect = cur_.status == 0 ? wr.length : 0;
+                if (cur_.length != expect) {
+                    fail_connection("read response of the wrong length", EPROTO);
+                    return false;
+                }
+                dst_iov_ = wr.read_iov;
+                return true;
+            }
+            fail_connection("read response without a request", EPROTO);
+            return false;
+        }
+        case wire::TcpOp::CmRequest:
+        case wire::TcpOp::CmAccept:
+        case wire::TcpOp::CmReject:
+            if (cur_.length > kMaxCmPayload) {
+                fail_connection("oversized connection data", EPROTO);
+                return false;
+            }
+            cm_payload_.resize(cur_.length);
+            dst_iov_.push_back({cm_payload_.data(), cur_.length});
+            return true;
+        case wire::TcpOp::Nak:
+        case wire::TcpOp::Ack:
+        case wire::TcpOp::Disconnect:
+            if (cur_.length != 0) {
+                fail_connection("control frame with payload", EPROTO);
+                return false;
+            }
+            return true;
+    }
+    fail_connection("unknown frame", EPROTO);
+    return false;
+}
+
+bool TcpConnection::read_payload() {
+    const size_t total = cur_.length;
+    while (payload_done_ < total) {
+        size_t buffered = rx_tail_ - rx_head_;
+        size_t remaining = total - payload_done_;
+        if (buffered) {
+            size_t take = std::min(buffered, remaining);
+            if (!dst_discard_) {
+                const uint8_t *src = rxbuf_.data() + rx_head_;
+                size_t off = payload_done_, left = take;
+                for (auto &v : dst_iov_) {
+                    if (!left) break;
+                    if (off >= v.iov_len) {
+                        off -= v.iov_len;
+                        continue;
+                    }
+                    size_t n = std::min(left, v.iov_len - off);
+                    memcpy(static_cast<uint8_t *>(v.iov_base) + off, src, n);
+                    src += n;
+                    left -= n;
+                    off = 0;
+                }
+            }
+            rx_head_ += take;
+            payload_done_ += take;
+            continue;
+        }
+        if (remaining >= kDirectReadThreshold && !dst_discard_) {
+            // Large payload: straight from the socket into its destination.
+            iovec iov[kMaxSendIov];
+            size_t n = 0, off = payload_done_, want = remaining;
+            for (auto &v : dst_iov_) {
+                if (n == kMaxSendIov || !want) break;
+                if (off >= v.iov_len) {
+                    off -= v.iov_len;
+                    continue;
+                }
+                size_t len = std::min(want, v.iov_len - off);
+                iov[n++] = {static_cast<uint8_t *>(v.iov_base) + off, len};
+                want -= len;
+                off = 0;
+            }
+            msghdr msg{};
+            msg.msg_iov = iov;
+            msg.msg_iovlen = n;
+            ssize_t got = recvmsg(fd_, &msg, MSG_DONTWAIT);
+            if (got > 0) {
+                payload_done_ += static_cast<size_t>(got);
+                continue;
+            }
+            if (got == 0) {
+                fail_connection(nullptr, 0);
+                return false;
+            }
+            if (errno == EINTR) continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK) fail_connection("receive failed", errno);
+            return false;
+        }
+        if (!fill_rx(1)) return false;
+    }
+    return true;
+}
+
+void TcpConnection::handle_cm_frame() {
+    auto op = static_cast<wire::TcpOp>(cur_.op);
+    if (op == wire::TcpOp::CmRequest) {
+        wire::TcpCmHello hello{};
+        if (state_ != State::AwaitingRequest || cm_payload_.size() < sizeof hello) {
+            fail_connection("unexpected connection request", EPROTO);
+            return;
+        }
+        memcpy(&hello, cm_payload_.data(), sizeof hello);
+        if (hello.magic != wire::kTcpMagic || hello.version != wire::kTcpVersion ||
+            hello.priv_len != cm_payload_.size() - sizeof hello) {
+            fail_connection("connection request from an incompatible peer", EPROTO);
+            return;
+        }
+        state_ = State::RequestReceived;
+        transport_->push_cm({CmEventType::ConnectRequest, this,
+                             std::vector<uint8_t>(cm_payload_.begin() + sizeof hello,
+                                                  cm_payload_.end())});
+        return;
+    }
+    if (state_ != State::RequestSent) {
+        fail_connection("unexpected connection answer", EPROTO);
+        return;
+    }
+    if (op == wire::TcpOp::CmAccept) {
+        state_ = State::Established;
+        transport_->push_cm({CmEventType::Established, this, cm_payload_});
+        return;
+    }
+    // CmReject
+    transport_->push_cm({CmEventType::Rejected, this, cm_payload_});
+    reported_down_ = true;
+    fail_connection(nullptr, 0);
+}
+
+void TcpConnection::finish_frame() {
+    auto op = static_cast<wire::TcpOp>(cur_.op);
+    switch (op) {
+        case wire::TcpOp::Send: {
+            WorkCompletion wc{posted_wr_id_, this, WcOpcode::Recv, WcStatus::Success,
+                              (cur_.flags & wire::kTcpHasImm) != 0, cur_.imm, cur_.length};
+            posted_buf_ = nullptr;
+            transport_->push_completion(wc);
+            break;
+        }
+        case wire::TcpOp::Write:
+            if (cur_status_ != wire::TcpStatus::Ok) {
+                OutFrame nak = make_frame(wire::TcpOp::Nak, nullptr, 0, false);
+                nak.hdr.status = static_cast<uint8_t>(cur_status_);
+                nak.hdr.imm = rx_count_;
+                queue_frame(std::move(nak));
+                if (posted_buf_) transport_->post_recv(posted_buf_, posted_len_, posted_wr_id_);
+                posted_buf_ = nullptr;
+                TANDEM_WARN(FI_LOG_EP_DATA, "remote write rejected: key 0x%lx addr 0x%lx len %lu\n",
+                            (unsigned long)cur_ext_.key, (unsigned long)cur_ext_.addr,
+                            (unsigned long)cur_.length);
+            } else {
+                transport_->resolver()->remote_access_done(cur_ext_.key, FI_REMOTE_WRITE);
+                if (cur_.flags & wire::kTcpHasImm) {
+                    WorkCompletion wc{posted_wr_id_, this, WcOpcode::RecvWriteImm,
+                                      WcStatus::Success, true, cur_.imm, cur_.length};
+                    posted_buf_ = nullptr;
+                    transport_->push_completion(wc);
+                }
+            }
+            break;
+        case wire::TcpOp::ReadReq: {
+            void *src = transport_->resolver()->resolve(cur_ext_.key, cur_ext_.addr,
+                                                        cur_ext_.length, FI_REMOTE_READ);
+            OutFrame resp;
+            resp.hdr.op = static_cast<uint8_t>(wire::TcpOp::ReadResp);
+            if (!src && cur_ext_.length) {
+                resp.hdr.status = static_cast<uint8_t>(wire::TcpStatus::RemoteAccess);
+                TANDEM_WARN(FI_LOG_EP_DATA, "remote read rejected: key 0x%lx addr 0x%lx len %lu\n",
+                            (unsigned long)cur_ext_.key, (unsigned long)cur_ext_.addr,
+                            (unsigned long)cur_ext_.length);
+            } else {
+                resp.hdr.length = cur_ext_.length;
+                if (cur_ext_.length) resp.iov.push_back({src, cur_ext_.length});
+                transport_->resolver()->remote_access_done(cur_ext_.key, FI_REMOTE_READ);
+            }
+            queue_frame(std::move(resp));
+            break;
+        }
+        case wire::TcpOp::ReadResp:
+            for (auto &wr : pending_) {
+                if (wr.opcode != WcOpcode::Read || wr.read_done) continue;
+                wr.read_done = true;
+                wr.status = status_from_wire(cur_.status);
+                break;
+            }
+            break;
+        case wire::TcpOp::Nak:
+            for (auto &wr : pending_) {
+                if (wr.seq == cur_.imm) {
+                    wr.status = status_from_wire(cur_.status);
+                    if (wr.status == WcStatus::Success) wr.status = WcStatus::RemoteInvalid;
+                    break;
+                }
+            }
+            break;
+        case wire::TcpOp::Ack:
+            break;
+        case wire::TcpOp::Disconnect:
+            fail_connection(nullptr, 0);
+            return;
+        case wire::TcpOp::CmRequest:
+        case wire::TcpOp::CmAccept:
+        case wire::TcpOp::CmReject:
+            handle_cm_frame();
+            return;
+    }
+    if (op_is_wr(op)) ++rx_count_;
+    complete_acked(cur_.ack);
+}
+
+void TcpConnection::complete_acked(uint32_t ack) {
+    while (!pending_.empty()) {
+        PendingWr &wr = pending_.front();
+        if (wr.opcode == WcOpcode::Read) {
+            if (!wr.read_done) break;
+        } else if (static_cast<int32_t>(ack - wr.seq) <= 0) {
+            break;
+        }
+        transport_->push_completion({wr.wr_id, this, wr.opcode, wr.status, false, 0, wr.length});
+        pending_.pop_front();
+    }
+}
+
+void TcpConnection::read_frames() {
+    bool stalled = false;
+    while (state_ != State::Closed && !stalled) {
+        switch (phase_) {
+            case RxPhase::Header: {
+                if (!fill_rx(sizeof cur_)) return;
+                memcpy(&cur_, rxbuf_.data() + rx_head_, sizeof cur_);
+                rx_head_ += sizeof cur_;
+                auto op = static_cast<wire::TcpOp>(cur_.op);
+                if (cur_.op < static_cast<uint8_t>(wire::TcpOp::Send) ||
+                    cur_.op > static_cast<uint8_t>(wire::TcpOp::Disconnect)) {
+                    fail_connection("unknown frame type", EPROTO);
+                    return;
+                }
+                bool cm = op == wire::TcpOp::CmRequest || op == wire::TcpOp::CmAccept ||
+                          op == wire::TcpOp::CmReject;
+                if (cm != (state_ == State::AwaitingRequest || state_ == State::RequestSent)) {
+                    fail_connection("frame out of connection order", EPROTO);
+                    return;
+                }
+                phase_ = op_has_extension(op) ? RxPhase::Extension : RxPhase::Payload;
+                if (phase_ == RxPhase::Payload && !begin_frame()) {
+                    phase_ = RxPhase::Extension;  // re-run begin_frame when a buffer comes
+                    cur_ext_ = {};
+                    stalled = true;
+                    dst_iov_.clear();
+                    // Mark that the extension is already consumed.
+                    pending_ext_consumed_ = true;
+                }
+                break;
+            }
+            case RxPhase::Extension: {
+                if (!pending_ext_consumed_) {
+                    if (!fill_rx(sizeof cur_ext_)) return;
+                    memcpy(&cur_ext_, rxbuf_.data() + rx_head_, sizeof cur_ext_);
+                    rx_head_ += sizeof cur_ext_;
+                    pending_ext_consumed_ = true;
+                }
+                if (!begin_frame()) {
+                    stalled = true;
+                    break;
+                }
+                pending_ext_consumed_ = false;
+                phase_ = RxPhase::Payload;
+                break;
+            }
+            case RxPhase::Payload:
+                if (!read_payload()) return;
+                phase_ = RxPhase::Header;
+                finish_frame();
+                break;
+        }
+    }
+}
+
+void TcpConnection::maybe_send_ack() {
+    if (state_ != State::Established || !outq_.empty()) return;
+    if (rx_count_ == acked_sent_) return;
+    queue_frame(make_frame(wire::TcpOp::Ack, nullptr, 0, false));
+    flush_send();
+}
+
+void TcpConnection::progress() {
+    if (state_ == State::Closed) return;
+    if (state_ == State::Connecting) {
+        pollfd pfd{fd_, POLLOUT, 0};
+        if (::poll(&pfd, 1, 0) <= 0) return;
+        int err = 0;
+        socklen_t len = sizeof err;
+        getsockopt(fd_, SOL_SOCKET, SO_ERROR, &err, &len);
+        if (err) {
+            fail_connection("connect failed", err);
+            return;
+        }
+        state_ = State::RequestSent;
+    }
+    flush_send();
+    uint32_t before = rx_count_;
+    read_frames();
+    if (state_ == State::Closed) return;
+    flush_send();
+    // Acknowledge explicitly when the peer sent nothing new this pass (it may be waiting on
+    // our acknowledgements) or when many are outstanding; otherwise they ride on our traffic.
+    if (rx_count_ == before || rx_count_ - acked_sent_ >= kAckEvery) maybe_send_ack();
+    if (disconnect_requested_ && outq_.empty()) fail_connection(nullptr, 0);
+}
+
+void TcpConnection::flush_pending() {
+    for (auto &wr : pending_)
+        transport_->push_completion({wr.wr_id, this, wr.opcode, WcStatus::Flushed, false, 0, 0});
+    pending_.clear();
+    outq_.clear();
+    if (posted_buf_) {
+        transport_->post_recv(posted_buf_, posted_len_, posted_wr_id_);
+        posted_buf_ = nullptr;
+    }
+}
+
+void TcpConnection::fail_connection(const char *why, int err) {
+    if (state_ == State::Closed) return;
+    State was = state_;
+    if (why)
+        TANDEM_WARN(FI_LOG_EP_CTRL, "connection closed: %s: %s\n", why, strerror(err));
+    state_ = State::Closed;
+    if (fd_ >= 0) {
+        shutdown(fd_, SHUT_RDWR);
+        close(fd_);
+        fd_ = -1;
+    }
+    flush_pending();
+    if (reported_down_) return;
+    reported_down_ = true;
+    switch (was) {
+        case State::Connecting:
+        case State::RequestSent:
+            transport_->push_cm({CmEventType::Unreachable, this, {}});
+            break;
+        case State::Established:
+        case State::RequestReceived:
+            transport_->push_cm({CmEventType::Disconnected, this, {}});
+            break;
+        default:
+            break;
+    }
+}
+
+// ----------------------------------------------------------------------------------------
+// TcpTransport
+
+TcpTransport::TcpTransport(RemoteKeyResolver *resolver, const TcpLinkConfig &config)
+    : resolver_(resolver), config_(config) {
+    caps_.max_inline = config.max_inline;
+    caps_.max_send_size = config.max_send_size;
+    caps_.max_rdma_size = size_t{1} << 40;
+    caps_.max_sge = 16;
+    caps_.rdma_read = true;
+    caps_.rdma_write = true;
+    caps_.remote_access_events = true;
+}
+
+TcpTransport::~TcpTransport() {
+    if (listen_fd_ >= 0) close(listen_fd_);
+}
+
+int TcpTransport::listen(const sockaddr *addr, socklen_t len, int backlog) {
+    int fd = socket(addr->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return -errno;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(fd, addr, len) < 0 || ::listen(fd, backlog) < 0) {
+        int err = errno;
+        close(fd);
+        return err == EADDRINUSE ? -FI_EADDRINUSE : -err;
+    }
+    listen_fd_ = fd;
+    return FI_SUCCESS;
+}
+
+sockaddr_storage TcpTransport::name() const {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    if (listen_fd_ >= 0) getsockname(listen_fd_, reinterpret_cast<sockaddr *>(&ss), &len);
+    return ss;
+}
+
+LinkConnection *TcpTransport::connect(const sockaddr *dst, socklen_t len, const void *priv,
+                                      size_t priv_len) {
+    if (priv_len > wire::kMaxCmPrivate + 64) fail(FI_EINVAL, "connection data too large");
+    int fd = socket(dst->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) fail(errno, "socket");
+    set_socket_options(fd, config_.socket_buffer);
+    auto conn = std::make_unique<TcpConnection>(this, fd, TcpConnection::State::Connecting);
+    if (::connect(fd, dst, len) < 0 && errno != EINPROGRESS) {
+        int err = errno;
+        TANDEM_INFO(FI_LOG_EP_CTRL, "connect: %s\n", strerror(err));
+        // Report it like a late failure so callers have one path.
+        conns_.push_back(std::move(conn));
+        conns_.back()->send_cm_request(priv, priv_len);
+        conns_.back()->progress();
+        return conns_.back().get();
+    }
+    conn->send_cm_request(priv, priv_len);
+    conns_.push_back(std::move(conn));
+    return conns_.back().get();
+}
+
+void TcpTransport::adopt(std::unique_ptr<LinkConnection> conn) {
+    auto *tcp = static_cast<TcpConnection *>(conn.release());
+    tcp->set_transport(this);
+    conns_.emplace_back(tcp);
+}
+
+std::unique_ptr<LinkConnection> TcpTransport::release(LinkConnection *conn) {
+    for (auto it = conns_.begin(); it != conns_.end(); ++it) {
+        if (it->get() == conn) {
+            std::unique_ptr<LinkConnection> out(it->release());
+            conns_.erase(it);
+            return out;
+        }
+    }
+    return nullptr;
+}
+
+void TcpTransport::destroy(LinkConnection *conn) {
+    for (auto it = conns_.begin(); it != conns_.end(); ++it) {
+        if (it->get() != conn) continue;
+        conn->context = nullptr;
+        (*it)->disconnect();
+        // Completions already queued for it still name it: keep it until they are read.
+        graveyard_.push_back(std::move(*it));
+        conns_.erase(it);
+        break;
+    }
+}
+
+int TcpTransport::post_recv(void *buf, size_t len, uint64_t wr_id) {
+    posted_.push_back({buf, len, wr_id});
+    return FI_SUCCESS;
+}
+
+bool TcpTransport::take_posted(PostedRecv &out) {
+    if (posted_.empty()) return false;
+    out = posted_.front();
+    posted_.pop_front();
+    return true;
+}
+
+void TcpTransport::accept_new() {
+    if (listen_fd_ < 0) return;
+    for (;;) {
+        int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR) continue;
+            return;
+        }
+        set_socket_options(fd, config_.socket_buffer);
+        conns_.push_back(
+            std::make_unique<TcpConnection>(this, fd, TcpConnection::State::AwaitingRequest));
+    }
+}
+
+void TcpTransport::progress() {
+    accept_new();
+    // Index loop: progress may add CM events but never changes conns_.
+    for (size_t i = 0; i < conns_.size(); ++i) conns_[i]->progress();
+    for (auto &c : graveyard_) c->progress();
+}
+
+int TcpTransport::poll(WorkCompletion *wc, int max) {
+    if (completions_.empty()) progress();
+    int n = 0;
+    while (n < max && !completions_.empty()) {
+        wc[n++] = completions_.front();
+        completions_.pop_front();
+    }
+    if (completions_.empty() && cm_events_.empty()) {
+        // Nothing can name a destroyed connection any more.
+        std::erase_if(graveyard_, [](auto &c) { return c->failed(); });
+    }
+    return n;
+}
+
+bool TcpTransport::poll_cm(CmEvent &event) {
+    if (cm_events_.empty()) progress();
+    if (cm_events_.empty()) return false;
+    event = std::move(cm_events_.front());
+    cm_events_.pop_front();
+    return true;
+}
+
+void TcpTransport::wait_fds(std::vector<int> &out) const {
+    if (listen_fd_ >= 0) out.push_back(listen_fd_);
+    for (auto &c : conns_)
+        if (c->wait_fd() >= 0) out.push_back(c->wait_fd());
+}
+
+}  // namespace tandem

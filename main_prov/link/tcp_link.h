@@ -1,0 +1,177 @@
+// The TCP link: LinkTransport/LinkConnection over non-blocking stream sockets, driven by the
+// owner's progress calls (no thread of its own). Verbs RC semantics are kept where the
+// protocol can observe them: in-order completion per connection, send completion once the
+// peer's link has placed the message (acknowledgements piggy-backed on the reverse traffic),
+// remote keys checked at the target with bounds and access, RNR-like stalls when the
+// receiver has no posted buffer.
+#pragma once
+
+#include "main_prov/link/link.h"
+#include "main_prov/wire.h"
+
+#include <deque>
+#include <memory>
+#include <vector>
+
+namespace tandem {
+
+class TcpTransport;
+
+struct TcpLinkConfig {
+    size_t max_send_size = 16384;  // posted receive buffer size the protocol uses
+    size_t max_inline = 256;
+    size_t socket_buffer = 0;      // SO_SNDBUF/SO_RCVBUF when non-zero
+};
+
+class TcpConnection final : public LinkConnection {
+public:
+    enum class State : uint8_t {
+        Connecting,       // active: connect() in progress
+        RequestSent,      // active: CmRequest sent, waiting for accept / reject
+        AwaitingRequest,  // passive: accepted socket, CmRequest not read yet
+        RequestReceived,  // passive: reported ConnectRequest, waiting for accept()/reject()
+        Established,
+        Closed,           // disconnected or failed; everything flushed
+    };
+
+    TcpConnection(TcpTransport *transport, int fd, State state);
+    ~TcpConnection() override;
+
+    int post_send(const iovec *iov, size_t count, const uint32_t *imm, uint64_t wr_id) override;
+    int post_write(const iovec *iov, size_t count, RemoteRegion dst, const uint32_t *imm,
+                   uint64_t wr_id) override;
+    int post_read(const iovec *iov, size_t count, RemoteRegion src, uint64_t wr_id) override;
+
+    int accept(const void *priv, size_t len) override;
+    int reject(const void *priv, size_t len) override;
+    void disconnect() override;
+
+    bool established() const override { return state_ == State::Established; }
+    bool failed() const override { return state_ == State::Closed; }
+    sockaddr_storage peer_address() const override;
+    sockaddr_storage local_address() const override;
+    int wait_fd() const override { return fd_; }
+
+    State state() const { return state_; }
+    void set_transport(TcpTransport *t) { transport_ = t; }
+    // One progress pass: connect, write queued frames, read and dispatch incoming frames.
+    void progress();
+    void send_cm_request(const void *priv, size_t len);
+
+private:
+    struct OutFrame {
+        wire::TcpFrame hdr{};
+        wire::TcpRdma ext{};
+        bool has_ext = false;
+        bool counts_as_wr = false;  // Send, Write, ReadReq: acknowledged by the peer
+        std::vector<iovec> iov;     // payload (may point into `inline_copy`)
+        std::vector<uint8_t> inline_copy;
+        size_t total = 0;  // header + ext + payload bytes
+        size_t sent = 0;
+    };
+    struct PendingWr {
+        uint64_t wr_id = 0;
+        uint32_t seq = 0;
+        WcOpcode opcode = WcOpcode::Send;
+        WcStatus status = WcStatus::Success;
+        bool read_done = false;
+        std::vector<iovec> read_iov;  // reads: where the response lands
+        size_t length = 0;
+    };
+    enum class RxPhase : uint8_t { Header, Extension, Payload };
+
+    int queue_wr(OutFrame &&frame, uint64_t wr_id, WcOpcode opcode, std::vector<iovec> read_iov,
+                 size_t length);
+    void queue_frame(OutFrame &&frame);
+    OutFrame make_frame(wire::TcpOp op, const iovec *iov, size_t count, bool copy_payload);
+    bool flush_send();
+    void read_frames();
+    bool fill_rx(size_t want);
+    bool begin_frame();
+    bool read_payload();
+    void finish_frame();
+    void handle_cm_frame();
+    void complete_acked(uint32_t ack);
+    void fail_connection(const char *why, int err);
+    void flush_pending();
+    void maybe_send_ack();
+
+    TcpTransport *transport_;
+    int fd_;
+    State state_;
+    bool disconnect_requested_ = false;
+    bool reported_down_ = false;
+
+    std::deque<OutFrame> outq_;
+    std::deque<PendingWr> pending_;
+    uint32_t next_seq_ = 0;   // sequence number of the next work request we post
+    uint32_t rx_count_ = 0;   // work requests of the peer received and processed
+    uint32_t acked_sent_ = 0; // last rx_count_ we told the peer about
+
+    // Receive state.
+    std::vector<uint8_t> rxbuf_;
+    size_t rx_head_ = 0, rx_tail_ = 0;
+    RxPhase phase_ = RxPhase::Header;
+    wire::TcpFrame cur_{};
+    wire::TcpRdma cur_ext_{};
+    size_t payload_done_ = 0;
+    // Destination of the current payload.
+    std::vector<iovec> dst_iov_;
+    bool dst_discard_ = false;
+    std::vector<uint8_t> cm_payload_;
+    void *posted_buf_ = nullptr;
+    uint64_t posted_wr_id_ = 0;
+    size_t posted_len_ = 0;
+    wire::TcpStatus cur_status_ = wire::TcpStatus::Ok;
+    void *write_target_ = nullptr;
+    bool pending_ext_consumed_ = false;  // stalled frame: header and extension already read
+};
+
+class TcpTransport final : public LinkTransport {
+public:
+    TcpTransport(RemoteKeyResolver *resolver, const TcpLinkConfig &config);
+    ~TcpTransport() override;
+
+    const LinkCaps &caps() const override { return caps_; }
+    int listen(const sockaddr *addr, socklen_t len, int backlog) override;
+    sockaddr_storage name() const override;
+    LinkConnection *connect(const sockaddr *dst, socklen_t len, const void *priv,
+                            size_t priv_len) override;
+    void adopt(std::unique_ptr<LinkConnection> conn) override;
+    void destroy(LinkConnection *conn) override;
+    int post_recv(void *buf, size_t len, uint64_t wr_id) override;
+    int poll(WorkCompletion *wc, int max) override;
+    bool poll_cm(CmEvent &event) override;
+    void wait_fds(std::vector<int> &out) const override;
+
+    // Detaches a connection (passive endpoint handing a request to a new endpoint).
+    std::unique_ptr<LinkConnection> release(LinkConnection *conn);
+
+    // Used by connections.
+    struct PostedRecv {
+        void *buf;
+        size_t len;
+        uint64_t wr_id;
+    };
+    bool take_posted(PostedRecv &out);
+    void push_completion(const WorkCompletion &wc) { completions_.push_back(wc); }
+    void push_cm(CmEvent &&ev) { cm_events_.push_back(std::move(ev)); }
+    RemoteKeyResolver *resolver() const { return resolver_; }
+    const TcpLinkConfig &config() const { return config_; }
+
+private:
+    void accept_new();
+    void progress();
+
+    RemoteKeyResolver *resolver_;
+    TcpLinkConfig config_;
+    LinkCaps caps_;
+    int listen_fd_ = -1;
+    std::vector<std::unique_ptr<TcpConnection>> conns_;
+    std::vector<std::unique_ptr<TcpConnection>> graveyard_;  // destroyed, completions unread
+    std::deque<PostedRecv> posted_;
+    std::deque<WorkCompletion> completions_;
+    std::deque<CmEvent> cm_events_;
+};
+
+}  // namespace tandem

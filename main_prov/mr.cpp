@@ -1,0 +1,170 @@
+#include "main_prov/mr.h"
+
+#include "main_prov/cntr.h"
+#include "main_prov/domain.h"
+
+#include <random>
+
+namespace tandem {
+
+namespace {
+
+fi_ops mr_fi_ops = {
+    .size = sizeof(fi_ops),
+    .close = &Trampoline<&MemoryRegion::close>::call<fid>,
+    .bind = &Trampoline<&MemoryRegion::bind>::call<fid>,
+    .control = &Trampoline<&MemoryRegion::control>::call<fid>,
+    .ops_open = enosys<decltype(fi_ops::ops_open)>,
+    .tostr = enosys<decltype(fi_ops::tostr)>,
+    .ops_set = enosys<decltype(fi_ops::ops_set)>,
+};
+
+constexpr uint64_t kAccessBits = FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ |
+                                 FI_REMOTE_WRITE;
+
+}  // namespace
+
+MemoryRegion::MemoryRegion(Domain *domain, const fi_mr_attr &attr, uint64_t flags)
+    : domain_(domain),
+      access_(attr.access),
+      offset_(attr.offset),
+      virt_addr_(domain->mr_mode() & (FI_MR_VIRT_ADDR | FI_MR_BASIC)) {
+    if (!attr.mr_iov && attr.iov_count) fail(FI_EINVAL, "memory region without iov");
+    if (attr.iov_count > 1 && virt_addr_)
+        fail(FI_EINVAL, "FI_MR_VIRT_ADDR regions take one iov");  // one address range
+    if (attr.access & ~kAccessBits) fail(FI_EINVAL, "unsupported access flags");
+    if (flags & ~uint64_t(FI_RMA_EVENT)) fail(FI_EBADFLAGS, "unsupported registration flags");
+    if (attr.iface != FI_HMEM_SYSTEM) fail(FI_ENOSYS, "only host memory can be registered");
+    for (size_t i = 0; i < attr.iov_count; ++i) iov_.push_back(attr.mr_iov[i]);
+    init_fid(FI_CLASS_MR, attr.context, &mr_fi_ops);
+    fid()->mem_desc = this;
+    bool prov_key = domain->mr_mode() & (FI_MR_PROV_KEY | FI_MR_BASIC);
+    int ret = domain->mr_table().insert(this, attr.requested_key, prov_key);
+    if (ret) fail(-ret, "memory key in use");
+    fid()->key = key_;
+    // FI_MR_ENDPOINT regions are usable only after fi_mr_bind + fi_mr_enable.
+    enabled_ = !(domain->mr_mode() & FI_MR_ENDPOINT);
+    domain_->hold();
+}
+
+MemoryRegion::~MemoryRegion() {
+    domain_->mr_table().erase(this);
+    if (cntr_) cntr_->release();
+    domain_->release();
+}
+
+int MemoryRegion::close() {
+    std::lock_guard guard(domain_->lock());
+    delete this;
+    return 0;
+}
+
+int MemoryRegion::bind(struct fid *bfid, uint64_t flags) {
+    if (!bfid) return -FI_EINVAL;
+    std::lock_guard guard(domain_->lock());
+    switch (bfid->fclass) {
+        case FI_CLASS_CNTR:
+            if (!(flags & (FI_REMOTE_WRITE | FI_REMOTE_READ))) return -FI_EINVAL;
+            if (cntr_) return -FI_EALREADY;
+            cntr_ = Cntr::of(bfid);
+            cntr_->hold();
+            return 0;
+        case FI_CLASS_EP:
+            if (!(domain_->mr_mode() & FI_MR_ENDPOINT)) return -FI_EINVAL;
+            return 0;
+        default:
+            return -FI_EINVAL;
+    }
+}
+
+int MemoryRegion::control(int command, void *arg) {
+    (void)arg;
+    if (command == FI_ENABLE) {
+        std::lock_guard guard(domain_->lock());
+        enabled_ = true;
+        return 0;
+    }
+    return -FI_ENOSYS;
+}
+
+void *MemoryRegion::translate(uint64_t addr, size_t len) const {
+    if (!enabled_) return nullptr;
+    uint64_t off;
+    if (virt_addr_) {
+        if (iov_.empty()) return nullptr;
+        uint64_t base = reinterpret_cast<uint64_t>(iov_[0].iov_base);
+        if (addr < base) return nullptr;
+        off = addr - base;
+        if (off > iov_[0].iov_len || len > iov_[0].iov_len - off) return nullptr;
+        return static_cast<uint8_t *>(iov_[0].iov_base) + off;
+    }
+    if (addr < offset_) return nullptr;
+    off = addr - offset_;
+    // Offset addressing across iovs: the range must lie inside one of them.
+    for (auto &v : iov_) {
+        if (off < v.iov_len) {
+            if (len > v.iov_len - off) return nullptr;
+            return static_cast<uint8_t *>(v.iov_base) + off;
+        }
+        off -= v.iov_len;
+    }
+    return len == 0 ? iov_.empty() ? nullptr : iov_[0].iov_base : nullptr;
+}
+
+void MemoryRegion::count_remote_access(uint64_t access) {
+    if (cntr_ && (access_ & access)) cntr_->inc();
+}
+
+int MrTable::insert(MemoryRegion *mr, uint64_t requested_key, bool prov_key) {
+    uint64_t key;
+    if (prov_key) {
+        do {
+            key = next_prov_key_++;
+        } while (regions_.count(key));
+    } else {
+        key = requested_key;
+        if (key & kInternalBit || regions_.count(key)) return -FI_ENOKEY;
+    }
+    mr->key_ = key;
+    regions_[key] = mr;
+    return 0;
+}
+
+void MrTable::erase(MemoryRegion *mr) {
+    auto it = regions_.find(mr->key_);
+    if (it != regions_.end() && it->second == mr) regions_.erase(it);
+}
+
+MemoryRegion *MrTable::find(uint64_t key) const {
+    auto it = regions_.find(key);
+    return it == regions_.end() ? nullptr : it->second;
+}
+
+uint64_t MrTable::insert_internal(const iovec &iov) {
+    if (next_internal_ == 1) {
+        // Start at a random point so a stale key from an earlier process is unlikely to hit.
+        std::random_device rd;
+        next_internal_ = (uint64_t(rd()) << 20) | 1;
+    }
+    uint64_t key = kInternalBit | (next_internal_++ & ~kInternalBit);
+    internal_[key] = iov;
+    return key;
+}
+
+void MrTable::erase_internal(uint64_t key) { internal_.erase(key); }
+
+void *MrTable::resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access) const {
+    if (key & kInternalBit) {
+        auto it = internal_.find(key);
+        if (it == internal_.end() || access != FI_REMOTE_READ) return nullptr;
+        uint64_t base = reinterpret_cast<uint64_t>(it->second.iov_base);
+        if (addr < base || addr - base > it->second.iov_len || len > it->second.iov_len - (addr - base))
+            return nullptr;
+        return reinterpret_cast<void *>(addr);
+    }
+    MemoryRegion *mr = find(key);
+    if (!mr || !(mr->access() & access)) return nullptr;
+    return mr->translate(addr, len);
+}
+
+}  // namespace tandem

@@ -1,0 +1,71 @@
+// fid_mr and the table that resolves remote keys, with bounds and access checks, for the
+// link (RemoteKeyResolver). Registrations the protocol makes for itself (rendezvous sources)
+// live in the same table under keys the application can never ask for.
+#pragma once
+
+#include "common/fid_adaptor.h"
+#include "main_prov/link/link.h"
+
+#include <rdma/fi_domain.h>
+
+#include <cstdint>
+#include <unordered_map>
+#include <vector>
+
+namespace tandem {
+
+class Domain;
+class Cntr;
+
+class MemoryRegion : public FidObject<MemoryRegion, fid_mr> {
+public:
+    MemoryRegion(Domain *domain, const fi_mr_attr &attr, uint64_t flags);
+    ~MemoryRegion();
+
+    int close();
+    int bind(struct fid *bfid, uint64_t flags);
+    int control(int command, void *arg);
+
+    uint64_t key() const { return key_; }
+    uint64_t access() const { return access_; }
+    // Local address for the remote range [addr, addr+len) or nullptr when it is not inside.
+    void *translate(uint64_t addr, size_t len) const;
+    void count_remote_access(uint64_t access);
+    bool enabled() const { return enabled_; }
+
+private:
+    friend class MrTable;
+    Domain *domain_;
+    std::vector<iovec> iov_;
+    uint64_t access_;
+    uint64_t offset_;  // the application's base when FI_MR_VIRT_ADDR is off
+    uint64_t key_ = 0;
+    bool virt_addr_;
+    bool enabled_ = true;
+    Cntr *cntr_ = nullptr;  // FI_RMA_EVENT counter bound with fi_mr_bind
+};
+
+class MrTable {
+public:
+    // Inserts with the application's key (or a provider key when prov_key). -FI_ENOKEY when
+    // taken.
+    int insert(MemoryRegion *mr, uint64_t requested_key, bool prov_key);
+    void erase(MemoryRegion *mr);
+    MemoryRegion *find(uint64_t key) const;
+
+    // Protocol-internal registration of a local buffer for remote reads (rendezvous source).
+    uint64_t insert_internal(const iovec &iov);
+    void erase_internal(uint64_t key);
+
+    // Resolves a remote access (addr, len) under key with the given access bit.
+    void *resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access) const;
+
+private:
+    static constexpr uint64_t kInternalBit = 1ull << 63;
+    std::unordered_map<uint64_t, MemoryRegion *> regions_;
+    std::unordered_map<uint64_t, iovec> internal_;
+    uint64_t next_prov_key_ = 1;
+    uint64_t next_internal_ = 1;
+};
+
+}  // namespace tandem

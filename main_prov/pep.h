@@ -1,0 +1,65 @@
+// fid_pep: a passive MSG endpoint. It listens on the link, turns each connection request
+// into an FI_CONNREQ event whose info->handle (a ConnRequest fid) carries the connection to
+// the endpoint the application opens for it, and answers fi_reject itself.
+#pragma once
+
+#include "common/fid_adaptor.h"
+#include "main_prov/eq.h"
+#include "main_prov/link/tcp_link.h"
+#include "main_prov/types.h"
+
+#include <rdma/fi_cm.h>
+#include <rdma/fi_endpoint.h>
+
+#include <memory>
+#include <mutex>
+
+namespace tandem {
+
+class Fabric;
+
+// The fid behind fi_info->handle of an FI_CONNREQ event.
+class ConnRequest : public FidObject<ConnRequest, struct fid> {
+public:
+    explicit ConnRequest(std::unique_ptr<LinkConnection> conn);
+    std::unique_ptr<LinkConnection> conn;
+};
+
+// Takes the connection out of a request handle (for the endpoint that accepts it).
+std::unique_ptr<LinkConnection> take_connection_request(struct fid *handle);
+
+class PassiveEndpoint : public FidObject<PassiveEndpoint, fid_pep>,
+                        public CmSource,
+                        public RemoteKeyResolver {
+public:
+    PassiveEndpoint(Fabric *fabric, fi_info *info, void *context);
+    ~PassiveEndpoint() override;
+
+    int close();
+    int bind(struct fid *bfid, uint64_t flags);
+    int control(int command, void *arg);
+    int getopt(int level, int optname, void *optval, size_t *optlen);
+    int setopt(int level, int optname, const void *optval, size_t optlen);
+    int setname(void *addr, size_t addrlen);
+    int getname(void *addr, size_t *addrlen);
+    int listen();
+    int reject(fid_t handle, const void *param, size_t paramlen);
+
+    void progress_cm() override;
+    void cm_wait_fds(std::vector<int> &out) override;
+
+private:
+    void *resolve(uint64_t, uint64_t, size_t, uint64_t) noexcept override { return nullptr; }
+    void remote_access_done(uint64_t, uint64_t) noexcept override {}
+
+    Fabric *fabric_;
+    fi_info *info_;
+    std::mutex mutex_;
+    std::unique_ptr<TcpTransport> transport_;
+    EndpointName name_;
+    Eq *eq_ = nullptr;
+    bool listening_ = false;
+    size_t cm_data_size_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,357 @@
+// The provider entry point (fi_prov_ini), its parameters, and fi_getinfo.
+#include "common/fabric_error.h"
+#include "common/log.h"
+#include "common/params.h"
+#include "main_prov/config.h"
+#include "main_prov/endpoint.h"
+#include "main_prov/fabric.h"
+#include "main_prov/interfaces.h"
+
+#include <rdma/fabric.h>
+#include <rdma/fi_errno.h>
+#include <rdma/providers/fi_prov.h>
+
+#include <netdb.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <strings.h>
+
+namespace tandem {
+
+namespace {
+
+// The core passes this bit in fi_getinfo flags when it looks for offload providers
+// (OFI_OFFLOAD_PROV_ONLY in libfabric's sources; not in the installed headers). The main
+// provider is not one.
+constexpr uint64_t kOffloadProvOnly = 1ull << 61;
+
+constexpr uint32_t kProviderVersion = FI_VERSION(0, 1);
+constexpr uint32_t kApiVersion = FI_VERSION(1, 17);
+constexpr uint64_t kMaxMsgSize = 1ull << 31;
+constexpr size_t kMaxCqData = 8;
+
+constexpr uint64_t kRdmCaps = FI_MSG | FI_TAGGED | FI_RMA | FI_SEND | FI_RECV | FI_READ |
+                              FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_MULTI_RECV |
+                              FI_SOURCE | FI_DIRECTED_RECV | FI_RMA_EVENT | FI_LOCAL_COMM |
+                              FI_REMOTE_COMM;
+constexpr uint64_t kMsgCaps = FI_MSG | FI_TAGGED | FI_RMA | FI_SEND | FI_RECV | FI_READ |
+                              FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_MULTI_RECV |
+                              FI_RMA_EVENT | FI_LOCAL_COMM | FI_REMOTE_COMM;
+// Every operation of one endpoint towards one peer rides one in-order connection.
+constexpr uint64_t kMsgOrder = FI_ORDER_SAS | FI_ORDER_RAR | FI_ORDER_RAW | FI_ORDER_WAR |
+                               FI_ORDER_WAW | FI_ORDER_SAR | FI_ORDER_SAW;
+constexpr uint64_t kMrModeSupported = FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
+
+Config g_config;
+
+int tandem_getinfo(uint32_t version, const char *node, const char *service, uint64_t flags,
+                   const fi_info *hints, fi_info **info) noexcept;
+int tandem_fabric(fi_fabric_attr *attr, fid_fabric **fabric, void *context) noexcept;
+void tandem_cleanup() noexcept {}
+
+fi_provider g_provider = {
+    .version = kProviderVersion,
+    .fi_version = kApiVersion,
+    .context = {},
+    .name = "tandem",
+    .getinfo = tandem_getinfo,
+    .fabric = tandem_fabric,
+    .cleanup = tandem_cleanup,
+};
+
+bool resolve(const char *node, const char *service, int family, bool passive,
+             EndpointName &out) {
+    addrinfo hints{}, *res = nullptr;
+    hints.ai_family = family;
+    hints.ai_socktype = SOCK_STREAM;
+    if (passive) hints.ai_flags = AI_PASSIVE;
+    if (getaddrinfo(node, service ? service : "0", &hints, &res) != 0 || !res) return false;
+    bool ok = EndpointName::from_bytes(res->ai_addr, res->ai_addrlen, out);
+    freeaddrinfo(res);
+    return ok;
+}
+
+bool subset(uint64_t want, uint64_t have) { return (want & ~have) == 0; }
+
+// Decides whether one (interface, endpoint type) pair can satisfy the hints; fills info.
+bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint32_t format,
+               fi_info *fi) {
+    const Config &cfg = Config::get();
+    uint64_t caps = type == FI_EP_RDM ? kRdmCaps : kMsgCaps;
+    if (hints) {
+        if (hints->caps && !subset(hints->caps, caps)) return false;
+        if (hints->ep_attr) {
+            const fi_ep_attr &e = *hints->ep_attr;
+            if (e.max_msg_size > kMaxMsgSize) return false;
+            if (e.tx_ctx_cnt > 1 && e.tx_ctx_cnt != FI_SHARED_CONTEXT) return false;
+            if (e.rx_ctx_cnt > 1 && e.rx_ctx_cnt != FI_SHARED_CONTEXT) return false;
+            if (e.tx_ctx_cnt == FI_SHARED_CONTEXT || e.rx_ctx_cnt == FI_SHARED_CONTEXT)
+                return false;  // shared contexts: not offered yet
+            if (e.protocol != FI_PROTO_UNSPEC && e.protocol != FI_PROTO_SOCK_TCP) return false;
+            if (e.auth_key_size) return false;
+        }
+        if (hints->domain_attr) {
+            const fi_domain_attr &d = *hints->domain_attr;
+            if (d.name && strcmp(d.name, itf.name.c_str()) != 0) return false;
+            if (d.control_progress == FI_PROGRESS_AUTO || d.data_progress == FI_PROGRESS_AUTO)
+                return false;  // progress is driven by the application's calls
+            if (d.cq_data_size > kMaxCqData || d.mr_key_size > 8) return false;
+            if (d.av_type != FI_AV_UNSPEC && d.av_type != FI_AV_MAP && d.av_type != FI_AV_TABLE)
+                return false;
+            if (d.caps && !subset(d.caps, FI_LOCAL_COMM | FI_REMOTE_COMM)) return false;
+            if (d.auth_key_size) return false;
+            if (d.mr_mode == FI_MR_SCALABLE && (hints->caps & FI_RMA) == 0) {
+            }
+        }
+        if (hints->fabric_attr && hints->fabric_attr->name &&
+            strcmp(hints->fabric_attr->name, itf.fabric_name.c_str()) != 0)
+            return false;
+        for (const fi_tx_attr *t : {hints->tx_attr}) {
+            if (!t) continue;
+            if (t->caps && !subset(t->caps, caps)) return false;
+            if (!subset(t->msg_order, kMsgOrder)) return false;
+            if (t->comp_order & ~uint64_t(FI_ORDER_NONE)) return false;
+            if (t->inject_size > cfg.inject_size || t->size > cfg.tx_size) return false;
+            if (t->iov_limit > kMaxIov || t->rma_iov_limit > 1) return false;
+        }
+        if (const fi_rx_attr *r = hints->rx_attr) {
+            if (r->caps && !subset(r->caps, caps)) return false;
+            if (!subset(r->msg_order, kMsgOrder)) return false;
+            if (r->comp_order & ~uint64_t(FI_ORDER_NONE)) return false;
+            if (r->size > cfg.rx_size || r->iov_limit > kMaxIov) return false;
+            if (r->total_buffered_recv > 0 && false) return false;
+        }
+    }
+    uint64_t out_caps = hints && hints->caps ? hints->caps : caps;
+    // A request for a primary capability without direction implies both directions.
+    fi->caps = out_caps;
+    fi->mode = 0;
+    fi->addr_format = format;
+
+    fi_tx_attr &tx = *fi->tx_attr;
+    tx.caps = out_caps & ~uint64_t(FI_RECV | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_MULTI_RECV |
+                                   FI_SOURCE | FI_DIRECTED_RECV | FI_RMA_EVENT);
+    tx.mode = 0;
+    tx.op_flags = hints && hints->tx_attr ? hints->tx_attr->op_flags : 0;
+    tx.msg_order = kMsgOrder;
+    tx.comp_order = FI_ORDER_NONE;
+    tx.inject_size = cfg.inject_size;
+    tx.size = cfg.tx_size;
+    tx.iov_limit = kMaxIov;
+    tx.rma_iov_limit = 1;
+
+    fi_rx_attr &rx = *fi->rx_attr;
+    rx.caps = out_caps & ~uint64_t(FI_SEND | FI_READ | FI_WRITE);
+    rx.mode = 0;
+    rx.op_flags = hints && hints->rx_attr ? hints->rx_attr->op_flags : 0;
+    rx.msg_order = kMsgOrder;
+    rx.comp_order = FI_ORDER_NONE;
+    rx.total_buffered_recv = 0;
+    rx.size = cfg.rx_size;
+    rx.iov_limit = kMaxIov;
+
+    fi_ep_attr &ep = *fi->ep_attr;
+    ep.type = type;
+    ep.protocol = FI_PROTO_SOCK_TCP;
+    ep.protocol_version = wire::kProtoVersion;
+    ep.max_msg_size = kMaxMsgSize;
+    ep.msg_prefix_size = 0;
+    ep.max_order_raw_size = kMaxMsgSize;
+    ep.max_order_war_size = kMaxMsgSize;
+    ep.max_order_waw_size = kMaxMsgSize;
+    ep.mem_tag_format = hints && hints->ep_attr && hints->ep_attr->mem_tag_format
+                            ? hints->ep_attr->mem_tag_format
+                            : 0xAAAAAAAAAAAAAAAAull;  // FI_TAG_GENERIC: all 64 bits usable
+    ep.tx_ctx_cnt = 1;
+    ep.rx_ctx_cnt = 1;
+
+    fi_domain_attr &d = *fi->domain_attr;
+    free(d.name);
+    d.name = strdup(itf.name.c_str());
+    d.threading = hints && hints->domain_attr && hints->domain_attr->threading != FI_THREAD_UNSPEC
+                      ? hints->domain_attr->threading
+                      : FI_THREAD_SAFE;
+    d.control_progress = FI_PROGRESS_MANUAL;
+    d.data_progress = FI_PROGRESS_MANUAL;
+    d.resource_mgmt = FI_RM_ENABLED;
+    d.av_type = hints && hints->domain_attr ? hints->domain_attr->av_type : FI_AV_UNSPEC;
+    uint64_t want_mr = hints && hints->domain_attr ? hints->domain_attr->mr_mode : 0;
+    if (want_mr == FI_MR_BASIC || want_mr == FI_MR_SCALABLE)
+        d.mr_mode = static_cast<int>(want_mr);  // the pre-1.5 enumeration
+    else
+        d.mr_mode = static_cast<int>(want_mr & kMrModeSupported);
+    d.mr_key_size = 8;
+    d.cq_data_size = kMaxCqData;
+    d.cq_cnt = 1024;
+    d.ep_cnt = 1024;
+    d.tx_ctx_cnt = 1024;
+    d.rx_ctx_cnt = 1024;
+    d.max_ep_tx_ctx = 1;
+    d.max_ep_rx_ctx = 1;
+    d.max_ep_stx_ctx = 0;
+    d.max_ep_srx_ctx = 0;
+    d.cntr_cnt = 1024;
+    d.mr_iov_limit = kMaxIov;
+    d.caps = FI_LOCAL_COMM | FI_REMOTE_COMM;
+    d.mode = 0;
+    d.max_err_data = wire::kMaxCmPrivate;
+    d.mr_cnt = 1 << 20;
+
+    fi_fabric_attr &f = *fi->fabric_attr;
+    free(f.name);
+    f.name = strdup(itf.fabric_name.c_str());
+    f.prov_version = kProviderVersion;
+    f.api_version = kApiVersion;
+    return true;
+}
+
+int tandem_getinfo(uint32_t version, const char *node, const char *service, uint64_t flags,
+                   const fi_info *hints, fi_info **info) noexcept try {
+    *info = nullptr;
+    if (flags & kOffloadProvOnly) return -FI_ENODATA;
+    if (version < FI_VERSION(1, 5)) return -FI_ENODATA;
+    if (hints && hints->mode & ~uint64_t(0)) {
+        // We need no mode bits: any mode the application supports is fine.
+    }
+    uint32_t format = FI_SOCKADDR_IN;
+    if (hints) {
+        switch (hints->addr_format) {
+            case FI_FORMAT_UNSPEC:
+            case FI_SOCKADDR:
+            case FI_SOCKADDR_IN:
+                break;
+            case FI_SOCKADDR_IN6:
+                format = FI_SOCKADDR_IN6;
+                break;
+            default:
+                return -FI_ENODATA;
+        }
+    }
+    int family = format == FI_SOCKADDR_IN6 ? AF_INET6 : AF_INET;
+
+    // Addresses: node/service name the source with FI_SOURCE (or when only service is
+    // given), the destination otherwise.
+    EndpointName src, dst;
+    bool have_src = false, have_dst = false;
+    if (node || service) {
+        bool source = (flags & FI_SOURCE) || !node;
+        EndpointName name;
+        if (!resolve(node, service, family, source, name)) return -FI_ENODATA;
+        if (source) {
+            src = name;
+            have_src = true;
+        } else {
+            dst = name;
+            have_dst = true;
+        }
+    }
+    if (hints && hints->src_addr && !have_src) {
+        if (!EndpointName::from_bytes(hints->src_addr, hints->src_addrlen, src)) return -FI_ENODATA;
+        have_src = true;
+    }
+    if (hints && hints->dest_addr && !have_dst) {
+        if (!EndpointName::from_bytes(hints->dest_addr, hints->dest_addrlen, dst)) return -FI_ENODATA;
+        have_dst = true;
+    }
+    if ((have_src && src.ss.ss_family != family) || (have_dst && dst.ss.ss_family != family))
+        return -FI_ENODATA;
+
+    std::vector<fi_ep_type> types;
+    fi_ep_type want = hints && hints->ep_attr ? hints->ep_attr->type : FI_EP_UNSPEC;
+    if (want == FI_EP_UNSPEC || want == FI_EP_RDM) types.push_back(FI_EP_RDM);
+    if (want == FI_EP_UNSPEC || want == FI_EP_MSG) types.push_back(FI_EP_MSG);
+    if (types.empty()) return -FI_ENODATA;
+
+    fi_info *head = nullptr, **tail = &head;
+    for (const Interface &itf : usable_interfaces(family)) {
+        if (have_src) {
+            // A source address picks its interface (the wildcard fits every one).
+            EndpointName probe = src;
+            bool wildcard = false;
+            if (family == AF_INET)
+                wildcard = reinterpret_cast<sockaddr_in *>(&probe.ss)->sin_addr.s_addr == 0;
+            else
+                wildcard = IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<sockaddr_in6 *>(&probe.ss)->sin6_addr);
+            if (!wildcard) {
+                EndpointName a = itf.address, b = src;
+                if (family == AF_INET) {
+                    if (reinterpret_cast<sockaddr_in *>(&a.ss)->sin_addr.s_addr !=
+                        reinterpret_cast<sockaddr_in *>(&b.ss)->sin_addr.s_addr)
+                        continue;
+                } else if (memcmp(&reinterpret_cast<sockaddr_in6 *>(&a.ss)->sin6_addr,
+                                  &reinterpret_cast<sockaddr_in6 *>(&b.ss)->sin6_addr, 16) != 0) {
+                    continue;
+                }
+            }
+        }
+        for (fi_ep_type type : types) {
+            fi_info *fi = fi_allocinfo();
+            if (!fi) break;
+            if (!fill_info(hints, type, itf, format, fi)) {
+                fi_freeinfo(fi);
+                continue;
+            }
+            if (have_src) {
+                fi->src_addr = malloc(src.length());
+                memcpy(fi->src_addr, &src.ss, src.length());
+                fi->src_addrlen = src.length();
+            }
+            if (have_dst) {
+                fi->dest_addr = malloc(dst.length());
+                memcpy(fi->dest_addr, &dst.ss, dst.length());
+                fi->dest_addrlen = dst.length();
+            }
+            *tail = fi;
+            tail = &fi->next;
+        }
+    }
+    if (!head) return -FI_ENODATA;
+    *info = head;
+    return 0;
+} catch (...) {
+    return current_exception_errno();
+}
+
+int tandem_fabric(fi_fabric_attr *attr, fid_fabric **fabric, void *context) noexcept try {
+    if (!attr || !fabric) return -FI_EINVAL;
+    auto *f = new Fabric(*attr, context);
+    *fabric = f->fid();
+    return 0;
+} catch (...) {
+    return current_exception_errno();
+}
+
+}  // namespace
+
+const Config &Config::get() { return g_config; }
+
+void Config::load(fi_provider *prov) {
+    ParamReader p(prov);
+    g_config.eager_limit = p.size("eager_limit",
+                                  "Largest message sent eagerly; larger messages use a rendezvous "
+                                  "(the receiver reads the data with RDMA read)",
+                                  16384);
+    g_config.inject_size = p.size("inject_size", "Largest fi_inject / FI_INJECT payload", 4096);
+    if (g_config.inject_size > g_config.eager_limit) g_config.inject_size = g_config.eager_limit;
+    g_config.rx_buffers = p.size("rx_buffers", "Link receive buffers posted per endpoint", 256);
+    g_config.tx_size = p.size("tx_size", "Transmit queue depth of an endpoint", 4096);
+    g_config.rx_size = p.size("rx_size", "Receive queue depth of an endpoint", 4096);
+    g_config.socket_buffer = p.size("socket_buffer",
+                                    "SO_SNDBUF/SO_RCVBUF of link sockets in bytes (0: the kernel's "
+                                    "default, with autotuning)",
+                                    0);
+    g_config.iface = p.text("iface", "Comma-separated interfaces to offer as domains (empty: all)", "");
+    g_config.include_loopback =
+        p.flag("loopback", "Offer the loopback interface as a domain", true);
+}
+
+fi_provider &tandem_provider() { return g_provider; }
+
+}  // namespace tandem
+
+extern "C" __attribute__((visibility("default"))) fi_provider *fi_prov_ini(void) {
+    tandem::set_log_provider(&tandem::g_provider);
+    tandem::Config::load(&tandem::g_provider);
+    return &tandem::g_provider;
+}

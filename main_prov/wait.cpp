@@ -1,0 +1,174 @@
+#include "main_prov/wait.h"
+
+#include "main_prov/cntr.h"
+#include "main_prov/cq.h"
+#include "main_prov/domain.h"
+#include "main_prov/eq.h"
+#include "main_prov/fabric.h"
+
+#include <algorithm>
+
+namespace tandem {
+
+namespace {
+
+fi_ops wait_fi_ops = {
+    .size = sizeof(fi_ops),
+    .close = &Trampoline<&WaitObject::close>::call<fid>,
+    .bind = enosys<decltype(fi_ops::bind)>,
+    .control = &Trampoline<&WaitObject::control>::call<fid>,
+    .ops_open = enosys<decltype(fi_ops::ops_open)>,
+    .tostr = enosys<decltype(fi_ops::tostr)>,
+    .ops_set = enosys<decltype(fi_ops::ops_set)>,
+};
+
+fi_ops_wait wait_ops = {
+    .size = sizeof(fi_ops_wait),
+    .wait = &Trampoline<&WaitObject::wait>::call<fid_wait>,
+};
+
+fi_ops poll_fi_ops = {
+    .size = sizeof(fi_ops),
+    .close = &Trampoline<&PollObject::close>::call<fid>,
+    .bind = enosys<decltype(fi_ops::bind)>,
+    .control = enosys<decltype(fi_ops::control)>,
+    .ops_open = enosys<decltype(fi_ops::ops_open)>,
+    .tostr = enosys<decltype(fi_ops::tostr)>,
+    .ops_set = enosys<decltype(fi_ops::ops_set)>,
+};
+
+fi_ops_poll poll_ops = {
+    .size = sizeof(fi_ops_poll),
+    .poll = &Trampoline<&PollObject::poll>::call<fid_poll>,
+    .poll_add = &Trampoline<&PollObject::add>::call<fid_poll>,
+    .poll_del = &Trampoline<&PollObject::del>::call<fid_poll>,
+};
+
+}  // namespace
+
+WaitObject::WaitObject(Fabric *fabric, const fi_wait_attr &attr) : fabric_(fabric) {
+    if (attr.wait_obj != FI_WAIT_UNSPEC && attr.wait_obj != FI_WAIT_FD)
+        fail(FI_ENOSYS, "wait sets support FI_WAIT_UNSPEC and FI_WAIT_FD");
+    if (attr.flags) fail(FI_EINVAL, "unsupported wait set flags");
+    init_fid(FI_CLASS_WAIT, nullptr, &wait_fi_ops);
+    fid()->ops = &wait_ops;
+    fabric_->hold();
+}
+
+WaitObject::~WaitObject() { fabric_->release(); }
+
+int WaitObject::close() {
+    {
+        std::lock_guard guard(mutex_);
+        if (!members_.empty()) return -FI_EBUSY;
+    }
+    delete this;
+    return 0;
+}
+
+int WaitObject::control(int command, void *arg) {
+    if (command != FI_GETWAIT) return -FI_ENOSYS;
+    if (!arg) return -FI_EINVAL;
+    *static_cast<int *>(arg) = set_.fd();
+    return 0;
+}
+
+void WaitObject::attach(struct fid *member) {
+    std::lock_guard guard(mutex_);
+    members_.push_back(member);
+}
+
+void WaitObject::detach(struct fid *member) {
+    std::lock_guard guard(mutex_);
+    std::erase(members_, member);
+}
+
+int WaitObject::wait(int timeout) {
+    Deadline deadline(timeout);
+    for (;;) {
+        std::vector<struct fid *> members;
+        {
+            std::lock_guard guard(mutex_);
+            members = members_;
+        }
+        for (auto *m : members)
+            if (trywait_one(m) == -FI_EAGAIN) return 0;
+        if (deadline.expired()) return -FI_ETIMEDOUT;
+        int left = deadline.remaining_ms();
+        set_.wait(left < 0 || left > 50 ? 50 : left);
+    }
+}
+
+PollObject::PollObject(Domain *domain, const fi_poll_attr &attr) : domain_(domain) {
+    if (attr.flags) fail(FI_EINVAL, "unsupported poll set flags");
+    init_fid(FI_CLASS_POLL, nullptr, &poll_fi_ops);
+    fid()->ops = &poll_ops;
+    domain_->hold();
+}
+
+PollObject::~PollObject() { domain_->release(); }
+
+int PollObject::close() {
+    delete this;
+    return 0;
+}
+
+int PollObject::add(struct fid *event_fid, uint64_t flags) {
+    (void)flags;
+    if (!event_fid) return -FI_EINVAL;
+    if (event_fid->fclass != FI_CLASS_CQ && event_fid->fclass != FI_CLASS_CNTR)
+        return -FI_EINVAL;
+    std::lock_guard guard(mutex_);
+    if (std::find(members_.begin(), members_.end(), event_fid) != members_.end())
+        return -FI_EALREADY;
+    members_.push_back(event_fid);
+    last_counts_.push_back(0);
+    return 0;
+}
+
+int PollObject::del(struct fid *event_fid, uint64_t flags) {
+    (void)flags;
+    std::lock_guard guard(mutex_);
+    auto it = std::find(members_.begin(), members_.end(), event_fid);
+    if (it == members_.end()) return -FI_EINVAL;
+    last_counts_.erase(last_counts_.begin() + (it - members_.begin()));
+    members_.erase(it);
+    return 0;
+}
+
+int PollObject::poll(void **context, int count) {
+    if (count <= 0 || !context) return -FI_EINVAL;
+    std::lock_guard guard(mutex_);
+    int n = 0;
+    for (size_t i = 0; i < members_.size() && n < count; ++i) {
+        struct fid *m = members_[i];
+        bool ready = false;
+        if (m->fclass == FI_CLASS_CQ) {
+            ready = Cq::of(m)->trywait() == -FI_EAGAIN;
+        } else {
+            uint64_t now = Cntr::of(m)->read() + Cntr::of(m)->readerr();
+            ready = now != last_counts_[i];
+            last_counts_[i] = now;
+        }
+        if (ready) context[n++] = m->context;
+    }
+    return n;
+}
+
+int trywait_one(struct fid *f) {
+    if (!f) return -FI_EINVAL;
+    switch (f->fclass) {
+        case FI_CLASS_CQ:
+            return Cq::of(f)->trywait();
+        case FI_CLASS_CNTR:
+            return Cntr::of(f)->trywait();
+        case FI_CLASS_EQ:
+            return Eq::of(f)->trywait();
+        case FI_CLASS_WAIT:
+            return 0;
+        default:
+            return -FI_EINVAL;
+    }
+}
+
+}  // namespace tandem

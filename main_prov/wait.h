@@ -1,0 +1,62 @@
+// fid_wait (fi_wait_open) and fid_poll (fi_poll_open): sets an application sleeps on.
+// A wait set is one epoll descriptor that CQs, counters and EQs opened with FI_WAIT_SET
+// add their descriptors to; a poll set reports which of its CQs and counters have events.
+#pragma once
+
+#include "common/fid_adaptor.h"
+#include "common/wait_fd.h"
+
+#include <rdma/fi_eq.h>
+#include <rdma/fi_domain.h>
+
+#include <atomic>
+#include <mutex>
+#include <vector>
+
+namespace tandem {
+
+class Fabric;
+class Domain;
+
+class WaitObject : public FidObject<WaitObject, fid_wait> {
+public:
+    WaitObject(Fabric *fabric, const fi_wait_attr &attr);
+    ~WaitObject();
+
+    int close();
+    int control(int command, void *arg);
+    int wait(int timeout);
+
+    WaitSet &set() { return set_; }
+    // CQs, counters and EQs opened on this set; fi_wait checks them before sleeping.
+    void attach(struct fid *member);
+    void detach(struct fid *member);
+
+private:
+    Fabric *fabric_;
+    WaitSet set_;
+    std::mutex mutex_;
+    std::vector<struct fid *> members_;
+};
+
+class PollObject : public FidObject<PollObject, fid_poll> {
+public:
+    PollObject(Domain *domain, const fi_poll_attr &attr);
+    ~PollObject();
+
+    int close();
+    int poll(void **context, int count);
+    int add(struct fid *event_fid, uint64_t flags);
+    int del(struct fid *event_fid, uint64_t flags);
+
+private:
+    Domain *domain_;
+    std::mutex mutex_;
+    std::vector<struct fid *> members_;
+    std::vector<uint64_t> last_counts_;  // counters: value at the previous poll
+};
+
+// fi_trywait for any of tandem's waitable objects.
+int trywait_one(struct fid *f);
+
+}  // namespace tandem

@@ -1,0 +1,144 @@
+// Every byte tandem puts on a wire, in one place: the TCP link's frames and the protocol's
+// headers carried inside link sends. All fields are little-endian host order (x86-64 and
+// aarch64 clusters); sizes are asserted so a change shows up at compile time. Every field is
+// validated on receipt (tcp_link.cpp, protocol.cpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+namespace tandem::wire {
+
+// ---------------------------------------------------------------------------------------
+// TCP link frames. A frame is a TcpFrame header, then (for RDMA operations) a TcpRdma
+// extension, then `length` payload bytes.
+
+inline constexpr uint32_t kTcpMagic = 0x746e6431;  // "tnd1"
+inline constexpr uint16_t kTcpVersion = 1;
+
+enum class TcpOp : uint8_t {
+    Send = 1,       // two-sided; payload lands in a posted receive buffer of the peer
+    Write = 2,      // RDMA write; TcpRdma{addr,key}; payload is the data
+    ReadReq = 3,    // RDMA read request; TcpRdma{addr,key,length}; no payload
+    ReadResp = 4,   // answer to the oldest outstanding ReadReq; payload is the data
+    Nak = 5,        // status for the work request numbered `ack` (remote access error)
+    Ack = 6,        // nothing but the piggy-backed acknowledgement
+    CmRequest = 7,  // first frame of a connection; payload: TcpCmHello + private data
+    CmAccept = 8,   // payload: private data
+    CmReject = 9,   // payload: private data
+    Disconnect = 10,
+};
+
+enum TcpFlags : uint16_t {
+    kTcpHasImm = 1u << 0,
+};
+
+enum class TcpStatus : uint8_t { Ok = 0, RemoteAccess = 1, RemoteInvalid = 2 };
+
+struct TcpFrame {
+    uint8_t op;       // TcpOp
+    uint8_t status;   // TcpStatus (ReadResp, Nak)
+    uint16_t flags;   // TcpFlags
+    uint32_t imm;     // immediate data when kTcpHasImm
+    uint32_t ack;     // work requests (Send, Write, ReadReq) of the peer received so far
+    uint32_t reserved;
+    uint64_t length;  // payload bytes that follow the header (and extension)
+};
+static_assert(sizeof(TcpFrame) == 24 && std::is_trivially_copyable_v<TcpFrame>);
+
+struct TcpRdma {
+    uint64_t addr;
+    uint64_t key;
+    uint64_t length;  // ReadReq: bytes requested; Write: equal to the frame length
+};
+static_assert(sizeof(TcpRdma) == 24 && std::is_trivially_copyable_v<TcpRdma>);
+
+struct TcpCmHello {
+    uint32_t magic;    // kTcpMagic
+    uint16_t version;  // kTcpVersion
+    uint16_t reserved;
+    uint32_t priv_len;  // private data bytes that follow
+    uint32_t reserved2;
+};
+static_assert(sizeof(TcpCmHello) == 16);
+
+inline constexpr size_t kMaxCmPrivate = 256;
+
+// ---------------------------------------------------------------------------------------
+// Protocol messages, carried as link sends (or, for Hello, as connection private data).
+
+inline constexpr uint32_t kProtoMagic = 0x746d7031;  // "tmp1"
+inline constexpr uint16_t kProtoVersion = 1;
+
+enum class ProtoOp : uint8_t {
+    Eager = 1,        // header + the whole message
+    Rts = 2,          // rendezvous request: header + RtsBody; the receiver reads the data
+    Fin = 3,          // rendezvous done: FinBody
+    DeliveryAck = 4,  // an eager message asking for delivery completion was processed
+    WriteNotify = 5,  // an RMA write with remote CQ data just landed: WriteNotifyBody
+};
+
+enum ProtoFlags : uint8_t {
+    kProtoTagged = 1u << 0,
+    kProtoCqData = 1u << 1,
+    kProtoAckReq = 1u << 2,  // sender wants a DeliveryAck carrying msg_id
+};
+
+struct ProtoHeader {
+    uint8_t op;     // ProtoOp
+    uint8_t flags;  // ProtoFlags
+    uint16_t reserved;
+    uint32_t reserved2;
+    uint64_t tag;
+    uint64_t cq_data;
+    uint64_t size;    // total message bytes (Eager: bytes that follow; Rts: bytes to read)
+    uint64_t msg_id;  // sender's operation id, echoed in Fin / DeliveryAck
+};
+static_assert(sizeof(ProtoHeader) == 40 && std::is_trivially_copyable_v<ProtoHeader>);
+
+inline constexpr size_t kMaxRtsIov = 4;
+
+struct RtsIov {
+    uint64_t addr;
+    uint64_t length;
+    uint64_t key;
+};
+
+struct RtsBody {
+    uint32_t iov_count;  // 1..kMaxRtsIov
+    uint32_t reserved;
+    RtsIov iov[kMaxRtsIov];
+};
+static_assert(sizeof(RtsBody) == 8 + 24 * kMaxRtsIov);
+
+enum class FinStatus : uint32_t { Ok = 0, ReadFailed = 1, Canceled = 2 };
+
+struct FinBody {
+    uint64_t msg_id;
+    uint32_t status;  // FinStatus
+    uint32_t reserved;
+};
+static_assert(sizeof(FinBody) == 16);
+
+struct WriteNotifyBody {
+    uint64_t addr;    // the target address as the initiator named it
+    uint64_t length;
+    uint64_t key;
+};
+static_assert(sizeof(WriteNotifyBody) == 24);
+
+// Private data of a connection request (after the link's own hello).
+enum class ConnKind : uint8_t { Msg = 1, Rdm = 2 };
+
+struct ConnHello {
+    uint32_t magic;    // kProtoMagic
+    uint16_t version;  // kProtoVersion
+    uint8_t kind;      // ConnKind
+    uint8_t addr_len;  // bytes of the sender's RDM endpoint name that follow (RDM only)
+    uint32_t user_len; // bytes of application connection data that follow the name (MSG only)
+    uint32_t reserved;
+};
+static_assert(sizeof(ConnHello) == 16);
+
+}  // namespace tandem::wire
