@@ -245,9 +245,7 @@ int Endpoint::control(int command, void *arg) {
             // Post the link's receive buffers (the SRQ of a verbs link).
             size_t count = Config::get().rx_buffers;
             rx_slab_.assign(count * rx_buf_size_, 0);
-            for (size_t i = 0; i < count; ++i)
-                transport_->post_recv(rx_slab_.data() + i * rx_buf_size_, rx_buf_size_,
-                                      reinterpret_cast<uint64_t>(rx_slab_.data() + i * rx_buf_size_));
+            for (size_t i = 0; i < count; ++i) repost(rx_slab_.data() + i * rx_buf_size_);
             enabled_ = true;
             domain_->add_endpoint(this);
             if (info_->handle) {
