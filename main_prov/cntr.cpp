@@ -83,9 +83,15 @@ int Cntr::control(int command, void *arg) {
     return 0;
 }
 
+// The eventfd is written only when a waiter may be asleep (armed by fi_cntr_wait or
+// fi_trywait): a busy-polling application pays no system call per completion.
 void Cntr::bump(std::atomic<uint64_t> &which, uint64_t n) {
     which.fetch_add(n, std::memory_order_release);
-    if (wait_set_) signal_.signal();
+    wake();
+}
+
+void Cntr::wake() {
+    if (wait_set_ && armed_.exchange(false)) signal_.signal();
 }
 
 uint64_t Cntr::read() {
@@ -107,7 +113,7 @@ int Cntr::add(uint64_t value) {
 
 int Cntr::set(uint64_t value) {
     value_.store(value, std::memory_order_release);
-    if (wait_set_) signal_.signal();
+    wake();
     return 0;
 }
 
@@ -118,7 +124,7 @@ int Cntr::adderr(uint64_t value) {
 
 int Cntr::seterr(uint64_t value) {
     errors_.store(value, std::memory_order_release);
-    if (wait_set_) signal_.signal();
+    wake();
     return 0;
 }
 
@@ -132,7 +138,10 @@ int Cntr::wait(uint64_t threshold, int timeout) {
             if (value_.load() >= threshold) return 0;
             // fi_cntr_wait(3): an error increment ends the wait with -FI_EAVAIL.
             if (errors_.load() != errs_at_start) return -FI_EAVAIL;
-            if (wait_set_) domain_->watch_fds(*wait_set_);
+            if (wait_set_) {
+                domain_->watch_fds(*wait_set_);
+                armed_ = true;
+            }
         }
         if (deadline.expired()) return -FI_ETIMEDOUT;
         if (wait_set_) {
@@ -146,7 +155,10 @@ int Cntr::wait(uint64_t threshold, int timeout) {
 int Cntr::trywait() {
     std::lock_guard guard(domain_->lock());
     domain_->progress();
-    if (wait_set_) domain_->watch_fds(*wait_set_);
+    if (wait_set_) {
+        domain_->watch_fds(*wait_set_);
+        armed_ = true;
+    }
     return 0;
 }
 

@@ -38,6 +38,7 @@ public:
 
 private:
     void bump(std::atomic<uint64_t> &which, uint64_t n);
+    void wake();
 
     Domain *domain_;
     std::atomic<uint64_t> value_{0};
@@ -46,6 +47,7 @@ private:
     WaitSet *wait_set_ = nullptr;
     WaitObject *wait_object_ = nullptr;
     EventFd signal_;
+    std::atomic<bool> armed_{false};
     int refs_ = 0;
 };
 

@@ -140,7 +140,10 @@ ssize_t Cq::read_locked(void *buf, size_t count, fi_addr_t *src_addr) {
         entries_.pop_front();
         ++n;
     }
-    if (entries_.empty() && wait_set_) signal_.drain();
+    if (entries_.empty() && signal_pending_) {
+        signal_pending_ = false;
+        signal_.drain();
+    }
     return static_cast<ssize_t>(n);
 }
 
@@ -209,6 +212,7 @@ ssize_t Cq::sreadfrom(void *buf, size_t count, fi_addr_t *src_addr, const void *
 int Cq::signal() {
     std::lock_guard guard(domain_->lock());
     signalled_ = true;
+    signal_pending_ = true;
     signal_.signal();
     return 0;
 }
@@ -230,6 +234,7 @@ void Cq::write(const Completion &c) {
     entries_.push_back(c);
     if (armed_) {
         armed_ = false;
+        signal_pending_ = true;
         signal_.signal();
     }
 }
@@ -238,6 +243,7 @@ void Cq::write_error(const CompletionError &e) {
     errors_.push_back(e);
     if (armed_) {
         armed_ = false;
+        signal_pending_ = true;
         signal_.signal();
     }
 }

@@ -70,6 +70,7 @@ private:
     WaitObject *wait_object_ = nullptr;
     EventFd signal_;
     bool signalled_ = false;
+    bool signal_pending_ = false;  // the eventfd holds a count to drain
     bool armed_ = false;  // a reader may sleep on wait_set_: signal the eventfd on write
     int refs_ = 0;  // endpoints bound to this CQ
     // fi_cq_readerr's err_data must stay valid until the next readerr: keep the last one.

@@ -5,6 +5,7 @@
 #include "main_prov/cq.h"
 #include "main_prov/endpoint.h"
 #include "main_prov/fabric.h"
+#include "main_prov/srx.h"
 #include "main_prov/wait.h"
 
 #include <algorithm>
@@ -110,8 +111,19 @@ int Domain::poll_open(fi_poll_attr *attr, fid_poll **pollset) {
     return 0;
 }
 
-int Domain::stx_ctx(fi_tx_attr *, fid_stx **, void *) { return -FI_ENOSYS; }
-int Domain::srx_ctx(fi_rx_attr *, fid_ep **, void *) { return -FI_ENOSYS; }
+int Domain::stx_ctx(fi_tx_attr *attr, fid_stx **stx, void *context) {
+    if (!attr || !stx) return -FI_EINVAL;
+    auto *s = new SharedTxContext(this, *attr, context);
+    *stx = s->fid();
+    return 0;
+}
+
+int Domain::srx_ctx(fi_rx_attr *attr, fid_ep **rx_ep, void *context) {
+    if (!attr || !rx_ep) return -FI_EINVAL;
+    auto *s = new SharedRxContext(this, *attr, context);
+    *rx_ep = s->fid();
+    return 0;
+}
 
 int Domain::query_atomic(enum fi_datatype, enum fi_op, fi_atomic_attr *, uint64_t) {
     return -FI_EOPNOTSUPP;

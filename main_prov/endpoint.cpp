@@ -9,6 +9,7 @@
 #include "main_prov/domain.h"
 #include "main_prov/interfaces.h"
 #include "main_prov/pep.h"
+#include "main_prov/srx.h"
 
 #include <rdma/fi_errno.h>
 
@@ -141,8 +142,6 @@ Endpoint::Endpoint(Domain *domain, fi_info *info, void *context)
 }
 
 Endpoint::~Endpoint() {
-    for (auto *rx : posted_msg_) delete rx;
-    for (auto *rx : posted_tag_) delete rx;
     for (auto &[id, op] : await_remote_) delete op;
     for (auto &[name, peer] : peers_)
         for (auto *op : peer->waiting) delete op;
@@ -156,6 +155,9 @@ int Endpoint::close() {
     {
         std::lock_guard guard(domain_->lock());
         if (enabled_) domain_->remove_endpoint(this);
+        rx_->forget_endpoint(this);
+        if (srx_) SharedRxContext::of(srx_)->detach(this);
+        if (stx_) SharedTxContext::of(stx_)->detach();
         for (auto &[name, peer] : peers_)
             if (peer->conn) peer->conn->disconnect();
         if (pending_request_) pending_request_->reject(nullptr, 0);
@@ -224,9 +226,21 @@ int Endpoint::bind(struct fid *bfid, uint64_t flags) {
             eq_ = Eq::of(bfid);
             eq_->add_source(this);
             return 0;
-        case FI_CLASS_SRX_CTX:
+        case FI_CLASS_SRX_CTX: {
+            if (flags) return -FI_EBADFLAGS;
+            if (srx_) return -FI_EINVAL;
+            auto *srx = SharedRxContext::of(bfid);
+            srx->attach(this);
+            rx_ = &srx->matcher();
+            srx_ = bfid;
+            return 0;
+        }
         case FI_CLASS_STX_CTX:
-            return -FI_ENOSYS;
+            if (flags) return -FI_EBADFLAGS;
+            if (stx_) return -FI_EINVAL;
+            stx_ = bfid;
+            SharedTxContext::of(bfid)->attach();
+            return 0;
         default:
             return -FI_EINVAL;
     }
@@ -283,7 +297,7 @@ int Endpoint::getopt(int level, int optname, void *optval, size_t *optlen) {
     switch (optname) {
         case FI_OPT_MIN_MULTI_RECV:
             if (*optlen < sizeof(size_t)) return -FI_ETOOSMALL;
-            *static_cast<size_t *>(optval) = min_multi_recv_;
+            *static_cast<size_t *>(optval) = rx_->min_multi_recv;
             *optlen = sizeof(size_t);
             return 0;
         case FI_OPT_CM_DATA_SIZE:
@@ -307,7 +321,7 @@ int Endpoint::setopt(int level, int optname, const void *optval, size_t optlen) 
     switch (optname) {
         case FI_OPT_MIN_MULTI_RECV:
             if (optlen != sizeof(size_t)) return -FI_EINVAL;
-            min_multi_recv_ = *static_cast<const size_t *>(optval);
+            rx_->min_multi_recv = *static_cast<const size_t *>(optval);
             return 0;
         case FI_OPT_CM_DATA_SIZE: {
             if (optlen != sizeof(size_t)) return -FI_EINVAL;
@@ -347,7 +361,7 @@ ssize_t Endpoint::rx_size_left() {
     std::lock_guard guard(domain_->lock());
     if (!enabled_) return -FI_EOPBADSTATE;
     size_t size = info_->rx_attr ? info_->rx_attr->size : 0;
-    return static_cast<ssize_t>(size > rx_outstanding_ ? size - rx_outstanding_ : 0);
+    return static_cast<ssize_t>(size > rx_->outstanding ? size - rx_->outstanding : 0);
 }
 
 ssize_t Endpoint::tx_size_left() {

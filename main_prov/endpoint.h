@@ -9,6 +9,7 @@
 #include "main_prov/cq.h"
 #include "main_prov/eq.h"
 #include "main_prov/link/tcp_link.h"
+#include "main_prov/rx_matcher.h"
 #include "main_prov/types.h"
 #include "main_prov/wire.h"
 
@@ -29,13 +30,11 @@ class Domain;
 class Av;
 class Cntr;
 
-inline constexpr size_t kMaxIov = 4;
 // Operation flag internal to tandem (bit 63 is no FI_* operation flag): fi_inject and friends,
 // which generate no completion entry.
 inline constexpr uint64_t kNoCompletion = 1ull << 63;
 
 struct TxOp;
-struct RxOp;
 
 struct Peer {
     EndpointName name;                 // RDM: the peer's listening address
@@ -52,6 +51,8 @@ struct TxOp {
     uint64_t cq_flags = 0;    // flags of the completion entry
     uint64_t op_flags = 0;    // FI_* flags the operation was posted with
     bool report = true;       // write a CQ entry on success
+    bool inject_level = false;  // complete once posted: the payload is our own copy
+    bool completed_early = false;
     size_t len = 0;
     Peer *peer = nullptr;
     LinkConnection *conn = nullptr;
@@ -67,44 +68,6 @@ struct TxOp {
     int link_wrs = 0;           // link work requests not completed yet
     bool await_remote = false;  // rendezvous Fin or DeliveryAck pending
     int error = 0;
-};
-
-struct RxOp {
-    void *context = nullptr;
-    uint64_t op_flags = 0;
-    iovec iov[kMaxIov]{};
-    size_t count = 0;
-    size_t total = 0;
-    fi_addr_t src = FI_ADDR_UNSPEC;
-    uint64_t tag = 0, ignore = 0;
-    bool tagged = false;
-    // FI_MULTI_RECV
-    bool multi = false;
-    size_t consumed = 0;
-    bool retired = false;   // no more messages will be matched into it
-    int children = 0;       // rendezvous slices still reading into it
-    RxOp *parent = nullptr;
-    // Rendezvous in progress.
-    LinkConnection *conn = nullptr;
-    uint64_t msg_id = 0;
-    size_t msg_len = 0;     // the sender's length
-    size_t recv_len = 0;    // what fits
-    uint64_t cq_data = 0;
-    uint64_t msg_tag = 0;
-    uint8_t proto_flags = 0;
-    fi_addr_t msg_src = FI_ADDR_NOTAVAIL;
-    int reads = 0;
-    int error = 0;
-};
-
-struct Unexpected {
-    LinkConnection *conn = nullptr;
-    Peer *peer = nullptr;
-    wire::ProtoHeader hdr{};
-    std::vector<uint8_t> data;   // eager payload
-    wire::RtsBody rts{};         // rendezvous
-    bool claimed = false;
-    void *claim_context = nullptr;
 };
 
 class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public RemoteKeyResolver {
@@ -185,6 +148,26 @@ public:
     void wait_fds(std::vector<int> &out) const;
     // Passive side of an MSG connection: the request this endpoint answers with fi_accept.
     void adopt_request(std::unique_ptr<LinkConnection> conn);
+    // Receives go to this matcher: the endpoint's own, or a shared receive context's.
+
+    struct RecvArgs {
+        const iovec *iov;
+        size_t count;
+        fi_addr_t src;
+        void *context;
+        uint64_t flags;
+        uint64_t tag;
+        uint64_t ignore;
+        bool tagged;
+    };
+    // The receive operations, on any matcher; completions that belong to no arrived message
+    // (FI_ENOMSG, cancel) are reported on report_ep. The caller holds the domain lock.
+    static ssize_t post_recv_on(RxMatcher &m, Endpoint *report_ep, uint64_t caps,
+                                const RecvArgs &a);
+    static ssize_t peek_or_claim_on(RxMatcher &m, Endpoint *report_ep, uint64_t caps,
+                                    const RecvArgs &a);
+    static ssize_t cancel_on(RxMatcher &m, Endpoint *report_ep, void *context);
+    Domain *domain() const { return domain_; }
 
 private:
     struct SendArgs {
@@ -195,16 +178,6 @@ private:
         uint64_t flags;
         uint64_t tag;
         uint64_t data;
-        bool tagged;
-    };
-    struct RecvArgs {
-        const iovec *iov;
-        size_t count;
-        fi_addr_t src;
-        void *context;
-        uint64_t flags;
-        uint64_t tag;
-        uint64_t ignore;
         bool tagged;
     };
     struct RmaArgs {
@@ -222,7 +195,7 @@ private:
     ssize_t post_send(const SendArgs &a);
     ssize_t post_recv(const RecvArgs &a);
     ssize_t post_rma(const RmaArgs &a);
-    ssize_t peek_or_claim(const RecvArgs &a);
+    void deliver_unexpected(RxOp *rx, Unexpected &ux);
     void check_tx_ready(uint64_t cap) const;
     void check_rx_ready(uint64_t cap) const;
     Peer *peer_for(fi_addr_t addr);
@@ -242,15 +215,13 @@ private:
     void start_rendezvous(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,
                           const wire::RtsBody &rts, fi_addr_t src);
     void finish_rendezvous(RxOp *rx);
-    RxOp *match_posted(bool tagged, uint64_t tag, fi_addr_t src);
-    RxOp *slice_for(RxOp *rx, size_t len);
+    static RxOp *slice_for(RxMatcher &m, RxOp *rx, size_t len);
     void rx_complete(RxOp *rx, size_t len, uint64_t tag, uint64_t data, uint8_t proto_flags,
                      fi_addr_t src, int err, size_t olen);
     void release_rx(RxOp *rx);
     fi_addr_t source_of(LinkConnection *conn);
     void repost(void *buf);
     void fail_peer(Peer *peer, int err);
-    void process_unexpected_for(RxOp *rx);
 
     void write_tx_cq(const Completion &c);
     void write_rx_cq(const Completion &c, fi_addr_t src);
@@ -281,7 +252,6 @@ private:
     size_t rx_buf_size_ = 0;
     size_t eager_limit_ = 0;
     size_t inject_size_ = 0;
-    size_t min_multi_recv_ = 0;
     size_t cm_data_size_ = wire::kMaxCmPrivate;
     int hmem_p2p_ = FI_HMEM_P2P_DISABLED;
 
@@ -297,12 +267,13 @@ private:
     MsgState msg_state_ = MsgState::Idle;
     std::unique_ptr<LinkConnection> pending_request_;
 
-    std::list<RxOp *> posted_msg_, posted_tag_;
-    std::list<Unexpected> unexpected_msg_, unexpected_tag_;
+    RxMatcher own_rx_;
+    RxMatcher *rx_ = &own_rx_;  // own_rx_, or the shared receive context's
+    struct fid *srx_ = nullptr;
+    struct fid *stx_ = nullptr;
     std::unordered_map<uint64_t, TxOp *> await_remote_;
     uint64_t next_op_id_ = 1;
     size_t tx_outstanding_ = 0;
-    size_t rx_outstanding_ = 0;
 };
 
 }  // namespace tandem

@@ -70,8 +70,6 @@ int error_of(WcStatus s) {
     return FI_EIO;
 }
 
-bool tag_matches(const RxOp *rx, uint64_t tag) { return ((rx->tag ^ tag) & ~rx->ignore) == 0; }
-
 }  // namespace
 
 // ------------------------------------------------------------------------------------------
@@ -132,7 +130,12 @@ ssize_t Endpoint::tag_recvmsg(const fi_msg_tagged *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
     RecvArgs a{msg->msg_iov, msg->iov_count, msg->addr, msg->context,
                flags,        msg->tag,       msg->ignore, true};
-    if (flags & (FI_PEEK | FI_CLAIM)) return peek_or_claim(a);
+    if (flags & (FI_PEEK | FI_CLAIM)) {
+        std::lock_guard guard(domain_->lock());
+        check_rx_ready(FI_TAGGED);
+        progress();
+        return peek_or_claim_on(*rx_, this, caps_, a);
+    }
     return post_recv(a);
 }
 ssize_t Endpoint::tag_send(const void *buf, size_t len, void *, fi_addr_t dest, uint64_t tag,
@@ -282,19 +285,18 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
             op->hdr.flags |= wire::kProtoAckReq;
             op->await_remote = true;
         }
-        if ((a.flags & FI_INJECT) || len <= inject_size_) {
-            // Own the bytes now: the application may reuse its buffer when we return.
-            op->inject_copy.resize(len);
-            size_t off = 0;
-            for (size_t i = 0; i < a.count; ++i) {
-                if (a.iov[i].iov_len) memcpy(op->inject_copy.data() + off, a.iov[i].iov_base, a.iov[i].iov_len);
-                off += a.iov[i].iov_len;
-            }
-            if (len) op->iov.push_back({op->inject_copy.data(), len});
-        } else {
-            for (size_t i = 0; i < a.count; ++i)
-                if (a.iov[i].iov_len) op->iov.push_back(a.iov[i]);
+        // Own the bytes now (the link's bounce copy): the application may reuse its buffer
+        // when we return, and unless it asked for a stronger level the send is complete as
+        // soon as it is posted on an established connection (FI_INJECT_COMPLETE).
+        op->inject_copy.resize(len);
+        size_t off = 0;
+        for (size_t i = 0; i < a.count; ++i) {
+            if (a.iov[i].iov_len)
+                memcpy(op->inject_copy.data() + off, a.iov[i].iov_base, a.iov[i].iov_len);
+            off += a.iov[i].iov_len;
         }
+        if (len) op->iov.push_back({op->inject_copy.data(), len});
+        op->inject_level = !(a.flags & (FI_TRANSMIT_COMPLETE | FI_DELIVERY_COMPLETE));
     } else {
         op->hdr.op = static_cast<uint8_t>(wire::ProtoOp::Rts);
         op->await_remote = true;
@@ -418,6 +420,11 @@ void Endpoint::issue_tx(TxOp *op) {
             ret = conn->post_read(op->iov.data(), op->iov.size(), op->remote, wr_id(op, kWrTx));
             break;
     }
+    if (!ret && op->inject_level && !op->completed_early) {
+        op->completed_early = true;
+        tx_report(op);
+        return;
+    }
     if (ret) {
         // The connection is gone: nothing was queued for this op (or only the write).
         op->error = FI_ECONNRESET;
@@ -441,13 +448,21 @@ void Endpoint::finish_tx(TxOp *op) {
         fail_tx(op, op->error);
         return;
     }
-    tx_report(op);
+    if (!op->completed_early) tx_report(op);
     for (uint64_t key : op->internal_keys) domain_->mr_table().erase_internal(key);
     --tx_outstanding_;
     delete op;
 }
 
 void Endpoint::fail_tx(TxOp *op, int err) {
+    if (op->completed_early) {
+        // Reported complete at inject level already; the error can only be logged.
+        TANDEM_INFO(FI_LOG_EP_DATA, "send completed at inject level failed later: %s\n",
+                    fi_strerror(err));
+        --tx_outstanding_;
+        delete op;
+        return;
+    }
     Cntr *cntr = op->kind == TxOp::Kind::Send    ? send_cntr_
                  : op->kind == TxOp::Kind::Write ? write_cntr_
                                                  : read_cntr_;
@@ -514,147 +529,122 @@ void Endpoint::write_rx_cq(const Completion &c, fi_addr_t src) {
 // Receive side
 
 ssize_t Endpoint::post_recv(const RecvArgs &a) {
-    if (a.count && !a.iov) return -FI_EINVAL;
-    if (a.count > kMaxIov) return -FI_EINVAL;
     std::lock_guard guard(domain_->lock());
     check_rx_ready(a.tagged ? FI_TAGGED : FI_MSG);
-    if ((a.flags & FI_MULTI_RECV) && (a.tagged || !(caps_ & FI_MULTI_RECV) || a.count != 1))
+    if (rx_->outstanding >= info_->rx_attr->size) return -FI_EAGAIN;
+    RecvArgs args = a;
+    if (!(caps_ & FI_DIRECTED_RECV) || type_ != FI_EP_RDM) args.src = FI_ADDR_UNSPEC;
+    return post_recv_on(*rx_, this, caps_, args);
+}
+
+ssize_t Endpoint::post_recv_on(RxMatcher &m, Endpoint *report_ep, uint64_t caps,
+                               const RecvArgs &a) {
+    (void)report_ep;
+    if (a.count && !a.iov) return -FI_EINVAL;
+    if (a.count > kMaxIov) return -FI_EINVAL;
+    if ((a.flags & FI_MULTI_RECV) && (a.tagged || !(caps & FI_MULTI_RECV) || a.count != 1))
         return -FI_EINVAL;
-    if (rx_outstanding_ >= info_->rx_attr->size) return -FI_EAGAIN;
     auto *rx = new RxOp;
     rx->context = a.context;
     rx->op_flags = a.flags;
     rx->count = a.count;
     for (size_t i = 0; i < a.count; ++i) rx->iov[i] = a.iov[i];
     rx->total = iov_len(a.iov, a.count);
-    rx->src = (caps_ & FI_DIRECTED_RECV) && type_ == FI_EP_RDM ? a.src : FI_ADDR_UNSPEC;
+    rx->src = a.src;
     rx->tag = a.tag;
     rx->ignore = a.ignore;
     rx->tagged = a.tagged;
     rx->multi = a.flags & FI_MULTI_RECV;
-    ++rx_outstanding_;
-    (a.tagged ? posted_tag_ : posted_msg_).push_back(rx);
-    process_unexpected_for(rx);
+    ++m.outstanding;
+    m.post(rx);
+    // Messages that arrived before this receive, oldest first (a multi-receive buffer takes
+    // as many as fit before it is retired).
+    Unexpected ux;
+    auto src_of = [](const Unexpected &u) { return u.ep->source_of(u.conn); };
+    while (!rx->retired && m.take_unexpected(*rx, src_of, ux)) {
+        RxOp *target = rx;
+        if (rx->multi) {
+            target = slice_for(m, rx, ux.hdr.size);
+        } else {
+            m.remove_posted(rx);
+        }
+        ux.ep->deliver_unexpected(target, ux);
+        if (!rx->multi) break;
+    }
     return 0;
 }
 
-// Matches a newly posted receive against messages that arrived before it.
-void Endpoint::process_unexpected_for(RxOp *rx) {
-    auto &list = rx->tagged ? unexpected_tag_ : unexpected_msg_;
-    for (auto it = list.begin(); it != list.end();) {
-        if (it->claimed) {
-            ++it;
-            continue;
-        }
-        fi_addr_t src = source_of(it->conn);
-        if (rx->tagged && !tag_matches(rx, it->hdr.tag)) {
-            ++it;
-            continue;
-        }
-        if (rx->src != FI_ADDR_UNSPEC && rx->src != src) {
-            ++it;
-            continue;
-        }
-        Unexpected ux = std::move(*it);
-        it = list.erase(it);
-        auto &posted = rx->tagged ? posted_tag_ : posted_msg_;
-        RxOp *target = rx;
-        if (!rx->multi) posted.remove(rx);
-        else target = slice_for(rx, ux.hdr.size);
-        if (ux.hdr.op == static_cast<uint8_t>(wire::ProtoOp::Eager))
-            deliver_eager(target, ux.hdr, ux.data.data(), src);
-        else
-            start_rendezvous(target, ux.conn, ux.hdr, ux.rts, src);
-        if (!rx->multi || rx->retired) return;
-    }
+void Endpoint::deliver_unexpected(RxOp *rx, Unexpected &ux) {
+    fi_addr_t src = source_of(ux.conn);
+    if (ux.rendezvous())
+        start_rendezvous(rx, ux.conn, ux.hdr, ux.rts, src);
+    else
+        deliver_eager(rx, ux.hdr, ux.data.data(), src);
 }
 
-ssize_t Endpoint::peek_or_claim(const RecvArgs &a) {
-    std::lock_guard guard(domain_->lock());
-    check_rx_ready(FI_TAGGED);
-    progress();
+ssize_t Endpoint::peek_or_claim_on(RxMatcher &m, Endpoint *report_ep, uint64_t caps,
+                                   const RecvArgs &a) {
     uint64_t cq_flags = FI_RECV | FI_TAGGED;
     RxOp probe;
     probe.context = a.context;
-    probe.count = a.count;
-    for (size_t i = 0; i < a.count && i < kMaxIov; ++i) probe.iov[i] = a.iov[i];
+    probe.count = std::min(a.count, kMaxIov);
+    for (size_t i = 0; i < probe.count; ++i) probe.iov[i] = a.iov[i];
+    probe.total = iov_len(probe.iov, probe.count);
     probe.tag = a.tag;
     probe.ignore = a.ignore;
     probe.tagged = true;
-    probe.src = (caps_ & FI_DIRECTED_RECV) ? a.src : FI_ADDR_UNSPEC;
-    auto match = unexpected_tag_.end();
-    for (auto it = unexpected_tag_.begin(); it != unexpected_tag_.end(); ++it) {
-        if (a.flags & FI_PEEK) {
-            if (it->claimed || !tag_matches(&probe, it->hdr.tag)) continue;
-            if (probe.src != FI_ADDR_UNSPEC && probe.src != source_of(it->conn)) continue;
-        } else if (!it->claimed || it->claim_context != a.context) {
-            continue;
-        }
-        match = it;
-        break;
-    }
-    if (match == unexpected_tag_.end()) {
-        if (!(a.flags & FI_PEEK)) return -FI_EINVAL;  // FI_CLAIM of nothing claimed
-        write_rx_err(&probe, cq_flags, FI_ENOMSG, 0, 0, a.tag, 0);
-        return 0;
-    }
-    fi_addr_t src = source_of(match->conn);
-    uint64_t data = match->hdr.cq_data;
-    if (match->hdr.flags & wire::kProtoCqData) cq_flags |= FI_REMOTE_CQ_DATA;
+    probe.src = (caps & FI_DIRECTED_RECV) ? a.src : FI_ADDR_UNSPEC;
+    auto src_of = [](const Unexpected &u) { return u.ep->source_of(u.conn); };
+
     if (a.flags & FI_PEEK) {
-        size_t size = match->hdr.size;
-        uint64_t tag = match->hdr.tag;
+        Unexpected *found = m.peek(true, a.tag, a.ignore, probe.src, src_of);
+        if (!found) {
+            // fi_tagged(3): a peek that finds nothing completes with FI_ENOMSG.
+            if (report_ep) report_ep->write_rx_err(&probe, cq_flags, FI_ENOMSG, 0, 0, a.tag, 0);
+            return 0;
+        }
+        Endpoint *ep = found->ep;
+        fi_addr_t src = ep->source_of(found->conn);
+        size_t size = found->hdr.size;
+        uint64_t tag = found->hdr.tag, data = found->hdr.cq_data;
+        if (found->hdr.flags & wire::kProtoCqData) cq_flags |= FI_REMOTE_CQ_DATA;
         if (a.flags & FI_CLAIM) {
-            match->claimed = true;
-            match->claim_context = a.context;
-        }
-        if (a.flags & FI_DISCARD) {
-            if (match->hdr.op == static_cast<uint8_t>(wire::ProtoOp::Rts)) {
-                wire::FinBody fin{match->hdr.msg_id, uint32_t(wire::FinStatus::Ok), 0};
-                send_control(match->conn, wire::ProtoOp::Fin, &fin, sizeof fin,
-                             match->hdr.msg_id);
+            found->claimed = true;
+            found->claim_context = a.context;
+        } else if (a.flags & FI_DISCARD) {
+            if (found->rendezvous()) {
+                wire::FinBody fin{found->hdr.msg_id, uint32_t(wire::FinStatus::Ok), 0};
+                ep->send_control(found->conn, wire::ProtoOp::Fin, &fin, sizeof fin,
+                                 found->hdr.msg_id);
             }
-            unexpected_tag_.erase(match);
+            m.erase_unexpected(found);
         }
-        write_rx_cq({a.context, cq_flags, size, nullptr, data, tag, src}, src);
+        ep->write_rx_cq({a.context, cq_flags, size, nullptr, data, tag, src}, src);
         return 0;
     }
     // FI_CLAIM: deliver (or discard) the message claimed by an earlier peek.
-    Unexpected ux = std::move(*match);
-    unexpected_tag_.erase(match);
+    Unexpected ux;
+    if (!m.take_claimed(a.context, ux)) return -FI_EINVAL;
+    Endpoint *ep = ux.ep;
     if (a.flags & FI_DISCARD) {
-        if (ux.hdr.op == static_cast<uint8_t>(wire::ProtoOp::Rts)) {
+        if (ux.rendezvous()) {
             wire::FinBody fin{ux.hdr.msg_id, uint32_t(wire::FinStatus::Ok), 0};
-            send_control(ux.conn, wire::ProtoOp::Fin, &fin, sizeof fin, ux.hdr.msg_id);
+            ep->send_control(ux.conn, wire::ProtoOp::Fin, &fin, sizeof fin, ux.hdr.msg_id);
         }
-        write_rx_cq({a.context, cq_flags, 0, nullptr, data, ux.hdr.tag, src}, src);
+        fi_addr_t src = ep->source_of(ux.conn);
+        if (ux.hdr.flags & wire::kProtoCqData) cq_flags |= FI_REMOTE_CQ_DATA;
+        ep->write_rx_cq({a.context, cq_flags, 0, nullptr, ux.hdr.cq_data, ux.hdr.tag, src}, src);
         return 0;
     }
     auto *rx = new RxOp(probe);
-    rx->total = iov_len(a.iov, a.count);
-    ++rx_outstanding_;
-    if (ux.hdr.op == static_cast<uint8_t>(wire::ProtoOp::Eager))
-        deliver_eager(rx, ux.hdr, ux.data.data(), src);
-    else
-        start_rendezvous(rx, ux.conn, ux.hdr, ux.rts, src);
+    ++m.outstanding;
+    ep->deliver_unexpected(rx, ux);
     return 0;
-}
-
-RxOp *Endpoint::match_posted(bool tagged, uint64_t tag, fi_addr_t src) {
-    auto &list = tagged ? posted_tag_ : posted_msg_;
-    for (auto it = list.begin(); it != list.end(); ++it) {
-        RxOp *rx = *it;
-        if (tagged && !tag_matches(rx, tag)) continue;
-        if (rx->src != FI_ADDR_UNSPEC && rx->src != src) continue;
-        if (!rx->multi) list.erase(it);
-        return rx;
-    }
-    return nullptr;
 }
 
 // For a multi-receive buffer: carve the next message's slice; retire the buffer once less
 // than FI_OPT_MIN_MULTI_RECV bytes are left.
-RxOp *Endpoint::slice_for(RxOp *rx, size_t len) {
+RxOp *Endpoint::slice_for(RxMatcher &m, RxOp *rx, size_t len) {
     if (!rx->multi) return rx;
     size_t left = rx->total - rx->consumed;
     size_t take = std::min(len, left);
@@ -667,9 +657,9 @@ RxOp *Endpoint::slice_for(RxOp *rx, size_t len) {
     slice->parent = rx;
     rx->consumed += take;
     rx->children++;
-    if (rx->total - rx->consumed < min_multi_recv_ || rx->total == rx->consumed) {
+    if (rx->total - rx->consumed < m.min_multi_recv || rx->total == rx->consumed) {
         rx->retired = true;
-        posted_msg_.remove(rx);
+        m.remove_posted(rx);
     }
     return slice;
 }
@@ -711,7 +701,7 @@ void Endpoint::rx_complete(RxOp *rx, size_t len, uint64_t tag, uint64_t data,
 }
 
 void Endpoint::release_rx(RxOp *rx) {
-    --rx_outstanding_;
+    --rx_->outstanding;
     delete rx;
 }
 
@@ -783,15 +773,16 @@ void Endpoint::handle_message(LinkConnection *conn, const uint8_t *buf, size_t l
             fi_addr_t src = source_of(conn);
             if (hdr.flags & wire::kProtoAckReq)
                 send_control(conn, wire::ProtoOp::DeliveryAck, nullptr, 0, hdr.msg_id);
-            RxOp *rx = match_posted(tagged, hdr.tag, src);
+            RxOp *rx = rx_->match_posted(tagged, hdr.tag, src);
             if (rx) {
-                deliver_eager(slice_for(rx, hdr.size), hdr, body, src);
+                deliver_eager(slice_for(*rx_, rx, hdr.size), hdr, body, src);
             } else {
                 Unexpected ux;
+                ux.ep = this;
                 ux.conn = conn;
                 ux.hdr = hdr;
                 ux.data.assign(body, body + body_len);
-                (tagged ? unexpected_tag_ : unexpected_msg_).push_back(std::move(ux));
+                rx_->push_unexpected(std::move(ux));
             }
             return;
         }
@@ -804,15 +795,16 @@ void Endpoint::handle_message(LinkConnection *conn, const uint8_t *buf, size_t l
             for (uint32_t i = 0; i < rts.iov_count; ++i) total += rts.iov[i].length;
             if (total != hdr.size) break;
             fi_addr_t src = source_of(conn);
-            RxOp *rx = match_posted(tagged, hdr.tag, src);
+            RxOp *rx = rx_->match_posted(tagged, hdr.tag, src);
             if (rx) {
-                start_rendezvous(slice_for(rx, hdr.size), conn, hdr, rts, src);
+                start_rendezvous(slice_for(*rx_, rx, hdr.size), conn, hdr, rts, src);
             } else {
                 Unexpected ux;
+                ux.ep = this;
                 ux.conn = conn;
                 ux.hdr = hdr;
                 ux.rts = rts;
-                (tagged ? unexpected_tag_ : unexpected_msg_).push_back(std::move(ux));
+                rx_->push_unexpected(std::move(ux));
             }
             return;
         }
@@ -917,23 +909,22 @@ void Endpoint::progress() {
 
 ssize_t Endpoint::cancel(void *context) {
     std::lock_guard guard(domain_->lock());
-    for (auto *list : {&posted_msg_, &posted_tag_}) {
-        for (auto it = list->begin(); it != list->end(); ++it) {
-            RxOp *rx = *it;
-            if (rx->context != context) continue;
-            list->erase(it);
-            uint64_t flags = FI_RECV | (rx->tagged ? FI_TAGGED : FI_MSG);
-            if (rx->multi) flags |= FI_MULTI_RECV;
-            write_rx_err(rx, flags, FI_ECANCELED, 0, 0, rx->tag, 0);
-            if (rx->multi && rx->children) {
-                rx->retired = true;  // slices still reading: released by the last one
-            } else {
-                release_rx(rx);
-            }
-            return 0;
-        }
+    return cancel_on(*rx_, this, context);
+}
+
+ssize_t Endpoint::cancel_on(RxMatcher &m, Endpoint *report_ep, void *context) {
+    RxOp *rx = m.cancel(context);
+    if (!rx) return -FI_ENOENT;
+    uint64_t flags = FI_RECV | (rx->tagged ? FI_TAGGED : FI_MSG);
+    if (rx->multi) flags |= FI_MULTI_RECV;
+    if (report_ep) report_ep->write_rx_err(rx, flags, FI_ECANCELED, 0, 0, rx->tag, 0);
+    if (rx->multi && rx->children) {
+        rx->retired = true;  // slices still to complete: the last one releases it
+    } else {
+        --m.outstanding;
+        delete rx;
     }
-    return -FI_ENOENT;
+    return 0;
 }
 
 void *Endpoint::resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access) noexcept {

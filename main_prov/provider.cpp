@@ -86,8 +86,6 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
             if (e.max_msg_size > kMaxMsgSize) return false;
             if (e.tx_ctx_cnt > 1 && e.tx_ctx_cnt != FI_SHARED_CONTEXT) return false;
             if (e.rx_ctx_cnt > 1 && e.rx_ctx_cnt != FI_SHARED_CONTEXT) return false;
-            if (e.tx_ctx_cnt == FI_SHARED_CONTEXT || e.rx_ctx_cnt == FI_SHARED_CONTEXT)
-                return false;  // shared contexts: not offered yet
             if (e.protocol != FI_PROTO_UNSPEC && e.protocol != FI_PROTO_SOCK_TCP) return false;
             if (e.auth_key_size) return false;
         }
@@ -163,8 +161,12 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
     ep.mem_tag_format = hints && hints->ep_attr && hints->ep_attr->mem_tag_format
                             ? hints->ep_attr->mem_tag_format
                             : 0xAAAAAAAAAAAAAAAAull;  // FI_TAG_GENERIC: all 64 bits usable
-    ep.tx_ctx_cnt = 1;
-    ep.rx_ctx_cnt = 1;
+    ep.tx_ctx_cnt = hints && hints->ep_attr && hints->ep_attr->tx_ctx_cnt == FI_SHARED_CONTEXT
+                        ? FI_SHARED_CONTEXT
+                        : 1;
+    ep.rx_ctx_cnt = hints && hints->ep_attr && hints->ep_attr->rx_ctx_cnt == FI_SHARED_CONTEXT
+                        ? FI_SHARED_CONTEXT
+                        : 1;
 
     fi_domain_attr &d = *fi->domain_attr;
     free(d.name);
@@ -189,8 +191,8 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
     d.rx_ctx_cnt = 1024;
     d.max_ep_tx_ctx = 1;
     d.max_ep_rx_ctx = 1;
-    d.max_ep_stx_ctx = 0;
-    d.max_ep_srx_ctx = 0;
+    d.max_ep_stx_ctx = 1;
+    d.max_ep_srx_ctx = 1;
     d.cntr_cnt = 1024;
     d.mr_iov_limit = kMaxIov;
     d.caps = FI_LOCAL_COMM | FI_REMOTE_COMM;

@@ -10,12 +10,14 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 
 namespace tandem {
 
@@ -25,6 +27,11 @@ constexpr size_t kRxBufferSize = 64 * 1024;
 constexpr size_t kDirectReadThreshold = 16 * 1024;
 constexpr size_t kMaxSendIov = 64;
 constexpr uint32_t kAckEvery = 32;
+constexpr uint32_t kAckIdlePasses = 4;
+// Up to this many connections a pass tries recv() on each; beyond, one epoll_wait tells
+// which sockets are readable.
+constexpr size_t kDirectPollConnections = 2;
+constexpr uint64_t kListenerCheckPasses = 64;
 constexpr uint64_t kMaxCmPayload = sizeof(wire::TcpCmHello) + 4096;
 
 bool op_has_extension(wire::TcpOp op) {
@@ -268,11 +275,16 @@ bool TcpConnection::fill_rx(size_t want) {
             rx_tail_ -= rx_head_;
             rx_head_ = 0;
         }
-        ssize_t got = recv(fd_, rxbuf_.data() + rx_tail_, rxbuf_.size() - rx_tail_, MSG_DONTWAIT);
+        if (!recv_allowed_) return false;
+        size_t space = rxbuf_.size() - rx_tail_;
+        ssize_t got = recv(fd_, rxbuf_.data() + rx_tail_, space, MSG_DONTWAIT);
         if (got > 0) {
             rx_tail_ += static_cast<size_t>(got);
+            // A short read drained the socket: do not ask again in this pass.
+            if (static_cast<size_t>(got) < space) recv_allowed_ = false;
             continue;
         }
+        recv_allowed_ = false;
         if (got == 0) {
             fail_connection(nullptr, 0);  // orderly close by the peer
             return false;
@@ -416,11 +428,14 @@ bool TcpConnection::read_payload() {
             msghdr msg{};
             msg.msg_iov = iov;
             msg.msg_iovlen = n;
+            if (!recv_allowed_) return false;
             ssize_t got = recvmsg(fd_, &msg, MSG_DONTWAIT);
             if (got > 0) {
                 payload_done_ += static_cast<size_t>(got);
+                if (static_cast<size_t>(got) < remaining) recv_allowed_ = false;
                 continue;
             }
+            recv_allowed_ = false;
             if (got == 0) {
                 fail_connection(nullptr, 0);
                 return false;
@@ -625,7 +640,7 @@ void TcpConnection::maybe_send_ack() {
     flush_send();
 }
 
-void TcpConnection::progress() {
+void TcpConnection::progress(bool readable) {
     if (state_ == State::Closed) return;
     if (state_ == State::Connecting) {
         pollfd pfd{fd_, POLLOUT, 0};
@@ -639,14 +654,18 @@ void TcpConnection::progress() {
         }
         state_ = State::RequestSent;
     }
-    flush_send();
+    if (!outq_.empty()) flush_send();
     uint32_t before = rx_count_;
-    read_frames();
+    recv_allowed_ = readable;
+    if (readable || rx_tail_ > rx_head_ || phase_ != RxPhase::Header) read_frames();
     if (state_ == State::Closed) return;
-    flush_send();
-    // Acknowledge explicitly when the peer sent nothing new this pass (it may be waiting on
-    // our acknowledgements) or when many are outstanding; otherwise they ride on our traffic.
-    if (rx_count_ == before || rx_count_ - acked_sent_ >= kAckEvery) maybe_send_ack();
+    idle_passes_ = rx_count_ == before ? idle_passes_ + 1 : 0;
+    // Acknowledgements ride on our own traffic. Send one explicitly when many are owed, or
+    // when the peer has sent nothing for a few passes (it may be waiting for them).
+    if (rx_count_ != acked_sent_ &&
+        (rx_count_ - acked_sent_ >= kAckEvery || idle_passes_ >= kAckIdlePasses))
+        maybe_send_ack();
+    if (!outq_.empty()) flush_send();
     if (disconnect_requested_ && outq_.empty()) fail_connection(nullptr, 0);
 }
 
@@ -693,7 +712,8 @@ void TcpConnection::fail_connection(const char *why, int err) {
 // TcpTransport
 
 TcpTransport::TcpTransport(RemoteKeyResolver *resolver, const TcpLinkConfig &config)
-    : resolver_(resolver), config_(config) {
+    : resolver_(resolver), config_(config), epfd_(epoll_create1(EPOLL_CLOEXEC)) {
+    if (epfd_ < 0) fail(errno, "epoll_create1");
     caps_.max_inline = config.max_inline;
     caps_.max_send_size = config.max_send_size;
     caps_.max_rdma_size = size_t{1} << 40;
@@ -705,6 +725,7 @@ TcpTransport::TcpTransport(RemoteKeyResolver *resolver, const TcpLinkConfig &con
 
 TcpTransport::~TcpTransport() {
     if (listen_fd_ >= 0) close(listen_fd_);
+    close(epfd_);
 }
 
 int TcpTransport::listen(const sockaddr *addr, socklen_t len, int backlog) {
@@ -718,6 +739,10 @@ int TcpTransport::listen(const sockaddr *addr, socklen_t len, int backlog) {
         return err == EADDRINUSE ? -FI_EADDRINUSE : -err;
     }
     listen_fd_ = fd;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = nullptr;
+    epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
     return FI_SUCCESS;
 }
 
@@ -741,11 +766,13 @@ LinkConnection *TcpTransport::connect(const sockaddr *dst, socklen_t len, const 
         // Report it like a late failure so callers have one path.
         conns_.push_back(std::move(conn));
         conns_.back()->send_cm_request(priv, priv_len);
-        conns_.back()->progress();
+        conns_.back()->progress(false);
+        watch(conns_.back().get());
         return conns_.back().get();
     }
     conn->send_cm_request(priv, priv_len);
     conns_.push_back(std::move(conn));
+    watch(conns_.back().get());
     return conns_.back().get();
 }
 
@@ -753,11 +780,13 @@ void TcpTransport::adopt(std::unique_ptr<LinkConnection> conn) {
     auto *tcp = static_cast<TcpConnection *>(conn.release());
     tcp->set_transport(this);
     conns_.emplace_back(tcp);
+    watch(tcp);
 }
 
 std::unique_ptr<LinkConnection> TcpTransport::release(LinkConnection *conn) {
     for (auto it = conns_.begin(); it != conns_.end(); ++it) {
         if (it->get() == conn) {
+            unwatch(it->get());
             std::unique_ptr<LinkConnection> out(it->release());
             conns_.erase(it);
             return out;
@@ -801,14 +830,56 @@ void TcpTransport::accept_new() {
         set_socket_options(fd, config_.socket_buffer);
         conns_.push_back(
             std::make_unique<TcpConnection>(this, fd, TcpConnection::State::AwaitingRequest));
+        watch(conns_.back().get());
     }
 }
 
+void TcpTransport::watch(TcpConnection *conn) {
+    if (conn->wait_fd() < 0) return;
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.ptr = conn;
+    epoll_ctl(epfd_, EPOLL_CTL_ADD, conn->wait_fd(), &ev);
+}
+
+void TcpTransport::unwatch(TcpConnection *conn) {
+    if (conn->wait_fd() >= 0) epoll_ctl(epfd_, EPOLL_CTL_DEL, conn->wait_fd(), nullptr);
+}
+
+// One pass over the sockets. With few connections, a recv() on each is the cheapest way to
+// find data (one system call per idle connection); the listener and larger sets are checked
+// with one epoll_wait.
 void TcpTransport::progress() {
-    accept_new();
-    // Index loop: progress may add CM events but never changes conns_.
-    for (size_t i = 0; i < conns_.size(); ++i) conns_[i]->progress();
-    for (auto &c : graveyard_) c->progress();
+    ++passes_;
+    // The listener (and every socket) is checked by epoll at least every kListenerCheckPasses
+    // passes and every millisecond, so new connections are accepted promptly even by an
+    // endpoint that polls rarely.
+    timespec now;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
+    int64_t now_ms = int64_t(now.tv_sec) * 1000 + now.tv_nsec / 1000000;
+    bool full = conns_.empty() || conns_.size() > kDirectPollConnections ||
+                passes_ % kListenerCheckPasses == 0 || now_ms != last_full_ms_;
+    bool direct = !full;
+    if (full) last_full_ms_ = now_ms;
+    if (direct) {
+        for (size_t i = 0; i < conns_.size(); ++i) conns_[i]->progress(true);
+    } else {
+        epoll_event ev[64];
+        int n = epoll_wait(epfd_, ev, 64, 0);
+        std::vector<TcpConnection *> ready;
+        for (int i = 0; i < n; ++i) {
+            if (ev[i].data.ptr == nullptr)
+                accept_new();
+            else
+                ready.push_back(static_cast<TcpConnection *>(ev[i].data.ptr));
+        }
+        for (size_t i = 0; i < conns_.size(); ++i) {
+            TcpConnection *c = conns_[i].get();
+            bool readable = std::find(ready.begin(), ready.end(), c) != ready.end();
+            c->progress(readable);
+        }
+    }
+    for (auto &c : graveyard_) c->progress(true);
 }
 
 int TcpTransport::poll(WorkCompletion *wc, int max) {
@@ -825,8 +896,8 @@ int TcpTransport::poll(WorkCompletion *wc, int max) {
     return n;
 }
 
+// Connection events are produced by the progress pass of poll(); this only hands them out.
 bool TcpTransport::poll_cm(CmEvent &event) {
-    if (cm_events_.empty()) progress();
     if (cm_events_.empty()) return false;
     event = std::move(cm_events_.front());
     cm_events_.pop_front();

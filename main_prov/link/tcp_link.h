@@ -55,7 +55,10 @@ public:
     State state() const { return state_; }
     void set_transport(TcpTransport *t) { transport_ = t; }
     // One progress pass: connect, write queued frames, read and dispatch incoming frames.
-    void progress();
+    // readable: the socket may have data (one recv is allowed); buffered frames are parsed
+    // either way.
+    void progress(bool readable);
+    bool wants_write() const { return !outq_.empty() || state_ == State::Connecting; }
     void send_cm_request(const void *priv, size_t len);
 
 private:
@@ -107,6 +110,8 @@ private:
     uint32_t next_seq_ = 0;   // sequence number of the next work request we post
     uint32_t rx_count_ = 0;   // work requests of the peer received and processed
     uint32_t acked_sent_ = 0; // last rx_count_ we told the peer about
+    uint32_t idle_passes_ = 0;  // passes in a row that received no work request
+    bool recv_allowed_ = false; // one recv() per pass unless the last one filled the buffer
 
     // Receive state.
     std::vector<uint8_t> rxbuf_;
@@ -162,11 +167,16 @@ public:
 private:
     void accept_new();
     void progress();
+    void watch(TcpConnection *conn);
+    void unwatch(TcpConnection *conn);
 
     RemoteKeyResolver *resolver_;
     TcpLinkConfig config_;
     LinkCaps caps_;
     int listen_fd_ = -1;
+    int epfd_ = -1;       // listener and connection sockets, for readiness with many connections
+    uint64_t passes_ = 0;
+    int64_t last_full_ms_ = 0;
     std::vector<std::unique_ptr<TcpConnection>> conns_;
     std::vector<std::unique_ptr<TcpConnection>> graveyard_;  // destroyed, completions unread
     std::deque<PostedRecv> posted_;

@@ -1,0 +1,61 @@
+#include "main_prov/rx_matcher.h"
+
+namespace tandem {
+
+RxMatcher::~RxMatcher() {
+    for (auto *rx : posted_msg_) delete rx;
+    for (auto *rx : posted_tag_) delete rx;
+}
+
+RxOp *RxMatcher::match_posted(bool tagged, uint64_t tag, fi_addr_t src) {
+    auto &list = list_for(tagged);
+    for (auto it = list.begin(); it != list.end(); ++it) {
+        RxOp *rx = *it;
+        if (tagged && !rx->matches_tag(tag)) continue;
+        if (!rx->matches_src(src)) continue;
+        if (!rx->multi) list.erase(it);
+        return rx;
+    }
+    return nullptr;
+}
+
+bool RxMatcher::take_claimed(void *context, Unexpected &out) {
+    for (auto *list : {&unexpected_tag_, &unexpected_msg_}) {
+        for (auto it = list->begin(); it != list->end(); ++it) {
+            if (!it->claimed || it->claim_context != context) continue;
+            out = std::move(*it);
+            list->erase(it);
+            return true;
+        }
+    }
+    return false;
+}
+
+void RxMatcher::erase_unexpected(Unexpected *ux) {
+    auto &list = unexpected_for(ux->tagged());
+    for (auto it = list.begin(); it != list.end(); ++it) {
+        if (&*it == ux) {
+            list.erase(it);
+            return;
+        }
+    }
+}
+
+RxOp *RxMatcher::cancel(void *context) {
+    for (auto *list : {&posted_msg_, &posted_tag_}) {
+        for (auto it = list->begin(); it != list->end(); ++it) {
+            if ((*it)->context != context) continue;
+            RxOp *rx = *it;
+            list->erase(it);
+            return rx;
+        }
+    }
+    return nullptr;
+}
+
+void RxMatcher::forget_endpoint(Endpoint *ep) {
+    for (auto *list : {&unexpected_msg_, &unexpected_tag_})
+        list->remove_if([ep](const Unexpected &ux) { return ux.ep == ep; });
+}
+
+}  // namespace tandem

@@ -1,0 +1,135 @@
+// Receive-side matching: posted receives and unexpected messages, tagged and untagged kept
+// apart. One RxMatcher belongs to an endpoint, or to a shared receive context (srx.cpp) that
+// several endpoints feed. It holds no locks (the domain lock covers it) and knows nothing of
+// links or completion queues, so it can be tested alone.
+#pragma once
+
+#include "main_prov/wire.h"
+
+#include <rdma/fabric.h>
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <list>
+#include <vector>
+
+namespace tandem {
+
+class Endpoint;
+class LinkConnection;
+
+inline constexpr size_t kMaxIov = 4;
+
+struct RxOp {
+    void *context = nullptr;
+    uint64_t op_flags = 0;
+    iovec iov[kMaxIov]{};
+    size_t count = 0;
+    size_t total = 0;
+    fi_addr_t src = FI_ADDR_UNSPEC;
+    uint64_t tag = 0, ignore = 0;
+    bool tagged = false;
+    // FI_MULTI_RECV
+    bool multi = false;
+    size_t consumed = 0;
+    bool retired = false;  // no more messages will be matched into it
+    int children = 0;      // slices whose completion is still to come
+    RxOp *parent = nullptr;
+    // Rendezvous in progress.
+    LinkConnection *conn = nullptr;
+    uint64_t msg_id = 0;
+    size_t msg_len = 0;   // the sender's length
+    size_t recv_len = 0;  // what fits
+    uint64_t cq_data = 0;
+    uint64_t msg_tag = 0;
+    uint8_t proto_flags = 0;
+    fi_addr_t msg_src = FI_ADDR_NOTAVAIL;
+    int reads = 0;
+    int error = 0;
+
+    bool matches_tag(uint64_t t) const { return ((tag ^ t) & ~ignore) == 0; }
+    bool matches_src(fi_addr_t s) const { return src == FI_ADDR_UNSPEC || src == s; }
+};
+
+// A message that arrived before a receive matched it: the eager payload, or for a
+// rendezvous only the sender's buffer description.
+struct Unexpected {
+    Endpoint *ep = nullptr;  // the endpoint it arrived on (answers it, reports it)
+    LinkConnection *conn = nullptr;
+    wire::ProtoHeader hdr{};
+    std::vector<uint8_t> data;
+    wire::RtsBody rts{};
+    bool claimed = false;
+    void *claim_context = nullptr;
+
+    bool tagged() const { return hdr.flags & wire::kProtoTagged; }
+    bool rendezvous() const { return hdr.op == static_cast<uint8_t>(wire::ProtoOp::Rts); }
+};
+
+class RxMatcher {
+public:
+    ~RxMatcher();
+
+    void post(RxOp *rx) { list_for(rx->tagged).push_back(rx); }
+    // The first posted receive for an arriving message; removed unless it is a multi-receive
+    // buffer (which stays until retired).
+    RxOp *match_posted(bool tagged, uint64_t tag, fi_addr_t src);
+    void remove_posted(RxOp *rx) { list_for(rx->tagged).remove(rx); }
+    void push_unexpected(Unexpected &&ux) { unexpected_for(ux.tagged()).push_back(std::move(ux)); }
+
+    // The oldest unclaimed unexpected message the receive matches, taken off the queue.
+    // src_of(const Unexpected &) gives the message's source address.
+    template <class SourceOf>
+    bool take_unexpected(const RxOp &rx, SourceOf &&src_of, Unexpected &out);
+    // FI_PEEK: the oldest unclaimed match, left in place (nullptr when none).
+    template <class SourceOf>
+    Unexpected *peek(bool tagged, uint64_t tag, uint64_t ignore, fi_addr_t src, SourceOf &&src_of);
+    // FI_CLAIM: the message an earlier FI_PEEK|FI_CLAIM reserved for context.
+    bool take_claimed(void *context, Unexpected &out);
+    void erase_unexpected(Unexpected *ux);
+    // fi_cancel: the posted receive with this context, removed; nullptr when none.
+    RxOp *cancel(void *context);
+    // Unexpected messages that arrived on an endpoint, dropped when it closes.
+    void forget_endpoint(Endpoint *ep);
+
+    size_t outstanding = 0;  // receives posted and not completed
+    size_t min_multi_recv = 0;
+
+private:
+    std::list<RxOp *> &list_for(bool tagged) { return tagged ? posted_tag_ : posted_msg_; }
+    std::list<Unexpected> &unexpected_for(bool tagged) {
+        return tagged ? unexpected_tag_ : unexpected_msg_;
+    }
+
+    std::list<RxOp *> posted_msg_, posted_tag_;
+    std::list<Unexpected> unexpected_msg_, unexpected_tag_;
+};
+
+template <class SourceOf>
+bool RxMatcher::take_unexpected(const RxOp &rx, SourceOf &&src_of, Unexpected &out) {
+    auto &list = unexpected_for(rx.tagged);
+    for (auto it = list.begin(); it != list.end(); ++it) {
+        if (it->claimed) continue;
+        if (rx.tagged && !rx.matches_tag(it->hdr.tag)) continue;
+        if (rx.src != FI_ADDR_UNSPEC && !rx.matches_src(src_of(*it))) continue;
+        out = std::move(*it);
+        list.erase(it);
+        return true;
+    }
+    return false;
+}
+
+template <class SourceOf>
+Unexpected *RxMatcher::peek(bool tagged, uint64_t tag, uint64_t ignore, fi_addr_t src,
+                            SourceOf &&src_of) {
+    for (auto &ux : unexpected_for(tagged)) {
+        if (ux.claimed) continue;
+        if (tagged && ((ux.hdr.tag ^ tag) & ~ignore) != 0) continue;
+        if (src != FI_ADDR_UNSPEC && src_of(ux) != src) continue;
+        return &ux;
+    }
+    return nullptr;
+}
+
+}  // namespace tandem

@@ -1,0 +1,72 @@
+// fi_srx_context and fi_stx_context: shared receive and transmit contexts.
+//
+// A shared receive context owns one RxMatcher. Receives posted on it (fi_recv / fi_trecv on
+// the context's fid) match messages arriving on every endpoint bound to it; a message is
+// reported on the CQ of the endpoint it arrived on. A shared transmit context has nothing
+// to share on tandem's links (each endpoint writes its own connections), so it only counts
+// the endpoints using it.
+#pragma once
+
+#include "common/fid_adaptor.h"
+#include "main_prov/rx_matcher.h"
+
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_tagged.h>
+
+#include <vector>
+
+namespace tandem {
+
+class Domain;
+class Endpoint;
+
+class SharedRxContext : public FidObject<SharedRxContext, fid_ep> {
+public:
+    SharedRxContext(Domain *domain, const fi_rx_attr &attr, void *context);
+    ~SharedRxContext();
+
+    int close();
+    ssize_t cancel(void *context);
+    int getopt(int level, int optname, void *optval, size_t *optlen);
+    int setopt(int level, int optname, const void *optval, size_t optlen);
+    ssize_t recv(void *buf, size_t len, void *desc, fi_addr_t src, void *context);
+    ssize_t recvv(const iovec *iov, void **desc, size_t count, fi_addr_t src, void *context);
+    ssize_t recvmsg(const fi_msg *msg, uint64_t flags);
+    ssize_t trecv(void *buf, size_t len, void *desc, fi_addr_t src, uint64_t tag,
+                  uint64_t ignore, void *context);
+    ssize_t trecvv(const iovec *iov, void **desc, size_t count, fi_addr_t src, uint64_t tag,
+                   uint64_t ignore, void *context);
+    ssize_t trecvmsg(const fi_msg_tagged *msg, uint64_t flags);
+
+    // Inside tandem, with the domain lock held.
+    RxMatcher &matcher() { return matcher_; }
+    void attach(Endpoint *ep) { endpoints_.push_back(ep); }
+    void detach(Endpoint *ep) { std::erase(endpoints_, ep); }
+
+private:
+    ssize_t post(const iovec *iov, size_t count, fi_addr_t src, void *context, uint64_t flags,
+                 uint64_t tag, uint64_t ignore, bool tagged);
+    Endpoint *report_endpoint() const { return endpoints_.empty() ? nullptr : endpoints_.front(); }
+
+    Domain *domain_;
+    uint64_t caps_;
+    uint64_t op_flags_;
+    size_t size_;
+    RxMatcher matcher_;
+    std::vector<Endpoint *> endpoints_;
+};
+
+class SharedTxContext : public FidObject<SharedTxContext, fid_stx> {
+public:
+    SharedTxContext(Domain *domain, const fi_tx_attr &attr, void *context);
+    ~SharedTxContext();
+    int close();
+    void attach() { ++users_; }
+    void detach() { --users_; }
+
+private:
+    Domain *domain_;
+    int users_ = 0;
+};
+
+}  // namespace tandem
