@@ -4,7 +4,13 @@
 #include "main_prov/eq.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
 
 #include <cstdio>
 #include <cstring>
@@ -34,7 +40,28 @@ fi_ops_av av_ops = {
     .av_set = enosys<decltype(fi_ops_av::av_set)>,
 };
 
+constexpr uint32_t kSharedAvMagic = 0x74617631;  // "tav1"
+
 }  // namespace
+
+// Layout of a named AV in shared memory: a header, then `capacity` entries. Entries are
+// appended with an atomic counter; an entry becomes visible when its state turns Valid
+// (release), and every change bumps `version` so other processes refresh their view.
+struct Av::SharedSegment {
+    struct Entry {
+        std::atomic<uint32_t> state;  // 0 empty, 1 valid, 2 removed
+        uint32_t len;
+        sockaddr_in6 addr;  // large enough for either family
+    };
+    uint32_t magic;
+    uint32_t addr_format;
+    uint64_t capacity;
+    std::atomic<uint64_t> count;
+    std::atomic<uint64_t> version;
+    Entry entries[];
+
+    static constexpr uint32_t kEmpty = 0, kValid = 1, kRemoved = 2;
+};
 
 std::string EndpointName::to_string() const {
     char host[INET6_ADDRSTRLEN] = "?";
@@ -78,17 +105,118 @@ Av::Av(Domain *domain, const fi_av_attr &attr, void *context)
       addr_format_(domain->info()->addr_format) {
     if (type_ != FI_AV_MAP && type_ != FI_AV_TABLE) fail(FI_EINVAL, "unknown AV type");
     if (attr.rx_ctx_bits) fail(FI_ENOSYS, "scalable endpoints are not supported");
-    if (attr.flags & ~uint64_t(FI_EVENT | FI_SYMMETRIC))
+    if (attr.flags & ~uint64_t(FI_EVENT | FI_SYMMETRIC | FI_READ))
         fail(FI_EINVAL, "unsupported AV flags");
-    if (attr.name) fail(FI_ENOSYS, "named (shared) address vectors are not supported yet");
     addrlen_ = addr_format_ == FI_SOCKADDR_IN6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
     names_.reserve(attr.count);
+    if (attr.name) open_shared(attr);
+    else if (attr.flags & FI_READ) fail(FI_EINVAL, "FI_READ names an existing shared AV");
     init_fid(FI_CLASS_AV, context, &av_fi_ops);
     fid()->ops = &av_ops;
     domain_->hold();
 }
 
-Av::~Av() { domain_->release(); }
+void Av::open_shared(const fi_av_attr &attr) {
+    shared_name_ = attr.name[0] == '/' ? attr.name : std::string("/") + attr.name;
+    read_only_ = attr.flags & FI_READ;
+    int fd = -1;
+    if (!read_only_) {
+        // Create it, private to the user (0600); opening one that exists joins it.
+        fd = shm_open(shared_name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+        if (fd >= 0) {
+            shared_owner_ = true;
+        } else if (errno == EEXIST) {
+            fd = shm_open(shared_name_.c_str(), O_RDWR, 0600);
+        }
+    } else {
+        fd = shm_open(shared_name_.c_str(), O_RDONLY, 0600);
+    }
+    if (fd < 0) fail(errno == ENOENT ? FI_ENOENT : FI_EINVAL, "cannot open the shared AV");
+    size_t capacity = attr.count ? attr.count : 1024;
+    if (shared_owner_) {
+        shared_size_ = sizeof(SharedSegment) + capacity * sizeof(SharedSegment::Entry);
+        if (ftruncate(fd, static_cast<off_t>(shared_size_)) != 0) {
+            close(fd);
+            shm_unlink(shared_name_.c_str());
+            fail(FI_ENOMEM, "cannot size the shared AV");
+        }
+    } else {
+        struct stat st {};
+        fstat(fd, &st);
+        shared_size_ = static_cast<size_t>(st.st_size);
+        if (shared_size_ < sizeof(SharedSegment)) {
+            close(fd);
+            fail(FI_EINVAL, "shared AV segment is not a tandem AV");
+        }
+    }
+    void *mem = mmap(nullptr, shared_size_, read_only_ ? PROT_READ : PROT_READ | PROT_WRITE,
+                     MAP_SHARED, fd, 0);
+    close(fd);
+    if (mem == MAP_FAILED) fail(FI_ENOMEM, "cannot map the shared AV");
+    shared_ = static_cast<SharedSegment *>(mem);
+    if (shared_owner_) {
+        shared_->addr_format = addr_format_;
+        shared_->capacity = capacity;
+        shared_->count.store(0);
+        shared_->version.store(1);
+        std::atomic_thread_fence(std::memory_order_release);
+        shared_->magic = kSharedAvMagic;
+    } else if (shared_->magic != kSharedAvMagic || shared_->addr_format != addr_format_ ||
+               sizeof(SharedSegment) + shared_->capacity * sizeof(SharedSegment::Entry) >
+                   shared_size_) {
+        munmap(mem, shared_size_);
+        shared_ = nullptr;
+        fail(FI_EINVAL, "shared AV segment is not a compatible tandem AV");
+    }
+}
+
+void Av::sync_shared() const {
+    if (!shared_) return;
+    uint64_t v = shared_->version.load(std::memory_order_acquire);
+    if (v == shared_seen_) return;
+    shared_seen_ = v;
+    uint64_t n = std::min<uint64_t>(shared_->count.load(std::memory_order_acquire), shared_->capacity);
+    names_.resize(n);
+    valid_.assign(n, false);
+    reverse_.clear();
+    for (uint64_t i = 0; i < n; ++i) {
+        const auto &e = shared_->entries[i];
+        if (e.state.load(std::memory_order_acquire) != SharedSegment::kValid) continue;
+        if (!EndpointName::from_bytes(&e.addr, e.len, names_[i])) continue;
+        valid_[i] = true;
+        reverse_.emplace(names_[i].key(), i);
+    }
+}
+
+FabricAddr Av::append(const EndpointName &name) {
+    if (!shared_) {
+        FabricAddr fa = names_.size();
+        names_.push_back(name);
+        valid_.push_back(true);
+        reverse_.emplace(name.key(), fa);
+        return fa;
+    }
+    uint64_t i = shared_->count.fetch_add(1);
+    if (i >= shared_->capacity) {
+        shared_->count.fetch_sub(1);
+        fail(FI_ENOSPC, "shared AV is full");
+    }
+    auto &e = shared_->entries[i];
+    e.len = name.length();
+    memcpy(&e.addr, &name.ss, name.length());
+    e.state.store(SharedSegment::kValid, std::memory_order_release);
+    shared_->version.fetch_add(1, std::memory_order_acq_rel);
+    sync_shared();
+    return i;
+}
+
+Av::~Av() {
+    if (shared_) {
+        munmap(shared_, shared_size_);
+        if (shared_owner_) shm_unlink(shared_name_.c_str());
+    }
+    domain_->release();
+}
 
 int Av::close() {
     {
@@ -125,7 +253,9 @@ int Av::insert(const void *addr, size_t count, fi_addr_t *fi_addr, uint64_t flag
     if ((flags & FI_EVENT) && !eq_) return -FI_ENOEQ;
     if ((flags & FI_SYNC_ERR) && (flags & FI_EVENT)) return -FI_EINVAL;
     int *sync_err = (flags & FI_SYNC_ERR) ? static_cast<int *>(context) : nullptr;
+    if (read_only_) return -FI_EOPNOTSUPP;
     std::lock_guard guard(domain_->lock());
+    sync_shared();
     int done = 0;
     for (size_t i = 0; i < count; ++i) {
         EndpointName name;
@@ -139,10 +269,7 @@ int Av::insert(const void *addr, size_t count, fi_addr_t *fi_addr, uint64_t flag
             }
             continue;
         }
-        FabricAddr fa = names_.size();
-        names_.push_back(name);
-        valid_.push_back(true);
-        reverse_.emplace(name.key(), fa);
+        FabricAddr fa = append(name);
         if (fi_addr) fi_addr[i] = fa;
         if (sync_err) sync_err[i] = 0;
         ++done;
@@ -191,7 +318,9 @@ int Av::insertsym(const char *node, size_t nodecnt, const char *service, size_t 
 int Av::remove(fi_addr_t *fi_addr, size_t count, uint64_t flags) {
     if (flags) return -FI_EBADFLAGS;
     if (count && !fi_addr) return -FI_EINVAL;
+    if (read_only_) return -FI_EOPNOTSUPP;
     std::lock_guard guard(domain_->lock());
+    sync_shared();
     int ret = 0;
     for (size_t i = 0; i < count; ++i) {
         FabricAddr fa = fi_addr[i];
@@ -202,6 +331,10 @@ int Av::remove(fi_addr_t *fi_addr, size_t count, uint64_t flags) {
         valid_[fa] = false;
         auto it = reverse_.find(names_[fa].key());
         if (it != reverse_.end() && it->second == fa) reverse_.erase(it);
+        if (shared_) {
+            shared_->entries[fa].state.store(SharedSegment::kRemoved, std::memory_order_release);
+            shared_->version.fetch_add(1, std::memory_order_acq_rel);
+        }
     }
     ++version_;
     return ret;
@@ -230,12 +363,18 @@ const char *Av::straddr(const void *addr, char *buf, size_t *len) {
     return buf;
 }
 
+uint64_t Av::version() const {
+    return shared_ ? shared_->version.load(std::memory_order_acquire) : version_;
+}
+
 const EndpointName *Av::name_of(FabricAddr addr) const {
+    sync_shared();
     if (addr >= names_.size() || !valid_[addr]) return nullptr;
     return &names_[addr];
 }
 
 FabricAddr Av::addr_of(const EndpointName &name) const {
+    sync_shared();
     auto it = reverse_.find(name.key());
     return it == reverse_.end() ? FI_ADDR_NOTAVAIL : it->second;
 }

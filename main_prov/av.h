@@ -38,22 +38,34 @@ public:
     FabricAddr addr_of(const EndpointName &name) const;
     size_t addrlen() const { return addrlen_; }
     // Bumped on every insert/remove so endpoints can refresh cached translations.
-    uint64_t version() const { return version_; }
+    uint64_t version() const;
     void hold() { ++refs_; }
     void release() { --refs_; }
 
 private:
+    struct SharedSegment;
     int finish_insert(int done, size_t count, uint64_t flags, void *context);
+    void open_shared(const fi_av_attr &attr);
+    // Named AVs: refresh the local view from the shared segment when another process
+    // changed it.
+    void sync_shared() const;
+    FabricAddr append(const EndpointName &name);
 
     Domain *domain_;
     fi_av_type type_;
     size_t addrlen_;
     uint32_t addr_format_;
-    std::vector<EndpointName> names_;
-    std::vector<bool> valid_;
-    std::unordered_map<std::string, FabricAddr> reverse_;
+    mutable std::vector<EndpointName> names_;
+    mutable std::vector<bool> valid_;
+    mutable std::unordered_map<std::string, FabricAddr> reverse_;
     Eq *eq_ = nullptr;
     uint64_t version_ = 0;
+    SharedSegment *shared_ = nullptr;  // FI_SHARED_AV: entries in a named shm segment
+    size_t shared_size_ = 0;
+    std::string shared_name_;
+    bool shared_owner_ = false;
+    bool read_only_ = false;
+    mutable uint64_t shared_seen_ = 0;
     int refs_ = 0;
 };
 

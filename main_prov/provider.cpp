@@ -34,7 +34,7 @@ constexpr size_t kMaxCqData = 8;
 constexpr uint64_t kRdmCaps = FI_MSG | FI_TAGGED | FI_RMA | FI_SEND | FI_RECV | FI_READ |
                               FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_MULTI_RECV |
                               FI_SOURCE | FI_DIRECTED_RECV | FI_RMA_EVENT | FI_LOCAL_COMM |
-                              FI_REMOTE_COMM;
+                              FI_REMOTE_COMM | FI_SHARED_AV;
 constexpr uint64_t kMsgCaps = FI_MSG | FI_TAGGED | FI_RMA | FI_SEND | FI_RECV | FI_READ |
                               FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_MULTI_RECV |
                               FI_RMA_EVENT | FI_LOCAL_COMM | FI_REMOTE_COMM;
@@ -97,7 +97,8 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
             if (d.cq_data_size > kMaxCqData || d.mr_key_size > 8) return false;
             if (d.av_type != FI_AV_UNSPEC && d.av_type != FI_AV_MAP && d.av_type != FI_AV_TABLE)
                 return false;
-            if (d.caps && !subset(d.caps, FI_LOCAL_COMM | FI_REMOTE_COMM)) return false;
+            if (d.caps && !subset(d.caps, FI_LOCAL_COMM | FI_REMOTE_COMM | FI_SHARED_AV))
+                return false;
             if (d.auth_key_size) return false;
             if (d.mr_mode == FI_MR_SCALABLE && (hints->caps & FI_RMA) == 0) {
             }
@@ -129,7 +130,7 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
 
     fi_tx_attr &tx = *fi->tx_attr;
     tx.caps = out_caps & ~uint64_t(FI_RECV | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_MULTI_RECV |
-                                   FI_SOURCE | FI_DIRECTED_RECV | FI_RMA_EVENT);
+                                   FI_SOURCE | FI_DIRECTED_RECV | FI_RMA_EVENT | FI_SHARED_AV);
     tx.mode = 0;
     tx.op_flags = hints && hints->tx_attr ? hints->tx_attr->op_flags : 0;
     tx.msg_order = kMsgOrder;
@@ -140,7 +141,7 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
     tx.rma_iov_limit = 1;
 
     fi_rx_attr &rx = *fi->rx_attr;
-    rx.caps = out_caps & ~uint64_t(FI_SEND | FI_READ | FI_WRITE);
+    rx.caps = out_caps & ~uint64_t(FI_SEND | FI_READ | FI_WRITE | FI_SHARED_AV);
     rx.mode = 0;
     rx.op_flags = hints && hints->rx_attr ? hints->rx_attr->op_flags : 0;
     rx.msg_order = kMsgOrder;
@@ -195,7 +196,7 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
     d.max_ep_srx_ctx = 1;
     d.cntr_cnt = 1024;
     d.mr_iov_limit = kMaxIov;
-    d.caps = FI_LOCAL_COMM | FI_REMOTE_COMM;
+    d.caps = FI_LOCAL_COMM | FI_REMOTE_COMM | (type == FI_EP_RDM ? FI_SHARED_AV : 0);
     d.mode = 0;
     d.max_err_data = wire::kMaxCmPrivate;
     d.mr_cnt = 1 << 20;
