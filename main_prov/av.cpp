@@ -136,7 +136,7 @@ void Av::open_shared(const fi_av_attr &attr) {
     if (shared_owner_) {
         shared_size_ = sizeof(SharedSegment) + capacity * sizeof(SharedSegment::Entry);
         if (ftruncate(fd, static_cast<off_t>(shared_size_)) != 0) {
-            close(fd);
+            ::close(fd);
             shm_unlink(shared_name_.c_str());
             fail(FI_ENOMEM, "cannot size the shared AV");
         }
@@ -145,13 +145,13 @@ void Av::open_shared(const fi_av_attr &attr) {
         fstat(fd, &st);
         shared_size_ = static_cast<size_t>(st.st_size);
         if (shared_size_ < sizeof(SharedSegment)) {
-            close(fd);
+            ::close(fd);
             fail(FI_EINVAL, "shared AV segment is not a tandem AV");
         }
     }
     void *mem = mmap(nullptr, shared_size_, read_only_ ? PROT_READ : PROT_READ | PROT_WRITE,
                      MAP_SHARED, fd, 0);
-    close(fd);
+    ::close(fd);
     if (mem == MAP_FAILED) fail(FI_ENOMEM, "cannot map the shared AV");
     shared_ = static_cast<SharedSegment *>(mem);
     if (shared_owner_) {
