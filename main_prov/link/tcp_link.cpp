@@ -116,7 +116,12 @@ TcpConnection::OutFrame TcpConnection::make_frame(wire::TcpOp op, const iovec *i
     return f;
 }
 
+// The acknowledgement a frame carries is fixed when it is queued: a Nak or ReadResp queued
+// while handling request s then carries ack = s, so the initiator learns the outcome of s
+// before any acknowledgement that covers it.
 void TcpConnection::queue_frame(OutFrame &&frame) {
+    frame.hdr.ack = rx_count_;
+    acked_sent_ = rx_count_;
     frame.total = sizeof(wire::TcpFrame) + (frame.has_ext ? sizeof(wire::TcpRdma) : 0) +
                   frame.hdr.length;
     outq_.push_back(std::move(frame));
@@ -223,10 +228,6 @@ bool TcpConnection::flush_send() {
         size_t bytes = 0;
         for (auto &f : outq_) {
             if (n + 2 + f.iov.size() > kMaxSendIov) break;
-            if (f.sent == 0) {
-                f.hdr.ack = rx_count_;
-                acked_sent_ = rx_count_;
-            }
             size_t skip = f.sent;
             size_t head_len = sizeof f.hdr;
             auto push = [&](void *base, size_t len) {

@@ -1,0 +1,281 @@
+// The link contract: what the protocol relies on from any link (link.h), checked on the TCP
+// link. Written against LinkTransport / LinkConnection only, so a verbs link (and the
+// emulated RC device) can run the same suite when they exist.
+#include "main_prov/link/tcp_link.h"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <rdma/fabric.h>
+
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <vector>
+
+using namespace tandem;
+
+namespace {
+
+// One registered region with one key, checked the way an RNIC checks an rkey.
+class OneRegion : public RemoteKeyResolver {
+public:
+    std::vector<uint8_t> mem = std::vector<uint8_t>(1 << 16);
+    uint64_t key = 0x77;
+    uint64_t access = FI_REMOTE_READ | FI_REMOTE_WRITE;
+    int writes_done = 0, reads_done = 0;
+
+    void *resolve(uint64_t k, uint64_t addr, size_t len, uint64_t acc) noexcept override {
+        if (k != key || !(access & acc)) return nullptr;
+        if (addr > mem.size() || len > mem.size() - addr) return nullptr;
+        return mem.data() + addr;
+    }
+    void remote_access_done(uint64_t, uint64_t acc) noexcept override {
+        (acc == FI_REMOTE_WRITE ? writes_done : reads_done)++;
+    }
+};
+
+struct Side {
+    OneRegion region;
+    std::unique_ptr<LinkTransport> transport;
+    std::deque<WorkCompletion> wcs;
+    std::deque<CmEvent> events;
+    std::vector<std::vector<uint8_t>> rx_buffers;
+
+    void pump() {
+        WorkCompletion wc[16];
+        int n = transport->poll(wc, 16);
+        for (int i = 0; i < n; ++i) wcs.push_back(wc[i]);
+        CmEvent ev;
+        while (transport->poll_cm(ev)) events.push_back(std::move(ev));
+    }
+    void post_buffers(int count, size_t size) {
+        for (int i = 0; i < count; ++i) {
+            rx_buffers.emplace_back(size);
+            transport->post_recv(rx_buffers.back().data(), size, 1000 + rx_buffers.size() - 1);
+        }
+    }
+};
+
+std::unique_ptr<LinkTransport> make_link(const std::string &kind, RemoteKeyResolver *r) {
+    if (kind == "tcp") {
+        TcpLinkConfig cfg;
+        cfg.max_send_size = 4096;
+        cfg.max_inline = 64;
+        return std::make_unique<TcpTransport>(r, cfg);
+    }
+    return nullptr;
+}
+
+class LinkContract : public ::testing::TestWithParam<std::string> {
+protected:
+    Side a, b;
+    LinkConnection *ab = nullptr;  // a's end
+    LinkConnection *ba = nullptr;  // b's end
+
+    void SetUp() override {
+        a.transport = make_link(GetParam(), &a.region);
+        b.transport = make_link(GetParam(), &b.region);
+        if (!a.transport) GTEST_SKIP() << "link " << GetParam() << " is not available here";
+        sockaddr_in sin{};
+        sin.sin_family = AF_INET;
+        sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        ASSERT_EQ(b.transport->listen(reinterpret_cast<sockaddr *>(&sin), sizeof sin, 8), 0);
+    }
+
+    bool pump_until(const std::function<bool()> &done, int ms = 5000) {
+        auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+        while (std::chrono::steady_clock::now() < end) {
+            a.pump();
+            b.pump();
+            if (done()) return true;
+        }
+        return false;
+    }
+
+    void connect(const std::string &priv = "hello", const std::string &answer = "welcome") {
+        sockaddr_storage name = b.transport->name();
+        ab = a.transport->connect(reinterpret_cast<sockaddr *>(&name), sizeof(sockaddr_in),
+                                  priv.data(), priv.size());
+        ASSERT_NE(ab, nullptr);
+        ASSERT_TRUE(pump_until([&] { return !b.events.empty(); }));
+        CmEvent req = std::move(b.events.front());
+        b.events.pop_front();
+        ASSERT_EQ(req.type, CmEventType::ConnectRequest);
+        EXPECT_EQ(std::string(req.private_data.begin(), req.private_data.end()), priv);
+        ba = req.conn;
+        ASSERT_EQ(ba->accept(answer.data(), answer.size()), 0);
+        ASSERT_TRUE(pump_until([&] { return !a.events.empty() && !b.events.empty(); }));
+        EXPECT_EQ(b.events.front().type, CmEventType::Established);
+        EXPECT_EQ(a.events.front().type, CmEventType::Established);
+        EXPECT_EQ(std::string(a.events.front().private_data.begin(),
+                              a.events.front().private_data.end()),
+                  answer);
+        a.events.clear();
+        b.events.clear();
+        EXPECT_TRUE(ab->established());
+        EXPECT_TRUE(ba->established());
+    }
+};
+
+TEST_P(LinkContract, ConnectCarriesPrivateDataBothWays) { connect("request-data", "reply"); }
+
+TEST_P(LinkContract, RejectCarriesPrivateData) {
+    sockaddr_storage name = b.transport->name();
+    a.transport->connect(reinterpret_cast<sockaddr *>(&name), sizeof(sockaddr_in), "x", 1);
+    ASSERT_TRUE(pump_until([&] { return !b.events.empty(); }));
+    ASSERT_EQ(b.events.front().conn->reject("no thanks", 9), 0);
+    ASSERT_TRUE(pump_until([&] { return !a.events.empty(); }));
+    EXPECT_EQ(a.events.front().type, CmEventType::Rejected);
+    EXPECT_EQ(std::string(a.events.front().private_data.begin(), a.events.front().private_data.end()),
+              "no thanks");
+}
+
+TEST_P(LinkContract, ConnectToNobodyIsUnreachable) {
+    sockaddr_storage name = b.transport->name();
+    b.transport.reset();  // nobody listens there any more
+    a.transport->connect(reinterpret_cast<sockaddr *>(&name), sizeof(sockaddr_in), "x", 1);
+    auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (a.events.empty() && std::chrono::steady_clock::now() < end) a.pump();
+    ASSERT_FALSE(a.events.empty());
+    EXPECT_EQ(a.events.front().type, CmEventType::Unreachable);
+}
+
+TEST_P(LinkContract, SendLandsInAPostedBufferAndCompletesAfterThePeerHasIt) {
+    connect();
+    b.post_buffers(1, 4096);
+    const char msg[] = "sixteen bytes!!";
+    iovec iov{const_cast<char *>(msg), sizeof msg};
+    uint32_t imm = 0xabcd;
+    ASSERT_EQ(ab->post_send(&iov, 1, &imm, 1), 0);
+    ASSERT_TRUE(pump_until([&] { return !b.wcs.empty() && !a.wcs.empty(); }));
+    const WorkCompletion &r = b.wcs.front();
+    EXPECT_EQ(r.opcode, WcOpcode::Recv);
+    EXPECT_EQ(r.status, WcStatus::Success);
+    EXPECT_EQ(r.wr_id, 1000u);
+    EXPECT_EQ(r.byte_len, sizeof msg);
+    EXPECT_TRUE(r.has_imm);
+    EXPECT_EQ(r.imm, 0xabcdu);
+    EXPECT_EQ(memcmp(b.rx_buffers[0].data(), msg, sizeof msg), 0);
+    EXPECT_EQ(a.wcs.front().opcode, WcOpcode::Send);
+    EXPECT_EQ(a.wcs.front().wr_id, 1u);
+    EXPECT_EQ(a.wcs.front().status, WcStatus::Success);
+}
+
+TEST_P(LinkContract, ASendWithoutAPostedBufferWaitsForOne) {
+    connect();
+    char msg[100];
+    memset(msg, 'r', sizeof msg);
+    iovec iov{msg, sizeof msg};
+    ASSERT_EQ(ab->post_send(&iov, 1, nullptr, 5), 0);
+    pump_until([] { return false; }, 100);
+    EXPECT_TRUE(b.wcs.empty());   // receiver not ready: nothing delivered
+    EXPECT_TRUE(a.wcs.empty());   // and nothing acknowledged
+    b.post_buffers(1, 4096);
+    ASSERT_TRUE(pump_until([&] { return !b.wcs.empty() && !a.wcs.empty(); }));
+    EXPECT_EQ(b.wcs.front().byte_len, sizeof msg);
+}
+
+TEST_P(LinkContract, OversizedSendIsRefusedAtPost) {
+    connect();
+    std::vector<char> big(b.transport->caps().max_send_size + 1);
+    iovec iov{big.data(), big.size()};
+    EXPECT_EQ(ab->post_send(&iov, 1, nullptr, 1), -FI_EMSGSIZE);
+}
+
+TEST_P(LinkContract, WriteAndReadMoveDataUnderAKey) {
+    connect();
+    std::vector<uint8_t> src(10000);
+    for (size_t i = 0; i < src.size(); ++i) src[i] = uint8_t(i * 7);
+    iovec wiov{src.data(), src.size()};
+    ASSERT_EQ(ab->post_write(&wiov, 1, {100, b.region.key}, nullptr, 2), 0);
+    std::vector<uint8_t> back(src.size());
+    iovec riov{back.data(), back.size()};
+    ASSERT_EQ(ab->post_read(&riov, 1, {100, b.region.key}, 3), 0);
+    ASSERT_TRUE(pump_until([&] { return a.wcs.size() == 2; }));
+    EXPECT_EQ(a.wcs[0].opcode, WcOpcode::Write);
+    EXPECT_EQ(a.wcs[0].status, WcStatus::Success);
+    EXPECT_EQ(a.wcs[1].opcode, WcOpcode::Read);
+    EXPECT_EQ(a.wcs[1].status, WcStatus::Success);
+    EXPECT_EQ(memcmp(b.region.mem.data() + 100, src.data(), src.size()), 0);
+    EXPECT_EQ(back, src);
+    EXPECT_EQ(b.region.writes_done, 1);
+    EXPECT_EQ(b.region.reads_done, 1);
+}
+
+TEST_P(LinkContract, BadKeysAndRangesFailAtTheInitiatorAndWriteNothing) {
+    connect();
+    std::vector<uint8_t> src(64, 0xee);
+    iovec iov{src.data(), src.size()};
+    ASSERT_EQ(ab->post_write(&iov, 1, {0, b.region.key + 1}, nullptr, 1), 0);       // bad key
+    ASSERT_EQ(ab->post_write(&iov, 1, {b.region.mem.size() - 10, b.region.key}, nullptr, 2), 0);
+    std::vector<uint8_t> dst(64);
+    iovec riov{dst.data(), dst.size()};
+    ASSERT_EQ(ab->post_read(&riov, 1, {0, 999}, 3), 0);  // bad key
+    ASSERT_TRUE(pump_until([&] { return a.wcs.size() == 3; }));
+    for (const auto &wc : a.wcs) EXPECT_EQ(wc.status, WcStatus::RemoteAccessError) << wc.wr_id;
+    for (uint8_t v : b.region.mem) ASSERT_EQ(v, 0);
+    EXPECT_EQ(b.region.writes_done, 0);
+    // The connection survives a refused access.
+    b.post_buffers(1, 4096);
+    ASSERT_EQ(ab->post_send(&iov, 1, nullptr, 4), 0);
+    ASSERT_TRUE(pump_until([&] { return !b.wcs.empty(); }));
+}
+
+TEST_P(LinkContract, ReadOnlyRegionRefusesWrites) {
+    connect();
+    b.region.access = FI_REMOTE_READ;
+    std::vector<uint8_t> src(8, 1);
+    iovec iov{src.data(), src.size()};
+    ASSERT_EQ(ab->post_write(&iov, 1, {0, b.region.key}, nullptr, 1), 0);
+    ASSERT_TRUE(pump_until([&] { return !a.wcs.empty(); }));
+    EXPECT_EQ(a.wcs.front().status, WcStatus::RemoteAccessError);
+}
+
+TEST_P(LinkContract, CompletionsComeInPostingOrder) {
+    connect();
+    b.post_buffers(4, 4096);
+    std::vector<uint8_t> data(3000, 5), back(3000);
+    iovec iov{data.data(), data.size()}, riov{back.data(), back.size()};
+    ASSERT_EQ(ab->post_send(&iov, 1, nullptr, 1), 0);
+    ASSERT_EQ(ab->post_read(&riov, 1, {0, b.region.key}, 2), 0);
+    ASSERT_EQ(ab->post_write(&iov, 1, {0, b.region.key}, nullptr, 3), 0);
+    ASSERT_EQ(ab->post_send(&iov, 1, nullptr, 4), 0);
+    ASSERT_TRUE(pump_until([&] { return a.wcs.size() == 4; }));
+    for (uint64_t i = 0; i < 4; ++i) EXPECT_EQ(a.wcs[i].wr_id, i + 1);
+}
+
+TEST_P(LinkContract, LargeTransfersSurvivePartialSocketWrites) {
+    connect();
+    const size_t size = 8 << 20;
+    OneRegion big;
+    big.mem.assign(size, 0);
+    std::vector<uint8_t> src(size);
+    for (size_t i = 0; i < size; ++i) src[i] = uint8_t(i ^ (i >> 9));
+    b.region.mem.assign(size, 0);
+    iovec iov{src.data(), src.size()};
+    ASSERT_EQ(ab->post_write(&iov, 1, {0, b.region.key}, nullptr, 1), 0);
+    ASSERT_TRUE(pump_until([&] { return !a.wcs.empty(); }, 20000));
+    EXPECT_EQ(a.wcs.front().status, WcStatus::Success);
+    EXPECT_TRUE(b.region.mem == src);
+}
+
+TEST_P(LinkContract, DisconnectFlushesOutstandingWorkAndTellsThePeer) {
+    connect();
+    std::vector<uint8_t> dst(64);
+    iovec riov{dst.data(), dst.size()};
+    ASSERT_EQ(ab->post_read(&riov, 1, {0, b.region.key}, 9), 0);
+    ba->disconnect();  // before b ever serves the read
+    ASSERT_TRUE(pump_until([&] { return !a.events.empty() && !a.wcs.empty(); }));
+    EXPECT_EQ(a.events.front().type, CmEventType::Disconnected);
+    EXPECT_EQ(a.wcs.front().wr_id, 9u);
+    EXPECT_EQ(a.wcs.front().status, WcStatus::Flushed);
+    EXPECT_TRUE(ab->failed());
+    EXPECT_EQ(ab->post_send(&riov, 1, nullptr, 10), -FI_ENOTCONN);
+}
+
+INSTANTIATE_TEST_SUITE_P(Links, LinkContract, ::testing::Values(std::string("tcp")),
+                         [](const auto &info) { return info.param; });
+
+}  // namespace
