@@ -112,7 +112,9 @@ Endpoint::Endpoint(Domain *domain, fi_info *info, void *context)
     rx_buf_size_ = sizeof(wire::ProtoHeader) + std::max(eager_limit_, sizeof(wire::RtsBody));
     TcpLinkConfig link;
     link.max_send_size = rx_buf_size_;
-    link.max_inline = sizeof(wire::ProtoHeader) + inject_size_;
+    // The protocol keeps every buffer it posts until the link completes it (eager payloads
+    // are already its own copies), so the link never needs to copy.
+    link.max_inline = 0;
     link.socket_buffer = cfg.socket_buffer;
     transport_ = std::make_unique<TcpTransport>(this, link);
 
@@ -143,6 +145,7 @@ Endpoint::Endpoint(Domain *domain, fi_info *info, void *context)
 
 Endpoint::~Endpoint() {
     for (auto &[id, op] : await_remote_) delete op;
+    for (auto *op : tx_free_) delete op;
     for (auto &[name, peer] : peers_)
         for (auto *op : peer->waiting) delete op;
     transport_.reset();

@@ -204,6 +204,8 @@ private:
     void finish_tx(TxOp *op);
     void fail_tx(TxOp *op, int err);
     void tx_report(TxOp *op);
+    TxOp *alloc_tx();
+    void free_tx(TxOp *op);
     void send_control(LinkConnection *conn, wire::ProtoOp op, const void *body, size_t len,
                       uint64_t msg_id);
 
@@ -272,6 +274,7 @@ private:
     struct fid *srx_ = nullptr;
     struct fid *stx_ = nullptr;
     std::unordered_map<uint64_t, TxOp *> await_remote_;
+    std::vector<TxOp *> tx_free_;  // free list: no allocation per send in steady state
     uint64_t next_op_id_ = 1;
     size_t tx_outstanding_ = 0;
 };

@@ -264,7 +264,7 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
     }
     Peer *peer = peer_for(a.dest);
 
-    auto *op = new TxOp;
+    TxOp *op = alloc_tx();
     op->kind = TxOp::Kind::Send;
     op->context = a.context;
     op->op_flags = a.flags;
@@ -327,7 +327,7 @@ ssize_t Endpoint::post_rma(const RmaArgs &a) {
         if (tx_outstanding_ >= info_->tx_attr->size) return -FI_EAGAIN;
     }
     Peer *peer = peer_for(a.peer);
-    auto *op = new TxOp;
+    TxOp *op = alloc_tx();
     op->kind = a.write ? TxOp::Kind::Write : TxOp::Kind::Read;
     op->context = a.context;
     op->op_flags = a.flags;
@@ -451,7 +451,7 @@ void Endpoint::finish_tx(TxOp *op) {
     if (!op->completed_early) tx_report(op);
     for (uint64_t key : op->internal_keys) domain_->mr_table().erase_internal(key);
     --tx_outstanding_;
-    delete op;
+    free_tx(op);
 }
 
 void Endpoint::fail_tx(TxOp *op, int err) {
@@ -460,7 +460,7 @@ void Endpoint::fail_tx(TxOp *op, int err) {
         TANDEM_INFO(FI_LOG_EP_DATA, "send completed at inject level failed later: %s\n",
                     fi_strerror(err));
         --tx_outstanding_;
-        delete op;
+        free_tx(op);
         return;
     }
     Cntr *cntr = op->kind == TxOp::Kind::Send    ? send_cntr_
@@ -470,7 +470,30 @@ void Endpoint::fail_tx(TxOp *op, int err) {
     write_tx_err(op->context, op->cq_flags, err, op->len);
     for (uint64_t key : op->internal_keys) domain_->mr_table().erase_internal(key);
     --tx_outstanding_;
-    delete op;
+    free_tx(op);
+}
+
+TxOp *Endpoint::alloc_tx() {
+    if (tx_free_.empty()) return new TxOp;
+    TxOp *op = tx_free_.back();
+    tx_free_.pop_back();
+    return op;
+}
+
+// Back to the free list, reset but keeping its buffers' capacity for the next send.
+void Endpoint::free_tx(TxOp *op) {
+    std::vector<iovec> iov = std::move(op->iov);
+    std::vector<uint8_t> bounce = std::move(op->inject_copy);
+    std::vector<uint64_t> keys = std::move(op->internal_keys);
+    iov.clear();
+    bounce.clear();
+    keys.clear();
+    *op = TxOp{};
+    op->iov = std::move(iov);
+    op->inject_copy = std::move(bounce);
+    op->internal_keys = std::move(keys);
+    if (tx_free_.size() < 1024) tx_free_.push_back(op);
+    else delete op;
 }
 
 void Endpoint::send_control(LinkConnection *conn, wire::ProtoOp op, const void *body,

@@ -108,10 +108,10 @@ TcpConnection::OutFrame TcpConnection::make_frame(wire::TcpOp op, const iovec *i
             memcpy(f.inline_copy.data() + off, iov[i].iov_base, iov[i].iov_len);
             off += iov[i].iov_len;
         }
-        f.iov.push_back({f.inline_copy.data(), len});
+        f.iov[f.iov_count++] = {f.inline_copy.data(), len};
     } else {
         for (size_t i = 0; i < count; ++i)
-            if (iov[i].iov_len) f.iov.push_back(iov[i]);
+            if (iov[i].iov_len) f.iov[f.iov_count++] = iov[i];
     }
     return f;
 }
@@ -147,7 +147,7 @@ int TcpConnection::queue_wr(OutFrame &&frame, uint64_t wr_id, WcOpcode opcode,
 int TcpConnection::post_send(const iovec *iov, size_t count, const uint32_t *imm, uint64_t wr_id) {
     size_t len = iov_total(iov, count);
     if (len > transport_->caps().max_send_size || count > transport_->caps().max_sge)
-        return -FI_EMSGSIZE;
+        return count > transport_->caps().max_sge ? -FI_EINVAL : -FI_EMSGSIZE;
     OutFrame f = make_frame(wire::TcpOp::Send, iov, count, len <= transport_->caps().max_inline);
     if (imm) {
         f.hdr.flags |= wire::kTcpHasImm;
@@ -227,7 +227,7 @@ bool TcpConnection::flush_send() {
         size_t n = 0;
         size_t bytes = 0;
         for (auto &f : outq_) {
-            if (n + 2 + f.iov.size() > kMaxSendIov) break;
+            if (n + 2 + f.iov_count > kMaxSendIov) break;
             size_t skip = f.sent;
             size_t head_len = sizeof f.hdr;
             auto push = [&](void *base, size_t len) {
@@ -241,7 +241,7 @@ bool TcpConnection::flush_send() {
             };
             push(&f.hdr, head_len);
             if (f.has_ext) push(&f.ext, sizeof f.ext);
-            for (auto &v : f.iov) push(v.iov_base, v.iov_len);
+            for (size_t k = 0; k < f.iov_count; ++k) push(f.iov[k].iov_base, f.iov[k].iov_len);
         }
         if (n == 0) break;
         msghdr msg{};
@@ -528,7 +528,7 @@ void TcpConnection::finish_frame() {
                             (unsigned long)cur_ext_.length);
             } else {
                 resp.hdr.length = cur_ext_.length;
-                if (cur_ext_.length) resp.iov.push_back({src, cur_ext_.length});
+                if (cur_ext_.length) resp.iov[resp.iov_count++] = {src, cur_ext_.length};
                 transport_->resolver()->remote_access_done(cur_ext_.key, FI_REMOTE_READ);
             }
             queue_frame(std::move(resp));

@@ -67,7 +67,9 @@ private:
         wire::TcpRdma ext{};
         bool has_ext = false;
         bool counts_as_wr = false;  // Send, Write, ReadReq: acknowledged by the peer
-        std::vector<iovec> iov;     // payload (may point into `inline_copy`)
+        static constexpr size_t kMaxPayloadIov = 18;
+        iovec iov[kMaxPayloadIov];  // payload (may point into `inline_copy`)
+        size_t iov_count = 0;
         std::vector<uint8_t> inline_copy;
         size_t total = 0;  // header + ext + payload bytes
         size_t sent = 0;
