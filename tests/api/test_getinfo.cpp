@@ -1,0 +1,352 @@
+// fi_getinfo(3): what the provider advertises and how it answers hints.
+#include "fabric_fixture.h"
+
+#include <ifaddrs.h>
+#include <net/if.h>
+
+#include <set>
+
+namespace tandem_test {
+namespace {
+
+constexpr uint64_t kPrimaryCaps = FI_MSG | FI_RMA | FI_TAGGED | FI_ATOMIC | FI_MULTICAST |
+                                  FI_NAMED_RX_CTX | FI_DIRECTED_RECV | FI_VARIABLE_MSG | FI_HMEM |
+                                  FI_COLLECTIVE;  // FI_XPU is not in 1.17
+
+InfoPtr base_hints(fi_ep_type type = FI_EP_UNSPEC) {
+    InfoPtr h = alloc_hints();
+    h->fabric_attr->prov_name = strdup(provider_name());
+    h->ep_attr->type = type;
+    h->mode = FI_CONTEXT | FI_CONTEXT2;
+    h->domain_attr->mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+    return h;
+}
+
+// Runs fi_getinfo and keeps only the entries of the provider under test (not the
+// "<prov>;ofi_rxm" entries the core layers on top of it); -FI_ENODATA when none is left.
+int getinfo(const fi_info *hints, InfoPtr *out, const char *node = nullptr,
+            const char *service = nullptr, uint64_t flags = 0) {
+    fi_info *res = nullptr;
+    out->reset();
+    int ret = fi_getinfo(kApiVersion, node, service, flags, hints, &res);
+    if (ret) return ret;
+    fi_info *head = nullptr, **tail = &head;
+    for (fi_info *i = res; i; i = i->next) {
+        if (!is_own(i)) continue;
+        *tail = fi_dupinfo(i);
+        tail = &(*tail)->next;
+    }
+    fi_freeinfo(res);
+    out->reset(head);
+    return head ? 0 : -FI_ENODATA;
+}
+
+std::string ipv4(const void *sa) {
+    auto *sin = static_cast<const sockaddr_in *>(sa);
+    char buf[INET_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET, &sin->sin_addr, buf, sizeof(buf));
+    return buf;
+}
+
+TEST(GetInfo, ProviderIsListed) {
+    InfoPtr hints = base_hints();
+    fi_info *raw = nullptr;
+    ASSERT_FI_OK(fi_getinfo(kApiVersion, nullptr, nullptr, 0, hints.get(), &raw));
+    InfoPtr all(raw);
+    size_t own = 0;
+    const std::string prefix = provider_name();
+    for (fi_info *i = all.get(); i; i = i->next) {
+        ASSERT_NE(i->fabric_attr->prov_name, nullptr);
+        // Ours, or a core utility provider layered on ours ("tandem;ofi_rxm").
+        EXPECT_EQ(std::string(i->fabric_attr->prov_name).rfind(prefix, 0), 0u)
+            << i->fabric_attr->prov_name;
+        EXPECT_NE(i->domain_attr->name, nullptr);
+        EXPECT_NE(i->fabric_attr->name, nullptr);
+        own += is_own(i);
+    }
+    EXPECT_GE(own, 1u) << "no entry of the provider itself";
+}
+
+TEST(GetInfo, OffersRdmAndMsgEndpoints) {
+    for (fi_ep_type type : {FI_EP_RDM, FI_EP_MSG}) {
+        InfoPtr hints = base_hints(type);
+        InfoPtr list;
+        ASSERT_FI_OK(getinfo(hints.get(), &list)) << "ep_type " << type;
+        ASSERT_GE(count_infos(list.get()), 1u);
+        for (fi_info *i = list.get(); i; i = i->next) EXPECT_EQ(i->ep_attr->type, type);
+    }
+}
+
+TEST(GetInfo, UnspecifiedEpTypeReturnsBothTypes) {
+    InfoPtr hints = base_hints(FI_EP_UNSPEC);
+    InfoPtr list;
+    ASSERT_FI_OK(getinfo(hints.get(), &list));
+    bool rdm = false, msg = false;
+    for (fi_info *i = list.get(); i; i = i->next) {
+        rdm |= i->ep_attr->type == FI_EP_RDM;
+        msg |= i->ep_attr->type == FI_EP_MSG;
+        EXPECT_TRUE(i->ep_attr->type == FI_EP_RDM || i->ep_attr->type == FI_EP_MSG)
+            << "unexpected ep type " << i->ep_attr->type;
+    }
+    EXPECT_TRUE(rdm);
+    EXPECT_TRUE(msg);
+}
+
+TEST(GetInfo, DgramIsNotOffered) {
+    InfoPtr hints = base_hints(FI_EP_DGRAM);
+    InfoPtr list;
+    EXPECT_EQ(getinfo(hints.get(), &list), -FI_ENODATA);
+}
+
+TEST(GetInfo, AddressFormatIsSockaddrIn) {
+    InfoPtr hints = base_hints();
+    InfoPtr list;
+    ASSERT_FI_OK(getinfo(hints.get(), &list));
+    for (fi_info *i = list.get(); i; i = i->next) {
+        EXPECT_EQ(i->addr_format, static_cast<uint32_t>(FI_SOCKADDR_IN));
+        if (i->src_addr) {
+            EXPECT_EQ(i->src_addrlen, sizeof(sockaddr_in));
+            EXPECT_EQ(static_cast<const sockaddr *>(i->src_addr)->sa_family, AF_INET);
+        }
+    }
+}
+
+TEST(GetInfo, Ipv6AddressFormatIsNotOffered) {
+    InfoPtr hints = base_hints();
+    hints->addr_format = FI_SOCKADDR_IN6;
+    InfoPtr list;
+    int ret = getinfo(hints.get(), &list);
+    EXPECT_EQ(ret, -FI_ENODATA) << "FI_SOCKADDR_IN6 requested; got " << count_infos(list.get())
+                                << " entries, the first with addr_format "
+                                << (list ? list->addr_format : 0);
+}
+
+TEST(GetInfo, RdmOffersAllAdvertisedCapabilities) {
+    InfoPtr hints = base_hints(FI_EP_RDM);
+    const uint64_t want = FI_MSG | FI_TAGGED | FI_RMA | FI_READ | FI_WRITE | FI_SEND | FI_RECV |
+                          FI_REMOTE_READ | FI_REMOTE_WRITE | FI_MULTI_RECV | FI_SOURCE |
+                          FI_DIRECTED_RECV | FI_RMA_EVENT | FI_SHARED_AV | FI_LOCAL_COMM |
+                          FI_REMOTE_COMM;
+    hints->caps = want;
+    InfoPtr list;
+    ASSERT_FI_OK(getinfo(hints.get(), &list));
+    for (fi_info *i = list.get(); i; i = i->next)
+        EXPECT_EQ(i->caps & want, want) << "missing caps: " << fi_tostr(&i->caps, FI_TYPE_CAPS);
+}
+
+TEST(GetInfo, MsgEndpointOffersMsgAndRma) {
+    InfoPtr hints = base_hints(FI_EP_MSG);
+    const uint64_t want =
+        FI_MSG | FI_RMA | FI_READ | FI_WRITE | FI_SEND | FI_RECV | FI_REMOTE_READ | FI_REMOTE_WRITE;
+    hints->caps = want;
+    InfoPtr list;
+    ASSERT_FI_OK(getinfo(hints.get(), &list));
+    for (fi_info *i = list.get(); i; i = i->next) EXPECT_EQ(i->caps & want, want);
+}
+
+TEST(GetInfo, AtomicsAreNotOffered) {
+    InfoPtr hints = base_hints(FI_EP_RDM);
+    hints->caps = FI_MSG | FI_ATOMIC;
+    InfoPtr list;
+    EXPECT_EQ(getinfo(hints.get(), &list), -FI_ENODATA);
+}
+
+TEST(GetInfo, OnlyRequestedPrimaryCapabilitiesAreReturned) {
+    for (uint64_t req : {uint64_t{FI_MSG}, uint64_t{FI_TAGGED}, uint64_t{FI_RMA}}) {
+        InfoPtr hints = base_hints(FI_EP_RDM);
+        hints->caps = req;
+        InfoPtr list;
+        ASSERT_FI_OK(getinfo(hints.get(), &list)) << fi_tostr(&req, FI_TYPE_CAPS);
+        for (fi_info *i = list.get(); i; i = i->next) {
+            uint64_t extra = i->caps & kPrimaryCaps & ~req;
+            const std::string req_s = fi_tostr(&req, FI_TYPE_CAPS);
+            const std::string extra_s = fi_tostr(&extra, FI_TYPE_CAPS);
+            EXPECT_EQ(extra, 0u) << "requested " << req_s << ", got extra primary caps " << extra_s;
+            EXPECT_EQ(i->caps & req, req);
+        }
+    }
+}
+
+TEST(GetInfo, MaxMessageSizeIsAtLeastOneGiB) {
+    for (fi_ep_type type : {FI_EP_RDM, FI_EP_MSG}) {
+        InfoPtr hints = base_hints(type);
+        InfoPtr list;
+        ASSERT_FI_OK(getinfo(hints.get(), &list));
+        for (fi_info *i = list.get(); i; i = i->next)
+            EXPECT_GE(i->ep_attr->max_msg_size, size_t{1} << 30) << "ep_type " << type;
+    }
+}
+
+TEST(GetInfo, InjectSizeIsPositive) {
+    InfoPtr hints = base_hints(FI_EP_RDM);
+    hints->caps = FI_MSG | FI_TAGGED | FI_RMA;
+    InfoPtr list;
+    ASSERT_FI_OK(getinfo(hints.get(), &list));
+    for (fi_info *i = list.get(); i; i = i->next) {
+        EXPECT_GT(i->tx_attr->inject_size, 0u);
+        EXPECT_GE(i->tx_attr->iov_limit, 1u);
+        EXPECT_GE(i->rx_attr->iov_limit, 1u);
+        EXPECT_GE(i->tx_attr->rma_iov_limit, 1u);
+    }
+}
+
+TEST(GetInfo, ProgressIsManual) {
+    InfoPtr hints = base_hints(FI_EP_RDM);
+    InfoPtr list;
+    ASSERT_FI_OK(getinfo(hints.get(), &list));
+    for (fi_info *i = list.get(); i; i = i->next) {
+        EXPECT_EQ(i->domain_attr->data_progress, FI_PROGRESS_MANUAL);
+        EXPECT_EQ(i->domain_attr->control_progress, FI_PROGRESS_MANUAL);
+    }
+    hints->domain_attr->data_progress = FI_PROGRESS_MANUAL;
+    hints->domain_attr->control_progress = FI_PROGRESS_MANUAL;
+    ASSERT_FI_OK(getinfo(hints.get(), &list));
+}
+
+TEST(GetInfo, AutoProgressHintIsNotAnsweredWithManual) {
+    InfoPtr hints = base_hints(FI_EP_RDM);
+    hints->domain_attr->data_progress = FI_PROGRESS_AUTO;
+    InfoPtr list;
+    int ret = getinfo(hints.get(), &list);
+    if (ret == 0) {
+        for (fi_info *i = list.get(); i; i = i->next)
+            EXPECT_EQ(i->domain_attr->data_progress, FI_PROGRESS_AUTO)
+                << "provider answered an FI_PROGRESS_AUTO hint with another progress model";
+    } else {
+        EXPECT_EQ(ret, -FI_ENODATA);
+    }
+}
+
+TEST(GetInfo, ThreadSafeIsOffered) {
+    InfoPtr hints = base_hints(FI_EP_RDM);
+    hints->domain_attr->threading = FI_THREAD_SAFE;
+    InfoPtr list;
+    ASSERT_FI_OK(getinfo(hints.get(), &list));
+    for (fi_info *i = list.get(); i; i = i->next)
+        EXPECT_EQ(i->domain_attr->threading, FI_THREAD_SAFE);
+}
+
+std::set<std::string> ipv4_interfaces() {
+    std::set<std::string> names;
+    ifaddrs *ifa = nullptr;
+    if (getifaddrs(&ifa) != 0) return names;
+    for (ifaddrs *p = ifa; p; p = p->ifa_next)
+        if (p->ifa_addr && p->ifa_addr->sa_family == AF_INET && (p->ifa_flags & IFF_UP))
+            names.insert(p->ifa_name);
+    freeifaddrs(ifa);
+    return names;
+}
+
+TEST(GetInfo, OneDomainPerIpInterfaceIncludingLoopback) {
+    InfoPtr hints = base_hints(FI_EP_RDM);
+    InfoPtr list;
+    ASSERT_FI_OK(getinfo(hints.get(), &list));
+    std::set<std::string> domains;
+    for (fi_info *i = list.get(); i; i = i->next) {
+        ASSERT_NE(i->domain_attr->name, nullptr);
+        domains.insert(i->domain_attr->name);
+    }
+    EXPECT_TRUE(domains.count("lo")) << "no domain named \"lo\"";
+    const std::set<std::string> ifs = ipv4_interfaces();
+    for (auto &d : domains) EXPECT_TRUE(ifs.count(d)) << "domain " << d << " is no IPv4 interface";
+    for (auto &ifname : ifs)
+        EXPECT_TRUE(domains.count(ifname)) << "interface " << ifname << " has no domain";
+}
+
+TEST(GetInfo, DomainNameHintSelectsLoopback) {
+    InfoPtr hints = base_hints(FI_EP_RDM);
+    hints->domain_attr->name = strdup("lo");
+    InfoPtr list;
+    ASSERT_FI_OK(getinfo(hints.get(), &list));
+    for (fi_info *i = list.get(); i; i = i->next) {
+        EXPECT_STREQ(i->domain_attr->name, "lo");
+        if (i->src_addr) {
+            auto *sin = static_cast<const sockaddr_in *>(i->src_addr);
+            EXPECT_EQ(ntohl(sin->sin_addr.s_addr) >> 24, 127u) << ipv4(sin);
+        }
+    }
+}
+
+TEST(GetInfo, UnknownDomainNameGivesNoData) {
+    InfoPtr hints = base_hints(FI_EP_RDM);
+    hints->domain_attr->name = strdup("no-such-interface0");
+    InfoPtr list;
+    EXPECT_EQ(getinfo(hints.get(), &list), -FI_ENODATA);
+}
+
+TEST(GetInfo, NodeAndServiceGiveDestinationAddress) {
+    InfoPtr hints = base_hints(FI_EP_RDM);
+    InfoPtr list;
+    ASSERT_FI_OK(getinfo(hints.get(), &list, "127.0.0.1", "4711", 0));
+    for (fi_info *i = list.get(); i; i = i->next) {
+        ASSERT_NE(i->dest_addr, nullptr);
+        ASSERT_EQ(i->dest_addrlen, sizeof(sockaddr_in));
+        auto *sin = static_cast<const sockaddr_in *>(i->dest_addr);
+        EXPECT_EQ(sin->sin_family, AF_INET);
+        EXPECT_EQ(ipv4(sin), "127.0.0.1");
+        EXPECT_EQ(ntohs(sin->sin_port), 4711);
+    }
+}
+
+TEST(GetInfo, SourceFlagGivesSourceAddress) {
+    InfoPtr hints = base_hints(FI_EP_RDM);
+    InfoPtr list;
+    ASSERT_FI_OK(getinfo(hints.get(), &list, "127.0.0.1", "4712", FI_SOURCE));
+    for (fi_info *i = list.get(); i; i = i->next) {
+        ASSERT_NE(i->src_addr, nullptr);
+        ASSERT_EQ(i->src_addrlen, sizeof(sockaddr_in));
+        auto *sin = static_cast<const sockaddr_in *>(i->src_addr);
+        EXPECT_EQ(ipv4(sin), "127.0.0.1");
+        EXPECT_EQ(ntohs(sin->sin_port), 4712);
+        EXPECT_STREQ(i->domain_attr->name, "lo");
+    }
+}
+
+// FI_MR_LOCAL / VIRT_ADDR / ALLOCATED / PROV_KEY are negotiated: whatever subset the
+// application offers, the provider answers and never requires a mode that was not offered.
+TEST(GetInfo, MrModeIsNegotiatedForEveryOfferedSubset) {
+    for (int offered : {0, FI_MR_LOCAL, FI_MR_VIRT_ADDR, FI_MR_PROV_KEY,
+                        FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED,
+                        FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY}) {
+        InfoPtr hints = base_hints(FI_EP_RDM);
+        hints->caps = FI_MSG | FI_TAGGED | FI_RMA;
+        hints->domain_attr->mr_mode = offered;
+        InfoPtr list;
+        ASSERT_FI_OK(getinfo(hints.get(), &list)) << "offered mr_mode 0x" << std::hex << offered;
+        for (fi_info *i = list.get(); i; i = i->next) {
+            int got = i->domain_attr->mr_mode;
+            EXPECT_EQ(got & ~offered, 0)
+                << "offered 0x" << std::hex << offered << ", got 0x" << got;
+        }
+    }
+}
+
+TEST(GetInfo, FabricAndDomainOpenFromEveryInfo) {
+    InfoPtr hints = base_hints(FI_EP_RDM);
+    InfoPtr list;
+    ASSERT_FI_OK(getinfo(hints.get(), &list, "127.0.0.1", nullptr, FI_SOURCE));
+    fi_info *i = list.get();
+    Fid<fid_fabric> fabric;
+    ASSERT_FI_OK(fi_fabric(i->fabric_attr, fabric.out(), nullptr));
+    Fid<fid_domain> domain;
+    ASSERT_FI_OK(fi_domain(fabric, i, domain.out(), nullptr));
+    EXPECT_GT(i->domain_attr->mr_key_size, 0u);
+    EXPECT_GE(i->domain_attr->mr_iov_limit, 1u);
+    EXPECT_GE(i->domain_attr->cq_cnt, 1u);
+    EXPECT_GE(i->domain_attr->ep_cnt, 2u);
+}
+
+TEST(GetInfo, DupInfoOfProviderInfoOpensFabric) {
+    InfoPtr hints = base_hints(FI_EP_MSG);
+    InfoPtr list;
+    ASSERT_FI_OK(getinfo(hints.get(), &list));
+    InfoPtr dup(fi_dupinfo(list.get()));
+    ASSERT_NE(dup, nullptr);
+    Fid<fid_fabric> fabric;
+    ASSERT_FI_OK(fi_fabric(dup->fabric_attr, fabric.out(), nullptr));
+    Fid<fid_domain> domain;
+    ASSERT_FI_OK(fi_domain(fabric, dup.get(), domain.out(), nullptr));
+}
+
+}  // namespace
+}  // namespace tandem_test

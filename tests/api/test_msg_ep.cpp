@@ -1,0 +1,539 @@
+// fi_cm(3) / fi_endpoint(3) for FI_EP_MSG: passive endpoints, connect / accept / reject with
+// CM data, FI_CONNREQ / FI_CONNECTED / FI_SHUTDOWN, FI_ECONNREFUSED error events, and data
+// transfer over the resulting connections.
+#include "fabric_fixture.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+namespace tandem_test {
+namespace {
+
+struct EqEvent {
+    uint32_t event = 0;
+    fid_t fid = nullptr;
+    InfoPtr info;
+    std::vector<uint8_t> data;
+};
+
+struct EqError {
+    fi_eq_err_entry e{};
+    std::vector<uint8_t> err_data;
+};
+
+// Drains one EQ into vectors of events and error events.
+class EqLog {
+  public:
+    fid_eq *eq = nullptr;
+    std::vector<EqEvent> events;
+    std::vector<EqError> errs;
+
+    void drain() {
+        for (int guard = 0; guard < 10000; ++guard) {
+            alignas(16) uint8_t raw[sizeof(fi_eq_cm_entry) + 8192];
+            uint32_t ev = 0;
+            ssize_t n = fi_eq_read(eq, &ev, raw, sizeof(raw), 0);
+            if (n == -FI_EAGAIN) return;
+            if (n == -FI_EAVAIL) {
+                EqError err;
+                ssize_t r = fi_eq_readerr(eq, &err.e, 0);
+                if (r < 0) {
+                    ADD_FAILURE() << "fi_eq_readerr after -FI_EAVAIL: " << fi_err_str(r);
+                    return;
+                }
+                if (err.e.err_data && err.e.err_data_size) {
+                    auto *d = static_cast<const uint8_t *>(err.e.err_data);
+                    err.err_data.assign(d, d + err.e.err_data_size);
+                }
+                err.e.err_data = nullptr;
+                errs.push_back(std::move(err));
+                continue;
+            }
+            if (n < 0) {
+                ADD_FAILURE() << "fi_eq_read: " << fi_err_str(n);
+                return;
+            }
+            EqEvent e;
+            e.event = ev;
+            if (ev == FI_CONNREQ || ev == FI_CONNECTED || ev == FI_SHUTDOWN) {
+                EXPECT_GE(static_cast<size_t>(n), sizeof(fi_eq_cm_entry));
+                fi_eq_cm_entry cm{};
+                std::memcpy(&cm, raw, sizeof(cm));
+                e.fid = cm.fid;
+                e.info.reset(cm.info);
+                if (static_cast<size_t>(n) > sizeof(fi_eq_cm_entry))
+                    e.data.assign(raw + sizeof(fi_eq_cm_entry), raw + n);
+            } else {
+                fi_eq_entry ent{};
+                std::memcpy(&ent, raw, sizeof(ent));
+                e.fid = ent.fid;
+            }
+            events.push_back(std::move(e));
+        }
+    }
+
+    const EqEvent *find(uint32_t ev, fid_t fid = nullptr) const {
+        for (auto &e : events)
+            if (e.event == ev && (!fid || e.fid == fid)) return &e;
+        return nullptr;
+    }
+    const EqError *find_err(fid_t fid = nullptr) const {
+        for (auto &e : errs)
+            if (!fid || e.e.fid == fid) return &e;
+        return nullptr;
+    }
+    std::string summary() const {
+        std::string s = std::to_string(events.size()) + " events [";
+        for (auto &e : events) s += std::string(fi_tostr(&e.event, FI_TYPE_EQ_EVENT)) + " ";
+        s += "], " + std::to_string(errs.size()) + " errors [";
+        for (auto &e : errs) s += std::string(fi_strerror(e.e.err)) + " ";
+        return s + "]";
+    }
+};
+
+struct Conn {
+    Fid<fid_cq> cq;
+    Fid<fid_ep> ep;
+    CqLog log;
+};
+
+class MsgEpTest : public ::testing::Test {
+  protected:
+    InfoPtr info;
+    Fid<fid_fabric> fabric;
+    Fid<fid_domain> domain;
+    Fid<fid_eq> srv_eq, cli_eq;
+    Fid<fid_pep> pep;
+    EqLog srv_log, cli_log;
+    std::vector<std::unique_ptr<Conn>> conns;  // closed before the EQs (declared after)
+    std::vector<uint8_t> pep_name;
+    std::array<fi_context2, 64> ctxs_{};
+
+    void *ctx(size_t i) { return &ctxs_.at(i); }
+
+    void SetUp() override {
+        InfoPtr hints = alloc_hints();
+        hints->fabric_attr->prov_name = strdup(provider_name());
+        hints->ep_attr->type = FI_EP_MSG;
+        hints->caps = FI_MSG | FI_RMA;
+        hints->mode = FI_CONTEXT | FI_CONTEXT2;
+        hints->addr_format = FI_SOCKADDR_IN;
+        hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+        hints->domain_attr->threading = FI_THREAD_SAFE;
+        int ret = getinfo_own("127.0.0.1", nullptr, FI_SOURCE, hints.get(), &info);
+        ASSERT_EQ(ret, 0) << "fi_getinfo(FI_EP_MSG): " << fi_err_str(ret);
+        ASSERT_FI_OK(fi_fabric(info->fabric_attr, fabric.out(), nullptr));
+        ASSERT_FI_OK(fi_domain(fabric, info.get(), domain.out(), nullptr));
+        fi_eq_attr attr{};
+        attr.size = 64;
+        attr.wait_obj = FI_WAIT_UNSPEC;
+        ASSERT_FI_OK(fi_eq_open(fabric, &attr, srv_eq.out(), nullptr));
+        ASSERT_FI_OK(fi_eq_open(fabric, &attr, cli_eq.out(), nullptr));
+        srv_log.eq = srv_eq;
+        cli_log.eq = cli_eq;
+        ASSERT_FI_OK(fi_passive_ep(fabric, info.get(), pep.out(), nullptr));
+        ASSERT_FI_OK(fi_pep_bind(pep, &srv_eq->fid, 0));
+        ASSERT_FI_OK(fi_listen(pep));
+        pep_name.resize(64);
+        size_t len = pep_name.size();
+        ASSERT_FI_OK(fi_getname(&pep->fid, pep_name.data(), &len));
+        pep_name.resize(len);
+    }
+
+    void TearDown() override {
+        conns.clear();
+        pep.reset();
+        srv_eq.reset();
+        cli_eq.reset();
+        domain.reset();
+        fabric.reset();
+    }
+
+    uint16_t pep_port() const {
+        sockaddr_in sin{};
+        std::memcpy(&sin, pep_name.data(), std::min(pep_name.size(), sizeof(sin)));
+        return ntohs(sin.sin_port);
+    }
+
+    void progress() {
+        srv_log.drain();
+        cli_log.drain();
+        for (auto &c : conns) c->log.drain();
+    }
+    bool poll_until(const std::function<bool()> &pred, Ms timeout = kTimeout) {
+        return ::tandem_test::poll_until(
+            [&] {
+                progress();
+                return pred();
+            },
+            timeout);
+    }
+    ssize_t post(const std::function<ssize_t()> &op) {
+        ssize_t ret = -FI_EAGAIN;
+        ::tandem_test::poll_until([&] {
+            ret = op();
+            if (ret != -FI_EAGAIN) return true;
+            progress();
+            return false;
+        });
+        return ret;
+    }
+
+    Conn &new_conn(fi_info *i, fid_eq *eq) {
+        auto c = std::make_unique<Conn>();
+        fi_cq_attr cattr{};
+        cattr.format = FI_CQ_FORMAT_TAGGED;
+        cattr.size = 256;
+        EXPECT_FI_OK(fi_cq_open(domain, &cattr, c->cq.out(), nullptr));
+        c->log.cq = c->cq;
+        c->log.use_readfrom = false;
+        EXPECT_FI_OK(fi_endpoint(domain, i, c->ep.out(), nullptr));
+        if (c->ep) {
+            EXPECT_FI_OK(fi_ep_bind(c->ep, &eq->fid, 0));
+            EXPECT_FI_OK(fi_ep_bind(c->ep, &c->cq->fid, FI_TRANSMIT | FI_RECV));
+        }
+        conns.push_back(std::move(c));
+        return *conns.back();
+    }
+
+    // Client endpoint aimed at the listener, then fi_connect with `data`. The endpoint is
+    // enabled explicitly unless `implicit_enable` (fi_connect must then enable it).
+    Conn *connect(const void *data, size_t len, uint16_t port = 0, bool implicit_enable = false) {
+        InfoPtr hints(fi_dupinfo(info.get()));
+        std::free(hints->src_addr);
+        hints->src_addr = nullptr;
+        hints->src_addrlen = 0;
+        const std::string svc = std::to_string(port ? port : pep_port());
+        InfoPtr cinfo;
+        int ret = getinfo_own("127.0.0.1", svc.c_str(), 0, hints.get(), &cinfo);
+        EXPECT_EQ(ret, 0) << "fi_getinfo for the client: " << fi_err_str(ret);
+        if (ret) return nullptr;
+        Conn &c = new_conn(cinfo.get(), cli_eq);
+        if (!c.ep) return nullptr;
+        if (!implicit_enable) {
+            ret = fi_enable(c.ep);
+            EXPECT_EQ(ret, 0) << "fi_enable (client): " << fi_err_str(ret);
+        }
+        ret = fi_connect(c.ep, cinfo->dest_addr, data, len);
+        EXPECT_EQ(ret, 0) << "fi_connect: " << fi_err_str(ret);
+        return ret ? nullptr : &c;
+    }
+
+    // Waits for the next FI_CONNREQ and returns its event (removed from the log).
+    std::optional<EqEvent> next_connreq() {
+        if (!poll_until([&] { return srv_log.find(FI_CONNREQ) != nullptr; })) return std::nullopt;
+        auto it = std::find_if(srv_log.events.begin(), srv_log.events.end(),
+                               [](const EqEvent &e) { return e.event == FI_CONNREQ; });
+        EqEvent e = std::move(*it);
+        srv_log.events.erase(it);
+        return e;
+    }
+
+    // Accepts a connection request on a new endpoint, enabled explicitly unless
+    // `implicit_enable` (fi_accept must then enable it).
+    Conn *accept(EqEvent &req, const void *data, size_t len, bool implicit_enable = false) {
+        Conn &c = new_conn(req.info.get(), srv_eq);
+        if (!c.ep) return nullptr;
+        int ret = 0;
+        if (!implicit_enable) {
+            ret = fi_enable(c.ep);
+            EXPECT_EQ(ret, 0) << "fi_enable (server): " << fi_err_str(ret);
+        }
+        ret = fi_accept(c.ep, data, len);
+        EXPECT_EQ(ret, 0) << "fi_accept: " << fi_err_str(ret);
+        return ret ? nullptr : &c;
+    }
+
+    bool connected(Conn &c, EqLog &log) {
+        return poll_until([&] { return log.find(FI_CONNECTED, &c.ep->fid) != nullptr; });
+    }
+
+    // Full handshake with small CM data; returns {client, server}.
+    std::pair<Conn *, Conn *> establish() {
+        const char hello[] = "hello";
+        Conn *cli = connect(hello, sizeof(hello));
+        if (!cli) return {nullptr, nullptr};
+        auto req = next_connreq();
+        EXPECT_TRUE(req) << "no FI_CONNREQ: " << srv_log.summary();
+        if (!req) return {nullptr, nullptr};
+        Conn *srv = accept(*req, "world", 6);
+        if (!srv) return {nullptr, nullptr};
+        EXPECT_TRUE(connected(*cli, cli_log)) << cli_log.summary();
+        EXPECT_TRUE(connected(*srv, srv_log)) << srv_log.summary();
+        return {cli, srv};
+    }
+
+    void exchange(Conn &from, Conn &to, size_t len, uint32_t seed) {
+        auto s = std::make_unique<AlignedBuf>(len), r = std::make_unique<AlignedBuf>(len);
+        fill_pattern(s->data(), len, seed);
+        void *sc = ctx(seed % 32), *rc = ctx(32 + seed % 32);
+        ASSERT_FI_OK(post([&] { return fi_recv(to.ep, r->data(), len, nullptr, 0, rc); }));
+        ASSERT_FI_OK(post([&] { return fi_send(from.ep, s->data(), len, nullptr, 0, sc); }));
+        ASSERT_TRUE(poll_until([&] { return to.log.has(rc) || to.log.has_err(rc); }))
+            << to.log.summary();
+        auto got = to.log.find(rc);
+        ASSERT_TRUE(got) << to.log.summary();
+        EXPECT_EQ(got->len, len);
+        EXPECT_EQ(check_pattern(r->data(), len, seed), -1);
+        ASSERT_TRUE(poll_until([&] { return from.log.has(sc) || from.log.has_err(sc); }));
+        EXPECT_TRUE(from.log.has(sc)) << from.log.summary();
+        to.log.clear();
+        from.log.clear();
+    }
+};
+
+TEST_F(MsgEpTest, ListenerHasLoopbackAddressWithPort) {
+    ASSERT_EQ(pep_name.size(), sizeof(sockaddr_in));
+    sockaddr_in sin{};
+    std::memcpy(&sin, pep_name.data(), sizeof(sin));
+    EXPECT_EQ(sin.sin_family, AF_INET);
+    EXPECT_EQ(ntohl(sin.sin_addr.s_addr), 0x7F000001u);
+    EXPECT_NE(sin.sin_port, 0);
+}
+
+TEST_F(MsgEpTest, ConnectAcceptExchangesCmData) {
+    const char hello[] = "hello from the client";
+    Conn *cli = connect(hello, sizeof(hello));
+    ASSERT_NE(cli, nullptr);
+    auto req = next_connreq();
+    ASSERT_TRUE(req) << srv_log.summary();
+    EXPECT_EQ(req->fid, &pep->fid) << "FI_CONNREQ must name the passive endpoint";
+    ASSERT_NE(req->info, nullptr);
+    EXPECT_NE(req->info->handle, nullptr) << "connreq info carries no handle";
+    EXPECT_EQ(req->info->ep_attr->type, FI_EP_MSG);
+    ASSERT_GE(req->data.size(), sizeof(hello));
+    EXPECT_EQ(std::memcmp(req->data.data(), hello, sizeof(hello)), 0);
+    const char reply[] = "welcome";
+    Conn *srv = accept(*req, reply, sizeof(reply));
+    ASSERT_NE(srv, nullptr);
+    ASSERT_TRUE(connected(*cli, cli_log)) << cli_log.summary();
+    ASSERT_TRUE(connected(*srv, srv_log)) << srv_log.summary();
+    const EqEvent *ce = cli_log.find(FI_CONNECTED, &cli->ep->fid);
+    ASSERT_GE(ce->data.size(), sizeof(reply));
+    EXPECT_EQ(std::memcmp(ce->data.data(), reply, sizeof(reply)), 0);
+    EXPECT_TRUE(cli_log.errs.empty()) << cli_log.summary();
+    EXPECT_TRUE(srv_log.errs.empty()) << srv_log.summary();
+}
+
+// fi_endpoint(3): "Calling connect or accept on an endpoint will implicitly enable an endpoint
+// if it has not already been enabled."
+TEST_F(MsgEpTest, ConnectAndAcceptEnableImplicitly) {
+    Conn *cli = connect("implicit", 9, 0, true);
+    ASSERT_NE(cli, nullptr);
+    auto req = next_connreq();
+    ASSERT_TRUE(req) << srv_log.summary();
+    Conn *srv = accept(*req, nullptr, 0, true);
+    ASSERT_NE(srv, nullptr);
+    ASSERT_TRUE(connected(*cli, cli_log)) << cli_log.summary();
+    ASSERT_TRUE(connected(*srv, srv_log)) << srv_log.summary();
+    ASSERT_NO_FATAL_FAILURE(exchange(*cli, *srv, 100, 408));
+}
+
+TEST_F(MsgEpTest, GetpeerNamesTheOtherSide) {
+    auto [cli, srv] = establish();
+    ASSERT_TRUE(cli && srv);
+    sockaddr_in peer{};
+    size_t len = sizeof(peer);
+    ASSERT_FI_OK(fi_getpeer(cli->ep, &peer, &len));
+    EXPECT_EQ(len, sizeof(sockaddr_in));
+    EXPECT_EQ(ntohs(peer.sin_port), pep_port());
+    sockaddr_in cli_name{}, srv_peer{};
+    size_t l1 = sizeof(cli_name), l2 = sizeof(srv_peer);
+    ASSERT_FI_OK(fi_getname(&cli->ep->fid, &cli_name, &l1));
+    ASSERT_FI_OK(fi_getpeer(srv->ep, &srv_peer, &l2));
+    EXPECT_EQ(cli_name.sin_port, srv_peer.sin_port);
+    EXPECT_EQ(cli_name.sin_addr.s_addr, srv_peer.sin_addr.s_addr);
+}
+
+TEST_F(MsgEpTest, DataFlowsBothWaysAfterConnect) {
+    auto [cli, srv] = establish();
+    ASSERT_TRUE(cli && srv);
+    ASSERT_NO_FATAL_FAILURE(exchange(*cli, *srv, 1024, 400));
+    ASSERT_NO_FATAL_FAILURE(exchange(*srv, *cli, 1024, 401));
+    ASSERT_NO_FATAL_FAILURE(exchange(*cli, *srv, 8 << 20, 402));
+    ASSERT_NO_FATAL_FAILURE(exchange(*srv, *cli, 8 << 20, 403));
+    ASSERT_NO_FATAL_FAILURE(exchange(*cli, *srv, 0, 404));
+}
+
+TEST_F(MsgEpTest, ReceivePostedBeforeAcceptGetsFirstMessage) {
+    Conn *cli = connect("x", 1);
+    ASSERT_NE(cli, nullptr);
+    auto req = next_connreq();
+    ASSERT_TRUE(req) << srv_log.summary();
+    Conn &srv = new_conn(req->info.get(), srv_eq);
+    ASSERT_TRUE(srv.ep);
+    ASSERT_FI_OK(fi_enable(srv.ep));
+    AlignedBuf r(256), s(256);
+    fill_pattern(s.data(), 256, 405);
+    ASSERT_FI_OK(fi_recv(srv.ep, r.data(), 256, nullptr, 0, ctx(1)));
+    ASSERT_FI_OK(fi_accept(srv.ep, nullptr, 0));
+    ASSERT_TRUE(connected(*cli, cli_log)) << cli_log.summary();
+    ASSERT_FI_OK(post([&] { return fi_send(cli->ep, s.data(), 256, nullptr, 0, ctx(0)); }));
+    ASSERT_TRUE(poll_until([&] { return srv.log.has(ctx(1)); })) << srv.log.summary();
+    EXPECT_EQ(check_pattern(r.data(), 256, 405), -1);
+    ASSERT_TRUE(poll_until([&] { return cli->log.has(ctx(0)); })) << cli->log.summary();
+}
+
+TEST_F(MsgEpTest, RmaOverConnection) {
+    auto [cli, srv] = establish();
+    ASSERT_TRUE(cli && srv);
+    AlignedBuf target(1 << 20), local(1 << 20);
+    Fid<fid_mr> mr;
+    ASSERT_FI_OK(fi_mr_reg(domain, target.data(), target.size(), FI_REMOTE_READ | FI_REMOTE_WRITE,
+                           0, 55, 0, mr.out(), nullptr));
+    const uint64_t base = (info->domain_attr->mr_mode & FI_MR_VIRT_ADDR)
+                              ? reinterpret_cast<uintptr_t>(target.data())
+                              : 0;
+    fill_pattern(local.data(), local.size(), 406);
+    ASSERT_FI_OK(post([&] {
+        return fi_write(cli->ep, local.data(), local.size(), nullptr, 0, base, fi_mr_key(mr),
+                        ctx(0));
+    }));
+    ASSERT_TRUE(poll_until([&] { return cli->log.has(ctx(0)) || cli->log.has_err(ctx(0)); }));
+    ASSERT_TRUE(cli->log.has(ctx(0))) << cli->log.summary();
+    EXPECT_TRUE(poll_until([&] { return check_pattern(target.data(), target.size(), 406) == -1; }));
+    std::memset(local.data(), 0, local.size());
+    ASSERT_FI_OK(post([&] {
+        return fi_read(cli->ep, local.data(), 4096, nullptr, 0, base + 4096, fi_mr_key(mr), ctx(1));
+    }));
+    ASSERT_TRUE(poll_until([&] { return cli->log.has(ctx(1)) || cli->log.has_err(ctx(1)); }));
+    ASSERT_TRUE(cli->log.has(ctx(1))) << cli->log.summary();
+    EXPECT_EQ(check_pattern(local.data(), 4096, 406, 4096), -1);
+}
+
+TEST_F(MsgEpTest, RejectDeliversEconnrefusedWithData) {
+    Conn *cli = connect("let me in", 10);
+    ASSERT_NE(cli, nullptr);
+    auto req = next_connreq();
+    ASSERT_TRUE(req) << srv_log.summary();
+    const char why[] = "go away";
+    ASSERT_FI_OK(fi_reject(pep, req->info->handle, why, sizeof(why)));
+    ASSERT_TRUE(poll_until([&] {
+        return !cli_log.errs.empty() || cli_log.find(FI_CONNECTED) != nullptr;
+    })) << "the rejected client heard nothing: "
+        << cli_log.summary();
+    EXPECT_EQ(cli_log.find(FI_CONNECTED), nullptr) << "rejected connection reported as connected";
+    const EqError *err = cli_log.find_err();
+    ASSERT_NE(err, nullptr);
+    EXPECT_EQ(err->e.err, FI_ECONNREFUSED) << fi_strerror(err->e.err);
+    EXPECT_EQ(err->e.fid, &cli->ep->fid);
+    ASSERT_GE(err->err_data.size(), sizeof(why)) << "reject data missing from the error event";
+    EXPECT_EQ(std::memcmp(err->err_data.data(), why, sizeof(why)), 0);
+    // The listener keeps working after a reject.
+    auto [c2, s2] = establish();
+    EXPECT_TRUE(c2 && s2);
+}
+
+TEST_F(MsgEpTest, ConnectToPortWithoutListenerFails) {
+    // Find a port nobody listens on.
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in sin{};
+    sin.sin_family = AF_INET;
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr *>(&sin), sizeof(sin)), 0);
+    socklen_t sl = sizeof(sin);
+    ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr *>(&sin), &sl), 0);
+    close(fd);
+    InfoPtr hints(fi_dupinfo(info.get()));
+    std::free(hints->src_addr);
+    hints->src_addr = nullptr;
+    hints->src_addrlen = 0;
+    const std::string svc = std::to_string(ntohs(sin.sin_port));
+    InfoPtr cinfo;
+    ASSERT_FI_OK(getinfo_own("127.0.0.1", svc.c_str(), 0, hints.get(), &cinfo));
+    Conn &c = new_conn(cinfo.get(), cli_eq);
+    ASSERT_TRUE(c.ep);
+    ASSERT_FI_OK(fi_enable(c.ep));
+    int ret = fi_connect(c.ep, cinfo->dest_addr, nullptr, 0);
+    if (ret != 0) {
+        EXPECT_EQ(ret, -FI_ECONNREFUSED) << fi_err_str(ret);
+        return;  // refused synchronously: fine
+    }
+    ASSERT_TRUE(poll_until([&] {
+        return !cli_log.errs.empty() || cli_log.find(FI_CONNECTED) != nullptr;
+    })) << "connect to a closed port neither failed nor connected";
+    EXPECT_EQ(cli_log.find(FI_CONNECTED), nullptr);
+    ASSERT_FALSE(cli_log.errs.empty());
+    EXPECT_EQ(cli_log.errs[0].e.err, FI_ECONNREFUSED) << fi_strerror(cli_log.errs[0].e.err);
+    EXPECT_EQ(cli_log.errs[0].e.fid, &c.ep->fid);
+}
+
+TEST_F(MsgEpTest, ShutdownNotifiesPeer) {
+    auto [cli, srv] = establish();
+    ASSERT_TRUE(cli && srv);
+    ASSERT_FI_OK(fi_shutdown(cli->ep, 0));
+    ASSERT_TRUE(poll_until([&] { return srv_log.find(FI_SHUTDOWN, &srv->ep->fid) != nullptr; }))
+        << "no FI_SHUTDOWN at the server: " << srv_log.summary();
+    // Sending on the shut-down endpoint fails (at once or through the CQ).
+    AlignedBuf s(64);
+    ssize_t ret = fi_send(cli->ep, s.data(), 64, nullptr, 0, ctx(5));
+    if (ret == 0) {
+        EXPECT_TRUE(poll_until([&] { return cli->log.has_err(ctx(5)) || cli->log.has(ctx(5)); }));
+        EXPECT_FALSE(cli->log.has(ctx(5))) << "send after fi_shutdown completed successfully";
+    } else {
+        EXPECT_LT(ret, 0);
+    }
+}
+
+TEST_F(MsgEpTest, ClosingPeerEndpointNotifiesShutdown) {
+    auto [cli, srv] = establish();
+    ASSERT_TRUE(cli && srv);
+    fid_t cli_fid = &cli->ep->fid;
+    srv->ep.reset();  // abrupt close of the server side
+    EXPECT_TRUE(poll_until([&] { return cli_log.find(FI_SHUTDOWN, cli_fid) != nullptr; }))
+        << "no FI_SHUTDOWN after the peer closed: " << cli_log.summary();
+}
+
+TEST_F(MsgEpTest, SeveralClientsOnOneListener) {
+    constexpr int kClients = 4;
+    std::vector<Conn *> clients, servers(kClients, nullptr);
+    for (int i = 0; i < kClients; ++i) {
+        uint8_t id = static_cast<uint8_t>(i);
+        Conn *c = connect(&id, 1);
+        ASSERT_NE(c, nullptr);
+        clients.push_back(c);
+    }
+    for (int i = 0; i < kClients; ++i) {
+        auto req = next_connreq();
+        ASSERT_TRUE(req) << "connreq " << i << ": " << srv_log.summary();
+        ASSERT_GE(req->data.size(), 1u);
+        const uint8_t id = req->data[0];
+        ASSERT_LT(id, kClients);
+        EXPECT_EQ(servers[id], nullptr) << "two requests carried id " << int(id);
+        servers[id] = accept(*req, nullptr, 0);
+        ASSERT_NE(servers[id], nullptr);
+    }
+    for (int i = 0; i < kClients; ++i) {
+        ASSERT_TRUE(connected(*clients[i], cli_log)) << i << ": " << cli_log.summary();
+        ASSERT_TRUE(connected(*servers[i], srv_log)) << i << ": " << srv_log.summary();
+    }
+    for (int i = 0; i < kClients; ++i)
+        ASSERT_NO_FATAL_FAILURE(exchange(*clients[i], *servers[i], 512, 410 + i));
+}
+
+TEST_F(MsgEpTest, CmDataUpToTheAdvertisedSizeArrives) {
+    size_t max = 0, len = sizeof(max);
+    ASSERT_FI_OK(fi_getopt(&pep->fid, FI_OPT_ENDPOINT, FI_OPT_CM_DATA_SIZE, &max, &len));
+    ASSERT_GT(max, 0u) << "no room for CM data";
+    const size_t n = std::min<size_t>(max, 4096);
+    std::vector<uint8_t> data(n);
+    fill_pattern(data.data(), n, 407);
+    Conn *cli = connect(data.data(), n);
+    ASSERT_NE(cli, nullptr);
+    auto req = next_connreq();
+    ASSERT_TRUE(req) << srv_log.summary();
+    ASSERT_GE(req->data.size(), n);
+    EXPECT_EQ(check_pattern(req->data.data(), n, 407), -1);
+    Conn *srv = accept(*req, data.data(), n);
+    ASSERT_NE(srv, nullptr);
+    ASSERT_TRUE(connected(*cli, cli_log)) << cli_log.summary();
+    const EqEvent *ce = cli_log.find(FI_CONNECTED, &cli->ep->fid);
+    ASSERT_GE(ce->data.size(), n);
+    EXPECT_EQ(check_pattern(ce->data.data(), n, 407), -1);
+}
+
+}  // namespace
+}  // namespace tandem_test

@@ -1,0 +1,376 @@
+// A peer process killed with SIGKILL in the middle of transfers: the survivor gets error
+// completions (or its operations finish correctly), never hangs, never crashes, and keeps
+// talking to its other peers.
+//
+// The peer is this same binary re-executed with --tandem-peer-child, so it starts with a fresh
+// libfabric; the two processes exchange endpoint names and MR keys over pipes.
+#include "fabric_fixture.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdio>
+
+namespace tandem_test {
+namespace {
+
+constexpr size_t kServeLen = 16 << 20;  // RMA region the "serve" child exposes
+constexpr uint32_t kServeSeed = 700;
+constexpr size_t kChildMsg = 32 << 20;  // message size the "sender" child streams
+constexpr uint32_t kChildSeed = 701;
+
+struct Hello {
+    uint32_t name_len = 0;
+    uint8_t name[64] = {};
+    uint64_t key = 0;
+    uint64_t addr = 0;
+};
+
+bool write_all(int fd, const void *p, size_t n) {
+    auto *c = static_cast<const uint8_t *>(p);
+    while (n) {
+        ssize_t w = write(fd, c, n);
+        if (w <= 0) return false;
+        c += w;
+        n -= static_cast<size_t>(w);
+    }
+    return true;
+}
+
+bool read_all(int fd, void *p, size_t n, int timeout_ms) {
+    auto *c = static_cast<uint8_t *>(p);
+    const auto deadline = Clock::now() + Ms(timeout_ms);
+    while (n) {
+        pollfd pfd{fd, POLLIN, 0};
+        int left =
+            static_cast<int>(std::chrono::duration_cast<Ms>(deadline - Clock::now()).count());
+        if (left <= 0 || poll(&pfd, 1, left) <= 0) return false;
+        ssize_t r = read(fd, c, n);
+        if (r <= 0) return false;
+        c += r;
+        n -= static_cast<size_t>(r);
+    }
+    return true;
+}
+
+// ---- the child -------------------------------------------------------------------------------
+
+[[noreturn]] void die(const char *what, long ret) {
+    std::fprintf(stderr, "peer child: %s failed: %s\n", what, fi_err_str(ret).c_str());
+    _exit(2);
+}
+
+[[noreturn]] void child_main(int rfd, int wfd, const std::string &mode) {
+    alarm(60);  // never outlive a broken parent for long
+    FabricOptions o;
+    InfoPtr hints = hints_for(o);
+    InfoPtr info;
+    int ret = getinfo_own("127.0.0.1", nullptr, FI_SOURCE, hints.get(), &info);
+    if (ret) die("fi_getinfo", ret);
+    fid_fabric *fabric;
+    fid_domain *domain;
+    fid_cq *cq;
+    fid_av *av;
+    fid_ep *ep;
+    if ((ret = fi_fabric(info->fabric_attr, &fabric, nullptr))) die("fi_fabric", ret);
+    if ((ret = fi_domain(fabric, info.get(), &domain, nullptr))) die("fi_domain", ret);
+    fi_cq_attr cattr{};
+    cattr.format = FI_CQ_FORMAT_TAGGED;
+    cattr.size = 1024;
+    if ((ret = fi_cq_open(domain, &cattr, &cq, nullptr))) die("fi_cq_open", ret);
+    fi_av_attr aattr{};
+    aattr.type = FI_AV_TABLE;
+    if ((ret = fi_av_open(domain, &aattr, &av, nullptr))) die("fi_av_open", ret);
+    if ((ret = fi_endpoint(domain, info.get(), &ep, nullptr))) die("fi_endpoint", ret);
+    if ((ret = fi_ep_bind(ep, &av->fid, 0))) die("bind av", ret);
+    if ((ret = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV))) die("bind cq", ret);
+    if ((ret = fi_enable(ep))) die("fi_enable", ret);
+
+    const bool mr_local = info->domain_attr->mr_mode & FI_MR_LOCAL;
+    const bool virt = info->domain_attr->mr_mode & FI_MR_VIRT_ADDR;
+    const size_t len = mode == "serve" ? kServeLen : kChildMsg;
+    AlignedBuf mem(len);
+    fill_pattern(mem.data(), len, mode == "serve" ? kServeSeed : kChildSeed);
+    fid_mr *mr = nullptr;
+    if ((ret = fi_mr_reg(domain, mem.data(), len, kAllAccess, 0, 0x77, 0, &mr, nullptr)))
+        die("fi_mr_reg", ret);
+    void *desc = mr_local ? fi_mr_desc(mr) : nullptr;
+    AlignedBuf rbuf(64 * 1024);
+    fid_mr *rmr = nullptr;
+    if ((ret = fi_mr_reg(domain, rbuf.data(), rbuf.size(), kAllAccess, 0, 0x78, 0, &rmr, nullptr)))
+        die("fi_mr_reg", ret);
+    void *rdesc = mr_local ? fi_mr_desc(rmr) : nullptr;
+
+    Hello me;
+    size_t nlen = sizeof(me.name);
+    if ((ret = fi_getname(&ep->fid, me.name, &nlen))) die("fi_getname", ret);
+    me.name_len = static_cast<uint32_t>(nlen);
+    me.key = fi_mr_key(mr);
+    me.addr = virt ? reinterpret_cast<uintptr_t>(mem.data()) : 0;
+    if (!write_all(wfd, &me, sizeof(me))) die("write hello", -FI_EIO);
+    Hello parent;
+    if (!read_all(rfd, &parent, sizeof(parent), 20000)) die("read hello", -FI_EIO);
+    fi_addr_t peer = FI_ADDR_NOTAVAIL;
+    if (fi_av_insert(av, parent.name, 1, &peer, 0, nullptr) != 1) die("fi_av_insert", -FI_EINVAL);
+
+    // Receives for anything the parent sends (small messages only).
+    std::array<fi_context2, 16> rctx{};
+    for (size_t i = 0; i < rctx.size(); ++i)
+        fi_recv(ep, rbuf.data() + i * 4096, 4096, rdesc, FI_ADDR_UNSPEC, &rctx[i]);
+    fi_context2 sctx{};
+    bool sending = false;
+    uint8_t flag = 1;
+    if (!write_all(wfd, &flag, 1)) die("write ready", -FI_EIO);
+    for (;;) {
+        if (mode == "sender" && !sending) {
+            ssize_t r = fi_send(ep, mem.data(), len, desc, peer, &sctx);
+            if (r == 0) sending = true;
+        }
+        fi_cq_tagged_entry e[8];
+        ssize_t n = fi_cq_read(cq, e, 8);
+        if (n == -FI_EAVAIL) {
+            fi_cq_err_entry err{};
+            fi_cq_readerr(cq, &err, 0);
+            if (err.op_context == &sctx) sending = false;
+        }
+        for (ssize_t i = 0; i < n; ++i) {
+            if (e[i].op_context == &sctx) {
+                sending = false;
+            } else if (e[i].flags & FI_RECV) {
+                auto *c = static_cast<fi_context2 *>(e[i].op_context);
+                size_t slot = static_cast<size_t>(c - rctx.data());
+                fi_recv(ep, rbuf.data() + slot * 4096, 4096, rdesc, FI_ADDR_UNSPEC, c);
+            }
+        }
+        pollfd pfd{rfd, POLLIN, 0};
+        if (poll(&pfd, 1, 0) > 0) {
+            char c;
+            if (read(rfd, &c, 1) <= 0) _exit(0);  // parent went away
+        }
+    }
+}
+
+// ---- the parent ------------------------------------------------------------------------------
+
+std::string g_self;  // path of this executable
+
+class Child {
+  public:
+    pid_t pid = -1;
+    int rfd = -1, wfd = -1;  // parent's ends
+    Hello hello;
+
+    ~Child() {
+        kill_and_reap();
+        if (rfd >= 0) close(rfd);
+        if (wfd >= 0) close(wfd);
+    }
+    bool start(const std::string &mode) {
+        int to_child[2], to_parent[2];
+        if (pipe(to_child) || pipe(to_parent)) return false;
+        pid = fork();
+        if (pid < 0) return false;
+        if (pid == 0) {
+            close(to_child[1]);
+            close(to_parent[0]);
+            const std::string fds =
+                std::to_string(to_child[0]) + "," + std::to_string(to_parent[1]);
+            execl(g_self.c_str(), g_self.c_str(), "--tandem-peer-child", fds.c_str(), mode.c_str(),
+                  static_cast<char *>(nullptr));
+            _exit(127);
+        }
+        close(to_child[0]);
+        close(to_parent[1]);
+        wfd = to_child[1];
+        rfd = to_parent[0];
+        return true;
+    }
+    void kill_and_reap() {
+        if (pid > 0) {
+            kill(pid, SIGKILL);
+            int status = 0;
+            waitpid(pid, &status, 0);
+            pid = -1;
+        }
+    }
+};
+
+class PeerDeathTest : public FabricTest {
+  protected:
+    Child child;
+    fi_addr_t dead = FI_ADDR_NOTAVAIL;
+
+    // Starts the child, swaps names with a, inserts the child into a's AV.
+    void start_child(const std::string &mode) {
+        ASSERT_TRUE(child.start(mode));
+        ASSERT_TRUE(read_all(child.rfd, &child.hello, sizeof(child.hello), 20000))
+            << "the child did not report its address";
+        Hello me;
+        ASSERT_LE(a().name.size(), sizeof(me.name));
+        me.name_len = static_cast<uint32_t>(a().name.size());
+        std::memcpy(me.name, a().name.data(), a().name.size());
+        ASSERT_TRUE(write_all(child.wfd, &me, sizeof(me)));
+        uint8_t ready = 0;
+        ASSERT_TRUE(read_all(child.rfd, &ready, 1, 20000)) << "the child did not get ready";
+        ASSERT_FI_RET(fi_av_insert(a().av, child.hello.name, 1, &dead, 0, nullptr), 1);
+    }
+
+    void check_survivor_works(uint32_t seed) {
+        a().log.clear();
+        b().log.clear();
+        auto s = buf(1 << 20), r = buf(1 << 20);
+        fill_pattern(s->data(), 1 << 20, seed);
+        ASSERT_FI_OK(post([&] {
+            return fi_recv(b().ep, r->data(), 1 << 20, r->desc, FI_ADDR_UNSPEC, ctx(200));
+        }));
+        ASSERT_FI_OK(post(
+            [&] { return fi_send(a().ep, s->data(), 1 << 20, s->desc, a().peer[1], ctx(201)); }));
+        ASSERT_TRUE(wait_comp(b(), ctx(200))) << "survivor cannot talk to b: " << b().log.summary();
+        ASSERT_TRUE(wait_comp(a(), ctx(201))) << a().log.summary();
+        EXPECT_EQ(check_pattern(r->data(), 1 << 20, seed), -1);
+    }
+};
+
+TEST_F(PeerDeathTest, ReadsFromKilledPeerFail) {
+    ASSERT_NO_FATAL_FAILURE(start_child("serve"));
+    constexpr size_t kRead = 4 << 20;
+    constexpr size_t kSlots = 4;
+    std::vector<std::unique_ptr<DataBuf>> bufs;
+    for (size_t i = 0; i < kSlots; ++i) bufs.push_back(buf(kRead));
+    std::vector<bool> busy(kSlots, false), after_death(kSlots, false);
+    size_t ok_before = 0, ok_after_death = 0, errors = 0, next = 0;
+    ssize_t refused = 0;
+    bool killed = false;
+    auto post_read = [&](size_t slot) -> ssize_t {
+        // Each read gets a fresh context so late completions cannot be confused.
+        void *c = ctx(slot + kSlots * (next++ % 60));
+        const uint64_t off = (next * 4096) % (kServeLen - kRead);
+        ssize_t ret = post(
+            [&] {
+                return fi_read(a().ep, bufs[slot]->data(), kRead, bufs[slot]->desc, dead,
+                               child.hello.addr + off, child.hello.key, c);
+            },
+            2s);
+        if (ret == 0) {
+            busy[slot] = true;
+            after_death[slot] = killed;
+        }
+        return ret;
+    };
+    for (size_t s = 0; s < kSlots; ++s) ASSERT_FI_OK(post_read(s));
+    const auto deadline = Clock::now() + 20s;
+    while (Clock::now() < deadline && errors == 0 && refused == 0) {
+        progress();
+        // post_read() drives progress too: work on a snapshot of what arrived so far.
+        std::vector<Completion> comps;
+        comps.swap(a().log.comps);
+        errors += a().log.errs.size();
+        for (auto &c : comps) {
+            size_t slot =
+                static_cast<size_t>(static_cast<fi_context2 *>(c.op_context) - &ctxs_[0]) % kSlots;
+            busy[slot] = false;
+            if (after_death[slot])
+                ++ok_after_death;
+            else if (!killed)
+                ++ok_before;
+            if (!killed && ok_before >= 3) {
+                child.kill_and_reap();  // SIGKILL while reads are in flight
+                killed = true;
+            }
+            if (!busy[slot]) {
+                ssize_t r = post_read(slot);
+                if (r < 0 && r != -FI_EAGAIN) refused = r;
+            }
+        }
+    }
+    errors += a().log.errs.size();
+    EXPECT_GE(ok_before, 3u) << "reads from the live peer did not work";
+    ASSERT_TRUE(killed);
+    EXPECT_TRUE(errors > 0 || refused < 0)
+        << "no error within 20 s after the peer was killed (" << ok_after_death
+        << " reads posted after its death completed)";
+    EXPECT_EQ(ok_after_death, 0u) << "reads posted after the peer's death completed successfully";
+    // Let the remaining reads settle, then the survivor must still work.
+    poll_for(500ms);
+    ASSERT_NO_FATAL_FAILURE(check_survivor_works(710));
+}
+
+TEST_F(PeerDeathTest, SendToKilledPeerFails) {
+    ASSERT_NO_FATAL_FAILURE(start_child("serve"));
+    auto small = buf(64), big = buf(1 << 20);
+    ASSERT_FI_OK(
+        post([&] { return fi_send(a().ep, small->data(), 64, small->desc, dead, ctx(0)); }));
+    ASSERT_TRUE(wait_comp(a(), ctx(0))) << "send to the live child failed: " << a().log.summary();
+    child.kill_and_reap();
+    poll_for(200ms);
+    // A rendezvous-size send cannot complete without the peer: it must fail, not hang.
+    ssize_t ret =
+        post([&] { return fi_send(a().ep, big->data(), 1 << 20, big->desc, dead, ctx(1)); });
+    if (ret == 0) {
+        EXPECT_TRUE(poll_until([&] { return a().log.has(ctx(1)) || a().log.has_err(ctx(1)); }, 15s))
+            << "1 MiB send to a dead peer neither failed nor completed within 15 s";
+        EXPECT_FALSE(a().log.has(ctx(1))) << "1 MiB send to a dead peer completed successfully";
+        EXPECT_TRUE(a().log.has_err(ctx(1)));
+    } else {
+        EXPECT_LT(ret, 0);
+    }
+    // A small send must at least finish (either way) instead of staying pending forever.
+    ret = post([&] { return fi_send(a().ep, small->data(), 64, small->desc, dead, ctx(2)); });
+    if (ret == 0) {
+        EXPECT_TRUE(poll_until([&] { return a().log.has(ctx(2)) || a().log.has_err(ctx(2)); }, 15s))
+            << "small send to a dead peer still pending after 15 s";
+    }
+    ASSERT_NO_FATAL_FAILURE(check_survivor_works(711));
+}
+
+TEST_F(PeerDeathTest, KilledSenderLeavesReceiverUsable) {
+    ASSERT_NO_FATAL_FAILURE(start_child("sender"));
+    std::vector<std::unique_ptr<DataBuf>> r;
+    for (int i = 0; i < 2; ++i) r.push_back(buf(kChildMsg));
+    ASSERT_FI_OK(post([&] {
+        return fi_recv(a().ep, r[0]->data(), kChildMsg, r[0]->desc, FI_ADDR_UNSPEC, ctx(0));
+    }));
+    auto first = wait_comp(a(), ctx(0), 20s);
+    ASSERT_TRUE(first) << "no message from the child: " << a().log.summary();
+    EXPECT_EQ(first->len, kChildMsg);
+    EXPECT_EQ(check_pattern(r[0]->data(), kChildMsg, kChildSeed), -1);
+    // The child streams the next message now; kill it in the middle.
+    std::memset(r[1]->data(), 0, kChildMsg);
+    ASSERT_FI_OK(post([&] {
+        return fi_recv(a().ep, r[1]->data(), kChildMsg, r[1]->desc, FI_ADDR_UNSPEC, ctx(1));
+    }));
+    poll_for(5ms);
+    child.kill_and_reap();
+    poll_until([&] { return a().log.has(ctx(1)) || a().log.has_err(ctx(1)); }, 3s);
+    if (auto c = a().log.find(ctx(1))) {
+        // Completing successfully is fine only with the whole, intact message.
+        EXPECT_EQ(c->len, kChildMsg) << "partial message reported as a successful receive";
+        EXPECT_EQ(check_pattern(r[1]->data(), kChildMsg, kChildSeed), -1)
+            << "corrupt message reported as a successful receive";
+    } else if (!a().log.has_err(ctx(1))) {
+        // Still posted: it must be cancellable.
+        ASSERT_FI_OK(fi_cancel(&a().ep->fid, ctx(1)));
+        EXPECT_TRUE(poll_until([&] { return a().log.has(ctx(1)) || a().log.has_err(ctx(1)); }))
+            << "cancel of the pending receive produced nothing";
+    }
+    ASSERT_NO_FATAL_FAILURE(check_survivor_works(712));
+}
+
+}  // namespace
+}  // namespace tandem_test
+
+int main(int argc, char **argv) {
+    if (argc >= 4 && std::string(argv[1]) == "--tandem-peer-child") {
+        int rfd = -1, wfd = -1;
+        if (std::sscanf(argv[2], "%d,%d", &rfd, &wfd) != 2) return 2;
+        tandem_test::child_main(rfd, wfd, argv[3]);
+    }
+    char self[PATH_MAX] = {};
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    tandem_test::g_self = n > 0 ? std::string(self, static_cast<size_t>(n)) : std::string(argv[0]);
+    ::testing::InitGoogleTest(&argc, argv);
+    return RUN_ALL_TESTS();
+}

@@ -1,0 +1,386 @@
+// fi_tagged(3) over FI_EP_RDM: tag matching with ignore masks, unexpected messages, directed
+// receives, FI_PEEK / FI_CLAIM / FI_DISCARD, inject, CQ data and truncation.
+#include "fabric_fixture.h"
+
+#include <algorithm>
+
+namespace tandem_test {
+namespace {
+
+class TaggedTest : public FabricTest {
+  protected:
+    ssize_t tsend(Endpoint &from, DataBuf &s, size_t len, fi_addr_t to, uint64_t tag, void *c) {
+        return post([&] { return fi_tsend(from.ep, s.data(), len, s.desc, to, tag, c); });
+    }
+    ssize_t trecv(Endpoint &on, DataBuf &r, size_t len, uint64_t tag, uint64_t ignore, void *c,
+                  fi_addr_t src = FI_ADDR_UNSPEC) {
+        return post([&] { return fi_trecv(on.ep, r.data(), len, r.desc, src, tag, ignore, c); });
+    }
+    ssize_t trecvmsg(Endpoint &on, void *p, size_t len, void *desc, uint64_t tag, uint64_t ignore,
+                     void *c, uint64_t flags) {
+        iovec iov = {p, len};
+        fi_msg_tagged m{};
+        m.msg_iov = p ? &iov : nullptr;
+        m.desc = p ? &desc : nullptr;
+        m.iov_count = p ? 1 : 0;
+        m.addr = FI_ADDR_UNSPEC;
+        m.tag = tag;
+        m.ignore = ignore;
+        m.context = c;
+        return post([&] { return fi_trecvmsg(on.ep, &m, flags); });
+    }
+    void forget_err(Endpoint &e, void *c) {
+        auto &v = e.log.errs;
+        v.erase(std::remove_if(v.begin(), v.end(),
+                               [&](const CqError &x) { return x.e.op_context == c; }),
+                v.end());
+    }
+    // Repeats an FI_PEEK (with `flags`) on b until a matching message is found.
+    std::optional<Completion> peek_until_found(uint64_t tag, uint64_t ignore, uint64_t flags,
+                                               void *c) {
+        const auto deadline = Clock::now() + kTimeout;
+        while (Clock::now() < deadline) {
+            if (trecvmsg(b(), nullptr, 0, nullptr, tag, ignore, c, FI_PEEK | flags) != 0) {
+                ADD_FAILURE() << "fi_trecvmsg(FI_PEEK) failed";
+                return std::nullopt;
+            }
+            if (!poll_until([&] { return b().log.has(c) || b().log.has_err(c); })) {
+                ADD_FAILURE() << "FI_PEEK produced neither a completion nor an error";
+                return std::nullopt;
+            }
+            if (auto comp = b().log.find(c)) return comp;
+            auto err = b().log.find_err(c);
+            if (err->e.err != FI_ENOMSG) {
+                ADD_FAILURE() << "FI_PEEK failed with " << describe(*err);
+                return std::nullopt;
+            }
+            forget_err(b(), c);
+        }
+        ADD_FAILURE() << "FI_PEEK never found the message";
+        return std::nullopt;
+    }
+};
+
+TEST_F(TaggedTest, ExactTagMatches) {
+    auto s = buf(100), r = buf(100);
+    fill_pattern(s->data(), 100, 200);
+    ASSERT_FI_OK(trecv(b(), *r, 100, 0x42, 0, ctx(1)));
+    ASSERT_FI_OK(tsend(a(), *s, 100, a().peer[1], 0x42, ctx(0)));
+    auto rc = wait_comp(b(), ctx(1));
+    ASSERT_TRUE(rc) << b().log.summary();
+    auto sc = wait_comp(a(), ctx(0));
+    ASSERT_TRUE(sc) << a().log.summary();
+    EXPECT_EQ(rc->tag, 0x42u);
+    EXPECT_EQ(rc->len, 100u);
+    EXPECT_EQ(rc->flags & (FI_RECV | FI_TAGGED), FI_RECV | FI_TAGGED);
+    EXPECT_EQ(sc->flags & (FI_SEND | FI_TAGGED), FI_SEND | FI_TAGGED);
+    EXPECT_EQ(check_pattern(r->data(), 100, 200), -1);
+}
+
+TEST_F(TaggedTest, IgnoreMaskSelectsBitsToCompare) {
+    auto s = buf(64), r = buf(64);
+    fill_pattern(s->data(), 64, 201);
+    const uint64_t sent_tag = 0xDEAD00000000ABCDull;
+    ASSERT_FI_OK(trecv(b(), *r, 64, 0xDEAD000000000000ull, 0xFFFFFFFFull, ctx(1)));
+    ASSERT_FI_OK(tsend(a(), *s, 64, a().peer[1], sent_tag, ctx(0)));
+    auto rc = wait_comp(b(), ctx(1));
+    ASSERT_TRUE(rc) << b().log.summary();
+    EXPECT_EQ(rc->tag, sent_tag) << "completion must carry the sender's tag";
+    EXPECT_EQ(check_pattern(r->data(), 64, 201), -1);
+}
+
+TEST_F(TaggedTest, NonMatchingTagWaitsForItsOwnReceive) {
+    auto s1 = buf(64), s2 = buf(64), r1 = buf(64), r2 = buf(64);
+    fill_pattern(s1->data(), 64, 202);
+    fill_pattern(s2->data(), 64, 203);
+    ASSERT_FI_OK(trecv(b(), *r1, 64, 1, 0, ctx(1)));
+    ASSERT_FI_OK(tsend(a(), *s2, 64, a().peer[1], 2, ctx(10)));
+    poll_for(100ms);
+    EXPECT_FALSE(b().log.has(ctx(1))) << "tag 1 receive matched a tag 2 message";
+    ASSERT_FI_OK(trecv(b(), *r2, 64, 2, 0, ctx(2)));
+    auto rc2 = wait_comp(b(), ctx(2));
+    ASSERT_TRUE(rc2) << b().log.summary();
+    EXPECT_EQ(check_pattern(r2->data(), 64, 203), -1);
+    ASSERT_FI_OK(tsend(a(), *s1, 64, a().peer[1], 1, ctx(11)));
+    auto rc1 = wait_comp(b(), ctx(1));
+    ASSERT_TRUE(rc1) << b().log.summary();
+    EXPECT_EQ(rc1->tag, 1u);
+    EXPECT_EQ(check_pattern(r1->data(), 64, 202), -1);
+    ASSERT_TRUE(poll_until([&] { return a().log.has(ctx(10)) && a().log.has(ctx(11)); }));
+}
+
+TEST_F(TaggedTest, ReceivesWithSameTagMatchInPostOrder) {
+    if (!(info->tx_attr->msg_order & FI_ORDER_SAS))
+        GTEST_SKIP() << "provider does not claim FI_ORDER_SAS";
+    auto s1 = buf(64), s2 = buf(64), r1 = buf(64), r2 = buf(64);
+    fill_pattern(s1->data(), 64, 204);
+    fill_pattern(s2->data(), 64, 205);
+    ASSERT_FI_OK(trecv(b(), *r1, 64, 7, 0, ctx(1)));
+    ASSERT_FI_OK(trecv(b(), *r2, 64, 7, 0, ctx(2)));
+    ASSERT_FI_OK(tsend(a(), *s1, 64, a().peer[1], 7, ctx(10)));
+    ASSERT_FI_OK(tsend(a(), *s2, 64, a().peer[1], 7, ctx(11)));
+    ASSERT_TRUE(poll_until([&] { return b().log.has(ctx(1)) && b().log.has(ctx(2)); }))
+        << b().log.summary();
+    EXPECT_EQ(check_pattern(r1->data(), 64, 204), -1);
+    EXPECT_EQ(check_pattern(r2->data(), 64, 205), -1);
+    ASSERT_TRUE(poll_until([&] { return a().log.has(ctx(10)) && a().log.has(ctx(11)); }));
+}
+
+TEST_F(TaggedTest, MessageAndTaggedQueuesAreSeparate) {
+    auto s = buf(32), rt = buf(32), rm = buf(32);
+    fill_pattern(s->data(), 32, 206);
+    ASSERT_FI_OK(trecv(b(), *rt, 32, 0, ~0ull, ctx(1)));  // matches any tag
+    ASSERT_FI_OK(
+        post([&] { return fi_recv(b().ep, rm->data(), 32, rm->desc, FI_ADDR_UNSPEC, ctx(2)); }));
+    ASSERT_FI_OK(
+        post([&] { return fi_send(a().ep, s->data(), 32, s->desc, a().peer[1], ctx(10)); }));
+    auto rc = wait_comp(b(), ctx(2));
+    ASSERT_TRUE(rc) << b().log.summary();
+    EXPECT_FALSE(b().log.has(ctx(1))) << "an untagged send matched a tagged receive";
+    EXPECT_TRUE(rc->flags & FI_MSG);
+    EXPECT_FALSE(rc->flags & FI_TAGGED);
+    ASSERT_FI_OK(tsend(a(), *s, 32, a().peer[1], 99, ctx(11)));
+    auto rct = wait_comp(b(), ctx(1));
+    ASSERT_TRUE(rct) << b().log.summary();
+    EXPECT_EQ(rct->tag, 99u);
+    ASSERT_TRUE(poll_until([&] { return a().log.has(ctx(10)) && a().log.has(ctx(11)); }));
+}
+
+class TaggedSizeTest : public TaggedTest, public ::testing::WithParamInterface<size_t> {};
+
+TEST_P(TaggedSizeTest, UnexpectedMessagesMatchByTag) {
+    const size_t len = GetParam();
+    auto sA = buf(len), sB = buf(len), rA = buf(len), rB = buf(len);
+    fill_pattern(sA->data(), len, 207);
+    fill_pattern(sB->data(), len, 208);
+    ASSERT_FI_OK(tsend(a(), *sA, len, a().peer[1], 0xA, ctx(10)));
+    ASSERT_FI_OK(tsend(a(), *sB, len, a().peer[1], 0xB, ctx(11)));
+    poll_for(100ms);
+    ASSERT_FI_OK(trecv(b(), *rB, len, 0xB, 0, ctx(2)));
+    auto rcB = wait_comp(b(), ctx(2));
+    ASSERT_TRUE(rcB) << b().log.summary();
+    EXPECT_EQ(rcB->tag, 0xBu);
+    EXPECT_EQ(rcB->len, len);
+    EXPECT_EQ(check_pattern(rB->data(), len, 208), -1);
+    ASSERT_FI_OK(trecv(b(), *rA, len, 0xA, 0, ctx(1)));
+    auto rcA = wait_comp(b(), ctx(1));
+    ASSERT_TRUE(rcA) << b().log.summary();
+    EXPECT_EQ(check_pattern(rA->data(), len, 207), -1);
+    ASSERT_TRUE(poll_until([&] { return a().log.has(ctx(10)) && a().log.has(ctx(11)); }))
+        << a().log.summary();
+}
+
+TEST_P(TaggedSizeTest, ExpectedMessageWithWildcardBits) {
+    const size_t len = GetParam();
+    auto s = buf(len), r = buf(len);
+    fill_pattern(s->data(), len, 209);
+    ASSERT_FI_OK(trecv(b(), *r, len, 0x5500, 0x00FF, ctx(1)));
+    ASSERT_FI_OK(tsend(a(), *s, len, a().peer[1], 0x5577, ctx(0)));
+    auto rc = wait_comp(b(), ctx(1));
+    ASSERT_TRUE(rc) << b().log.summary();
+    EXPECT_EQ(rc->tag, 0x5577u);
+    EXPECT_EQ(rc->len, len);
+    EXPECT_EQ(check_pattern(r->data(), len, 209), -1);
+    ASSERT_TRUE(wait_comp(a(), ctx(0))) << a().log.summary();
+}
+
+TEST_P(TaggedSizeTest, PeekReportsMessageWithoutConsumingIt) {
+    const size_t len = GetParam();
+    auto s = buf(len), r = buf(len);
+    fill_pattern(s->data(), len, 210);
+    ASSERT_FI_OK(post([&] {
+        return fi_tsenddata(a().ep, s->data(), len, s->desc, 0xDA7A, a().peer[1], 0x78, ctx(0));
+    }));
+    auto pc = peek_until_found(0x78, 0, 0, ctx(1));
+    ASSERT_TRUE(pc);
+    EXPECT_EQ(pc->len, len);
+    EXPECT_EQ(pc->tag, 0x78u);
+    EXPECT_TRUE(pc->flags & FI_RECV);
+    EXPECT_TRUE(pc->flags & FI_TAGGED);
+    EXPECT_TRUE(pc->flags & FI_REMOTE_CQ_DATA);
+    EXPECT_EQ(pc->data, 0xDA7Au);
+    // A second peek still finds it.
+    ASSERT_TRUE(peek_until_found(0x78, 0, 0, ctx(2)));
+    ASSERT_FI_OK(trecv(b(), *r, len, 0x78, 0, ctx(3)));
+    auto rc = wait_comp(b(), ctx(3));
+    ASSERT_TRUE(rc) << b().log.summary();
+    EXPECT_EQ(check_pattern(r->data(), len, 210), -1);
+    ASSERT_TRUE(wait_comp(a(), ctx(0))) << a().log.summary();
+}
+
+TEST_P(TaggedSizeTest, PeekClaimReservesMessageForClaimingReceive) {
+    const size_t len = GetParam();
+    auto s1 = buf(len), s2 = buf(len), rc_buf = buf(len), r = buf(len);
+    fill_pattern(s1->data(), len, 211);
+    fill_pattern(s2->data(), len, 212);
+    ASSERT_FI_OK(tsend(a(), *s1, len, a().peer[1], 0x79, ctx(10)));
+    void *claim_ctx = ctx(1);
+    auto pc = peek_until_found(0x79, 0, FI_CLAIM, claim_ctx);
+    ASSERT_TRUE(pc);
+    EXPECT_EQ(pc->len, len);
+    b().log.clear();
+    // A normal receive for the same tag must not get the claimed message.
+    ASSERT_FI_OK(trecv(b(), *r, len, 0x79, 0, ctx(2)));
+    poll_for(100ms);
+    EXPECT_FALSE(b().log.has(ctx(2))) << "claimed message matched another receive";
+    ASSERT_FI_OK(tsend(a(), *s2, len, a().peer[1], 0x79, ctx(11)));
+    ASSERT_TRUE(wait_comp(b(), ctx(2))) << b().log.summary();
+    EXPECT_EQ(check_pattern(r->data(), len, 212), -1);
+    // The claiming receive (same context) gets the claimed data.
+    ASSERT_FI_OK(trecvmsg(b(), rc_buf->data(), len, rc_buf->desc, 0x79, 0, claim_ctx, FI_CLAIM));
+    auto cc = wait_comp(b(), claim_ctx);
+    ASSERT_TRUE(cc) << b().log.summary();
+    EXPECT_EQ(cc->len, len);
+    EXPECT_EQ(check_pattern(rc_buf->data(), len, 211), -1);
+    ASSERT_TRUE(poll_until([&] { return a().log.has(ctx(10)) && a().log.has(ctx(11)); }))
+        << a().log.summary();
+}
+
+TEST_P(TaggedSizeTest, PeekDiscardDropsMessage) {
+    const size_t len = GetParam();
+    auto s1 = buf(len), s2 = buf(len), r = buf(len);
+    fill_pattern(s1->data(), len, 213);
+    fill_pattern(s2->data(), len, 214);
+    ASSERT_FI_OK(tsend(a(), *s1, len, a().peer[1], 0x80, ctx(10)));
+    ASSERT_TRUE(peek_until_found(0x80, 0, FI_DISCARD, ctx(1)));
+    ASSERT_FI_OK(tsend(a(), *s2, len, a().peer[1], 0x80, ctx(11)));
+    ASSERT_FI_OK(trecv(b(), *r, len, 0x80, 0, ctx(2)));
+    ASSERT_TRUE(wait_comp(b(), ctx(2))) << b().log.summary();
+    EXPECT_EQ(check_pattern(r->data(), len, 214), -1) << "discarded message was delivered";
+    // The sender of the discarded message still hears about it (success or error).
+    ASSERT_TRUE(poll_until([&] {
+        return (a().log.has(ctx(10)) || a().log.has_err(ctx(10))) && a().log.has(ctx(11));
+    })) << "send of a discarded message never completed: "
+        << a().log.summary();
+}
+
+TEST_P(TaggedSizeTest, ClaimDiscardDropsClaimedMessage) {
+    const size_t len = GetParam();
+    auto s1 = buf(len), s2 = buf(len), r = buf(len);
+    fill_pattern(s1->data(), len, 215);
+    fill_pattern(s2->data(), len, 216);
+    ASSERT_FI_OK(tsend(a(), *s1, len, a().peer[1], 0x81, ctx(10)));
+    void *claim_ctx = ctx(1);
+    ASSERT_TRUE(peek_until_found(0x81, 0, FI_CLAIM, claim_ctx));
+    b().log.clear();
+    ASSERT_FI_OK(trecvmsg(b(), nullptr, 0, nullptr, 0x81, 0, claim_ctx, FI_CLAIM | FI_DISCARD));
+    poll_for(50ms);
+    EXPECT_FALSE(b().log.has_err(claim_ctx)) << describe(*b().log.find_err(claim_ctx));
+    ASSERT_FI_OK(tsend(a(), *s2, len, a().peer[1], 0x81, ctx(11)));
+    ASSERT_FI_OK(trecv(b(), *r, len, 0x81, 0, ctx(2)));
+    ASSERT_TRUE(wait_comp(b(), ctx(2))) << b().log.summary();
+    EXPECT_EQ(check_pattern(r->data(), len, 216), -1) << "discarded message was delivered";
+    // The sender of the discarded message still hears about it (success or error).
+    ASSERT_TRUE(poll_until([&] {
+        return (a().log.has(ctx(10)) || a().log.has_err(ctx(10))) && a().log.has(ctx(11));
+    })) << "send of a discarded message never completed: "
+        << a().log.summary();
+}
+
+TEST_P(TaggedSizeTest, TruncatedTaggedReceiveReportsTag) {
+    const size_t len = GetParam();
+    if (len < 2) GTEST_SKIP() << "nothing to truncate";
+    const size_t rlen = len / 2;
+    auto s = buf(len), r = buf(rlen + 16, 0xEE);
+    fill_pattern(s->data(), len, 217);
+    ASSERT_FI_OK(trecv(b(), *r, rlen, 0x90, 0, ctx(1)));
+    ASSERT_FI_OK(tsend(a(), *s, len, a().peer[1], 0x90, ctx(0)));
+    auto err = wait_err(b(), ctx(1));
+    ASSERT_TRUE(err) << b().log.summary();
+    EXPECT_EQ(err->e.err, FI_ETRUNC) << describe(*err);
+    EXPECT_EQ(err->e.tag, 0x90u);
+    EXPECT_EQ(err->e.len, rlen);
+    EXPECT_EQ(err->e.olen, len - rlen);
+    EXPECT_TRUE(err->e.flags & FI_TAGGED);
+    EXPECT_EQ(check_pattern(r->data(), rlen, 217), -1);
+    EXPECT_EQ(check_fill(r->data() + rlen, 16, 0xEE), -1);
+    ASSERT_TRUE(poll_until([&] { return a().log.has(ctx(0)) || a().log.has_err(ctx(0)); }));
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, TaggedSizeTest,
+                         ::testing::Values(size_t{0}, size_t{64}, size_t{1} << 20),
+                         [](const ::testing::TestParamInfo<size_t> &p) {
+                             return std::to_string(p.param) + "B";
+                         });
+
+TEST_F(TaggedTest, PeekWithoutMessageFailsWithEnomsg) {
+    ASSERT_FI_OK(trecvmsg(b(), nullptr, 0, nullptr, 0x77, 0, ctx(1), FI_PEEK));
+    auto err = wait_err(b(), ctx(1));
+    ASSERT_TRUE(err) << "no error entry for an unsuccessful peek: " << b().log.summary();
+    EXPECT_EQ(err->e.err, FI_ENOMSG) << describe(*err);
+    // The peek does not stay posted: a later message is not matched by it.
+    auto s = buf(8), r = buf(8);
+    ASSERT_FI_OK(tsend(a(), *s, 8, a().peer[1], 0x77, ctx(10)));
+    ASSERT_FI_OK(trecv(b(), *r, 8, 0x77, 0, ctx(2)));
+    ASSERT_TRUE(wait_comp(b(), ctx(2))) << b().log.summary();
+    EXPECT_FALSE(b().log.has(ctx(1)));
+}
+
+TEST_F(TaggedTest, TinjectAndTinjectdata) {
+    const size_t len = std::min<size_t>(48, info->tx_attr->inject_size);
+    std::vector<uint8_t> s(len);
+    auto r1 = buf(len), r2 = buf(len);
+    fill_pattern(s.data(), len, 218);
+    ASSERT_FI_OK(trecv(b(), *r1, len, 0x100, 0, ctx(1)));
+    ASSERT_FI_OK(trecv(b(), *r2, len, 0x101, 0, ctx(2)));
+    ASSERT_FI_OK(post([&] { return fi_tinject(a().ep, s.data(), len, a().peer[1], 0x100); }));
+    ASSERT_FI_OK(
+        post([&] { return fi_tinjectdata(a().ep, s.data(), len, 555, a().peer[1], 0x101); }));
+    std::fill(s.begin(), s.end(), 0);
+    ASSERT_TRUE(poll_until([&] { return b().log.has(ctx(1)) && b().log.has(ctx(2)); }))
+        << b().log.summary();
+    EXPECT_EQ(check_pattern(r1->data(), len, 218), -1);
+    EXPECT_EQ(check_pattern(r2->data(), len, 218), -1);
+    auto rc2 = b().log.find(ctx(2));
+    EXPECT_TRUE(rc2->flags & FI_REMOTE_CQ_DATA);
+    EXPECT_EQ(rc2->data, 555u);
+    EXPECT_EQ(rc2->tag, 0x101u);
+    poll_for(kQuiet);
+    EXPECT_TRUE(a().log.comps.empty()) << a().log.summary();
+}
+
+TEST_F(TaggedTest, TsendvAndTrecvv) {
+    const size_t n = std::min<size_t>(2, info->tx_attr->iov_limit);
+    auto s = buf(3000), r = buf(3000);
+    fill_pattern(s->data(), 3000, 219);
+    iovec siov[2] = {{s->data(), n == 2 ? size_t{1000} : size_t{3000}}, {s->data() + 1000, 2000}};
+    void *sdesc[2] = {s->desc, s->desc};
+    const size_t m = std::min<size_t>(2, info->rx_attr->iov_limit);
+    iovec riov[2] = {{r->data(), m == 2 ? size_t{2500} : size_t{3000}}, {r->data() + 2500, 500}};
+    void *rdesc[2] = {r->desc, r->desc};
+    ASSERT_FI_OK(
+        post([&] { return fi_trecvv(b().ep, riov, rdesc, m, FI_ADDR_UNSPEC, 5, 0, ctx(1)); }));
+    ASSERT_FI_OK(post([&] { return fi_tsendv(a().ep, siov, sdesc, n, a().peer[1], 5, ctx(0)); }));
+    auto rc = wait_comp(b(), ctx(1));
+    ASSERT_TRUE(rc) << b().log.summary();
+    EXPECT_EQ(rc->len, 3000u);
+    EXPECT_EQ(check_pattern(r->data(), 3000, 219), -1);
+    ASSERT_TRUE(wait_comp(a(), ctx(0)));
+}
+
+class TaggedThreeTest : public TaggedTest {
+  protected:
+    void configure(FabricOptions &o) override { o.num_eps = 3; }
+    Endpoint &c() { return *eps.at(2); }
+};
+
+TEST_F(TaggedThreeTest, DirectedTaggedReceive) {
+    auto sa = buf(64), sc = buf(64), r1 = buf(64), r2 = buf(64);
+    fill_pattern(sa->data(), 64, 220);
+    fill_pattern(sc->data(), 64, 221);
+    ASSERT_FI_OK(trecv(b(), *r1, 64, 0x33, 0, ctx(1), b().peer[2]));
+    ASSERT_FI_OK(tsend(a(), *sa, 64, a().peer[1], 0x33, ctx(10)));
+    poll_for(100ms);
+    EXPECT_FALSE(b().log.has(ctx(1)));
+    ASSERT_FI_OK(tsend(c(), *sc, 64, c().peer[1], 0x33, ctx(11)));
+    auto rc = wait_comp(b(), ctx(1));
+    ASSERT_TRUE(rc) << b().log.summary();
+    EXPECT_EQ(rc->src, b().peer[2]);
+    EXPECT_EQ(check_pattern(r1->data(), 64, 221), -1);
+    ASSERT_FI_OK(trecv(b(), *r2, 64, 0x33, 0, ctx(2), b().peer[0]));
+    ASSERT_TRUE(wait_comp(b(), ctx(2))) << b().log.summary();
+    EXPECT_EQ(check_pattern(r2->data(), 64, 220), -1);
+}
+
+}  // namespace
+}  // namespace tandem_test

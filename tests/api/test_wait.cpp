@@ -1,0 +1,293 @@
+// fi_poll(3): native wait objects (FI_GETWAIT + epoll, fi_trywait), wait sets (fi_wait_open /
+// fi_wait) and poll sets (fi_poll_open / fi_poll). With FI_PROGRESS_MANUAL the provider must
+// make its wait objects fire when progress is needed, or a blocked application never wakes.
+#include "fabric_fixture.h"
+
+#include <sys/epoll.h>
+#include <unistd.h>
+
+namespace tandem_test {
+namespace {
+
+// Closes an epoll descriptor.
+struct Epoll {
+    int fd = epoll_create1(0);
+    ~Epoll() {
+        if (fd >= 0) close(fd);
+    }
+    bool add(int wfd) {
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.fd = wfd;
+        return epoll_ctl(fd, EPOLL_CTL_ADD, wfd, &ev) == 0;
+    }
+    int wait(int timeout_ms) {
+        epoll_event ev[4];
+        return epoll_wait(fd, ev, 4, timeout_ms);
+    }
+};
+
+class FdWaitTest : public FabricTest {
+  protected:
+    void configure(FabricOptions &o) override {
+        o.cq_wait = FI_WAIT_FD;
+        o.mr_mode &= ~FI_MR_LOCAL;  // plain buffers below
+    }
+    int cq_fd(Endpoint &e) {
+        int fd = -1;
+        int ret = fi_control(&e.cq->fid, FI_GETWAIT, &fd);
+        EXPECT_EQ(ret, 0) << "FI_GETWAIT: " << fi_err_str(ret);
+        return fd;
+    }
+};
+
+TEST_F(FdWaitTest, GetwaitReturnsDescriptor) {
+    EXPECT_GE(cq_fd(a()), 0);
+    EXPECT_GE(cq_fd(b()), 0);
+}
+
+// fi_poll(3): FI_GETWAITOBJ "returns the type of wait object associated with a wait set or fid".
+TEST_F(FdWaitTest, GetwaitobjReportsFd) {
+    enum fi_wait_obj obj = FI_WAIT_NONE;
+    ASSERT_FI_OK(fi_control(&a().cq->fid, FI_GETWAITOBJ, &obj));
+    EXPECT_EQ(obj, FI_WAIT_FD);
+}
+
+TEST_F(FdWaitTest, TrywaitIsSuccessOnlyWhenNothingIsPending) {
+    fid_t fids[1] = {&b().cq->fid};
+    EXPECT_EQ(fi_trywait(fabric, fids, 1), FI_SUCCESS) << "empty CQ, no traffic";
+    AlignedBuf s(64), r(64);
+    ASSERT_FI_OK(
+        post([&] { return fi_recv(b().ep, r.data(), 64, nullptr, FI_ADDR_UNSPEC, ctx(1)); }));
+    ASSERT_FI_OK(post([&] { return fi_send(a().ep, s.data(), 64, nullptr, a().peer[1], ctx(0)); }));
+    // Only trywait and a's CQ are driven: trywait must eventually report the pending receive.
+    int ret = FI_SUCCESS;
+    ASSERT_TRUE(::tandem_test::poll_until([&] {
+        a().log.drain();
+        ret = fi_trywait(fabric, fids, 1);
+        return ret == -FI_EAGAIN;
+    })) << "fi_trywait kept returning "
+        << fi_err_str(ret) << " with a message on the way";
+    ASSERT_TRUE(poll_until([&] { return b().log.has(ctx(1)); })) << b().log.summary();
+    ASSERT_TRUE(poll_until([&] { return a().log.has(ctx(0)); })) << a().log.summary();
+    // Drained and quiet again: safe to block.
+    EXPECT_TRUE(::tandem_test::poll_until(
+        [&] {
+            b().log.drain();
+            return fi_trywait(fabric, fids, 1) == FI_SUCCESS;
+        },
+        2s))
+        << "fi_trywait never returned FI_SUCCESS on a drained CQ";
+}
+
+TEST_F(FdWaitTest, EpollOnCqFdWakesWhenMessageArrives) {
+    const int fd = cq_fd(b());
+    ASSERT_GE(fd, 0);
+    Epoll ep;
+    ASSERT_GE(ep.fd, 0);
+    ASSERT_TRUE(ep.add(fd));
+    AlignedBuf s(128), r(128);
+    fill_pattern(s.data(), 128, 600);
+    ASSERT_FI_OK(
+        post([&] { return fi_recv(b().ep, r.data(), 128, nullptr, FI_ADDR_UNSPEC, ctx(1)); }));
+    // b's thread: block in epoll whenever fi_trywait allows it; read when woken.
+    std::atomic<bool> got{false};
+    std::atomic<int> wakeups{0}, timeouts{0};
+    std::atomic<long> blocked_ms{0};
+    std::thread waiter([&] {
+        fid_t fids[1] = {&b().cq->fid};
+        const auto deadline = Clock::now() + kTimeout;
+        while (!got && Clock::now() < deadline) {
+            if (fi_trywait(fabric, fids, 1) == FI_SUCCESS) {
+                auto t0 = Clock::now();
+                int n = ep.wait(3000);
+                blocked_ms += std::chrono::duration_cast<Ms>(Clock::now() - t0).count();
+                (n > 0 ? wakeups : timeouts)++;
+            }
+            fi_cq_tagged_entry e[4];
+            ssize_t n;
+            while ((n = fi_cq_read(b().cq, e, 4)) > 0)
+                for (ssize_t i = 0; i < n; ++i)
+                    if (e[i].op_context == ctx(1)) got = true;
+        }
+    });
+    std::this_thread::sleep_for(200ms);  // let b block first
+    ASSERT_FI_OK(
+        post([&] { return fi_send(a().ep, s.data(), 128, nullptr, a().peer[1], ctx(0)); }));
+    auto sent_at = Clock::now();
+    ::tandem_test::poll_until([&] {
+        a().log.drain();
+        return got.load() && a().log.has(ctx(0));
+    });
+    auto done_at = Clock::now();
+    waiter.join();
+    ASSERT_TRUE(got.load()) << "message never read on b; wakeups " << wakeups << ", timeouts "
+                            << timeouts;
+    EXPECT_GE(wakeups.load(), 1) << "epoll on the CQ fd never woke up";
+    EXPECT_EQ(timeouts.load(), 0) << "b only saw the message after an epoll timeout";
+    EXPECT_LT(done_at - sent_at, 2s);
+    EXPECT_EQ(check_pattern(r.data(), 128, 600), -1);
+}
+
+TEST_F(FdWaitTest, WaitNoneCqHasNoFd) {
+    // A CQ opened without a wait object has nothing to hand out.
+    Fid<fid_cq> cq;
+    ASSERT_NO_FATAL_FAILURE(open_cq(cq, FI_CQ_FORMAT_CONTEXT, FI_WAIT_NONE));
+    int fd = -1;
+    EXPECT_LT(fi_control(&cq->fid, FI_GETWAIT, &fd), 0);
+}
+
+// ---- EQ and counter fds ----------------------------------------------------------------------
+
+using EqCntrFdTest = FabricTest;
+
+TEST_F(EqCntrFdTest, EpollOnEqFdWakesOnWrite) {
+    fi_eq_attr attr{};
+    attr.wait_obj = FI_WAIT_FD;
+    attr.flags = FI_WRITE;
+    Fid<fid_eq> eq;
+    ASSERT_FI_OK(fi_eq_open(fabric, &attr, eq.out(), nullptr));
+    int fd = -1;
+    ASSERT_FI_OK(fi_control(&eq->fid, FI_GETWAIT, &fd));
+    ASSERT_GE(fd, 0);
+    fid_t fids[1] = {&eq->fid};
+    ASSERT_EQ(fi_trywait(fabric, fids, 1), FI_SUCCESS);
+    Epoll ep;
+    ASSERT_TRUE(ep.add(fd));
+    fid_eq *raw = eq;
+    std::thread writer([raw] {
+        std::this_thread::sleep_for(150ms);
+        fi_eq_entry e{};
+        e.data = 31;
+        fi_eq_write(raw, FI_NOTIFY, &e, sizeof(e), 0);
+    });
+    auto t0 = Clock::now();
+    int n = ep.wait(5000);
+    auto elapsed = Clock::now() - t0;
+    writer.join();
+    EXPECT_EQ(n, 1) << "epoll on the EQ fd did not wake";
+    EXPECT_LT(elapsed, 4s);
+    EXPECT_EQ(fi_trywait(fabric, fids, 1), -FI_EAGAIN) << "event queued but trywait says block";
+    uint32_t event = 0;
+    fi_eq_entry e{};
+    ASSERT_FI_RET(fi_eq_read(eq, &event, &e, sizeof(e), 0), sizeof(e));
+    EXPECT_EQ(e.data, 31u);
+    EXPECT_EQ(fi_trywait(fabric, fids, 1), FI_SUCCESS);
+}
+
+TEST_F(EqCntrFdTest, CounterFdWaitObject) {
+    Fid<fid_cntr> c;
+    ASSERT_NO_FATAL_FAILURE(open_cntr(c, FI_WAIT_FD));
+    int fd = -1;
+    ASSERT_FI_OK(fi_control(&c->fid, FI_GETWAIT, &fd));
+    EXPECT_GE(fd, 0);
+    fid_t fids[1] = {&c->fid};
+    EXPECT_EQ(fi_trywait(fabric, fids, 1), FI_SUCCESS);
+}
+
+// ---- wait sets -------------------------------------------------------------------------------
+
+class WaitSetTest : public FabricTest {
+  protected:
+    Fid<fid_wait> ws;
+    void configure(FabricOptions &o) override {
+        o.cq_wait = FI_WAIT_SET;
+        o.mr_mode &= ~FI_MR_LOCAL;
+    }
+    void after_fabric() override {
+        fi_wait_attr attr{};
+        attr.wait_obj = FI_WAIT_UNSPEC;
+        ASSERT_FI_OK(fi_wait_open(fabric, &attr, ws.out()));
+        opts.cq_wait_set = ws;
+    }
+    void TearDown() override {
+        eps.clear();  // CQs go before the wait set
+        ws.reset();
+        FabricTest::TearDown();
+    }
+};
+
+TEST_F(WaitSetTest, WaitTimesOutWhenNothingHappens) {
+    auto t0 = Clock::now();
+    int ret = fi_wait(ws, 100);
+    auto elapsed = std::chrono::duration_cast<Ms>(Clock::now() - t0);
+    EXPECT_LT(ret, 0) << "fi_wait on an idle wait set returned " << ret;
+    EXPECT_GE(elapsed.count(), 80);
+    EXPECT_LT(elapsed.count(), 5000);
+}
+
+TEST_F(WaitSetTest, WaitReturnsWhenCompletionArrives) {
+    AlignedBuf s(256), r(256);
+    fill_pattern(s.data(), 256, 601);
+    ASSERT_FI_OK(
+        post([&] { return fi_recv(b().ep, r.data(), 256, nullptr, FI_ADDR_UNSPEC, ctx(1)); }));
+    ASSERT_FI_OK(
+        post([&] { return fi_send(a().ep, s.data(), 256, nullptr, a().peer[1], ctx(0)); }));
+    int signalled = 0;
+    bool got = false;
+    const auto deadline = Clock::now() + kTimeout;
+    // a's CQ is on the same wait set; both sides progress through fi_wait and reads.
+    while (!got && Clock::now() < deadline) {
+        if (fi_wait(ws, 200) == 0) ++signalled;
+        a().log.drain();
+        b().log.drain();
+        got = b().log.has(ctx(1));
+    }
+    ASSERT_TRUE(got) << "receive never completed; " << b().log.summary();
+    EXPECT_GE(signalled, 1) << "fi_wait never reported the wait set as signalled";
+    EXPECT_EQ(check_pattern(r.data(), 256, 601), -1);
+    ASSERT_TRUE(poll_until([&] { return a().log.has(ctx(0)); })) << a().log.summary();
+}
+
+TEST_F(WaitSetTest, CloseWhileCqAttachedIsBusy) {
+    int ret = fi_close(&ws->fid);
+    EXPECT_EQ(ret, -FI_EBUSY) << fi_err_str(ret);
+    if (ret == 0) ws.release();
+}
+
+// ---- poll sets -------------------------------------------------------------------------------
+
+class PollSetTest : public FabricTest {
+  protected:
+    void configure(FabricOptions &o) override { o.mr_mode &= ~FI_MR_LOCAL; }
+};
+
+TEST_F(PollSetTest, PollReportsCqWithCompletions) {
+    fi_poll_attr attr{};
+    Fid<fid_poll> ps;
+    ASSERT_FI_OK(fi_poll_open(domain, &attr, ps.out()));
+    ASSERT_FI_OK(fi_poll_add(ps, &b().cq->fid, 0));
+    AlignedBuf s(64), r(64);
+    ASSERT_FI_OK(
+        post([&] { return fi_recv(b().ep, r.data(), 64, nullptr, FI_ADDR_UNSPEC, ctx(1)); }));
+    ASSERT_FI_OK(post([&] { return fi_send(a().ep, s.data(), 64, nullptr, a().peer[1], ctx(0)); }));
+    void *contexts[4] = {};
+    int n = 0;
+    // fi_poll progresses the CQs in the set; a is progressed by hand.
+    ASSERT_TRUE(::tandem_test::poll_until([&] {
+        a().log.drain();
+        n = fi_poll(ps, contexts, 4);
+        return n != 0;
+    })) << "fi_poll never reported b's CQ";
+    ASSERT_EQ(n, 1) << fi_err_str(n);
+    EXPECT_EQ(contexts[0], &b()) << "fi_poll must return the CQ's context";
+    ASSERT_TRUE(poll_until([&] { return b().log.has(ctx(1)) && a().log.has(ctx(0)); }))
+        << b().log.summary();
+    // Drained: no more reports.
+    poll_for(50ms);
+    EXPECT_EQ(fi_poll(ps, contexts, 4), 0);
+    EXPECT_FI_OK(fi_poll_del(ps, &b().cq->fid, 0));
+}
+
+TEST_F(PollSetTest, PollOfEmptySetReturnsZero) {
+    fi_poll_attr attr{};
+    Fid<fid_poll> ps;
+    ASSERT_FI_OK(fi_poll_open(domain, &attr, ps.out()));
+    ASSERT_FI_OK(fi_poll_add(ps, &a().cq->fid, 0));
+    void *contexts[2] = {};
+    EXPECT_EQ(fi_poll(ps, contexts, 2), 0);
+    ASSERT_FI_OK(fi_poll_del(ps, &a().cq->fid, 0));
+}
+
+}  // namespace
+}  // namespace tandem_test
