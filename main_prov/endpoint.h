@@ -43,6 +43,7 @@ struct Peer {
     std::deque<TxOp *> waiting;        // posted before the connection was up
     FabricAddr addr = FI_ADDR_NOTAVAIL;  // in our AV, refreshed when the AV changes
     uint64_t av_version = ~0ull;
+    std::deque<RxOp *> rx_order;  // matched messages from this peer, completions in order
 };
 
 struct TxOp {
@@ -212,8 +213,10 @@ private:
     void handle_wc(const WorkCompletion &wc);
     void handle_cm_event(CmEvent &ev);
     void handle_message(LinkConnection *conn, const uint8_t *buf, size_t len);
-    void deliver_eager(RxOp *rx, const wire::ProtoHeader &hdr, const uint8_t *payload,
-                       fi_addr_t src);
+    void deliver_eager(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,
+                       const uint8_t *payload, fi_addr_t src);
+    void keep_order(RxOp *rx, LinkConnection *conn);
+    void report_rx(RxOp *rx);
     void start_rendezvous(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,
                           const wire::RtsBody &rts, fi_addr_t src);
     void finish_rendezvous(RxOp *rx);

@@ -602,7 +602,7 @@ void Endpoint::deliver_unexpected(RxOp *rx, Unexpected &ux) {
     if (ux.rendezvous())
         start_rendezvous(rx, ux.conn, ux.hdr, ux.rts, src);
     else
-        deliver_eager(rx, ux.hdr, ux.data.data(), src);
+        deliver_eager(rx, ux.conn, ux.hdr, ux.data.data(), src);
 }
 
 ssize_t Endpoint::peek_or_claim_on(RxMatcher &m, Endpoint *report_ep, uint64_t caps,
@@ -698,22 +698,54 @@ fi_addr_t Endpoint::source_of(LinkConnection *conn) {
     return peer->addr;
 }
 
+// A matched message joins its peer's order queue (see RxOp::order_queue).
+void Endpoint::keep_order(RxOp *rx, LinkConnection *conn) {
+    auto *peer = conn ? static_cast<Peer *>(conn->context) : nullptr;
+    if (!peer) return;
+    peer->rx_order.push_back(rx);
+    rx->order_queue = &peer->rx_order;
+}
+
 void Endpoint::rx_complete(RxOp *rx, size_t len, uint64_t tag, uint64_t data,
                            uint8_t proto_flags, fi_addr_t src, int err, size_t olen) {
-    uint64_t flags = FI_RECV | ((proto_flags & wire::kProtoTagged) ? FI_TAGGED : FI_MSG);
-    if (proto_flags & wire::kProtoCqData) flags |= FI_REMOTE_CQ_DATA;
+    rx->done = true;
+    rx->done_len = len;
+    rx->done_tag = tag;
+    rx->done_data = data;
+    rx->done_proto_flags = proto_flags;
+    rx->done_src = src;
+    rx->done_err = err;
+    rx->done_olen = olen;
+    std::deque<RxOp *> *queue = rx->order_queue;
+    if (!queue) {
+        report_rx(rx);
+        return;
+    }
+    while (!queue->empty() && queue->front()->done) {
+        RxOp *next = queue->front();
+        queue->pop_front();
+        report_rx(next);
+    }
+}
+
+void Endpoint::report_rx(RxOp *rx) {
+    uint64_t flags = FI_RECV | ((rx->done_proto_flags & wire::kProtoTagged) ? FI_TAGGED : FI_MSG);
+    if (rx->done_proto_flags & wire::kProtoCqData) flags |= FI_REMOTE_CQ_DATA;
     RxOp *parent = rx->parent;
     if (parent) {
         parent->children--;
         if (parent->retired && parent->children == 0) flags |= FI_MULTI_RECV;
     }
     void *buf = rx->count ? rx->iov[0].iov_base : nullptr;
-    if (err) {
-        write_rx_err(rx, flags, err, len, olen, tag, data);
+    if (rx->done_err) {
+        write_rx_err(rx, flags, rx->done_err, rx->done_len, rx->done_olen, rx->done_tag,
+                     rx->done_data);
     } else {
         if (recv_cntr_) recv_cntr_->inc();
         if (!rx_selective_ || (rx->op_flags & FI_COMPLETION))
-            write_rx_cq({rx->context, flags, len, buf, data, tag, src}, src);
+            write_rx_cq({rx->context, flags, rx->done_len, buf, rx->done_data, rx->done_tag,
+                         rx->done_src},
+                        rx->done_src);
     }
     if (parent) {
         delete rx;
@@ -728,8 +760,9 @@ void Endpoint::release_rx(RxOp *rx) {
     delete rx;
 }
 
-void Endpoint::deliver_eager(RxOp *rx, const wire::ProtoHeader &hdr, const uint8_t *payload,
-                             fi_addr_t src) {
+void Endpoint::deliver_eager(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,
+                             const uint8_t *payload, fi_addr_t src) {
+    keep_order(rx, conn);
     size_t copied = copy_to_iov(rx->iov, rx->count, payload, hdr.size);
     int err = copied < hdr.size ? FI_ETRUNC : 0;
     rx_complete(rx, copied, hdr.tag, hdr.cq_data, hdr.flags, src, err, hdr.size - copied);
@@ -737,6 +770,7 @@ void Endpoint::deliver_eager(RxOp *rx, const wire::ProtoHeader &hdr, const uint8
 
 void Endpoint::start_rendezvous(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,
                                 const wire::RtsBody &rts, fi_addr_t src) {
+    keep_order(rx, conn);
     rx->conn = conn;
     rx->msg_id = hdr.msg_id;
     rx->msg_len = hdr.size;
@@ -798,7 +832,7 @@ void Endpoint::handle_message(LinkConnection *conn, const uint8_t *buf, size_t l
                 send_control(conn, wire::ProtoOp::DeliveryAck, nullptr, 0, hdr.msg_id);
             RxOp *rx = rx_->match_posted(tagged, hdr.tag, src);
             if (rx) {
-                deliver_eager(slice_for(*rx_, rx, hdr.size), hdr, body, src);
+                deliver_eager(slice_for(*rx_, rx, hdr.size), conn, hdr, body, src);
             } else {
                 Unexpected ux;
                 ux.ep = this;

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <list>
 #include <vector>
 
@@ -47,6 +48,17 @@ struct RxOp {
     fi_addr_t msg_src = FI_ADDR_NOTAVAIL;
     int reads = 0;
     int error = 0;
+    // The completion, held until every message that arrived before it from the same peer has
+    // completed: a rendezvous still reading delays the eager messages sent after it, so
+    // completions come in the order the peer sent (what FI_ORDER_SAS users like ofi_rxm's
+    // segmentation rely on).
+    std::deque<RxOp *> *order_queue = nullptr;
+    bool done = false;
+    size_t done_len = 0, done_olen = 0;
+    uint64_t done_tag = 0, done_data = 0;
+    uint8_t done_proto_flags = 0;
+    fi_addr_t done_src = FI_ADDR_NOTAVAIL;
+    int done_err = 0;
 
     bool matches_tag(uint64_t t) const { return ((tag ^ t) & ~ignore) == 0; }
     bool matches_src(fi_addr_t s) const { return src == FI_ADDR_UNSPEC || src == s; }
