@@ -15,10 +15,10 @@ void Config::load(fi_provider *prov) {
     g_config.eager_limit = p.size("eager_limit",
                                   "Largest message sent eagerly; larger messages use a rendezvous "
                                   "(the receiver reads the data with RDMA read)",
-                                  16384);
+                                  65536);
     g_config.inject_size = p.size("inject_size", "Largest fi_inject / FI_INJECT payload", 4096);
     if (g_config.inject_size > g_config.eager_limit) g_config.inject_size = g_config.eager_limit;
-    g_config.rx_buffers = p.size("rx_buffers", "Link receive buffers posted per endpoint", 256);
+    g_config.rx_buffers = p.size("rx_buffers", "Link receive buffers posted per endpoint (each eager_limit + 40 bytes)", 64);
     g_config.tx_size = p.size("tx_size", "Transmit queue depth of an endpoint", 4096);
     g_config.rx_size = p.size("rx_size", "Receive queue depth of an endpoint", 4096);
     g_config.socket_buffer = p.size("socket_buffer",
