@@ -190,9 +190,17 @@ void Av::sync_shared() const {
 
 FabricAddr Av::append(const EndpointName &name) {
     if (!shared_) {
-        FabricAddr fa = names_.size();
-        names_.push_back(name);
-        valid_.push_back(true);
+        FabricAddr fa;
+        if (!free_.empty()) {
+            fa = *free_.begin();
+            free_.erase(free_.begin());
+            names_[fa] = name;
+            valid_[fa] = true;
+        } else {
+            fa = names_.size();
+            names_.push_back(name);
+            valid_.push_back(true);
+        }
         reverse_.emplace(name.key(), fa);
         return fa;
     }
@@ -334,6 +342,8 @@ int Av::remove(fi_addr_t *fi_addr, size_t count, uint64_t flags) {
         if (shared_) {
             shared_->entries[fa].state.store(SharedSegment::kRemoved, std::memory_order_release);
             shared_->version.fetch_add(1, std::memory_order_acq_rel);
+        } else {
+            free_.insert(fa);
         }
     }
     ++version_;

@@ -8,6 +8,7 @@
 
 #include <rdma/fi_domain.h>
 
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -58,6 +59,7 @@ private:
     mutable std::vector<EndpointName> names_;
     mutable std::vector<bool> valid_;
     mutable std::unordered_map<std::string, FabricAddr> reverse_;
+    std::set<FabricAddr> free_;  // removed indices, reused lowest first (fi_av(3))
     Eq *eq_ = nullptr;
     uint64_t version_ = 0;
     SharedSegment *shared_ = nullptr;  // FI_SHARED_AV: entries in a named shm segment

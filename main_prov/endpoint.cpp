@@ -253,25 +253,7 @@ int Endpoint::control(int command, void *arg) {
     switch (command) {
         case FI_ENABLE: {
             std::lock_guard guard(domain_->lock());
-            if (enabled_) return 0;
-            if (type_ == FI_EP_RDM && !av_) return -FI_ENOAV;
-            if ((caps_ & (FI_MSG | FI_TAGGED | FI_RMA)) && !tx_cq_ && !send_cntr_ && !write_cntr_ &&
-                !read_cntr_)
-                return -FI_ENOCQ;
-            if (type_ == FI_EP_MSG && !eq_) return -FI_ENOEQ;
-            // Post the link's receive buffers (the SRQ of a verbs link).
-            size_t count = Config::get().rx_buffers;
-            rx_slab_.assign(count * rx_buf_size_, 0);
-            for (size_t i = 0; i < count; ++i) repost(rx_slab_.data() + i * rx_buf_size_);
-            enabled_ = true;
-            domain_->add_endpoint(this);
-            if (info_->handle) {
-                // Passive side: the connection request this endpoint was created for.
-                auto *req = reinterpret_cast<struct fid *>(info_->handle);
-                adopt_request(take_connection_request(req));
-                info_->handle = nullptr;
-            }
-            return 0;
+            return enable_locked();
         }
         case FI_GETOPSFLAG:
         case FI_SETOPSFLAG: {
@@ -292,6 +274,29 @@ int Endpoint::control(int command, void *arg) {
         default:
             return -FI_ENOSYS;
     }
+}
+
+// fi_enable; also implied by fi_connect / fi_accept (fi_cm(3)). Domain lock held.
+int Endpoint::enable_locked() {
+    if (enabled_) return 0;
+    if (type_ == FI_EP_RDM && !av_) return -FI_ENOAV;
+    if ((caps_ & (FI_MSG | FI_TAGGED | FI_RMA)) && !tx_cq_ && !send_cntr_ && !write_cntr_ &&
+        !read_cntr_)
+        return -FI_ENOCQ;
+    if (type_ == FI_EP_MSG && !eq_) return -FI_ENOEQ;
+    // Post the link's receive buffers (the SRQ of a verbs link).
+    size_t count = Config::get().rx_buffers;
+    rx_slab_.assign(count * rx_buf_size_, 0);
+    for (size_t i = 0; i < count; ++i) repost(rx_slab_.data() + i * rx_buf_size_);
+    enabled_ = true;
+    domain_->add_endpoint(this);
+    if (info_->handle) {
+        // Passive side: the connection request this endpoint was created for.
+        auto *req = reinterpret_cast<struct fid *>(info_->handle);
+        adopt_request(take_connection_request(req));
+        info_->handle = nullptr;
+    }
+    return 0;
 }
 
 int Endpoint::getopt(int level, int optname, void *optval, size_t *optlen) {
@@ -430,7 +435,10 @@ int Endpoint::connect(const void *addr, const void *param, size_t paramlen) {
     if (paramlen && !param) return -FI_EINVAL;
     if (paramlen > cm_data_size_) return -FI_EINVAL;
     std::lock_guard guard(domain_->lock());
-    if (!enabled_) return -FI_EOPBADSTATE;
+    if (!enabled_) {
+        int ret = enable_locked();
+        if (ret) return ret;
+    }
     if (msg_state_ != MsgState::Idle) return -FI_EISCONN;
     EndpointName dst;
     const void *target = addr ? addr : info_->dest_addr;
@@ -468,8 +476,11 @@ int Endpoint::accept(const void *param, size_t paramlen) {
     if (paramlen && !param) return -FI_EINVAL;
     if (paramlen > cm_data_size_) return -FI_EINVAL;
     std::lock_guard guard(domain_->lock());
-    if (!enabled_ || msg_state_ != MsgState::Accepting || !pending_request_)
-        return -FI_EOPBADSTATE;
+    if (!enabled_) {
+        int ret = enable_locked();
+        if (ret) return ret;
+    }
+    if (msg_state_ != MsgState::Accepting || !pending_request_) return -FI_EOPBADSTATE;
     LinkConnection *conn = pending_request_.get();
     transport_->adopt(std::move(pending_request_));
     int ret = conn->accept(param, paramlen);

@@ -80,6 +80,7 @@ public:
     int close();
     int bind(struct fid *bfid, uint64_t flags);
     int control(int command, void *arg);
+    int enable_locked();
     // fi_ops_ep
     ssize_t cancel(void *context);
     int getopt(int level, int optname, void *optval, size_t *optlen);
@@ -141,7 +142,8 @@ public:
     void progress_cm() override;
     void cm_wait_fds(std::vector<int> &out) override;
     // RemoteKeyResolver
-    void *resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access) noexcept override;
+    bool resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access,
+                 LocalPieces &out) noexcept override;
     void remote_access_done(uint64_t key, uint64_t access) noexcept override;
 
     // Inside tandem, with the domain lock held.

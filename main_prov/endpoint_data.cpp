@@ -742,7 +742,9 @@ void Endpoint::report_rx(RxOp *rx) {
                      rx->done_data);
     } else {
         if (recv_cntr_) recv_cntr_->inc();
-        if (!rx_selective_ || (rx->op_flags & FI_COMPLETION))
+        // The release of a multi-receive buffer is reported even under selective
+        // completion (fi_msg(3)): it hands the buffer back.
+        if (!rx_selective_ || (rx->op_flags & FI_COMPLETION) || (flags & FI_MULTI_RECV))
             write_rx_cq({rx->context, flags, rx->done_len, buf, rx->done_data, rx->done_tag,
                          rx->done_src},
                         rx->done_src);
@@ -984,8 +986,9 @@ ssize_t Endpoint::cancel_on(RxMatcher &m, Endpoint *report_ep, void *context) {
     return 0;
 }
 
-void *Endpoint::resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access) noexcept {
-    return domain_->mr_table().resolve(key, addr, len, access);
+bool Endpoint::resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access,
+                       LocalPieces &out) noexcept {
+    return domain_->mr_table().resolve(key, addr, len, access, out);
 }
 
 void Endpoint::remote_access_done(uint64_t key, uint64_t access) noexcept {

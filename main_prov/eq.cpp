@@ -72,6 +72,8 @@ int Eq::close() {
 }
 
 int Eq::control(int command, void *arg) {
+    if (command == FI_GETWAITOBJ)
+        return report_wait_object(arg, own_wait_ != nullptr, wait_object_ != nullptr);
     if (command != FI_GETWAIT) return -FI_ENOSYS;
     if (!own_wait_) return -FI_ENODATA;
     if (!arg) return -FI_EINVAL;

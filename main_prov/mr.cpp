@@ -3,6 +3,7 @@
 #include "main_prov/cntr.h"
 #include "main_prov/domain.h"
 
+#include <algorithm>
 #include <random>
 
 namespace tandem {
@@ -30,12 +31,13 @@ MemoryRegion::MemoryRegion(Domain *domain, const fi_mr_attr &attr, uint64_t flag
       offset_(attr.offset),
       virt_addr_(domain->mr_mode() & (FI_MR_VIRT_ADDR | FI_MR_BASIC)) {
     if (!attr.mr_iov && attr.iov_count) fail(FI_EINVAL, "memory region without iov");
-    if (attr.iov_count > 1 && virt_addr_)
-        fail(FI_EINVAL, "FI_MR_VIRT_ADDR regions take one iov");  // one address range
     if (attr.access & ~kAccessBits) fail(FI_EINVAL, "unsupported access flags");
     if (flags & ~uint64_t(FI_RMA_EVENT)) fail(FI_EBADFLAGS, "unsupported registration flags");
     if (attr.iface != FI_HMEM_SYSTEM) fail(FI_ENOSYS, "only host memory can be registered");
-    for (size_t i = 0; i < attr.iov_count; ++i) iov_.push_back(attr.mr_iov[i]);
+    for (size_t i = 0; i < attr.iov_count; ++i) {
+        iov_.push_back(attr.mr_iov[i]);
+        total_ += attr.mr_iov[i].iov_len;
+    }
     init_fid(FI_CLASS_MR, attr.context, &mr_fi_ops);
     fid()->mem_desc = this;
     bool prov_key = domain->mr_mode() & (FI_MR_PROV_KEY | FI_MR_BASIC);
@@ -87,28 +89,27 @@ int MemoryRegion::control(int command, void *arg) {
     return -FI_ENOSYS;
 }
 
-void *MemoryRegion::translate(uint64_t addr, size_t len) const {
-    if (!enabled_) return nullptr;
-    uint64_t off;
-    if (virt_addr_) {
-        if (iov_.empty()) return nullptr;
-        uint64_t base = reinterpret_cast<uint64_t>(iov_[0].iov_base);
-        if (addr < base) return nullptr;
-        off = addr - base;
-        if (off > iov_[0].iov_len || len > iov_[0].iov_len - off) return nullptr;
-        return static_cast<uint8_t *>(iov_[0].iov_base) + off;
-    }
-    if (addr < offset_) return nullptr;
-    off = addr - offset_;
-    // Offset addressing across iovs: the range must lie inside one of them.
-    for (auto &v : iov_) {
-        if (off < v.iov_len) {
-            if (len > v.iov_len - off) return nullptr;
-            return static_cast<uint8_t *>(v.iov_base) + off;
+bool MemoryRegion::translate(uint64_t addr, size_t len, LocalPieces &out) const {
+    out.count = 0;
+    if (!enabled_) return false;
+    uint64_t base = virt_addr_ ? (iov_.empty() ? 0 : reinterpret_cast<uint64_t>(iov_[0].iov_base))
+                               : offset_;
+    if (addr < base) return false;
+    uint64_t off = addr - base;
+    if (off > total_ || len > total_ - off) return false;
+    for (const iovec &v : iov_) {
+        if (!len) break;
+        if (off >= v.iov_len) {
+            off -= v.iov_len;
+            continue;
         }
-        off -= v.iov_len;
+        if (out.count == LocalPieces::kMax) return false;
+        size_t n = std::min<size_t>(len, v.iov_len - off);
+        out.iov[out.count++] = {static_cast<uint8_t *>(v.iov_base) + off, n};
+        len -= n;
+        off = 0;
     }
-    return len == 0 ? iov_.empty() ? nullptr : iov_[0].iov_base : nullptr;
+    return true;
 }
 
 void MemoryRegion::count_remote_access(uint64_t access) {
@@ -153,18 +154,22 @@ uint64_t MrTable::insert_internal(const iovec &iov) {
 
 void MrTable::erase_internal(uint64_t key) { internal_.erase(key); }
 
-void *MrTable::resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access) const {
+bool MrTable::resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access,
+                      LocalPieces &out) const {
+    out.count = 0;
     if (key & kInternalBit) {
         auto it = internal_.find(key);
-        if (it == internal_.end() || access != FI_REMOTE_READ) return nullptr;
+        if (it == internal_.end() || access != FI_REMOTE_READ) return false;
         uint64_t base = reinterpret_cast<uint64_t>(it->second.iov_base);
-        if (addr < base || addr - base > it->second.iov_len || len > it->second.iov_len - (addr - base))
-            return nullptr;
-        return reinterpret_cast<void *>(addr);
+        if (addr < base || addr - base > it->second.iov_len ||
+            len > it->second.iov_len - (addr - base))
+            return false;
+        out.iov[out.count++] = {reinterpret_cast<void *>(addr), len};
+        return true;
     }
     MemoryRegion *mr = find(key);
-    if (!mr || !(mr->access() & access)) return nullptr;
-    return mr->translate(addr, len);
+    if (!mr || !(mr->access() & access)) return false;
+    return mr->translate(addr, len, out);
 }
 
 }  // namespace tandem

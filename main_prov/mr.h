@@ -28,8 +28,10 @@ public:
 
     uint64_t key() const { return key_; }
     uint64_t access() const { return access_; }
-    // Local address for the remote range [addr, addr+len) or nullptr when it is not inside.
-    void *translate(uint64_t addr, size_t len) const;
+    // The local pieces of the remote range [addr, addr+len); false when it is not inside.
+    // The region is the concatenation of its iovecs, addressed from the first one's address
+    // (FI_MR_VIRT_ADDR) or from the registration offset.
+    bool translate(uint64_t addr, size_t len, LocalPieces &out) const;
     void count_remote_access(uint64_t access);
     bool enabled() const { return enabled_; }
 
@@ -40,6 +42,7 @@ private:
     uint64_t access_;
     uint64_t offset_;  // the application's base when FI_MR_VIRT_ADDR is off
     uint64_t key_ = 0;
+    uint64_t total_ = 0;  // bytes of all iovecs
     bool virt_addr_;
     bool enabled_ = true;
     Cntr *cntr_ = nullptr;  // FI_RMA_EVENT counter bound with fi_mr_bind
@@ -58,7 +61,8 @@ public:
     void erase_internal(uint64_t key);
 
     // Resolves a remote access (addr, len) under key with the given access bit.
-    void *resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access) const;
+    bool resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access,
+                 LocalPieces &out) const;
 
 private:
     static constexpr uint64_t kInternalBit = 1ull << 63;

@@ -49,7 +49,9 @@ public:
     void cm_wait_fds(std::vector<int> &out) override;
 
 private:
-    void *resolve(uint64_t, uint64_t, size_t, uint64_t) noexcept override { return nullptr; }
+    bool resolve(uint64_t, uint64_t, size_t, uint64_t, LocalPieces &) noexcept override {
+        return false;
+    }
     void remote_access_done(uint64_t, uint64_t) noexcept override {}
 
     Fabric *fabric_;

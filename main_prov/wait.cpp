@@ -155,6 +155,12 @@ int PollObject::poll(void **context, int count) {
     return n;
 }
 
+int report_wait_object(void *arg, bool own_fd, bool in_set) {
+    if (!arg) return -FI_EINVAL;
+    *static_cast<fi_wait_obj *>(arg) = own_fd ? FI_WAIT_FD : in_set ? FI_WAIT_SET : FI_WAIT_NONE;
+    return 0;
+}
+
 int trywait_one(struct fid *f) {
     if (!f) return -FI_EINVAL;
     switch (f->fclass) {

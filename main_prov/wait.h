@@ -56,6 +56,10 @@ private:
     std::vector<uint64_t> last_counts_;  // counters: value at the previous poll
 };
 
+// FI_GETWAITOBJ for a CQ, counter or EQ: FI_WAIT_FD for its own descriptor, FI_WAIT_SET when
+// it sleeps on an application's wait set, FI_WAIT_NONE without a wait object.
+int report_wait_object(void *arg, bool own_fd, bool in_set);
+
 // fi_trywait for any of tandem's waitable objects.
 int trywait_one(struct fid *f);
 

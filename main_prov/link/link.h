@@ -41,14 +41,23 @@ struct RemoteRegion {
     uint64_t key;
 };
 
+// The local memory behind a remote range: one piece, or several for a region registered
+// from several iovecs.
+struct LocalPieces {
+    static constexpr size_t kMax = 16;
+    iovec iov[kMax];
+    size_t count = 0;
+};
+
 // Resolves a remote key at the target, with bounds and access checks, the way an RNIC checks
 // an rkey. Implemented by the domain's memory-region table.
 class RemoteKeyResolver {
 public:
     virtual ~RemoteKeyResolver() = default;
-    // Returns the local address for [addr, addr+len) under key with the given FI_REMOTE_*
-    // access, or nullptr if the key is unknown, the range out of bounds or access denied.
-    virtual void *resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access) noexcept = 0;
+    // The local memory of [addr, addr+len) under key with the given FI_REMOTE_* access; false
+    // if the key is unknown, the range out of bounds or access denied.
+    virtual bool resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access,
+                         LocalPieces &out) noexcept = 0;
     // Called after a remote write/read completed into a region (for FI_RMA_EVENT counters).
     virtual void remote_access_done(uint64_t key, uint64_t access) noexcept = 0;
 };

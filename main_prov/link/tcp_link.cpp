@@ -305,7 +305,6 @@ bool TcpConnection::begin_frame() {
     dst_discard_ = false;
     payload_done_ = 0;
     cur_status_ = wire::TcpStatus::Ok;
-    write_target_ = nullptr;
     switch (op) {
         case wire::TcpOp::Send: {
             TcpTransport::PostedRecv posted;
@@ -334,14 +333,13 @@ bool TcpConnection::begin_frame() {
                 posted_len_ = posted.len;
                 posted_wr_id_ = posted.wr_id;
             }
-            void *target = transport_->resolver()->resolve(cur_ext_.key, cur_ext_.addr,
-                                                           cur_.length, FI_REMOTE_WRITE);
-            if (!target && cur_.length) {
+            LocalPieces pieces;
+            if (!transport_->resolver()->resolve(cur_ext_.key, cur_ext_.addr, cur_.length,
+                                                 FI_REMOTE_WRITE, pieces)) {
                 cur_status_ = wire::TcpStatus::RemoteAccess;
                 dst_discard_ = true;
             } else {
-                write_target_ = target;
-                dst_iov_.push_back({target, cur_.length});
+                dst_iov_.assign(pieces.iov, pieces.iov + pieces.count);
             }
             return true;
         }
@@ -517,18 +515,20 @@ void TcpConnection::finish_frame() {
             }
             break;
         case wire::TcpOp::ReadReq: {
-            void *src = transport_->resolver()->resolve(cur_ext_.key, cur_ext_.addr,
-                                                        cur_ext_.length, FI_REMOTE_READ);
+            LocalPieces pieces;
+            bool ok = transport_->resolver()->resolve(cur_ext_.key, cur_ext_.addr,
+                                                      cur_ext_.length, FI_REMOTE_READ, pieces);
             OutFrame resp;
             resp.hdr.op = static_cast<uint8_t>(wire::TcpOp::ReadResp);
-            if (!src && cur_ext_.length) {
+            if (!ok) {
                 resp.hdr.status = static_cast<uint8_t>(wire::TcpStatus::RemoteAccess);
                 TANDEM_WARN(FI_LOG_EP_DATA, "remote read rejected: key 0x%lx addr 0x%lx len %lu\n",
                             (unsigned long)cur_ext_.key, (unsigned long)cur_ext_.addr,
                             (unsigned long)cur_ext_.length);
             } else {
                 resp.hdr.length = cur_ext_.length;
-                if (cur_ext_.length) resp.iov[resp.iov_count++] = {src, cur_ext_.length};
+                for (size_t k = 0; k < pieces.count; ++k)
+                    if (pieces.iov[k].iov_len) resp.iov[resp.iov_count++] = pieces.iov[k];
                 transport_->resolver()->remote_access_done(cur_ext_.key, FI_REMOTE_READ);
             }
             queue_frame(std::move(resp));

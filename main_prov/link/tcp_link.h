@@ -130,7 +130,6 @@ private:
     uint64_t posted_wr_id_ = 0;
     size_t posted_len_ = 0;
     wire::TcpStatus cur_status_ = wire::TcpStatus::Ok;
-    void *write_target_ = nullptr;
     bool pending_ext_consumed_ = false;  // stalled frame: header and extension already read
 };
 

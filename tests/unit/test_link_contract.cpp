@@ -26,10 +26,20 @@ public:
     uint64_t access = FI_REMOTE_READ | FI_REMOTE_WRITE;
     int writes_done = 0, reads_done = 0;
 
-    void *resolve(uint64_t k, uint64_t addr, size_t len, uint64_t acc) noexcept override {
-        if (k != key || !(access & acc)) return nullptr;
-        if (addr > mem.size() || len > mem.size() - addr) return nullptr;
-        return mem.data() + addr;
+    bool resolve(uint64_t k, uint64_t addr, size_t len, uint64_t acc,
+                 LocalPieces &out) noexcept override {
+        if (k != key || !(access & acc)) return false;
+        if (addr > mem.size() || len > mem.size() - addr) return false;
+        // Two pieces when the range crosses the middle: exercises scattered regions.
+        size_t half = mem.size() / 2;
+        out.count = 0;
+        if (addr < half && addr + len > half) {
+            out.iov[out.count++] = {mem.data() + addr, half - addr};
+            out.iov[out.count++] = {mem.data() + half, addr + len - half};
+        } else {
+            out.iov[out.count++] = {mem.data() + addr, len};
+        }
+        return true;
     }
     void remote_access_done(uint64_t, uint64_t acc) noexcept override {
         (acc == FI_REMOTE_WRITE ? writes_done : reads_done)++;
