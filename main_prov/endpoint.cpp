@@ -164,6 +164,10 @@ int Endpoint::close() {
         for (auto &[name, peer] : peers_)
             if (peer->conn) peer->conn->disconnect();
         if (pending_request_) pending_request_->reject(nullptr, 0);
+        // Let queued frames (rendezvous Fins, acknowledgements) reach the peers before the
+        // sockets close; bounded, so a dead peer cannot hold up fi_close.
+        transport_->disconnect_all();
+        transport_->drain(250);
         for (Cq *cq : {tx_cq_, rx_cq_})
             if (cq) cq->release();
         for (Cntr *c : {send_cntr_, recv_cntr_, read_cntr_, write_cntr_, rread_cntr_, rwrite_cntr_})

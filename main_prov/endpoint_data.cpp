@@ -610,6 +610,7 @@ ssize_t Endpoint::peek_or_claim_on(RxMatcher &m, Endpoint *report_ep, uint64_t c
     uint64_t cq_flags = FI_RECV | FI_TAGGED;
     RxOp probe;
     probe.context = a.context;
+    probe.op_flags = a.flags;
     probe.count = std::min(a.count, kMaxIov);
     for (size_t i = 0; i < probe.count; ++i) probe.iov[i] = a.iov[i];
     probe.total = iov_len(probe.iov, probe.count);

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <chrono>
 #include <ctime>
 
 namespace tandem {
@@ -217,7 +218,20 @@ void TcpConnection::disconnect() {
     }
     disconnect_requested_ = true;
     reported_down_ = true;  // the local side asked for it: no Disconnected event to itself
-    if (outq_.empty()) fail_connection(nullptr, 0);
+    if (state_ != State::Established && state_ != State::RequestReceived)
+        fail_connection(nullptr, 0);
+}
+
+// A local disconnect closes gracefully: once everything queued (the Disconnect frame last) is
+// written, the sending half is shut and the connection keeps reading until the peer closes
+// too. Closing at once could reset the connection and lose frames the peer has not read yet
+// (a rendezvous Fin, say).
+void TcpConnection::finish_disconnect() {
+    if (!disconnect_requested_ || !outq_.empty() || fd_ < 0) return;
+    if (!write_shut_) {
+        shutdown(fd_, SHUT_WR);
+        write_shut_ = true;
+    }
 }
 
 bool TcpConnection::flush_send() {
@@ -554,6 +568,7 @@ void TcpConnection::finish_frame() {
         case wire::TcpOp::Ack:
             break;
         case wire::TcpOp::Disconnect:
+            complete_acked(cur_.ack);  // what the peer received before it left did arrive
             fail_connection(nullptr, 0);
             return;
         case wire::TcpOp::CmRequest:
@@ -667,7 +682,7 @@ void TcpConnection::progress(bool readable) {
         (rx_count_ - acked_sent_ >= kAckEvery || idle_passes_ >= kAckIdlePasses))
         maybe_send_ack();
     if (!outq_.empty()) flush_send();
-    if (disconnect_requested_ && outq_.empty()) fail_connection(nullptr, 0);
+    finish_disconnect();
 }
 
 void TcpConnection::flush_pending() {
@@ -794,6 +809,22 @@ std::unique_ptr<LinkConnection> TcpTransport::release(LinkConnection *conn) {
         }
     }
     return nullptr;
+}
+
+void TcpTransport::disconnect_all() {
+    for (auto &c : conns_) c->disconnect();
+}
+
+bool TcpTransport::drain(int timeout_ms) {
+    auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+    for (;;) {
+        bool busy = false;
+        for (auto &c : conns_) busy |= !c->failed();
+        for (auto &c : graveyard_) busy |= !c->failed();
+        if (!busy) return true;
+        if (std::chrono::steady_clock::now() >= end) return false;
+        progress();
+    }
 }
 
 void TcpTransport::destroy(LinkConnection *conn) {

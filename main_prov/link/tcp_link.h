@@ -100,11 +100,13 @@ private:
     void fail_connection(const char *why, int err);
     void flush_pending();
     void maybe_send_ack();
+    void finish_disconnect();
 
     TcpTransport *transport_;
     int fd_;
     State state_;
     bool disconnect_requested_ = false;
+    bool write_shut_ = false;
     bool reported_down_ = false;
 
     std::deque<OutFrame> outq_;
@@ -149,6 +151,11 @@ public:
     int poll(WorkCompletion *wc, int max) override;
     bool poll_cm(CmEvent &event) override;
     void wait_fds(std::vector<int> &out) const override;
+
+    // Keeps progressing until every connection has closed (after disconnect()), at most
+    // timeout_ms; true when all did.
+    bool drain(int timeout_ms);
+    void disconnect_all();
 
     // Detaches a connection (passive endpoint handing a request to a new endpoint).
     std::unique_ptr<LinkConnection> release(LinkConnection *conn);

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Compare tandem against the system libfabric's tcp;ofi_rxm (and UCX over TCP when
+# ucx_perftest is installed) on this machine, as ratios of medians over alternating runs.
+#
+#   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] [-p "PROV,PROV,..."] [-S SIZES] [--no-ucx]
+#
+#   -b BUILD_DIR  the CMake build directory (default: <repo>/build); needs
+#                 BUILD_DIR/bench/tandem_bench and, for tandem, BUILD_DIR/lib/libtandem-fi.so
+#   -n RUNS       runs per provider (default 5); providers alternate within each run
+#   -p LIST       comma-separated provider strings (default "tandem,tcp;ofi_rxm"); the first
+#                 is the one the ratios are about, the second the reference
+#   --no-ucx      skip ucx_perftest
+#
+# Each run is one tandem_bench process pair (fork mode: server and client on this host, both
+# busy-polling, nothing pinned) measuring 8 B tagged ping-pong latency and 1 MiB tagged-send
+# and RMA-write bandwidth (window 64). Prints every run, then medians and the ratios
+# first/second for 8 B latency (lower is better) and 1 MiB bandwidth (higher is better).
+# Exits non-zero if any run of any provider failed.
+set -u
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/.." && pwd)
+build=$repo/build
+runs=5
+providers="tandem,tcp;ofi_rxm"
+use_ucx=1
+while [ $# -gt 0 ]; do
+    case $1 in
+        -b) build=$2; shift 2 ;;
+        -n) runs=$2; shift 2 ;;
+        -p) providers=$2; shift 2 ;;
+        --no-ucx) use_ucx=0; shift ;;
+        -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "bench.sh: unknown option $1 (see -h)" >&2; exit 1 ;;
+    esac
+done
+build=$(cd "$build" 2>/dev/null && pwd) || { echo "bench.sh: no build directory $build" >&2; exit 1; }
+bench=$build/bench/tandem_bench
+[ -x "$bench" ] || { echo "bench.sh: $bench not built (cmake --build $build --target tandem_bench)" >&2; exit 1; }
+
+IFS=',' read -ra provs <<<"$providers"
+if [ "$use_ucx" = 1 ] && ! command -v ucx_perftest >/dev/null 2>&1; then
+    echo "bench.sh: ucx_perftest not found, skipping UCX (apt-get install ucx-utils)"
+    use_ucx=0
+fi
+
+results=$(mktemp)
+tmp=$(mktemp -d)
+trap 'rm -rf "$results" "$tmp"' EXIT
+failed=0
+
+# run_libfabric PROV: one tandem_bench run; appends "PROV metric value" lines.
+run_libfabric() {
+    local prov=$1 out=$tmp/out
+    local -a envs=(env -u FI_PROVIDER)
+    case $prov in tandem|tandem\;*) envs+=(FI_PROVIDER_PATH="$build/lib") ;; *) envs+=(-u FI_PROVIDER_PATH) ;; esac
+    if ! timeout 300 "${envs[@]}" "$bench" -p "$prov" -S 8,1m -t lat,bw,rma -T 280 >"$out" 2>&1; then
+        echo "  $prov: FAILED:"
+        sed 's/^/    /' "$out"
+        echo "$prov failed 1" >>"$results"
+        failed=1
+        return
+    fi
+    # table rows: size lat_us tag_bw rma_bw
+    awk -v p="$prov" '!/^#/ && $1 == 8 { print p, "lat8", $2 }
+                      !/^#/ && $1 == 1048576 { print p, "tagbw1m", $3; print p, "rmabw1m", $4 }' "$out" |
+        grep -v ' -$' >>"$results"
+    printf '  %-14s 8 B lat %8s us   1 MiB tagged %9s MB/s   1 MiB rma write %9s MB/s\n' "$prov" \
+        "$(awk '!/^#/ && $1 == 8 { print $2 }' "$out")" \
+        "$(awk '!/^#/ && $1 == 1048576 { print $3 }' "$out")" \
+        "$(awk '!/^#/ && $1 == 1048576 { print $4 }' "$out")"
+}
+
+ucx_port=$((47970 + RANDOM % 20))
+# run_ucx TEST SIZE ITERS WARMUP: prints the "Final:" line's overall latency or bandwidth.
+run_ucx() {
+    local test=$1 size=$2 iters=$3 warm=$4
+    ucx_port=$((ucx_port + 1))
+    UCX_TLS=tcp timeout 120 ucx_perftest -p "$ucx_port" >"$tmp/ucx_server" 2>&1 &
+    local spid=$!
+    local out=""
+    for _ in $(seq 1 50); do
+        out=$(UCX_TLS=tcp timeout 120 ucx_perftest 127.0.0.1 -p "$ucx_port" -t "$test" -s "$size" \
+              -n "$iters" -w "$warm" 2>&1) && break
+        out=""
+        kill -0 "$spid" 2>/dev/null || break
+        sleep 0.1
+    done
+    wait "$spid" 2>/dev/null
+    # Final: iters p50_lat avg_lat overall_lat avg_bw overall_bw avg_rate overall_rate
+    case $test in
+        *_lat) awk '/^Final:/ { print $5 }' <<<"$out" ;;
+        *) awk '/^Final:/ { print $7 }' <<<"$out" ;;
+    esac
+}
+
+echo "bench.sh: $runs runs of: ${provs[*]}$([ "$use_ucx" = 1 ] && echo ', ucx_perftest (UCX_TLS=tcp)')"
+echo "          build $build; load average now: $(cut -d' ' -f1-3 /proc/loadavg)"
+for r in $(seq 1 "$runs"); do
+    echo "run $r/$runs"
+    for prov in "${provs[@]}"; do run_libfabric "$prov"; done
+    if [ "$use_ucx" = 1 ]; then
+        lat=$(run_ucx tag_lat 8 20000 2000)
+        bw=$(run_ucx tag_bw 1048576 1000 100)
+        [ -n "$lat" ] && echo "ucx(tcp) lat8 $lat" >>"$results"
+        [ -n "$bw" ] && echo "ucx(tcp) tagbw1m $bw" >>"$results"
+        printf '  %-14s 8 B lat %8s us   1 MiB tagged %9s MB/s\n' "ucx(tcp)" "${lat:-FAIL}" "${bw:-FAIL}"
+        [ -n "$lat" ] && [ -n "$bw" ] || failed=1
+    fi
+done
+
+median() {  # median PROV METRIC
+    awk -v p="$1" -v m="$2" '$1 == p && $2 == m { print $3 }' "$results" |
+        sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print "n/a"; else if (NR % 2) print a[(NR + 1) / 2];
+                                            else printf "%.2f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
+}
+ratio() {
+    awk -v a="$1" -v b="$2" 'BEGIN { if (a == "n/a" || b == "n/a" || b + 0 == 0) print "n/a"; else printf "%.2f\n", a / b }'
+}
+
+names=("${provs[@]}")
+[ "$use_ucx" = 1 ] && names+=("ucx(tcp)")
+echo
+echo "medians over $runs runs"
+printf '%-26s' "metric"
+for n in "${names[@]}"; do printf ' %14s' "$n"; done
+echo
+for m in "lat8:8 B latency (us)" "tagbw1m:1 MiB tagged (MB/s)" "rmabw1m:1 MiB rma write (MB/s)"; do
+    key=${m%%:*}
+    printf '%-26s' "${m#*:}"
+    for n in "${names[@]}"; do printf ' %14s' "$(median "$n" "$key")"; done
+    echo
+done
+if [ "${#provs[@]}" -ge 2 ]; then
+    a=${provs[0]} b=${provs[1]}
+    echo
+    echo "ratios $a / $b (medians):"
+    printf '  8 B latency      %6s   (below 1: %s is faster)\n' "$(ratio "$(median "$a" lat8)" "$(median "$b" lat8)")" "$a"
+    printf '  1 MiB tagged bw  %6s   (above 1: %s moves more)\n' "$(ratio "$(median "$a" tagbw1m)" "$(median "$b" tagbw1m)")" "$a"
+    printf '  1 MiB rma bw     %6s\n' "$(ratio "$(median "$a" rmabw1m)" "$(median "$b" rmabw1m)")"
+    if [ "$use_ucx" = 1 ]; then
+        echo "ratios $a / ucx(tcp) (medians):"
+        printf '  8 B latency      %6s\n' "$(ratio "$(median "$a" lat8)" "$(median "ucx(tcp)" lat8)")"
+        printf '  1 MiB tagged bw  %6s\n' "$(ratio "$(median "$a" tagbw1m)" "$(median "ucx(tcp)" tagbw1m)")"
+    fi
+fi
+if [ "$failed" != 0 ]; then
+    echo
+    echo "bench.sh: some runs FAILED (see above)"
+    exit 1
+fi
