@@ -12,6 +12,7 @@
 
 #include <rdma/fabric.h>
 
+#include <cstring>
 #include <type_traits>
 
 namespace tandem {
@@ -27,7 +28,8 @@ class FidObject {
 public:
     FidObject() {
         slot_.fid = {};
-        slot_.self = static_cast<Self *>(this);
+        // The base pointer: Self is not constructed yet, so the downcast waits until of().
+        slot_.self = this;
     }
     FidObject(const FidObject &) = delete;
     FidObject &operator=(const FidObject &) = delete;
@@ -37,7 +39,8 @@ public:
 
     // Any pointer to this object's fid (typed or as struct fid *) back to the object.
     static Self *of(const void *fid) noexcept {
-        return static_cast<Self *>(static_cast<const FidSlot<FidT> *>(fid)->self);
+        auto *base = static_cast<FidObject *>(static_cast<const FidSlot<FidT> *>(fid)->self);
+        return static_cast<Self *>(base);
     }
 
     // Initialises the embedded struct fid; fclass and ops are the object's, context the user's.
@@ -50,6 +53,16 @@ public:
 private:
     FidSlot<FidT> slot_;
 };
+
+// The integer behind an enum field an application filled in, read without assuming it holds
+// one of the enumerators (a bad value is input to reject, not undefined behaviour).
+template <class E>
+inline int raw_enum(const E &field) noexcept {
+    static_assert(sizeof(E) == sizeof(int));
+    int value;
+    std::memcpy(&value, &field, sizeof value);
+    return value;
+}
 
 template <class R>
 inline R error_return(int negative_errno) noexcept {

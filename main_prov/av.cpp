@@ -101,9 +101,12 @@ bool EndpointName::from_bytes(const void *bytes, size_t len, EndpointName &out) 
 
 Av::Av(Domain *domain, const fi_av_attr &attr, void *context)
     : domain_(domain),
-      type_(attr.type == FI_AV_UNSPEC ? FI_AV_TABLE : attr.type),
+      type_(FI_AV_TABLE),
       addr_format_(domain->info()->addr_format) {
-    if (type_ != FI_AV_MAP && type_ != FI_AV_TABLE) fail(FI_EINVAL, "unknown AV type");
+    int type = raw_enum(attr.type);
+    if (type != FI_AV_UNSPEC && type != FI_AV_MAP && type != FI_AV_TABLE)
+        fail(FI_EINVAL, "unknown AV type");
+    if (type == FI_AV_MAP) type_ = FI_AV_MAP;
     if (attr.rx_ctx_bits) fail(FI_ENOSYS, "scalable endpoints are not supported");
     if (attr.flags & ~uint64_t(FI_EVENT | FI_SYMMETRIC | FI_READ))
         fail(FI_EINVAL, "unsupported AV flags");

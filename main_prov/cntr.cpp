@@ -31,9 +31,9 @@ fi_ops_cntr cntr_ops = {
 }  // namespace
 
 Cntr::Cntr(Domain *domain, const fi_cntr_attr &attr, void *context) : domain_(domain) {
-    if (attr.events != FI_CNTR_EVENTS_COMP) fail(FI_ENOSYS, "unsupported counter events");
+    if (raw_enum(attr.events) != FI_CNTR_EVENTS_COMP) fail(FI_ENOSYS, "unsupported counter events");
     if (attr.flags) fail(FI_EINVAL, "unsupported counter flags");
-    switch (attr.wait_obj) {
+    switch (raw_enum(attr.wait_obj)) {
         case FI_WAIT_NONE:
             break;
         case FI_WAIT_UNSPEC:

@@ -9,7 +9,7 @@ namespace tandem {
 
 namespace {
 
-size_t entry_size_of(fi_cq_format format) {
+size_t entry_size_of(int format) {
     switch (format) {
         case FI_CQ_FORMAT_CONTEXT:
             return sizeof(fi_cq_entry);
@@ -49,13 +49,17 @@ fi_ops_cq cq_ops = {
 
 Cq::Cq(Domain *domain, const fi_cq_attr &attr, void *context)
     : domain_(domain),
-      format_(attr.format == FI_CQ_FORMAT_UNSPEC ? FI_CQ_FORMAT_CONTEXT : attr.format),
-      entry_size_(entry_size_of(format_)) {
+      format_(FI_CQ_FORMAT_CONTEXT),
+      entry_size_(0) {
+    int format = raw_enum(attr.format);
+    entry_size_ = format == FI_CQ_FORMAT_UNSPEC ? sizeof(fi_cq_entry) : entry_size_of(format);
+    if (entry_size_ && format != FI_CQ_FORMAT_UNSPEC) format_ = static_cast<fi_cq_format>(format);
     if (!entry_size_) fail(FI_ENOSYS, "unsupported CQ format");
     if (attr.flags & ~(FI_AFFINITY)) fail(FI_EINVAL, "unsupported CQ flags");
-    if (attr.wait_cond != FI_CQ_COND_NONE && attr.wait_cond != FI_CQ_COND_THRESHOLD)
+    if (raw_enum(attr.wait_cond) != FI_CQ_COND_NONE &&
+        raw_enum(attr.wait_cond) != FI_CQ_COND_THRESHOLD)
         fail(FI_ENOSYS, "unsupported CQ wait condition");
-    switch (attr.wait_obj) {
+    switch (raw_enum(attr.wait_obj)) {
         case FI_WAIT_NONE:
             break;
         case FI_WAIT_UNSPEC:

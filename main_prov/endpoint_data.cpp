@@ -584,15 +584,17 @@ ssize_t Endpoint::post_recv_on(RxMatcher &m, Endpoint *report_ep, uint64_t caps,
     // as many as fit before it is retired).
     Unexpected ux;
     auto src_of = [](const Unexpected &u) { return u.ep->source_of(u.conn); };
-    while (!rx->retired && m.take_unexpected(*rx, src_of, ux)) {
-        RxOp *target = rx;
-        if (rx->multi) {
-            target = slice_for(m, rx, ux.hdr.size);
-        } else {
+    // Delivery may complete (and free) the receive: decide everything before it.
+    while (m.take_unexpected(*rx, src_of, ux)) {
+        if (!rx->multi) {
             m.remove_posted(rx);
+            ux.ep->deliver_unexpected(rx, ux);
+            break;
         }
-        ux.ep->deliver_unexpected(target, ux);
-        if (!rx->multi) break;
+        RxOp *slice = slice_for(m, rx, ux.hdr.size);
+        bool last = rx->retired;
+        ux.ep->deliver_unexpected(slice, ux);
+        if (last) break;
     }
     return 0;
 }

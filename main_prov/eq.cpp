@@ -33,7 +33,7 @@ fi_ops_eq eq_ops = {
 
 Eq::Eq(Fabric *fabric, const fi_eq_attr &attr, void *context) : fabric_(fabric) {
     if (attr.flags & ~uint64_t(FI_WRITE | FI_AFFINITY)) fail(FI_EINVAL, "unsupported EQ flags");
-    switch (attr.wait_obj) {
+    switch (raw_enum(attr.wait_obj)) {
         case FI_WAIT_NONE:
             break;
         case FI_WAIT_UNSPEC:

@@ -47,7 +47,7 @@ fi_ops_poll poll_ops = {
 }  // namespace
 
 WaitObject::WaitObject(Fabric *fabric, const fi_wait_attr &attr) : fabric_(fabric) {
-    if (attr.wait_obj != FI_WAIT_UNSPEC && attr.wait_obj != FI_WAIT_FD)
+    if (raw_enum(attr.wait_obj) != FI_WAIT_UNSPEC && raw_enum(attr.wait_obj) != FI_WAIT_FD)
         fail(FI_ENOSYS, "wait sets support FI_WAIT_UNSPEC and FI_WAIT_FD");
     if (attr.flags) fail(FI_EINVAL, "unsupported wait set flags");
     init_fid(FI_CLASS_WAIT, nullptr, &wait_fi_ops);
