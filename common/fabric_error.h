@@ -11,18 +11,20 @@
 namespace tandem {
 
 class FabricError : public std::exception {
-public:
+  public:
     // code is a positive FI_E* / errno value, as in fi_errno(3).
     FabricError(int code, std::string what) : code_(code), what_(std::move(what)) {}
     int code() const noexcept { return code_; }
     const char *what() const noexcept override { return what_.c_str(); }
 
-private:
+  private:
     int code_;
     std::string what_;
 };
 
-[[noreturn]] inline void fail(int code, std::string what) { throw FabricError(code, std::move(what)); }
+[[noreturn]] inline void fail(int code, std::string what) {
+    throw FabricError(code, std::move(what));
+}
 
 inline void require(bool ok, int code, const char *what) {
     if (!ok) fail(code, what);

@@ -25,7 +25,7 @@ struct FidSlot {
 
 template <class Self, class FidT>
 class FidObject {
-public:
+  public:
     FidObject() {
         slot_.fid = {};
         // The base pointer: Self is not constructed yet, so the downcast waits until of().
@@ -35,7 +35,9 @@ public:
     FidObject &operator=(const FidObject &) = delete;
 
     FidT *fid() noexcept { return &slot_.fid; }
-    struct fid *base_fid() noexcept { return reinterpret_cast<struct fid *>(&slot_.fid); }
+    struct fid *base_fid() noexcept {
+        return reinterpret_cast<struct fid *>(&slot_.fid);
+    }
 
     // Any pointer to this object's fid (typed or as struct fid *) back to the object.
     static Self *of(const void *fid) noexcept {
@@ -50,7 +52,7 @@ public:
         base_fid()->ops = ops;
     }
 
-private:
+  private:
     FidSlot<FidT> slot_;
 };
 

@@ -10,8 +10,12 @@ namespace {
 std::atomic<const fi_provider *> g_provider{nullptr};
 }
 
-const fi_provider *log_provider() noexcept { return g_provider.load(std::memory_order_relaxed); }
-void set_log_provider(const fi_provider *prov) noexcept { g_provider.store(prov); }
+const fi_provider *log_provider() noexcept {
+    return g_provider.load(std::memory_order_relaxed);
+}
+void set_log_provider(const fi_provider *prov) noexcept {
+    g_provider.store(prov);
+}
 
 int current_exception_errno() noexcept {
     try {

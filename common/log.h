@@ -13,10 +13,10 @@ void set_log_provider(const fi_provider *prov) noexcept;
 }  // namespace tandem
 
 // Quiet until a provider named itself (code under unit test runs without one).
-#define TANDEM_LOG(level, subsys, ...)                                             \
-    do {                                                                          \
-        if (::tandem::log_provider())                                             \
-            FI_LOG(::tandem::log_provider(), level, subsys, __VA_ARGS__);         \
+#define TANDEM_LOG(level, subsys, ...)                                    \
+    do {                                                                  \
+        if (::tandem::log_provider())                                     \
+            FI_LOG(::tandem::log_provider(), level, subsys, __VA_ARGS__); \
     } while (0)
 #define TANDEM_WARN(subsys, ...) TANDEM_LOG(FI_LOG_WARN, subsys, __VA_ARGS__)
 #define TANDEM_INFO(subsys, ...) TANDEM_LOG(FI_LOG_INFO, subsys, __VA_ARGS__)

@@ -11,7 +11,7 @@
 namespace tandem {
 
 class ParamReader {
-public:
+  public:
     explicit ParamReader(fi_provider *prov) : prov_(prov) {}
 
     size_t size(const char *name, const char *help, size_t fallback) const;
@@ -19,7 +19,7 @@ public:
     int integer(const char *name, const char *help, int fallback) const;
     std::string text(const char *name, const char *help, const char *fallback) const;
 
-private:
+  private:
     fi_provider *prov_;
 };
 

@@ -13,7 +13,9 @@ namespace tandem {
 EventFd::EventFd() : fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
     if (fd_ < 0) fail(errno, "eventfd");
 }
-EventFd::~EventFd() { close(fd_); }
+EventFd::~EventFd() {
+    close(fd_);
+}
 
 void EventFd::signal() noexcept {
     uint64_t one = 1;
@@ -28,7 +30,9 @@ void EventFd::drain() noexcept {
 WaitSet::WaitSet() : epfd_(epoll_create1(EPOLL_CLOEXEC)) {
     if (epfd_ < 0) fail(errno, "epoll_create1");
 }
-WaitSet::~WaitSet() { close(epfd_); }
+WaitSet::~WaitSet() {
+    close(epfd_);
+}
 
 void WaitSet::add(int fd) noexcept {
     epoll_event ev{};
@@ -37,7 +41,9 @@ void WaitSet::add(int fd) noexcept {
     epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
 }
 
-void WaitSet::remove(int fd) noexcept { epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr); }
+void WaitSet::remove(int fd) noexcept {
+    epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
+}
 
 bool WaitSet::wait(int timeout_ms) noexcept {
     epoll_event ev[8];
@@ -50,7 +56,8 @@ bool WaitSet::wait(int timeout_ms) noexcept {
 
 Deadline::Deadline(int timeout_ms)
     : infinite_(timeout_ms < 0),
-      end_(std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms < 0 ? 0 : timeout_ms)) {}
+      end_(std::chrono::steady_clock::now() +
+           std::chrono::milliseconds(timeout_ms < 0 ? 0 : timeout_ms)) {}
 
 bool Deadline::expired() const noexcept {
     return !infinite_ && std::chrono::steady_clock::now() >= end_;
@@ -58,7 +65,8 @@ bool Deadline::expired() const noexcept {
 
 int Deadline::remaining_ms() const noexcept {
     if (infinite_) return -1;
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end_ - std::chrono::steady_clock::now());
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        end_ - std::chrono::steady_clock::now());
     return left.count() < 0 ? 0 : static_cast<int>(left.count());
 }
 

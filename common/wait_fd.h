@@ -10,7 +10,7 @@
 namespace tandem {
 
 class EventFd {
-public:
+  public:
     EventFd();
     ~EventFd();
     EventFd(const EventFd &) = delete;
@@ -19,12 +19,12 @@ public:
     void signal() noexcept;
     void drain() noexcept;
 
-private:
+  private:
     int fd_;
 };
 
 class WaitSet {
-public:
+  public:
     WaitSet();
     ~WaitSet();
     WaitSet(const WaitSet &) = delete;
@@ -37,18 +37,18 @@ public:
     // Returns true if woken by a member.
     bool wait(int timeout_ms) noexcept;
 
-private:
+  private:
     int epfd_;
 };
 
 // Milliseconds left until a deadline given as fi_*sread timeout (negative = infinite).
 class Deadline {
-public:
+  public:
     explicit Deadline(int timeout_ms);
     bool expired() const noexcept;
     int remaining_ms() const noexcept;  // -1 for infinite
 
-private:
+  private:
     bool infinite_;
     std::chrono::steady_clock::time_point end_;
 };

@@ -85,7 +85,9 @@ bool EndpointName::from_bytes(const void *bytes, size_t len, EndpointName &out) 
     if (len < sizeof(sa_family_t)) return false;
     sa_family_t family;
     memcpy(&family, bytes, sizeof family);
-    size_t need = family == AF_INET ? sizeof(sockaddr_in) : family == AF_INET6 ? sizeof(sockaddr_in6) : 0;
+    size_t need = family == AF_INET    ? sizeof(sockaddr_in)
+                  : family == AF_INET6 ? sizeof(sockaddr_in6)
+                                       : 0;
     if (!need || len < need) return false;
     out.ss = {};
     memcpy(&out.ss, bytes, need);
@@ -100,9 +102,7 @@ bool EndpointName::from_bytes(const void *bytes, size_t len, EndpointName &out) 
 }
 
 Av::Av(Domain *domain, const fi_av_attr &attr, void *context)
-    : domain_(domain),
-      type_(FI_AV_TABLE),
-      addr_format_(domain->info()->addr_format) {
+    : domain_(domain), type_(FI_AV_TABLE), addr_format_(domain->info()->addr_format) {
     int type = raw_enum(attr.type);
     if (type != FI_AV_UNSPEC && type != FI_AV_MAP && type != FI_AV_TABLE)
         fail(FI_EINVAL, "unknown AV type");
@@ -112,8 +112,10 @@ Av::Av(Domain *domain, const fi_av_attr &attr, void *context)
         fail(FI_EINVAL, "unsupported AV flags");
     addrlen_ = addr_format_ == FI_SOCKADDR_IN6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
     names_.reserve(attr.count);
-    if (attr.name) open_shared(attr);
-    else if (attr.flags & FI_READ) fail(FI_EINVAL, "FI_READ names an existing shared AV");
+    if (attr.name)
+        open_shared(attr);
+    else if (attr.flags & FI_READ)
+        fail(FI_EINVAL, "FI_READ names an existing shared AV");
     init_fid(FI_CLASS_AV, context, &av_fi_ops);
     fid()->ops = &av_ops;
     domain_->hold();
@@ -178,7 +180,8 @@ void Av::sync_shared() const {
     uint64_t v = shared_->version.load(std::memory_order_acquire);
     if (v == shared_seen_) return;
     shared_seen_ = v;
-    uint64_t n = std::min<uint64_t>(shared_->count.load(std::memory_order_acquire), shared_->capacity);
+    uint64_t n =
+        std::min<uint64_t>(shared_->count.load(std::memory_order_acquire), shared_->capacity);
     names_.resize(n);
     valid_.assign(n, false);
     reverse_.clear();
@@ -257,8 +260,7 @@ int Av::finish_insert(int done, size_t count, uint64_t flags, void *context) {
     return 0;
 }
 
-int Av::insert(const void *addr, size_t count, fi_addr_t *fi_addr, uint64_t flags,
-               void *context) {
+int Av::insert(const void *addr, size_t count, fi_addr_t *fi_addr, uint64_t flags, void *context) {
     if (count && !addr) return -FI_EINVAL;
     if (flags & ~uint64_t(FI_MORE | FI_EVENT | FI_SYNC_ERR)) return -FI_EBADFLAGS;
     if ((flags & FI_EVENT) && !eq_) return -FI_ENOEQ;
@@ -367,8 +369,8 @@ int Av::lookup(fi_addr_t fi_addr, void *addr, size_t *addrlen) {
 const char *Av::straddr(const void *addr, char *buf, size_t *len) {
     if (!addr || !len) return nullptr;
     EndpointName name;
-    std::string text = EndpointName::from_bytes(addr, addrlen_, name) ? name.to_string()
-                                                                      : "fi_addr_unspec://";
+    std::string text =
+        EndpointName::from_bytes(addr, addrlen_, name) ? name.to_string() : "fi_addr_unspec://";
     if (buf && *len) {
         snprintf(buf, *len, "%s", text.c_str());
     }

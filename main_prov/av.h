@@ -19,7 +19,7 @@ class Domain;
 class Eq;
 
 class Av : public FidObject<Av, fid_av> {
-public:
+  public:
     Av(Domain *domain, const fi_av_attr &attr, void *context);
     ~Av();
 
@@ -43,7 +43,7 @@ public:
     void hold() { ++refs_; }
     void release() { --refs_; }
 
-private:
+  private:
     struct SharedSegment;
     int finish_insert(int done, size_t count, uint64_t flags, void *context);
     void open_shared(const fi_av_attr &attr);

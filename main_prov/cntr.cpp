@@ -30,35 +30,16 @@ fi_ops_cntr cntr_ops = {
 
 }  // namespace
 
-Cntr::Cntr(Domain *domain, const fi_cntr_attr &attr, void *context) : domain_(domain) {
+Cntr::Cntr(Domain *domain, const fi_cntr_attr &attr, void *context)
+    : domain_(domain), wait_(raw_enum(attr.wait_obj), attr.wait_set, base_fid()) {
     if (raw_enum(attr.events) != FI_CNTR_EVENTS_COMP) fail(FI_ENOSYS, "unsupported counter events");
     if (attr.flags) fail(FI_EINVAL, "unsupported counter flags");
-    switch (raw_enum(attr.wait_obj)) {
-        case FI_WAIT_NONE:
-            break;
-        case FI_WAIT_UNSPEC:
-        case FI_WAIT_FD:
-            own_wait_ = std::make_unique<WaitSet>();
-            wait_set_ = own_wait_.get();
-            break;
-        case FI_WAIT_SET:
-            if (!attr.wait_set) fail(FI_EINVAL, "FI_WAIT_SET without a wait set");
-            wait_object_ = WaitObject::of(attr.wait_set);
-            wait_set_ = &wait_object_->set();
-            wait_object_->attach(base_fid());
-            break;
-        default:
-            fail(FI_ENOSYS, "unsupported counter wait object");
-    }
-    if (wait_set_) wait_set_->add(signal_.fd());
     init_fid(FI_CLASS_CNTR, context, &cntr_fi_ops);
     fid()->ops = &cntr_ops;
     domain_->hold();
 }
 
 Cntr::~Cntr() {
-    if (wait_set_) wait_set_->remove(signal_.fd());
-    if (wait_object_) wait_object_->detach(base_fid());
     domain_->release();
 }
 
@@ -72,17 +53,10 @@ int Cntr::close() {
 }
 
 int Cntr::control(int command, void *arg) {
-    if (command == FI_GETWAITOBJ)
-        return report_wait_object(arg, own_wait_ != nullptr, wait_object_ != nullptr);
-    if (command != FI_GETWAIT) return -FI_ENOSYS;
-    if (!own_wait_) return -FI_ENODATA;
-    if (!arg) return -FI_EINVAL;
-    {
+    return wait_.control(command, arg, [this](WaitSet &set) {
         std::lock_guard guard(domain_->lock());
-        domain_->watch_fds(*own_wait_);
-    }
-    *static_cast<int *>(arg) = own_wait_->fd();
-    return 0;
+        domain_->watch_fds(set);
+    });
 }
 
 // The eventfd is written only when a waiter may be asleep (armed by fi_cntr_wait or
@@ -93,7 +67,7 @@ void Cntr::bump(std::atomic<uint64_t> &which, uint64_t n) {
 }
 
 void Cntr::wake() {
-    if (wait_set_ && armed_.exchange(false)) signal_.signal();
+    if (wait_.set() && armed_.exchange(false)) wait_.signal().signal();
 }
 
 uint64_t Cntr::read() {
@@ -140,16 +114,16 @@ int Cntr::wait(uint64_t threshold, int timeout) {
             if (value_.load() >= threshold) return 0;
             // fi_cntr_wait(3): an error increment ends the wait with -FI_EAVAIL.
             if (errors_.load() != errs_at_start) return -FI_EAVAIL;
-            if (wait_set_) {
-                domain_->watch_fds(*wait_set_);
+            if (wait_.set()) {
+                domain_->watch_fds(*wait_.set());
                 armed_ = true;
             }
         }
         if (deadline.expired()) return -FI_ETIMEDOUT;
-        if (wait_set_) {
-            signal_.drain();
+        if (wait_.set()) {
+            wait_.signal().drain();
             int left = deadline.remaining_ms();
-            wait_set_->wait(left < 0 || left > 50 ? 50 : left);
+            wait_.set()->wait(left < 0 || left > 50 ? 50 : left);
         }
     }
 }
@@ -157,8 +131,8 @@ int Cntr::wait(uint64_t threshold, int timeout) {
 int Cntr::trywait() {
     std::lock_guard guard(domain_->lock());
     domain_->progress();
-    if (wait_set_) {
-        domain_->watch_fds(*wait_set_);
+    if (wait_.set()) {
+        domain_->watch_fds(*wait_.set());
         armed_ = true;
     }
     return 0;

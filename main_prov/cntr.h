@@ -3,6 +3,7 @@
 
 #include "common/fid_adaptor.h"
 #include "common/wait_fd.h"
+#include "main_prov/wait.h"
 
 #include <rdma/fi_domain.h>
 
@@ -15,7 +16,7 @@ class Domain;
 class WaitObject;
 
 class Cntr : public FidObject<Cntr, fid_cntr> {
-public:
+  public:
     Cntr(Domain *domain, const fi_cntr_attr &attr, void *context);
     ~Cntr();
 
@@ -36,17 +37,14 @@ public:
     void hold() { ++refs_; }
     void release() { --refs_; }
 
-private:
+  private:
     void bump(std::atomic<uint64_t> &which, uint64_t n);
     void wake();
 
     Domain *domain_;
     std::atomic<uint64_t> value_{0};
     std::atomic<uint64_t> errors_{0};
-    std::unique_ptr<WaitSet> own_wait_;
-    WaitSet *wait_set_ = nullptr;
-    WaitObject *wait_object_ = nullptr;
-    EventFd signal_;
+    WaitBinding wait_;
     std::atomic<bool> armed_{false};
     int refs_ = 0;
 };

@@ -8,7 +8,9 @@ namespace {
 Config g_config;
 }
 
-const Config &Config::get() { return g_config; }
+const Config &Config::get() {
+    return g_config;
+}
 
 void Config::load(fi_provider *prov) {
     ParamReader p(prov);
@@ -18,14 +20,16 @@ void Config::load(fi_provider *prov) {
                                   65536);
     g_config.inject_size = p.size("inject_size", "Largest fi_inject / FI_INJECT payload", 4096);
     if (g_config.inject_size > g_config.eager_limit) g_config.inject_size = g_config.eager_limit;
-    g_config.rx_buffers = p.size("rx_buffers", "Link receive buffers posted per endpoint (each eager_limit + 40 bytes)", 64);
+    g_config.rx_buffers = p.size(
+        "rx_buffers", "Link receive buffers posted per endpoint (each eager_limit + 40 bytes)", 64);
     g_config.tx_size = p.size("tx_size", "Transmit queue depth of an endpoint", 4096);
     g_config.rx_size = p.size("rx_size", "Receive queue depth of an endpoint", 4096);
     g_config.socket_buffer = p.size("socket_buffer",
                                     "SO_SNDBUF/SO_RCVBUF of link sockets in bytes (0: the kernel's "
                                     "default, with autotuning)",
                                     0);
-    g_config.iface = p.text("iface", "Comma-separated interfaces to offer as domains (empty: all)", "");
+    g_config.iface =
+        p.text("iface", "Comma-separated interfaces to offer as domains (empty: all)", "");
     g_config.include_loopback =
         p.flag("loopback", "Offer the loopback interface as a domain", true);
 }

@@ -10,14 +10,14 @@
 namespace tandem {
 
 struct Config {
-    size_t eager_limit;      // largest message sent eagerly; larger ones use rendezvous (RDMA read)
-    size_t inject_size;      // fi_inject / FI_INJECT limit
-    size_t rx_buffers;       // link receive buffers posted per endpoint
-    size_t tx_size;          // transmit queue depth reported in tx_attr->size
-    size_t rx_size;          // receive queue depth reported in rx_attr->size
-    size_t socket_buffer;    // SO_SNDBUF / SO_RCVBUF for link sockets (0: kernel default)
-    std::string iface;       // restrict domains to these interfaces (comma separated)
-    bool include_loopback;   // offer the loopback interface as a domain
+    size_t eager_limit;     // largest message sent eagerly; larger ones use rendezvous (RDMA read)
+    size_t inject_size;     // fi_inject / FI_INJECT limit
+    size_t rx_buffers;      // link receive buffers posted per endpoint
+    size_t tx_size;         // transmit queue depth reported in tx_attr->size
+    size_t rx_size;         // receive queue depth reported in rx_attr->size
+    size_t socket_buffer;   // SO_SNDBUF / SO_RCVBUF for link sockets (0: kernel default)
+    std::string iface;      // restrict domains to these interfaces (comma separated)
+    bool include_loopback;  // offer the loopback interface as a domain
 
     static const Config &get();
     static void load(fi_provider *prov);

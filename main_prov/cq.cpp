@@ -50,7 +50,8 @@ fi_ops_cq cq_ops = {
 Cq::Cq(Domain *domain, const fi_cq_attr &attr, void *context)
     : domain_(domain),
       format_(FI_CQ_FORMAT_CONTEXT),
-      entry_size_(0) {
+      entry_size_(0),
+      wait_(raw_enum(attr.wait_obj), attr.wait_set, base_fid()) {
     int format = raw_enum(attr.format);
     entry_size_ = format == FI_CQ_FORMAT_UNSPEC ? sizeof(fi_cq_entry) : entry_size_of(format);
     if (entry_size_ && format != FI_CQ_FORMAT_UNSPEC) format_ = static_cast<fi_cq_format>(format);
@@ -59,32 +60,12 @@ Cq::Cq(Domain *domain, const fi_cq_attr &attr, void *context)
     if (raw_enum(attr.wait_cond) != FI_CQ_COND_NONE &&
         raw_enum(attr.wait_cond) != FI_CQ_COND_THRESHOLD)
         fail(FI_ENOSYS, "unsupported CQ wait condition");
-    switch (raw_enum(attr.wait_obj)) {
-        case FI_WAIT_NONE:
-            break;
-        case FI_WAIT_UNSPEC:
-        case FI_WAIT_FD:
-            own_wait_ = std::make_unique<WaitSet>();
-            wait_set_ = own_wait_.get();
-            break;
-        case FI_WAIT_SET:
-            if (!attr.wait_set) fail(FI_EINVAL, "FI_WAIT_SET without a wait set");
-            wait_object_ = WaitObject::of(attr.wait_set);
-            wait_set_ = &wait_object_->set();
-            wait_object_->attach(base_fid());
-            break;
-        default:
-            fail(FI_ENOSYS, "unsupported CQ wait object");
-    }
-    if (wait_set_) wait_set_->add(signal_.fd());
     init_fid(FI_CLASS_CQ, context, &cq_fi_ops);
     fid()->ops = &cq_ops;
     domain_->hold();
 }
 
 Cq::~Cq() {
-    if (wait_set_) wait_set_->remove(signal_.fd());
-    if (wait_object_) wait_object_->detach(base_fid());
     domain_->release();
 }
 
@@ -98,17 +79,10 @@ int Cq::close() {
 }
 
 int Cq::control(int command, void *arg) {
-    if (command == FI_GETWAITOBJ)
-        return report_wait_object(arg, own_wait_ != nullptr, wait_object_ != nullptr);
-    if (command != FI_GETWAIT) return -FI_ENOSYS;
-    if (!own_wait_) return -FI_ENODATA;
-    if (!arg) return -FI_EINVAL;
-    {
+    return wait_.control(command, arg, [this](WaitSet &set) {
         std::lock_guard guard(domain_->lock());
-        domain_->watch_fds(*own_wait_);
-    }
-    *static_cast<int *>(arg) = own_wait_->fd();
-    return 0;
+        domain_->watch_fds(set);
+    });
 }
 
 void Cq::copy_out(const Completion &c, void *dst) const {
@@ -148,12 +122,14 @@ ssize_t Cq::read_locked(void *buf, size_t count, fi_addr_t *src_addr) {
     }
     if (entries_.empty() && signal_pending_) {
         signal_pending_ = false;
-        signal_.drain();
+        wait_.signal().drain();
     }
     return static_cast<ssize_t>(n);
 }
 
-ssize_t Cq::read(void *buf, size_t count) { return readfrom(buf, count, nullptr); }
+ssize_t Cq::read(void *buf, size_t count) {
+    return readfrom(buf, count, nullptr);
+}
 
 ssize_t Cq::readfrom(void *buf, size_t count, fi_addr_t *src_addr) {
     if (count && !buf) return -FI_EINVAL;
@@ -190,10 +166,9 @@ ssize_t Cq::sread(void *buf, size_t count, const void *cond, int timeout) {
     return sreadfrom(buf, count, nullptr, cond, timeout);
 }
 
-ssize_t Cq::sreadfrom(void *buf, size_t count, fi_addr_t *src_addr, const void *cond,
-                      int timeout) {
+ssize_t Cq::sreadfrom(void *buf, size_t count, fi_addr_t *src_addr, const void *cond, int timeout) {
     (void)cond;
-    if (!wait_set_) return -FI_ENOSYS;
+    if (!wait_.set()) return -FI_ENOSYS;
     if (count && !buf) return -FI_EINVAL;
     Deadline deadline(timeout);
     for (;;) {
@@ -205,13 +180,13 @@ ssize_t Cq::sreadfrom(void *buf, size_t count, fi_addr_t *src_addr, const void *
                 signalled_ = false;
                 return -FI_EAGAIN;  // fi_cq_signal: wake without a completion
             }
-            domain_->watch_fds(*wait_set_);
+            domain_->watch_fds(*wait_.set());
             armed_ = true;
         }
         if (deadline.expired()) return -FI_EAGAIN;
         int left = deadline.remaining_ms();
         // Sleep on the sockets; wake at least every 100 ms to recheck the deadline.
-        wait_set_->wait(left < 0 || left > 100 ? 100 : left);
+        wait_.set()->wait(left < 0 || left > 100 ? 100 : left);
     }
 }
 
@@ -219,7 +194,7 @@ int Cq::signal() {
     std::lock_guard guard(domain_->lock());
     signalled_ = true;
     signal_pending_ = true;
-    signal_.signal();
+    wait_.signal().signal();
     return 0;
 }
 
@@ -241,7 +216,7 @@ void Cq::write(const Completion &c) {
     if (armed_) {
         armed_ = false;
         signal_pending_ = true;
-        signal_.signal();
+        wait_.signal().signal();
     }
 }
 
@@ -250,7 +225,7 @@ void Cq::write_error(const CompletionError &e) {
     if (armed_) {
         armed_ = false;
         signal_pending_ = true;
-        signal_.signal();
+        wait_.signal().signal();
     }
 }
 
@@ -258,8 +233,8 @@ int Cq::trywait() {
     std::lock_guard guard(domain_->lock());
     domain_->progress();
     if (has_entries()) return -FI_EAGAIN;
-    if (wait_set_) {
-        domain_->watch_fds(*wait_set_);
+    if (wait_.set()) {
+        domain_->watch_fds(*wait_.set());
         armed_ = true;
     }
     return 0;

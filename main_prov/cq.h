@@ -5,6 +5,7 @@
 
 #include "common/fid_adaptor.h"
 #include "common/wait_fd.h"
+#include "main_prov/wait.h"
 
 #include <rdma/fi_eq.h>
 
@@ -32,7 +33,7 @@ struct CompletionError {
 };
 
 class Cq : public FidObject<Cq, fid_cq> {
-public:
+  public:
     Cq(Domain *domain, const fi_cq_attr &attr, void *context);
     ~Cq();
 
@@ -52,11 +53,11 @@ public:
     bool has_entries() const { return !entries_.empty() || !errors_.empty(); }
     // fi_trywait: 0 when it is safe to sleep, -FI_EAGAIN when entries are ready.
     int trywait();
-    WaitSet *wait_set() const { return wait_set_; }
+    WaitSet *wait_set() const { return wait_.set(); }
     void hold() { ++refs_; }
     void release() { --refs_; }
 
-private:
+  private:
     ssize_t read_locked(void *buf, size_t count, fi_addr_t *src_addr);
     void copy_out(const Completion &c, void *dst) const;
 
@@ -65,14 +66,11 @@ private:
     size_t entry_size_;
     std::deque<Completion> entries_;
     std::deque<CompletionError> errors_;
-    std::unique_ptr<WaitSet> own_wait_;
-    WaitSet *wait_set_ = nullptr;  // own_wait_ or a wait set the application opened
-    WaitObject *wait_object_ = nullptr;
-    EventFd signal_;
+    WaitBinding wait_;
     bool signalled_ = false;
     bool signal_pending_ = false;  // the eventfd holds a count to drain
-    bool armed_ = false;  // a reader may sleep on wait_set_: signal the eventfd on write
-    int refs_ = 0;  // endpoints bound to this CQ
+    bool armed_ = false;  // a reader may sleep on the wait set: signal the eventfd on write
+    int refs_ = 0;        // endpoints bound to this CQ
     // fi_cq_readerr's err_data must stay valid until the next readerr: keep the last one.
     std::unique_ptr<uint8_t[]> last_err_data_;
 };

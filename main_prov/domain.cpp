@@ -70,9 +70,15 @@ int Domain::close() {
     return 0;
 }
 
-int Domain::bind(struct fid *, uint64_t) { return -FI_ENOSYS; }
-int Domain::control(int, void *) { return -FI_ENOSYS; }
-int Domain::ops_open(const char *, uint64_t, void **, void *) { return -FI_ENOSYS; }
+int Domain::bind(struct fid *, uint64_t) {
+    return -FI_ENOSYS;
+}
+int Domain::control(int, void *) {
+    return -FI_ENOSYS;
+}
+int Domain::ops_open(const char *, uint64_t, void **, void *) {
+    return -FI_ENOSYS;
+}
 
 int Domain::av_open(fi_av_attr *attr, fid_av **av, void *context) {
     if (!attr || !av) return -FI_EINVAL;
@@ -95,7 +101,9 @@ int Domain::endpoint(fi_info *info, fid_ep **ep, void *context) {
     return 0;
 }
 
-int Domain::scalable_ep(fi_info *, fid_ep **, void *) { return -FI_ENOSYS; }
+int Domain::scalable_ep(fi_info *, fid_ep **, void *) {
+    return -FI_ENOSYS;
+}
 
 int Domain::cntr_open(fi_cntr_attr *attr, fid_cntr **cntr, void *context) {
     if (!attr || !cntr) return -FI_EINVAL;
@@ -166,9 +174,13 @@ void Domain::progress() {
     for (size_t i = 0; i < endpoints_.size(); ++i) endpoints_[i]->progress();
 }
 
-void Domain::add_endpoint(Endpoint *ep) { endpoints_.push_back(ep); }
+void Domain::add_endpoint(Endpoint *ep) {
+    endpoints_.push_back(ep);
+}
 
-void Domain::remove_endpoint(Endpoint *ep) { std::erase(endpoints_, ep); }
+void Domain::remove_endpoint(Endpoint *ep) {
+    std::erase(endpoints_, ep);
+}
 
 void Domain::watch_fds(WaitSet &set) {
     std::vector<int> fds;

@@ -20,7 +20,7 @@ class Fabric;
 class Endpoint;
 
 class Domain : public FidObject<Domain, fid_domain> {
-public:
+  public:
     Domain(Fabric *fabric, const fi_info *info, void *context);
     ~Domain();
 
@@ -62,7 +62,7 @@ public:
     void hold() { ++refs_; }
     void release() { --refs_; }
 
-private:
+  private:
     Fabric *fabric_;
     fi_info *info_;
     uint64_t mr_mode_;

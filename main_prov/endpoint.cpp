@@ -203,8 +203,8 @@ int Endpoint::bind(struct fid *bfid, uint64_t flags) {
             return 0;
         }
         case FI_CLASS_CNTR: {
-            constexpr uint64_t all = FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ |
-                                     FI_REMOTE_WRITE;
+            constexpr uint64_t all =
+                FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
             if (!flags || (flags & ~all)) return -FI_EBADFLAGS;
             Cntr *c = Cntr::of(bfid);
             auto set = [&](uint64_t bit, Cntr *&slot) {
@@ -449,9 +449,12 @@ int Endpoint::connect(const void *addr, const void *param, size_t paramlen) {
     size_t target_len = addr ? sizeof(sockaddr_storage) : info_->dest_addrlen;
     if (!target || !EndpointName::from_bytes(target, target_len, dst)) return -FI_EINVAL;
     std::vector<uint8_t> priv(sizeof(wire::ConnHello) + paramlen);
-    wire::ConnHello hello{wire::kProtoMagic, wire::kProtoVersion,
-                          static_cast<uint8_t>(wire::ConnKind::Msg), 0,
-                          static_cast<uint32_t>(paramlen), 0};
+    wire::ConnHello hello{wire::kProtoMagic,
+                          wire::kProtoVersion,
+                          static_cast<uint8_t>(wire::ConnKind::Msg),
+                          0,
+                          static_cast<uint32_t>(paramlen),
+                          0};
     memcpy(priv.data(), &hello, sizeof hello);
     if (paramlen) memcpy(priv.data() + sizeof hello, param, paramlen);
     auto peer = std::make_unique<Peer>();
@@ -514,7 +517,9 @@ void Endpoint::cm_wait_fds(std::vector<int> &out) {
     transport_->wait_fds(out);
 }
 
-void Endpoint::wait_fds(std::vector<int> &out) const { transport_->wait_fds(out); }
+void Endpoint::wait_fds(std::vector<int> &out) const {
+    transport_->wait_fds(out);
+}
 
 void Endpoint::handle_cm_event(CmEvent &ev) {
     LinkConnection *conn = ev.conn;

@@ -37,10 +37,10 @@ inline constexpr uint64_t kNoCompletion = 1ull << 63;
 struct TxOp;
 
 struct Peer {
-    EndpointName name;                 // RDM: the peer's listening address
-    LinkConnection *conn = nullptr;    // the connection we send on
+    EndpointName name;               // RDM: the peer's listening address
+    LinkConnection *conn = nullptr;  // the connection we send on
     bool established = false;
-    std::deque<TxOp *> waiting;        // posted before the connection was up
+    std::deque<TxOp *> waiting;          // posted before the connection was up
     FabricAddr addr = FI_ADDR_NOTAVAIL;  // in our AV, refreshed when the AV changes
     uint64_t av_version = ~0ull;
     std::deque<RxOp *> rx_order;  // matched messages from this peer, completions in order
@@ -49,9 +49,9 @@ struct Peer {
 struct TxOp {
     enum class Kind : uint8_t { Send, Write, Read } kind = Kind::Send;
     void *context = nullptr;
-    uint64_t cq_flags = 0;    // flags of the completion entry
-    uint64_t op_flags = 0;    // FI_* flags the operation was posted with
-    bool report = true;       // write a CQ entry on success
+    uint64_t cq_flags = 0;      // flags of the completion entry
+    uint64_t op_flags = 0;      // FI_* flags the operation was posted with
+    bool report = true;         // write a CQ entry on success
     bool inject_level = false;  // complete once posted: the payload is our own copy
     bool completed_early = false;
     size_t len = 0;
@@ -72,7 +72,7 @@ struct TxOp {
 };
 
 class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public RemoteKeyResolver {
-public:
+  public:
     Endpoint(Domain *domain, fi_info *info, void *context);
     ~Endpoint() override;
 
@@ -122,19 +122,19 @@ public:
     ssize_t tag_injectdata(const void *buf, size_t len, uint64_t data, fi_addr_t dest,
                            uint64_t tag);
     // fi_ops_rma
-    ssize_t rma_read(void *buf, size_t len, void *desc, fi_addr_t src, uint64_t addr,
-                     uint64_t key, void *context);
+    ssize_t rma_read(void *buf, size_t len, void *desc, fi_addr_t src, uint64_t addr, uint64_t key,
+                     void *context);
     ssize_t rma_readv(const iovec *iov, void **desc, size_t count, fi_addr_t src, uint64_t addr,
                       uint64_t key, void *context);
     ssize_t rma_readmsg(const fi_msg_rma *msg, uint64_t flags);
     ssize_t rma_write(const void *buf, size_t len, void *desc, fi_addr_t dest, uint64_t addr,
                       uint64_t key, void *context);
-    ssize_t rma_writev(const iovec *iov, void **desc, size_t count, fi_addr_t dest,
-                       uint64_t addr, uint64_t key, void *context);
+    ssize_t rma_writev(const iovec *iov, void **desc, size_t count, fi_addr_t dest, uint64_t addr,
+                       uint64_t key, void *context);
     ssize_t rma_writemsg(const fi_msg_rma *msg, uint64_t flags);
     ssize_t rma_inject(const void *buf, size_t len, fi_addr_t dest, uint64_t addr, uint64_t key);
-    ssize_t rma_writedata(const void *buf, size_t len, void *desc, uint64_t data,
-                          fi_addr_t dest, uint64_t addr, uint64_t key, void *context);
+    ssize_t rma_writedata(const void *buf, size_t len, void *desc, uint64_t data, fi_addr_t dest,
+                          uint64_t addr, uint64_t key, void *context);
     ssize_t rma_injectdata(const void *buf, size_t len, uint64_t data, fi_addr_t dest,
                            uint64_t addr, uint64_t key);
 
@@ -172,7 +172,7 @@ public:
     static ssize_t cancel_on(RxMatcher &m, Endpoint *report_ep, void *context);
     Domain *domain() const { return domain_; }
 
-private:
+  private:
     struct SendArgs {
         const iovec *iov;
         size_t count;

@@ -79,14 +79,13 @@ ssize_t Endpoint::msg_recv(void *buf, size_t len, void *, fi_addr_t src, void *c
     iovec iov{buf, len};
     return post_recv({&iov, 1, src, context, rx_op_flags_, 0, 0, false});
 }
-ssize_t Endpoint::msg_recvv(const iovec *iov, void **, size_t count, fi_addr_t src,
-                            void *context) {
+ssize_t Endpoint::msg_recvv(const iovec *iov, void **, size_t count, fi_addr_t src, void *context) {
     return post_recv({iov, count, src, context, rx_op_flags_, 0, 0, false});
 }
 ssize_t Endpoint::msg_recvmsg(const fi_msg *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
-    return post_recv(
-        {msg->msg_iov, msg->iov_count, msg->addr, msg->context, flags & ~kNoCompletion, 0, 0, false});
+    return post_recv({msg->msg_iov, msg->iov_count, msg->addr, msg->context, flags & ~kNoCompletion,
+                      0, 0, false});
 }
 ssize_t Endpoint::msg_send(const void *buf, size_t len, void *, fi_addr_t dest, void *context) {
     iovec iov{const_cast<void *>(buf), len};
@@ -98,23 +97,22 @@ ssize_t Endpoint::msg_sendv(const iovec *iov, void **, size_t count, fi_addr_t d
 }
 ssize_t Endpoint::msg_sendmsg(const fi_msg *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
-    return post_send(
-        {msg->msg_iov, msg->iov_count, msg->addr, msg->context, flags & ~kNoCompletion, 0, msg->data, false});
+    return post_send({msg->msg_iov, msg->iov_count, msg->addr, msg->context, flags & ~kNoCompletion,
+                      0, msg->data, false});
 }
 ssize_t Endpoint::msg_inject(const void *buf, size_t len, fi_addr_t dest) {
     iovec iov{const_cast<void *>(buf), len};
     return post_send({&iov, 1, dest, nullptr, FI_INJECT | kNoCompletion, 0, 0, false});
 }
-ssize_t Endpoint::msg_senddata(const void *buf, size_t len, void *, uint64_t data,
-                               fi_addr_t dest, void *context) {
+ssize_t Endpoint::msg_senddata(const void *buf, size_t len, void *, uint64_t data, fi_addr_t dest,
+                               void *context) {
     iovec iov{const_cast<void *>(buf), len};
-    return post_send(
-        {&iov, 1, dest, context, tx_op_flags_ | FI_REMOTE_CQ_DATA, 0, data, false});
+    return post_send({&iov, 1, dest, context, tx_op_flags_ | FI_REMOTE_CQ_DATA, 0, data, false});
 }
 ssize_t Endpoint::msg_injectdata(const void *buf, size_t len, uint64_t data, fi_addr_t dest) {
     iovec iov{const_cast<void *>(buf), len};
-    return post_send({&iov, 1, dest, nullptr, FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, 0,
-                      data, false});
+    return post_send(
+        {&iov, 1, dest, nullptr, FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, 0, data, false});
 }
 
 ssize_t Endpoint::tag_recv(void *buf, size_t len, void *, fi_addr_t src, uint64_t tag,
@@ -122,13 +120,13 @@ ssize_t Endpoint::tag_recv(void *buf, size_t len, void *, fi_addr_t src, uint64_
     iovec iov{buf, len};
     return post_recv({&iov, 1, src, context, rx_op_flags_, tag, ignore, true});
 }
-ssize_t Endpoint::tag_recvv(const iovec *iov, void **, size_t count, fi_addr_t src,
-                            uint64_t tag, uint64_t ignore, void *context) {
+ssize_t Endpoint::tag_recvv(const iovec *iov, void **, size_t count, fi_addr_t src, uint64_t tag,
+                            uint64_t ignore, void *context) {
     return post_recv({iov, count, src, context, rx_op_flags_, tag, ignore, true});
 }
 ssize_t Endpoint::tag_recvmsg(const fi_msg_tagged *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
-    RecvArgs a{msg->msg_iov, msg->iov_count, msg->addr, msg->context,
+    RecvArgs a{msg->msg_iov, msg->iov_count, msg->addr,   msg->context,
                flags,        msg->tag,       msg->ignore, true};
     if (flags & (FI_PEEK | FI_CLAIM)) {
         std::lock_guard guard(domain_->lock());
@@ -143,30 +141,29 @@ ssize_t Endpoint::tag_send(const void *buf, size_t len, void *, fi_addr_t dest, 
     iovec iov{const_cast<void *>(buf), len};
     return post_send({&iov, 1, dest, context, tx_op_flags_, tag, 0, true});
 }
-ssize_t Endpoint::tag_sendv(const iovec *iov, void **, size_t count, fi_addr_t dest,
-                            uint64_t tag, void *context) {
+ssize_t Endpoint::tag_sendv(const iovec *iov, void **, size_t count, fi_addr_t dest, uint64_t tag,
+                            void *context) {
     return post_send({iov, count, dest, context, tx_op_flags_, tag, 0, true});
 }
 ssize_t Endpoint::tag_sendmsg(const fi_msg_tagged *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
-    return post_send({msg->msg_iov, msg->iov_count, msg->addr, msg->context, flags & ~kNoCompletion, msg->tag,
-                      msg->data, true});
+    return post_send({msg->msg_iov, msg->iov_count, msg->addr, msg->context, flags & ~kNoCompletion,
+                      msg->tag, msg->data, true});
 }
 ssize_t Endpoint::tag_inject(const void *buf, size_t len, fi_addr_t dest, uint64_t tag) {
     iovec iov{const_cast<void *>(buf), len};
     return post_send({&iov, 1, dest, nullptr, FI_INJECT | kNoCompletion, tag, 0, true});
 }
-ssize_t Endpoint::tag_senddata(const void *buf, size_t len, void *, uint64_t data,
-                               fi_addr_t dest, uint64_t tag, void *context) {
+ssize_t Endpoint::tag_senddata(const void *buf, size_t len, void *, uint64_t data, fi_addr_t dest,
+                               uint64_t tag, void *context) {
     iovec iov{const_cast<void *>(buf), len};
-    return post_send(
-        {&iov, 1, dest, context, tx_op_flags_ | FI_REMOTE_CQ_DATA, tag, data, true});
+    return post_send({&iov, 1, dest, context, tx_op_flags_ | FI_REMOTE_CQ_DATA, tag, data, true});
 }
 ssize_t Endpoint::tag_injectdata(const void *buf, size_t len, uint64_t data, fi_addr_t dest,
                                  uint64_t tag) {
     iovec iov{const_cast<void *>(buf), len};
-    return post_send({&iov, 1, dest, nullptr, FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion,
-                      tag, data, true});
+    return post_send(
+        {&iov, 1, dest, nullptr, FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, tag, data, true});
 }
 
 ssize_t Endpoint::rma_read(void *buf, size_t len, void *, fi_addr_t src, uint64_t addr,
@@ -174,8 +171,8 @@ ssize_t Endpoint::rma_read(void *buf, size_t len, void *, fi_addr_t src, uint64_
     iovec iov{buf, len};
     return post_rma({&iov, 1, src, addr, key, context, tx_op_flags_, 0, false});
 }
-ssize_t Endpoint::rma_readv(const iovec *iov, void **, size_t count, fi_addr_t src,
-                            uint64_t addr, uint64_t key, void *context) {
+ssize_t Endpoint::rma_readv(const iovec *iov, void **, size_t count, fi_addr_t src, uint64_t addr,
+                            uint64_t key, void *context) {
     return post_rma({iov, count, src, addr, key, context, tx_op_flags_, 0, false});
 }
 ssize_t Endpoint::rma_readmsg(const fi_msg_rma *msg, uint64_t flags) {
@@ -188,8 +185,8 @@ ssize_t Endpoint::rma_write(const void *buf, size_t len, void *, fi_addr_t dest,
     iovec iov{const_cast<void *>(buf), len};
     return post_rma({&iov, 1, dest, addr, key, context, tx_op_flags_, 0, true});
 }
-ssize_t Endpoint::rma_writev(const iovec *iov, void **, size_t count, fi_addr_t dest,
-                             uint64_t addr, uint64_t key, void *context) {
+ssize_t Endpoint::rma_writev(const iovec *iov, void **, size_t count, fi_addr_t dest, uint64_t addr,
+                             uint64_t key, void *context) {
     return post_rma({iov, count, dest, addr, key, context, tx_op_flags_, 0, true});
 }
 ssize_t Endpoint::rma_writemsg(const fi_msg_rma *msg, uint64_t flags) {
@@ -202,8 +199,8 @@ ssize_t Endpoint::rma_inject(const void *buf, size_t len, fi_addr_t dest, uint64
     iovec iov{const_cast<void *>(buf), len};
     return post_rma({&iov, 1, dest, addr, key, nullptr, FI_INJECT | kNoCompletion, 0, true});
 }
-ssize_t Endpoint::rma_writedata(const void *buf, size_t len, void *, uint64_t data,
-                                fi_addr_t dest, uint64_t addr, uint64_t key, void *context) {
+ssize_t Endpoint::rma_writedata(const void *buf, size_t len, void *, uint64_t data, fi_addr_t dest,
+                                uint64_t addr, uint64_t key, void *context) {
     iovec iov{const_cast<void *>(buf), len};
     return post_rma(
         {&iov, 1, dest, addr, key, context, tx_op_flags_ | FI_REMOTE_CQ_DATA, data, true});
@@ -341,7 +338,8 @@ ssize_t Endpoint::post_rma(const RmaArgs &a) {
         op->inject_copy.resize(len);
         size_t off = 0;
         for (size_t i = 0; i < a.count; ++i) {
-            if (a.iov[i].iov_len) memcpy(op->inject_copy.data() + off, a.iov[i].iov_base, a.iov[i].iov_len);
+            if (a.iov[i].iov_len)
+                memcpy(op->inject_copy.data() + off, a.iov[i].iov_base, a.iov[i].iov_len);
             off += a.iov[i].iov_len;
         }
         if (len) op->iov.push_back({op->inject_copy.data(), len});
@@ -376,12 +374,16 @@ void Endpoint::start_tx(TxOp *op) {
     me.ss = transport_->name();
     substitute_interface_address(domain_->info()->domain_attr->name, me);
     std::vector<uint8_t> priv(sizeof(wire::ConnHello) + me.length());
-    wire::ConnHello hello{wire::kProtoMagic, wire::kProtoVersion,
+    wire::ConnHello hello{wire::kProtoMagic,
+                          wire::kProtoVersion,
                           static_cast<uint8_t>(wire::ConnKind::Rdm),
-                          static_cast<uint8_t>(me.length()), 0, 0};
+                          static_cast<uint8_t>(me.length()),
+                          0,
+                          0};
     memcpy(priv.data(), &hello, sizeof hello);
     memcpy(priv.data() + sizeof hello, &me.ss, me.length());
-    peer->conn = transport_->connect(peer->name.sa(), peer->name.length(), priv.data(), priv.size());
+    peer->conn =
+        transport_->connect(peer->name.sa(), peer->name.length(), priv.data(), priv.size());
     peer->conn->context = peer;
 }
 
@@ -440,7 +442,8 @@ void Endpoint::tx_report(TxOp *op) {
                  : op->kind == TxOp::Kind::Write ? write_cntr_
                                                  : read_cntr_;
     if (cntr) cntr->inc();
-    if (op->report && tx_cq_) tx_cq_->write({op->context, op->cq_flags, 0, nullptr, 0, 0, FI_ADDR_NOTAVAIL});
+    if (op->report && tx_cq_)
+        tx_cq_->write({op->context, op->cq_flags, 0, nullptr, 0, 0, FI_ADDR_NOTAVAIL});
 }
 
 void Endpoint::finish_tx(TxOp *op) {
@@ -492,12 +495,14 @@ void Endpoint::free_tx(TxOp *op) {
     op->iov = std::move(iov);
     op->inject_copy = std::move(bounce);
     op->internal_keys = std::move(keys);
-    if (tx_free_.size() < 1024) tx_free_.push_back(op);
-    else delete op;
+    if (tx_free_.size() < 1024)
+        tx_free_.push_back(op);
+    else
+        delete op;
 }
 
-void Endpoint::send_control(LinkConnection *conn, wire::ProtoOp op, const void *body,
-                            size_t len, uint64_t msg_id) {
+void Endpoint::send_control(LinkConnection *conn, wire::ProtoOp op, const void *body, size_t len,
+                            uint64_t msg_id) {
     if (!conn || conn->failed()) return;
     auto *msg = new ControlMsg{};
     msg->hdr.op = static_cast<uint8_t>(op);
@@ -709,8 +714,8 @@ void Endpoint::keep_order(RxOp *rx, LinkConnection *conn) {
     rx->order_queue = &peer->rx_order;
 }
 
-void Endpoint::rx_complete(RxOp *rx, size_t len, uint64_t tag, uint64_t data,
-                           uint8_t proto_flags, fi_addr_t src, int err, size_t olen) {
+void Endpoint::rx_complete(RxOp *rx, size_t len, uint64_t tag, uint64_t data, uint8_t proto_flags,
+                           fi_addr_t src, int err, size_t olen) {
     rx->done = true;
     rx->done_len = len;
     rx->done_tag = tag;
@@ -748,9 +753,9 @@ void Endpoint::report_rx(RxOp *rx) {
         // The release of a multi-receive buffer is reported even under selective
         // completion (fi_msg(3)): it hands the buffer back.
         if (!rx_selective_ || (rx->op_flags & FI_COMPLETION) || (flags & FI_MULTI_RECV))
-            write_rx_cq({rx->context, flags, rx->done_len, buf, rx->done_data, rx->done_tag,
-                         rx->done_src},
-                        rx->done_src);
+            write_rx_cq(
+                {rx->context, flags, rx->done_len, buf, rx->done_data, rx->done_tag, rx->done_src},
+                rx->done_src);
     }
     if (parent) {
         delete rx;
@@ -791,8 +796,16 @@ void Endpoint::start_rendezvous(RxOp *rx, LinkConnection *conn, const wire::Prot
     while (remaining && li < rx->count && ri < rts.iov_count) {
         size_t lleft = rx->iov[li].iov_len - loff;
         size_t rleft = rts.iov[ri].length - roff;
-        if (!lleft) { ++li; loff = 0; continue; }
-        if (!rleft) { ++ri; roff = 0; continue; }
+        if (!lleft) {
+            ++li;
+            loff = 0;
+            continue;
+        }
+        if (!rleft) {
+            ++ri;
+            roff = 0;
+            continue;
+        }
         size_t n = std::min({lleft, rleft, remaining});
         iovec local{static_cast<uint8_t *>(rx->iov[li].iov_base) + loff, n};
         RemoteRegion remote{rts.iov[ri].addr + roff, rts.iov[ri].key};

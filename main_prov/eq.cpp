@@ -31,34 +31,15 @@ fi_ops_eq eq_ops = {
 
 }  // namespace
 
-Eq::Eq(Fabric *fabric, const fi_eq_attr &attr, void *context) : fabric_(fabric) {
+Eq::Eq(Fabric *fabric, const fi_eq_attr &attr, void *context)
+    : fabric_(fabric), wait_(raw_enum(attr.wait_obj), attr.wait_set, base_fid()) {
     if (attr.flags & ~uint64_t(FI_WRITE | FI_AFFINITY)) fail(FI_EINVAL, "unsupported EQ flags");
-    switch (raw_enum(attr.wait_obj)) {
-        case FI_WAIT_NONE:
-            break;
-        case FI_WAIT_UNSPEC:
-        case FI_WAIT_FD:
-            own_wait_ = std::make_unique<WaitSet>();
-            wait_set_ = own_wait_.get();
-            break;
-        case FI_WAIT_SET:
-            if (!attr.wait_set) fail(FI_EINVAL, "FI_WAIT_SET without a wait set");
-            wait_object_ = WaitObject::of(attr.wait_set);
-            wait_set_ = &wait_object_->set();
-            wait_object_->attach(base_fid());
-            break;
-        default:
-            fail(FI_ENOSYS, "unsupported EQ wait object");
-    }
-    if (wait_set_) wait_set_->add(signal_.fd());
     init_fid(FI_CLASS_EQ, context, &eq_fi_ops);
     fid()->ops = &eq_ops;
     fabric_->hold();
 }
 
 Eq::~Eq() {
-    if (wait_set_) wait_set_->remove(signal_.fd());
-    if (wait_object_) wait_object_->detach(base_fid());
     fabric_->release();
 }
 
@@ -72,19 +53,14 @@ int Eq::close() {
 }
 
 int Eq::control(int command, void *arg) {
-    if (command == FI_GETWAITOBJ)
-        return report_wait_object(arg, own_wait_ != nullptr, wait_object_ != nullptr);
-    if (command != FI_GETWAIT) return -FI_ENOSYS;
-    if (!own_wait_) return -FI_ENODATA;
-    if (!arg) return -FI_EINVAL;
-    std::vector<int> fds;
-    {
-        std::lock_guard guard(mutex_);
-        for (auto *s : sources_) s->cm_wait_fds(fds);
-    }
-    for (int fd : fds) own_wait_->add(fd);
-    *static_cast<int *>(arg) = own_wait_->fd();
-    return 0;
+    return wait_.control(command, arg, [this](WaitSet &set) {
+        std::vector<int> fds;
+        {
+            std::lock_guard guard(mutex_);
+            for (auto *s : sources_) s->cm_wait_fds(fds);
+        }
+        for (int fd : fds) set.add(fd);
+    });
 }
 
 void Eq::progress_sources() {
@@ -106,7 +82,7 @@ ssize_t Eq::read_locked(uint32_t *event, void *buf, size_t len, uint64_t flags) 
     size_t n = ev.body.size();
     if (n) memcpy(buf, ev.body.data(), n);
     if (!(flags & FI_PEEK)) events_.pop_front();
-    if (events_.empty() && errors_.empty()) signal_.drain();
+    if (events_.empty() && errors_.empty()) wait_.signal().drain();
     return static_cast<ssize_t>(n);
 }
 
@@ -151,7 +127,7 @@ ssize_t Eq::write(uint32_t event, const void *buf, size_t len, uint64_t flags) {
 }
 
 ssize_t Eq::sread(uint32_t *event, void *buf, size_t len, int timeout, uint64_t flags) {
-    if (!wait_set_) return -FI_ENOSYS;
+    if (!wait_.set()) return -FI_ENOSYS;
     Deadline deadline(timeout);
     for (;;) {
         ssize_t n = read(event, buf, len, flags);
@@ -161,10 +137,10 @@ ssize_t Eq::sread(uint32_t *event, void *buf, size_t len, int timeout, uint64_t 
             std::lock_guard guard(mutex_);
             for (auto *s : sources_) s->cm_wait_fds(fds);
         }
-        for (int fd : fds) wait_set_->add(fd);
+        for (int fd : fds) wait_.set()->add(fd);
         if (deadline.expired()) return -FI_EAGAIN;
         int left = deadline.remaining_ms();
-        wait_set_->wait(left < 0 || left > 50 ? 50 : left);
+        wait_.set()->wait(left < 0 || left > 50 ? 50 : left);
     }
 }
 
@@ -182,9 +158,10 @@ const char *Eq::strerror(int prov_errno, const void *err_data, char *buf, size_t
 void Eq::post(uint32_t event, const void *buf, size_t len) {
     std::lock_guard guard(mutex_);
     Event ev{event, {}};
-    if (len) ev.body.assign(static_cast<const uint8_t *>(buf), static_cast<const uint8_t *>(buf) + len);
+    if (len)
+        ev.body.assign(static_cast<const uint8_t *>(buf), static_cast<const uint8_t *>(buf) + len);
     events_.push_back(std::move(ev));
-    if (wait_set_) signal_.signal();
+    if (wait_.set()) wait_.signal().signal();
 }
 
 void Eq::post_error(fid_t fid, void *context, int err, const void *err_data, size_t err_len,
@@ -200,7 +177,7 @@ void Eq::post_error(fid_t fid, void *context, int err, const void *err_data, siz
         e.data.assign(static_cast<const uint8_t *>(err_data),
                       static_cast<const uint8_t *>(err_data) + err_len);
     errors_.push_back(std::move(e));
-    if (wait_set_) signal_.signal();
+    if (wait_.set()) wait_.signal().signal();
 }
 
 int Eq::trywait() {
@@ -211,8 +188,8 @@ int Eq::trywait() {
         if (!events_.empty() || !errors_.empty()) return -FI_EAGAIN;
         for (auto *s : sources_) s->cm_wait_fds(fds);
     }
-    if (wait_set_)
-        for (int fd : fds) wait_set_->add(fd);
+    if (wait_.set())
+        for (int fd : fds) wait_.set()->add(fd);
     return 0;
 }
 

@@ -4,6 +4,7 @@
 
 #include "common/fid_adaptor.h"
 #include "common/wait_fd.h"
+#include "main_prov/wait.h"
 
 #include <rdma/fi_eq.h>
 
@@ -19,14 +20,14 @@ class WaitObject;
 
 // Something whose connection progress produces EQ events (a passive or MSG endpoint).
 class CmSource {
-public:
+  public:
     virtual ~CmSource() = default;
     virtual void progress_cm() = 0;
     virtual void cm_wait_fds(std::vector<int> &out) = 0;
 };
 
 class Eq : public FidObject<Eq, fid_eq> {
-public:
+  public:
     Eq(Fabric *fabric, const fi_eq_attr &attr, void *context);
     ~Eq();
 
@@ -47,7 +48,7 @@ public:
     void add_source(CmSource *src);
     void remove_source(CmSource *src);
 
-private:
+  private:
     struct Event {
         uint32_t type;
         std::vector<uint8_t> body;
@@ -64,10 +65,7 @@ private:
     std::deque<Event> events_;
     std::deque<ErrorEvent> errors_;
     std::vector<CmSource *> sources_;
-    std::unique_ptr<WaitSet> own_wait_;
-    WaitSet *wait_set_ = nullptr;
-    WaitObject *wait_object_ = nullptr;
-    EventFd signal_;
+    WaitBinding wait_;
     std::vector<uint8_t> last_err_data_;
 };
 

@@ -42,7 +42,9 @@ int Fabric::close() {
     return 0;
 }
 
-int Fabric::control(int, void *) { return -FI_ENOSYS; }
+int Fabric::control(int, void *) {
+    return -FI_ENOSYS;
+}
 
 int Fabric::domain(fi_info *info, fid_domain **dom, void *context) {
     return domain2(info, dom, 0, context);

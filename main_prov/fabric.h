@@ -13,7 +13,7 @@
 namespace tandem {
 
 class Fabric : public FidObject<Fabric, fid_fabric> {
-public:
+  public:
     Fabric(const fi_fabric_attr &attr, void *context);
 
     int close();
@@ -29,7 +29,7 @@ public:
     void hold() { ++refs_; }
     void release() { --refs_; }
 
-private:
+  private:
     std::string name_;
     std::atomic<int> refs_{0};
 };

@@ -20,10 +20,12 @@ int prefix_length(const sockaddr *mask) {
     const uint8_t *p;
     size_t n;
     if (mask->sa_family == AF_INET) {
-        p = reinterpret_cast<const uint8_t *>(&reinterpret_cast<const sockaddr_in *>(mask)->sin_addr);
+        p = reinterpret_cast<const uint8_t *>(
+            &reinterpret_cast<const sockaddr_in *>(mask)->sin_addr);
         n = 4;
     } else {
-        p = reinterpret_cast<const uint8_t *>(&reinterpret_cast<const sockaddr_in6 *>(mask)->sin6_addr);
+        p = reinterpret_cast<const uint8_t *>(
+            &reinterpret_cast<const sockaddr_in6 *>(mask)->sin6_addr);
         n = 16;
     }
     for (size_t i = 0; i < n; ++i) bits += __builtin_popcount(p[i]);
@@ -58,9 +60,11 @@ bool allowed_by_config(const std::string &name) {
 
 bool is_wildcard(const EndpointName &name) {
     if (name.ss.ss_family == AF_INET)
-        return reinterpret_cast<const sockaddr_in *>(&name.ss)->sin_addr.s_addr == htonl(INADDR_ANY);
+        return reinterpret_cast<const sockaddr_in *>(&name.ss)->sin_addr.s_addr ==
+               htonl(INADDR_ANY);
     if (name.ss.ss_family == AF_INET6)
-        return IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6 *>(&name.ss)->sin6_addr);
+        return IN6_IS_ADDR_UNSPECIFIED(
+            &reinterpret_cast<const sockaddr_in6 *>(&name.ss)->sin6_addr);
     return false;
 }
 
@@ -84,7 +88,8 @@ std::vector<Interface> usable_interfaces(int family) {
         if (seen) continue;  // first address of an interface names its domain
         Interface itf;
         itf.name = ifa->ifa_name;
-        EndpointName::from_bytes(ifa->ifa_addr, family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6),
+        EndpointName::from_bytes(ifa->ifa_addr,
+                                 family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6),
                                  itf.address);
         itf.fabric_name = subnet_name(ifa->ifa_addr, ifa->ifa_netmask);
         itf.loopback = loopback;

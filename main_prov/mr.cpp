@@ -20,8 +20,8 @@ fi_ops mr_fi_ops = {
     .ops_set = enosys<decltype(fi_ops::ops_set)>,
 };
 
-constexpr uint64_t kAccessBits = FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ |
-                                 FI_REMOTE_WRITE;
+constexpr uint64_t kAccessBits =
+    FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
 
 }  // namespace
 
@@ -92,8 +92,8 @@ int MemoryRegion::control(int command, void *arg) {
 bool MemoryRegion::translate(uint64_t addr, size_t len, LocalPieces &out) const {
     out.count = 0;
     if (!enabled_) return false;
-    uint64_t base = virt_addr_ ? (iov_.empty() ? 0 : reinterpret_cast<uint64_t>(iov_[0].iov_base))
-                               : offset_;
+    uint64_t base =
+        virt_addr_ ? (iov_.empty() ? 0 : reinterpret_cast<uint64_t>(iov_[0].iov_base)) : offset_;
     if (addr < base) return false;
     uint64_t off = addr - base;
     if (off > total_ || len > total_ - off) return false;
@@ -152,7 +152,9 @@ uint64_t MrTable::insert_internal(const iovec &iov) {
     return key;
 }
 
-void MrTable::erase_internal(uint64_t key) { internal_.erase(key); }
+void MrTable::erase_internal(uint64_t key) {
+    internal_.erase(key);
+}
 
 bool MrTable::resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access,
                       LocalPieces &out) const {

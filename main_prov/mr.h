@@ -18,7 +18,7 @@ class Domain;
 class Cntr;
 
 class MemoryRegion : public FidObject<MemoryRegion, fid_mr> {
-public:
+  public:
     MemoryRegion(Domain *domain, const fi_mr_attr &attr, uint64_t flags);
     ~MemoryRegion();
 
@@ -35,7 +35,7 @@ public:
     void count_remote_access(uint64_t access);
     bool enabled() const { return enabled_; }
 
-private:
+  private:
     friend class MrTable;
     Domain *domain_;
     std::vector<iovec> iov_;
@@ -49,7 +49,7 @@ private:
 };
 
 class MrTable {
-public:
+  public:
     // Inserts with the application's key (or a provider key when prov_key). -FI_ENOKEY when
     // taken.
     int insert(MemoryRegion *mr, uint64_t requested_key, bool prov_key);
@@ -61,10 +61,9 @@ public:
     void erase_internal(uint64_t key);
 
     // Resolves a remote access (addr, len) under key with the given access bit.
-    bool resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access,
-                 LocalPieces &out) const;
+    bool resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access, LocalPieces &out) const;
 
-private:
+  private:
     static constexpr uint64_t kInternalBit = 1ull << 63;
     std::unordered_map<uint64_t, MemoryRegion *> regions_;
     std::unordered_map<uint64_t, iovec> internal_;

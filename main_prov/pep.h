@@ -20,7 +20,7 @@ class Fabric;
 
 // The fid behind fi_info->handle of an FI_CONNREQ event.
 class ConnRequest : public FidObject<ConnRequest, struct fid> {
-public:
+  public:
     explicit ConnRequest(std::unique_ptr<LinkConnection> conn);
     std::unique_ptr<LinkConnection> conn;
 };
@@ -31,7 +31,7 @@ std::unique_ptr<LinkConnection> take_connection_request(struct fid *handle);
 class PassiveEndpoint : public FidObject<PassiveEndpoint, fid_pep>,
                         public CmSource,
                         public RemoteKeyResolver {
-public:
+  public:
     PassiveEndpoint(Fabric *fabric, fi_info *info, void *context);
     ~PassiveEndpoint() override;
 
@@ -48,7 +48,7 @@ public:
     void progress_cm() override;
     void cm_wait_fds(std::vector<int> &out) override;
 
-private:
+  private:
     bool resolve(uint64_t, uint64_t, size_t, uint64_t, LocalPieces &) noexcept override {
         return false;
     }

@@ -31,13 +31,13 @@ constexpr uint32_t kApiVersion = FI_VERSION(1, 17);
 constexpr uint64_t kMaxMsgSize = 1ull << 31;
 constexpr size_t kMaxCqData = 8;
 
-constexpr uint64_t kRdmCaps = FI_MSG | FI_TAGGED | FI_RMA | FI_SEND | FI_RECV | FI_READ |
-                              FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_MULTI_RECV |
-                              FI_SOURCE | FI_DIRECTED_RECV | FI_RMA_EVENT | FI_LOCAL_COMM |
-                              FI_REMOTE_COMM | FI_SHARED_AV;
-constexpr uint64_t kMsgCaps = FI_MSG | FI_TAGGED | FI_RMA | FI_SEND | FI_RECV | FI_READ |
-                              FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_MULTI_RECV |
-                              FI_RMA_EVENT | FI_LOCAL_COMM | FI_REMOTE_COMM;
+constexpr uint64_t kRdmCaps = FI_MSG | FI_TAGGED | FI_RMA | FI_SEND | FI_RECV | FI_READ | FI_WRITE |
+                              FI_REMOTE_READ | FI_REMOTE_WRITE | FI_MULTI_RECV | FI_SOURCE |
+                              FI_DIRECTED_RECV | FI_RMA_EVENT | FI_LOCAL_COMM | FI_REMOTE_COMM |
+                              FI_SHARED_AV;
+constexpr uint64_t kMsgCaps = FI_MSG | FI_TAGGED | FI_RMA | FI_SEND | FI_RECV | FI_READ | FI_WRITE |
+                              FI_REMOTE_READ | FI_REMOTE_WRITE | FI_MULTI_RECV | FI_RMA_EVENT |
+                              FI_LOCAL_COMM | FI_REMOTE_COMM;
 // Every operation of one endpoint towards one peer rides one in-order connection.
 constexpr uint64_t kMsgOrder = FI_ORDER_SAS | FI_ORDER_RAR | FI_ORDER_RAW | FI_ORDER_WAR |
                                FI_ORDER_WAW | FI_ORDER_SAR | FI_ORDER_SAW;
@@ -58,8 +58,7 @@ fi_provider g_provider = {
     .cleanup = tandem_cleanup,
 };
 
-bool resolve(const char *node, const char *service, int family, bool passive,
-             EndpointName &out) {
+bool resolve(const char *node, const char *service, int family, bool passive, EndpointName &out) {
     addrinfo hints{}, *res = nullptr;
     hints.ai_family = family;
     hints.ai_socktype = SOCK_STREAM;
@@ -70,7 +69,9 @@ bool resolve(const char *node, const char *service, int family, bool passive,
     return ok;
 }
 
-bool subset(uint64_t want, uint64_t have) { return (want & ~have) == 0; }
+bool subset(uint64_t want, uint64_t have) {
+    return (want & ~have) == 0;
+}
 
 // Decides whether one (interface, endpoint type) pair can satisfy the hints; fills info.
 bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint32_t format,
@@ -252,7 +253,8 @@ int tandem_getinfo(uint32_t version, const char *node, const char *service, uint
         have_src = true;
     }
     if (hints && hints->dest_addr && !have_dst) {
-        if (!EndpointName::from_bytes(hints->dest_addr, hints->dest_addrlen, dst)) return -FI_ENODATA;
+        if (!EndpointName::from_bytes(hints->dest_addr, hints->dest_addrlen, dst))
+            return -FI_ENODATA;
         have_dst = true;
     }
     if ((have_src && src.ss.ss_family != family) || (have_dst && dst.ss.ss_family != family))
@@ -273,7 +275,8 @@ int tandem_getinfo(uint32_t version, const char *node, const char *service, uint
             if (family == AF_INET)
                 wildcard = reinterpret_cast<sockaddr_in *>(&probe.ss)->sin_addr.s_addr == 0;
             else
-                wildcard = IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<sockaddr_in6 *>(&probe.ss)->sin6_addr);
+                wildcard = IN6_IS_ADDR_UNSPECIFIED(
+                    &reinterpret_cast<sockaddr_in6 *>(&probe.ss)->sin6_addr);
             if (!wildcard) {
                 EndpointName a = itf.address, b = src;
                 if (family == AF_INET) {
@@ -325,7 +328,9 @@ int tandem_fabric(fi_fabric_attr *attr, fid_fabric **fabric, void *context) noex
 
 }  // namespace
 
-fi_provider &tandem_provider() { return g_provider; }
+fi_provider &tandem_provider() {
+    return g_provider;
+}
 
 }  // namespace tandem
 

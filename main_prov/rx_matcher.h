@@ -80,7 +80,7 @@ struct Unexpected {
 };
 
 class RxMatcher {
-public:
+  public:
     ~RxMatcher();
 
     void post(RxOp *rx) { list_for(rx->tagged).push_back(rx); }
@@ -108,7 +108,7 @@ public:
     size_t outstanding = 0;  // receives posted and not completed
     size_t min_multi_recv = 0;
 
-private:
+  private:
     std::list<RxOp *> &list_for(bool tagged) { return tagged ? posted_tag_ : posted_msg_; }
     std::list<Unexpected> &unexpected_for(bool tagged) {
         return tagged ? unexpected_tag_ : unexpected_msg_;

@@ -90,7 +90,9 @@ SharedRxContext::SharedRxContext(Domain *domain, const fi_rx_attr &attr, void *c
     domain_->hold();
 }
 
-SharedRxContext::~SharedRxContext() { domain_->release(); }
+SharedRxContext::~SharedRxContext() {
+    domain_->release();
+}
 
 int SharedRxContext::close() {
     {
@@ -159,8 +161,8 @@ ssize_t SharedRxContext::trecvv(const iovec *iov, void **, size_t count, fi_addr
 }
 ssize_t SharedRxContext::trecvmsg(const fi_msg_tagged *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
-    return post(msg->msg_iov, msg->iov_count, msg->addr, msg->context, flags, msg->tag,
-                msg->ignore, true);
+    return post(msg->msg_iov, msg->iov_count, msg->addr, msg->context, flags, msg->tag, msg->ignore,
+                true);
 }
 
 SharedTxContext::SharedTxContext(Domain *domain, const fi_tx_attr &attr, void *context)
@@ -171,7 +173,9 @@ SharedTxContext::SharedTxContext(Domain *domain, const fi_tx_attr &attr, void *c
     domain_->hold();
 }
 
-SharedTxContext::~SharedTxContext() { domain_->release(); }
+SharedTxContext::~SharedTxContext() {
+    domain_->release();
+}
 
 int SharedTxContext::close() {
     {

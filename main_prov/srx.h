@@ -21,7 +21,7 @@ class Domain;
 class Endpoint;
 
 class SharedRxContext : public FidObject<SharedRxContext, fid_ep> {
-public:
+  public:
     SharedRxContext(Domain *domain, const fi_rx_attr &attr, void *context);
     ~SharedRxContext();
 
@@ -32,8 +32,8 @@ public:
     ssize_t recv(void *buf, size_t len, void *desc, fi_addr_t src, void *context);
     ssize_t recvv(const iovec *iov, void **desc, size_t count, fi_addr_t src, void *context);
     ssize_t recvmsg(const fi_msg *msg, uint64_t flags);
-    ssize_t trecv(void *buf, size_t len, void *desc, fi_addr_t src, uint64_t tag,
-                  uint64_t ignore, void *context);
+    ssize_t trecv(void *buf, size_t len, void *desc, fi_addr_t src, uint64_t tag, uint64_t ignore,
+                  void *context);
     ssize_t trecvv(const iovec *iov, void **desc, size_t count, fi_addr_t src, uint64_t tag,
                    uint64_t ignore, void *context);
     ssize_t trecvmsg(const fi_msg_tagged *msg, uint64_t flags);
@@ -43,7 +43,7 @@ public:
     void attach(Endpoint *ep) { endpoints_.push_back(ep); }
     void detach(Endpoint *ep) { std::erase(endpoints_, ep); }
 
-private:
+  private:
     ssize_t post(const iovec *iov, size_t count, fi_addr_t src, void *context, uint64_t flags,
                  uint64_t tag, uint64_t ignore, bool tagged);
     Endpoint *report_endpoint() const { return endpoints_.empty() ? nullptr : endpoints_.front(); }
@@ -57,14 +57,14 @@ private:
 };
 
 class SharedTxContext : public FidObject<SharedTxContext, fid_stx> {
-public:
+  public:
     SharedTxContext(Domain *domain, const fi_tx_attr &attr, void *context);
     ~SharedTxContext();
     int close();
     void attach() { ++users_; }
     void detach() { --users_; }
 
-private:
+  private:
     Domain *domain_;
     int users_ = 0;
 };

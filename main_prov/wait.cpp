@@ -55,7 +55,9 @@ WaitObject::WaitObject(Fabric *fabric, const fi_wait_attr &attr) : fabric_(fabri
     fabric_->hold();
 }
 
-WaitObject::~WaitObject() { fabric_->release(); }
+WaitObject::~WaitObject() {
+    fabric_->release();
+}
 
 int WaitObject::close() {
     {
@@ -106,7 +108,9 @@ PollObject::PollObject(Domain *domain, const fi_poll_attr &attr) : domain_(domai
     domain_->hold();
 }
 
-PollObject::~PollObject() { domain_->release(); }
+PollObject::~PollObject() {
+    domain_->release();
+}
 
 int PollObject::close() {
     delete this;
@@ -116,8 +120,7 @@ int PollObject::close() {
 int PollObject::add(struct fid *event_fid, uint64_t flags) {
     (void)flags;
     if (!event_fid) return -FI_EINVAL;
-    if (event_fid->fclass != FI_CLASS_CQ && event_fid->fclass != FI_CLASS_CNTR)
-        return -FI_EINVAL;
+    if (event_fid->fclass != FI_CLASS_CQ && event_fid->fclass != FI_CLASS_CNTR) return -FI_EINVAL;
     std::lock_guard guard(mutex_);
     if (std::find(members_.begin(), members_.end(), event_fid) != members_.end())
         return -FI_EALREADY;
@@ -153,6 +156,32 @@ int PollObject::poll(void **context, int count) {
         if (ready) context[n++] = m->context;
     }
     return n;
+}
+
+WaitBinding::WaitBinding(int wait_obj, fid_wait *wait_set, struct fid *owner) : owner_(owner) {
+    switch (wait_obj) {
+        case FI_WAIT_NONE:
+            break;
+        case FI_WAIT_UNSPEC:
+        case FI_WAIT_FD:
+            own_ = std::make_unique<WaitSet>();
+            set_ = own_.get();
+            break;
+        case FI_WAIT_SET:
+            if (!wait_set) fail(FI_EINVAL, "FI_WAIT_SET without a wait set");
+            object_ = WaitObject::of(wait_set);
+            set_ = &object_->set();
+            object_->attach(owner_);
+            break;
+        default:
+            fail(FI_ENOSYS, "unsupported wait object");
+    }
+    if (set_) set_->add(signal_.fd());
+}
+
+WaitBinding::~WaitBinding() {
+    if (set_) set_->remove(signal_.fd());
+    if (object_) object_->detach(owner_);
 }
 
 int report_wait_object(void *arg, bool own_fd, bool in_set) {

@@ -37,11 +37,11 @@ enum TcpFlags : uint16_t {
 enum class TcpStatus : uint8_t { Ok = 0, RemoteAccess = 1, RemoteInvalid = 2 };
 
 struct TcpFrame {
-    uint8_t op;       // TcpOp
-    uint8_t status;   // TcpStatus (ReadResp, Nak)
-    uint16_t flags;   // TcpFlags
-    uint32_t imm;     // immediate data when kTcpHasImm
-    uint32_t ack;     // work requests (Send, Write, ReadReq) of the peer received so far
+    uint8_t op;      // TcpOp
+    uint8_t status;  // TcpStatus (ReadResp, Nak)
+    uint16_t flags;  // TcpFlags
+    uint32_t imm;    // immediate data when kTcpHasImm
+    uint32_t ack;    // work requests (Send, Write, ReadReq) of the peer received so far
     uint32_t reserved;
     uint64_t length;  // payload bytes that follow the header (and extension)
 };
@@ -122,7 +122,7 @@ struct FinBody {
 static_assert(sizeof(FinBody) == 16);
 
 struct WriteNotifyBody {
-    uint64_t addr;    // the target address as the initiator named it
+    uint64_t addr;  // the target address as the initiator named it
     uint64_t length;
     uint64_t key;
 };
@@ -132,11 +132,11 @@ static_assert(sizeof(WriteNotifyBody) == 24);
 enum class ConnKind : uint8_t { Msg = 1, Rdm = 2 };
 
 struct ConnHello {
-    uint32_t magic;    // kProtoMagic
-    uint16_t version;  // kProtoVersion
-    uint8_t kind;      // ConnKind
-    uint8_t addr_len;  // bytes of the sender's RDM endpoint name that follow (RDM only)
-    uint32_t user_len; // bytes of application connection data that follow the name (MSG only)
+    uint32_t magic;     // kProtoMagic
+    uint16_t version;   // kProtoVersion
+    uint8_t kind;       // ConnKind
+    uint8_t addr_len;   // bytes of the sender's RDM endpoint name that follow (RDM only)
+    uint32_t user_len;  // bytes of application connection data that follow the name (MSG only)
     uint32_t reserved;
 };
 static_assert(sizeof(ConnHello) == 16);

@@ -26,10 +26,10 @@
 namespace tandem {
 
 struct LinkCaps {
-    size_t max_inline = 0;      // bytes a send may carry without keeping the source buffer
-    size_t max_send_size = 0;   // largest two-sided message (the posted buffer size)
-    size_t max_rdma_size = 0;   // largest single RDMA read or write
-    size_t max_sge = 0;         // scatter/gather entries per work request
+    size_t max_inline = 0;     // bytes a send may carry without keeping the source buffer
+    size_t max_send_size = 0;  // largest two-sided message (the posted buffer size)
+    size_t max_rdma_size = 0;  // largest single RDMA read or write
+    size_t max_sge = 0;        // scatter/gather entries per work request
     bool rdma_read = false;
     bool rdma_write = false;
     bool remote_access_events = false;  // the target's link reports remote reads/writes
@@ -52,7 +52,7 @@ struct LocalPieces {
 // Resolves a remote key at the target, with bounds and access checks, the way an RNIC checks
 // an rkey. Implemented by the domain's memory-region table.
 class RemoteKeyResolver {
-public:
+  public:
     virtual ~RemoteKeyResolver() = default;
     // The local memory of [addr, addr+len) under key with the given FI_REMOTE_* access; false
     // if the key is unknown, the range out of bounds or access denied.
@@ -66,9 +66,9 @@ enum class WcOpcode : uint8_t { Send, Recv, RecvWriteImm, Write, Read };
 
 enum class WcStatus : uint8_t {
     Success,
-    RemoteAccessError,   // bad key, out of bounds, access denied at the target
-    RemoteInvalid,       // malformed request rejected by the target
-    Flushed,             // the connection went down before the request completed
+    RemoteAccessError,  // bad key, out of bounds, access denied at the target
+    RemoteInvalid,      // malformed request rejected by the target
+    Flushed,            // the connection went down before the request completed
 };
 
 class LinkConnection;
@@ -83,7 +83,13 @@ struct WorkCompletion {
     size_t byte_len;  // for receives: bytes placed in the posted buffer
 };
 
-enum class CmEventType : uint8_t { ConnectRequest, Established, Rejected, Unreachable, Disconnected };
+enum class CmEventType : uint8_t {
+    ConnectRequest,
+    Established,
+    Rejected,
+    Unreachable,
+    Disconnected
+};
 
 struct CmEvent {
     CmEventType type;
@@ -92,7 +98,7 @@ struct CmEvent {
 };
 
 class LinkConnection {
-public:
+  public:
     virtual ~LinkConnection() = default;
 
     virtual int post_send(const iovec *iov, size_t count, const uint32_t *imm, uint64_t wr_id) = 0;
@@ -118,7 +124,7 @@ public:
 };
 
 class LinkTransport {
-public:
+  public:
     virtual ~LinkTransport() = default;
 
     virtual const LinkCaps &caps() const = 0;

@@ -123,8 +123,8 @@ TcpConnection::OutFrame TcpConnection::make_frame(wire::TcpOp op, const iovec *i
 void TcpConnection::queue_frame(OutFrame &&frame) {
     frame.hdr.ack = rx_count_;
     acked_sent_ = rx_count_;
-    frame.total = sizeof(wire::TcpFrame) + (frame.has_ext ? sizeof(wire::TcpRdma) : 0) +
-                  frame.hdr.length;
+    frame.total =
+        sizeof(wire::TcpFrame) + (frame.has_ext ? sizeof(wire::TcpRdma) : 0) + frame.hdr.length;
     outq_.push_back(std::move(frame));
 }
 
@@ -157,8 +157,8 @@ int TcpConnection::post_send(const iovec *iov, size_t count, const uint32_t *imm
     return queue_wr(std::move(f), wr_id, WcOpcode::Send, {}, len);
 }
 
-int TcpConnection::post_write(const iovec *iov, size_t count, RemoteRegion dst,
-                              const uint32_t *imm, uint64_t wr_id) {
+int TcpConnection::post_write(const iovec *iov, size_t count, RemoteRegion dst, const uint32_t *imm,
+                              uint64_t wr_id) {
     size_t len = iov_total(iov, count);
     if (len > transport_->caps().max_rdma_size || count > transport_->caps().max_sge)
         return -FI_EMSGSIZE;
@@ -477,9 +477,9 @@ void TcpConnection::handle_cm_frame() {
             return;
         }
         state_ = State::RequestReceived;
-        transport_->push_cm({CmEventType::ConnectRequest, this,
-                             std::vector<uint8_t>(cm_payload_.begin() + sizeof hello,
-                                                  cm_payload_.end())});
+        transport_->push_cm(
+            {CmEventType::ConnectRequest, this,
+             std::vector<uint8_t>(cm_payload_.begin() + sizeof hello, cm_payload_.end())});
         return;
     }
     if (state_ != State::RequestSent) {
@@ -501,8 +501,13 @@ void TcpConnection::finish_frame() {
     auto op = static_cast<wire::TcpOp>(cur_.op);
     switch (op) {
         case wire::TcpOp::Send: {
-            WorkCompletion wc{posted_wr_id_, this, WcOpcode::Recv, WcStatus::Success,
-                              (cur_.flags & wire::kTcpHasImm) != 0, cur_.imm, cur_.length};
+            WorkCompletion wc{posted_wr_id_,
+                              this,
+                              WcOpcode::Recv,
+                              WcStatus::Success,
+                              (cur_.flags & wire::kTcpHasImm) != 0,
+                              cur_.imm,
+                              cur_.length};
             posted_buf_ = nullptr;
             transport_->push_completion(wc);
             break;
@@ -521,8 +526,9 @@ void TcpConnection::finish_frame() {
             } else {
                 transport_->resolver()->remote_access_done(cur_ext_.key, FI_REMOTE_WRITE);
                 if (cur_.flags & wire::kTcpHasImm) {
-                    WorkCompletion wc{posted_wr_id_, this, WcOpcode::RecvWriteImm,
-                                      WcStatus::Success, true, cur_.imm, cur_.length};
+                    WorkCompletion wc{posted_wr_id_,     this, WcOpcode::RecvWriteImm,
+                                      WcStatus::Success, true, cur_.imm,
+                                      cur_.length};
                     posted_buf_ = nullptr;
                     transport_->push_completion(wc);
                 }
@@ -530,8 +536,8 @@ void TcpConnection::finish_frame() {
             break;
         case wire::TcpOp::ReadReq: {
             LocalPieces pieces;
-            bool ok = transport_->resolver()->resolve(cur_ext_.key, cur_ext_.addr,
-                                                      cur_ext_.length, FI_REMOTE_READ, pieces);
+            bool ok = transport_->resolver()->resolve(cur_ext_.key, cur_ext_.addr, cur_ext_.length,
+                                                      FI_REMOTE_READ, pieces);
             OutFrame resp;
             resp.hdr.op = static_cast<uint8_t>(wire::TcpOp::ReadResp);
             if (!ok) {
@@ -699,8 +705,7 @@ void TcpConnection::flush_pending() {
 void TcpConnection::fail_connection(const char *why, int err) {
     if (state_ == State::Closed) return;
     State was = state_;
-    if (why)
-        TANDEM_WARN(FI_LOG_EP_CTRL, "connection closed: %s: %s\n", why, strerror(err));
+    if (why) TANDEM_WARN(FI_LOG_EP_CTRL, "connection closed: %s: %s\n", why, strerror(err));
     state_ = State::Closed;
     if (fd_ >= 0) {
         shutdown(fd_, SHUT_RDWR);

@@ -20,18 +20,18 @@ class TcpTransport;
 struct TcpLinkConfig {
     size_t max_send_size = 16384;  // posted receive buffer size the protocol uses
     size_t max_inline = 256;
-    size_t socket_buffer = 0;      // SO_SNDBUF/SO_RCVBUF when non-zero
+    size_t socket_buffer = 0;  // SO_SNDBUF/SO_RCVBUF when non-zero
 };
 
 class TcpConnection final : public LinkConnection {
-public:
+  public:
     enum class State : uint8_t {
         Connecting,       // active: connect() in progress
         RequestSent,      // active: CmRequest sent, waiting for accept / reject
         AwaitingRequest,  // passive: accepted socket, CmRequest not read yet
         RequestReceived,  // passive: reported ConnectRequest, waiting for accept()/reject()
         Established,
-        Closed,           // disconnected or failed; everything flushed
+        Closed,  // disconnected or failed; everything flushed
     };
 
     TcpConnection(TcpTransport *transport, int fd, State state);
@@ -61,7 +61,7 @@ public:
     bool wants_write() const { return !outq_.empty() || state_ == State::Connecting; }
     void send_cm_request(const void *priv, size_t len);
 
-private:
+  private:
     struct OutFrame {
         wire::TcpFrame hdr{};
         wire::TcpRdma ext{};
@@ -111,11 +111,11 @@ private:
 
     std::deque<OutFrame> outq_;
     std::deque<PendingWr> pending_;
-    uint32_t next_seq_ = 0;   // sequence number of the next work request we post
-    uint32_t rx_count_ = 0;   // work requests of the peer received and processed
-    uint32_t acked_sent_ = 0; // last rx_count_ we told the peer about
-    uint32_t idle_passes_ = 0;  // passes in a row that received no work request
-    bool recv_allowed_ = false; // one recv() per pass unless the last one filled the buffer
+    uint32_t next_seq_ = 0;      // sequence number of the next work request we post
+    uint32_t rx_count_ = 0;      // work requests of the peer received and processed
+    uint32_t acked_sent_ = 0;    // last rx_count_ we told the peer about
+    uint32_t idle_passes_ = 0;   // passes in a row that received no work request
+    bool recv_allowed_ = false;  // one recv() per pass unless the last one filled the buffer
 
     // Receive state.
     std::vector<uint8_t> rxbuf_;
@@ -136,7 +136,7 @@ private:
 };
 
 class TcpTransport final : public LinkTransport {
-public:
+  public:
     TcpTransport(RemoteKeyResolver *resolver, const TcpLinkConfig &config);
     ~TcpTransport() override;
 
@@ -172,7 +172,7 @@ public:
     RemoteKeyResolver *resolver() const { return resolver_; }
     const TcpLinkConfig &config() const { return config_; }
 
-private:
+  private:
     void accept_new();
     void progress();
     void watch(TcpConnection *conn);
@@ -182,7 +182,7 @@ private:
     TcpLinkConfig config_;
     LinkCaps caps_;
     int listen_fd_ = -1;
-    int epfd_ = -1;       // listener and connection sockets, for readiness with many connections
+    int epfd_ = -1;  // listener and connection sockets, for readiness with many connections
     uint64_t passes_ = 0;
     int64_t last_full_ms_ = 0;
     std::vector<std::unique_ptr<TcpConnection>> conns_;

@@ -20,7 +20,7 @@ namespace {
 
 // One registered region with one key, checked the way an RNIC checks an rkey.
 class OneRegion : public RemoteKeyResolver {
-public:
+  public:
     std::vector<uint8_t> mem = std::vector<uint8_t>(1 << 16);
     uint64_t key = 0x77;
     uint64_t access = FI_REMOTE_READ | FI_REMOTE_WRITE;
@@ -79,7 +79,7 @@ std::unique_ptr<LinkTransport> make_link(const std::string &kind, RemoteKeyResol
 }
 
 class LinkContract : public ::testing::TestWithParam<std::string> {
-protected:
+  protected:
     Side a, b;
     LinkConnection *ab = nullptr;  // a's end
     LinkConnection *ba = nullptr;  // b's end
@@ -119,9 +119,9 @@ protected:
         ASSERT_TRUE(pump_until([&] { return !a.events.empty() && !b.events.empty(); }));
         EXPECT_EQ(b.events.front().type, CmEventType::Established);
         EXPECT_EQ(a.events.front().type, CmEventType::Established);
-        EXPECT_EQ(std::string(a.events.front().private_data.begin(),
-                              a.events.front().private_data.end()),
-                  answer);
+        EXPECT_EQ(
+            std::string(a.events.front().private_data.begin(), a.events.front().private_data.end()),
+            answer);
         a.events.clear();
         b.events.clear();
         EXPECT_TRUE(ab->established());
@@ -129,7 +129,9 @@ protected:
     }
 };
 
-TEST_P(LinkContract, ConnectCarriesPrivateDataBothWays) { connect("request-data", "reply"); }
+TEST_P(LinkContract, ConnectCarriesPrivateDataBothWays) {
+    connect("request-data", "reply");
+}
 
 TEST_P(LinkContract, RejectCarriesPrivateData) {
     sockaddr_storage name = b.transport->name();
@@ -138,8 +140,9 @@ TEST_P(LinkContract, RejectCarriesPrivateData) {
     ASSERT_EQ(b.events.front().conn->reject("no thanks", 9), 0);
     ASSERT_TRUE(pump_until([&] { return !a.events.empty(); }));
     EXPECT_EQ(a.events.front().type, CmEventType::Rejected);
-    EXPECT_EQ(std::string(a.events.front().private_data.begin(), a.events.front().private_data.end()),
-              "no thanks");
+    EXPECT_EQ(
+        std::string(a.events.front().private_data.begin(), a.events.front().private_data.end()),
+        "no thanks");
 }
 
 TEST_P(LinkContract, ConnectToNobodyIsUnreachable) {
@@ -180,8 +183,8 @@ TEST_P(LinkContract, ASendWithoutAPostedBufferWaitsForOne) {
     iovec iov{msg, sizeof msg};
     ASSERT_EQ(ab->post_send(&iov, 1, nullptr, 5), 0);
     pump_until([] { return false; }, 100);
-    EXPECT_TRUE(b.wcs.empty());   // receiver not ready: nothing delivered
-    EXPECT_TRUE(a.wcs.empty());   // and nothing acknowledged
+    EXPECT_TRUE(b.wcs.empty());  // receiver not ready: nothing delivered
+    EXPECT_TRUE(a.wcs.empty());  // and nothing acknowledged
     b.post_buffers(1, 4096);
     ASSERT_TRUE(pump_until([&] { return !b.wcs.empty() && !a.wcs.empty(); }));
     EXPECT_EQ(b.wcs.front().byte_len, sizeof msg);
@@ -218,7 +221,7 @@ TEST_P(LinkContract, BadKeysAndRangesFailAtTheInitiatorAndWriteNothing) {
     connect();
     std::vector<uint8_t> src(64, 0xee);
     iovec iov{src.data(), src.size()};
-    ASSERT_EQ(ab->post_write(&iov, 1, {0, b.region.key + 1}, nullptr, 1), 0);       // bad key
+    ASSERT_EQ(ab->post_write(&iov, 1, {0, b.region.key + 1}, nullptr, 1), 0);  // bad key
     ASSERT_EQ(ab->post_write(&iov, 1, {b.region.mem.size() - 10, b.region.key}, nullptr, 2), 0);
     std::vector<uint8_t> dst(64);
     iovec riov{dst.data(), dst.size()};
