@@ -23,6 +23,55 @@ namespace {
 // handled by value so a 1.17 build answers it too.
 constexpr int kOptCudaApiPermitted = 10;
 
+// An alias (fi_ep_alias): another fid_ep for the same endpoint with its own default
+// operation flags for one direction. It shares the endpoint's data-path ops tables; DataCall
+// tells the two apart by their fi_ops table.
+class EndpointAlias : public FidObject<EndpointAlias, fid_ep> {
+  public:
+    EndpointAlias(Endpoint *parent, const OpDefaults &defaults)
+        : parent(parent), defaults(defaults) {
+        parent->alias_opened();
+    }
+    ~EndpointAlias() { parent->alias_closed(); }
+    int close() {
+        std::lock_guard guard(parent->domain()->lock());
+        delete this;
+        return 0;
+    }
+    Endpoint *parent;
+    OpDefaults defaults;
+};
+
+fi_ops alias_fi_ops = {
+    .size = sizeof(fi_ops),
+    .close = &Trampoline<&EndpointAlias::close>::call<fid>,
+    .bind = enosys<decltype(fi_ops::bind)>,
+    .control = enosys<decltype(fi_ops::control)>,
+    .ops_open = enosys<decltype(fi_ops::ops_open)>,
+    .tostr = enosys<decltype(fi_ops::tostr)>,
+    .ops_set = enosys<decltype(fi_ops::ops_set)>,
+};
+
+// Data calls: the endpoint behind the fid, with the default flags of the fid used.
+template <auto Method>
+struct DataCall;
+
+template <class R, class... A, R (Endpoint::*M)(const OpDefaults &, A...)>
+struct DataCall<M> {
+    static R call(fid_ep *fid, A... args) noexcept {
+        try {
+            if (fid->fid.ops == &alias_fi_ops) {
+                EndpointAlias *alias = EndpointAlias::of(fid);
+                return (alias->parent->*M)(alias->defaults, args...);
+            }
+            Endpoint *ep = Endpoint::of(fid);
+            return (ep->*M)(ep->defaults(), args...);
+        } catch (...) {
+            return error_return<R>(current_exception_errno());
+        }
+    }
+};
+
 fi_ops ep_fi_ops = {
     .size = sizeof(fi_ops),
     .close = &Trampoline<&Endpoint::close>::call<fid>,
@@ -59,41 +108,65 @@ fi_ops_cm ep_cm_ops = {
 
 fi_ops_msg ep_msg_ops = {
     .size = sizeof(fi_ops_msg),
-    .recv = &Trampoline<&Endpoint::msg_recv>::call<fid_ep>,
-    .recvv = &Trampoline<&Endpoint::msg_recvv>::call<fid_ep>,
-    .recvmsg = &Trampoline<&Endpoint::msg_recvmsg>::call<fid_ep>,
-    .send = &Trampoline<&Endpoint::msg_send>::call<fid_ep>,
-    .sendv = &Trampoline<&Endpoint::msg_sendv>::call<fid_ep>,
-    .sendmsg = &Trampoline<&Endpoint::msg_sendmsg>::call<fid_ep>,
-    .inject = &Trampoline<&Endpoint::msg_inject>::call<fid_ep>,
-    .senddata = &Trampoline<&Endpoint::msg_senddata>::call<fid_ep>,
-    .injectdata = &Trampoline<&Endpoint::msg_injectdata>::call<fid_ep>,
+    .recv = &DataCall<&Endpoint::msg_recv>::call,
+    .recvv = &DataCall<&Endpoint::msg_recvv>::call,
+    .recvmsg = &DataCall<&Endpoint::msg_recvmsg>::call,
+    .send = &DataCall<&Endpoint::msg_send>::call,
+    .sendv = &DataCall<&Endpoint::msg_sendv>::call,
+    .sendmsg = &DataCall<&Endpoint::msg_sendmsg>::call,
+    .inject = &DataCall<&Endpoint::msg_inject>::call,
+    .senddata = &DataCall<&Endpoint::msg_senddata>::call,
+    .injectdata = &DataCall<&Endpoint::msg_injectdata>::call,
 };
 
 fi_ops_tagged ep_tagged_ops = {
     .size = sizeof(fi_ops_tagged),
-    .recv = &Trampoline<&Endpoint::tag_recv>::call<fid_ep>,
-    .recvv = &Trampoline<&Endpoint::tag_recvv>::call<fid_ep>,
-    .recvmsg = &Trampoline<&Endpoint::tag_recvmsg>::call<fid_ep>,
-    .send = &Trampoline<&Endpoint::tag_send>::call<fid_ep>,
-    .sendv = &Trampoline<&Endpoint::tag_sendv>::call<fid_ep>,
-    .sendmsg = &Trampoline<&Endpoint::tag_sendmsg>::call<fid_ep>,
-    .inject = &Trampoline<&Endpoint::tag_inject>::call<fid_ep>,
-    .senddata = &Trampoline<&Endpoint::tag_senddata>::call<fid_ep>,
-    .injectdata = &Trampoline<&Endpoint::tag_injectdata>::call<fid_ep>,
+    .recv = &DataCall<&Endpoint::tag_recv>::call,
+    .recvv = &DataCall<&Endpoint::tag_recvv>::call,
+    .recvmsg = &DataCall<&Endpoint::tag_recvmsg>::call,
+    .send = &DataCall<&Endpoint::tag_send>::call,
+    .sendv = &DataCall<&Endpoint::tag_sendv>::call,
+    .sendmsg = &DataCall<&Endpoint::tag_sendmsg>::call,
+    .inject = &DataCall<&Endpoint::tag_inject>::call,
+    .senddata = &DataCall<&Endpoint::tag_senddata>::call,
+    .injectdata = &DataCall<&Endpoint::tag_injectdata>::call,
 };
 
 fi_ops_rma ep_rma_ops = {
     .size = sizeof(fi_ops_rma),
-    .read = &Trampoline<&Endpoint::rma_read>::call<fid_ep>,
-    .readv = &Trampoline<&Endpoint::rma_readv>::call<fid_ep>,
-    .readmsg = &Trampoline<&Endpoint::rma_readmsg>::call<fid_ep>,
-    .write = &Trampoline<&Endpoint::rma_write>::call<fid_ep>,
-    .writev = &Trampoline<&Endpoint::rma_writev>::call<fid_ep>,
-    .writemsg = &Trampoline<&Endpoint::rma_writemsg>::call<fid_ep>,
-    .inject = &Trampoline<&Endpoint::rma_inject>::call<fid_ep>,
-    .writedata = &Trampoline<&Endpoint::rma_writedata>::call<fid_ep>,
-    .injectdata = &Trampoline<&Endpoint::rma_injectdata>::call<fid_ep>,
+    .read = &DataCall<&Endpoint::rma_read>::call,
+    .readv = &DataCall<&Endpoint::rma_readv>::call,
+    .readmsg = &DataCall<&Endpoint::rma_readmsg>::call,
+    .write = &DataCall<&Endpoint::rma_write>::call,
+    .writev = &DataCall<&Endpoint::rma_writev>::call,
+    .writemsg = &DataCall<&Endpoint::rma_writemsg>::call,
+    .inject = &DataCall<&Endpoint::rma_inject>::call,
+    .writedata = &DataCall<&Endpoint::rma_writedata>::call,
+    .injectdata = &DataCall<&Endpoint::rma_injectdata>::call,
+};
+
+fi_ops_ep alias_ep_ops = {
+    .size = sizeof(fi_ops_ep),
+    .cancel = enosys<decltype(fi_ops_ep::cancel)>,
+    .getopt = enosys<decltype(fi_ops_ep::getopt)>,
+    .setopt = enosys<decltype(fi_ops_ep::setopt)>,
+    .tx_ctx = enosys<decltype(fi_ops_ep::tx_ctx)>,
+    .rx_ctx = enosys<decltype(fi_ops_ep::rx_ctx)>,
+    .rx_size_left = enosys<decltype(fi_ops_ep::rx_size_left)>,
+    .tx_size_left = enosys<decltype(fi_ops_ep::tx_size_left)>,
+};
+
+fi_ops_cm alias_cm_ops = {
+    .size = sizeof(fi_ops_cm),
+    .setname = enosys<decltype(fi_ops_cm::setname)>,
+    .getname = enosys<decltype(fi_ops_cm::getname)>,
+    .getpeer = enosys<decltype(fi_ops_cm::getpeer)>,
+    .connect = enosys<decltype(fi_ops_cm::connect)>,
+    .listen = enosys<decltype(fi_ops_cm::listen)>,
+    .accept = enosys<decltype(fi_ops_cm::accept)>,
+    .reject = enosys<decltype(fi_ops_cm::reject)>,
+    .shutdown = enosys<decltype(fi_ops_cm::shutdown)>,
+    .join = enosys<decltype(fi_ops_cm::join)>,
 };
 
 }  // namespace
@@ -104,8 +177,8 @@ Endpoint::Endpoint(Domain *domain, fi_info *info, void *context)
     type_ = info_->ep_attr->type;
     if (type_ != FI_EP_RDM && type_ != FI_EP_MSG) fail(FI_EINVAL, "unsupported endpoint type");
     caps_ = info_->caps ? info_->caps : (FI_MSG | FI_TAGGED | FI_RMA);
-    tx_op_flags_ = info_->tx_attr ? info_->tx_attr->op_flags : 0;
-    rx_op_flags_ = info_->rx_attr ? info_->rx_attr->op_flags : 0;
+    defaults_.tx = info_->tx_attr ? info_->tx_attr->op_flags : 0;
+    defaults_.rx = info_->rx_attr ? info_->rx_attr->op_flags : 0;
     const Config &cfg = Config::get();
     eager_limit_ = cfg.eager_limit;
     inject_size_ = cfg.inject_size;
@@ -154,6 +227,10 @@ Endpoint::~Endpoint() {
 }
 
 int Endpoint::close() {
+    {
+        std::lock_guard guard(domain_->lock());
+        if (aliases_) return -FI_EBUSY;  // close the aliases first
+    }
     if (eq_) eq_->remove_source(this);
     {
         std::lock_guard guard(domain_->lock());
@@ -265,12 +342,30 @@ int Endpoint::control(int command, void *arg) {
             auto *flags = static_cast<uint64_t *>(arg);
             bool tx = *flags & FI_TRANSMIT, rx = *flags & FI_RECV;
             if (tx == rx) return -FI_EINVAL;
-            uint64_t &which = tx ? tx_op_flags_ : rx_op_flags_;
+            uint64_t &which = tx ? defaults_.tx : defaults_.rx;
             if (command == FI_GETOPSFLAG) {
                 *flags = which | (tx ? FI_TRANSMIT : FI_RECV);
             } else {
                 which = *flags & ~uint64_t(FI_TRANSMIT | FI_RECV);
             }
+            return 0;
+        }
+        case FI_ALIAS: {
+            auto *alias = static_cast<struct fi_alias *>(arg);
+            if (!alias || !alias->fid) return -FI_EINVAL;
+            bool tx = alias->flags & FI_TRANSMIT, rx = alias->flags & FI_RECV;
+            if (tx == rx) return -FI_EINVAL;  // one direction per alias (fi_endpoint(3))
+            std::lock_guard guard(domain_->lock());
+            OpDefaults d = defaults_;
+            (tx ? d.tx : d.rx) = alias->flags & ~uint64_t(FI_TRANSMIT | FI_RECV);
+            auto *a = new EndpointAlias(this, d);
+            a->init_fid(FI_CLASS_EP, base_fid()->context, &alias_fi_ops);
+            a->fid()->ops = &alias_ep_ops;
+            a->fid()->cm = &alias_cm_ops;
+            a->fid()->msg = &ep_msg_ops;
+            a->fid()->tagged = &ep_tagged_ops;
+            a->fid()->rma = &ep_rma_ops;
+            *alias->fid = a->base_fid();
             return 0;
         }
         case FI_GETWAIT:

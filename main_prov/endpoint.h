@@ -71,6 +71,13 @@ struct TxOp {
     int error = 0;
 };
 
+// Default operation flags of the fid a data call came through: the endpoint's own, or those
+// of an alias (fi_ep_alias) of it.
+struct OpDefaults {
+    uint64_t tx;
+    uint64_t rx;
+};
+
 class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public RemoteKeyResolver {
   public:
     Endpoint(Domain *domain, fi_info *info, void *context);
@@ -95,48 +102,56 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     int accept(const void *param, size_t paramlen);
     int shutdown(uint64_t flags);
     // fi_ops_msg
-    ssize_t msg_recv(void *buf, size_t len, void *desc, fi_addr_t src, void *context);
-    ssize_t msg_recvv(const iovec *iov, void **desc, size_t count, fi_addr_t src, void *context);
-    ssize_t msg_recvmsg(const fi_msg *msg, uint64_t flags);
-    ssize_t msg_send(const void *buf, size_t len, void *desc, fi_addr_t dest, void *context);
-    ssize_t msg_sendv(const iovec *iov, void **desc, size_t count, fi_addr_t dest, void *context);
-    ssize_t msg_sendmsg(const fi_msg *msg, uint64_t flags);
-    ssize_t msg_inject(const void *buf, size_t len, fi_addr_t dest);
-    ssize_t msg_senddata(const void *buf, size_t len, void *desc, uint64_t data, fi_addr_t dest,
-                         void *context);
-    ssize_t msg_injectdata(const void *buf, size_t len, uint64_t data, fi_addr_t dest);
+    ssize_t msg_recv(const OpDefaults &d, void *buf, size_t len, void *desc, fi_addr_t src,
+                     void *context);
+    ssize_t msg_recvv(const OpDefaults &d, const iovec *iov, void **desc, size_t count,
+                      fi_addr_t src, void *context);
+    ssize_t msg_recvmsg(const OpDefaults &d, const fi_msg *msg, uint64_t flags);
+    ssize_t msg_send(const OpDefaults &d, const void *buf, size_t len, void *desc, fi_addr_t dest,
+                     void *context);
+    ssize_t msg_sendv(const OpDefaults &d, const iovec *iov, void **desc, size_t count,
+                      fi_addr_t dest, void *context);
+    ssize_t msg_sendmsg(const OpDefaults &d, const fi_msg *msg, uint64_t flags);
+    ssize_t msg_inject(const OpDefaults &d, const void *buf, size_t len, fi_addr_t dest);
+    ssize_t msg_senddata(const OpDefaults &d, const void *buf, size_t len, void *desc,
+                         uint64_t data, fi_addr_t dest, void *context);
+    ssize_t msg_injectdata(const OpDefaults &d, const void *buf, size_t len, uint64_t data,
+                           fi_addr_t dest);
     // fi_ops_tagged
-    ssize_t tag_recv(void *buf, size_t len, void *desc, fi_addr_t src, uint64_t tag,
-                     uint64_t ignore, void *context);
-    ssize_t tag_recvv(const iovec *iov, void **desc, size_t count, fi_addr_t src, uint64_t tag,
-                      uint64_t ignore, void *context);
-    ssize_t tag_recvmsg(const fi_msg_tagged *msg, uint64_t flags);
-    ssize_t tag_send(const void *buf, size_t len, void *desc, fi_addr_t dest, uint64_t tag,
-                     void *context);
-    ssize_t tag_sendv(const iovec *iov, void **desc, size_t count, fi_addr_t dest, uint64_t tag,
-                      void *context);
-    ssize_t tag_sendmsg(const fi_msg_tagged *msg, uint64_t flags);
-    ssize_t tag_inject(const void *buf, size_t len, fi_addr_t dest, uint64_t tag);
-    ssize_t tag_senddata(const void *buf, size_t len, void *desc, uint64_t data, fi_addr_t dest,
-                         uint64_t tag, void *context);
-    ssize_t tag_injectdata(const void *buf, size_t len, uint64_t data, fi_addr_t dest,
-                           uint64_t tag);
+    ssize_t tag_recv(const OpDefaults &d, void *buf, size_t len, void *desc, fi_addr_t src,
+                     uint64_t tag, uint64_t ignore, void *context);
+    ssize_t tag_recvv(const OpDefaults &d, const iovec *iov, void **desc, size_t count,
+                      fi_addr_t src, uint64_t tag, uint64_t ignore, void *context);
+    ssize_t tag_recvmsg(const OpDefaults &d, const fi_msg_tagged *msg, uint64_t flags);
+    ssize_t tag_send(const OpDefaults &d, const void *buf, size_t len, void *desc, fi_addr_t dest,
+                     uint64_t tag, void *context);
+    ssize_t tag_sendv(const OpDefaults &d, const iovec *iov, void **desc, size_t count,
+                      fi_addr_t dest, uint64_t tag, void *context);
+    ssize_t tag_sendmsg(const OpDefaults &d, const fi_msg_tagged *msg, uint64_t flags);
+    ssize_t tag_inject(const OpDefaults &d, const void *buf, size_t len, fi_addr_t dest,
+                       uint64_t tag);
+    ssize_t tag_senddata(const OpDefaults &d, const void *buf, size_t len, void *desc,
+                         uint64_t data, fi_addr_t dest, uint64_t tag, void *context);
+    ssize_t tag_injectdata(const OpDefaults &d, const void *buf, size_t len, uint64_t data,
+                           fi_addr_t dest, uint64_t tag);
     // fi_ops_rma
-    ssize_t rma_read(void *buf, size_t len, void *desc, fi_addr_t src, uint64_t addr, uint64_t key,
-                     void *context);
-    ssize_t rma_readv(const iovec *iov, void **desc, size_t count, fi_addr_t src, uint64_t addr,
-                      uint64_t key, void *context);
-    ssize_t rma_readmsg(const fi_msg_rma *msg, uint64_t flags);
-    ssize_t rma_write(const void *buf, size_t len, void *desc, fi_addr_t dest, uint64_t addr,
-                      uint64_t key, void *context);
-    ssize_t rma_writev(const iovec *iov, void **desc, size_t count, fi_addr_t dest, uint64_t addr,
-                       uint64_t key, void *context);
-    ssize_t rma_writemsg(const fi_msg_rma *msg, uint64_t flags);
-    ssize_t rma_inject(const void *buf, size_t len, fi_addr_t dest, uint64_t addr, uint64_t key);
-    ssize_t rma_writedata(const void *buf, size_t len, void *desc, uint64_t data, fi_addr_t dest,
-                          uint64_t addr, uint64_t key, void *context);
-    ssize_t rma_injectdata(const void *buf, size_t len, uint64_t data, fi_addr_t dest,
-                           uint64_t addr, uint64_t key);
+    ssize_t rma_read(const OpDefaults &d, void *buf, size_t len, void *desc, fi_addr_t src,
+                     uint64_t addr, uint64_t key, void *context);
+    ssize_t rma_readv(const OpDefaults &d, const iovec *iov, void **desc, size_t count,
+                      fi_addr_t src, uint64_t addr, uint64_t key, void *context);
+    ssize_t rma_readmsg(const OpDefaults &d, const fi_msg_rma *msg, uint64_t flags);
+    ssize_t rma_write(const OpDefaults &d, const void *buf, size_t len, void *desc, fi_addr_t dest,
+                      uint64_t addr, uint64_t key, void *context);
+    ssize_t rma_writev(const OpDefaults &d, const iovec *iov, void **desc, size_t count,
+                       fi_addr_t dest, uint64_t addr, uint64_t key, void *context);
+    ssize_t rma_writemsg(const OpDefaults &d, const fi_msg_rma *msg, uint64_t flags);
+    ssize_t rma_inject(const OpDefaults &d, const void *buf, size_t len, fi_addr_t dest,
+                       uint64_t addr, uint64_t key);
+    ssize_t rma_writedata(const OpDefaults &d, const void *buf, size_t len, void *desc,
+                          uint64_t data, fi_addr_t dest, uint64_t addr, uint64_t key,
+                          void *context);
+    ssize_t rma_injectdata(const OpDefaults &d, const void *buf, size_t len, uint64_t data,
+                           fi_addr_t dest, uint64_t addr, uint64_t key);
 
     // CmSource
     void progress_cm() override;
@@ -171,6 +186,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
                                     const RecvArgs &a);
     static ssize_t cancel_on(RxMatcher &m, Endpoint *report_ep, void *context);
     Domain *domain() const { return domain_; }
+    const OpDefaults &defaults() const { return defaults_; }
+    void alias_opened() { ++aliases_; }
+    void alias_closed() { --aliases_; }
 
   private:
     struct SendArgs {
@@ -240,8 +258,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     fi_info *info_;
     fi_ep_type type_;
     uint64_t caps_;
-    uint64_t tx_op_flags_;
-    uint64_t rx_op_flags_;
+    OpDefaults defaults_{};
+    int aliases_ = 0;
     bool enabled_ = false;
     bool closing_ = false;
 

@@ -75,56 +75,60 @@ int error_of(WcStatus s) {
 // ------------------------------------------------------------------------------------------
 // Entry points: the fi_msg / fi_tagged / fi_rma calls map onto three internal posts.
 
-ssize_t Endpoint::msg_recv(void *buf, size_t len, void *, fi_addr_t src, void *context) {
+ssize_t Endpoint::msg_recv(const OpDefaults &d, void *buf, size_t len, void *, fi_addr_t src,
+                           void *context) {
     iovec iov{buf, len};
-    return post_recv({&iov, 1, src, context, rx_op_flags_, 0, 0, false});
+    return post_recv({&iov, 1, src, context, d.rx, 0, 0, false});
 }
-ssize_t Endpoint::msg_recvv(const iovec *iov, void **, size_t count, fi_addr_t src, void *context) {
-    return post_recv({iov, count, src, context, rx_op_flags_, 0, 0, false});
+ssize_t Endpoint::msg_recvv(const OpDefaults &d, const iovec *iov, void **, size_t count,
+                            fi_addr_t src, void *context) {
+    return post_recv({iov, count, src, context, d.rx, 0, 0, false});
 }
-ssize_t Endpoint::msg_recvmsg(const fi_msg *msg, uint64_t flags) {
+ssize_t Endpoint::msg_recvmsg(const OpDefaults &, const fi_msg *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
     return post_recv({msg->msg_iov, msg->iov_count, msg->addr, msg->context, flags & ~kNoCompletion,
                       0, 0, false});
 }
-ssize_t Endpoint::msg_send(const void *buf, size_t len, void *, fi_addr_t dest, void *context) {
+ssize_t Endpoint::msg_send(const OpDefaults &d, const void *buf, size_t len, void *, fi_addr_t dest,
+                           void *context) {
     iovec iov{const_cast<void *>(buf), len};
-    return post_send({&iov, 1, dest, context, tx_op_flags_, 0, 0, false});
+    return post_send({&iov, 1, dest, context, d.tx, 0, 0, false});
 }
-ssize_t Endpoint::msg_sendv(const iovec *iov, void **, size_t count, fi_addr_t dest,
-                            void *context) {
-    return post_send({iov, count, dest, context, tx_op_flags_, 0, 0, false});
+ssize_t Endpoint::msg_sendv(const OpDefaults &d, const iovec *iov, void **, size_t count,
+                            fi_addr_t dest, void *context) {
+    return post_send({iov, count, dest, context, d.tx, 0, 0, false});
 }
-ssize_t Endpoint::msg_sendmsg(const fi_msg *msg, uint64_t flags) {
+ssize_t Endpoint::msg_sendmsg(const OpDefaults &, const fi_msg *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
     return post_send({msg->msg_iov, msg->iov_count, msg->addr, msg->context, flags & ~kNoCompletion,
                       0, msg->data, false});
 }
-ssize_t Endpoint::msg_inject(const void *buf, size_t len, fi_addr_t dest) {
+ssize_t Endpoint::msg_inject(const OpDefaults &, const void *buf, size_t len, fi_addr_t dest) {
     iovec iov{const_cast<void *>(buf), len};
     return post_send({&iov, 1, dest, nullptr, FI_INJECT | kNoCompletion, 0, 0, false});
 }
-ssize_t Endpoint::msg_senddata(const void *buf, size_t len, void *, uint64_t data, fi_addr_t dest,
-                               void *context) {
+ssize_t Endpoint::msg_senddata(const OpDefaults &d, const void *buf, size_t len, void *,
+                               uint64_t data, fi_addr_t dest, void *context) {
     iovec iov{const_cast<void *>(buf), len};
-    return post_send({&iov, 1, dest, context, tx_op_flags_ | FI_REMOTE_CQ_DATA, 0, data, false});
+    return post_send({&iov, 1, dest, context, d.tx | FI_REMOTE_CQ_DATA, 0, data, false});
 }
-ssize_t Endpoint::msg_injectdata(const void *buf, size_t len, uint64_t data, fi_addr_t dest) {
+ssize_t Endpoint::msg_injectdata(const OpDefaults &, const void *buf, size_t len, uint64_t data,
+                                 fi_addr_t dest) {
     iovec iov{const_cast<void *>(buf), len};
     return post_send(
         {&iov, 1, dest, nullptr, FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, 0, data, false});
 }
 
-ssize_t Endpoint::tag_recv(void *buf, size_t len, void *, fi_addr_t src, uint64_t tag,
-                           uint64_t ignore, void *context) {
+ssize_t Endpoint::tag_recv(const OpDefaults &d, void *buf, size_t len, void *, fi_addr_t src,
+                           uint64_t tag, uint64_t ignore, void *context) {
     iovec iov{buf, len};
-    return post_recv({&iov, 1, src, context, rx_op_flags_, tag, ignore, true});
+    return post_recv({&iov, 1, src, context, d.rx, tag, ignore, true});
 }
-ssize_t Endpoint::tag_recvv(const iovec *iov, void **, size_t count, fi_addr_t src, uint64_t tag,
-                            uint64_t ignore, void *context) {
-    return post_recv({iov, count, src, context, rx_op_flags_, tag, ignore, true});
+ssize_t Endpoint::tag_recvv(const OpDefaults &d, const iovec *iov, void **, size_t count,
+                            fi_addr_t src, uint64_t tag, uint64_t ignore, void *context) {
+    return post_recv({iov, count, src, context, d.rx, tag, ignore, true});
 }
-ssize_t Endpoint::tag_recvmsg(const fi_msg_tagged *msg, uint64_t flags) {
+ssize_t Endpoint::tag_recvmsg(const OpDefaults &, const fi_msg_tagged *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
     RecvArgs a{msg->msg_iov, msg->iov_count, msg->addr,   msg->context,
                flags,        msg->tag,       msg->ignore, true};
@@ -136,77 +140,78 @@ ssize_t Endpoint::tag_recvmsg(const fi_msg_tagged *msg, uint64_t flags) {
     }
     return post_recv(a);
 }
-ssize_t Endpoint::tag_send(const void *buf, size_t len, void *, fi_addr_t dest, uint64_t tag,
-                           void *context) {
+ssize_t Endpoint::tag_send(const OpDefaults &d, const void *buf, size_t len, void *, fi_addr_t dest,
+                           uint64_t tag, void *context) {
     iovec iov{const_cast<void *>(buf), len};
-    return post_send({&iov, 1, dest, context, tx_op_flags_, tag, 0, true});
+    return post_send({&iov, 1, dest, context, d.tx, tag, 0, true});
 }
-ssize_t Endpoint::tag_sendv(const iovec *iov, void **, size_t count, fi_addr_t dest, uint64_t tag,
-                            void *context) {
-    return post_send({iov, count, dest, context, tx_op_flags_, tag, 0, true});
+ssize_t Endpoint::tag_sendv(const OpDefaults &d, const iovec *iov, void **, size_t count,
+                            fi_addr_t dest, uint64_t tag, void *context) {
+    return post_send({iov, count, dest, context, d.tx, tag, 0, true});
 }
-ssize_t Endpoint::tag_sendmsg(const fi_msg_tagged *msg, uint64_t flags) {
+ssize_t Endpoint::tag_sendmsg(const OpDefaults &, const fi_msg_tagged *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
     return post_send({msg->msg_iov, msg->iov_count, msg->addr, msg->context, flags & ~kNoCompletion,
                       msg->tag, msg->data, true});
 }
-ssize_t Endpoint::tag_inject(const void *buf, size_t len, fi_addr_t dest, uint64_t tag) {
+ssize_t Endpoint::tag_inject(const OpDefaults &, const void *buf, size_t len, fi_addr_t dest,
+                             uint64_t tag) {
     iovec iov{const_cast<void *>(buf), len};
     return post_send({&iov, 1, dest, nullptr, FI_INJECT | kNoCompletion, tag, 0, true});
 }
-ssize_t Endpoint::tag_senddata(const void *buf, size_t len, void *, uint64_t data, fi_addr_t dest,
-                               uint64_t tag, void *context) {
+ssize_t Endpoint::tag_senddata(const OpDefaults &d, const void *buf, size_t len, void *,
+                               uint64_t data, fi_addr_t dest, uint64_t tag, void *context) {
     iovec iov{const_cast<void *>(buf), len};
-    return post_send({&iov, 1, dest, context, tx_op_flags_ | FI_REMOTE_CQ_DATA, tag, data, true});
+    return post_send({&iov, 1, dest, context, d.tx | FI_REMOTE_CQ_DATA, tag, data, true});
 }
-ssize_t Endpoint::tag_injectdata(const void *buf, size_t len, uint64_t data, fi_addr_t dest,
-                                 uint64_t tag) {
+ssize_t Endpoint::tag_injectdata(const OpDefaults &, const void *buf, size_t len, uint64_t data,
+                                 fi_addr_t dest, uint64_t tag) {
     iovec iov{const_cast<void *>(buf), len};
     return post_send(
         {&iov, 1, dest, nullptr, FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, tag, data, true});
 }
 
-ssize_t Endpoint::rma_read(void *buf, size_t len, void *, fi_addr_t src, uint64_t addr,
-                           uint64_t key, void *context) {
+ssize_t Endpoint::rma_read(const OpDefaults &d, void *buf, size_t len, void *, fi_addr_t src,
+                           uint64_t addr, uint64_t key, void *context) {
     iovec iov{buf, len};
-    return post_rma({&iov, 1, src, addr, key, context, tx_op_flags_, 0, false});
+    return post_rma({&iov, 1, src, addr, key, context, d.tx, 0, false});
 }
-ssize_t Endpoint::rma_readv(const iovec *iov, void **, size_t count, fi_addr_t src, uint64_t addr,
-                            uint64_t key, void *context) {
-    return post_rma({iov, count, src, addr, key, context, tx_op_flags_, 0, false});
+ssize_t Endpoint::rma_readv(const OpDefaults &d, const iovec *iov, void **, size_t count,
+                            fi_addr_t src, uint64_t addr, uint64_t key, void *context) {
+    return post_rma({iov, count, src, addr, key, context, d.tx, 0, false});
 }
-ssize_t Endpoint::rma_readmsg(const fi_msg_rma *msg, uint64_t flags) {
+ssize_t Endpoint::rma_readmsg(const OpDefaults &, const fi_msg_rma *msg, uint64_t flags) {
     if (!msg || msg->rma_iov_count != 1 || !msg->rma_iov) return -FI_EINVAL;
     return post_rma({msg->msg_iov, msg->iov_count, msg->addr, msg->rma_iov[0].addr,
                      msg->rma_iov[0].key, msg->context, flags & ~kNoCompletion, msg->data, false});
 }
-ssize_t Endpoint::rma_write(const void *buf, size_t len, void *, fi_addr_t dest, uint64_t addr,
-                            uint64_t key, void *context) {
+ssize_t Endpoint::rma_write(const OpDefaults &d, const void *buf, size_t len, void *,
+                            fi_addr_t dest, uint64_t addr, uint64_t key, void *context) {
     iovec iov{const_cast<void *>(buf), len};
-    return post_rma({&iov, 1, dest, addr, key, context, tx_op_flags_, 0, true});
+    return post_rma({&iov, 1, dest, addr, key, context, d.tx, 0, true});
 }
-ssize_t Endpoint::rma_writev(const iovec *iov, void **, size_t count, fi_addr_t dest, uint64_t addr,
-                             uint64_t key, void *context) {
-    return post_rma({iov, count, dest, addr, key, context, tx_op_flags_, 0, true});
+ssize_t Endpoint::rma_writev(const OpDefaults &d, const iovec *iov, void **, size_t count,
+                             fi_addr_t dest, uint64_t addr, uint64_t key, void *context) {
+    return post_rma({iov, count, dest, addr, key, context, d.tx, 0, true});
 }
-ssize_t Endpoint::rma_writemsg(const fi_msg_rma *msg, uint64_t flags) {
+ssize_t Endpoint::rma_writemsg(const OpDefaults &, const fi_msg_rma *msg, uint64_t flags) {
     if (!msg || msg->rma_iov_count != 1 || !msg->rma_iov) return -FI_EINVAL;
     return post_rma({msg->msg_iov, msg->iov_count, msg->addr, msg->rma_iov[0].addr,
                      msg->rma_iov[0].key, msg->context, flags & ~kNoCompletion, msg->data, true});
 }
-ssize_t Endpoint::rma_inject(const void *buf, size_t len, fi_addr_t dest, uint64_t addr,
-                             uint64_t key) {
+ssize_t Endpoint::rma_inject(const OpDefaults &, const void *buf, size_t len, fi_addr_t dest,
+                             uint64_t addr, uint64_t key) {
     iovec iov{const_cast<void *>(buf), len};
     return post_rma({&iov, 1, dest, addr, key, nullptr, FI_INJECT | kNoCompletion, 0, true});
 }
-ssize_t Endpoint::rma_writedata(const void *buf, size_t len, void *, uint64_t data, fi_addr_t dest,
-                                uint64_t addr, uint64_t key, void *context) {
+ssize_t Endpoint::rma_writedata(const OpDefaults &d, const void *buf, size_t len, void *,
+                                uint64_t data, fi_addr_t dest, uint64_t addr, uint64_t key,
+                                void *context) {
     iovec iov{const_cast<void *>(buf), len};
-    return post_rma(
-        {&iov, 1, dest, addr, key, context, tx_op_flags_ | FI_REMOTE_CQ_DATA, data, true});
+    return post_rma({&iov, 1, dest, addr, key, context, d.tx | FI_REMOTE_CQ_DATA, data, true});
 }
-ssize_t Endpoint::rma_injectdata(const void *buf, size_t len, uint64_t data, fi_addr_t dest,
-                                 uint64_t addr, uint64_t key) {
+ssize_t Endpoint::rma_injectdata(const OpDefaults &, const void *buf, size_t len, uint64_t data,
+                                 fi_addr_t dest, uint64_t addr, uint64_t key) {
     iovec iov{const_cast<void *>(buf), len};
     return post_rma({&iov, 1, dest, addr, key, nullptr,
                      FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, data, true});

@@ -528,6 +528,39 @@ class SelectiveCompletionTest : public FabricTest {
     }
 };
 
+// fi_ep_alias: the alias carries its own default flags; with selective completion, sends
+// through an alias whose default includes FI_COMPLETION report, sends through the endpoint
+// itself do not.
+TEST_F(SelectiveCompletionTest, AliasCarriesItsOwnDefaultFlags) {
+    fid_ep *alias = nullptr;
+    ASSERT_EQ(fi_ep_alias(a().ep, &alias, FI_TRANSMIT | FI_RECV), -FI_EINVAL);
+    ASSERT_FI_OK(fi_ep_alias(a().ep, &alias, FI_TRANSMIT | FI_COMPLETION));
+    ASSERT_NE(alias, nullptr);
+    auto s = buf(64), r = buf(128);
+    fill_pattern(s->data(), 64, 7);
+    for (int k = 0; k < 2; ++k) {
+        iovec iov = {r->data() + 64 * k, 64};
+        void *desc = r->desc;
+        fi_msg m{};
+        m.msg_iov = &iov;
+        m.desc = &desc;
+        m.iov_count = 1;
+        m.addr = FI_ADDR_UNSPEC;
+        m.context = ctx(1 + k);
+        ASSERT_FI_OK(post([&] { return fi_recvmsg(b().ep, &m, FI_COMPLETION); }));
+    }
+    ASSERT_FI_OK(
+        post([&] { return fi_send(a().ep, s->data(), 64, s->desc, a().peer[1], ctx(10)); }));
+    ASSERT_FI_OK(
+        post([&] { return fi_send(alias, s->data(), 64, s->desc, a().peer[1], ctx(11)); }));
+    ASSERT_TRUE(wait_comp(b(), ctx(2))) << b().log.summary();
+    ASSERT_TRUE(wait_comp(a(), ctx(11))) << a().log.summary();
+    poll_for(kQuiet);
+    EXPECT_FALSE(a().log.has(ctx(10))) << "the endpoint's own default has no FI_COMPLETION";
+    EXPECT_EQ(fi_close(&a().ep->fid), -FI_EBUSY) << "an endpoint with an open alias closed";
+    ASSERT_FI_OK(fi_close(&alias->fid));
+}
+
 TEST_F(SelectiveCompletionTest, OnlyOperationsWithFiCompletionReport) {
     auto s = buf(64), r = buf(128);
     fill_pattern(s->data(), 64, 123);
