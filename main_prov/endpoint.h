@@ -226,6 +226,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     void fail_tx(TxOp *op, int err);
     void tx_report(TxOp *op);
     TxOp *alloc_tx();
+    void retire_tx(TxOp *op);
+    Cntr *counter_for(const TxOp &op) const;
+    static void take_payload(TxOp *op, const iovec *iov, size_t count, size_t len, bool copy);
     void free_tx(TxOp *op);
     void send_control(LinkConnection *conn, wire::ProtoOp op, const void *body, size_t len,
                       uint64_t msg_id);

@@ -290,14 +290,7 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
         // Own the bytes now (the link's bounce copy): the application may reuse its buffer
         // when we return, and unless it asked for a stronger level the send is complete as
         // soon as it is posted on an established connection (FI_INJECT_COMPLETE).
-        op->inject_copy.resize(len);
-        size_t off = 0;
-        for (size_t i = 0; i < a.count; ++i) {
-            if (a.iov[i].iov_len)
-                memcpy(op->inject_copy.data() + off, a.iov[i].iov_base, a.iov[i].iov_len);
-            off += a.iov[i].iov_len;
-        }
-        if (len) op->iov.push_back({op->inject_copy.data(), len});
+        take_payload(op, a.iov, a.count, len, true);
         op->inject_level = !(a.flags & (FI_TRANSMIT_COMPLETE | FI_DELIVERY_COMPLETE));
     } else {
         op->hdr.op = static_cast<uint8_t>(wire::ProtoOp::Rts);
@@ -339,19 +332,10 @@ ssize_t Endpoint::post_rma(const RmaArgs &a) {
     op->peer = peer;
     op->id = next_op_id_++;
     op->remote = {a.addr, a.key};
-    if (a.write && ((a.flags & FI_INJECT) || len <= inject_size_)) {
-        op->inject_copy.resize(len);
-        size_t off = 0;
-        for (size_t i = 0; i < a.count; ++i) {
-            if (a.iov[i].iov_len)
-                memcpy(op->inject_copy.data() + off, a.iov[i].iov_base, a.iov[i].iov_len);
-            off += a.iov[i].iov_len;
-        }
-        if (len) op->iov.push_back({op->inject_copy.data(), len});
-    } else {
-        for (size_t i = 0; i < a.count; ++i)
-            if (a.iov[i].iov_len) op->iov.push_back(a.iov[i]);
-    }
+    // Small writes are copied (the buffer is free at once); larger ones and reads use the
+    // application's buffers until the link completes them.
+    take_payload(op, a.iov, a.count, len,
+                 a.write && ((a.flags & FI_INJECT) || len <= inject_size_));
     if (a.write && (a.flags & FI_REMOTE_CQ_DATA)) {
         op->hdr.op = static_cast<uint8_t>(wire::ProtoOp::WriteNotify);
         op->hdr.flags = wire::kProtoCqData;
@@ -442,11 +426,44 @@ void Endpoint::issue_tx(TxOp *op) {
     }
 }
 
+Cntr *Endpoint::counter_for(const TxOp &op) const {
+    switch (op.kind) {
+        case TxOp::Kind::Send:
+            return send_cntr_;
+        case TxOp::Kind::Write:
+            return write_cntr_;
+        case TxOp::Kind::Read:
+            return read_cntr_;
+    }
+    return nullptr;
+}
+
+// The operation is over (reported or failed): its keys, its queue slot and the op itself go.
+void Endpoint::retire_tx(TxOp *op) {
+    for (uint64_t key : op->internal_keys) domain_->mr_table().erase_internal(key);
+    --tx_outstanding_;
+    free_tx(op);
+}
+
+// The payload an operation transmits: copied into its own bounce buffer (so the application
+// may reuse its buffers at once), or the application's buffers themselves.
+void Endpoint::take_payload(TxOp *op, const iovec *iov, size_t count, size_t len, bool copy) {
+    if (!copy) {
+        for (size_t i = 0; i < count; ++i)
+            if (iov[i].iov_len) op->iov.push_back(iov[i]);
+        return;
+    }
+    op->inject_copy.resize(len);
+    size_t off = 0;
+    for (size_t i = 0; i < count; ++i) {
+        if (iov[i].iov_len) memcpy(op->inject_copy.data() + off, iov[i].iov_base, iov[i].iov_len);
+        off += iov[i].iov_len;
+    }
+    if (len) op->iov.push_back({op->inject_copy.data(), len});
+}
+
 void Endpoint::tx_report(TxOp *op) {
-    Cntr *cntr = op->kind == TxOp::Kind::Send    ? send_cntr_
-                 : op->kind == TxOp::Kind::Write ? write_cntr_
-                                                 : read_cntr_;
-    if (cntr) cntr->inc();
+    if (Cntr *cntr = counter_for(*op)) cntr->inc();
     if (op->report && tx_cq_)
         tx_cq_->write({op->context, op->cq_flags, 0, nullptr, 0, 0, FI_ADDR_NOTAVAIL});
 }
@@ -457,9 +474,7 @@ void Endpoint::finish_tx(TxOp *op) {
         return;
     }
     if (!op->completed_early) tx_report(op);
-    for (uint64_t key : op->internal_keys) domain_->mr_table().erase_internal(key);
-    --tx_outstanding_;
-    free_tx(op);
+    retire_tx(op);
 }
 
 void Endpoint::fail_tx(TxOp *op, int err) {
@@ -467,18 +482,12 @@ void Endpoint::fail_tx(TxOp *op, int err) {
         // Reported complete at inject level already; the error can only be logged.
         TANDEM_INFO(FI_LOG_EP_DATA, "send completed at inject level failed later: %s\n",
                     fi_strerror(err));
-        --tx_outstanding_;
-        free_tx(op);
+        retire_tx(op);
         return;
     }
-    Cntr *cntr = op->kind == TxOp::Kind::Send    ? send_cntr_
-                 : op->kind == TxOp::Kind::Write ? write_cntr_
-                                                 : read_cntr_;
-    if (cntr) cntr->inc_err();
+    if (Cntr *cntr = counter_for(*op)) cntr->inc_err();
     write_tx_err(op->context, op->cq_flags, err, op->len);
-    for (uint64_t key : op->internal_keys) domain_->mr_table().erase_internal(key);
-    --tx_outstanding_;
-    free_tx(op);
+    retire_tx(op);
 }
 
 TxOp *Endpoint::alloc_tx() {
