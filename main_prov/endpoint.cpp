@@ -650,11 +650,11 @@ void Endpoint::handle_cm_event(CmEvent &ev) {
         case CmEventType::Established:
             if (!peer) return;
             if (type_ == FI_EP_RDM) {
-                if (!peer->conn || (peer->conn != conn && !peer->established)) {
-                    // An incoming connection before our own was up: both directions work, keep
-                    // sending on the one we chose first if it is pending.
-                    if (!peer->conn) peer->conn = conn;
-                }
+                // Send on whichever connection with this peer is up first: nothing has been
+                // sent on one still pending, so switching keeps our order, and an operation
+                // left waiting behind it would sit unsent until the application's next call
+                // (manual progress), stalling a peer that already waits for it.
+                if (!peer->established) peer->conn = conn;
                 if (peer->conn == conn) {
                     peer->established = true;
                     while (!peer->waiting.empty()) {
@@ -688,8 +688,11 @@ void Endpoint::handle_cm_event(CmEvent &ev) {
                     eq_->post_error(base_fid(), base_fid()->context, err, ev.private_data.data(),
                                     ev.private_data.size());
             }
-            if (peer) fail_peer(peer, FI_ECONNREFUSED);
-            if (peer && peer->conn == conn) peer->conn = nullptr;
+            // A connection that lost the race to one already up fails nothing.
+            if (peer && (peer->conn == conn || !peer->established)) {
+                fail_peer(peer, FI_ECONNREFUSED);
+                if (peer->conn == conn) peer->conn = nullptr;
+            }
             transport_->destroy(conn);
             return;
         }

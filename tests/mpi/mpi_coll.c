@@ -37,10 +37,14 @@ static void sleep_ms(int ms) {
 }
 
 static void test_barrier(void) {
-    /* The late rank enters 400 ms after the others: nobody may leave before it arrived. */
+    /* The late rank enters the second barrier 400 ms after it left the first, so nobody may
+     * leave the second barrier less than 400 ms after entering the first (the late rank
+     * could not leave the first before everyone had entered it). Timing from the exit of
+     * the first barrier would be wrong: a rank may leave it later than the late rank did. */
     for (int late = 0; late < nprocs; late += (nprocs > 1 ? nprocs - 1 : 1)) {
         MPI_OK(MPI_Barrier(MPI_COMM_WORLD));
         double t0 = MPI_Wtime();
+        MPI_OK(MPI_Barrier(MPI_COMM_WORLD));
         if (rank == late) sleep_ms(400);
         MPI_OK(MPI_Barrier(MPI_COMM_WORLD));
         double waited = MPI_Wtime() - t0;
