@@ -1,0 +1,118 @@
+// ShmSegment: a named POSIX shared-memory object that off_tandem's processes on one node
+// share. The creator owns the name; a header at offset 0 records who that is, so a segment
+// left behind by a crashed process can be recognised and removed.
+//
+// Peers are assumed to share one pid namespace and one /dev/shm (as they must for CMA too):
+// the owner is identified by pid plus the pid's start time, which is only meaningful there.
+#pragma once
+
+#include "common/fabric_error.h"
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+namespace tandem {
+
+// A failed shared-memory operation. err is a negative errno; FabricError's code is the same
+// value made positive, so the provider's ABI boundary returns it as -FI_E* unchanged (the
+// FI_E* codes used here equal their errno values).
+struct ShmError : FabricError {
+    ShmError(int negative_errno, const std::string &what)
+        : FabricError(-negative_errno, what), err(negative_errno) {}
+    int err;
+};
+
+// The first bytes of every segment. Fields other than `ready` are written once, before
+// `ready`, by the creator; anyone else reads them only after seeing `ready` set.
+struct ShmSegmentHeader {
+    static constexpr uint64_t kMagic = 0x54414e44454d5348ULL;  // "TANDEMSH"
+    static constexpr uint32_t kVersion = 1;
+    static constexpr uint32_t kReady = 1;
+
+    uint64_t magic;
+    uint32_t version;
+    uint32_t header_size;  // where the caller's bytes begin
+    uint64_t size;         // whole object, header included
+    int32_t owner_pid;
+    uint32_t reserved;
+    uint64_t owner_start_time;  // field 22 of /proc/<pid>/stat; 0 when /proc was unreadable
+    std::atomic<uint32_t> ready;
+};
+// Another process may map the same bytes: the layout and the atomic must not depend on
+// anything but these types.
+static_assert(std::is_standard_layout_v<ShmSegmentHeader>);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+static_assert(sizeof(ShmSegmentHeader) == 48);
+
+class ShmSegment {
+  public:
+    // The caller's bytes start here, one cache line in, so whatever is placed there (a
+    // ShmRing, say) starts on its own line.
+    static constexpr size_t kHeaderSize = 64;
+
+    // Creates `name` ("/something", no other '/') with `size` bytes for the caller, readable
+    // and writable by this user only. A name left behind by a dead owner is removed and
+    // the creation retried once; a live owner's name fails with -EEXIST. So does a name whose
+    // creator died before finishing the header: nothing in it says who that was.
+    static ShmSegment create(const std::string &name, size_t size);
+
+    // Maps an existing segment read-write. Refuses (-EACCES) one that belongs to another
+    // user or is open to group/others, -EAGAIN while its creator is still writing the
+    // header, -EPROTO when it is not a segment of this layout.
+    static ShmSegment open(const std::string &name);
+
+    // Removes every segment under /dev/shm whose name starts with `prefix` ("/something")
+    // and whose owner is dead. Segments of live owners, of other users and ones that are not
+    // of this layout are left alone. Returns how many were removed.
+    static size_t reap_stale(const std::string &prefix);
+
+    ShmSegment(ShmSegment &&other) noexcept;
+    ShmSegment &operator=(ShmSegment &&other) noexcept;
+    ShmSegment(const ShmSegment &) = delete;
+    ShmSegment &operator=(const ShmSegment &) = delete;
+    // Unmaps; the creating process also removes the name (a forked child does not).
+    ~ShmSegment();
+
+    // Whether the creating process still runs: it exists, is not a zombie, and its start
+    // time is the one recorded (so a recycled pid does not count).
+    bool owner_alive() const;
+
+    void *data() const noexcept { return base_ + kHeaderSize; }
+    size_t data_size() const noexcept { return mapped_size_ - kHeaderSize; }
+    const std::string &name() const noexcept { return name_; }
+    pid_t owner_pid() const noexcept { return header()->owner_pid; }
+    // True in the process that created the name (not in a child forked from it).
+    bool is_creator() const noexcept;
+
+  private:
+    ShmSegment(std::string name, char *base, size_t mapped_size, pid_t creator_pid, dev_t dev,
+               ino_t ino)
+        : name_(std::move(name)),
+          base_(base),
+          mapped_size_(mapped_size),
+          creator_pid_(creator_pid),
+          dev_(dev),
+          ino_(ino) {}
+    const ShmSegmentHeader *header() const noexcept {
+        return reinterpret_cast<const ShmSegmentHeader *>(base_);
+    }
+    enum class Staleness { kRemoved, kGone, kKept };
+    static Staleness remove_if_stale(const std::string &name);
+    static ShmSegment map_existing(int fd, const std::string &name);
+    static ShmSegment init_created(int fd, const std::string &name, size_t total);
+    void release() noexcept;
+
+    std::string name_;
+    char *base_ = nullptr;
+    size_t mapped_size_ = 0;
+    pid_t creator_pid_ = 0;  // the process that created the name; 0 for an opener
+    dev_t dev_ = 0;          // identity of the object, to unlink only our own name
+    ino_t ino_ = 0;
+};
+
+}  // namespace tandem

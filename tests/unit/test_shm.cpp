@@ -1,0 +1,730 @@
+// off_tandem's node-local building blocks: ShmSegment (named shared memory and its stale
+// owners), ShmRing (the MPSC queue inside it) and cross-memory attach.
+#include "offload_prov/shm/cma.h"
+#include "offload_prov/shm/shm_ring.h"
+#include "offload_prov/shm/shm_segment.h"
+
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <climits>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace tandem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Names no other test run can collide with; anything a failed test leaves behind starts
+// with "/tandem-ut-<pid>-".
+std::string unique_name(const std::string &what) {
+    static int counter = 0;
+    return "/tandem-ut-" + std::to_string(::getpid()) + "-" + what + "-" +
+           std::to_string(counter++);
+}
+
+bool shm_exists(const std::string &name) {
+    struct stat st;
+    return ::stat(("/dev/shm" + name).c_str(), &st) == 0;
+}
+
+mode_t shm_mode(const std::string &name) {
+    struct stat st;
+    return ::stat(("/dev/shm" + name).c_str(), &st) == 0 ? st.st_mode & 07777 : 0;
+}
+
+// The negative errno an operation threw as ShmError, or 0 when it did not throw.
+template <class F>
+int shm_error_of(F &&operation) {
+    try {
+        operation();
+    } catch (const ShmError &e) {
+        return e.err;
+    }
+    return 0;
+}
+
+// A forked child running `body`, whose return value is the exit status (99 for an
+// exception). Bodies must not use gtest assertions: they report through the status.
+// A child still running when the test ends (e.g. it failed early) is killed and reaped.
+class Child {
+  public:
+    explicit Child(const std::function<int()> &body) {
+        pid_ = ::fork();
+        if (pid_ == 0) {
+            int status = 98;
+            try {
+                status = body();
+            } catch (...) {
+                status = 99;
+            }
+            ::_exit(status);  // no gtest teardown, no destructors of the parent's objects
+        }
+    }
+    Child(const Child &) = delete;
+    Child &operator=(const Child &) = delete;
+    ~Child() {
+        if (pid_ > 0) {
+            ::kill(pid_, SIGKILL);
+            ::waitpid(pid_, nullptr, 0);
+        }
+    }
+    pid_t pid() const { return pid_; }
+    bool started() const { return pid_ > 0; }
+    // The exit status, or 128 + signal.
+    int wait() {
+        int status = 0;
+        if (::waitpid(pid_, &status, 0) != pid_) return -1;
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    }
+
+  private:
+    pid_t pid_;
+};
+
+// One-way channel between parent and child for small values; reads time out so that a
+// child that died does not hang the test.
+class Pipe {
+  public:
+    Pipe() {
+        if (::pipe(fds_) != 0) fds_[0] = fds_[1] = -1;
+    }
+    Pipe(const Pipe &) = delete;
+    Pipe &operator=(const Pipe &) = delete;
+    ~Pipe() {
+        ::close(fds_[0]);
+        ::close(fds_[1]);
+    }
+    template <class T>
+    bool send(const T &value) {
+        return ::write(fds_[1], &value, sizeof(T)) == ssize_t(sizeof(T));
+    }
+    template <class T>
+    bool receive(T &value, int timeout_ms = 10000) {
+        pollfd p{fds_[0], POLLIN, 0};
+        if (::poll(&p, 1, timeout_ms) != 1) return false;
+        return ::read(fds_[0], &value, sizeof(T)) == ssize_t(sizeof(T));
+    }
+
+  private:
+    int fds_[2];
+};
+
+}  // namespace
+
+// ---- ShmSegment ---------------------------------------------------------------------------
+
+TEST(ShmSegment, CreatedModeIs0600WhateverTheUmask) {
+    // 0277 takes even the owner's write bit: only the fchmod after creation restores it.
+    for (mode_t mask : {mode_t(0), mode_t(022), mode_t(077), mode_t(0277)}) {
+        std::string name = unique_name("mode");
+        mode_t old_mask = ::umask(mask);
+        std::optional<ShmSegment> seg;
+        int err = shm_error_of([&] { seg.emplace(ShmSegment::create(name, 4096)); });
+        ::umask(old_mask);
+        ASSERT_EQ(err, 0) << "umask " << std::oct << mask;
+        EXPECT_EQ(shm_mode(name), mode_t(0600)) << "umask " << std::oct << mask;
+        EXPECT_EQ(shm_error_of([&] { ShmSegment::open(name); }), 0);
+    }
+}
+
+TEST(ShmSegment, AnotherProcessSeesTheDataAndWritesBack) {
+    std::string name = unique_name("shared");
+    constexpr size_t kSize = 1 << 16;
+    ShmSegment seg = ShmSegment::create(name, kSize);
+    ASSERT_EQ(seg.data_size(), kSize);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(seg.data()) % 64, 0u);
+    auto *bytes = static_cast<unsigned char *>(seg.data());
+    for (size_t i = 0; i < kSize; ++i) bytes[i] = static_cast<unsigned char>(i * 7 + 3);
+
+    Child child([&] {
+        ShmSegment opened = ShmSegment::open(name);
+        if (opened.is_creator()) return 2;
+        if (opened.owner_pid() != ::getppid() || !opened.owner_alive()) return 3;
+        if (opened.data_size() != kSize || opened.data() == seg.data()) return 4;
+        auto *seen = static_cast<unsigned char *>(opened.data());
+        for (size_t i = 0; i < kSize; ++i)
+            if (seen[i] != static_cast<unsigned char>(i * 7 + 3)) return 5;
+        std::memset(seen, 0xab, 100);
+        return 0;
+    });
+    ASSERT_TRUE(child.started());
+    EXPECT_EQ(child.wait(), 0);
+    for (size_t i = 0; i < 100; ++i) ASSERT_EQ(bytes[i], 0xab) << i;
+    EXPECT_EQ(bytes[100], static_cast<unsigned char>(100 * 7 + 3));
+}
+
+TEST(ShmSegment, OpenRefusesASegmentOthersCouldWrite) {
+    std::string name = unique_name("perm");
+    ShmSegment seg = ShmSegment::create(name, 4096);
+    std::string path = "/dev/shm" + name;
+    ASSERT_EQ(::chmod(path.c_str(), 0660), 0);
+    EXPECT_EQ(shm_error_of([&] { ShmSegment::open(name); }), -EACCES);
+    ASSERT_EQ(::chmod(path.c_str(), 0604), 0);
+    EXPECT_EQ(shm_error_of([&] { ShmSegment::open(name); }), -EACCES);
+    ASSERT_EQ(::chmod(path.c_str(), 0600), 0);
+    EXPECT_EQ(shm_error_of([&] { ShmSegment::open(name); }), 0);
+}
+
+TEST(ShmSegment, OpenOfAMissingNameThrowsENOENT) {
+    std::string name = unique_name("missing");
+    EXPECT_EQ(shm_error_of([&] { ShmSegment::open(name); }), -ENOENT);
+    // What the provider's ABI boundary turns into -FI_ENOENT.
+    try {
+        ShmSegment::open(name);
+        FAIL() << "open of a missing name succeeded";
+    } catch (const FabricError &e) {
+        EXPECT_EQ(e.code(), FI_ENOENT);
+    }
+}
+
+TEST(ShmSegment, OpenOfSomethingElseIsRefused) {
+    std::string name = unique_name("foreign");
+    int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    ASSERT_GE(fd, 0);
+    EXPECT_EQ(shm_error_of([&] { ShmSegment::open(name); }), -EAGAIN);  // empty: being made
+    ASSERT_EQ(::ftruncate(fd, 4096), 0);
+    EXPECT_EQ(shm_error_of([&] { ShmSegment::open(name); }), -EAGAIN);  // never made ready
+    ::close(fd);
+    // Not a tandem segment, so not a stale one either: reaping and creating leave it alone.
+    EXPECT_EQ(ShmSegment::reap_stale(name), 0u);
+    EXPECT_EQ(shm_error_of([&] { ShmSegment::create(name, 4096); }), -EEXIST);
+    EXPECT_TRUE(shm_exists(name));
+    ::shm_unlink(name.c_str());
+}
+
+TEST(ShmSegment, RejectsBadNamesAndSizes) {
+    EXPECT_EQ(shm_error_of([] { ShmSegment::create("no-slash", 64); }), -EINVAL);
+    EXPECT_EQ(shm_error_of([] { ShmSegment::create("/a/b", 64); }), -EINVAL);
+    EXPECT_EQ(shm_error_of([] { ShmSegment::create("/", 64); }), -EINVAL);
+    EXPECT_EQ(shm_error_of([] { ShmSegment::create(unique_name("size"), 0); }), -EINVAL);
+    EXPECT_EQ(shm_error_of([] { ShmSegment::create(unique_name("size"), SIZE_MAX); }), -EINVAL);
+    EXPECT_EQ(shm_error_of([] { ShmSegment::reap_stale("/"); }), -EINVAL);
+}
+
+TEST(ShmSegment, DeadOwnerIsNotAliveAndIsReaped) {
+    std::string prefix = unique_name("reap") + "-";
+    std::string dead_name = prefix + "dead", live_name = prefix + "live";
+    ShmSegment live = ShmSegment::create(live_name, 4096);
+
+    Pipe created;
+    Child child([&] {
+        ShmSegment seg = ShmSegment::create(dead_name, 4096);
+        created.send(1);
+        ::_exit(0);  // a crash: the name is never removed
+        return 0;
+    });
+    int signal_value = 0;
+    ASSERT_TRUE(created.receive(signal_value));
+    ShmSegment seen = ShmSegment::open(dead_name);
+    EXPECT_EQ(seen.owner_pid(), child.pid());
+
+    // Not yet reaped by waitpid, the child is a zombie: kill(pid, 0) still succeeds, but it
+    // must count as dead.
+    auto deadline = Clock::now() + std::chrono::seconds(3);
+    while (seen.owner_alive() && Clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    EXPECT_FALSE(seen.owner_alive()) << "a zombie owner counts as alive";
+
+    EXPECT_EQ(child.wait(), 0);
+    EXPECT_FALSE(seen.owner_alive());
+    EXPECT_TRUE(live.owner_alive());
+
+    EXPECT_EQ(ShmSegment::reap_stale(prefix), 1u);
+    EXPECT_FALSE(shm_exists(dead_name));
+    EXPECT_TRUE(shm_exists(live_name));
+    EXPECT_EQ(shm_error_of([&] { ShmSegment::open(dead_name); }), -ENOENT);
+    EXPECT_EQ(ShmSegment::reap_stale(prefix), 0u);
+}
+
+TEST(ShmSegment, AnotherUsersSegmentIsNeitherOpenedNorReaped) {
+    // Handing a segment to another user takes root; the check itself is uid against euid.
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root to chown a segment to another user";
+    std::string prefix = unique_name("foreign-user") + "-";
+    std::string name = prefix + "dead";
+    Child child([&] {
+        ShmSegment seg = ShmSegment::create(name, 4096);
+        ::_exit(0);
+        return 0;
+    });
+    ASSERT_EQ(child.wait(), 0);
+    ASSERT_EQ(::chown(("/dev/shm" + name).c_str(), 65534, 65534), 0);
+
+    EXPECT_EQ(shm_error_of([&] { ShmSegment::open(name); }), -EACCES);
+    EXPECT_EQ(ShmSegment::reap_stale(prefix), 0u) << "removed another user's segment";
+    EXPECT_EQ(shm_error_of([&] { ShmSegment::create(name, 4096); }), -EEXIST);
+    EXPECT_TRUE(shm_exists(name));
+    ::shm_unlink(name.c_str());
+}
+
+TEST(ShmSegment, RecycledPidWithAnotherStartTimeIsNotTheOwner) {
+    std::string name = unique_name("pidreuse");
+    ShmSegment seg = ShmSegment::create(name, 4096);
+    ASSERT_TRUE(seg.owner_alive());
+
+    // Rewrite the recorded start time through a second mapping, as if our pid had been
+    // handed to a new process after the real owner died.
+    int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+    ASSERT_GE(fd, 0);
+    void *raw = ::mmap(nullptr, ShmSegment::kHeaderSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    ::close(fd);
+    ASSERT_NE(raw, MAP_FAILED);
+    auto *start_time = reinterpret_cast<uint64_t *>(static_cast<char *>(raw) +
+                                                    offsetof(ShmSegmentHeader, owner_start_time));
+    if (*start_time == 0) {
+        ::munmap(raw, ShmSegment::kHeaderSize);
+        GTEST_SKIP() << "/proc/self/stat unreadable: no start time recorded";
+    }
+    *start_time += 1;
+    EXPECT_FALSE(ShmSegment::open(name).owner_alive());
+    EXPECT_FALSE(seg.owner_alive());
+    *start_time -= 1;
+    EXPECT_TRUE(seg.owner_alive());
+    ::munmap(raw, ShmSegment::kHeaderSize);
+}
+
+TEST(ShmSegment, CreateOverAStaleNameSucceeds) {
+    std::string name = unique_name("stale");
+    Child child([&] {
+        ShmSegment seg = ShmSegment::create(name, 4096);
+        ::_exit(0);
+        return 0;
+    });
+    ASSERT_EQ(child.wait(), 0);
+    ASSERT_TRUE(shm_exists(name));
+
+    ShmSegment seg = ShmSegment::create(name, 8192);
+    EXPECT_TRUE(seg.is_creator());
+    EXPECT_EQ(seg.owner_pid(), ::getpid());
+    EXPECT_EQ(seg.data_size(), 8192u);
+    EXPECT_TRUE(seg.owner_alive());
+}
+
+TEST(ShmSegment, CreateOverALiveNameFailsWithEEXIST) {
+    std::string name = unique_name("live");
+    ShmSegment seg = ShmSegment::create(name, 4096);
+    EXPECT_EQ(shm_error_of([&] { ShmSegment::create(name, 4096); }), -EEXIST);
+    EXPECT_TRUE(shm_exists(name));
+}
+
+TEST(ShmSegment, OnlyTheCreatingProcessRemovesTheName) {
+    std::string name = unique_name("owner");
+    {
+        ShmSegment seg = ShmSegment::create(name, 4096);
+        // A forked child destroying its inherited copy must not remove the parent's name.
+        Child child([&] {
+            ShmSegment inherited = std::move(seg);
+            return inherited.is_creator() ? 2 : 0;
+        });
+        EXPECT_EQ(child.wait(), 0);
+        EXPECT_TRUE(shm_exists(name));
+        { ShmSegment opened = ShmSegment::open(name); }  // nor does an opener
+        EXPECT_TRUE(shm_exists(name));
+        ShmSegment moved = std::move(seg);  // the moved-from object owns nothing
+        EXPECT_TRUE(moved.is_creator());
+    }
+    EXPECT_FALSE(shm_exists(name));
+}
+
+// ---- ShmRing -------------------------------------------------------------------------------
+
+namespace {
+
+// Cache-line aligned memory filled with garbage, so that nothing relies on zeroed memory.
+class RingMemory {
+  public:
+    explicit RingMemory(size_t bytes) : size_((bytes + 63) / 64 * 64) {
+        mem_ = std::aligned_alloc(64, size_);
+        std::memset(mem_, 0xa5, size_);
+    }
+    RingMemory(const RingMemory &) = delete;
+    RingMemory &operator=(const RingMemory &) = delete;
+    ~RingMemory() { std::free(mem_); }
+    void *get() const { return mem_; }
+
+  private:
+    size_t size_;
+    void *mem_;
+};
+
+struct Item {
+    uint32_t producer;
+    uint32_t check;
+    uint64_t sequence;
+};
+uint32_t check_of(uint32_t producer, uint64_t sequence) {
+    return uint32_t(sequence * 2654435761u) ^ (producer << 24);
+}
+
+// A broken ring can stop consuming; producers and consumer then give up at a deadline so
+// that the test fails instead of hanging.
+constexpr auto kRingTestLimit = std::chrono::seconds(20);
+
+// Pushes `count` items; false when the ring stayed full past the deadline.
+bool produce(ShmRing &ring, uint32_t producer, uint64_t count,
+             Clock::duration limit = kRingTestLimit) {
+    auto deadline = Clock::now() + limit;
+    for (uint64_t seq = 0; seq < count; ++seq) {
+        void *cell;
+        while (!(cell = ring.try_reserve())) {
+            if (Clock::now() > deadline) return false;
+            std::this_thread::yield();
+        }
+        Item item{producer, check_of(producer, seq), seq};
+        std::memcpy(cell, &item, sizeof(item));
+        ring.publish(cell);
+    }
+    return true;
+}
+
+// Pops until every producer's `count` items arrived or the deadline passed, checking that
+// each producer's items come in order, without gap or repetition.
+struct Consumed {
+    uint64_t total = 0;
+    uint64_t errors = 0;
+    std::vector<uint64_t> next;
+};
+Consumed consume(ShmRing &ring, uint32_t producers, uint64_t count,
+                 Clock::duration limit = kRingTestLimit) {
+    Consumed result;
+    result.next.assign(producers, 0);
+    auto deadline = Clock::now() + limit;
+    while (result.total < producers * count) {
+        const void *cell = ring.peek();
+        if (!cell) {
+            if (Clock::now() > deadline) break;
+            std::this_thread::yield();
+            continue;
+        }
+        Item item;
+        std::memcpy(&item, cell, sizeof(item));
+        ring.release();
+        ++result.total;
+        if (item.producer >= producers || item.check != check_of(item.producer, item.sequence) ||
+            item.sequence != result.next[item.producer]) {
+            ++result.errors;
+            if (item.producer < producers) result.next[item.producer] = item.sequence + 1;
+        } else {
+            ++result.next[item.producer];
+        }
+    }
+    return result;
+}
+
+}  // namespace
+
+TEST(ShmRing, BytesForAndInitRejectBadShapes) {
+    EXPECT_EQ(ShmRing::bytes_for(0, 256), 0u);
+    EXPECT_EQ(ShmRing::bytes_for(1, 256), 0u);  // one cell cannot tell "free" from "full"
+    EXPECT_EQ(ShmRing::bytes_for(6, 256), 0u);
+    EXPECT_EQ(ShmRing::bytes_for(8, 0), 0u);
+    EXPECT_EQ(ShmRing::bytes_for(8, ShmRing::kMaxCellSize + 1), 0u);
+    EXPECT_EQ(ShmRing::bytes_for(ShmRing::kMaxCells * 2, 8), 0u);
+    // Header lines plus cells of a whole number of lines each.
+    EXPECT_EQ(ShmRing::bytes_for(8, 240), 3 * 64 + 8 * 256u);
+    EXPECT_EQ(ShmRing::bytes_for(8, 256), 3 * 64 + 8 * 320u);
+
+    size_t bytes = ShmRing::bytes_for(8, 256);
+    RingMemory mem(bytes + 64);
+    EXPECT_EQ(ShmRing::init(static_cast<char *>(mem.get()) + 8, 8, 256), nullptr);  // unaligned
+    EXPECT_EQ(ShmRing::init(mem.get(), 6, 256), nullptr);
+    EXPECT_EQ(ShmRing::init(nullptr, 8, 256), nullptr);
+}
+
+TEST(ShmRing, AttachValidatesTheLayout) {
+    size_t bytes = ShmRing::bytes_for(16, 128);
+    RingMemory mem(bytes);
+    EXPECT_EQ(ShmRing::attach(mem.get()), nullptr);  // garbage, never initialised
+    ShmRing *ring = ShmRing::init(mem.get(), 16, 128);
+    ASSERT_NE(ring, nullptr);
+    EXPECT_EQ(ShmRing::attach(mem.get()), ring);
+    EXPECT_EQ(ShmRing::attach(mem.get(), bytes), ring);
+    EXPECT_EQ(ShmRing::attach(mem.get(), bytes - 1), nullptr);  // would run past the memory
+    EXPECT_EQ(ring->cells(), 16u);
+    EXPECT_EQ(ring->cell_size(), 128u);
+
+    // The layout is shared between processes, so it is fixed: the cell count is the 32-bit
+    // word at byte 12. A count that is not a power of two is refused.
+    uint32_t bad_count = 12;
+    std::memcpy(static_cast<char *>(mem.get()) + 12, &bad_count, sizeof(bad_count));
+    EXPECT_EQ(ShmRing::attach(mem.get()), nullptr);
+}
+
+TEST(ShmRing, SingleThreadFifoFullAndEmpty) {
+    constexpr uint32_t kCells = 8, kCellSize = 256;
+    RingMemory mem(ShmRing::bytes_for(kCells, kCellSize));
+    ShmRing *ring = ShmRing::init(mem.get(), kCells, kCellSize);
+    ASSERT_NE(ring, nullptr);
+    EXPECT_EQ(ring->peek(), nullptr);
+
+    for (int lap = 0; lap < 3; ++lap) {
+        std::vector<void *> reserved;
+        for (uint32_t i = 0; i < kCells; ++i) {
+            void *cell = ring->try_reserve();
+            ASSERT_NE(cell, nullptr) << "lap " << lap << " cell " << i;
+            EXPECT_EQ(reinterpret_cast<uintptr_t>(cell) % 16, 0u);
+            std::memset(cell, lap * 16 + int(i), kCellSize);  // the whole payload
+            reserved.push_back(cell);
+        }
+        EXPECT_EQ(ring->try_reserve(), nullptr) << "full";
+        EXPECT_EQ(ring->peek(), nullptr) << "reserved is not published";
+
+        // Published out of order, consumed in reservation order.
+        for (uint32_t i = kCells - 1; i > 0; --i) ring->publish(reserved[i]);
+        EXPECT_EQ(ring->peek(), nullptr) << "the oldest cell is still unpublished";
+        ring->publish(reserved[0]);
+        EXPECT_EQ(ring->try_reserve(), nullptr) << "published but unconsumed is still full";
+
+        for (uint32_t i = 0; i < kCells; ++i) {
+            const void *cell = ring->peek();
+            ASSERT_EQ(cell, reserved[i]);
+            EXPECT_EQ(ring->peek(), cell) << "peek without release returns the same entry";
+            std::vector<unsigned char> expected(kCellSize, (unsigned char)(lap * 16 + int(i)));
+            EXPECT_EQ(std::memcmp(cell, expected.data(), kCellSize), 0) << "cell " << i;
+            ring->release();
+        }
+        EXPECT_EQ(ring->peek(), nullptr) << "empty";
+    }
+
+    // With head and tail in the middle of a lap: one entry left, so kCells - 1 free cells.
+    for (int i = 0; i < 3; ++i) ring->publish(ring->try_reserve());
+    ring->release();
+    ring->release();
+    int reserved = 0;
+    while (void *cell = ring->try_reserve()) {
+        ring->publish(cell);
+        ++reserved;
+    }
+    EXPECT_EQ(reserved, int(kCells) - 1);
+    for (uint32_t i = 0; i < kCells; ++i) {
+        ASSERT_NE(ring->peek(), nullptr);
+        ring->release();
+    }
+    EXPECT_EQ(ring->peek(), nullptr);
+}
+
+TEST(ShmRing, FourProducerThreadsOneConsumerLoseNothingAndKeepOrder) {
+    constexpr uint32_t kProducers = 4;
+    constexpr uint64_t kItems = 100000;
+    RingMemory mem(ShmRing::bytes_for(1024, 256));
+    ShmRing *ring = ShmRing::init(mem.get(), 1024, 256);
+    ASSERT_NE(ring, nullptr);
+
+    std::atomic<uint32_t> gave_up{0};
+    std::vector<std::thread> producers;
+    for (uint32_t p = 0; p < kProducers; ++p)
+        producers.emplace_back([ring, p, &gave_up] {
+            if (!produce(*ring, p, kItems)) ++gave_up;
+        });
+    Consumed got = consume(*ring, kProducers, kItems);
+    for (auto &t : producers) t.join();
+
+    EXPECT_EQ(gave_up, 0u) << "producers found the ring full until the deadline";
+    EXPECT_EQ(got.total, kProducers * kItems);
+    EXPECT_EQ(got.errors, 0u);
+    for (uint32_t p = 0; p < kProducers; ++p) EXPECT_EQ(got.next[p], kItems) << "producer " << p;
+    EXPECT_EQ(ring->peek(), nullptr);
+}
+
+// The claim race alone: with room for every item the producers never wait, and each round
+// starts them together, so two producers often try the same position at once. Two of them
+// taking one cell shows as a cell the consumer cannot read, or as a duplicate. The window
+// is a few instructions wide: one round rarely hits it, many rounds do.
+TEST(ShmRing, ProducersRacingForCellsNeverShareOne) {
+    constexpr uint32_t kProducers = 4;
+    constexpr uint64_t kItems = 1 << 12;
+    constexpr uint32_t kCells = kProducers * kItems;
+    static constexpr auto kLimit = std::chrono::seconds(2);
+    RingMemory mem(ShmRing::bytes_for(kCells, sizeof(Item)));
+
+    for (int round = 0; round < 100; ++round) {
+        ShmRing *ring = ShmRing::init(mem.get(), kCells, sizeof(Item));
+        ASSERT_NE(ring, nullptr);
+        std::atomic<bool> start{false};
+        std::atomic<uint32_t> gave_up{0};
+        std::vector<std::thread> producers;
+        for (uint32_t p = 0; p < kProducers; ++p)
+            producers.emplace_back([ring, p, &start, &gave_up] {
+                while (!start.load(std::memory_order_acquire)) {
+                }
+                if (!produce(*ring, p, kItems, kLimit)) ++gave_up;
+            });
+        start.store(true, std::memory_order_release);
+        for (auto &t : producers) t.join();
+
+        Consumed got = consume(*ring, kProducers, kItems, kLimit);
+        ASSERT_EQ(gave_up, 0u) << "round " << round;
+        ASSERT_EQ(got.total, kProducers * kItems) << "round " << round;
+        ASSERT_EQ(got.errors, 0u) << "round " << round;
+        EXPECT_EQ(ring->peek(), nullptr);
+    }
+}
+
+TEST(ShmRing, ThreeProducerProcessesOneConsumerThroughASegment) {
+    constexpr uint32_t kProducers = 3;
+    constexpr uint64_t kItems = 100000;
+    constexpr uint32_t kCells = 256, kCellSize = 256;
+    std::string name = unique_name("ring");
+    ShmSegment seg = ShmSegment::create(name, ShmRing::bytes_for(kCells, kCellSize));
+    ShmRing *ring = ShmRing::init(seg.data(), kCells, kCellSize);
+    ASSERT_NE(ring, nullptr);
+
+    std::vector<std::unique_ptr<Child>> children;
+    for (uint32_t p = 0; p < kProducers; ++p) {
+        // Each producer maps the segment itself, at an address of its own.
+        children.push_back(std::make_unique<Child>([&name, p] {
+            ShmSegment opened = ShmSegment::open(name);
+            ShmRing *attached = ShmRing::attach(opened.data(), opened.data_size());
+            if (!attached) return 2;
+            return produce(*attached, p, kItems) ? 0 : 3;
+        }));
+        ASSERT_TRUE(children.back()->started());
+    }
+    Consumed got = consume(*ring, kProducers, kItems);
+    for (auto &child : children) EXPECT_EQ(child->wait(), 0);
+
+    EXPECT_EQ(got.total, kProducers * kItems);
+    EXPECT_EQ(got.errors, 0u);
+    for (uint32_t p = 0; p < kProducers; ++p) EXPECT_EQ(got.next[p], kItems) << "producer " << p;
+    EXPECT_EQ(ring->peek(), nullptr);
+}
+
+// ---- Cross-memory attach -------------------------------------------------------------------
+
+namespace {
+
+constexpr size_t kPeerBufferSize = 1 << 20;
+unsigned char child_pattern(size_t i) {
+    return static_cast<unsigned char>(i * 13 + 5);
+}
+unsigned char parent_pattern(size_t i) {
+    return static_cast<unsigned char>(i * 31 + 7);
+}
+
+// A child holding a buffer of its own (filled with child_pattern after the fork, so it
+// differs from anything in the parent) whose address it reports. On `go` it checks that
+// the buffer now holds parent_pattern and exits 0 if so.
+struct CmaPeer {
+    Pipe to_parent, to_child;
+    std::optional<Child> child;
+    unsigned char *buffer = nullptr;
+
+    CmaPeer() {
+        child.emplace([this] {
+            std::vector<unsigned char> own(kPeerBufferSize);
+            for (size_t i = 0; i < own.size(); ++i) own[i] = child_pattern(i);
+            unsigned char *addr = own.data();
+            to_parent.send(addr);
+            int go;
+            if (!to_child.receive(go, 30000)) return 2;
+            for (size_t i = 0; i < own.size(); ++i)
+                if (own[i] != parent_pattern(i)) return 3;
+            return 0;
+        });
+        if (!to_parent.receive(buffer)) buffer = nullptr;
+    }
+    pid_t pid() const { return child->pid(); }
+    // Why CMA is refused, for the skip message.
+    std::string refusal() const {
+        char byte;
+        iovec local{&byte, 1}, remote{buffer, 1};
+        ssize_t rc = cma_read(pid(), &local, 1, &remote, 1);
+        return rc < 0 ? std::string("process_vm_readv: ") + std::strerror(int(-rc))
+                      : "probe failed";
+    }
+};
+
+}  // namespace
+
+TEST(Cma, ReadsAndWritesAForkedChildsBuffer) {
+    CmaPeer peer;
+    ASSERT_NE(peer.buffer, nullptr);
+    if (!cma_probe(peer.pid(), peer.buffer))
+        GTEST_SKIP() << "CMA not permitted here (" << peer.refusal() << ")";
+
+    // Read with the two sides split at different places, and an empty range among them.
+    std::vector<unsigned char> local(kPeerBufferSize);
+    size_t third = kPeerBufferSize / 3, half = kPeerBufferSize / 2;
+    iovec local_ranges[] = {{local.data(), 1000},
+                            {local.data() + 1000, half - 1000},
+                            {local.data() + half, kPeerBufferSize - half}};
+    iovec remote_ranges[] = {{peer.buffer, third},
+                             {peer.buffer + third, 0},
+                             {peer.buffer + third, kPeerBufferSize - third}};
+    ASSERT_EQ(cma_read(peer.pid(), local_ranges, 3, remote_ranges, 3), ssize_t(kPeerBufferSize));
+    for (size_t i = 0; i < kPeerBufferSize; ++i) ASSERT_EQ(local[i], child_pattern(i)) << i;
+
+    // More empty ranges in a row than one system call takes, then the data.
+    std::vector<iovec> mostly_empty(IOV_MAX + 10, iovec{peer.buffer, 0});
+    mostly_empty.push_back({peer.buffer + 100, 64});
+    std::vector<unsigned char> small(64);
+    iovec small_range{small.data(), small.size()};
+    ASSERT_EQ(cma_read(peer.pid(), &small_range, 1, mostly_empty.data(), mostly_empty.size()), 64);
+    for (size_t i = 0; i < small.size(); ++i) ASSERT_EQ(small[i], child_pattern(100 + i)) << i;
+
+    // Write through more remote ranges than one system call takes (IOV_MAX).
+    for (size_t i = 0; i < kPeerBufferSize; ++i) local[i] = parent_pattern(i);
+    constexpr size_t kRangeSize = 256;
+    std::vector<iovec> many(kPeerBufferSize / kRangeSize);
+    for (size_t r = 0; r < many.size(); ++r) many[r] = {peer.buffer + r * kRangeSize, kRangeSize};
+    ASSERT_GT(many.size(), size_t(IOV_MAX));
+    iovec whole{local.data(), local.size()};
+    EXPECT_EQ(cma_write(peer.pid(), &whole, 1, many.data(), many.size()), ssize_t(kPeerBufferSize));
+
+    peer.to_child.send(1);
+    EXPECT_EQ(peer.child->wait(), 0) << "the child did not see what was written";
+}
+
+TEST(Cma, BadAddressGivesEFAULT) {
+    CmaPeer peer;
+    ASSERT_NE(peer.buffer, nullptr);
+    if (!cma_probe(peer.pid(), peer.buffer))
+        GTEST_SKIP() << "CMA not permitted here (" << peer.refusal() << ")";
+
+    auto *unmapped = reinterpret_cast<unsigned char *>(0x10);  // below mmap_min_addr
+    std::vector<unsigned char> local(8192);
+    iovec local_all{local.data(), local.size()};
+    iovec bad_remote{unmapped, 64};
+    EXPECT_EQ(cma_read(peer.pid(), &local_all, 1, &bad_remote, 1), -EFAULT);
+    EXPECT_EQ(cma_write(peer.pid(), &local_all, 1, &bad_remote, 1), -EFAULT);
+    EXPECT_FALSE(cma_probe(peer.pid(), unmapped));
+
+    // Good first, bad after: the kernel copies the good part and reports a short count;
+    // the loop must then report the fault rather than success.
+    iovec half_bad[] = {{peer.buffer, 4096}, {unmapped, 4096}};
+    EXPECT_EQ(cma_read(peer.pid(), &local_all, 1, half_bad, 2), -EFAULT);
+    EXPECT_EQ(local[0], child_pattern(0));
+
+    iovec bad_local{unmapped, 64}, good_remote{peer.buffer, 64};
+    EXPECT_EQ(cma_read(peer.pid(), &bad_local, 1, &good_remote, 1), -EFAULT);
+}
+
+TEST(Cma, GonePeerGivesESRCH) {
+    char mine = 1;
+    if (!cma_probe(::getpid(), &mine)) GTEST_SKIP() << "CMA not permitted here";
+    Child child([] { return 0; });
+    pid_t gone = child.pid();
+    ASSERT_EQ(child.wait(), 0);
+    char byte;
+    iovec local{&byte, 1}, remote{&mine, 1};
+    EXPECT_EQ(cma_read(gone, &local, 1, &remote, 1), -ESRCH);
+}
