@@ -96,10 +96,25 @@ struct NotSupported;
 
 template <class R, class... A>
 struct NotSupported<R (*)(A...)> {
-    static R call(A...) noexcept { return static_cast<R>(-FI_ENOSYS); }
+    static R call(A...) noexcept { return error_return<R>(-FI_ENOSYS); }
 };
 
 template <class FnPtr>
 inline constexpr FnPtr enosys = &NotSupported<FnPtr>::call;
+
+// The fi_ops of an object: close, and whichever of bind / control / ops_open it implements;
+// every other entry -FI_ENOSYS.
+inline constexpr fi_ops fid_ops(
+    decltype(fi_ops::close) close, decltype(fi_ops::bind) bind = enosys<decltype(fi_ops::bind)>,
+    decltype(fi_ops::control) control = enosys<decltype(fi_ops::control)>,
+    decltype(fi_ops::ops_open) ops_open = enosys<decltype(fi_ops::ops_open)>) {
+    return {sizeof(fi_ops),
+            close,
+            bind,
+            control,
+            ops_open,
+            enosys<decltype(fi_ops::tostr)>,
+            enosys<decltype(fi_ops::ops_set)>};
+}
 
 }  // namespace tandem

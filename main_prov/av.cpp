@@ -1,5 +1,7 @@
 #include "main_prov/av.h"
 
+#include "main_prov/av_set.h"
+
 #include "main_prov/domain.h"
 #include "main_prov/eq.h"
 
@@ -23,7 +25,7 @@ fi_ops av_fi_ops = {
     .size = sizeof(fi_ops),
     .close = &Trampoline<&Av::close>::call<fid>,
     .bind = &Trampoline<&Av::bind>::call<fid>,
-    .control = enosys<decltype(fi_ops::control)>,
+    .control = &Trampoline<&Av::control>::call<fid>,
     .ops_open = enosys<decltype(fi_ops::ops_open)>,
     .tostr = enosys<decltype(fi_ops::tostr)>,
     .ops_set = enosys<decltype(fi_ops::ops_set)>,
@@ -37,7 +39,7 @@ fi_ops_av av_ops = {
     .remove = &Trampoline<&Av::remove>::call<fid_av>,
     .lookup = &Trampoline<&Av::lookup>::call<fid_av>,
     .straddr = &Trampoline<&Av::straddr>::call<fid_av>,
-    .av_set = enosys<decltype(fi_ops_av::av_set)>,
+    .av_set = &Trampoline<&Av::av_set>::call<fid_av>,
 };
 
 constexpr uint32_t kSharedAvMagic = 0x74617631;  // "tav1"
@@ -241,6 +243,16 @@ int Av::close() {
     return 0;
 }
 
+// fi_export_fid: the fid_peer_av a peer provider imports with fi_av_open(FI_PEER).
+int Av::control(int command, void *arg) {
+    if (command != FI_EXPORT_FID) return -FI_ENOSYS;
+    auto *exp = static_cast<fi_fid_export *>(arg);
+    if (!exp || !exp->fid) return -FI_EINVAL;
+    std::lock_guard guard(domain_->lock());
+    *exp->fid = exported().base_fid();
+    return 0;
+}
+
 int Av::bind(struct fid *bfid, uint64_t flags) {
     if (!bfid || bfid->fclass != FI_CLASS_EQ || flags) return -FI_EINVAL;
     std::lock_guard guard(domain_->lock());
@@ -386,6 +398,48 @@ const EndpointName *Av::name_of(FabricAddr addr) const {
     sync_shared();
     if (addr >= names_.size() || !valid_[addr]) return nullptr;
     return &names_[addr];
+}
+
+int Av::av_set(fi_av_set_attr *attr, fid_av_set **set, void *context) {
+    if (!attr || !set) return -FI_EINVAL;
+    *set = (new AvSet(this, *attr, context))->fid();
+    return 0;
+}
+
+peer::ExportedAv &Av::exported() {
+    if (!exported_) exported_ = std::make_unique<peer::ExportedAv>(*this);
+    return *exported_;
+}
+
+int Av::peer_query(fi_av_attr *attr) {
+    std::lock_guard guard(domain_->lock());
+    sync_shared();
+    *attr = {};
+    attr->type = type_;
+    attr->count = names_.size();
+    attr->name = shared_name_.empty() ? nullptr : const_cast<char *>(shared_name_.c_str());
+    attr->flags = read_only_ ? FI_READ : 0;
+    return 0;
+}
+
+fi_addr_t Av::peer_ep_addr(fid_ep *ep) {
+    if (!ep) return FI_ADDR_NOTAVAIL;
+    uint8_t buf[sizeof(sockaddr_storage)];
+    size_t len = sizeof buf;
+    if (fi_getname(&ep->fid, buf, &len) != 0) return FI_ADDR_NOTAVAIL;
+    return peer_addr_of(buf, len);
+}
+
+uint64_t Av::peer_version() {
+    std::lock_guard guard(domain_->lock());
+    return version();
+}
+
+fi_addr_t Av::peer_addr_of(const void *addr, size_t addrlen) {
+    EndpointName name;
+    if (!EndpointName::from_bytes(addr, addrlen, name)) return FI_ADDR_NOTAVAIL;
+    std::lock_guard guard(domain_->lock());
+    return addr_of(name);
 }
 
 FabricAddr Av::addr_of(const EndpointName &name) const {

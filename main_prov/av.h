@@ -5,9 +5,11 @@
 
 #include "common/fid_adaptor.h"
 #include "main_prov/types.h"
+#include "peer/peer_av.h"
 
 #include <rdma/fi_domain.h>
 
+#include <memory>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -18,13 +20,14 @@ namespace tandem {
 class Domain;
 class Eq;
 
-class Av : public FidObject<Av, fid_av> {
+class Av final : public FidObject<Av, fid_av>, public peer::AvOwner {
   public:
     Av(Domain *domain, const fi_av_attr &attr, void *context);
     ~Av();
 
     int close();
     int bind(struct fid *bfid, uint64_t flags);
+    int control(int command, void *arg);
     int insert(const void *addr, size_t count, fi_addr_t *fi_addr, uint64_t flags, void *context);
     int insertsvc(const char *node, const char *service, fi_addr_t *fi_addr, uint64_t flags,
                   void *context);
@@ -33,6 +36,7 @@ class Av : public FidObject<Av, fid_av> {
     int remove(fi_addr_t *fi_addr, size_t count, uint64_t flags);
     int lookup(fi_addr_t fi_addr, void *addr, size_t *addrlen);
     const char *straddr(const void *addr, char *buf, size_t *len);
+    int av_set(fi_av_set_attr *attr, fid_av_set **set, void *context);
 
     // Inside tandem, with the domain lock held.
     const EndpointName *name_of(FabricAddr addr) const;
@@ -40,6 +44,16 @@ class Av : public FidObject<Av, fid_av> {
     size_t addrlen() const { return addrlen_; }
     // Bumped on every insert/remove so endpoints can refresh cached translations.
     uint64_t version() const;
+    // The fid_peer_av an offload twin imports (fi_peer(3)), made on first use.
+    peer::ExportedAv &exported();
+    int peer_query(fi_av_attr *attr) override;
+    fi_addr_t peer_ep_addr(fid_ep *ep) override;
+    int peer_lookup(fi_addr_t fi_addr, void *addr, size_t *addrlen) override {
+        return lookup(fi_addr, addr, addrlen);
+    }
+    fi_addr_t peer_addr_of(const void *addr, size_t addrlen) override;
+    uint64_t peer_version() override;
+    Domain *domain() const { return domain_; }
     void hold() { ++refs_; }
     void release() { --refs_; }
 
@@ -69,6 +83,7 @@ class Av : public FidObject<Av, fid_av> {
     bool read_only_ = false;
     mutable uint64_t shared_seen_ = 0;
     int refs_ = 0;
+    std::unique_ptr<peer::ExportedAv> exported_;
 };
 
 }  // namespace tandem

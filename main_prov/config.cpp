@@ -32,6 +32,11 @@ void Config::load(fi_provider *prov) {
         p.text("iface", "Comma-separated interfaces to offer as domains (empty: all)", "");
     g_config.include_loopback =
         p.flag("loopback", "Offer the loopback interface as a domain", true);
+    g_config.local_path = p.flag("local",
+                                 "Send to endpoints on the same node through the offload "
+                                 "provider's shared memory (off: over the network path, as "
+                                 "between nodes)",
+                                 true);
 }
 
 }  // namespace tandem

@@ -18,6 +18,7 @@ struct Config {
     size_t socket_buffer;   // SO_SNDBUF / SO_RCVBUF for link sockets (0: kernel default)
     std::string iface;      // restrict domains to these interfaces (comma separated)
     bool include_loopback;  // offer the loopback interface as a domain
+    bool local_path;        // node-local peers through off_tandem (shared memory)
 
     static const Config &get();
     static void load(fi_provider *prov);

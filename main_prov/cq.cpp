@@ -79,6 +79,14 @@ int Cq::close() {
 }
 
 int Cq::control(int command, void *arg) {
+    if (command == FI_EXPORT_FID) {
+        auto *exp = static_cast<fi_fid_export *>(arg);
+        if (!exp || !exp->fid) return -FI_EINVAL;
+        std::lock_guard guard(domain_->lock());
+        if (!exported_) exported_ = std::make_unique<peer::ExportedCq>(*this);
+        *exp->fid = exported_->base_fid();
+        return 0;
+    }
     return wait_.control(command, arg, [this](WaitSet &set) {
         std::lock_guard guard(domain_->lock());
         domain_->watch_fds(set);
@@ -188,6 +196,28 @@ ssize_t Cq::sreadfrom(void *buf, size_t count, fi_addr_t *src_addr, const void *
         // Sleep on the sockets; wake at least every 100 ms to recheck the deadline.
         wait_.set()->wait(left < 0 || left > 100 ? 100 : left);
     }
+}
+
+// A peer's completion: fi_peer(3) makes locking, signalling and overflow the owner's job,
+// which write() does as for tandem's own. Source addresses are passed as the peer gave them
+// (ours when it shares our AV).
+ssize_t Cq::peer_write(void *context, uint64_t flags, size_t len, void *buf, uint64_t data,
+                       uint64_t tag, fi_addr_t src) {
+    std::lock_guard guard(domain_->lock());
+    write({context, flags, len, buf, data, tag, src});
+    return 0;
+}
+
+ssize_t Cq::peer_writeerr(const fi_cq_err_entry &err) {
+    std::lock_guard guard(domain_->lock());
+    CompletionError e{};
+    e.entry = err;
+    // The peer's error data is not ours to keep pointing at.
+    e.entry.err_data = nullptr;
+    e.entry.err_data_size = 0;
+    e.src = FI_ADDR_NOTAVAIL;
+    write_error(e);
+    return 0;
 }
 
 int Cq::signal() {

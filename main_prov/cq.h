@@ -6,6 +6,7 @@
 #include "common/fid_adaptor.h"
 #include "common/wait_fd.h"
 #include "main_prov/wait.h"
+#include "peer/peer_cq.h"
 
 #include <rdma/fi_eq.h>
 
@@ -32,7 +33,7 @@ struct CompletionError {
     fi_addr_t src;
 };
 
-class Cq : public FidObject<Cq, fid_cq> {
+class Cq final : public FidObject<Cq, fid_cq>, public peer::CqOwner {
   public:
     Cq(Domain *domain, const fi_cq_attr &attr, void *context);
     ~Cq();
@@ -57,6 +58,11 @@ class Cq : public FidObject<Cq, fid_cq> {
     void hold() { ++refs_; }
     void release() { --refs_; }
 
+    // fi_export_fid (fi_control FI_EXPORT_FID): a peer provider writes into this CQ.
+    ssize_t peer_write(void *context, uint64_t flags, size_t len, void *buf, uint64_t data,
+                       uint64_t tag, fi_addr_t src) override;
+    ssize_t peer_writeerr(const fi_cq_err_entry &err) override;
+
   private:
     ssize_t read_locked(void *buf, size_t count, fi_addr_t *src_addr);
     void copy_out(const Completion &c, void *dst) const;
@@ -73,6 +79,8 @@ class Cq : public FidObject<Cq, fid_cq> {
     int refs_ = 0;        // endpoints bound to this CQ
     // fi_cq_readerr's err_data must stay valid until the next readerr: keep the last one.
     std::unique_ptr<uint8_t[]> last_err_data_;
+    // The fid_peer_cq handed out by FI_EXPORT_FID; the importer's CQ must be closed first.
+    std::unique_ptr<peer::ExportedCq> exported_;
 };
 
 }  // namespace tandem

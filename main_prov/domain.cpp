@@ -4,7 +4,9 @@
 #include "main_prov/cntr.h"
 #include "main_prov/cq.h"
 #include "main_prov/endpoint.h"
+#include "main_prov/config.h"
 #include "main_prov/fabric.h"
+#include "main_prov/local_path.h"
 #include "main_prov/srx.h"
 #include "main_prov/wait.h"
 
@@ -60,8 +62,17 @@ Domain::Domain(Fabric *fabric, const fi_info *info, void *context)
 }
 
 Domain::~Domain() {
+    offload_.reset();
     fi_freeinfo(info_);
     fabric_->release();
+}
+
+OffloadDomain *Domain::offload() {
+    if (!offload_tried_) {
+        offload_tried_ = true;
+        if (Config::get().local_path) offload_ = OffloadDomain::open(*this);
+    }
+    return offload_.get();
 }
 
 int Domain::close() {

@@ -10,6 +10,7 @@
 #include <rdma/fi_domain.h>
 
 #include <atomic>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@ namespace tandem {
 
 class Fabric;
 class Endpoint;
+class OffloadDomain;
 
 class Domain : public FidObject<Domain, fid_domain> {
   public:
@@ -47,7 +49,7 @@ class Domain : public FidObject<Domain, fid_domain> {
     int mr_regattr(const fi_mr_attr *attr, uint64_t flags, fid_mr **mr);
 
     // Inside tandem.
-    std::mutex &lock() { return mutex_; }
+    std::recursive_mutex &lock() { return mutex_; }
     // Drives every endpoint of the domain; the caller holds lock().
     void progress();
     void add_endpoint(Endpoint *ep);
@@ -58,6 +60,9 @@ class Domain : public FidObject<Domain, fid_domain> {
     Fabric *fabric() const { return fabric_; }
     const fi_info *info() const { return info_; }
     uint64_t mr_mode() const { return mr_mode_; }
+    // off_tandem's peer domain, opened on first use; nullptr when it is not available or the
+    // local path is turned off. The caller holds lock().
+    OffloadDomain *offload();
     fi_threading threading() const { return threading_; }
     void hold() { ++refs_; }
     void release() { --refs_; }
@@ -67,10 +72,12 @@ class Domain : public FidObject<Domain, fid_domain> {
     fi_info *info_;
     uint64_t mr_mode_;
     fi_threading threading_;
-    std::mutex mutex_;
+    std::recursive_mutex mutex_;
     std::vector<Endpoint *> endpoints_;
     MrTable mr_table_;
     std::atomic<int> refs_{0};  // objects opened on this domain and not closed yet
+    std::unique_ptr<OffloadDomain> offload_;
+    bool offload_tried_ = false;
 };
 
 }  // namespace tandem

@@ -8,6 +8,7 @@
 #include "main_prov/config.h"
 #include "main_prov/domain.h"
 #include "main_prov/interfaces.h"
+#include "main_prov/local_path.h"
 #include "main_prov/pep.h"
 #include "main_prov/srx.h"
 
@@ -72,12 +73,36 @@ struct DataCall<M> {
     }
 };
 
+// tandem's endpoint extension for its offload twin (peer::PeerEpOps): RMA arriving over the
+// node-local path is checked against this endpoint's domain like RMA arriving over a link.
+int peer_ep_resolve(fid_ep *fid, uint64_t key, uint64_t addr, size_t len, uint64_t access,
+                    iovec *iov, size_t *count) noexcept {
+    if (!fid || !count || (!iov && *count)) return -FI_EINVAL;
+    Endpoint *ep = Endpoint::of(fid);
+    std::lock_guard guard(ep->domain()->lock());
+    LocalPieces pieces;
+    if (!ep->resolve(key, addr, len, access, pieces)) return -FI_EACCES;
+    if (pieces.count > *count) return -FI_ETOOSMALL;
+    for (size_t i = 0; i < pieces.count; ++i) iov[i] = pieces.iov[i];
+    *count = pieces.count;
+    return 0;
+}
+
+void peer_ep_access_done(fid_ep *fid, uint64_t key, uint64_t access) noexcept {
+    if (!fid) return;
+    Endpoint *ep = Endpoint::of(fid);
+    std::lock_guard guard(ep->domain()->lock());
+    ep->remote_access_done(key, access);
+}
+
+peer::PeerEpOps peer_ep_ops = {sizeof(peer::PeerEpOps), peer_ep_resolve, peer_ep_access_done};
+
 fi_ops ep_fi_ops = {
     .size = sizeof(fi_ops),
     .close = &Trampoline<&Endpoint::close>::call<fid>,
     .bind = &Trampoline<&Endpoint::bind>::call<fid>,
     .control = &Trampoline<&Endpoint::control>::call<fid>,
-    .ops_open = enosys<decltype(fi_ops::ops_open)>,
+    .ops_open = &Trampoline<&Endpoint::ops_open>::call<fid>,
     .tostr = enosys<decltype(fi_ops::tostr)>,
     .ops_set = enosys<decltype(fi_ops::ops_set)>,
 };
@@ -235,6 +260,7 @@ int Endpoint::close() {
     {
         std::lock_guard guard(domain_->lock());
         if (enabled_) domain_->remove_endpoint(this);
+        local_.reset();  // the twin first: it holds entries of rx_ until it is closed
         rx_->forget_endpoint(this);
         if (srx_) SharedRxContext::of(srx_)->detach(this);
         if (stx_) SharedTxContext::of(stx_)->detach();
@@ -376,6 +402,13 @@ int Endpoint::control(int command, void *arg) {
 }
 
 // fi_enable; also implied by fi_connect / fi_accept (fi_cm(3)). Domain lock held.
+int Endpoint::ops_open(const char *name, uint64_t, void **ops, void *) {
+    if (!name || !ops) return -FI_EINVAL;
+    if (strcmp(name, peer::kPeerEpOpsName) != 0) return -FI_ENOSYS;
+    *ops = &peer_ep_ops;
+    return 0;
+}
+
 int Endpoint::enable_locked() {
     if (enabled_) return 0;
     if (type_ == FI_EP_RDM && !av_) return -FI_ENOAV;
@@ -389,6 +422,9 @@ int Endpoint::enable_locked() {
     for (size_t i = 0; i < count; ++i) repost(rx_slab_.data() + i * rx_buf_size_);
     enabled_ = true;
     domain_->add_endpoint(this);
+    if (type_ == FI_EP_RDM)
+        if (OffloadDomain *off = domain_->offload())
+            local_ = LocalPath::open(*this, *off, *av_, *rx_, eq_ ? eq_->fid() : nullptr);
     if (info_->handle) {
         // Passive side: the connection request this endpoint was created for.
         auto *req = reinterpret_cast<struct fid *>(info_->handle);
@@ -614,6 +650,7 @@ void Endpoint::cm_wait_fds(std::vector<int> &out) {
 
 void Endpoint::wait_fds(std::vector<int> &out) const {
     transport_->wait_fds(out);
+    if (local_) local_->wait_fds(out);
 }
 
 void Endpoint::handle_cm_event(CmEvent &ev) {

@@ -11,7 +11,7 @@
 #include "main_prov/link/tcp_link.h"
 #include "main_prov/rx_matcher.h"
 #include "main_prov/types.h"
-#include "main_prov/wire.h"
+#include "common/wire.h"
 
 #include <rdma/fi_cm.h>
 #include <rdma/fi_endpoint.h>
@@ -29,6 +29,7 @@ namespace tandem {
 class Domain;
 class Av;
 class Cntr;
+class LocalPath;
 
 // Operation flag internal to tandem (bit 63 is no FI_* operation flag): fi_inject and friends,
 // which generate no completion entry.
@@ -44,6 +45,9 @@ struct Peer {
     FabricAddr addr = FI_ADDR_NOTAVAIL;  // in our AV, refreshed when the AV changes
     uint64_t av_version = ~0ull;
     std::deque<RxOp *> rx_order;  // matched messages from this peer, completions in order
+    // RDM: how operations to this peer travel, decided at the first one and then kept, so
+    // that the order of one peer's operations is one path's order.
+    enum class Route : uint8_t { Undecided, Link, Local } route = Route::Undecided;
 };
 
 struct TxOp {
@@ -87,6 +91,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     int close();
     int bind(struct fid *bfid, uint64_t flags);
     int control(int command, void *arg);
+    int ops_open(const char *name, uint64_t flags, void **ops, void *context);
     int enable_locked();
     // fi_ops_ep
     ssize_t cancel(void *context);
@@ -191,6 +196,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     void alias_closed() { --aliases_; }
 
   private:
+    friend class LocalPath;
+    friend class PeerRxQueue;
+
     struct SendArgs {
         const iovec *iov;
         size_t count;
@@ -217,6 +225,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     ssize_t post_recv(const RecvArgs &a);
     ssize_t post_rma(const RmaArgs &a);
     void deliver_unexpected(RxOp *rx, Unexpected &ux);
+    static void deliver_unexpected_any(RxOp *rx, Unexpected &ux);
     void check_tx_ready(uint64_t cap) const;
     void check_rx_ready(uint64_t cap) const;
     Peer *peer_for(fi_addr_t addr);
@@ -248,6 +257,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
                      fi_addr_t src, int err, size_t olen);
     void release_rx(RxOp *rx);
     fi_addr_t source_of(LinkConnection *conn);
+    static fi_addr_t source_of(const Unexpected &ux);
+    bool goes_local(Peer *peer, fi_addr_t addr);
     void repost(void *buf);
     void fail_peer(Peer *peer, int err);
 
@@ -295,6 +306,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     MsgState msg_state_ = MsgState::Idle;
     std::unique_ptr<LinkConnection> pending_request_;
 
+    std::unique_ptr<LocalPath> local_;  // RDM: node-local peers through off_tandem
     RxMatcher own_rx_;
     RxMatcher *rx_ = &own_rx_;  // own_rx_, or the shared receive context's
     struct fid *srx_ = nullptr;

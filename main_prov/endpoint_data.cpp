@@ -13,6 +13,8 @@
 #include "main_prov/domain.h"
 #include "main_prov/endpoint.h"
 #include "main_prov/interfaces.h"
+#include "main_prov/local_path.h"
+#include "main_prov/peer_rx_queue.h"
 
 #include <algorithm>
 #include <cstring>
@@ -275,6 +277,25 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
     op->len = len;
     op->peer = peer;
     op->id = next_op_id_++;
+    if (goes_local(peer, a.dest)) {
+        // The offload twin copies (or has the receiver read) the payload itself, except
+        // that an inject's buffer is the application's again when we return: hand the twin
+        // our copy of it.
+        const iovec *iov = a.iov;
+        size_t count = a.count;
+        if (a.flags & FI_INJECT) {
+            take_payload(op, a.iov, a.count, len, true);
+            iov = op->iov.data();
+            count = op->iov.size();
+        }
+        ++tx_outstanding_;
+        int ret = local_->send(op, iov, count, a.dest, a.flags, a.tag, a.data, a.tagged);
+        if (ret) {
+            --tx_outstanding_;
+            free_tx(op);
+        }
+        return ret;
+    }
     op->hdr.flags = (a.tagged ? wire::kProtoTagged : 0) |
                     ((a.flags & FI_REMOTE_CQ_DATA) ? wire::kProtoCqData : 0);
     op->hdr.tag = a.tag;
@@ -331,6 +352,22 @@ ssize_t Endpoint::post_rma(const RmaArgs &a) {
     op->len = len;
     op->peer = peer;
     op->id = next_op_id_++;
+    if (goes_local(peer, a.peer)) {
+        const iovec *iov = a.iov;
+        size_t count = a.count;
+        if (a.write && (a.flags & FI_INJECT)) {
+            take_payload(op, a.iov, a.count, len, true);
+            iov = op->iov.data();
+            count = op->iov.size();
+        }
+        ++tx_outstanding_;
+        int ret = local_->rma(op, iov, count, a.peer, a.addr, a.key, a.flags, a.data, a.write);
+        if (ret) {
+            --tx_outstanding_;
+            free_tx(op);
+        }
+        return ret;
+    }
     op->remote = {a.addr, a.key};
     // Small writes are copied (the buffer is free at once); larger ones and reads use the
     // application's buffers until the link completes them.
@@ -602,20 +639,42 @@ ssize_t Endpoint::post_recv_on(RxMatcher &m, Endpoint *report_ep, uint64_t caps,
     // Messages that arrived before this receive, oldest first (a multi-receive buffer takes
     // as many as fit before it is retired).
     Unexpected ux;
-    auto src_of = [](const Unexpected &u) { return u.ep->source_of(u.conn); };
+    auto src_of = [](const Unexpected &u) { return source_of(u); };
     // Delivery may complete (and free) the receive: decide everything before it.
     while (m.take_unexpected(*rx, src_of, ux)) {
         if (!rx->multi) {
             m.remove_posted(rx);
-            ux.ep->deliver_unexpected(rx, ux);
+            deliver_unexpected_any(rx, ux);
             break;
         }
         RxOp *slice = slice_for(m, rx, ux.hdr.size);
         bool last = rx->retired;
-        ux.ep->deliver_unexpected(slice, ux);
+        deliver_unexpected_any(slice, ux);
         if (last) break;
     }
     return 0;
+}
+
+// RDM: whether operations to this peer go through the offload twin (see Peer::Route).
+bool Endpoint::goes_local(Peer *peer, fi_addr_t addr) {
+    if (!local_) return false;
+    if (peer->route == Peer::Route::Undecided)
+        peer->route = local_->reaches(addr) ? Peer::Route::Local : Peer::Route::Link;
+    return peer->route == Peer::Route::Local;
+}
+
+fi_addr_t Endpoint::source_of(const Unexpected &ux) {
+    if (ux.peer_entry) return ux.peer_entry->entry.addr;  // the peer's AV is ours
+    return ux.ep->source_of(ux.conn);
+}
+
+// A message a peer provider holds (our offload twin, or another importer of our SRX) is
+// delivered by that peer; one that came over a link by the endpoint it arrived on.
+void Endpoint::deliver_unexpected_any(RxOp *rx, Unexpected &ux) {
+    if (ux.peer_entry)
+        PeerRxQueue::of(ux.peer_entry)->start(ux.peer_entry, rx);
+    else
+        ux.ep->deliver_unexpected(rx, ux);
 }
 
 void Endpoint::deliver_unexpected(RxOp *rx, Unexpected &ux) {
@@ -639,7 +698,7 @@ ssize_t Endpoint::peek_or_claim_on(RxMatcher &m, Endpoint *report_ep, uint64_t c
     probe.ignore = a.ignore;
     probe.tagged = true;
     probe.src = (caps & FI_DIRECTED_RECV) ? a.src : FI_ADDR_UNSPEC;
-    auto src_of = [](const Unexpected &u) { return u.ep->source_of(u.conn); };
+    auto src_of = [](const Unexpected &u) { return source_of(u); };
 
     if (a.flags & FI_PEEK) {
         Unexpected *found = m.peek(true, a.tag, a.ignore, probe.src, src_of);
@@ -648,8 +707,8 @@ ssize_t Endpoint::peek_or_claim_on(RxMatcher &m, Endpoint *report_ep, uint64_t c
             if (report_ep) report_ep->write_rx_err(&probe, cq_flags, FI_ENOMSG, 0, 0, a.tag, 0);
             return 0;
         }
-        Endpoint *ep = found->ep;
-        fi_addr_t src = ep->source_of(found->conn);
+        Endpoint *ep = found->ep ? found->ep : report_ep;
+        fi_addr_t src = source_of(*found);
         size_t size = found->hdr.size;
         uint64_t tag = found->hdr.tag, data = found->hdr.cq_data;
         if (found->hdr.flags & wire::kProtoCqData) cq_flags |= FI_REMOTE_CQ_DATA;
@@ -657,33 +716,39 @@ ssize_t Endpoint::peek_or_claim_on(RxMatcher &m, Endpoint *report_ep, uint64_t c
             found->claimed = true;
             found->claim_context = a.context;
         } else if (a.flags & FI_DISCARD) {
-            if (found->rendezvous()) {
+            if (found->peer_entry) {
+                PeerRxQueue::of(found->peer_entry)->discard(found->peer_entry);
+            } else if (found->rendezvous()) {
                 wire::FinBody fin{found->hdr.msg_id, uint32_t(wire::FinStatus::Ok), 0};
                 ep->send_control(found->conn, wire::ProtoOp::Fin, &fin, sizeof fin,
                                  found->hdr.msg_id);
             }
             m.erase_unexpected(found);
         }
-        ep->write_rx_cq({a.context, cq_flags, size, nullptr, data, tag, src}, src);
+        if (ep) ep->write_rx_cq({a.context, cq_flags, size, nullptr, data, tag, src}, src);
         return 0;
     }
     // FI_CLAIM: deliver (or discard) the message claimed by an earlier peek.
     Unexpected ux;
     if (!m.take_claimed(a.context, ux)) return -FI_EINVAL;
-    Endpoint *ep = ux.ep;
+    Endpoint *ep = ux.ep ? ux.ep : report_ep;
     if (a.flags & FI_DISCARD) {
-        if (ux.rendezvous()) {
+        if (ux.peer_entry) {
+            PeerRxQueue::of(ux.peer_entry)->discard(ux.peer_entry);
+        } else if (ux.rendezvous()) {
             wire::FinBody fin{ux.hdr.msg_id, uint32_t(wire::FinStatus::Ok), 0};
             ep->send_control(ux.conn, wire::ProtoOp::Fin, &fin, sizeof fin, ux.hdr.msg_id);
         }
-        fi_addr_t src = ep->source_of(ux.conn);
+        fi_addr_t src = source_of(ux);
         if (ux.hdr.flags & wire::kProtoCqData) cq_flags |= FI_REMOTE_CQ_DATA;
-        ep->write_rx_cq({a.context, cq_flags, 0, nullptr, ux.hdr.cq_data, ux.hdr.tag, src}, src);
+        if (ep)
+            ep->write_rx_cq({a.context, cq_flags, 0, nullptr, ux.hdr.cq_data, ux.hdr.tag, src},
+                            src);
         return 0;
     }
     auto *rx = new RxOp(probe);
     ++m.outstanding;
-    ep->deliver_unexpected(rx, ux);
+    deliver_unexpected_any(rx, ux);
     return 0;
 }
 
@@ -986,6 +1051,7 @@ void Endpoint::fail_peer(Peer *peer, int err) {
 }
 
 void Endpoint::progress() {
+    if (local_) local_->progress();
     WorkCompletion wc[32];
     for (;;) {
         int n = transport_->poll(wc, 32);

@@ -3,7 +3,7 @@
 #include "common/log.h"
 #include "main_prov/fabric.h"
 #include "main_prov/interfaces.h"
-#include "main_prov/wire.h"
+#include "common/wire.h"
 
 #include <cstring>
 

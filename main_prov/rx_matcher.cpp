@@ -1,10 +1,14 @@
 #include "main_prov/rx_matcher.h"
 
+#include "peer/peer_srx.h"
+
 namespace tandem {
 
 RxMatcher::~RxMatcher() {
     for (auto *rx : posted_msg_) delete rx;
     for (auto *rx : posted_tag_) delete rx;
+    for (auto *list : {&unexpected_msg_, &unexpected_tag_})
+        for (auto &ux : *list) delete ux.peer_entry;
 }
 
 RxOp *RxMatcher::match_posted(bool tagged, uint64_t tag, fi_addr_t src) {
@@ -53,9 +57,15 @@ RxOp *RxMatcher::cancel(void *context) {
     return nullptr;
 }
 
+// The entries of messages a peer held for the endpoint go too: its offload twin, closed
+// first, no longer holds them.
 void RxMatcher::forget_endpoint(Endpoint *ep) {
     for (auto *list : {&unexpected_msg_, &unexpected_tag_})
-        list->remove_if([ep](const Unexpected &ux) { return ux.ep == ep; });
+        list->remove_if([ep](const Unexpected &ux) {
+            if (ux.ep != ep) return false;
+            delete ux.peer_entry;
+            return true;
+        });
 }
 
 }  // namespace tandem

@@ -4,7 +4,7 @@
 // links or completion queues, so it can be tested alone.
 #pragma once
 
-#include "main_prov/wire.h"
+#include "common/wire.h"
 
 #include <rdma/fabric.h>
 #include <sys/uio.h>
@@ -17,6 +17,9 @@
 
 namespace tandem {
 
+namespace peer {
+struct OwnerRxEntry;
+}
 class Endpoint;
 class LinkConnection;
 
@@ -74,6 +77,9 @@ struct Unexpected {
     wire::RtsBody rts{};
     bool claimed = false;
     void *claim_context = nullptr;
+    // A message a peer provider holds (peer SRX, fi_peer(3)): hdr carries its tag, size and
+    // flags; the peer delivers it once a receive is found (PeerRxQueue::start).
+    peer::OwnerRxEntry *peer_entry = nullptr;
 
     bool tagged() const { return hdr.flags & wire::kProtoTagged; }
     bool rendezvous() const { return hdr.op == static_cast<uint8_t>(wire::ProtoOp::Rts); }

@@ -11,7 +11,7 @@ fi_ops srx_fi_ops = {
     .size = sizeof(fi_ops),
     .close = &Trampoline<&SharedRxContext::close>::call<fid>,
     .bind = enosys<decltype(fi_ops::bind)>,
-    .control = enosys<decltype(fi_ops::control)>,
+    .control = &Trampoline<&SharedRxContext::control>::call<fid>,
     .ops_open = enosys<decltype(fi_ops::ops_open)>,
     .tostr = enosys<decltype(fi_ops::tostr)>,
     .ops_set = enosys<decltype(fi_ops::ops_set)>,
@@ -100,6 +100,21 @@ int SharedRxContext::close() {
         if (!endpoints_.empty()) return -FI_EBUSY;
     }
     delete this;
+    return 0;
+}
+
+// fi_export_fid: a fid_peer_srx over this context's matcher. The importer reports its
+// receive completions itself (PeerRxQueue::Mode::Direct); its entries must be returned
+// (free_entry) before this context is closed.
+int SharedRxContext::control(int command, void *arg) {
+    if (command != FI_EXPORT_FID) return -FI_ENOSYS;
+    auto *exp = static_cast<fi_fid_export *>(arg);
+    if (!exp || !exp->fid) return -FI_EINVAL;
+    std::lock_guard guard(domain_->lock());
+    if (!exported_)
+        exported_ = std::make_unique<PeerRxQueue>(*domain_, matcher_, report_endpoint(),
+                                                  PeerRxQueue::Mode::Direct, false);
+    *exp->fid = exported_->exported().base_fid();
     return 0;
 }
 

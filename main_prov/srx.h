@@ -8,11 +8,13 @@
 #pragma once
 
 #include "common/fid_adaptor.h"
+#include "main_prov/peer_rx_queue.h"
 #include "main_prov/rx_matcher.h"
 
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_tagged.h>
 
+#include <memory>
 #include <vector>
 
 namespace tandem {
@@ -26,6 +28,7 @@ class SharedRxContext : public FidObject<SharedRxContext, fid_ep> {
     ~SharedRxContext();
 
     int close();
+    int control(int command, void *arg);
     ssize_t cancel(void *context);
     int getopt(int level, int optname, void *optval, size_t *optlen);
     int setopt(int level, int optname, const void *optval, size_t optlen);
@@ -54,6 +57,8 @@ class SharedRxContext : public FidObject<SharedRxContext, fid_ep> {
     size_t size_;
     RxMatcher matcher_;
     std::vector<Endpoint *> endpoints_;
+    // FI_EXPORT_FID: an importer (any peer provider) takes messages from this context.
+    std::unique_ptr<PeerRxQueue> exported_;
 };
 
 class SharedTxContext : public FidObject<SharedTxContext, fid_stx> {

@@ -2,13 +2,17 @@
 # Compare tandem against the system libfabric's tcp;ofi_rxm (and UCX over TCP when
 # ucx_perftest is installed) on this machine, as ratios of medians over alternating runs.
 #
-#   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] [-p "PROV,PROV,..."] [-S SIZES] [--no-ucx]
+#   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] [-p "PROV,PROV,..."] [--local] [--no-ucx]
 #
 #   -b BUILD_DIR  the CMake build directory (default: <repo>/build); needs
 #                 BUILD_DIR/bench/tandem_bench and, for tandem, BUILD_DIR/lib/libtandem-fi.so
 #   -n RUNS       runs per provider (default 5); providers alternate within each run
 #   -p LIST       comma-separated provider strings (default "tandem,tcp;ofi_rxm"); the first
 #                 is the one the ratios are about, the second the reference
+#   --local       node-local comparison: tandem through off_tandem's shared memory against
+#                 the system's shm provider and UCX's shared-memory transports (default
+#                 providers "tandem,shm", UCX_TLS=posix,cma). Without it tandem runs with
+#                 FI_TANDEM_LOCAL=0, so that its TCP link is what is compared with tcp;ofi_rxm.
 #   --no-ucx      skip ucx_perftest
 #
 # Each run is one tandem_bench process pair (fork mode: server and client on this host, both
@@ -22,15 +26,17 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/.." && pwd)
 build=$repo/build
 runs=5
-providers="tandem,tcp;ofi_rxm"
+providers=""
 use_ucx=1
+local=0
 while [ $# -gt 0 ]; do
     case $1 in
         -b) build=$2; shift 2 ;;
         -n) runs=$2; shift 2 ;;
         -p) providers=$2; shift 2 ;;
         --no-ucx) use_ucx=0; shift ;;
-        -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --local) local=1; shift ;;
+        -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench.sh: unknown option $1 (see -h)" >&2; exit 1 ;;
     esac
 done
@@ -38,6 +44,13 @@ build=$(cd "$build" 2>/dev/null && pwd) || { echo "bench.sh: no build directory 
 bench=$build/bench/tandem_bench
 [ -x "$bench" ] || { echo "bench.sh: $bench not built (cmake --build $build --target tandem_bench)" >&2; exit 1; }
 
+if [ "$local" = 1 ]; then
+    [ -n "$providers" ] || providers="tandem,shm"
+    ucx_tls=posix,cma ucx_name="ucx(sm)" tandem_local=1
+else
+    [ -n "$providers" ] || providers="tandem,tcp;ofi_rxm"
+    ucx_tls=tcp ucx_name="ucx(tcp)" tandem_local=0
+fi
 IFS=',' read -ra provs <<<"$providers"
 if [ "$use_ucx" = 1 ] && ! command -v ucx_perftest >/dev/null 2>&1; then
     echo "bench.sh: ucx_perftest not found, skipping UCX (apt-get install ucx-utils)"
@@ -53,7 +66,10 @@ failed=0
 run_libfabric() {
     local prov=$1 out=$tmp/out
     local -a envs=(env -u FI_PROVIDER)
-    case $prov in tandem|tandem\;*) envs+=(FI_PROVIDER_PATH="$build/lib") ;; *) envs+=(-u FI_PROVIDER_PATH) ;; esac
+    case $prov in
+        tandem|tandem\;*) envs+=(FI_PROVIDER_PATH="$build/lib" FI_TANDEM_LOCAL=$tandem_local) ;;
+        *) envs+=(-u FI_PROVIDER_PATH) ;;
+    esac
     if ! timeout 300 "${envs[@]}" "$bench" -p "$prov" -S 8,1m -t lat,bw,rma -T 280 >"$out" 2>&1; then
         echo "  $prov: FAILED:"
         sed 's/^/    /' "$out"
@@ -76,11 +92,11 @@ ucx_port=$((47970 + RANDOM % 20))
 run_ucx() {
     local test=$1 size=$2 iters=$3 warm=$4
     ucx_port=$((ucx_port + 1))
-    UCX_TLS=tcp timeout 120 ucx_perftest -p "$ucx_port" >"$tmp/ucx_server" 2>&1 &
+    UCX_TLS=$ucx_tls timeout 120 ucx_perftest -p "$ucx_port" >"$tmp/ucx_server" 2>&1 &
     local spid=$!
     local out=""
     for _ in $(seq 1 50); do
-        out=$(UCX_TLS=tcp timeout 120 ucx_perftest 127.0.0.1 -p "$ucx_port" -t "$test" -s "$size" \
+        out=$(UCX_TLS=$ucx_tls timeout 120 ucx_perftest 127.0.0.1 -p "$ucx_port" -t "$test" -s "$size" \
               -n "$iters" -w "$warm" 2>&1) && break
         out=""
         kill -0 "$spid" 2>/dev/null || break
@@ -94,7 +110,8 @@ run_ucx() {
     esac
 }
 
-echo "bench.sh: $runs runs of: ${provs[*]}$([ "$use_ucx" = 1 ] && echo ', ucx_perftest (UCX_TLS=tcp)')"
+echo "bench.sh: $runs runs of: ${provs[*]}$([ "$use_ucx" = 1 ] && echo ", ucx_perftest (UCX_TLS=$ucx_tls)")"
+echo "          tandem's node-local path: $([ "$tandem_local" = 1 ] && echo on || echo off)"
 echo "          build $build; load average now: $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq 1 "$runs"); do
     echo "run $r/$runs"
@@ -102,9 +119,9 @@ for r in $(seq 1 "$runs"); do
     if [ "$use_ucx" = 1 ]; then
         lat=$(run_ucx tag_lat 8 20000 2000)
         bw=$(run_ucx tag_bw 1048576 1000 100)
-        [ -n "$lat" ] && echo "ucx(tcp) lat8 $lat" >>"$results"
-        [ -n "$bw" ] && echo "ucx(tcp) tagbw1m $bw" >>"$results"
-        printf '  %-14s 8 B lat %8s us   1 MiB tagged %9s MB/s\n' "ucx(tcp)" "${lat:-FAIL}" "${bw:-FAIL}"
+        [ -n "$lat" ] && echo "$ucx_name lat8 $lat" >>"$results"
+        [ -n "$bw" ] && echo "$ucx_name tagbw1m $bw" >>"$results"
+        printf '  %-14s 8 B lat %8s us   1 MiB tagged %9s MB/s\n' "$ucx_name" "${lat:-FAIL}" "${bw:-FAIL}"
         [ -n "$lat" ] && [ -n "$bw" ] || failed=1
     fi
 done
@@ -119,7 +136,7 @@ ratio() {
 }
 
 names=("${provs[@]}")
-[ "$use_ucx" = 1 ] && names+=("ucx(tcp)")
+[ "$use_ucx" = 1 ] && names+=("$ucx_name")
 echo
 echo "medians over $runs runs"
 printf '%-26s' "metric"
@@ -139,9 +156,9 @@ if [ "${#provs[@]}" -ge 2 ]; then
     printf '  1 MiB tagged bw  %6s   (above 1: %s moves more)\n' "$(ratio "$(median "$a" tagbw1m)" "$(median "$b" tagbw1m)")" "$a"
     printf '  1 MiB rma bw     %6s\n' "$(ratio "$(median "$a" rmabw1m)" "$(median "$b" rmabw1m)")"
     if [ "$use_ucx" = 1 ]; then
-        echo "ratios $a / ucx(tcp) (medians):"
-        printf '  8 B latency      %6s\n' "$(ratio "$(median "$a" lat8)" "$(median "ucx(tcp)" lat8)")"
-        printf '  1 MiB tagged bw  %6s\n' "$(ratio "$(median "$a" tagbw1m)" "$(median "ucx(tcp)" tagbw1m)")"
+        echo "ratios $a / $ucx_name (medians):"
+        printf '  8 B latency      %6s\n' "$(ratio "$(median "$a" lat8)" "$(median "$ucx_name" lat8)")"
+        printf '  1 MiB tagged bw  %6s\n' "$(ratio "$(median "$a" tagbw1m)" "$(median "$ucx_name" tagbw1m)")"
     fi
 fi
 if [ "$failed" != 0 ]; then

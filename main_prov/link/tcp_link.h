@@ -7,7 +7,7 @@
 #pragma once
 
 #include "main_prov/link/link.h"
-#include "main_prov/wire.h"
+#include "common/wire.h"
 
 #include <deque>
 #include <memory>

@@ -38,6 +38,7 @@ export FI_LOG_SUBSYS=${FI_LOG_SUBSYS:-core}
 export MPI_TEST_WATCHDOG=$((limit > 60 ? limit - 30 : limit / 2))
 xargs=(-x FI_PROVIDER -x FI_LOG_LEVEL -x FI_LOG_SUBSYS -x MPI_TEST_WATCHDOG)
 [ -n "${FI_PROVIDER_PATH:-}" ] && xargs+=(-x FI_PROVIDER_PATH)
+[ -n "${FI_TANDEM_LOCAL:-}" ] && xargs+=(-x FI_TANDEM_LOCAL)
 
 cmd=("$mpirun_bin" --allow-run-as-root --oversubscribe --bind-to none -np "$np"
      --mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include "$prov"

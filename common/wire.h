@@ -141,4 +141,59 @@ struct ConnHello {
 };
 static_assert(sizeof(ConnHello) == 16);
 
+// ---------------------------------------------------------------------------------------
+// Node-local path (off_tandem): cells of the receiver's inbox ring in its shared segment.
+// A cell is a LocalHeader, then the sender's endpoint name (name_len bytes, padded to
+// kLocalNameRoom), then the body: inline data, or LocalIov entries naming the sender's
+// buffers for a single copy by cross-memory attach (process_vm_readv / _writev).
+
+inline constexpr uint32_t kLocalCellSize = 8192;  // ring cell payload, header included
+inline constexpr size_t kLocalNameRoom = 32;      // a sockaddr_in6 fits
+
+enum class LocalOp : uint8_t {
+    Eager = 1,      // whole message inline
+    Rts = 2,        // the receiver reads the sender's LocalIov list (CMA), then answers Fin
+    Frag = 3,       // staged message (no CMA): `size` bytes at `offset` of a `total`-byte message
+    Fin = 4,        // msg_id done: status in `status` (receive side of Rts, or RMA done)
+    Write = 5,      // RMA write: inline data, or LocalIov list to read (CMA); target answers Fin
+    Read = 6,       // RMA read: LocalIov list the target writes into (CMA); target answers Fin
+    WriteFrag = 7,  // staged RMA write: `size` bytes for rma_addr + offset
+    ReadData = 8,   // staged RMA read answer: `size` bytes at `offset` of read msg_id
+};
+
+enum LocalFlags : uint8_t {
+    kLocalTagged = 1u << 0,
+    kLocalCqData = 1u << 1,
+    kLocalLast = 1u << 2,    // last Frag / WriteFrag of its message
+    kLocalAckReq = 1u << 3,  // the sender waits for a Fin once the message is delivered
+};
+
+struct LocalHeader {
+    uint8_t op;     // LocalOp
+    uint8_t flags;  // LocalFlags
+    uint8_t name_len;
+    uint8_t iov_count;  // LocalIov entries in the body (Rts, Write, Read)
+    int32_t status;     // Fin: 0 or a positive FI_* error code
+    uint32_t size;      // inline bytes in this cell
+    int32_t pid;        // sender's pid (the process CMA reads from or writes to)
+    uint64_t msg_id;    // sender's operation id, echoed in Fin
+    uint64_t tag;
+    uint64_t cq_data;
+    uint64_t total;     // bytes of the whole message / RMA
+    uint64_t offset;    // Frag, WriteFrag: where this cell's bytes go
+    uint64_t rma_addr;  // Write, Read: target address and key
+    uint64_t rma_key;
+};
+static_assert(sizeof(LocalHeader) == 72 && std::is_trivially_copyable_v<LocalHeader>);
+
+inline constexpr size_t kLocalMaxIov = 4;
+
+struct LocalIov {
+    uint64_t addr;
+    uint64_t length;
+};
+
+inline constexpr size_t kLocalBodyRoom = kLocalCellSize - sizeof(LocalHeader) - kLocalNameRoom;
+static_assert(kLocalBodyRoom >= kLocalMaxIov * sizeof(LocalIov));
+
 }  // namespace tandem::wire

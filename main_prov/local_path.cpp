@@ -1,0 +1,207 @@
+#include "main_prov/local_path.h"
+
+#include "common/log.h"
+#include "main_prov/av.h"
+#include "main_prov/domain.h"
+#include "main_prov/endpoint.h"
+
+#include <rdma/fi_rma.h>
+#include <rdma/fi_tagged.h>
+
+#include <cstring>
+
+namespace tandem {
+
+std::unique_ptr<OffloadDomain> OffloadDomain::open(Domain &owner) {
+    std::unique_ptr<OffloadDomain> off(new OffloadDomain);
+    fi_info *hints = fi_allocinfo();
+    if (!hints) return nullptr;
+    hints->mode = FI_PEER_TRANSFER;
+    hints->caps = FI_MSG | FI_TAGGED | FI_RMA;
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->addr_format = owner.info()->addr_format;
+    hints->domain_attr->mr_mode = owner.info()->domain_attr->mr_mode;
+    hints->fabric_attr->prov_name = strdup(peer::kOffloadProvName);
+    int ret =
+        fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, peer::kOffloadProvOnly, hints, &off->info_);
+    fi_freeinfo(hints);
+    if (ret) {
+        TANDEM_INFO(FI_LOG_DOMAIN, "no offload provider (%s): node-local peers use links\n",
+                    fi_strerror(-ret));
+        return nullptr;
+    }
+    ret = fi_fabric(off->info_->fabric_attr, &off->fabric_, nullptr);
+    if (!ret) {
+        fi_peer_domain_context ctx{sizeof ctx, owner.fid()};
+        ret = fi_domain2(off->fabric_, off->info_, &off->domain_, FI_PEER, &ctx);
+    }
+    if (ret) {
+        TANDEM_WARN(FI_LOG_DOMAIN, "%s refused a peer domain: %s\n", peer::kOffloadProvName,
+                    fi_strerror(-ret));
+        return nullptr;
+    }
+    return off;
+}
+
+OffloadDomain::~OffloadDomain() {
+    if (domain_) fi_close(&domain_->fid);
+    if (fabric_) fi_close(&fabric_->fid);
+    fi_freeinfo(info_);
+}
+
+LocalPath::LocalPath(Endpoint &ep, RxMatcher &rx)
+    : ep_(ep), rx_queue_(*ep.domain(), rx, &ep, PeerRxQueue::Mode::ThroughOwner, false) {}
+
+std::unique_ptr<LocalPath> LocalPath::open(Endpoint &ep, OffloadDomain &off, Av &av, RxMatcher &rx,
+                                           fid_eq *eq) {
+    std::unique_ptr<LocalPath> lp(new LocalPath(ep, rx));
+    const char *step = "fi_cq_open";
+    fi_cq_attr cq_attr{};
+    cq_attr.format = FI_CQ_FORMAT_TAGGED;
+    cq_attr.flags = FI_PEER;
+    int ret = fi_cq_open(off.domain(), &cq_attr, &lp->cq_, lp->cq_export_.context());
+    if (!ret) {
+        step = "fi_av_open";
+        fi_av_attr av_attr{};
+        av_attr.flags = FI_PEER;
+        ret = fi_av_open(off.domain(), &av_attr, &lp->av_, av.exported().context());
+    }
+    if (!ret) {
+        step = "fi_srx_context";
+        fi_rx_attr rx_attr{};
+        rx_attr.op_flags = FI_PEER;
+        ret = fi_srx_context(off.domain(), &rx_attr, &lp->srx_, lp->rx_queue_.exported().context());
+    }
+    if (!ret) {
+        step = "fi_endpoint2";
+        lp->transfer_ = {sizeof lp->transfer_, off.info(), ep.fid(), nullptr};
+        ret = fi_endpoint2(off.domain(), off.info(), &lp->twin_, FI_PEER_TRANSFER, &lp->transfer_);
+    }
+    if (!ret && eq) {
+        // The twin's events reach the application on the endpoint's EQ.
+        step = "fi_eq_open";
+        fi_peer_eq_context ctx{sizeof ctx, eq};
+        fi_eq_attr eq_attr{};
+        eq_attr.flags = FI_PEER;
+        ret = fi_eq_open(off.fabric(), &eq_attr, &lp->eq_, &ctx);
+        if (!ret) ret = fi_ep_bind(lp->twin_, &lp->eq_->fid, 0);
+    }
+    if (!ret) {
+        step = "fi_ep_bind";
+        ret = fi_ep_bind(lp->twin_, &lp->cq_->fid, FI_TRANSMIT | FI_RECV);
+        if (!ret) ret = fi_ep_bind(lp->twin_, &lp->av_->fid, 0);
+        if (!ret) ret = fi_ep_bind(lp->twin_, &lp->srx_->fid, 0);
+    }
+    if (!ret) {
+        step = "fi_enable";
+        ret = fi_enable(lp->twin_);
+    }
+    if (!ret) {
+        step = "fi_open_ops";
+        void *ops = nullptr;
+        ret = fi_open_ops(&lp->twin_->fid, peer::kLocalPathOpsName, 0, &ops, nullptr);
+        lp->ops_ = static_cast<peer::LocalPathOps *>(ops);
+        if (!ret && lp->ops_->size < sizeof(peer::LocalPathOps)) ret = -FI_ENOSYS;
+        if (!ret) {
+            LocalPath *self = lp.get();
+            lp->rx_queue_.set_data_source([self](fi_peer_rx_entry *entry) {
+                return self->ops_->queued_data(self->twin_, entry);
+            });
+        }
+    }
+    if (ret) {
+        TANDEM_WARN(FI_LOG_EP_CTRL, "node-local path not available (%s: %s)\n", step,
+                    fi_strerror(-ret));
+        return nullptr;
+    }
+    return lp;
+}
+
+// The twin goes first: it holds the peer objects until it is closed (fi_peer(3)).
+LocalPath::~LocalPath() {
+    if (twin_) fi_close(&twin_->fid);
+    if (srx_) fi_close(&srx_->fid);
+    if (av_) fi_close(&av_->fid);
+    if (cq_) fi_close(&cq_->fid);
+    if (eq_) fi_close(&eq_->fid);
+}
+
+bool LocalPath::reaches(fi_addr_t addr) {
+    return ops_ && ops_->reachable(twin_, addr) == 1;
+}
+
+int LocalPath::send(TxOp *op, const iovec *iov, size_t count, fi_addr_t dest, uint64_t flags,
+                    uint64_t tag, uint64_t data, bool tagged) {
+    fi_msg_tagged msg{};
+    msg.msg_iov = iov;
+    msg.iov_count = count;
+    msg.addr = dest;
+    msg.tag = tag;
+    msg.context = op;
+    msg.data = data;
+    flags = (flags & (FI_REMOTE_CQ_DATA | FI_DELIVERY_COMPLETE)) | FI_COMPLETION;
+    if (tagged) return static_cast<int>(fi_tsendmsg(twin_, &msg, flags));
+    fi_msg m{iov, nullptr, count, dest, op, data};
+    return static_cast<int>(fi_sendmsg(twin_, &m, flags));
+}
+
+int LocalPath::rma(TxOp *op, const iovec *iov, size_t count, fi_addr_t peer, uint64_t addr,
+                   uint64_t key, uint64_t flags, uint64_t data, bool write) {
+    size_t len = 0;
+    for (size_t i = 0; i < count; ++i) len += iov[i].iov_len;
+    fi_rma_iov rma{addr, len, key};
+    fi_msg_rma msg{iov, nullptr, count, peer, &rma, 1, op, data};
+    flags = (flags & FI_REMOTE_CQ_DATA) | FI_COMPLETION;
+    return static_cast<int>(write ? fi_writemsg(twin_, &msg, flags)
+                                  : fi_readmsg(twin_, &msg, flags));
+}
+
+void LocalPath::progress() {
+    fi_cq_read(cq_, nullptr, 0);
+}
+
+void LocalPath::wait_fds(std::vector<int> &out) {
+    if (!ops_ || ops_->size < sizeof *ops_) return;
+    int fd = ops_->wait_fd(twin_);
+    if (fd < 0) return;
+    out.push_back(fd);
+    ops_->arm(twin_);
+}
+
+// The twin's completions: the contexts are tandem's operations (see the header).
+ssize_t LocalPath::peer_write(void *context, uint64_t flags, size_t len, void *, uint64_t data,
+                              uint64_t tag, fi_addr_t src) {
+    std::lock_guard guard(ep_.domain()->lock());
+    if (flags & FI_RECV) {
+        uint8_t proto = ((flags & FI_TAGGED) ? wire::kProtoTagged : 0) |
+                        ((flags & FI_REMOTE_CQ_DATA) ? wire::kProtoCqData : 0);
+        ep_.rx_complete(static_cast<RxOp *>(context), len, tag, data, proto, src, 0, 0);
+        return 0;
+    }
+    if (flags & FI_REMOTE_WRITE) {
+        // Remote CQ data of an RMA write into one of our regions (no operation of ours).
+        ep_.write_rx_cq({nullptr, flags, len, nullptr, data, 0, src}, src);
+        return 0;
+    }
+    if (!context) return -FI_EINVAL;
+    ep_.finish_tx(static_cast<TxOp *>(context));
+    return 0;
+}
+
+ssize_t LocalPath::peer_writeerr(const fi_cq_err_entry &err) {
+    std::lock_guard guard(ep_.domain()->lock());
+    if (!err.op_context) return -FI_EINVAL;
+    if (err.flags & FI_RECV) {
+        uint8_t proto = ((err.flags & FI_TAGGED) ? wire::kProtoTagged : 0) |
+                        ((err.flags & FI_REMOTE_CQ_DATA) ? wire::kProtoCqData : 0);
+        ep_.rx_complete(static_cast<RxOp *>(err.op_context), err.len, err.tag, err.data, proto,
+                        FI_ADDR_NOTAVAIL, err.err ? err.err : FI_EIO, err.olen);
+        return 0;
+    }
+    auto *op = static_cast<TxOp *>(err.op_context);
+    op->error = err.err ? err.err : FI_EIO;
+    ep_.finish_tx(op);
+    return 0;
+}
+
+}  // namespace tandem

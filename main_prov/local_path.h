@@ -1,0 +1,88 @@
+// The node-local path of an RDM endpoint: its offload twin in off_tandem and the peer objects
+// the twin imports (fi_peer(3)).
+//
+// OffloadDomain opens off_tandem once per tandem domain: fi_getinfo with the core's
+// offload-only flag and FI_PEER_TRANSFER in the mode, then fi_domain2(FI_PEER) handing it
+// tandem's domain. LocalPath opens, for one endpoint, the twin's CQ (FI_PEER: completions
+// come back through the callbacks below), AV (FI_PEER: the endpoint's AV, so an fi_addr_t is
+// the same in both), SRX (FI_PEER: the endpoint's receive matcher) and endpoint
+// (fi_endpoint2 with FI_PEER_TRANSFER). A peer whose address the twin finds on this node
+// (its inbox segment exists) is sent to over the twin, every other one over a link; the
+// choice is made once per peer so one peer's operations keep one order.
+//
+// The twin's completions carry tandem's own operation (TxOp / RxOp) as context and are
+// completed here as link completions are: counters, selective completion, multi-receive
+// slices and the application's CQ all stay tandem's business.
+#pragma once
+
+#include "main_prov/peer_rx_queue.h"
+#include "peer/peer_abi.h"
+#include "peer/peer_cq.h"
+
+#include <rdma/fi_endpoint.h>
+
+#include <memory>
+#include <vector>
+
+namespace tandem {
+
+class Av;
+class Domain;
+class Endpoint;
+struct TxOp;
+
+class OffloadDomain {
+  public:
+    // nullptr (with the reason logged) when off_tandem is not installed or refuses.
+    static std::unique_ptr<OffloadDomain> open(Domain &owner);
+    ~OffloadDomain();
+    fid_domain *domain() const { return domain_; }
+    fid_fabric *fabric() const { return fabric_; }
+    fi_info *info() const { return info_; }
+
+  private:
+    OffloadDomain() = default;
+    fi_info *info_ = nullptr;
+    fid_fabric *fabric_ = nullptr;
+    fid_domain *domain_ = nullptr;
+};
+
+class LocalPath final : public peer::CqOwner {
+  public:
+    // nullptr (logged) when the twin cannot be set up: the endpoint then uses links only.
+    static std::unique_ptr<LocalPath> open(Endpoint &ep, OffloadDomain &off, Av &av, RxMatcher &rx,
+                                           fid_eq *eq);
+    ~LocalPath();
+
+    // Whether the peer at addr is on this node, reachable through the twin.
+    bool reaches(fi_addr_t addr);
+    // Post an operation; its completion arrives through peer_write / peer_writeerr with the
+    // op as context. A negative errno when the twin refused it (nothing will complete).
+    int send(TxOp *op, const iovec *iov, size_t count, fi_addr_t dest, uint64_t flags, uint64_t tag,
+             uint64_t data, bool tagged);
+    int rma(TxOp *op, const iovec *iov, size_t count, fi_addr_t peer, uint64_t addr, uint64_t key,
+            uint64_t flags, uint64_t data, bool write);
+    // fi_peer(3): the owner drives the peer's progress with fi_cq_read(cq, NULL, 0).
+    void progress();
+    // Before the application sleeps: the twin's wake descriptor, armed.
+    void wait_fds(std::vector<int> &out);
+
+    ssize_t peer_write(void *context, uint64_t flags, size_t len, void *buf, uint64_t data,
+                       uint64_t tag, fi_addr_t src) override;
+    ssize_t peer_writeerr(const fi_cq_err_entry &err) override;
+
+  private:
+    explicit LocalPath(Endpoint &ep, RxMatcher &rx);
+    Endpoint &ep_;
+    peer::ExportedCq cq_export_{*this};
+    PeerRxQueue rx_queue_;
+    fi_peer_transfer_context transfer_{};
+    fid_cq *cq_ = nullptr;
+    fid_eq *eq_ = nullptr;
+    fid_av *av_ = nullptr;
+    fid_ep *srx_ = nullptr;
+    fid_ep *twin_ = nullptr;
+    peer::LocalPathOps *ops_ = nullptr;
+};
+
+}  // namespace tandem

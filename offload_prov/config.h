@@ -1,0 +1,19 @@
+// off_tandem's parameters (fi_param: FI_OFF_TANDEM_<NAME>, listed by `fi_info -e`).
+#pragma once
+
+#include <rdma/providers/fi_prov.h>
+
+#include <cstddef>
+
+namespace tandem::off {
+
+struct Config {
+    bool cma = true;          // single copy by cross-memory attach when the kernel permits
+    size_t ring_cells = 256;  // inbox cells per endpoint (each wire::kLocalCellSize bytes)
+    size_t eager_limit = 0;   // largest message sent inline (fits one cell)
+
+    static const Config &get();
+    static void load(fi_provider *prov);
+};
+
+}  // namespace tandem::off

@@ -1,0 +1,975 @@
+#include "offload_prov/endpoint.h"
+
+#include "common/log.h"
+#include "offload_prov/av.h"
+#include "offload_prov/config.h"
+#include "offload_prov/cq.h"
+#include "offload_prov/domain.h"
+#include "offload_prov/eq.h"
+#include "offload_prov/shm/cma.h"
+#include "offload_prov/srx.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+namespace tandem::off {
+
+namespace {
+
+using wire::LocalFlags;
+using wire::LocalHeader;
+using wire::LocalIov;
+using wire::LocalOp;
+
+fi_ops ep_fi_ops = fid_ops(
+    &Trampoline<&Endpoint::close>::call<fid>, &Trampoline<&Endpoint::bind>::call<fid>,
+    &Trampoline<&Endpoint::control>::call<fid>, &Trampoline<&Endpoint::ops_open>::call<fid>);
+
+fi_ops_ep ep_ops = {
+    .size = sizeof(fi_ops_ep),
+    .cancel = enosys<decltype(fi_ops_ep::cancel)>,  // receives are the owner's to cancel
+    .getopt = enosys<decltype(fi_ops_ep::getopt)>,
+    .setopt = enosys<decltype(fi_ops_ep::setopt)>,
+    .tx_ctx = enosys<decltype(fi_ops_ep::tx_ctx)>,
+    .rx_ctx = enosys<decltype(fi_ops_ep::rx_ctx)>,
+    .rx_size_left = enosys<decltype(fi_ops_ep::rx_size_left)>,
+    .tx_size_left = enosys<decltype(fi_ops_ep::tx_size_left)>,
+};
+
+// The owner posts with the *msg calls only (they carry every argument); the short forms
+// would pretend to a use nobody makes of an offload endpoint.
+fi_ops_msg msg_ops = {
+    .size = sizeof(fi_ops_msg),
+    .recv = enosys<decltype(fi_ops_msg::recv)>,
+    .recvv = enosys<decltype(fi_ops_msg::recvv)>,
+    .recvmsg = enosys<decltype(fi_ops_msg::recvmsg)>,
+    .send = enosys<decltype(fi_ops_msg::send)>,
+    .sendv = enosys<decltype(fi_ops_msg::sendv)>,
+    .sendmsg = &Trampoline<&Endpoint::sendmsg>::call<fid_ep>,
+    .inject = enosys<decltype(fi_ops_msg::inject)>,
+    .senddata = enosys<decltype(fi_ops_msg::senddata)>,
+    .injectdata = enosys<decltype(fi_ops_msg::injectdata)>,
+};
+
+fi_ops_tagged tagged_ops = {
+    .size = sizeof(fi_ops_tagged),
+    .recv = enosys<decltype(fi_ops_tagged::recv)>,
+    .recvv = enosys<decltype(fi_ops_tagged::recvv)>,
+    .recvmsg = enosys<decltype(fi_ops_tagged::recvmsg)>,
+    .send = enosys<decltype(fi_ops_tagged::send)>,
+    .sendv = enosys<decltype(fi_ops_tagged::sendv)>,
+    .sendmsg = &Trampoline<&Endpoint::tsendmsg>::call<fid_ep>,
+    .inject = enosys<decltype(fi_ops_tagged::inject)>,
+    .senddata = enosys<decltype(fi_ops_tagged::senddata)>,
+    .injectdata = enosys<decltype(fi_ops_tagged::injectdata)>,
+};
+
+fi_ops_rma rma_ops = {
+    .size = sizeof(fi_ops_rma),
+    .read = enosys<decltype(fi_ops_rma::read)>,
+    .readv = enosys<decltype(fi_ops_rma::readv)>,
+    .readmsg = &Trampoline<&Endpoint::readmsg>::call<fid_ep>,
+    .write = enosys<decltype(fi_ops_rma::write)>,
+    .writev = enosys<decltype(fi_ops_rma::writev)>,
+    .writemsg = &Trampoline<&Endpoint::writemsg>::call<fid_ep>,
+    .inject = enosys<decltype(fi_ops_rma::inject)>,
+    .writedata = enosys<decltype(fi_ops_rma::writedata)>,
+    .injectdata = enosys<decltype(fi_ops_rma::injectdata)>,
+};
+
+int local_reachable(fid_ep *ep, fi_addr_t addr) noexcept try {
+    return Endpoint::of(ep)->reachable(addr);
+} catch (...) {
+    return 0;
+}
+
+int local_wait_fd(fid_ep *ep) noexcept {
+    return Endpoint::of(ep)->wait_fd();
+}
+
+int local_arm(fid_ep *ep) noexcept try { return Endpoint::of(ep)->arm(); } catch (...) {
+    return 1;
+}
+
+uint64_t local_queued_data(fid_ep *, fi_peer_rx_entry *entry) noexcept {
+    auto *held = static_cast<HeldMessage *>(entry ? entry->peer_context : nullptr);
+    return held ? held->hdr.cq_data : 0;
+}
+
+peer::LocalPathOps local_path_ops = {sizeof(peer::LocalPathOps), local_reachable, local_wait_fd,
+                                     local_arm, local_queued_data};
+
+// This provider posts nothing over the owner's endpoint yet, so the owner never has a peer
+// transfer of ours to complete; say so loudly if it ever tries.
+ssize_t transfer_complete(fid_ep *, fi_cq_tagged_entry *, fi_addr_t *) noexcept {
+    TANDEM_WARN(FI_LOG_EP_DATA, "peer transfer completion for an operation never posted\n");
+    return -FI_EINVAL;
+}
+ssize_t transfer_comperr(fid_ep *, fi_cq_err_entry *) noexcept {
+    TANDEM_WARN(FI_LOG_EP_DATA, "peer transfer error for an operation never posted\n");
+    return -FI_EINVAL;
+}
+fi_ops_transfer_peer transfer_ops = {sizeof(fi_ops_transfer_peer), transfer_complete,
+                                     transfer_comperr};
+
+// The start of every segment's data: who owns it and where a CMA probe may read.
+struct SegmentInfo {
+    static constexpr uint64_t kMagic = 0x6f66665f746e6431ull;  // "off_tnd1"
+    uint64_t magic;
+    int32_t pid;
+    uint32_t cell_size;
+    uint64_t probe_addr;  // an address in the owner's memory a peer may read 8 bytes from
+    uint32_t armed;       // the owner may sleep: the next sender writes its wake FIFO
+    uint8_t reserved[36];
+};
+static_assert(sizeof(SegmentInfo) == 64);
+
+const uint64_t g_probe_word = SegmentInfo::kMagic;
+
+SegmentInfo *info_of(const ShmSegment &segment) {
+    return static_cast<SegmentInfo *>(segment.data());
+}
+
+size_t iov_len(const iovec *iov, size_t count) {
+    size_t n = 0;
+    for (size_t i = 0; i < count; ++i) n += iov[i].iov_len;
+    return n;
+}
+
+size_t copy_to_iov(const iovec *iov, size_t count, size_t offset, const uint8_t *src, size_t len) {
+    size_t done = 0;
+    for (size_t i = 0; i < count && done < len; ++i) {
+        if (offset >= iov[i].iov_len) {
+            offset -= iov[i].iov_len;
+            continue;
+        }
+        size_t n = std::min(iov[i].iov_len - offset, len - done);
+        memcpy(static_cast<uint8_t *>(iov[i].iov_base) + offset, src + done, n);
+        done += n;
+        offset = 0;
+    }
+    return done;
+}
+
+size_t copy_from_iov(uint8_t *dst, const iovec *iov, size_t count, size_t offset, size_t len) {
+    size_t done = 0;
+    for (size_t i = 0; i < count && done < len; ++i) {
+        if (offset >= iov[i].iov_len) {
+            offset -= iov[i].iov_len;
+            continue;
+        }
+        size_t n = std::min(iov[i].iov_len - offset, len - done);
+        memcpy(dst + done, static_cast<const uint8_t *>(iov[i].iov_base) + offset, n);
+        done += n;
+        offset = 0;
+    }
+    return done;
+}
+
+// The first `len` bytes of a scatter list.
+size_t clip(const iovec *in, size_t count, size_t len, iovec *out) {
+    size_t n = 0;
+    for (size_t i = 0; i < count && len; ++i) {
+        size_t take = std::min(in[i].iov_len, len);
+        if (!take) continue;
+        out[n++] = {in[i].iov_base, take};
+        len -= take;
+    }
+    return n;
+}
+
+const uint8_t *body_of(const uint8_t *cell) {
+    return cell + sizeof(LocalHeader) + wire::kLocalNameRoom;
+}
+
+}  // namespace
+
+std::optional<std::string> local_key(const void *addr, size_t len) {
+    if (!addr || len < sizeof(sa_family_t)) return std::nullopt;
+    sa_family_t family;
+    memcpy(&family, addr, sizeof family);
+    char text[INET6_ADDRSTRLEN + 16];
+    if (family == AF_INET && len >= sizeof(sockaddr_in)) {
+        sockaddr_in sin;
+        memcpy(&sin, addr, sizeof sin);
+        snprintf(text, sizeof text, "4-%08x-%u", ntohl(sin.sin_addr.s_addr), ntohs(sin.sin_port));
+        return std::string(text);
+    }
+    if (family == AF_INET6 && len >= sizeof(sockaddr_in6)) {
+        sockaddr_in6 sin6;
+        memcpy(&sin6, addr, sizeof sin6);
+        std::string key = "6-";
+        for (uint8_t b : sin6.sin6_addr.s6_addr) {
+            snprintf(text, sizeof text, "%02x", b);
+            key += text;
+        }
+        snprintf(text, sizeof text, "-%u", ntohs(sin6.sin6_port));
+        return key + text;
+    }
+    return std::nullopt;
+}
+
+std::string segment_prefix() {
+    return "/tandem-" + std::to_string(geteuid()) + "-";
+}
+
+std::string segment_name(const std::string &key) {
+    return segment_prefix() + key;
+}
+
+// The wake FIFO of the endpoint with that key, beside its segment in /dev/shm.
+static std::string wake_path(const std::string &key) {
+    return "/dev/shm" + segment_name(key) + ".wake";
+}
+
+Endpoint::Endpoint(Domain *domain, const fi_info *info, fi_peer_transfer_context *transfer)
+    : domain_(domain), info_(fi_dupinfo(info)), owner_ep_(transfer->ep) {
+    if (!info_) fail(FI_ENOMEM, "fi_dupinfo");
+    init_fid(FI_CLASS_EP, nullptr, &ep_fi_ops);
+    fid()->ops = &ep_ops;
+    fid()->msg = &msg_ops;
+    fid()->tagged = &tagged_ops;
+    fid()->rma = &rma_ops;
+    transfer->peer_ops = &transfer_ops;
+    void *ops = nullptr;
+    struct fid *owner = &owner_ep_->fid;
+    if (owner->ops->ops_open &&
+        owner->ops->ops_open(owner, peer::kPeerEpOpsName, 0, &ops, nullptr) == 0)
+        owner_ep_ops_ = static_cast<peer::PeerEpOps *>(ops);
+    domain_->hold();
+}
+
+Endpoint::~Endpoint() {
+    for (auto &[key, link] : links_)
+        if (link->wake_fd >= 0) ::close(link->wake_fd);
+    if (wake_rd_ >= 0) ::close(wake_rd_);
+    if (wake_wr_ >= 0) ::close(wake_wr_);
+    if (!wake_path_.empty()) unlink(wake_path_.c_str());
+    // Messages queued with the owner belong to the owner's entries now: the owner frees the
+    // entries when it closes (it closes us first), so only our side of them goes here.
+    for (HeldMessage *h : held_) delete h;
+    if (cq_) cq_->detach(this);
+    if (av_) av_->release();
+    if (srx_) srx_->release();
+    fi_freeinfo(info_);
+    domain_->release();
+}
+
+int Endpoint::close() {
+    delete this;
+    return 0;
+}
+
+int Endpoint::bind(struct fid *bfid, uint64_t flags) {
+    if (!bfid) return -FI_EINVAL;
+    if (enabled_) return -FI_EOPBADSTATE;
+    switch (bfid->fclass) {
+        case FI_CLASS_CQ:
+            if (cq_) return -FI_EINVAL;
+            if (!(flags & (FI_TRANSMIT | FI_RECV))) return -FI_EBADFLAGS;
+            cq_ = Cq::of(bfid);
+            cq_->attach(this);
+            return 0;
+        case FI_CLASS_AV:
+            if (av_) return -FI_EINVAL;
+            av_ = Av::of(bfid);
+            av_->hold();
+            return 0;
+        case FI_CLASS_SRX_CTX:
+            if (srx_) return -FI_EINVAL;
+            srx_ = Srx::of(bfid);
+            srx_->hold();
+            return 0;
+        case FI_CLASS_EQ:
+            return 0;  // nothing of ours raises connection events
+        default:
+            return -FI_EINVAL;
+    }
+}
+
+int Endpoint::control(int command, void *) {
+    if (command != FI_ENABLE) return -FI_ENOSYS;
+    if (!cq_ || !av_ || !srx_) return -FI_ENOCQ;
+    if (!enabled_) enable();
+    return 0;
+}
+
+int Endpoint::ops_open(const char *name, uint64_t, void **ops, void *) {
+    if (!name || !ops) return -FI_EINVAL;
+    if (strcmp(name, peer::kLocalPathOpsName) != 0) return -FI_ENOSYS;
+    *ops = &local_path_ops;
+    return 0;
+}
+
+// The inbox is named after the owner endpoint's address, which peers know from their AV.
+void Endpoint::enable() {
+    uint8_t name[128];
+    size_t len = sizeof name;
+    int ret = fi_getname(&owner_ep_->fid, name, &len);
+    if (ret) fail(-ret, "fi_getname of the owner endpoint");
+    auto key = local_key(name, len);
+    if (!key || len > wire::kLocalNameRoom) fail(FI_EINVAL, "owner address not an IP address");
+    key_ = *key;
+    memcpy(name_, name, len);
+    proto_.name_len = static_cast<uint8_t>(len);
+    proto_.pid = getpid();
+
+    static bool reaped = false;
+    if (!reaped) {
+        reaped = true;
+        size_t n = ShmSegment::reap_stale(segment_prefix());
+        if (n) TANDEM_INFO(FI_LOG_EP_CTRL, "removed %zu segments of dead processes\n", n);
+    }
+    const Config &cfg = Config::get();
+    uint32_t cells = static_cast<uint32_t>(cfg.ring_cells);
+    size_t bytes = sizeof(SegmentInfo) + ShmRing::bytes_for(cells, wire::kLocalCellSize);
+    segment_.emplace(ShmSegment::create(segment_name(key_), bytes));
+    // We own the key now (the segment was created exclusively): a FIFO left by a dead owner
+    // of the same key goes. We keep a write end ourselves so that the read end never sees
+    // a hang-up (which would make it readable for ever).
+    wake_path_ = wake_path(key_);
+    unlink(wake_path_.c_str());
+    if (mkfifo(wake_path_.c_str(), 0600) != 0) fail(errno, "mkfifo " + wake_path_);
+    wake_rd_ = ::open(wake_path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    wake_wr_ = ::open(wake_path_.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    if (wake_rd_ < 0 || wake_wr_ < 0) fail(errno, "open " + wake_path_);
+    auto *info = static_cast<SegmentInfo *>(segment_->data());
+    *info = {};
+    info->pid = getpid();
+    info->cell_size = wire::kLocalCellSize;
+    info->probe_addr = reinterpret_cast<uint64_t>(&g_probe_word);
+    inbox_ = ShmRing::init(static_cast<uint8_t *>(segment_->data()) + sizeof(SegmentInfo), cells,
+                           wire::kLocalCellSize);
+    if (!inbox_) fail(FI_EINVAL, "inbox ring shape");
+    // Written last: a peer that sees the magic sees an initialised ring.
+    __atomic_store_n(&info->magic, SegmentInfo::kMagic, __ATOMIC_RELEASE);
+    enabled_ = true;
+}
+
+int Endpoint::reachable(fi_addr_t addr) {
+    if (!enabled_) return 0;
+    PeerLink *link = link_for(addr);
+    return link && !link->dead;
+}
+
+Endpoint::PeerLink *Endpoint::link_for(fi_addr_t addr) {
+    auto it = link_by_addr_.find(addr);
+    if (it != link_by_addr_.end()) return it->second;
+    uint8_t name[128];
+    size_t len = sizeof name;
+    if (av_->owner().lookup(addr, name, &len) != 0 || len > sizeof name) return nullptr;
+    auto key = local_key(name, len);
+    if (!key) return nullptr;
+    PeerLink *link = link_for_key(*key);
+    if (link) link_by_addr_[addr] = link;
+    return link;
+}
+
+Endpoint::PeerLink *Endpoint::link_for_key(const std::string &key) {
+    auto it = links_.find(key);
+    if (it != links_.end()) return it->second.get();
+    std::optional<ShmSegment> seg;
+    try {
+        seg.emplace(ShmSegment::open(segment_name(key)));
+    } catch (const FabricError &) {
+        return nullptr;  // no endpoint of this address on this node (or not ours to open)
+    }
+    if (seg->data_size() < sizeof(SegmentInfo)) return nullptr;
+    auto *info = static_cast<SegmentInfo *>(seg->data());
+    if (__atomic_load_n(&info->magic, __ATOMIC_ACQUIRE) != SegmentInfo::kMagic ||
+        info->cell_size != wire::kLocalCellSize || !seg->owner_alive())
+        return nullptr;
+    ShmRing *ring = ShmRing::attach(static_cast<uint8_t *>(seg->data()) + sizeof(SegmentInfo),
+                                    seg->data_size() - sizeof(SegmentInfo));
+    if (!ring) return nullptr;
+    auto link = std::make_unique<PeerLink>(
+        PeerLink{key, std::move(*seg), ring, info->pid, false, false, {}});
+    link->cma =
+        Config::get().cma && cma_probe(link->pid, reinterpret_cast<const void *>(info->probe_addr));
+    TANDEM_INFO(FI_LOG_EP_CTRL, "node-local peer %s (pid %d), single copy by CMA: %s\n",
+                key.c_str(), link->pid, link->cma ? "yes" : "no");
+    PeerLink *raw = link.get();
+    links_.emplace(key, std::move(link));
+    return raw;
+}
+
+// ------------------------------------------------------------------------------------------
+// Sending cells
+
+void Endpoint::push(PeerLink &link, const LocalHeader &hdr, const void *body, size_t len) {
+    iovec iov{const_cast<void *>(body), len};
+    push_gather(link, hdr, &iov, len ? 1 : 0, 0, len);
+}
+
+void Endpoint::push_gather(PeerLink &link, const LocalHeader &hdr, const iovec *iov, size_t count,
+                           size_t offset, size_t len) {
+    auto fill = [&](uint8_t *cell) {
+        memcpy(cell, &hdr, sizeof hdr);
+        memcpy(cell + sizeof hdr, name_, wire::kLocalNameRoom);
+        copy_from_iov(cell + sizeof hdr + wire::kLocalNameRoom, iov, count, offset, len);
+    };
+    if (link.backlog.empty()) {
+        if (void *cell = link.ring->try_reserve()) {
+            fill(static_cast<uint8_t *>(cell));
+            link.ring->publish(cell);
+            notify(link);
+            return;
+        }
+    }
+    // The inbox is full: keep the cell, in order, for the next progress call.
+    std::vector<uint8_t> cell(sizeof hdr + wire::kLocalNameRoom + len);
+    fill(cell.data());
+    link.backlog.push_back(std::move(cell));
+}
+
+bool Endpoint::flush(PeerLink &link) {
+    while (!link.backlog.empty()) {
+        void *cell = link.ring->try_reserve();
+        if (!cell) return false;
+        const auto &pending = link.backlog.front();
+        memcpy(cell, pending.data(), pending.size());
+        link.ring->publish(cell);
+        link.backlog.pop_front();
+        notify(link);
+    }
+    return true;
+}
+
+// The receiver armed its wake FIFO before sleeping: the first sender after that wakes it.
+// The fence orders our publish before reading `armed`, against the receiver's store of
+// `armed` before it looks at its ring again (arm()): one of the two sees the other.
+void Endpoint::notify(PeerLink &link) {
+    SegmentInfo *info = info_of(link.segment);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (!__atomic_load_n(&info->armed, __ATOMIC_RELAXED)) return;
+    if (!__atomic_exchange_n(&info->armed, 0u, __ATOMIC_ACQ_REL)) return;
+    if (link.wake_fd < 0)
+        link.wake_fd = ::open(wake_path(link.key).c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+    char byte = 0;
+    if (link.wake_fd >= 0 && ::write(link.wake_fd, &byte, 1) < 0 && errno != EAGAIN)
+        TANDEM_DEBUG(FI_LOG_EP_DATA, "wake of %s failed: %s\n", link.key.c_str(), strerror(errno));
+}
+
+int Endpoint::arm() {
+    if (!enabled_) return 0;
+    char drain[64];
+    while (::read(wake_rd_, drain, sizeof drain) > 0) {
+    }
+    SegmentInfo *info = info_of(*segment_);
+    __atomic_store_n(&info->armed, 1u, __ATOMIC_RELAXED);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    bool pending = inbox_->peek() != nullptr || !tx_done_.empty();
+    for (auto &[key, link] : links_)
+        if (!link->backlog.empty()) pending = true;
+    if (pending) {
+        char byte = 0;
+        (void)!::write(wake_wr_, &byte, 1);
+    }
+    return pending ? 1 : 0;
+}
+
+void Endpoint::answer(std::string_view sender, uint64_t msg_id, int status) {
+    auto key = local_key(sender.data(), sender.size());
+    PeerLink *link = key ? link_for_key(*key) : nullptr;
+    if (!link || link->dead) return;  // the sender is gone: nobody waits for the answer
+    LocalHeader hdr = proto_;
+    hdr.op = static_cast<uint8_t>(LocalOp::Fin);
+    hdr.msg_id = msg_id;
+    hdr.status = status;
+    push(*link, hdr, nullptr, 0);
+}
+
+// ------------------------------------------------------------------------------------------
+// Posting
+
+ssize_t Endpoint::sendmsg(const fi_msg *msg, uint64_t flags) {
+    if (!msg) return -FI_EINVAL;
+    return post_send(msg->msg_iov, msg->iov_count, msg->addr, 0, msg->data, msg->context, flags,
+                     false);
+}
+
+ssize_t Endpoint::tsendmsg(const fi_msg_tagged *msg, uint64_t flags) {
+    if (!msg) return -FI_EINVAL;
+    return post_send(msg->msg_iov, msg->iov_count, msg->addr, msg->tag, msg->data, msg->context,
+                     flags, true);
+}
+
+ssize_t Endpoint::post_send(const iovec *iov, size_t count, fi_addr_t dest, uint64_t tag,
+                            uint64_t data, void *context, uint64_t flags, bool tagged) {
+    if (!enabled_) return -FI_EOPBADSTATE;
+    if ((count && !iov) || count > wire::kLocalMaxIov) return -FI_EINVAL;
+    PeerLink *link = link_for(dest);
+    if (!link) return -FI_EHOSTUNREACH;
+    size_t len = iov_len(iov, count);
+    uint64_t cq_flags = FI_SEND | (tagged ? FI_TAGGED : FI_MSG);
+    if (link->dead) {
+        complete_tx(context, cq_flags, len, FI_ECONNRESET);
+        return 0;
+    }
+    LocalHeader hdr = proto_;
+    hdr.flags =
+        (tagged ? wire::kLocalTagged : 0) | ((flags & FI_REMOTE_CQ_DATA) ? wire::kLocalCqData : 0);
+    hdr.tag = tag;
+    hdr.cq_data = data;
+    hdr.total = len;
+    hdr.msg_id = next_id_++;
+    // FI_DELIVERY_COMPLETE: complete when the receiver placed the data (its Fin), not when
+    // the cells are written.
+    bool ack = flags & FI_DELIVERY_COMPLETE;
+    if (ack) {
+        hdr.flags |= wire::kLocalAckReq;
+        pending_[hdr.msg_id] = Pending{context, cq_flags, len, link, {}, 0};
+    }
+    if (len <= Config::get().eager_limit) {
+        hdr.op = static_cast<uint8_t>(LocalOp::Eager);
+        hdr.size = static_cast<uint32_t>(len);
+        push_gather(*link, hdr, iov, count, 0, len);
+        if (!ack) complete_tx(context, cq_flags, len, 0);
+        return 0;
+    }
+    if (link->cma) {
+        // Single copy: the receiver reads our buffers; they stay ours until its Fin.
+        hdr.op = static_cast<uint8_t>(LocalOp::Rts);
+        LocalIov body[wire::kLocalMaxIov];
+        size_t n = 0;
+        for (size_t i = 0; i < count; ++i)
+            if (iov[i].iov_len)
+                body[n++] = {reinterpret_cast<uint64_t>(iov[i].iov_base), iov[i].iov_len};
+        hdr.iov_count = static_cast<uint8_t>(n);
+        hdr.flags &= ~uint8_t(wire::kLocalAckReq);  // Fin comes anyway, after delivery
+        pending_[hdr.msg_id] = Pending{context, cq_flags, len, link, {}, 0};
+        push(*link, hdr, body, n * sizeof(LocalIov));
+        return 0;
+    }
+    // No cross-memory attach: stage the message through the ring, a cell at a time.
+    hdr.op = static_cast<uint8_t>(LocalOp::Frag);
+    const size_t room = wire::kLocalBodyRoom;
+    for (size_t off = 0; off < len; off += room) {
+        hdr.offset = off;
+        hdr.size = static_cast<uint32_t>(std::min(room, len - off));
+        if (off + hdr.size == len) hdr.flags |= wire::kLocalLast;
+        push_gather(*link, hdr, iov, count, off, hdr.size);
+    }
+    if (!ack) complete_tx(context, cq_flags, len, 0);
+    return 0;
+}
+
+ssize_t Endpoint::writemsg(const fi_msg_rma *msg, uint64_t flags) {
+    if (!msg || msg->rma_iov_count != 1 || !msg->rma_iov) return -FI_EINVAL;
+    return post_rma(msg->msg_iov, msg->iov_count, msg->rma_iov[0], msg->addr, msg->data,
+                    msg->context, flags, true);
+}
+
+ssize_t Endpoint::readmsg(const fi_msg_rma *msg, uint64_t flags) {
+    if (!msg || msg->rma_iov_count != 1 || !msg->rma_iov) return -FI_EINVAL;
+    return post_rma(msg->msg_iov, msg->iov_count, msg->rma_iov[0], msg->addr, 0, msg->context,
+                    flags, false);
+}
+
+ssize_t Endpoint::post_rma(const iovec *iov, size_t count, const fi_rma_iov &rma, fi_addr_t dest,
+                           uint64_t data, void *context, uint64_t flags, bool write) {
+    if (!enabled_) return -FI_EOPBADSTATE;
+    if ((count && !iov) || count > wire::kLocalMaxIov) return -FI_EINVAL;
+    PeerLink *link = link_for(dest);
+    if (!link) return -FI_EHOSTUNREACH;
+    size_t len = iov_len(iov, count);
+    uint64_t cq_flags = FI_RMA | (write ? FI_WRITE : FI_READ);
+    if (link->dead) {
+        complete_tx(context, cq_flags, len, FI_ECONNRESET);
+        return 0;
+    }
+    LocalHeader hdr = proto_;
+    hdr.flags = (write && (flags & FI_REMOTE_CQ_DATA)) ? wire::kLocalCqData : 0;
+    hdr.cq_data = data;
+    hdr.total = len;
+    hdr.rma_addr = rma.addr;
+    hdr.rma_key = rma.key;
+    hdr.msg_id = next_id_++;
+    Pending p{context, cq_flags, len, link, {}, 0};
+    LocalIov body[wire::kLocalMaxIov];
+    size_t n = 0;
+    for (size_t i = 0; i < count; ++i)
+        if (iov[i].iov_len)
+            body[n++] = {reinterpret_cast<uint64_t>(iov[i].iov_base), iov[i].iov_len};
+    if (!write) {
+        // The target writes into our buffers (CMA) or answers with ReadData cells.
+        p.iov.assign(iov, iov + count);
+        hdr.op = static_cast<uint8_t>(LocalOp::Read);
+        hdr.iov_count = static_cast<uint8_t>(link->cma ? n : 0);
+        pending_[hdr.msg_id] = std::move(p);
+        push(*link, hdr, body, hdr.iov_count * sizeof(LocalIov));
+        return 0;
+    }
+    pending_[hdr.msg_id] = std::move(p);
+    if (len <= Config::get().eager_limit) {
+        hdr.op = static_cast<uint8_t>(LocalOp::Write);
+        hdr.size = static_cast<uint32_t>(len);
+        push_gather(*link, hdr, iov, count, 0, len);
+    } else if (link->cma) {
+        hdr.op = static_cast<uint8_t>(LocalOp::Write);
+        hdr.iov_count = static_cast<uint8_t>(n);
+        push(*link, hdr, body, n * sizeof(LocalIov));
+    } else {
+        hdr.op = static_cast<uint8_t>(LocalOp::WriteFrag);
+        const size_t room = wire::kLocalBodyRoom;
+        for (size_t off = 0; off < len; off += room) {
+            hdr.offset = off;
+            hdr.size = static_cast<uint32_t>(std::min(room, len - off));
+            if (off + hdr.size == len) hdr.flags |= wire::kLocalLast;
+            push_gather(*link, hdr, iov, count, off, hdr.size);
+        }
+    }
+    return 0;
+}
+
+// ------------------------------------------------------------------------------------------
+// Progress
+
+void Endpoint::progress() {
+    if (!enabled_) return;
+    // A bounded batch: a sender that never stops must not starve the rest of the owner.
+    for (int i = 0; i < 64; ++i) {
+        const void *cell = inbox_->peek();
+        if (!cell) break;
+        handle_cell(static_cast<const uint8_t *>(cell));
+        inbox_->release();
+    }
+    for (auto &[key, link] : links_)
+        if (!link->dead) flush(*link);
+    while (!tx_done_.empty()) {
+        TxCompletion c = tx_done_.front();
+        tx_done_.pop_front();
+        if (c.err) {
+            fi_cq_err_entry e{};
+            e.op_context = c.context;
+            e.flags = c.flags;
+            e.len = c.len;
+            e.err = c.err;
+            e.prov_errno = c.err;
+            cq_->owner().writeerr(e);
+        } else {
+            cq_->owner().write(c.context, c.flags, c.len, nullptr, 0, 0, FI_ADDR_NOTAVAIL);
+        }
+    }
+    auto now = std::chrono::steady_clock::now();
+    if (now >= next_check_) {
+        next_check_ = now + std::chrono::milliseconds(200);
+        check_peers();
+    }
+}
+
+void Endpoint::complete_tx(void *context, uint64_t flags, size_t len, int err) {
+    tx_done_.push_back({context, flags, len, err});
+}
+
+// A peer that died leaves our operations waiting on it with errors, not a hang.
+void Endpoint::check_peers() {
+    for (auto &[key, link] : links_) {
+        if (link->dead || link->segment.owner_alive()) continue;
+        link->dead = true;
+        link->backlog.clear();
+        TANDEM_INFO(FI_LOG_EP_DATA, "node-local peer %s died\n", key.c_str());
+        for (auto it = pending_.begin(); it != pending_.end();) {
+            if (it->second.link != link.get()) {
+                ++it;
+                continue;
+            }
+            complete_tx(it->second.context, it->second.flags, it->second.len, FI_ECONNRESET);
+            it = pending_.erase(it);
+        }
+    }
+}
+
+// The sender's fi_addr_t in the shared AV. Looked up through the owner once per sender and
+// AV version: a receive completion must not pay a reverse lookup.
+fi_addr_t Endpoint::source_of(std::string_view sender) {
+    uint64_t version = av_->owner().version();
+    if (version != sources_version_) {
+        sources_.clear();
+        sources_version_ = version;
+    }
+    for (const auto &[name, addr] : sources_)
+        if (name == sender) return addr;
+    fi_addr_t addr = av_->owner().addr_of(sender.data(), sender.size());
+    if (sources_.size() >= 64) sources_.clear();
+    sources_.emplace_back(std::string(sender), addr);
+    return addr;
+}
+
+void Endpoint::handle_cell(const uint8_t *cell) {
+    LocalHeader hdr;
+    memcpy(&hdr, cell, sizeof hdr);
+    if (hdr.name_len > wire::kLocalNameRoom) {
+        TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed cell\n");
+        return;
+    }
+    // The sender's address bytes: mapped to an fi_addr_t (cached), and to the key of its
+    // inbox only when we answer it.
+    std::string_view sender(reinterpret_cast<const char *>(cell + sizeof hdr), hdr.name_len);
+    const uint8_t *body = body_of(cell);
+    if (hdr.size > wire::kLocalBodyRoom || hdr.iov_count > wire::kLocalMaxIov) {
+        TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed cell (op %u)\n", hdr.op);
+        return;
+    }
+    switch (static_cast<LocalOp>(hdr.op)) {
+        case LocalOp::Eager:
+            handle_message(hdr, sender, source_of(sender), body, nullptr, nullptr);
+            return;
+        case LocalOp::Rts:
+            handle_message(hdr, sender, source_of(sender), nullptr,
+                           reinterpret_cast<const LocalIov *>(body), nullptr);
+            return;
+        case LocalOp::Frag: {
+            std::pair<std::string, uint64_t> id{std::string(sender), hdr.msg_id};
+            auto &st = staged_[id];
+            if (st.data.empty() && hdr.total) {
+                st.hdr = hdr;
+                st.data.resize(hdr.total);
+            }
+            if (hdr.offset + hdr.size > st.data.size()) {
+                staged_.erase(id);
+                TANDEM_WARN(FI_LOG_EP_DATA, "dropping a fragment out of its message\n");
+                return;
+            }
+            memcpy(st.data.data() + hdr.offset, body, hdr.size);
+            st.received += hdr.size;
+            if (st.received < st.data.size()) return;
+            Staged whole = std::move(st);
+            staged_.erase(id);
+            handle_message(whole.hdr, sender, source_of(sender), whole.data.data(), nullptr,
+                           &whole.data);
+            return;
+        }
+        case LocalOp::Fin:
+            finish_pending(hdr.msg_id, hdr.status);
+            return;
+        case LocalOp::ReadData: {
+            auto it = pending_.find(hdr.msg_id);
+            if (it == pending_.end()) return;
+            Pending &p = it->second;
+            copy_to_iov(p.iov.data(), p.iov.size(), hdr.offset, body, hdr.size);
+            p.received += hdr.size;
+            if (hdr.flags & wire::kLocalLast) finish_pending(hdr.msg_id, 0);
+            return;
+        }
+        case LocalOp::Write:
+        case LocalOp::Read:
+        case LocalOp::WriteFrag:
+            handle_rma(hdr, sender, body);
+            return;
+    }
+    TANDEM_WARN(FI_LOG_EP_DATA, "dropping a cell with unknown op %u\n", hdr.op);
+}
+
+// A whole message (inline, assembled from fragments, or an Rts naming the sender's buffers)
+// asks the owner for a receive buffer.
+void Endpoint::handle_message(const LocalHeader &hdr, std::string_view sender, fi_addr_t src,
+                              const uint8_t *data, const LocalIov *rts_iov,
+                              std::vector<uint8_t> *owned) {
+    bool tagged = hdr.flags & wire::kLocalTagged;
+    fi_peer_rx_entry *entry = nullptr;
+    const peer::ImportedSrx &srx = srx_->owner();
+    int ret = tagged ? srx.get_tag(src, hdr.tag, &entry) : srx.get_msg(src, hdr.total, &entry);
+    if (ret == 0 && entry) {
+        deliver(entry, hdr, sender, data, rts_iov, src);
+        return;
+    }
+    if (ret != -FI_ENOENT || !entry) {
+        TANDEM_WARN(FI_LOG_EP_DATA, "owner refused a receive buffer: %s\n", fi_strerror(-ret));
+        if (rts_iov) answer(sender, hdr.msg_id, FI_ENOMEM);
+        return;
+    }
+    // No receive yet: hold the message (its bytes, or only the sender's buffer list of an
+    // Rts) and let the owner queue it until one is posted.
+    auto *held = new HeldMessage;
+    held->ep = this;
+    held->hdr = hdr;
+    held->sender.assign(sender);
+    held->src = src;
+    if (rts_iov)
+        memcpy(held->iov, rts_iov, hdr.iov_count * sizeof(LocalIov));
+    else if (owned)
+        held->data = std::move(*owned);
+    else
+        held->data.assign(data, data + hdr.total);
+    entry->peer_context = held;
+    entry->size = hdr.total;
+    entry->tag = hdr.tag;
+    entry->addr = src;
+    if (hdr.flags & wire::kLocalCqData) entry->flags |= FI_REMOTE_CQ_DATA;
+    held_.insert(held);
+    srx.queue(entry, tagged);
+}
+
+// Copies a message into the receive buffer the owner gave, writes its completion to the
+// owner's CQ and hands the entry back.
+void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::string_view sender,
+                       const uint8_t *data, const LocalIov *rts_iov, fi_addr_t src) {
+    size_t room = iov_len(entry->iov, entry->count);
+    size_t n = std::min<size_t>(hdr.total, room);
+    int err = 0;
+    if (data) {
+        copy_to_iov(entry->iov, entry->count, 0, data, n);
+    } else if (n) {
+        iovec local[wire::kLocalMaxIov * 4];
+        size_t nlocal =
+            clip(entry->iov, std::min<size_t>(entry->count, wire::kLocalMaxIov * 4), n, local);
+        iovec remote[wire::kLocalMaxIov];
+        size_t nremote = 0, left = n;
+        for (size_t i = 0; i < hdr.iov_count && left; ++i) {
+            size_t take = std::min<size_t>(rts_iov[i].length, left);
+            remote[nremote++] = {reinterpret_cast<void *>(rts_iov[i].addr), take};
+            left -= take;
+        }
+        ssize_t got = cma_read(hdr.pid, local, nlocal, remote, nremote);
+        if (got < 0 || size_t(got) != n) err = got == -ESRCH ? FI_ECONNRESET : FI_EIO;
+    }
+    if (hdr.op == static_cast<uint8_t>(LocalOp::Rts) || (hdr.flags & wire::kLocalAckReq))
+        answer(sender, hdr.msg_id, err);
+    if (!err && hdr.total > room) err = FI_ETRUNC;
+    uint64_t flags = FI_RECV | ((hdr.flags & wire::kLocalTagged) ? FI_TAGGED : FI_MSG) |
+                     ((hdr.flags & wire::kLocalCqData) ? FI_REMOTE_CQ_DATA : 0) |
+                     (entry->flags & FI_MULTI_RECV);
+    void *buf = entry->count ? entry->iov[0].iov_base : nullptr;
+    if (err) {
+        fi_cq_err_entry e{};
+        e.op_context = entry->context;
+        e.flags = flags;
+        e.len = n;
+        e.buf = buf;
+        e.data = hdr.cq_data;
+        e.tag = hdr.tag;
+        e.olen = hdr.total - n;
+        e.err = err;
+        e.prov_errno = err;
+        cq_->owner().writeerr(e);
+    } else if (entry->flags & FI_COMPLETION) {
+        cq_->owner().write(entry->context, flags, n, buf, hdr.cq_data, hdr.tag, src);
+    }
+    srx_->owner().free_entry(entry);
+}
+
+int Endpoint::start_held(fi_peer_rx_entry *entry) {
+    auto *held = static_cast<HeldMessage *>(entry->peer_context);
+    if (!held) return -FI_EINVAL;
+    Endpoint *ep = held->ep;
+    ep->held_.erase(held);
+    bool rts = held->hdr.op == static_cast<uint8_t>(LocalOp::Rts);
+    ep->deliver(entry, held->hdr, held->sender, rts ? nullptr : held->data.data(),
+                rts ? held->iov : nullptr, held->src);
+    delete held;
+    return 0;
+}
+
+int Endpoint::discard_held(fi_peer_rx_entry *entry) {
+    auto *held = static_cast<HeldMessage *>(entry->peer_context);
+    if (!held) return -FI_EINVAL;
+    Endpoint *ep = held->ep;
+    ep->held_.erase(held);
+    // The receiver dropped it: a sender waiting to have its buffers read is done with them.
+    if (held->hdr.op == static_cast<uint8_t>(LocalOp::Rts) ||
+        (held->hdr.flags & wire::kLocalAckReq))
+        ep->answer(held->sender, held->hdr.msg_id, 0);
+    delete held;
+    ep->srx_->owner().free_entry(entry);
+    return 0;
+}
+
+void Endpoint::finish_pending(uint64_t msg_id, int status) {
+    auto it = pending_.find(msg_id);
+    if (it == pending_.end()) return;  // already failed (a dead peer) or a duplicate answer
+    Pending p = std::move(it->second);
+    pending_.erase(it);
+    complete_tx(p.context, p.flags, p.len, status);
+}
+
+int Endpoint::resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access, iovec *iov,
+                      size_t *count) {
+    if (!owner_ep_ops_) return -FI_ENOSYS;
+    return owner_ep_ops_->resolve(owner_ep_, key, addr, len, access, iov, count);
+}
+
+// RMA at the target: the key is checked by the owner, the copy is ours.
+void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const uint8_t *body) {
+    auto op = static_cast<LocalOp>(hdr.op);
+    bool write = op != LocalOp::Read;
+    uint64_t access = write ? FI_REMOTE_WRITE : FI_REMOTE_READ;
+    uint64_t addr = hdr.rma_addr + (op == LocalOp::WriteFrag ? hdr.offset : 0);
+    size_t len = op == LocalOp::WriteFrag ? hdr.size : hdr.total;
+    iovec pieces[16];
+    size_t npieces = 16;
+    int ret = resolve(hdr.rma_key, addr, len, access, pieces, &npieces);
+    if (ret) {
+        answer(sender, hdr.msg_id, ret == -FI_ENOSYS ? FI_EOPNOTSUPP : FI_EACCES);
+        return;
+    }
+    int status = 0;
+    auto *remote_iov = reinterpret_cast<const LocalIov *>(body);
+    iovec remote[wire::kLocalMaxIov];
+    for (size_t i = 0; i < hdr.iov_count; ++i)
+        remote[i] = {reinterpret_cast<void *>(remote_iov[i].addr), remote_iov[i].length};
+    bool last = true;
+    switch (op) {
+        case LocalOp::Write:
+            if (hdr.iov_count == 0) {
+                copy_to_iov(pieces, npieces, 0, body, std::min<size_t>(hdr.size, len));
+            } else {
+                ssize_t got = cma_read(hdr.pid, pieces, npieces, remote, hdr.iov_count);
+                if (got < 0 || size_t(got) != len) status = FI_EIO;
+            }
+            break;
+        case LocalOp::WriteFrag:
+            copy_to_iov(pieces, npieces, 0, body, len);
+            last = hdr.flags & wire::kLocalLast;
+            break;
+        case LocalOp::Read: {
+            ssize_t put = -EPERM;
+            if (hdr.iov_count) put = cma_write(hdr.pid, pieces, npieces, remote, hdr.iov_count);
+            if (put >= 0 && size_t(put) == len) break;
+            if (put == -EPERM || put == -ENOSYS || hdr.iov_count == 0) {
+                // Staged answer: the data travels back in ReadData cells.
+                auto key = local_key(sender.data(), sender.size());
+                PeerLink *link = key ? link_for_key(*key) : nullptr;
+                if (!link || link->dead) return;
+                LocalHeader out = proto_;
+                out.op = static_cast<uint8_t>(LocalOp::ReadData);
+                out.msg_id = hdr.msg_id;
+                out.total = len;
+                const size_t room = wire::kLocalBodyRoom;
+                if (len == 0) {
+                    out.flags = wire::kLocalLast;
+                    push(*link, out, nullptr, 0);
+                }
+                for (size_t off = 0; off < len; off += room) {
+                    out.offset = off;
+                    out.size = static_cast<uint32_t>(std::min(room, len - off));
+                    if (off + out.size == len) out.flags |= wire::kLocalLast;
+                    push_gather(*link, out, pieces, npieces, off, out.size);
+                }
+                if (owner_ep_ops_) owner_ep_ops_->access_done(owner_ep_, hdr.rma_key, access);
+                return;
+            }
+            status = FI_EIO;
+            break;
+        }
+        default:
+            return;
+    }
+    if (!last) return;
+    if (!status && owner_ep_ops_) owner_ep_ops_->access_done(owner_ep_, hdr.rma_key, access);
+    if (!status && write && (hdr.flags & wire::kLocalCqData)) {
+        fi_addr_t src = source_of(sender);
+        cq_->owner().write(nullptr, FI_RMA | FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA, hdr.total,
+                           nullptr, hdr.cq_data, 0, src);
+    }
+    answer(sender, hdr.msg_id, status);
+}
+
+}  // namespace tandem::off

@@ -1,0 +1,181 @@
+// off_tandem's fid_ep: the offload twin of one owner (tandem) RDM endpoint, carrying the
+// owner's traffic to peers on the same node over shared memory.
+//
+// Each endpoint owns a segment (/dev/shm, mode 0600) named after the owner endpoint's
+// address, holding its inbox: a lock-free multi-producer ring of 8 KiB cells
+// (wire::LocalHeader + the sender's name + body). A sender finds a peer's segment from the
+// peer's address in the shared AV and pushes cells into its inbox:
+//  - messages that fit a cell go inline (Eager);
+//  - larger ones are read by the receiver straight from the sender's buffers with
+//    process_vm_readv (Rts, answered by Fin) where the kernel permits cross-memory attach,
+//    and otherwise staged through the ring in Frag cells;
+//  - RMA writes and reads resolve the target key through the owner's endpoint
+//    (peer::PeerEpOps) and copy with CMA (or WriteFrag / ReadData cells without it).
+// Receives are the owner's: an arriving message asks the owner's SRX for a buffer
+// (get_msg / get_tag); a message that finds none is queued with the owner and held here until
+// the owner starts or discards it. Completions go to the owner's CQ (fid_peer_cq); those of
+// sends that complete when posted are written at the next progress call, so that the
+// owner is never re-entered from inside its own send.
+#pragma once
+
+#include "common/fid_adaptor.h"
+#include "common/wire.h"
+#include "offload_prov/shm/shm_ring.h"
+#include "offload_prov/shm/shm_segment.h"
+#include "peer/peer_abi.h"
+#include "peer/peer_cq.h"
+
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_rma.h>
+#include <rdma/fi_tagged.h>
+
+#include <chrono>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace tandem::off {
+
+class Domain;
+class Cq;
+class Av;
+class Srx;
+class Eq;
+
+// The key naming a node-local endpoint: from its sockaddr (family, address, port), so the
+// bytes an application inserted into the AV and those an endpoint reports for itself agree.
+std::optional<std::string> local_key(const void *addr, size_t len);
+// Shared-memory object name of the endpoint with that key (per user: "/tandem-<uid>-<key>").
+std::string segment_name(const std::string &key);
+std::string segment_prefix();
+
+class Endpoint;
+
+// What an endpoint holds for a message the owner queued (fi_peer_rx_entry::peer_context).
+struct HeldMessage {
+    Endpoint *ep = nullptr;
+    wire::LocalHeader hdr{};
+    std::string sender;                        // the sender's key (to answer Fin)
+    std::vector<uint8_t> data;                 // Eager / assembled Frag payload
+    wire::LocalIov iov[wire::kLocalMaxIov]{};  // Rts: the sender's buffers
+    fi_addr_t src = FI_ADDR_NOTAVAIL;
+};
+
+class Endpoint : public FidObject<Endpoint, fid_ep> {
+  public:
+    Endpoint(Domain *domain, const fi_info *info, fi_peer_transfer_context *transfer);
+    ~Endpoint();
+
+    int close();
+    int bind(struct fid *bfid, uint64_t flags);
+    int control(int command, void *arg);
+    int ops_open(const char *name, uint64_t flags, void **ops, void *context);
+    ssize_t sendmsg(const fi_msg *msg, uint64_t flags);
+    ssize_t tsendmsg(const fi_msg_tagged *msg, uint64_t flags);
+    ssize_t writemsg(const fi_msg_rma *msg, uint64_t flags);
+    ssize_t readmsg(const fi_msg_rma *msg, uint64_t flags);
+
+    // Called by the owner, under its serialisation.
+    void progress();
+    int reachable(fi_addr_t addr);
+    int wait_fd() const { return wake_rd_; }
+    int arm();
+    static int start_held(fi_peer_rx_entry *entry);
+    static int discard_held(fi_peer_rx_entry *entry);
+
+  private:
+    // A peer endpoint's inbox, opened on first use.
+    struct PeerLink {
+        std::string key;
+        ShmSegment segment;
+        ShmRing *ring = nullptr;
+        pid_t pid = 0;
+        bool cma = false;
+        bool dead = false;
+        int wake_fd = -1;  // the peer's wake FIFO, write end, opened when first needed
+        std::deque<std::vector<uint8_t>> backlog{};  // cells waiting for room in the ring
+    };
+    // An operation waiting for the target's Fin (Rts, RMA) or for ReadData cells.
+    struct Pending {
+        void *context = nullptr;
+        uint64_t flags = 0;
+        size_t len = 0;
+        PeerLink *link = nullptr;
+        std::vector<iovec> iov;  // a read's destination
+        size_t received = 0;
+    };
+    struct Staged {  // a Frag message being assembled
+        wire::LocalHeader hdr{};
+        std::vector<uint8_t> data;
+        size_t received = 0;
+    };
+
+    ssize_t post_send(const iovec *iov, size_t count, fi_addr_t dest, uint64_t tag, uint64_t data,
+                      void *context, uint64_t flags, bool tagged);
+    ssize_t post_rma(const iovec *iov, size_t count, const fi_rma_iov &rma, fi_addr_t peer,
+                     uint64_t data, void *context, uint64_t flags, bool write);
+    PeerLink *link_for(fi_addr_t addr);
+    PeerLink *link_for_key(const std::string &key);
+    void push(PeerLink &link, const wire::LocalHeader &hdr, const void *body, size_t len);
+    void push_gather(PeerLink &link, const wire::LocalHeader &hdr, const iovec *iov, size_t count,
+                     size_t offset, size_t len);
+    bool flush(PeerLink &link);
+    void notify(PeerLink &link);
+    void handle_cell(const uint8_t *cell);
+    void handle_message(const wire::LocalHeader &hdr, std::string_view sender, fi_addr_t src,
+                        const uint8_t *data, const wire::LocalIov *rts_iov,
+                        std::vector<uint8_t> *owned);
+    void deliver(fi_peer_rx_entry *entry, const wire::LocalHeader &hdr, std::string_view sender,
+                 const uint8_t *data, const wire::LocalIov *iov, fi_addr_t src);
+    void handle_rma(const wire::LocalHeader &hdr, std::string_view sender, const uint8_t *body);
+    void finish_pending(uint64_t msg_id, int status);
+    void answer(std::string_view sender, uint64_t msg_id, int status);
+    fi_addr_t source_of(std::string_view sender);
+    void check_peers();
+    void complete_tx(void *context, uint64_t flags, size_t len, int err);
+    int resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access, iovec *iov,
+                size_t *count);
+    void enable();
+
+    Domain *domain_;
+    fi_info *info_;
+    fid_ep *owner_ep_;
+    peer::PeerEpOps *owner_ep_ops_ = nullptr;
+    Cq *cq_ = nullptr;
+    Av *av_ = nullptr;
+    Srx *srx_ = nullptr;
+    bool enabled_ = false;
+
+    std::string key_;            // our own
+    wire::LocalHeader proto_{};  // name_len filled
+    uint8_t name_[wire::kLocalNameRoom]{};
+    std::optional<ShmSegment> segment_;
+    ShmRing *inbox_ = nullptr;
+    std::string wake_path_;  // FIFO next to the segment: wakes us when we sleep
+    int wake_rd_ = -1, wake_wr_ = -1;
+
+    std::unordered_map<std::string, std::unique_ptr<PeerLink>> links_;
+    std::unordered_map<fi_addr_t, PeerLink *> link_by_addr_;
+    std::vector<std::pair<std::string, fi_addr_t>> sources_;  // sender address -> fi_addr
+    uint64_t sources_version_ = ~0ull;
+    std::unordered_map<uint64_t, Pending> pending_;
+    std::map<std::pair<std::string, uint64_t>, Staged> staged_;
+    std::set<HeldMessage *> held_;
+    struct TxCompletion {
+        void *context;
+        uint64_t flags;
+        size_t len;
+        int err;
+    };
+    std::deque<TxCompletion> tx_done_;
+    uint64_t next_id_ = 1;
+    std::chrono::steady_clock::time_point next_check_{};
+};
+
+}  // namespace tandem::off

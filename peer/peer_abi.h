@@ -1,0 +1,83 @@
+// The peer API's structures, from wherever this libfabric keeps them, and the few values the
+// two providers agree on that libfabric does not name publicly.
+//
+// libfabric 1.17 declares the peer structures in <rdma/fi_ext.h>; from 1.18 on they live in
+// <rdma/providers/fi_peer.h>. Where the header and fi_peer(3) differ, the header is the ABI
+// (fi_ops_srx_peer callbacks take a fi_peer_rx_entry *, whose field is owner_context).
+#pragma once
+
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_eq.h>
+#if __has_include(<rdma/providers/fi_peer.h>)
+#include <rdma/providers/fi_peer.h>
+#endif
+#include <rdma/fi_ext.h>
+
+#include <sys/uio.h>
+
+#include <cstdint>
+
+namespace tandem::peer {
+
+// The core hides providers named off_* unless fi_getinfo's flags carry this core-internal
+// bit (OFI_OFFLOAD_PROV_ONLY in libfabric's sources; not in any installed header).
+inline constexpr uint64_t kOffloadProvOnly = 1ull << 61;
+
+// The offload provider's name: the "off_" prefix is what makes the core hide it.
+inline constexpr const char *kOffloadProvName = "off_tandem";
+
+// fi_open_ops name of tandem's extension of fid_peer_av: fi_peer(3)'s owner ops give an
+// offload provider the AV's attributes and one endpoint's address, but no way to read an
+// entry, and the node-local path needs the peer's address to find its shared segment.
+inline constexpr const char *kPeerAvOpsName = "tandem_peer_av_v1";
+
+struct PeerAvOps {
+    size_t size;
+    // The address stored at fi_addr (like fi_av_lookup); *addrlen in: room, out: length.
+    int (*lookup)(fid_peer_av *av, fi_addr_t fi_addr, void *addr, size_t *addrlen);
+    // The fi_addr of an address, FI_ADDR_NOTAVAIL when it is not in the AV (the reverse
+    // lookup a receiver needs to report a source).
+    fi_addr_t (*addr_of)(fid_peer_av *av, const void *addr, size_t addrlen);
+    // Changes whenever an entry is inserted or removed: translations cached by the peer hold
+    // while it stays the same.
+    uint64_t (*version)(fid_peer_av *av);
+};
+
+// fi_open_ops name of tandem's endpoint extension for its offload twin: RMA that arrives over
+// the node-local path targets regions registered with tandem, so the offload provider checks
+// the key, bounds and access through the owner (as an RNIC checks an rkey), and reports the
+// access for FI_RMA_EVENT counters.
+inline constexpr const char *kPeerEpOpsName = "tandem_peer_ep_v1";
+
+struct PeerEpOps {
+    size_t size;
+    // *count in: room in iov, out: pieces. 0, or -FI_EACCES / -FI_EINVAL / -FI_ETOOSMALL.
+    int (*resolve)(fid_ep *ep, uint64_t key, uint64_t addr, size_t len, uint64_t access, iovec *iov,
+                   size_t *count);
+    void (*access_done)(fid_ep *ep, uint64_t key, uint64_t access);
+};
+
+// fi_open_ops name of off_tandem's endpoint extension: whether a peer (an fi_addr of the
+// shared AV) is reachable over the node-local path, so the owner routes it there.
+inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v1";
+
+struct LocalPathOps {
+    size_t size;
+    int (*reachable)(fid_ep *ep, fi_addr_t addr);  // 1 yes, 0 no
+    // A descriptor that becomes readable when a peer wrote to this endpoint while it slept.
+    int (*wait_fd)(fid_ep *ep);
+    // Before sleeping on wait_fd: asks senders to signal it. Returns 1 when work is already
+    // pending (wait_fd is then readable at once, so the sleep ends immediately).
+    int (*arm)(fid_ep *ep);
+    // The remote CQ data of a message the twin queued with the owner's SRX (fi_peer_rx_entry
+    // has no field for it, and FI_PEEK reports it before the message is delivered).
+    uint64_t (*queued_data)(fid_ep *ep, fi_peer_rx_entry *entry);
+};
+
+// fid ops for the fids an owner exports: the peer uses only their owner ops, so fi_close and
+// friends on them answer -FI_ENOSYS (closing an exported object is the owner's business).
+fi_ops *exported_fid_ops();
+
+}  // namespace tandem::peer
