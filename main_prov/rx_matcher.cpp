@@ -4,6 +4,40 @@
 
 namespace tandem {
 
+namespace {
+
+struct RxOpPool {
+    std::vector<void *> spare;
+    ~RxOpPool() {
+        for (void *p : spare) ::operator delete(p);
+    }
+};
+thread_local RxOpPool g_rx_pool;
+constexpr size_t kRxPoolMax = 1024;
+
+}  // namespace
+
+void *RxOp::operator new(size_t size) {
+    if (size == sizeof(RxOp) && !g_rx_pool.spare.empty()) {
+        void *p = g_rx_pool.spare.back();
+        g_rx_pool.spare.pop_back();
+        return p;
+    }
+    return ::operator new(size);
+}
+
+void RxOp::operator delete(void *p, size_t size) noexcept {
+    if (!p) return;
+    if (size == sizeof(RxOp) && g_rx_pool.spare.size() < kRxPoolMax) {
+        try {
+            g_rx_pool.spare.push_back(p);
+            return;
+        } catch (...) {
+        }
+    }
+    ::operator delete(p);
+}
+
 RxMatcher::~RxMatcher() {
     for (auto *rx : posted_msg_) delete rx;
     for (auto *rx : posted_tag_) delete rx;

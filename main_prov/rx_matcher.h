@@ -64,6 +64,11 @@ struct RxOp {
     int done_err = 0;
 
     bool matches_tag(uint64_t t) const { return ((tag ^ t) & ~ignore) == 0; }
+
+    // One receive is allocated per posted buffer and freed at its completion, wherever that
+    // happens: a per-thread free list keeps malloc off that path.
+    static void *operator new(size_t size);
+    static void operator delete(void *p, size_t size) noexcept;
     bool matches_src(fi_addr_t s) const { return src == FI_ADDR_UNSPEC || src == s; }
 };
 

@@ -40,9 +40,9 @@ int Cq::close() {
 
 ssize_t Cq::read(void *buf, size_t count) {
     if (buf || count) return -FI_ENOSYS;
-    // Progress can close nothing here, but an endpoint may detach: iterate over a copy.
-    std::vector<Endpoint *> eps = endpoints_;
-    for (Endpoint *ep : eps) ep->progress();
+    // Index loop, no copy (this runs on every poll of the owner): progress opens and closes
+    // no endpoint.
+    for (size_t i = 0; i < endpoints_.size(); ++i) endpoints_[i]->progress();
     return 0;
 }
 

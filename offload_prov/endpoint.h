@@ -175,6 +175,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     };
     std::deque<TxCompletion> tx_done_;
     uint64_t next_id_ = 1;
+    uint64_t passes_ = 0;
+    size_t backlogged_ = 0;  // links with cells waiting for room in their peer's ring
     std::chrono::steady_clock::time_point next_check_{};
 };
 
