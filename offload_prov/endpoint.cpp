@@ -10,6 +10,7 @@
 #include "offload_prov/srx.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <netinet/in.h>
@@ -229,6 +230,30 @@ static std::string wake_path(const std::string &key) {
     return "/dev/shm" + segment_name(key) + ".wake";
 }
 
+// What processes that died without closing left in /dev/shm: their segments, then wake
+// FIFOs without a segment (an endpoint creates its segment first and removes it last).
+static void reap_stale() {
+    size_t n = ShmSegment::reap_stale(segment_prefix());
+    std::string prefix = segment_prefix().substr(1);  // without the leading '/'
+    DIR *dir = opendir("/dev/shm");
+    if (dir) {
+        while (dirent *e = readdir(dir)) {
+            std::string name = e->d_name;
+            const std::string suffix = ".wake";
+            if (name.rfind(prefix, 0) != 0 || name.size() <= suffix.size() ||
+                name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
+                continue;
+            std::string segment = "/dev/shm/" + name.substr(0, name.size() - suffix.size());
+            struct stat st;
+            if (stat(segment.c_str(), &st) != 0 && errno == ENOENT &&
+                unlink(("/dev/shm/" + name).c_str()) == 0)
+                ++n;
+        }
+        closedir(dir);
+    }
+    if (n) TANDEM_INFO(FI_LOG_EP_CTRL, "removed %zu leftovers of dead processes\n", n);
+}
+
 Endpoint::Endpoint(Domain *domain, const fi_info *info, fi_peer_transfer_context *transfer)
     : domain_(domain), info_(fi_dupinfo(info)), owner_ep_(transfer->ep) {
     if (!info_) fail(FI_ENOMEM, "fi_dupinfo");
@@ -321,12 +346,7 @@ void Endpoint::enable() {
     proto_.name_len = static_cast<uint8_t>(len);
     proto_.pid = getpid();
 
-    static bool reaped = false;
-    if (!reaped) {
-        reaped = true;
-        size_t n = ShmSegment::reap_stale(segment_prefix());
-        if (n) TANDEM_INFO(FI_LOG_EP_CTRL, "removed %zu segments of dead processes\n", n);
-    }
+    reap_stale();
     const Config &cfg = Config::get();
     uint32_t cells = static_cast<uint32_t>(cfg.ring_cells);
     size_t bytes = sizeof(SegmentInfo) + ShmRing::bytes_for(cells, wire::kLocalCellSize);

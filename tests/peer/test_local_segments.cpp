@@ -1,0 +1,129 @@
+// The node-local path's shared segments as a user sees them in /dev/shm: private to the
+// user (0600), removed when the endpoint closes, and removed after a process that died
+// without closing, by the next endpoint created.
+#include <gtest/gtest.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+
+#include <dirent.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <set>
+#include <string>
+
+namespace {
+
+std::set<std::string> tandem_segments() {
+    std::set<std::string> out;
+    std::string prefix = "tandem-" + std::to_string(geteuid()) + "-";
+    DIR *d = opendir("/dev/shm");
+    if (!d) return out;
+    while (dirent *e = readdir(d)) {
+        std::string name = e->d_name;
+        if (name.rfind(prefix, 0) == 0) out.insert(name);
+    }
+    closedir(d);
+    return out;
+}
+
+struct Rdm {
+    fi_info *info = nullptr;
+    fid_fabric *fabric = nullptr;
+    fid_domain *domain = nullptr;
+    fid_cq *cq = nullptr;
+    fid_av *av = nullptr;
+    fid_ep *ep = nullptr;
+
+    // Returns false (with the reason in `why`) when a step fails.
+    bool open(std::string &why) {
+        fi_info *hints = fi_allocinfo();
+        hints->ep_attr->type = FI_EP_RDM;
+        hints->caps = FI_MSG | FI_TAGGED;
+        hints->fabric_attr->prov_name = strdup("tandem");
+        fi_info *all = nullptr;
+        int ret = fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", nullptr, 0, hints, &all);
+        fi_freeinfo(hints);
+        if (ret) return why = "fi_getinfo", false;
+        for (fi_info *fi = all; fi && !info; fi = fi->next)
+            if (strcmp(fi->fabric_attr->prov_name, "tandem") == 0) info = fi_dupinfo(fi);
+        fi_freeinfo(all);
+        if (!info) return why = "no plain tandem entry", false;
+        fi_cq_attr cq_attr{};
+        cq_attr.format = FI_CQ_FORMAT_TAGGED;
+        fi_av_attr av_attr{};
+        av_attr.type = FI_AV_TABLE;
+        if (fi_fabric(info->fabric_attr, &fabric, nullptr) ||
+            fi_domain(fabric, info, &domain, nullptr) ||
+            fi_cq_open(domain, &cq_attr, &cq, nullptr) ||
+            fi_av_open(domain, &av_attr, &av, nullptr) || fi_endpoint(domain, info, &ep, nullptr) ||
+            fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV) || fi_ep_bind(ep, &av->fid, 0) ||
+            fi_enable(ep))
+            return why = "opening the endpoint", false;
+        return true;
+    }
+    void close() {
+        if (ep) fi_close(&ep->fid);
+        if (av) fi_close(&av->fid);
+        if (cq) fi_close(&cq->fid);
+        if (domain) fi_close(&domain->fid);
+        if (fabric) fi_close(&fabric->fid);
+        fi_freeinfo(info);
+        *this = Rdm{};
+    }
+};
+
+TEST(LocalSegments, PrivateToTheUserAndRemovedOnClose) {
+    auto before = tandem_segments();
+    Rdm rdm;
+    std::string why;
+    ASSERT_TRUE(rdm.open(why)) << why;
+    auto during = tandem_segments();
+    std::set<std::string> mine;
+    for (const auto &n : during)
+        if (!before.count(n)) mine.insert(n);
+    // The inbox segment and its wake FIFO.
+    ASSERT_EQ(mine.size(), 2u);
+    for (const auto &n : mine) {
+        struct stat st;
+        ASSERT_EQ(stat(("/dev/shm/" + n).c_str(), &st), 0);
+        EXPECT_EQ(st.st_mode & 0777, 0600u) << n;
+        EXPECT_EQ(st.st_uid, geteuid());
+    }
+    rdm.close();
+    auto after = tandem_segments();
+    for (const auto &n : mine) EXPECT_EQ(after.count(n), 0u) << n << " left behind";
+}
+
+TEST(LocalSegments, ADeadProcessesSegmentsAreReapedByTheNextEndpoint) {
+    auto before = tandem_segments();
+    pid_t pid = fork();
+    if (pid == 0) {
+        Rdm rdm;
+        std::string why;
+        if (!rdm.open(why)) _exit(2);
+        _exit(0);  // dies holding its endpoint: nothing closed, nothing removed
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    std::set<std::string> orphans;
+    for (const auto &n : tandem_segments())
+        if (!before.count(n)) orphans.insert(n);
+    ASSERT_FALSE(orphans.empty()) << "the child left no segment (is off_tandem loaded?)";
+
+    Rdm rdm;
+    std::string why;
+    ASSERT_TRUE(rdm.open(why)) << why;
+    auto now = tandem_segments();
+    for (const auto &n : orphans) EXPECT_EQ(now.count(n), 0u) << n << " of a dead process kept";
+    rdm.close();
+}
+
+}  // namespace
