@@ -83,6 +83,8 @@ enum ProtoFlags : uint8_t {
     kProtoTagged = 1u << 0,
     kProtoCqData = 1u << 1,
     kProtoAckReq = 1u << 2,  // sender wants a DeliveryAck carrying msg_id
+    kProtoPeer = 1u << 3,    // the offload twins' own traffic (FI_PEER_TRANSFER): matched
+                             // only against the twin's receives, never the application's
 };
 
 struct ProtoHeader {
@@ -194,6 +196,29 @@ struct LocalIov {
 };
 
 inline constexpr size_t kLocalBodyRoom = kLocalCellSize - sizeof(LocalHeader) - kLocalNameRoom;
+
+// ---------------------------------------------------------------------------------------
+// The offload twins' own messages to each other across nodes, carried as peer transfers
+// (FI_PEER_TRANSFER) over tandem's endpoint with kProtoPeer: tagged messages on tag
+// kTwinHelloTag.
+
+inline constexpr uint64_t kTwinHelloTag = 0x74776e68656c6c6full;  // "twnhello"
+inline constexpr uint32_t kTwinMagic = 0x74776e31;                // "twn1"
+
+enum TwinCaps : uint64_t {
+    kTwinNodeLocal = 1u << 0,  // runs a node-local path (shared memory)
+    kTwinCma = 1u << 1,        // cross-memory attach permitted on its node
+};
+
+// Sent once by a twin to each remote peer its owner starts talking to over a link: what the
+// remote twin may count on (the HMEM and collective work to come negotiates through it).
+struct TwinHello {
+    uint32_t magic;  // kTwinMagic
+    uint16_t version;
+    uint16_t reserved;
+    uint64_t caps;  // TwinCaps
+};
+static_assert(sizeof(TwinHello) == 16);
 static_assert(kLocalBodyRoom >= kLocalMaxIov * sizeof(LocalIov));
 
 }  // namespace tandem::wire

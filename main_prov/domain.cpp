@@ -70,7 +70,8 @@ Domain::~Domain() {
 OffloadDomain *Domain::offload() {
     if (!offload_tried_) {
         offload_tried_ = true;
-        if (Config::get().local_path) offload_ = OffloadDomain::open(*this);
+        // Opened even with the local path off: the twin has work besides it.
+        offload_ = OffloadDomain::open(*this);
     }
     return offload_.get();
 }

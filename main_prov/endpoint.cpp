@@ -97,6 +97,14 @@ void peer_ep_access_done(fid_ep *fid, uint64_t key, uint64_t access) noexcept {
 
 peer::PeerEpOps peer_ep_ops = {sizeof(peer::PeerEpOps), peer_ep_resolve, peer_ep_access_done};
 
+int diag_remote_twin(fid_ep *fid, fi_addr_t addr, uint64_t *caps) noexcept try {
+    return Endpoint::of(fid)->remote_twin(addr, caps);
+} catch (...) {
+    return current_exception_errno();
+}
+
+peer::EpDiagOps ep_diag_ops = {sizeof(peer::EpDiagOps), diag_remote_twin};
+
 fi_ops ep_fi_ops = {
     .size = sizeof(fi_ops),
     .close = &Trampoline<&Endpoint::close>::call<fid>,
@@ -404,9 +412,21 @@ int Endpoint::control(int command, void *arg) {
 // fi_enable; also implied by fi_connect / fi_accept (fi_cm(3)). Domain lock held.
 int Endpoint::ops_open(const char *name, uint64_t, void **ops, void *) {
     if (!name || !ops) return -FI_EINVAL;
-    if (strcmp(name, peer::kPeerEpOpsName) != 0) return -FI_ENOSYS;
-    *ops = &peer_ep_ops;
-    return 0;
+    if (strcmp(name, peer::kPeerEpOpsName) == 0) {
+        *ops = &peer_ep_ops;
+        return 0;
+    }
+    if (strcmp(name, peer::kEpDiagOpsName) == 0) {
+        *ops = &ep_diag_ops;
+        return 0;
+    }
+    return -FI_ENOSYS;
+}
+
+int Endpoint::remote_twin(fi_addr_t addr, uint64_t *caps) {
+    std::lock_guard guard(domain_->lock());
+    if (!local_) return -FI_ENOSYS;
+    return local_->remote_twin(addr, caps);
 }
 
 int Endpoint::enable_locked() {

@@ -70,8 +70,9 @@ struct TxOp {
     std::vector<uint64_t> internal_keys;
     RemoteRegion remote{};
     uint64_t data = 0;
-    int link_wrs = 0;           // link work requests not completed yet
-    bool await_remote = false;  // rendezvous Fin or DeliveryAck pending
+    bool peer_transfer = false;  // the offload twin's (FI_PEER_TRANSFER): reported to it
+    int link_wrs = 0;            // link work requests not completed yet
+    bool await_remote = false;   // rendezvous Fin or DeliveryAck pending
     int error = 0;
 };
 
@@ -92,6 +93,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     int bind(struct fid *bfid, uint64_t flags);
     int control(int command, void *arg);
     int ops_open(const char *name, uint64_t flags, void **ops, void *context);
+    // What the offload twin learned of the peer's twin (EpDiagOps).
+    int remote_twin(fi_addr_t addr, uint64_t *caps);
     int enable_locked();
     // fi_ops_ep
     ssize_t cancel(void *context);
@@ -257,6 +260,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
                      fi_addr_t src, int err, size_t olen);
     void release_rx(RxOp *rx);
     fi_addr_t source_of(LinkConnection *conn);
+    RxMatcher &matcher_for(uint8_t proto_flags) {
+        return (proto_flags & wire::kProtoPeer) ? peer_rx_ : *rx_;
+    }
     static fi_addr_t source_of(const Unexpected &ux);
     bool goes_local(Peer *peer, fi_addr_t addr);
     void repost(void *buf);
@@ -307,6 +313,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     std::unique_ptr<LinkConnection> pending_request_;
 
     std::unique_ptr<LocalPath> local_;  // RDM: node-local peers through off_tandem
+    // FI_PEER_TRANSFER: the twin's receives (its traffic never meets the application's).
+    RxMatcher peer_rx_;
     RxMatcher own_rx_;
     RxMatcher *rx_ = &own_rx_;  // own_rx_, or the shared receive context's
     struct fid *srx_ = nullptr;

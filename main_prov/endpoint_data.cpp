@@ -267,6 +267,8 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
         if (tx_outstanding_ >= info_->tx_attr->size) return -FI_EAGAIN;
     }
     Peer *peer = peer_for(a.dest);
+    bool peer_transfer = a.flags & FI_PEER_TRANSFER;
+    if (peer_transfer && !local_) return -FI_EINVAL;  // only our offload twin posts these
 
     TxOp *op = alloc_tx();
     op->kind = TxOp::Kind::Send;
@@ -277,7 +279,10 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
     op->len = len;
     op->peer = peer;
     op->id = next_op_id_++;
-    if (goes_local(peer, a.dest)) {
+    op->peer_transfer = peer_transfer;
+    if (peer_transfer) op->report = true;  // the twin always hears of its own operations
+    // The twin's traffic crosses the link (node-local twins talk over their own rings).
+    if (!peer_transfer && goes_local(peer, a.dest)) {
         // The offload twin copies (or has the receiver read) the payload itself, except
         // that an inject's buffer is the application's again when we return: hand the twin
         // our copy of it.
@@ -297,7 +302,8 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
         return ret;
     }
     op->hdr.flags = (a.tagged ? wire::kProtoTagged : 0) |
-                    ((a.flags & FI_REMOTE_CQ_DATA) ? wire::kProtoCqData : 0);
+                    ((a.flags & FI_REMOTE_CQ_DATA) ? wire::kProtoCqData : 0) |
+                    (peer_transfer ? wire::kProtoPeer : 0);
     op->hdr.tag = a.tag;
     op->hdr.cq_data = a.data;
     op->hdr.size = len;
@@ -500,6 +506,12 @@ void Endpoint::take_payload(TxOp *op, const iovec *iov, size_t count, size_t len
 }
 
 void Endpoint::tx_report(TxOp *op) {
+    if (op->peer_transfer) {
+        if (local_)  // (gone while the endpoint closes: nobody to tell)
+            local_->transfer_done({op->context, op->cq_flags, op->len, nullptr, 0, 0}, 0, 0,
+                                  FI_ADDR_NOTAVAIL);
+        return;
+    }
     if (Cntr *cntr = counter_for(*op)) cntr->inc();
     if (op->report && tx_cq_)
         tx_cq_->write({op->context, op->cq_flags, 0, nullptr, 0, 0, FI_ADDR_NOTAVAIL});
@@ -519,6 +531,13 @@ void Endpoint::fail_tx(TxOp *op, int err) {
         // Reported complete at inject level already; the error can only be logged.
         TANDEM_INFO(FI_LOG_EP_DATA, "send completed at inject level failed later: %s\n",
                     fi_strerror(err));
+        retire_tx(op);
+        return;
+    }
+    if (op->peer_transfer) {
+        if (local_)
+            local_->transfer_done({op->context, op->cq_flags, op->len, nullptr, 0, 0}, err, 0,
+                                  FI_ADDR_NOTAVAIL);
         retire_tx(op);
         return;
     }
@@ -610,6 +629,12 @@ void Endpoint::write_rx_cq(const Completion &c, fi_addr_t src) {
 ssize_t Endpoint::post_recv(const RecvArgs &a) {
     std::lock_guard guard(domain_->lock());
     check_rx_ready(a.tagged ? FI_TAGGED : FI_MSG);
+    if (a.flags & FI_PEER_TRANSFER) {
+        // The offload twin's receive for its own traffic from remote twins.
+        if (!local_) return -FI_EINVAL;
+        if (a.flags & (FI_MULTI_RECV | FI_PEEK | FI_CLAIM)) return -FI_EINVAL;
+        return post_recv_on(peer_rx_, this, caps_, a);
+    }
     if (rx_->outstanding >= info_->rx_attr->size) return -FI_EAGAIN;
     RecvArgs args = a;
     if (!(caps_ & FI_DIRECTED_RECV) || type_ != FI_EP_RDM) args.src = FI_ADDR_UNSPEC;
@@ -656,10 +681,14 @@ ssize_t Endpoint::post_recv_on(RxMatcher &m, Endpoint *report_ep, uint64_t caps,
 }
 
 // RDM: whether operations to this peer go through the offload twin (see Peer::Route).
+// A peer reached over a link also meets our twin: the twin introduces itself to the peer's.
 bool Endpoint::goes_local(Peer *peer, fi_addr_t addr) {
     if (!local_) return false;
-    if (peer->route == Peer::Route::Undecided)
-        peer->route = local_->reaches(addr) ? Peer::Route::Local : Peer::Route::Link;
+    if (peer->route == Peer::Route::Undecided) {
+        bool local = Config::get().local_path && local_->reaches(addr);
+        peer->route = local ? Peer::Route::Local : Peer::Route::Link;
+        if (!local) local_->introduce(addr);
+    }
     return peer->route == Peer::Route::Local;
 }
 
@@ -824,7 +853,12 @@ void Endpoint::report_rx(RxOp *rx) {
         if (parent->retired && parent->children == 0) flags |= FI_MULTI_RECV;
     }
     void *buf = rx->count ? rx->iov[0].iov_base : nullptr;
-    if (rx->done_err) {
+    if (rx->op_flags & FI_PEER_TRANSFER) {
+        if (local_)
+            local_->transfer_done(
+                {rx->context, flags, rx->done_len, buf, rx->done_data, rx->done_tag}, rx->done_err,
+                rx->done_olen, rx->done_src);
+    } else if (rx->done_err) {
         write_rx_err(rx, flags, rx->done_err, rx->done_len, rx->done_olen, rx->done_tag,
                      rx->done_data);
     } else {
@@ -845,7 +879,7 @@ void Endpoint::report_rx(RxOp *rx) {
 }
 
 void Endpoint::release_rx(RxOp *rx) {
-    --rx_->outstanding;
+    --((rx->op_flags & FI_PEER_TRANSFER) ? peer_rx_ : *rx_).outstanding;
     delete rx;
 }
 
@@ -927,16 +961,17 @@ void Endpoint::handle_message(LinkConnection *conn, const uint8_t *buf, size_t l
             fi_addr_t src = source_of(conn);
             if (hdr.flags & wire::kProtoAckReq)
                 send_control(conn, wire::ProtoOp::DeliveryAck, nullptr, 0, hdr.msg_id);
-            RxOp *rx = rx_->match_posted(tagged, hdr.tag, src);
+            RxMatcher &m = matcher_for(hdr.flags);
+            RxOp *rx = m.match_posted(tagged, hdr.tag, src);
             if (rx) {
-                deliver_eager(slice_for(*rx_, rx, hdr.size), conn, hdr, body, src);
+                deliver_eager(slice_for(m, rx, hdr.size), conn, hdr, body, src);
             } else {
                 Unexpected ux;
                 ux.ep = this;
                 ux.conn = conn;
                 ux.hdr = hdr;
                 ux.data.assign(body, body + body_len);
-                rx_->push_unexpected(std::move(ux));
+                m.push_unexpected(std::move(ux));
             }
             return;
         }
@@ -949,16 +984,17 @@ void Endpoint::handle_message(LinkConnection *conn, const uint8_t *buf, size_t l
             for (uint32_t i = 0; i < rts.iov_count; ++i) total += rts.iov[i].length;
             if (total != hdr.size) break;
             fi_addr_t src = source_of(conn);
-            RxOp *rx = rx_->match_posted(tagged, hdr.tag, src);
+            RxMatcher &m = matcher_for(hdr.flags);
+            RxOp *rx = m.match_posted(tagged, hdr.tag, src);
             if (rx) {
-                start_rendezvous(slice_for(*rx_, rx, hdr.size), conn, hdr, rts, src);
+                start_rendezvous(slice_for(m, rx, hdr.size), conn, hdr, rts, src);
             } else {
                 Unexpected ux;
                 ux.ep = this;
                 ux.conn = conn;
                 ux.hdr = hdr;
                 ux.rts = rts;
-                rx_->push_unexpected(std::move(ux));
+                m.push_unexpected(std::move(ux));
             }
             return;
         }
@@ -1060,6 +1096,9 @@ void Endpoint::progress() {
     }
     CmEvent ev;
     while (transport_->poll_cm(ev)) handle_cm_event(ev);
+    // Completions of the twin's own transfers, delivered last and outside every other call
+    // into it (fi_peer(3): no recursion into its callbacks).
+    if (local_) local_->flush_transfers();
 }
 
 ssize_t Endpoint::cancel(void *context) {

@@ -76,6 +76,9 @@ std::unique_ptr<LocalPath> LocalPath::open(Endpoint &ep, OffloadDomain &off, Av 
         step = "fi_endpoint2";
         lp->transfer_ = {sizeof lp->transfer_, off.info(), ep.fid(), nullptr};
         ret = fi_endpoint2(off.domain(), off.info(), &lp->twin_, FI_PEER_TRANSFER, &lp->transfer_);
+        // fi_peer(3): the peer sets its callbacks before fi_endpoint2 returns.
+        const fi_ops_transfer_peer *t = lp->transfer_.peer_ops;
+        if (!ret && (!t || !t->complete || !t->comperr)) ret = -FI_EINVAL;
     }
     if (!ret && eq) {
         // The twin's events reach the application on the endpoint's EQ.
@@ -101,7 +104,7 @@ std::unique_ptr<LocalPath> LocalPath::open(Endpoint &ep, OffloadDomain &off, Av 
         void *ops = nullptr;
         ret = fi_open_ops(&lp->twin_->fid, peer::kLocalPathOpsName, 0, &ops, nullptr);
         lp->ops_ = static_cast<peer::LocalPathOps *>(ops);
-        if (!ret && lp->ops_->size < sizeof(peer::LocalPathOps)) ret = -FI_ENOSYS;
+        if (!ret && (!lp->ops_ || lp->ops_->size < sizeof(peer::LocalPathOps))) ret = -FI_ENOSYS;
         if (!ret) {
             LocalPath *self = lp.get();
             lp->rx_queue_.set_data_source([self](fi_peer_rx_entry *entry) {
@@ -154,6 +157,37 @@ int LocalPath::rma(TxOp *op, const iovec *iov, size_t count, fi_addr_t peer, uin
     flags = (flags & FI_REMOTE_CQ_DATA) | FI_COMPLETION;
     return static_cast<int>(write ? fi_writemsg(twin_, &msg, flags)
                                   : fi_readmsg(twin_, &msg, flags));
+}
+
+void LocalPath::transfer_done(const fi_cq_tagged_entry &entry, int err, size_t olen,
+                              fi_addr_t src) {
+    transfers_done_.push_back({entry, err, olen, src});
+}
+
+void LocalPath::flush_transfers() {
+    if (transfers_done_.empty()) return;
+    fi_ops_transfer_peer *ops = transfer_.peer_ops;
+    // Swapped out first: a callback may post more, whose completions wait for the next pass.
+    transfers_flushing_.swap(transfers_done_);
+    for (auto &t : transfers_flushing_) {
+        if (!ops) continue;
+        if (t.err) {
+            fi_cq_err_entry e{};
+            e.op_context = t.entry.op_context;
+            e.flags = t.entry.flags;
+            e.len = t.entry.len;
+            e.buf = t.entry.buf;
+            e.data = t.entry.data;
+            e.tag = t.entry.tag;
+            e.olen = t.olen;
+            e.err = t.err;
+            e.prov_errno = t.err;
+            ops->comperr(twin_, &e);
+        } else {
+            ops->complete(twin_, &t.entry, &t.src);
+        }
+    }
+    transfers_flushing_.clear();
 }
 
 void LocalPath::progress() {

@@ -56,6 +56,8 @@ class LocalPath final : public peer::CqOwner {
 
     // Whether the peer at addr is on this node, reachable through the twin.
     bool reaches(fi_addr_t addr);
+    void introduce(fi_addr_t addr) { ops_->introduce(twin_, addr); }
+    int remote_twin(fi_addr_t addr, uint64_t *caps) { return ops_->remote_twin(twin_, addr, caps); }
     // Post an operation; its completion arrives through peer_write / peer_writeerr with the
     // op as context. A negative errno when the twin refused it (nothing will complete).
     int send(TxOp *op, const iovec *iov, size_t count, fi_addr_t dest, uint64_t flags, uint64_t tag,
@@ -66,6 +68,13 @@ class LocalPath final : public peer::CqOwner {
     void progress();
     // Before the application sleeps: the twin's wake descriptor, armed.
     void wait_fds(std::vector<int> &out);
+
+    // Peer transfers (FI_PEER_TRANSFER): the twin posts its own traffic to remote twins on
+    // tandem's endpoint; their completions are queued here and handed to the twin's
+    // complete / comperr callbacks by flush_transfers(), at the end of a progress pass, so
+    // that the twin is never called back from inside one of its own calls into tandem.
+    void transfer_done(const fi_cq_tagged_entry &entry, int err, size_t olen, fi_addr_t src);
+    void flush_transfers();
 
     ssize_t peer_write(void *context, uint64_t flags, size_t len, void *buf, uint64_t data,
                        uint64_t tag, fi_addr_t src) override;
@@ -83,6 +92,13 @@ class LocalPath final : public peer::CqOwner {
     fid_ep *srx_ = nullptr;
     fid_ep *twin_ = nullptr;
     peer::LocalPathOps *ops_ = nullptr;
+    struct TransferDone {
+        fi_cq_tagged_entry entry;
+        int err;
+        size_t olen;
+        fi_addr_t src;
+    };
+    std::vector<TransferDone> transfers_done_, transfers_flushing_;
 };
 
 }  // namespace tandem

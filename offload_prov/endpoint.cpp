@@ -104,18 +104,33 @@ uint64_t local_queued_data(fid_ep *, fi_peer_rx_entry *entry) noexcept {
     return held ? held->hdr.cq_data : 0;
 }
 
-peer::LocalPathOps local_path_ops = {sizeof(peer::LocalPathOps), local_reachable, local_wait_fd,
-                                     local_arm, local_queued_data};
-
-// This provider posts nothing over the owner's endpoint yet, so the owner never has a peer
-// transfer of ours to complete; say so loudly if it ever tries.
-ssize_t transfer_complete(fid_ep *, fi_cq_tagged_entry *, fi_addr_t *) noexcept {
-    TANDEM_WARN(FI_LOG_EP_DATA, "peer transfer completion for an operation never posted\n");
-    return -FI_EINVAL;
+void local_introduce(fid_ep *ep, fi_addr_t addr) noexcept try {
+    Endpoint::of(ep)->introduce(addr);
+} catch (...) {
 }
-ssize_t transfer_comperr(fid_ep *, fi_cq_err_entry *) noexcept {
-    TANDEM_WARN(FI_LOG_EP_DATA, "peer transfer error for an operation never posted\n");
-    return -FI_EINVAL;
+
+int local_remote_twin(fid_ep *ep, fi_addr_t addr, uint64_t *caps) noexcept {
+    return Endpoint::of(ep)->remote_twin(addr, caps);
+}
+
+peer::LocalPathOps local_path_ops = {
+    sizeof(peer::LocalPathOps), local_reachable, local_wait_fd,    local_arm,
+    local_queued_data,          local_introduce, local_remote_twin};
+
+// Completions of the transfers we post on the owner's endpoint (FI_PEER_TRANSFER).
+ssize_t transfer_complete(fid_ep *ep, fi_cq_tagged_entry *entry, fi_addr_t *src) noexcept try {
+    if (!ep || !entry) return -FI_EINVAL;
+    Endpoint::of(ep)->transfer_complete(*entry, src ? *src : FI_ADDR_NOTAVAIL);
+    return 0;
+} catch (...) {
+    return current_exception_errno();
+}
+ssize_t transfer_comperr(fid_ep *ep, fi_cq_err_entry *err) noexcept try {
+    if (!ep || !err) return -FI_EINVAL;
+    Endpoint::of(ep)->transfer_error(*err);
+    return 0;
+} catch (...) {
+    return current_exception_errno();
 }
 fi_ops_transfer_peer transfer_ops = {sizeof(fi_ops_transfer_peer), transfer_complete,
                                      transfer_comperr};
@@ -654,6 +669,8 @@ ssize_t Endpoint::post_rma(const iovec *iov, size_t count, const fi_rma_iov &rma
 
 void Endpoint::progress() {
     if (!enabled_) return;
+    if (!hello_posted_) post_hello_receive();
+    if (!introductions_.empty()) send_hellos();
     // A bounded batch: a sender that never stops must not starve the rest of the owner.
     for (int i = 0; i < 64; ++i) {
         const void *cell = inbox_->peek();
@@ -880,6 +897,82 @@ void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::str
         cq_->owner().write(entry->context, flags, n, buf, hdr.cq_data, hdr.tag, src);
     }
     srx_->owner().free_entry(entry);
+}
+
+// ------------------------------------------------------------------------------------------
+// Peer transfers: twins on different nodes introduce themselves over the owner's endpoint.
+
+// Posted at the first progress, not at enable: the owner accepts peer transfers only once
+// its twin is in place.
+void Endpoint::post_hello_receive() {
+    iovec iov{&hello_in_, sizeof hello_in_};
+    fi_msg_tagged msg{&iov, nullptr, 1, FI_ADDR_UNSPEC, wire::kTwinHelloTag, 0, &hello_rx_ctx_, 0};
+    ssize_t ret = fi_trecvmsg(owner_ep_, &msg, FI_PEER_TRANSFER);
+    if (ret == -FI_EAGAIN) return;  // try again at the next pass
+    hello_posted_ = true;           // (on another error: no introductions, logged)
+    if (ret)
+        TANDEM_WARN(FI_LOG_EP_CTRL, "owner refused a peer transfer receive: %s\n",
+                    fi_strerror(int(-ret)));
+}
+
+void Endpoint::send_hellos() {
+    std::vector<fi_addr_t> todo;
+    todo.swap(introductions_);
+    for (fi_addr_t addr : todo) {
+        auto *hello = new wire::TwinHello{
+            wire::kTwinMagic, 1, 0,
+            wire::kTwinNodeLocal | (Config::get().cma ? uint64_t(wire::kTwinCma) : 0)};
+        iovec iov{hello, sizeof *hello};
+        fi_msg_tagged msg{&iov, nullptr, 1, addr, wire::kTwinHelloTag, 0, hello, 0};
+        ssize_t ret = fi_tsendmsg(owner_ep_, &msg, FI_PEER_TRANSFER);
+        if (ret == 0) {
+            ++hellos_in_flight_;
+            continue;
+        }
+        delete hello;
+        if (ret == -FI_EAGAIN)
+            introductions_.push_back(addr);
+        else
+            TANDEM_INFO(FI_LOG_EP_CTRL, "could not introduce ourselves to fi_addr %lu: %s\n",
+                        (unsigned long)addr, fi_strerror(int(-ret)));
+    }
+}
+
+void Endpoint::transfer_complete(const fi_cq_tagged_entry &entry, fi_addr_t src) {
+    if (entry.op_context == &hello_rx_ctx_) {
+        if (entry.len == sizeof hello_in_ && hello_in_.magic == wire::kTwinMagic &&
+            src != FI_ADDR_NOTAVAIL) {
+            remote_twins_[src] = hello_in_.caps;
+            TANDEM_INFO(FI_LOG_EP_CTRL,
+                        "remote twin at fi_addr %lu introduced itself (caps %#lx)\n",
+                        (unsigned long)src, (unsigned long)hello_in_.caps);
+        } else {
+            TANDEM_WARN(FI_LOG_EP_CTRL, "dropping a malformed twin hello (%zu bytes)\n", entry.len);
+        }
+        hello_posted_ = false;  // repost at the next pass
+        return;
+    }
+    // One of our hellos went out.
+    delete static_cast<wire::TwinHello *>(entry.op_context);
+    --hellos_in_flight_;
+}
+
+void Endpoint::transfer_error(const fi_cq_err_entry &err) {
+    if (err.op_context == &hello_rx_ctx_) {
+        TANDEM_INFO(FI_LOG_EP_CTRL, "twin hello receive failed: %s\n", fi_strerror(err.err));
+        hello_posted_ = closing_;
+        return;
+    }
+    TANDEM_INFO(FI_LOG_EP_CTRL, "twin hello not delivered: %s\n", fi_strerror(err.err));
+    delete static_cast<wire::TwinHello *>(err.op_context);
+    --hellos_in_flight_;
+}
+
+int Endpoint::remote_twin(fi_addr_t addr, uint64_t *caps) const {
+    auto it = remote_twins_.find(addr);
+    if (it == remote_twins_.end()) return 0;
+    if (caps) *caps = it->second;
+    return 1;
 }
 
 int Endpoint::start_held(fi_peer_rx_entry *entry) {

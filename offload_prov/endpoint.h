@@ -86,6 +86,11 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     int reachable(fi_addr_t addr);
     int wait_fd() const { return wake_rd_; }
     int arm();
+    void introduce(fi_addr_t addr) { introductions_.push_back(addr); }
+    int remote_twin(fi_addr_t addr, uint64_t *caps) const;
+    // Peer transfer completions from the owner (fi_ops_transfer_peer).
+    void transfer_complete(const fi_cq_tagged_entry &entry, fi_addr_t src);
+    void transfer_error(const fi_cq_err_entry &err);
     static int start_held(fi_peer_rx_entry *entry);
     static int discard_held(fi_peer_rx_entry *entry);
 
@@ -142,6 +147,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     int resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access, iovec *iov,
                 size_t *count);
     void enable();
+    void post_hello_receive();
+    void send_hellos();
 
     Domain *domain_;
     fi_info *info_;
@@ -176,6 +183,14 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     std::deque<TxCompletion> tx_done_;
     uint64_t next_id_ = 1;
     uint64_t passes_ = 0;
+    // Peer transfers with remote twins (wire::TwinHello over the owner's endpoint).
+    wire::TwinHello hello_in_{};
+    int hello_rx_ctx_ = 0;  // its address is the receive's context
+    bool hello_posted_ = false;
+    bool closing_ = false;
+    std::vector<fi_addr_t> introductions_;
+    std::unordered_map<fi_addr_t, uint64_t> remote_twins_;
+    size_t hellos_in_flight_ = 0;
     size_t backlogged_ = 0;  // links with cells waiting for room in their peer's ring
     std::chrono::steady_clock::time_point next_check_{};
 };

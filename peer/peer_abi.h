@@ -74,6 +74,20 @@ struct LocalPathOps {
     // The remote CQ data of a message the twin queued with the owner's SRX (fi_peer_rx_entry
     // has no field for it, and FI_PEEK reports it before the message is delivered).
     uint64_t (*queued_data)(fid_ep *ep, fi_peer_rx_entry *entry);
+    // The owner will talk to this peer over a link: the twin introduces itself to the
+    // peer's twin (a peer transfer over the owner's endpoint).
+    void (*introduce)(fid_ep *ep, fi_addr_t addr);
+    // Whether the twin of the peer at addr introduced itself (1), with its capabilities.
+    int (*remote_twin)(fid_ep *ep, fi_addr_t addr, uint64_t *caps);
+};
+
+// fi_open_ops name of tandem's endpoint diagnostics (tests, tools): what the endpoint's
+// offload twin learned about remote twins.
+inline constexpr const char *kEpDiagOpsName = "tandem_ep_diag_v1";
+
+struct EpDiagOps {
+    size_t size;
+    int (*remote_twin)(fid_ep *ep, fi_addr_t addr, uint64_t *caps);  // 1, 0, or -errno
 };
 
 // fid ops for the fids an owner exports: the peer uses only their owner ops, so fi_close and

@@ -1,0 +1,150 @@
+// Peer transfers (fi_peer(3), FI_PEER_TRANSFER): the offload twins of two endpoints that talk
+// over a link introduce themselves to each other with their own messages, posted on tandem's
+// endpoints. Their traffic must never reach the application: a wildcard receive posted by the
+// application gets the application's message only, and no twin completion lands on its CQ.
+#include "peer/peer_abi.h"
+
+#include <gtest/gtest.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_tagged.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+namespace {
+
+// Peers in one process would otherwise go through the node-local path, which needs no
+// introduction: this test is about the network path. Read when the provider loads.
+const int g_env = setenv("FI_TANDEM_LOCAL", "0", 1);
+
+struct Rdm {
+    fi_info *info = nullptr;
+    fid_fabric *fabric = nullptr;
+    fid_domain *domain = nullptr;
+    fid_cq *cq = nullptr;
+    fid_av *av = nullptr;
+    fid_ep *ep = nullptr;
+    tandem::peer::EpDiagOps *diag = nullptr;
+
+    void open() {
+        fi_info *hints = fi_allocinfo();
+        hints->ep_attr->type = FI_EP_RDM;
+        hints->caps = FI_MSG | FI_TAGGED;
+        hints->fabric_attr->prov_name = strdup("tandem");
+        fi_info *all = nullptr;
+        ASSERT_EQ(fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", nullptr, 0, hints, &all), 0);
+        fi_freeinfo(hints);
+        for (fi_info *fi = all; fi && !info; fi = fi->next)
+            if (strcmp(fi->fabric_attr->prov_name, "tandem") == 0) info = fi_dupinfo(fi);
+        fi_freeinfo(all);
+        ASSERT_NE(info, nullptr);
+        fi_cq_attr cq_attr{};
+        cq_attr.format = FI_CQ_FORMAT_TAGGED;
+        fi_av_attr av_attr{};
+        av_attr.type = FI_AV_TABLE;
+        ASSERT_EQ(fi_fabric(info->fabric_attr, &fabric, nullptr), 0);
+        ASSERT_EQ(fi_domain(fabric, info, &domain, nullptr), 0);
+        ASSERT_EQ(fi_cq_open(domain, &cq_attr, &cq, nullptr), 0);
+        ASSERT_EQ(fi_av_open(domain, &av_attr, &av, nullptr), 0);
+        ASSERT_EQ(fi_endpoint(domain, info, &ep, nullptr), 0);
+        ASSERT_EQ(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV), 0);
+        ASSERT_EQ(fi_ep_bind(ep, &av->fid, 0), 0);
+        ASSERT_EQ(fi_enable(ep), 0);
+        void *ops = nullptr;
+        ASSERT_EQ(fi_open_ops(&ep->fid, tandem::peer::kEpDiagOpsName, 0, &ops, nullptr), 0);
+        diag = static_cast<tandem::peer::EpDiagOps *>(ops);
+    }
+    fi_addr_t insert(const Rdm &other) {
+        char name[64];
+        size_t len = sizeof name;
+        EXPECT_EQ(fi_getname(&other.ep->fid, name, &len), 0);
+        fi_addr_t addr = FI_ADDR_NOTAVAIL;
+        EXPECT_EQ(fi_av_insert(av, name, 1, &addr, 0, nullptr), 1);
+        return addr;
+    }
+    void close() {
+        if (ep) fi_close(&ep->fid);
+        if (av) fi_close(&av->fid);
+        if (cq) fi_close(&cq->fid);
+        if (domain) fi_close(&domain->fid);
+        if (fabric) fi_close(&fabric->fid);
+        fi_freeinfo(info);
+    }
+};
+
+TEST(PeerTransfer, TwinsIntroduceThemselvesAndStayOutOfTheApplicationsWay) {
+    ASSERT_EQ(g_env, 0);
+    Rdm a, b;
+    ASSERT_NO_FATAL_FAILURE(a.open());
+    ASSERT_NO_FATAL_FAILURE(b.open());
+    fi_addr_t b_at_a = a.insert(b), a_at_b = b.insert(a);
+
+    // The application's wildcard receives: any tag, any source.
+    char inbox_b[64] = {}, inbox_a[64] = {};
+    ASSERT_EQ(fi_trecv(b.ep, inbox_b, sizeof inbox_b, nullptr, FI_ADDR_UNSPEC, 0, ~0ull, inbox_b),
+              0);
+    ASSERT_EQ(fi_trecv(a.ep, inbox_a, sizeof inbox_a, nullptr, FI_ADDR_UNSPEC, 0, ~0ull, inbox_a),
+              0);
+    const char hello_b[] = "application to b", hello_a[] = "application to a";
+    ASSERT_EQ(fi_tsend(a.ep, hello_b, sizeof hello_b, nullptr, b_at_a, 0x1, (void *)hello_b), 0);
+    ASSERT_EQ(fi_tsend(b.ep, hello_a, sizeof hello_a, nullptr, a_at_b, 0x2, (void *)hello_a), 0);
+
+    int sends = 0, recvs = 0;
+    uint64_t caps_of_a = 0, caps_of_b = 0;
+    bool a_knows = false, b_knows = false;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < deadline &&
+           !(a_knows && b_knows && sends == 2 && recvs == 2)) {
+        for (Rdm *r : {&a, &b}) {
+            fi_cq_tagged_entry e{};
+            ssize_t n = fi_cq_read(r->cq, &e, 1);
+            if (n == -FI_EAGAIN) continue;
+            ASSERT_EQ(n, 1) << "error completion on the application's CQ";
+            if (e.flags & FI_SEND) {
+                EXPECT_TRUE(e.op_context == hello_a || e.op_context == hello_b);
+                ++sends;
+            } else {
+                // Only the application's own message, never a twin's hello.
+                ASSERT_TRUE(e.flags & FI_RECV);
+                if (r == &b) {
+                    EXPECT_EQ(e.op_context, inbox_b);
+                    EXPECT_EQ(e.tag, 0x1u);
+                    EXPECT_EQ(e.len, sizeof hello_b);
+                    EXPECT_STREQ(inbox_b, hello_b);
+                } else {
+                    EXPECT_EQ(e.op_context, inbox_a);
+                    EXPECT_EQ(e.tag, 0x2u);
+                    EXPECT_STREQ(inbox_a, hello_a);
+                }
+                ++recvs;
+            }
+        }
+        b_knows = b.diag->remote_twin(b.ep, a_at_b, &caps_of_a) == 1;
+        a_knows = a.diag->remote_twin(a.ep, b_at_a, &caps_of_b) == 1;
+    }
+    EXPECT_EQ(sends, 2);
+    EXPECT_EQ(recvs, 2);
+    EXPECT_TRUE(b_knows) << "b's twin never heard from a's";
+    EXPECT_TRUE(a_knows) << "a's twin never heard from b's";
+    EXPECT_TRUE(caps_of_a & 1u);  // kTwinNodeLocal
+    EXPECT_TRUE(caps_of_b & 1u);
+    // Nothing more for the application: the twins' completions went to the twins.
+    for (int i = 0; i < 1000; ++i)
+        for (Rdm *r : {&a, &b}) {
+            fi_cq_tagged_entry e{};
+            ASSERT_EQ(fi_cq_read(r->cq, &e, 1), -FI_EAGAIN);
+        }
+    // An unknown peer has no twin on record.
+    EXPECT_EQ(a.diag->remote_twin(a.ep, 12345, nullptr), 0);
+    a.close();
+    b.close();
+}
+
+}  // namespace
