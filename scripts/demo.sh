@@ -7,7 +7,8 @@
 # 2. starts a tandem_bench server and a tandem_bench client as two separate processes that
 #    meet over 127.0.0.1 (a plain TCP socket only exchanges addresses and keys), and measures
 #    tagged ping-pong latency, tagged-send bandwidth and RMA-write bandwidth through tandem
-#    for 8 B, 4 KiB, 64 KiB and 1 MiB, with every transfer verified,
+#    for 8 B, 4 KiB, 64 KiB and 1 MiB, with every transfer verified: once over the
+#    node-local path (tandem + off_tandem, shared memory), once over the network path,
 # 3. prints what it measured.
 # Builds nothing. Environment: DEMO_PORT (control port, default 47930), DEMO_SIZES, and
 # DEMO_PROVIDER (default tandem; e.g. "tcp;ofi_rxm" runs the same demo on a system provider).
@@ -59,38 +60,55 @@ if command -v fi_info >/dev/null && fi_info -p "$prov" -t FI_EP_RDM 2>/dev/null 
     domain_opt=(-d lo)  # 127.0.0.1 lives on the loopback interface: use tandem's "lo" domain
 fi
 
-echo
-echo "== 2. two processes over 127.0.0.1: tandem_bench server + client (FI_EP_RDM${domain_opt[*]:+, domain lo})"
-echo "   (the measured traffic goes through $prov; the TCP socket only exchanges addresses)"
+# run_pair LABEL DESCRIPTION: one server + client pair; prints the client's table, returns non-zero on failure.
+run_pair() {
+    local label=$1
+    echo
+    echo "== 2$label. two processes over 127.0.0.1: tandem_bench server + client (FI_EP_RDM${domain_opt[*]:+, domain lo})"
+    echo "   (the measured traffic goes through $prov; the TCP socket only exchanges addresses)"
+    echo "   \$ tandem_bench -p '$prov' ${domain_opt[*]} -s 127.0.0.1:$port &"
+    timeout 240 "$bench" -p "$prov" "${domain_opt[@]}" -s "127.0.0.1:$port" -T 230 >"$tmp/server" 2>&1 &
+    local server=$!
+    echo "   \$ tandem_bench -p '$prov' ${domain_opt[*]} -c 127.0.0.1:$port -S $sizes"
+    timeout 240 "$bench" -p "$prov" "${domain_opt[@]}" -c "127.0.0.1:$port" -S "$sizes" -T 230 >"$tmp/client" 2>&1
+    local client_rc=$?
+    [ "$client_rc" -eq 0 ] || kill "$server" 2>/dev/null
+    wait "$server"
+    local server_rc=$?
+    sed 's/^/   /' "$tmp/client"
+    if [ "$client_rc" -ne 0 ] || [ "$server_rc" -ne 0 ]; then
+        echo
+        echo "== demo FAILED: client exited $client_rc, server exited $server_rc. Server output:"
+        sed 's/^/   /' "$tmp/server"
+        return 1
+    fi
+    echo
+    echo "== 3$label. what was measured ($prov$2, two processes, both busy-polling)"
+    awk '!/^#/ && NF >= 4 {
+            size = $1 + 0
+            if (size >= 1048576 && size % 1048576 == 0) h = size / 1048576 " MiB"
+            else if (size >= 1024 && size % 1024 == 0) h = size / 1024 " KiB"
+            else h = size " B"
+            printf "   %-7s  one-way latency %8s us   tagged sends %9s MB/s   RMA write %9s MB/s\n", h, $2, $3, $4
+         }' "$tmp/client"
+    grep -q '^# all transfers verified' "$tmp/client" && echo "   every transfer's data was verified on the receiving side"
+    port=$((port + 1))
+    while listening "$port"; do port=$((port + 1)); done
+}
+
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-echo "   \$ tandem_bench -p '$prov' ${domain_opt[*]} -s 127.0.0.1:$port &"
-timeout 240 "$bench" -p "$prov" "${domain_opt[@]}" -s "127.0.0.1:$port" -T 230 >"$tmp/server" 2>&1 &
-server=$!
-echo "   \$ tandem_bench -p '$prov' ${domain_opt[*]} -c 127.0.0.1:$port -S $sizes"
-timeout 240 "$bench" -p "$prov" "${domain_opt[@]}" -c "127.0.0.1:$port" -S "$sizes" -T 230 >"$tmp/client" 2>&1
-client_rc=$?
-[ "$client_rc" -eq 0 ] || kill "$server" 2>/dev/null
-wait "$server"
-server_rc=$?
-sed 's/^/   /' "$tmp/client"
-if [ "$client_rc" -ne 0 ] || [ "$server_rc" -ne 0 ]; then
-    echo
-    echo "== demo FAILED: client exited $client_rc, server exited $server_rc. Server output:"
-    sed 's/^/   /' "$tmp/server"
-    exit 1
+if [ "$prov" = tandem ]; then
+    # Both processes are on this node: by default tandem hands their traffic to its offload
+    # provider's shared memory; FI_TANDEM_LOCAL=0 makes it cross tandem's TCP link instead.
+    export FI_TANDEM_LOCAL=1
+    run_pair a ", node-local path: off_tandem shared memory" || exit 1
+    export FI_TANDEM_LOCAL=0
+    run_pair b ", network path: TCP link (FI_TANDEM_LOCAL=0)" || exit 1
+else
+    run_pair "" "" || exit 1
 fi
-
-echo
-echo "== 3. what was measured ($prov, two processes, both busy-polling)"
-awk '!/^#/ && NF >= 4 {
-        size = $1 + 0
-        if (size >= 1048576 && size % 1048576 == 0) h = size / 1048576 " MiB"
-        else if (size >= 1024 && size % 1024 == 0) h = size / 1024 " KiB"
-        else h = size " B"
-        printf "   %-7s  one-way latency %8s us   tagged sends %9s MB/s   RMA write %9s MB/s\n", h, $2, $3, $4
-     }' "$tmp/client"
-grep -q '^# all transfers verified' "$tmp/client" && echo "   every transfer's data was verified on the receiving side"
 echo
 echo "   latency: half the round trip of a tagged ping-pong; bandwidth: 64 operations in flight,"
 echo "   1 MB = 10^6 bytes. Compare with the system providers: scripts/bench.sh -b $build"
+echo "   (network path) and scripts/bench.sh --local -b $build (node-local path)"
