@@ -153,15 +153,22 @@ inline constexpr uint32_t kLocalCellSize = 8192;  // ring cell payload, header i
 inline constexpr size_t kLocalNameRoom = 32;      // a sockaddr_in6 fits
 
 enum class LocalOp : uint8_t {
-    Eager = 1,      // whole message inline
-    Rts = 2,        // the receiver reads the sender's LocalIov list (CMA), then answers Fin
-    Frag = 3,       // staged message (no CMA): `size` bytes at `offset` of a `total`-byte message
-    Fin = 4,        // msg_id done: status in `status` (receive side of Rts, or RMA done)
-    Write = 5,      // RMA write: inline data, or LocalIov list to read (CMA); target answers Fin
-    Read = 6,       // RMA read: LocalIov list the target writes into (CMA); target answers Fin
-    WriteFrag = 7,  // staged RMA write: `size` bytes for rma_addr + offset
-    ReadData = 8,   // staged RMA read answer: `size` bytes at `offset` of read msg_id
+    Eager = 1,       // whole message inline
+    Rts = 2,         // the receiver reads the sender's LocalIov list (CMA), then answers Fin
+    Frag = 3,        // staged message (no CMA): `size` bytes at `offset` of a `total`-byte message
+    Fin = 4,         // msg_id done: status in `status` (receive side of Rts, or RMA done)
+    Write = 5,       // RMA write: inline data, or LocalIov list to read (CMA); target answers Fin
+    Read = 6,        // RMA read: LocalIov list the target writes into (CMA); target answers Fin
+    WriteFrag = 7,   // staged RMA write: `size` bytes for rma_addr + offset
+    ReadData = 8,    // staged RMA read answer: `size` bytes at `offset` of read msg_id
+    Cts = 9,         // receiver to sender of Rts msg_id: write your bytes from `offset`, `total`
+                     // of them, into my LocalIov list (process `pid`), while I read the rest
+    WriteDone = 10,  // sender to receiver: the Cts part of msg_id is written (`status`)
 };
+
+// Rts messages of at least this size are copied by both sides at once (Cts / WriteDone):
+// the receiver reads the first half while the sender writes the second.
+inline constexpr uint64_t kLocalSplitMin = 256 * 1024;
 
 enum LocalFlags : uint8_t {
     kLocalTagged = 1u << 0,

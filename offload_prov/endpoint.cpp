@@ -287,6 +287,10 @@ Endpoint::Endpoint(Domain *domain, const fi_info *info, fi_peer_transfer_context
 }
 
 Endpoint::~Endpoint() {
+    // Receives matched for split copies still waiting for their sender: their entries go
+    // back to the owner, which is closing the endpoint they belong to.
+    if (srx_)
+        for (auto &[id, split] : splits_) srx_->owner().free_entry(split.entry);
     for (auto &[key, link] : links_)
         if (link->wake_fd >= 0) ::close(link->wake_fd);
     if (wake_rd_ >= 0) ::close(wake_rd_);
@@ -579,7 +583,7 @@ ssize_t Endpoint::post_send(const iovec *iov, size_t count, fi_addr_t dest, uint
                 body[n++] = {reinterpret_cast<uint64_t>(iov[i].iov_base), iov[i].iov_len};
         hdr.iov_count = static_cast<uint8_t>(n);
         hdr.flags &= ~uint8_t(wire::kLocalAckReq);  // Fin comes anyway, after delivery
-        pending_[hdr.msg_id] = Pending{context, cq_flags, len, link, {}, 0};
+        pending_[hdr.msg_id] = Pending{context, cq_flags, len, link, {iov, iov + count}, 0};
         push(*link, hdr, body, n * sizeof(LocalIov));
         return 0;
     }
@@ -698,7 +702,7 @@ void Endpoint::progress() {
     }
     // Peers' liveness every 200 ms; the clock itself only every 1024 passes (reading it on
     // every poll showed up as a tenth of a ping-pong's time).
-    if (++passes_ % 1024 == 0 || !pending_.empty()) {
+    if (++passes_ % 1024 == 0 || !pending_.empty() || !splits_.empty()) {
         auto now = std::chrono::steady_clock::now();
         if (now >= next_check_) {
             next_check_ = now + std::chrono::milliseconds(200);
@@ -726,6 +730,17 @@ void Endpoint::check_peers() {
             }
             complete_tx(it->second.context, it->second.flags, it->second.len, FI_ECONNRESET);
             it = pending_.erase(it);
+        }
+        // Receives whose sender was still to write its half.
+        for (auto it = splits_.begin(); it != splits_.end();) {
+            auto sender = local_key(it->first.first.data(), it->first.first.size());
+            if (!sender || *sender != key) {
+                ++it;
+                continue;
+            }
+            Split split = it->second;
+            it = splits_.erase(it);
+            complete_rx(split.entry, split.hdr, split.n, FI_ECONNRESET, split.src);
         }
     }
 }
@@ -807,6 +822,12 @@ void Endpoint::handle_cell(const uint8_t *cell) {
         case LocalOp::WriteFrag:
             handle_rma(hdr, sender, body);
             return;
+        case LocalOp::Cts:
+            handle_cts(hdr, sender, body);
+            return;
+        case LocalOp::WriteDone:
+            handle_write_done(hdr, sender);
+            return;
     }
     TANDEM_WARN(FI_LOG_EP_DATA, "dropping a cell with unknown op %u\n", hdr.op);
 }
@@ -861,9 +882,6 @@ void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::str
     if (data) {
         copy_to_iov(entry->iov, entry->count, 0, data, n);
     } else if (n) {
-        iovec local[wire::kLocalMaxIov * 4];
-        size_t nlocal =
-            clip(entry->iov, std::min<size_t>(entry->count, wire::kLocalMaxIov * 4), n, local);
         iovec remote[wire::kLocalMaxIov];
         size_t nremote = 0, left = n;
         for (size_t i = 0; i < hdr.iov_count && left; ++i) {
@@ -871,11 +889,67 @@ void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::str
             remote[nremote++] = {reinterpret_cast<void *>(rts_iov[i].addr), take};
             left -= take;
         }
+        // A large message is copied by both sides at once: the sender writes the second
+        // half into our buffer while we read the first (two cores, twice the copy rate).
+        size_t half = (n / 2) & ~size_t(4095);
+        auto key = local_key(sender.data(), sender.size());
+        PeerLink *link = key ? link_for_key(*key) : nullptr;
+        iovec mine[wire::kLocalMaxIov];
+        size_t nmine = 0;
+        if (n >= wire::kLocalSplitMin && link && link->cma && !link->dead) {
+            // Our buffer from `half` on, as the sender will see it.
+            size_t skip = half;
+            for (size_t i = 0; i < entry->count && nmine < wire::kLocalMaxIov; ++i) {
+                size_t len = std::min(entry->iov[i].iov_len, n - std::min(n, skip) + skip);
+                if (skip >= entry->iov[i].iov_len) {
+                    skip -= entry->iov[i].iov_len;
+                    continue;
+                }
+                (void)len;
+                size_t take =
+                    std::min(entry->iov[i].iov_len - skip, n - half - iov_len(mine, nmine));
+                if (!take) break;
+                mine[nmine++] = {static_cast<uint8_t *>(entry->iov[i].iov_base) + skip, take};
+                skip = 0;
+            }
+        }
+        if (nmine && iov_len(mine, nmine) == n - half) {
+            LocalHeader cts = proto_;
+            cts.op = static_cast<uint8_t>(LocalOp::Cts);
+            cts.msg_id = hdr.msg_id;
+            cts.offset = half;
+            cts.total = n - half;
+            cts.iov_count = static_cast<uint8_t>(nmine);
+            LocalIov body[wire::kLocalMaxIov];
+            for (size_t i = 0; i < nmine; ++i)
+                body[i] = {reinterpret_cast<uint64_t>(mine[i].iov_base), mine[i].iov_len};
+            push(*link, cts, body, nmine * sizeof(LocalIov));
+            iovec local[wire::kLocalMaxIov * 4], first[wire::kLocalMaxIov];
+            size_t nlocal = clip(entry->iov, std::min<size_t>(entry->count, wire::kLocalMaxIov * 4),
+                                 half, local);
+            size_t nfirst = clip(remote, nremote, half, first);
+            ssize_t got = cma_read(hdr.pid, local, nlocal, first, nfirst);
+            Split split{entry, hdr, n, half, {}, nremote, 0, src};
+            for (size_t i = 0; i < nremote; ++i) split.remote[i] = remote[i];
+            if (got < 0 || size_t(got) != half) split.err = got == -ESRCH ? FI_ECONNRESET : FI_EIO;
+            splits_.emplace(std::make_pair(std::string(sender), hdr.msg_id), split);
+            return;  // completed by the sender's WriteDone
+        }
+        iovec local[wire::kLocalMaxIov * 4];
+        size_t nlocal =
+            clip(entry->iov, std::min<size_t>(entry->count, wire::kLocalMaxIov * 4), n, local);
         ssize_t got = cma_read(hdr.pid, local, nlocal, remote, nremote);
         if (got < 0 || size_t(got) != n) err = got == -ESRCH ? FI_ECONNRESET : FI_EIO;
     }
     if (hdr.op == static_cast<uint8_t>(LocalOp::Rts) || (hdr.flags & wire::kLocalAckReq))
         answer(sender, hdr.msg_id, err);
+    complete_rx(entry, hdr, n, err, src);
+}
+
+// The receive's completion to the owner's CQ, and its entry back to the owner.
+void Endpoint::complete_rx(fi_peer_rx_entry *entry, const LocalHeader &hdr, size_t n, int err,
+                           fi_addr_t src) {
+    size_t room = iov_len(entry->iov, entry->count);
     if (!err && hdr.total > room) err = FI_ETRUNC;
     uint64_t flags = FI_RECV | ((hdr.flags & wire::kLocalTagged) ? FI_TAGGED : FI_MSG) |
                      ((hdr.flags & wire::kLocalCqData) ? FI_REMOTE_CQ_DATA : 0) |
@@ -897,6 +971,80 @@ void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::str
         cq_->owner().write(entry->context, flags, n, buf, hdr.cq_data, hdr.tag, src);
     }
     srx_->owner().free_entry(entry);
+}
+
+// Sender side of a split copy: write our part into the receiver's buffer.
+void Endpoint::handle_cts(const LocalHeader &hdr, std::string_view sender, const uint8_t *body) {
+    int status = FI_EIO;
+    auto it = pending_.find(hdr.msg_id);
+    if (it != pending_.end() && !it->second.iov.empty()) {
+        Pending &p = it->second;
+        iovec local[wire::kLocalMaxIov];
+        size_t nlocal = 0, skip = hdr.offset, left = hdr.total;
+        for (const iovec &v : p.iov) {
+            if (!left || nlocal == wire::kLocalMaxIov) break;
+            if (skip >= v.iov_len) {
+                skip -= v.iov_len;
+                continue;
+            }
+            size_t take = std::min(v.iov_len - skip, left);
+            local[nlocal++] = {static_cast<uint8_t *>(v.iov_base) + skip, take};
+            left -= take;
+            skip = 0;
+        }
+        auto *dst = reinterpret_cast<const LocalIov *>(body);
+        iovec remote[wire::kLocalMaxIov];
+        for (size_t i = 0; i < hdr.iov_count; ++i)
+            remote[i] = {reinterpret_cast<void *>(dst[i].addr), dst[i].length};
+        ssize_t put = left ? -EINVAL : cma_write(hdr.pid, local, nlocal, remote, hdr.iov_count);
+        status = (put >= 0 && uint64_t(put) == hdr.total) ? 0 : FI_EIO;
+    }
+    auto key = local_key(sender.data(), sender.size());
+    PeerLink *link = key ? link_for_key(*key) : nullptr;
+    if (!link || link->dead) return;
+    LocalHeader done = proto_;
+    done.op = static_cast<uint8_t>(LocalOp::WriteDone);
+    done.msg_id = hdr.msg_id;
+    done.status = status;
+    push(*link, done, nullptr, 0);
+}
+
+// Receiver side: the sender wrote its part (or could not: then we read it ourselves).
+void Endpoint::handle_write_done(const LocalHeader &hdr, std::string_view sender) {
+    auto it = splits_.find(std::make_pair(std::string(sender), hdr.msg_id));
+    if (it == splits_.end()) return;
+    Split split = it->second;
+    splits_.erase(it);
+    int err = split.err;
+    if (!err && hdr.status != 0) {
+        iovec local[wire::kLocalMaxIov * 4], rest[wire::kLocalMaxIov];
+        size_t nlocal = 0, nrest = 0;
+        // Our buffer and the sender's, both from `half` to `n`.
+        auto tail = [](const iovec *in, size_t count, size_t from, size_t len, iovec *out,
+                       size_t room) {
+            size_t k = 0;
+            for (size_t i = 0; i < count && len && k < room; ++i) {
+                if (from >= in[i].iov_len) {
+                    from -= in[i].iov_len;
+                    continue;
+                }
+                size_t take = std::min(in[i].iov_len - from, len);
+                out[k++] = {static_cast<uint8_t *>(in[i].iov_base) + from, take};
+                len -= take;
+                from = 0;
+            }
+            return k;
+        };
+        nlocal = tail(split.entry->iov, split.entry->count, split.half, split.n - split.half, local,
+                      wire::kLocalMaxIov * 4);
+        nrest = tail(split.remote, split.nremote, split.half, split.n - split.half, rest,
+                     wire::kLocalMaxIov);
+        ssize_t got = cma_read(split.hdr.pid, local, nlocal, rest, nrest);
+        if (got < 0 || size_t(got) != split.n - split.half)
+            err = got == -ESRCH ? FI_ECONNRESET : FI_EIO;
+    }
+    answer(sender, split.hdr.msg_id, err);
+    complete_rx(split.entry, split.hdr, split.n, err, split.src);
 }
 
 // ------------------------------------------------------------------------------------------

@@ -112,7 +112,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         uint64_t flags = 0;
         size_t len = 0;
         PeerLink *link = nullptr;
-        std::vector<iovec> iov;  // a read's destination
+        std::vector<iovec> iov;  // a read's destination, a send's source (for Cts)
         size_t received = 0;
     };
     struct Staged {  // a Frag message being assembled
@@ -140,6 +140,10 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
                  const uint8_t *data, const wire::LocalIov *iov, fi_addr_t src);
     void handle_rma(const wire::LocalHeader &hdr, std::string_view sender, const uint8_t *body);
     void finish_pending(uint64_t msg_id, int status);
+    void complete_rx(fi_peer_rx_entry *entry, const wire::LocalHeader &hdr, size_t n, int err,
+                     fi_addr_t src);
+    void handle_cts(const wire::LocalHeader &hdr, std::string_view sender, const uint8_t *body);
+    void handle_write_done(const wire::LocalHeader &hdr, std::string_view sender);
     void answer(std::string_view sender, uint64_t msg_id, int status);
     fi_addr_t source_of(std::string_view sender);
     void check_peers();
@@ -174,6 +178,18 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     std::unordered_map<uint64_t, Pending> pending_;
     std::map<std::pair<std::string, uint64_t>, Staged> staged_;
     std::set<HeldMessage *> held_;
+    // Rts messages copied by both sides: the receiver's half is done, the sender's pending.
+    struct Split {
+        fi_peer_rx_entry *entry;
+        wire::LocalHeader hdr;
+        size_t n;                          // bytes delivered in all
+        size_t half;                       // where the sender's part starts
+        iovec remote[wire::kLocalMaxIov];  // the sender's buffers (to read its part if it fails)
+        size_t nremote;
+        int err;
+        fi_addr_t src;
+    };
+    std::map<std::pair<std::string, uint64_t>, Split> splits_;
     struct TxCompletion {
         void *context;
         uint64_t flags;
