@@ -189,6 +189,22 @@ size_t copy_from_iov(uint8_t *dst, const iovec *iov, size_t count, size_t offset
     return done;
 }
 
+// Bytes [from, from + len) of a scatter list, as a scatter list of at most `room` entries.
+size_t slice(const iovec *in, size_t count, size_t from, size_t len, iovec *out, size_t room) {
+    size_t k = 0;
+    for (size_t i = 0; i < count && len && k < room; ++i) {
+        if (from >= in[i].iov_len) {
+            from -= in[i].iov_len;
+            continue;
+        }
+        size_t take = std::min(in[i].iov_len - from, len);
+        out[k++] = {static_cast<uint8_t *>(in[i].iov_base) + from, take};
+        len -= take;
+        from = 0;
+    }
+    return k;
+}
+
 // The first `len` bytes of a scatter list.
 size_t clip(const iovec *in, size_t count, size_t len, iovec *out) {
     size_t n = 0;
@@ -896,23 +912,9 @@ void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::str
         PeerLink *link = key ? link_for_key(*key) : nullptr;
         iovec mine[wire::kLocalMaxIov];
         size_t nmine = 0;
-        if (n >= wire::kLocalSplitMin && link && link->cma && !link->dead) {
-            // Our buffer from `half` on, as the sender will see it.
-            size_t skip = half;
-            for (size_t i = 0; i < entry->count && nmine < wire::kLocalMaxIov; ++i) {
-                size_t len = std::min(entry->iov[i].iov_len, n - std::min(n, skip) + skip);
-                if (skip >= entry->iov[i].iov_len) {
-                    skip -= entry->iov[i].iov_len;
-                    continue;
-                }
-                (void)len;
-                size_t take =
-                    std::min(entry->iov[i].iov_len - skip, n - half - iov_len(mine, nmine));
-                if (!take) break;
-                mine[nmine++] = {static_cast<uint8_t *>(entry->iov[i].iov_base) + skip, take};
-                skip = 0;
-            }
-        }
+        // Our buffer from `half` on, as the sender will see it.
+        if (n >= wire::kLocalSplitMin && link && link->cma && !link->dead)
+            nmine = slice(entry->iov, entry->count, half, n - half, mine, wire::kLocalMaxIov);
         if (nmine && iov_len(mine, nmine) == n - half) {
             LocalHeader cts = proto_;
             cts.op = static_cast<uint8_t>(LocalOp::Cts);
@@ -980,23 +982,14 @@ void Endpoint::handle_cts(const LocalHeader &hdr, std::string_view sender, const
     if (it != pending_.end() && !it->second.iov.empty()) {
         Pending &p = it->second;
         iovec local[wire::kLocalMaxIov];
-        size_t nlocal = 0, skip = hdr.offset, left = hdr.total;
-        for (const iovec &v : p.iov) {
-            if (!left || nlocal == wire::kLocalMaxIov) break;
-            if (skip >= v.iov_len) {
-                skip -= v.iov_len;
-                continue;
-            }
-            size_t take = std::min(v.iov_len - skip, left);
-            local[nlocal++] = {static_cast<uint8_t *>(v.iov_base) + skip, take};
-            left -= take;
-            skip = 0;
-        }
+        size_t nlocal =
+            slice(p.iov.data(), p.iov.size(), hdr.offset, hdr.total, local, wire::kLocalMaxIov);
+        bool whole = iov_len(local, nlocal) == hdr.total;
         auto *dst = reinterpret_cast<const LocalIov *>(body);
         iovec remote[wire::kLocalMaxIov];
         for (size_t i = 0; i < hdr.iov_count; ++i)
             remote[i] = {reinterpret_cast<void *>(dst[i].addr), dst[i].length};
-        ssize_t put = left ? -EINVAL : cma_write(hdr.pid, local, nlocal, remote, hdr.iov_count);
+        ssize_t put = whole ? cma_write(hdr.pid, local, nlocal, remote, hdr.iov_count) : -EINVAL;
         status = (put >= 0 && uint64_t(put) == hdr.total) ? 0 : FI_EIO;
     }
     auto key = local_key(sender.data(), sender.size());
@@ -1017,28 +1010,12 @@ void Endpoint::handle_write_done(const LocalHeader &hdr, std::string_view sender
     splits_.erase(it);
     int err = split.err;
     if (!err && hdr.status != 0) {
-        iovec local[wire::kLocalMaxIov * 4], rest[wire::kLocalMaxIov];
-        size_t nlocal = 0, nrest = 0;
         // Our buffer and the sender's, both from `half` to `n`.
-        auto tail = [](const iovec *in, size_t count, size_t from, size_t len, iovec *out,
-                       size_t room) {
-            size_t k = 0;
-            for (size_t i = 0; i < count && len && k < room; ++i) {
-                if (from >= in[i].iov_len) {
-                    from -= in[i].iov_len;
-                    continue;
-                }
-                size_t take = std::min(in[i].iov_len - from, len);
-                out[k++] = {static_cast<uint8_t *>(in[i].iov_base) + from, take};
-                len -= take;
-                from = 0;
-            }
-            return k;
-        };
-        nlocal = tail(split.entry->iov, split.entry->count, split.half, split.n - split.half, local,
-                      wire::kLocalMaxIov * 4);
-        nrest = tail(split.remote, split.nremote, split.half, split.n - split.half, rest,
-                     wire::kLocalMaxIov);
+        iovec local[wire::kLocalMaxIov * 4], rest[wire::kLocalMaxIov];
+        size_t nlocal = slice(split.entry->iov, split.entry->count, split.half,
+                              split.n - split.half, local, wire::kLocalMaxIov * 4);
+        size_t nrest = slice(split.remote, split.nremote, split.half, split.n - split.half, rest,
+                             wire::kLocalMaxIov);
         ssize_t got = cma_read(split.hdr.pid, local, nlocal, rest, nrest);
         if (got < 0 || size_t(got) != split.n - split.half)
             err = got == -ESRCH ? FI_ECONNRESET : FI_EIO;
