@@ -555,16 +555,7 @@ TxOp *Endpoint::alloc_tx() {
 
 // Back to the free list, reset but keeping its buffers' capacity for the next send.
 void Endpoint::free_tx(TxOp *op) {
-    std::vector<iovec> iov = std::move(op->iov);
-    std::vector<uint8_t> bounce = std::move(op->inject_copy);
-    std::vector<uint64_t> keys = std::move(op->internal_keys);
-    iov.clear();
-    bounce.clear();
-    keys.clear();
-    *op = TxOp{};
-    op->iov = std::move(iov);
-    op->inject_copy = std::move(bounce);
-    op->internal_keys = std::move(keys);
+    op->reset();
     if (tx_free_.size() < 1024)
         tx_free_.push_back(op);
     else

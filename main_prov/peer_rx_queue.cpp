@@ -27,7 +27,9 @@ peer::OwnerRxEntry *PeerRxQueue::new_entry(fi_addr_t addr, uint64_t tag, size_t 
     } else {
         e = spare_.back();
         spare_.pop_back();
-        *e = peer::OwnerRxEntry{};
+        // iov and desc are written when the entry is filled.
+        e->entry = {};
+        e->owner_op = nullptr;
     }
     e->entry.srx = export_.fid();
     e->entry.addr = addr;
