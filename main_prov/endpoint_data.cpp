@@ -6,6 +6,7 @@
 // the receiver, once matched, RDMA-reads straight into the application's buffer and answers
 // with a Fin, which completes the send. Nothing larger than one link buffer is ever held at
 // the receiver for a message nobody asked for.
+#include "common/iov.h"
 #include "common/log.h"
 #include "main_prov/av.h"
 #include "main_prov/cntr.h"
@@ -40,23 +41,6 @@ struct ControlMsg {
     wire::ProtoHeader hdr;
     uint8_t body[sizeof(wire::RtsBody)];
 };
-
-size_t iov_len(const iovec *iov, size_t count) {
-    size_t n = 0;
-    for (size_t i = 0; i < count; ++i) n += iov[i].iov_len;
-    return n;
-}
-
-// Copies len bytes from src into the iov list, returns bytes copied.
-size_t copy_to_iov(const iovec *iov, size_t count, const uint8_t *src, size_t len) {
-    size_t done = 0;
-    for (size_t i = 0; i < count && done < len; ++i) {
-        size_t n = std::min(len - done, iov[i].iov_len);
-        if (n) memcpy(iov[i].iov_base, src + done, n);
-        done += n;
-    }
-    return done;
-}
 
 int error_of(WcStatus s) {
     switch (s) {
@@ -259,7 +243,7 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
     if (a.count > kMaxIov) return -FI_EINVAL;
     std::lock_guard guard(domain_->lock());
     check_tx_ready(a.tagged ? FI_TAGGED : FI_MSG);
-    size_t len = iov_len(a.iov, a.count);
+    size_t len = iov_length(a.iov, a.count);
     if (len > info_->ep_attr->max_msg_size) return -FI_EMSGSIZE;
     if ((a.flags & FI_INJECT) && len > inject_size_) return -FI_EMSGSIZE;
     if (tx_outstanding_ >= info_->tx_attr->size) {
@@ -341,7 +325,7 @@ ssize_t Endpoint::post_rma(const RmaArgs &a) {
     std::lock_guard guard(domain_->lock());
     check_tx_ready(a.write ? (FI_RMA | FI_WRITE) : (FI_RMA | FI_READ));
     if (!(caps_ & FI_RMA)) return -FI_EOPNOTSUPP;
-    size_t len = iov_len(a.iov, a.count);
+    size_t len = iov_length(a.iov, a.count);
     if (len > info_->ep_attr->max_msg_size) return -FI_EMSGSIZE;
     if ((a.flags & FI_INJECT) && len > inject_size_) return -FI_EMSGSIZE;
     if (tx_outstanding_ >= info_->tx_attr->size) {
@@ -497,11 +481,7 @@ void Endpoint::take_payload(TxOp *op, const iovec *iov, size_t count, size_t len
         return;
     }
     op->inject_copy.resize(len);
-    size_t off = 0;
-    for (size_t i = 0; i < count; ++i) {
-        if (iov[i].iov_len) memcpy(op->inject_copy.data() + off, iov[i].iov_base, iov[i].iov_len);
-        off += iov[i].iov_len;
-    }
+    iov_gather(op->inject_copy.data(), iov, count, 0, len);
     if (len) op->iov.push_back({op->inject_copy.data(), len});
 }
 
@@ -644,7 +624,7 @@ ssize_t Endpoint::post_recv_on(RxMatcher &m, Endpoint *report_ep, uint64_t caps,
     rx->op_flags = a.flags;
     rx->count = a.count;
     for (size_t i = 0; i < a.count; ++i) rx->iov[i] = a.iov[i];
-    rx->total = iov_len(a.iov, a.count);
+    rx->total = iov_length(a.iov, a.count);
     rx->src = a.src;
     rx->tag = a.tag;
     rx->ignore = a.ignore;
@@ -713,7 +693,7 @@ ssize_t Endpoint::peek_or_claim_on(RxMatcher &m, Endpoint *report_ep, uint64_t c
     probe.op_flags = a.flags;
     probe.count = std::min(a.count, kMaxIov);
     for (size_t i = 0; i < probe.count; ++i) probe.iov[i] = a.iov[i];
-    probe.total = iov_len(probe.iov, probe.count);
+    probe.total = iov_length(probe.iov, probe.count);
     probe.tag = a.tag;
     probe.ignore = a.ignore;
     probe.tagged = true;
@@ -877,7 +857,7 @@ void Endpoint::release_rx(RxOp *rx) {
 void Endpoint::deliver_eager(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,
                              const uint8_t *payload, fi_addr_t src) {
     keep_order(rx, conn);
-    size_t copied = copy_to_iov(rx->iov, rx->count, payload, hdr.size);
+    size_t copied = iov_scatter(rx->iov, rx->count, 0, payload, hdr.size);
     int err = copied < hdr.size ? FI_ETRUNC : 0;
     rx_complete(rx, copied, hdr.tag, hdr.cq_data, hdr.flags, src, err, hdr.size - copied);
 }

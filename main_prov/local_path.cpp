@@ -1,5 +1,6 @@
 #include "main_prov/local_path.h"
 
+#include "common/iov.h"
 #include "common/log.h"
 #include "main_prov/av.h"
 #include "main_prov/domain.h"
@@ -150,9 +151,7 @@ int LocalPath::send(TxOp *op, const iovec *iov, size_t count, fi_addr_t dest, ui
 
 int LocalPath::rma(TxOp *op, const iovec *iov, size_t count, fi_addr_t peer, uint64_t addr,
                    uint64_t key, uint64_t flags, uint64_t data, bool write) {
-    size_t len = 0;
-    for (size_t i = 0; i < count; ++i) len += iov[i].iov_len;
-    fi_rma_iov rma{addr, len, key};
+    fi_rma_iov rma{addr, iov_length(iov, count), key};
     fi_msg_rma msg{iov, nullptr, count, peer, &rma, 1, op, data};
     flags = (flags & FI_REMOTE_CQ_DATA) | FI_COMPLETION;
     return static_cast<int>(write ? fi_writemsg(twin_, &msg, flags)
@@ -202,14 +201,19 @@ void LocalPath::wait_fds(std::vector<int> &out) {
     ops_->arm(twin_);
 }
 
+// A receive's completion flags as the protocol flags rx_complete keeps.
+static uint8_t proto_flags_of(uint64_t flags) {
+    return ((flags & FI_TAGGED) ? wire::kProtoTagged : 0) |
+           ((flags & FI_REMOTE_CQ_DATA) ? wire::kProtoCqData : 0);
+}
+
 // The twin's completions: the contexts are tandem's operations (see the header).
 ssize_t LocalPath::peer_write(void *context, uint64_t flags, size_t len, void *, uint64_t data,
                               uint64_t tag, fi_addr_t src) {
     std::lock_guard guard(ep_.domain()->lock());
     if (flags & FI_RECV) {
-        uint8_t proto = ((flags & FI_TAGGED) ? wire::kProtoTagged : 0) |
-                        ((flags & FI_REMOTE_CQ_DATA) ? wire::kProtoCqData : 0);
-        ep_.rx_complete(static_cast<RxOp *>(context), len, tag, data, proto, src, 0, 0);
+        ep_.rx_complete(static_cast<RxOp *>(context), len, tag, data, proto_flags_of(flags), src, 0,
+                        0);
         return 0;
     }
     if (flags & FI_REMOTE_WRITE) {
@@ -226,10 +230,9 @@ ssize_t LocalPath::peer_writeerr(const fi_cq_err_entry &err) {
     std::lock_guard guard(ep_.domain()->lock());
     if (!err.op_context) return -FI_EINVAL;
     if (err.flags & FI_RECV) {
-        uint8_t proto = ((err.flags & FI_TAGGED) ? wire::kProtoTagged : 0) |
-                        ((err.flags & FI_REMOTE_CQ_DATA) ? wire::kProtoCqData : 0);
-        ep_.rx_complete(static_cast<RxOp *>(err.op_context), err.len, err.tag, err.data, proto,
-                        FI_ADDR_NOTAVAIL, err.err ? err.err : FI_EIO, err.olen);
+        ep_.rx_complete(static_cast<RxOp *>(err.op_context), err.len, err.tag, err.data,
+                        proto_flags_of(err.flags), FI_ADDR_NOTAVAIL, err.err ? err.err : FI_EIO,
+                        err.olen);
         return 0;
     }
     auto *op = static_cast<TxOp *>(err.op_context);

@@ -1,5 +1,6 @@
 #include "offload_prov/endpoint.h"
 
+#include "common/iov.h"
 #include "common/log.h"
 #include "offload_prov/av.h"
 #include "offload_prov/config.h"
@@ -151,70 +152,6 @@ const uint64_t g_probe_word = SegmentInfo::kMagic;
 
 SegmentInfo *info_of(const ShmSegment &segment) {
     return static_cast<SegmentInfo *>(segment.data());
-}
-
-size_t iov_len(const iovec *iov, size_t count) {
-    size_t n = 0;
-    for (size_t i = 0; i < count; ++i) n += iov[i].iov_len;
-    return n;
-}
-
-size_t copy_to_iov(const iovec *iov, size_t count, size_t offset, const uint8_t *src, size_t len) {
-    size_t done = 0;
-    for (size_t i = 0; i < count && done < len; ++i) {
-        if (offset >= iov[i].iov_len) {
-            offset -= iov[i].iov_len;
-            continue;
-        }
-        size_t n = std::min(iov[i].iov_len - offset, len - done);
-        memcpy(static_cast<uint8_t *>(iov[i].iov_base) + offset, src + done, n);
-        done += n;
-        offset = 0;
-    }
-    return done;
-}
-
-size_t copy_from_iov(uint8_t *dst, const iovec *iov, size_t count, size_t offset, size_t len) {
-    size_t done = 0;
-    for (size_t i = 0; i < count && done < len; ++i) {
-        if (offset >= iov[i].iov_len) {
-            offset -= iov[i].iov_len;
-            continue;
-        }
-        size_t n = std::min(iov[i].iov_len - offset, len - done);
-        memcpy(dst + done, static_cast<const uint8_t *>(iov[i].iov_base) + offset, n);
-        done += n;
-        offset = 0;
-    }
-    return done;
-}
-
-// Bytes [from, from + len) of a scatter list, as a scatter list of at most `room` entries.
-size_t slice(const iovec *in, size_t count, size_t from, size_t len, iovec *out, size_t room) {
-    size_t k = 0;
-    for (size_t i = 0; i < count && len && k < room; ++i) {
-        if (from >= in[i].iov_len) {
-            from -= in[i].iov_len;
-            continue;
-        }
-        size_t take = std::min(in[i].iov_len - from, len);
-        out[k++] = {static_cast<uint8_t *>(in[i].iov_base) + from, take};
-        len -= take;
-        from = 0;
-    }
-    return k;
-}
-
-// The first `len` bytes of a scatter list.
-size_t clip(const iovec *in, size_t count, size_t len, iovec *out) {
-    size_t n = 0;
-    for (size_t i = 0; i < count && len; ++i) {
-        size_t take = std::min(in[i].iov_len, len);
-        if (!take) continue;
-        out[n++] = {in[i].iov_base, take};
-        len -= take;
-    }
-    return n;
 }
 
 const uint8_t *body_of(const uint8_t *cell) {
@@ -468,7 +405,7 @@ void Endpoint::push_gather(PeerLink &link, const LocalHeader &hdr, const iovec *
     auto fill = [&](uint8_t *cell) {
         memcpy(cell, &hdr, sizeof hdr);
         memcpy(cell + sizeof hdr, name_, wire::kLocalNameRoom);
-        copy_from_iov(cell + sizeof hdr + wire::kLocalNameRoom, iov, count, offset, len);
+        iov_gather(cell + sizeof hdr + wire::kLocalNameRoom, iov, count, offset, len);
     };
     if (link.backlog.empty()) {
         if (void *cell = link.ring->try_reserve()) {
@@ -483,6 +420,21 @@ void Endpoint::push_gather(PeerLink &link, const LocalHeader &hdr, const iovec *
     fill(cell.data());
     if (link.backlog.empty()) ++backlogged_;
     link.backlog.push_back(std::move(cell));
+}
+
+// A payload in as many cells as it takes (Frag, WriteFrag, ReadData): each carries its
+// offset, the last one kLocalLast (an empty payload still sends that one cell).
+void Endpoint::push_staged(PeerLink &link, LocalHeader hdr, const iovec *iov, size_t count,
+                           size_t len) {
+    const size_t room = wire::kLocalBodyRoom;
+    size_t off = 0;
+    do {
+        hdr.offset = off;
+        hdr.size = static_cast<uint32_t>(std::min(room, len - off));
+        if (off + hdr.size == len) hdr.flags |= wire::kLocalLast;
+        push_gather(link, hdr, iov, count, off, hdr.size);
+        off += hdr.size;
+    } while (off < len);
 }
 
 bool Endpoint::flush(PeerLink &link) {
@@ -530,10 +482,16 @@ int Endpoint::arm() {
     return pending ? 1 : 0;
 }
 
-void Endpoint::answer(std::string_view sender, uint64_t msg_id, int status) {
+// The inbox of the endpoint that sent a cell (named by its address bytes), if it lives.
+Endpoint::PeerLink *Endpoint::link_to(std::string_view sender) {
     auto key = local_key(sender.data(), sender.size());
     PeerLink *link = key ? link_for_key(*key) : nullptr;
-    if (!link || link->dead) return;  // the sender is gone: nobody waits for the answer
+    return link && !link->dead ? link : nullptr;
+}
+
+void Endpoint::answer(std::string_view sender, uint64_t msg_id, int status) {
+    PeerLink *link = link_to(sender);
+    if (!link) return;  // the sender is gone: nobody waits for the answer
     LocalHeader hdr = proto_;
     hdr.op = static_cast<uint8_t>(LocalOp::Fin);
     hdr.msg_id = msg_id;
@@ -562,7 +520,7 @@ ssize_t Endpoint::post_send(const iovec *iov, size_t count, fi_addr_t dest, uint
     if ((count && !iov) || count > wire::kLocalMaxIov) return -FI_EINVAL;
     PeerLink *link = link_for(dest);
     if (!link) return -FI_EHOSTUNREACH;
-    size_t len = iov_len(iov, count);
+    size_t len = iov_length(iov, count);
     uint64_t cq_flags = FI_SEND | (tagged ? FI_TAGGED : FI_MSG);
     if (link->dead) {
         complete_tx(context, cq_flags, len, FI_ECONNRESET);
@@ -605,13 +563,7 @@ ssize_t Endpoint::post_send(const iovec *iov, size_t count, fi_addr_t dest, uint
     }
     // No cross-memory attach: stage the message through the ring, a cell at a time.
     hdr.op = static_cast<uint8_t>(LocalOp::Frag);
-    const size_t room = wire::kLocalBodyRoom;
-    for (size_t off = 0; off < len; off += room) {
-        hdr.offset = off;
-        hdr.size = static_cast<uint32_t>(std::min(room, len - off));
-        if (off + hdr.size == len) hdr.flags |= wire::kLocalLast;
-        push_gather(*link, hdr, iov, count, off, hdr.size);
-    }
+    push_staged(*link, hdr, iov, count, len);
     if (!ack) complete_tx(context, cq_flags, len, 0);
     return 0;
 }
@@ -634,7 +586,7 @@ ssize_t Endpoint::post_rma(const iovec *iov, size_t count, const fi_rma_iov &rma
     if ((count && !iov) || count > wire::kLocalMaxIov) return -FI_EINVAL;
     PeerLink *link = link_for(dest);
     if (!link) return -FI_EHOSTUNREACH;
-    size_t len = iov_len(iov, count);
+    size_t len = iov_length(iov, count);
     uint64_t cq_flags = FI_RMA | (write ? FI_WRITE : FI_READ);
     if (link->dead) {
         complete_tx(context, cq_flags, len, FI_ECONNRESET);
@@ -673,13 +625,7 @@ ssize_t Endpoint::post_rma(const iovec *iov, size_t count, const fi_rma_iov &rma
         push(*link, hdr, body, n * sizeof(LocalIov));
     } else {
         hdr.op = static_cast<uint8_t>(LocalOp::WriteFrag);
-        const size_t room = wire::kLocalBodyRoom;
-        for (size_t off = 0; off < len; off += room) {
-            hdr.offset = off;
-            hdr.size = static_cast<uint32_t>(std::min(room, len - off));
-            if (off + hdr.size == len) hdr.flags |= wire::kLocalLast;
-            push_gather(*link, hdr, iov, count, off, hdr.size);
-        }
+        push_staged(*link, hdr, iov, count, len);
     }
     return 0;
 }
@@ -828,7 +774,7 @@ void Endpoint::handle_cell(const uint8_t *cell) {
             auto it = pending_.find(hdr.msg_id);
             if (it == pending_.end()) return;
             Pending &p = it->second;
-            copy_to_iov(p.iov.data(), p.iov.size(), hdr.offset, body, hdr.size);
+            iov_scatter(p.iov.data(), p.iov.size(), hdr.offset, body, hdr.size);
             p.received += hdr.size;
             if (hdr.flags & wire::kLocalLast) finish_pending(hdr.msg_id, 0);
             return;
@@ -892,11 +838,11 @@ void Endpoint::handle_message(const LocalHeader &hdr, std::string_view sender, f
 // owner's CQ and hands the entry back.
 void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::string_view sender,
                        const uint8_t *data, const LocalIov *rts_iov, fi_addr_t src) {
-    size_t room = iov_len(entry->iov, entry->count);
+    size_t room = iov_length(entry->iov, entry->count);
     size_t n = std::min<size_t>(hdr.total, room);
     int err = 0;
     if (data) {
-        copy_to_iov(entry->iov, entry->count, 0, data, n);
+        iov_scatter(entry->iov, entry->count, 0, data, n);
     } else if (n) {
         iovec remote[wire::kLocalMaxIov];
         size_t nremote = 0, left = n;
@@ -908,14 +854,13 @@ void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::str
         // A large message is copied by both sides at once: the sender writes the second
         // half into our buffer while we read the first (two cores, twice the copy rate).
         size_t half = (n / 2) & ~size_t(4095);
-        auto key = local_key(sender.data(), sender.size());
-        PeerLink *link = key ? link_for_key(*key) : nullptr;
+        PeerLink *link = link_to(sender);
         iovec mine[wire::kLocalMaxIov];
         size_t nmine = 0;
         // Our buffer from `half` on, as the sender will see it.
-        if (n >= wire::kLocalSplitMin && link && link->cma && !link->dead)
-            nmine = slice(entry->iov, entry->count, half, n - half, mine, wire::kLocalMaxIov);
-        if (nmine && iov_len(mine, nmine) == n - half) {
+        if (n >= wire::kLocalSplitMin && link && link->cma)
+            nmine = iov_slice(entry->iov, entry->count, half, n - half, mine, wire::kLocalMaxIov);
+        if (nmine && iov_length(mine, nmine) == n - half) {
             LocalHeader cts = proto_;
             cts.op = static_cast<uint8_t>(LocalOp::Cts);
             cts.msg_id = hdr.msg_id;
@@ -927,9 +872,8 @@ void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::str
                 body[i] = {reinterpret_cast<uint64_t>(mine[i].iov_base), mine[i].iov_len};
             push(*link, cts, body, nmine * sizeof(LocalIov));
             iovec local[wire::kLocalMaxIov * 4], first[wire::kLocalMaxIov];
-            size_t nlocal = clip(entry->iov, std::min<size_t>(entry->count, wire::kLocalMaxIov * 4),
-                                 half, local);
-            size_t nfirst = clip(remote, nremote, half, first);
+            size_t nlocal = iov_slice(entry->iov, entry->count, 0, half, local, std::size(local));
+            size_t nfirst = iov_slice(remote, nremote, 0, half, first, std::size(first));
             ssize_t got = cma_read(hdr.pid, local, nlocal, first, nfirst);
             Split split{entry, hdr, n, half, {}, nremote, 0, src};
             for (size_t i = 0; i < nremote; ++i) split.remote[i] = remote[i];
@@ -938,8 +882,7 @@ void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::str
             return;  // completed by the sender's WriteDone
         }
         iovec local[wire::kLocalMaxIov * 4];
-        size_t nlocal =
-            clip(entry->iov, std::min<size_t>(entry->count, wire::kLocalMaxIov * 4), n, local);
+        size_t nlocal = iov_slice(entry->iov, entry->count, 0, n, local, std::size(local));
         ssize_t got = cma_read(hdr.pid, local, nlocal, remote, nremote);
         if (got < 0 || size_t(got) != n) err = got == -ESRCH ? FI_ECONNRESET : FI_EIO;
     }
@@ -951,7 +894,7 @@ void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::str
 // The receive's completion to the owner's CQ, and its entry back to the owner.
 void Endpoint::complete_rx(fi_peer_rx_entry *entry, const LocalHeader &hdr, size_t n, int err,
                            fi_addr_t src) {
-    size_t room = iov_len(entry->iov, entry->count);
+    size_t room = iov_length(entry->iov, entry->count);
     if (!err && hdr.total > room) err = FI_ETRUNC;
     uint64_t flags = FI_RECV | ((hdr.flags & wire::kLocalTagged) ? FI_TAGGED : FI_MSG) |
                      ((hdr.flags & wire::kLocalCqData) ? FI_REMOTE_CQ_DATA : 0) |
@@ -983,8 +926,8 @@ void Endpoint::handle_cts(const LocalHeader &hdr, std::string_view sender, const
         Pending &p = it->second;
         iovec local[wire::kLocalMaxIov];
         size_t nlocal =
-            slice(p.iov.data(), p.iov.size(), hdr.offset, hdr.total, local, wire::kLocalMaxIov);
-        bool whole = iov_len(local, nlocal) == hdr.total;
+            iov_slice(p.iov.data(), p.iov.size(), hdr.offset, hdr.total, local, wire::kLocalMaxIov);
+        bool whole = iov_length(local, nlocal) == hdr.total;
         auto *dst = reinterpret_cast<const LocalIov *>(body);
         iovec remote[wire::kLocalMaxIov];
         for (size_t i = 0; i < hdr.iov_count; ++i)
@@ -992,9 +935,8 @@ void Endpoint::handle_cts(const LocalHeader &hdr, std::string_view sender, const
         ssize_t put = whole ? cma_write(hdr.pid, local, nlocal, remote, hdr.iov_count) : -EINVAL;
         status = (put >= 0 && uint64_t(put) == hdr.total) ? 0 : FI_EIO;
     }
-    auto key = local_key(sender.data(), sender.size());
-    PeerLink *link = key ? link_for_key(*key) : nullptr;
-    if (!link || link->dead) return;
+    PeerLink *link = link_to(sender);
+    if (!link) return;
     LocalHeader done = proto_;
     done.op = static_cast<uint8_t>(LocalOp::WriteDone);
     done.msg_id = hdr.msg_id;
@@ -1012,10 +954,10 @@ void Endpoint::handle_write_done(const LocalHeader &hdr, std::string_view sender
     if (!err && hdr.status != 0) {
         // Our buffer and the sender's, both from `half` to `n`.
         iovec local[wire::kLocalMaxIov * 4], rest[wire::kLocalMaxIov];
-        size_t nlocal = slice(split.entry->iov, split.entry->count, split.half,
-                              split.n - split.half, local, wire::kLocalMaxIov * 4);
-        size_t nrest = slice(split.remote, split.nremote, split.half, split.n - split.half, rest,
-                             wire::kLocalMaxIov);
+        size_t nlocal = iov_slice(split.entry->iov, split.entry->count, split.half,
+                                  split.n - split.half, local, wire::kLocalMaxIov * 4);
+        size_t nrest = iov_slice(split.remote, split.nremote, split.half, split.n - split.half,
+                                 rest, wire::kLocalMaxIov);
         ssize_t got = cma_read(split.hdr.pid, local, nlocal, rest, nrest);
         if (got < 0 || size_t(got) != split.n - split.half)
             err = got == -ESRCH ? FI_ECONNRESET : FI_EIO;
@@ -1050,10 +992,7 @@ void Endpoint::send_hellos() {
         iovec iov{hello, sizeof *hello};
         fi_msg_tagged msg{&iov, nullptr, 1, addr, wire::kTwinHelloTag, 0, hello, 0};
         ssize_t ret = fi_tsendmsg(owner_ep_, &msg, FI_PEER_TRANSFER);
-        if (ret == 0) {
-            ++hellos_in_flight_;
-            continue;
-        }
+        if (ret == 0) continue;
         delete hello;
         if (ret == -FI_EAGAIN)
             introductions_.push_back(addr);
@@ -1079,18 +1018,16 @@ void Endpoint::transfer_complete(const fi_cq_tagged_entry &entry, fi_addr_t src)
     }
     // One of our hellos went out.
     delete static_cast<wire::TwinHello *>(entry.op_context);
-    --hellos_in_flight_;
 }
 
 void Endpoint::transfer_error(const fi_cq_err_entry &err) {
     if (err.op_context == &hello_rx_ctx_) {
         TANDEM_INFO(FI_LOG_EP_CTRL, "twin hello receive failed: %s\n", fi_strerror(err.err));
-        hello_posted_ = closing_;
+        hello_posted_ = err.err == FI_ECANCELED;  // repost, unless it was cancelled
         return;
     }
     TANDEM_INFO(FI_LOG_EP_CTRL, "twin hello not delivered: %s\n", fi_strerror(err.err));
     delete static_cast<wire::TwinHello *>(err.op_context);
-    --hellos_in_flight_;
 }
 
 int Endpoint::remote_twin(fi_addr_t addr, uint64_t *caps) const {
@@ -1163,14 +1100,14 @@ void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const
     switch (op) {
         case LocalOp::Write:
             if (hdr.iov_count == 0) {
-                copy_to_iov(pieces, npieces, 0, body, std::min<size_t>(hdr.size, len));
+                iov_scatter(pieces, npieces, 0, body, std::min<size_t>(hdr.size, len));
             } else {
                 ssize_t got = cma_read(hdr.pid, pieces, npieces, remote, hdr.iov_count);
                 if (got < 0 || size_t(got) != len) status = FI_EIO;
             }
             break;
         case LocalOp::WriteFrag:
-            copy_to_iov(pieces, npieces, 0, body, len);
+            iov_scatter(pieces, npieces, 0, body, len);
             last = hdr.flags & wire::kLocalLast;
             break;
         case LocalOp::Read: {
@@ -1179,24 +1116,13 @@ void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const
             if (put >= 0 && size_t(put) == len) break;
             if (put == -EPERM || put == -ENOSYS || hdr.iov_count == 0) {
                 // Staged answer: the data travels back in ReadData cells.
-                auto key = local_key(sender.data(), sender.size());
-                PeerLink *link = key ? link_for_key(*key) : nullptr;
-                if (!link || link->dead) return;
+                PeerLink *link = link_to(sender);
+                if (!link) return;
                 LocalHeader out = proto_;
                 out.op = static_cast<uint8_t>(LocalOp::ReadData);
                 out.msg_id = hdr.msg_id;
                 out.total = len;
-                const size_t room = wire::kLocalBodyRoom;
-                if (len == 0) {
-                    out.flags = wire::kLocalLast;
-                    push(*link, out, nullptr, 0);
-                }
-                for (size_t off = 0; off < len; off += room) {
-                    out.offset = off;
-                    out.size = static_cast<uint32_t>(std::min(room, len - off));
-                    if (off + out.size == len) out.flags |= wire::kLocalLast;
-                    push_gather(*link, out, pieces, npieces, off, out.size);
-                }
+                push_staged(*link, out, pieces, npieces, len);
                 if (owner_ep_ops_) owner_ep_ops_->access_done(owner_ep_, hdr.rma_key, access);
                 return;
             }

@@ -130,7 +130,10 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     void push(PeerLink &link, const wire::LocalHeader &hdr, const void *body, size_t len);
     void push_gather(PeerLink &link, const wire::LocalHeader &hdr, const iovec *iov, size_t count,
                      size_t offset, size_t len);
+    void push_staged(PeerLink &link, wire::LocalHeader hdr, const iovec *iov, size_t count,
+                     size_t len);
     bool flush(PeerLink &link);
+    PeerLink *link_to(std::string_view sender);
     void notify(PeerLink &link);
     void handle_cell(const uint8_t *cell);
     void handle_message(const wire::LocalHeader &hdr, std::string_view sender, fi_addr_t src,
@@ -203,10 +206,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     wire::TwinHello hello_in_{};
     int hello_rx_ctx_ = 0;  // its address is the receive's context
     bool hello_posted_ = false;
-    bool closing_ = false;
     std::vector<fi_addr_t> introductions_;
     std::unordered_map<fi_addr_t, uint64_t> remote_twins_;
-    size_t hellos_in_flight_ = 0;
     size_t backlogged_ = 0;  // links with cells waiting for room in their peer's ring
     std::chrono::steady_clock::time_point next_check_{};
 };

@@ -1,6 +1,7 @@
 #include "main_prov/link/tcp_link.h"
 
 #include "common/fabric_error.h"
+#include "common/iov.h"
 #include "common/log.h"
 
 #include <rdma/fabric.h>
@@ -53,12 +54,6 @@ void set_socket_options(int fd, size_t buffer) {
     }
 }
 
-size_t iov_total(const iovec *iov, size_t count) {
-    size_t total = 0;
-    for (size_t i = 0; i < count; ++i) total += iov[i].iov_len;
-    return total;
-}
-
 WcStatus status_from_wire(uint8_t status) {
     switch (static_cast<wire::TcpStatus>(status)) {
         case wire::TcpStatus::Ok:
@@ -100,15 +95,11 @@ TcpConnection::OutFrame TcpConnection::make_frame(wire::TcpOp op, const iovec *i
                                                   bool copy_payload) {
     OutFrame f;
     f.hdr.op = static_cast<uint8_t>(op);
-    size_t len = iov_total(iov, count);
+    size_t len = iov_length(iov, count);
     f.hdr.length = len;
     if (copy_payload && len) {
         f.inline_copy.resize(len);
-        size_t off = 0;
-        for (size_t i = 0; i < count; ++i) {
-            memcpy(f.inline_copy.data() + off, iov[i].iov_base, iov[i].iov_len);
-            off += iov[i].iov_len;
-        }
+        iov_gather(f.inline_copy.data(), iov, count, 0, len);
         f.iov[f.iov_count++] = {f.inline_copy.data(), len};
     } else {
         for (size_t i = 0; i < count; ++i)
@@ -146,7 +137,7 @@ int TcpConnection::queue_wr(OutFrame &&frame, uint64_t wr_id, WcOpcode opcode,
 }
 
 int TcpConnection::post_send(const iovec *iov, size_t count, const uint32_t *imm, uint64_t wr_id) {
-    size_t len = iov_total(iov, count);
+    size_t len = iov_length(iov, count);
     if (len > transport_->caps().max_send_size || count > transport_->caps().max_sge)
         return count > transport_->caps().max_sge ? -FI_EINVAL : -FI_EMSGSIZE;
     OutFrame f = make_frame(wire::TcpOp::Send, iov, count, len <= transport_->caps().max_inline);
@@ -159,7 +150,7 @@ int TcpConnection::post_send(const iovec *iov, size_t count, const uint32_t *imm
 
 int TcpConnection::post_write(const iovec *iov, size_t count, RemoteRegion dst, const uint32_t *imm,
                               uint64_t wr_id) {
-    size_t len = iov_total(iov, count);
+    size_t len = iov_length(iov, count);
     if (len > transport_->caps().max_rdma_size || count > transport_->caps().max_sge)
         return -FI_EMSGSIZE;
     OutFrame f = make_frame(wire::TcpOp::Write, iov, count, len <= transport_->caps().max_inline);
@@ -173,7 +164,7 @@ int TcpConnection::post_write(const iovec *iov, size_t count, RemoteRegion dst, 
 }
 
 int TcpConnection::post_read(const iovec *iov, size_t count, RemoteRegion src, uint64_t wr_id) {
-    size_t len = iov_total(iov, count);
+    size_t len = iov_length(iov, count);
     if (len > transport_->caps().max_rdma_size || count > transport_->caps().max_sge)
         return -FI_EMSGSIZE;
     OutFrame f = make_frame(wire::TcpOp::ReadReq, nullptr, 0, false);
@@ -403,22 +394,9 @@ bool TcpConnection::read_payload() {
         size_t remaining = total - payload_done_;
         if (buffered) {
             size_t take = std::min(buffered, remaining);
-            if (!dst_discard_) {
-                const uint8_t *src = rxbuf_.data() + rx_head_;
-                size_t off = payload_done_, left = take;
-                for (auto &v : dst_iov_) {
-                    if (!left) break;
-                    if (off >= v.iov_len) {
-                        off -= v.iov_len;
-                        continue;
-                    }
-                    size_t n = std::min(left, v.iov_len - off);
-                    memcpy(static_cast<uint8_t *>(v.iov_base) + off, src, n);
-                    src += n;
-                    left -= n;
-                    off = 0;
-                }
-            }
+            if (!dst_discard_)
+                iov_scatter(dst_iov_.data(), dst_iov_.size(), payload_done_,
+                            rxbuf_.data() + rx_head_, take);
             rx_head_ += take;
             payload_done_ += take;
             continue;
@@ -426,18 +404,8 @@ bool TcpConnection::read_payload() {
         if (remaining >= kDirectReadThreshold && !dst_discard_) {
             // Large payload: straight from the socket into its destination.
             iovec iov[kMaxSendIov];
-            size_t n = 0, off = payload_done_, want = remaining;
-            for (auto &v : dst_iov_) {
-                if (n == kMaxSendIov || !want) break;
-                if (off >= v.iov_len) {
-                    off -= v.iov_len;
-                    continue;
-                }
-                size_t len = std::min(want, v.iov_len - off);
-                iov[n++] = {static_cast<uint8_t *>(v.iov_base) + off, len};
-                want -= len;
-                off = 0;
-            }
+            size_t n = iov_slice(dst_iov_.data(), dst_iov_.size(), payload_done_, remaining, iov,
+                                 kMaxSendIov);
             msghdr msg{};
             msg.msg_iov = iov;
             msg.msg_iovlen = n;

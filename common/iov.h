@@ -1,0 +1,74 @@
+// Scatter lists (iovec arrays): their length, copies into and out of them at an offset, and
+// a window of one as another list. Both providers move payloads between buffers the
+// application scattered and contiguous ones (link frames, ring cells, bounce copies).
+#pragma once
+
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace tandem {
+
+inline size_t iov_length(const iovec *iov, size_t count) {
+    size_t n = 0;
+    for (size_t i = 0; i < count; ++i) n += iov[i].iov_len;
+    return n;
+}
+
+// Bytes [from, from + len) of a list as a list of at most `room` entries; returns the
+// entries written (fewer bytes than len when the list or `room` runs out).
+inline size_t iov_slice(const iovec *in, size_t count, size_t from, size_t len, iovec *out,
+                        size_t room) {
+    size_t k = 0;
+    for (size_t i = 0; i < count && len && k < room; ++i) {
+        if (from >= in[i].iov_len) {
+            from -= in[i].iov_len;
+            continue;
+        }
+        size_t take = std::min(in[i].iov_len - from, len);
+        out[k++] = {static_cast<uint8_t *>(in[i].iov_base) + from, take};
+        len -= take;
+        from = 0;
+    }
+    return k;
+}
+
+// Copies len bytes of src into the list from `offset` on; returns the bytes copied.
+inline size_t iov_scatter(const iovec *iov, size_t count, size_t offset, const void *src,
+                          size_t len) {
+    auto *from = static_cast<const uint8_t *>(src);
+    size_t done = 0;
+    for (size_t i = 0; i < count && done < len; ++i) {
+        if (offset >= iov[i].iov_len) {
+            offset -= iov[i].iov_len;
+            continue;
+        }
+        size_t n = std::min(iov[i].iov_len - offset, len - done);
+        memcpy(static_cast<uint8_t *>(iov[i].iov_base) + offset, from + done, n);
+        done += n;
+        offset = 0;
+    }
+    return done;
+}
+
+// Copies len bytes of the list, from `offset` on, to dst; returns the bytes copied.
+inline size_t iov_gather(void *dst, const iovec *iov, size_t count, size_t offset, size_t len) {
+    auto *to = static_cast<uint8_t *>(dst);
+    size_t done = 0;
+    for (size_t i = 0; i < count && done < len; ++i) {
+        if (offset >= iov[i].iov_len) {
+            offset -= iov[i].iov_len;
+            continue;
+        }
+        size_t n = std::min(iov[i].iov_len - offset, len - done);
+        memcpy(to + done, static_cast<const uint8_t *>(iov[i].iov_base) + offset, n);
+        done += n;
+        offset = 0;
+    }
+    return done;
+}
+
+}  // namespace tandem
