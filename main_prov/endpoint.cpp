@@ -210,6 +210,8 @@ Endpoint::Endpoint(Domain *domain, fi_info *info, void *context)
     type_ = info_->ep_attr->type;
     if (type_ != FI_EP_RDM && type_ != FI_EP_MSG) fail(FI_EINVAL, "unsupported endpoint type");
     caps_ = info_->caps ? info_->caps : (FI_MSG | FI_TAGGED | FI_RMA);
+    // Without FI_HMEM there is no device memory to move: report P2P as not in use.
+    if (!(caps_ & FI_HMEM)) p2p_.set(FI_HMEM_P2P_DISABLED, false);
     defaults_.tx = info_->tx_attr ? info_->tx_attr->op_flags : 0;
     defaults_.rx = info_->rx_attr ? info_->rx_attr->op_flags : 0;
     const Config &cfg = Config::get();
@@ -445,6 +447,7 @@ int Endpoint::enable_locked() {
     if (type_ == FI_EP_RDM)
         if (OffloadDomain *off = domain_->offload())
             local_ = LocalPath::open(*this, *off, *av_, *rx_, eq_ ? eq_->fid() : nullptr);
+    if (local_ && (caps_ & FI_HMEM)) local_->set_p2p(p2p_.mode());
     if (info_->handle) {
         // Passive side: the connection request this endpoint was created for.
         auto *req = reinterpret_cast<struct fid *>(info_->handle);
@@ -470,7 +473,7 @@ int Endpoint::getopt(int level, int optname, void *optval, size_t *optlen) {
             return 0;
         case FI_OPT_FI_HMEM_P2P:
             if (*optlen < sizeof(int)) return -FI_ETOOSMALL;
-            *static_cast<int *>(optval) = hmem_p2p_;
+            *static_cast<int *>(optval) = p2p_.mode();
             *optlen = sizeof(int);
             return 0;
         default:
@@ -496,25 +499,28 @@ int Endpoint::setopt(int level, int optname, const void *optval, size_t optlen) 
         case FI_OPT_FI_HMEM_P2P: {
             if (optlen != sizeof(int)) return -FI_EINVAL;
             int mode = *static_cast<const int *>(optval);
-            // Without FI_HMEM no transfer can be peer to peer: REQUIRED cannot be met,
-            // the other modes are honoured trivially (fi_endpoint(3)).
-            switch (mode) {
-                case FI_HMEM_P2P_REQUIRED:
-                    return -FI_EOPNOTSUPP;
-                case FI_HMEM_P2P_ENABLED:
-                case FI_HMEM_P2P_PREFERRED:
-                case FI_HMEM_P2P_DISABLED:
-                    hmem_p2p_ = mode;
-                    return 0;
-                default:
-                    return -FI_EINVAL;
-            }
+            std::lock_guard guard(domain_->lock());
+            // Only the node-local path (IPC handles and the device's copy engine) can move
+            // device memory peer to peer; the TCP link always stages. Without FI_HMEM no
+            // transfer can be peer to peer, so REQUIRED cannot be met there either.
+            bool can_p2p = (caps_ & FI_HMEM) &&
+                           ((transport_ && transport_->caps().device_p2p) ||
+                            (type_ == FI_EP_RDM && Config::get().local_path &&
+                             domain_->offload() != nullptr));
+            int ret = p2p_.set(mode, can_p2p);
+            if (!ret && local_ && (caps_ & FI_HMEM)) local_->set_p2p(p2p_.mode());
+            return ret;
         }
-        case kOptCudaApiPermitted:
-            // fi_endpoint(3): -FI_EINVAL when the CUDA library or a device is missing, which
-            // is always the case for an endpoint without FI_HMEM.
+        case kOptCudaApiPermitted: {
+            // fi_endpoint(3): -FI_EINVAL when the CUDA library or a device is missing. Where
+            // CUDA is present every path of tandem moves CUDA memory with CUDA calls (the
+            // device's copy engine, IPC handles; the TCP link stages through them), so it
+            // cannot promise to make none: false gives -FI_EOPNOTSUPP.
             if (optlen != sizeof(bool)) return -FI_EINVAL;
-            return -FI_EINVAL;
+            if (!(caps_ & FI_HMEM) || !hmem::Registry::instance().available(FI_HMEM_CUDA))
+                return -FI_EINVAL;
+            return *static_cast<const bool *>(optval) ? 0 : -FI_EOPNOTSUPP;
+        }
         default:
             return -FI_ENOPROTOOPT;
     }

@@ -12,6 +12,7 @@
 #include "main_prov/rx_matcher.h"
 #include "main_prov/types.h"
 #include "common/wire.h"
+#include "hmem/p2p_policy.h"
 
 #include <rdma/fi_cm.h>
 #include <rdma/fi_endpoint.h>
@@ -66,6 +67,7 @@ struct TxOp {
     wire::RtsBody rts{};
     wire::WriteNotifyBody notify{};
     std::vector<iovec> iov;
+    std::vector<hmem::MemRef> mem;     // where each of iov lives (empty: all host memory)
     std::vector<uint8_t> inject_copy;  // fi_inject: the payload, owned
     std::vector<uint64_t> internal_keys;
     RemoteRegion remote{};
@@ -91,6 +93,7 @@ struct TxOp {
         rts.iov_count = 0;  // the entries are written as they are counted
         notify = {};
         iov.clear();
+        mem.clear();
         inject_copy.clear();
         internal_keys.clear();
         remote = {};
@@ -102,7 +105,7 @@ struct TxOp {
     }
 };
 // A new field must be reset above: this fails when the layout changes.
-static_assert(sizeof(TxOp) == 352, "TxOp changed: update TxOp::reset()");
+static_assert(sizeof(TxOp) == 376, "TxOp changed: update TxOp::reset()");
 
 // Default operation flags of the fid a data call came through: the endpoint's own, or those
 // of an alias (fi_ep_alias) of it.
@@ -206,6 +209,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
 
     struct RecvArgs {
         const iovec *iov;
+        void **desc;
         size_t count;
         fi_addr_t src;
         void *context;
@@ -232,6 +236,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
 
     struct SendArgs {
         const iovec *iov;
+        void **desc;
         size_t count;
         fi_addr_t dest;
         void *context;
@@ -242,6 +247,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     };
     struct RmaArgs {
         const iovec *iov;
+        void **desc;
         size_t count;
         fi_addr_t peer;
         uint64_t addr;
@@ -268,7 +274,12 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     TxOp *alloc_tx();
     void retire_tx(TxOp *op);
     Cntr *counter_for(const TxOp &op) const;
-    static void take_payload(TxOp *op, const iovec *iov, size_t count, size_t len, bool copy);
+    static int take_payload(TxOp *op, const iovec *iov, const hmem::MemRef *mem, size_t count,
+                            size_t len, bool copy);
+    static bool memory_of(const iovec *iov, void **desc, size_t count, uint64_t flags,
+                          hmem::MemRef *mem);
+    // A transfer of device memory over a link: what the P2P policy says (counted).
+    hmem::P2pDecision link_decision(size_t len);
     void free_tx(TxOp *op);
     void send_control(LinkConnection *conn, wire::ProtoOp op, const void *body, size_t len,
                       uint64_t msg_id);
@@ -326,7 +337,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     size_t eager_limit_ = 0;
     size_t inject_size_ = 0;
     size_t cm_data_size_ = wire::kMaxCmPrivate;
-    int hmem_p2p_ = FI_HMEM_P2P_DISABLED;
+    hmem::P2pPolicy p2p_;
 
     // Peers: RDM keyed by name; MSG has exactly one.
     std::unordered_map<std::string, std::unique_ptr<Peer>> peers_;

@@ -16,6 +16,7 @@
 #include "main_prov/interfaces.h"
 #include "main_prov/local_path.h"
 #include "main_prov/peer_rx_queue.h"
+#include "peer/peer_abi.h"
 
 #include <algorithm>
 #include <cstring>
@@ -61,62 +62,62 @@ int error_of(WcStatus s) {
 // ------------------------------------------------------------------------------------------
 // Entry points: the fi_msg / fi_tagged / fi_rma calls map onto three internal posts.
 
-ssize_t Endpoint::msg_recv(const OpDefaults &d, void *buf, size_t len, void *, fi_addr_t src,
+ssize_t Endpoint::msg_recv(const OpDefaults &d, void *buf, size_t len, void *desc, fi_addr_t src,
                            void *context) {
     iovec iov{buf, len};
-    return post_recv({&iov, 1, src, context, d.rx, 0, 0, false});
+    return post_recv({&iov, &desc, 1, src, context, d.rx, 0, 0, false});
 }
-ssize_t Endpoint::msg_recvv(const OpDefaults &d, const iovec *iov, void **, size_t count,
+ssize_t Endpoint::msg_recvv(const OpDefaults &d, const iovec *iov, void **desc, size_t count,
                             fi_addr_t src, void *context) {
-    return post_recv({iov, count, src, context, d.rx, 0, 0, false});
+    return post_recv({iov, desc, count, src, context, d.rx, 0, 0, false});
 }
 ssize_t Endpoint::msg_recvmsg(const OpDefaults &, const fi_msg *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
-    return post_recv({msg->msg_iov, msg->iov_count, msg->addr, msg->context, flags & ~kNoCompletion,
+    return post_recv({msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context, flags & ~kNoCompletion,
                       0, 0, false});
 }
-ssize_t Endpoint::msg_send(const OpDefaults &d, const void *buf, size_t len, void *, fi_addr_t dest,
+ssize_t Endpoint::msg_send(const OpDefaults &d, const void *buf, size_t len, void *desc, fi_addr_t dest,
                            void *context) {
     iovec iov{const_cast<void *>(buf), len};
-    return post_send({&iov, 1, dest, context, d.tx, 0, 0, false});
+    return post_send({&iov, &desc, 1, dest, context, d.tx, 0, 0, false});
 }
-ssize_t Endpoint::msg_sendv(const OpDefaults &d, const iovec *iov, void **, size_t count,
+ssize_t Endpoint::msg_sendv(const OpDefaults &d, const iovec *iov, void **desc, size_t count,
                             fi_addr_t dest, void *context) {
-    return post_send({iov, count, dest, context, d.tx, 0, 0, false});
+    return post_send({iov, desc, count, dest, context, d.tx, 0, 0, false});
 }
 ssize_t Endpoint::msg_sendmsg(const OpDefaults &, const fi_msg *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
-    return post_send({msg->msg_iov, msg->iov_count, msg->addr, msg->context, flags & ~kNoCompletion,
+    return post_send({msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context, flags & ~kNoCompletion,
                       0, msg->data, false});
 }
 ssize_t Endpoint::msg_inject(const OpDefaults &, const void *buf, size_t len, fi_addr_t dest) {
     iovec iov{const_cast<void *>(buf), len};
-    return post_send({&iov, 1, dest, nullptr, FI_INJECT | kNoCompletion, 0, 0, false});
+    return post_send({&iov, nullptr, 1, dest, nullptr, FI_INJECT | kNoCompletion, 0, 0, false});
 }
-ssize_t Endpoint::msg_senddata(const OpDefaults &d, const void *buf, size_t len, void *,
+ssize_t Endpoint::msg_senddata(const OpDefaults &d, const void *buf, size_t len, void *desc,
                                uint64_t data, fi_addr_t dest, void *context) {
     iovec iov{const_cast<void *>(buf), len};
-    return post_send({&iov, 1, dest, context, d.tx | FI_REMOTE_CQ_DATA, 0, data, false});
+    return post_send({&iov, &desc, 1, dest, context, d.tx | FI_REMOTE_CQ_DATA, 0, data, false});
 }
 ssize_t Endpoint::msg_injectdata(const OpDefaults &, const void *buf, size_t len, uint64_t data,
                                  fi_addr_t dest) {
     iovec iov{const_cast<void *>(buf), len};
     return post_send(
-        {&iov, 1, dest, nullptr, FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, 0, data, false});
+        {&iov, nullptr, 1, dest, nullptr, FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, 0, data, false});
 }
 
-ssize_t Endpoint::tag_recv(const OpDefaults &d, void *buf, size_t len, void *, fi_addr_t src,
+ssize_t Endpoint::tag_recv(const OpDefaults &d, void *buf, size_t len, void *desc, fi_addr_t src,
                            uint64_t tag, uint64_t ignore, void *context) {
     iovec iov{buf, len};
-    return post_recv({&iov, 1, src, context, d.rx, tag, ignore, true});
+    return post_recv({&iov, &desc, 1, src, context, d.rx, tag, ignore, true});
 }
-ssize_t Endpoint::tag_recvv(const OpDefaults &d, const iovec *iov, void **, size_t count,
+ssize_t Endpoint::tag_recvv(const OpDefaults &d, const iovec *iov, void **desc, size_t count,
                             fi_addr_t src, uint64_t tag, uint64_t ignore, void *context) {
-    return post_recv({iov, count, src, context, d.rx, tag, ignore, true});
+    return post_recv({iov, desc, count, src, context, d.rx, tag, ignore, true});
 }
 ssize_t Endpoint::tag_recvmsg(const OpDefaults &, const fi_msg_tagged *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
-    RecvArgs a{msg->msg_iov, msg->iov_count, msg->addr,   msg->context,
+    RecvArgs a{msg->msg_iov, msg->desc, msg->iov_count, msg->addr,   msg->context,
                flags,        msg->tag,       msg->ignore, true};
     if (flags & (FI_PEEK | FI_CLAIM)) {
         std::lock_guard guard(domain_->lock());
@@ -126,80 +127,80 @@ ssize_t Endpoint::tag_recvmsg(const OpDefaults &, const fi_msg_tagged *msg, uint
     }
     return post_recv(a);
 }
-ssize_t Endpoint::tag_send(const OpDefaults &d, const void *buf, size_t len, void *, fi_addr_t dest,
+ssize_t Endpoint::tag_send(const OpDefaults &d, const void *buf, size_t len, void *desc, fi_addr_t dest,
                            uint64_t tag, void *context) {
     iovec iov{const_cast<void *>(buf), len};
-    return post_send({&iov, 1, dest, context, d.tx, tag, 0, true});
+    return post_send({&iov, &desc, 1, dest, context, d.tx, tag, 0, true});
 }
-ssize_t Endpoint::tag_sendv(const OpDefaults &d, const iovec *iov, void **, size_t count,
+ssize_t Endpoint::tag_sendv(const OpDefaults &d, const iovec *iov, void **desc, size_t count,
                             fi_addr_t dest, uint64_t tag, void *context) {
-    return post_send({iov, count, dest, context, d.tx, tag, 0, true});
+    return post_send({iov, desc, count, dest, context, d.tx, tag, 0, true});
 }
 ssize_t Endpoint::tag_sendmsg(const OpDefaults &, const fi_msg_tagged *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
-    return post_send({msg->msg_iov, msg->iov_count, msg->addr, msg->context, flags & ~kNoCompletion,
+    return post_send({msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context, flags & ~kNoCompletion,
                       msg->tag, msg->data, true});
 }
 ssize_t Endpoint::tag_inject(const OpDefaults &, const void *buf, size_t len, fi_addr_t dest,
                              uint64_t tag) {
     iovec iov{const_cast<void *>(buf), len};
-    return post_send({&iov, 1, dest, nullptr, FI_INJECT | kNoCompletion, tag, 0, true});
+    return post_send({&iov, nullptr, 1, dest, nullptr, FI_INJECT | kNoCompletion, tag, 0, true});
 }
-ssize_t Endpoint::tag_senddata(const OpDefaults &d, const void *buf, size_t len, void *,
+ssize_t Endpoint::tag_senddata(const OpDefaults &d, const void *buf, size_t len, void *desc,
                                uint64_t data, fi_addr_t dest, uint64_t tag, void *context) {
     iovec iov{const_cast<void *>(buf), len};
-    return post_send({&iov, 1, dest, context, d.tx | FI_REMOTE_CQ_DATA, tag, data, true});
+    return post_send({&iov, &desc, 1, dest, context, d.tx | FI_REMOTE_CQ_DATA, tag, data, true});
 }
 ssize_t Endpoint::tag_injectdata(const OpDefaults &, const void *buf, size_t len, uint64_t data,
                                  fi_addr_t dest, uint64_t tag) {
     iovec iov{const_cast<void *>(buf), len};
     return post_send(
-        {&iov, 1, dest, nullptr, FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, tag, data, true});
+        {&iov, nullptr, 1, dest, nullptr, FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, tag, data, true});
 }
 
-ssize_t Endpoint::rma_read(const OpDefaults &d, void *buf, size_t len, void *, fi_addr_t src,
+ssize_t Endpoint::rma_read(const OpDefaults &d, void *buf, size_t len, void *desc, fi_addr_t src,
                            uint64_t addr, uint64_t key, void *context) {
     iovec iov{buf, len};
-    return post_rma({&iov, 1, src, addr, key, context, d.tx, 0, false});
+    return post_rma({&iov, &desc, 1, src, addr, key, context, d.tx, 0, false});
 }
-ssize_t Endpoint::rma_readv(const OpDefaults &d, const iovec *iov, void **, size_t count,
+ssize_t Endpoint::rma_readv(const OpDefaults &d, const iovec *iov, void **desc, size_t count,
                             fi_addr_t src, uint64_t addr, uint64_t key, void *context) {
-    return post_rma({iov, count, src, addr, key, context, d.tx, 0, false});
+    return post_rma({iov, desc, count, src, addr, key, context, d.tx, 0, false});
 }
 ssize_t Endpoint::rma_readmsg(const OpDefaults &, const fi_msg_rma *msg, uint64_t flags) {
     if (!msg || msg->rma_iov_count != 1 || !msg->rma_iov) return -FI_EINVAL;
-    return post_rma({msg->msg_iov, msg->iov_count, msg->addr, msg->rma_iov[0].addr,
+    return post_rma({msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->rma_iov[0].addr,
                      msg->rma_iov[0].key, msg->context, flags & ~kNoCompletion, msg->data, false});
 }
-ssize_t Endpoint::rma_write(const OpDefaults &d, const void *buf, size_t len, void *,
+ssize_t Endpoint::rma_write(const OpDefaults &d, const void *buf, size_t len, void *desc,
                             fi_addr_t dest, uint64_t addr, uint64_t key, void *context) {
     iovec iov{const_cast<void *>(buf), len};
-    return post_rma({&iov, 1, dest, addr, key, context, d.tx, 0, true});
+    return post_rma({&iov, &desc, 1, dest, addr, key, context, d.tx, 0, true});
 }
-ssize_t Endpoint::rma_writev(const OpDefaults &d, const iovec *iov, void **, size_t count,
+ssize_t Endpoint::rma_writev(const OpDefaults &d, const iovec *iov, void **desc, size_t count,
                              fi_addr_t dest, uint64_t addr, uint64_t key, void *context) {
-    return post_rma({iov, count, dest, addr, key, context, d.tx, 0, true});
+    return post_rma({iov, desc, count, dest, addr, key, context, d.tx, 0, true});
 }
 ssize_t Endpoint::rma_writemsg(const OpDefaults &, const fi_msg_rma *msg, uint64_t flags) {
     if (!msg || msg->rma_iov_count != 1 || !msg->rma_iov) return -FI_EINVAL;
-    return post_rma({msg->msg_iov, msg->iov_count, msg->addr, msg->rma_iov[0].addr,
+    return post_rma({msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->rma_iov[0].addr,
                      msg->rma_iov[0].key, msg->context, flags & ~kNoCompletion, msg->data, true});
 }
 ssize_t Endpoint::rma_inject(const OpDefaults &, const void *buf, size_t len, fi_addr_t dest,
                              uint64_t addr, uint64_t key) {
     iovec iov{const_cast<void *>(buf), len};
-    return post_rma({&iov, 1, dest, addr, key, nullptr, FI_INJECT | kNoCompletion, 0, true});
+    return post_rma({&iov, nullptr, 1, dest, addr, key, nullptr, FI_INJECT | kNoCompletion, 0, true});
 }
-ssize_t Endpoint::rma_writedata(const OpDefaults &d, const void *buf, size_t len, void *,
+ssize_t Endpoint::rma_writedata(const OpDefaults &d, const void *buf, size_t len, void *desc,
                                 uint64_t data, fi_addr_t dest, uint64_t addr, uint64_t key,
                                 void *context) {
     iovec iov{const_cast<void *>(buf), len};
-    return post_rma({&iov, 1, dest, addr, key, context, d.tx | FI_REMOTE_CQ_DATA, data, true});
+    return post_rma({&iov, &desc, 1, dest, addr, key, context, d.tx | FI_REMOTE_CQ_DATA, data, true});
 }
 ssize_t Endpoint::rma_injectdata(const OpDefaults &, const void *buf, size_t len, uint64_t data,
                                  fi_addr_t dest, uint64_t addr, uint64_t key) {
     iovec iov{const_cast<void *>(buf), len};
-    return post_rma({&iov, 1, dest, addr, key, nullptr,
+    return post_rma({&iov, nullptr, 1, dest, addr, key, nullptr,
                      FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, data, true});
 }
 
@@ -250,6 +251,8 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
         progress();
         if (tx_outstanding_ >= info_->tx_attr->size) return -FI_EAGAIN;
     }
+    hmem::MemRef mem[kMaxIov];
+    bool device = memory_of(a.iov, a.desc, a.count, a.flags, mem);
     Peer *peer = peer_for(a.dest);
     bool peer_transfer = a.flags & FI_PEER_TRANSFER;
     if (peer_transfer && !local_) return -FI_EINVAL;  // only our offload twin posts these
@@ -271,14 +274,20 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
         // that an inject's buffer is the application's again when we return: hand the twin
         // our copy of it.
         const iovec *iov = a.iov;
+        void **desc = a.desc;
         size_t count = a.count;
         if (a.flags & FI_INJECT) {
-            take_payload(op, a.iov, a.count, len, true);
+            int ret = take_payload(op, a.iov, device ? mem : nullptr, a.count, len, true);
+            if (ret) {
+                free_tx(op);
+                return ret;
+            }
             iov = op->iov.data();
+            desc = nullptr;  // our copy is host memory
             count = op->iov.size();
         }
         ++tx_outstanding_;
-        int ret = local_->send(op, iov, count, a.dest, a.flags, a.tag, a.data, a.tagged);
+        int ret = local_->send(op, iov, desc, count, a.dest, a.flags, a.tag, a.data, a.tagged);
         if (ret) {
             --tx_outstanding_;
             free_tx(op);
@@ -292,6 +301,11 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
     op->hdr.cq_data = a.data;
     op->hdr.size = len;
     op->hdr.msg_id = op->id;
+    if (device && link_decision(len) == hmem::P2pDecision::Fail) {
+        ++tx_outstanding_;
+        fail_tx(op, FI_EOPNOTSUPP);  // FI_HMEM_P2P_REQUIRED, and the link can only stage
+        return 0;
+    }
     if (len <= eager_limit_) {
         op->hdr.op = static_cast<uint8_t>(wire::ProtoOp::Eager);
         if (a.flags & FI_DELIVERY_COMPLETE) {
@@ -301,14 +315,18 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
         // Own the bytes now (the link's bounce copy): the application may reuse its buffer
         // when we return, and unless it asked for a stronger level the send is complete as
         // soon as it is posted on an established connection (FI_INJECT_COMPLETE).
-        take_payload(op, a.iov, a.count, len, true);
+        int ret = take_payload(op, a.iov, device ? mem : nullptr, a.count, len, true);
+        if (ret) {
+            free_tx(op);
+            return ret;
+        }
         op->inject_level = !(a.flags & (FI_TRANSMIT_COMPLETE | FI_DELIVERY_COMPLETE));
     } else {
         op->hdr.op = static_cast<uint8_t>(wire::ProtoOp::Rts);
         op->await_remote = true;
         for (size_t i = 0; i < a.count; ++i) {
             if (!a.iov[i].iov_len) continue;
-            uint64_t key = domain_->mr_table().insert_internal(a.iov[i]);
+            uint64_t key = domain_->mr_table().insert_internal(a.iov[i], mem[i]);
             op->internal_keys.push_back(key);
             auto &e = op->rts.iov[op->rts.iov_count++];
             e = {reinterpret_cast<uint64_t>(a.iov[i].iov_base), a.iov[i].iov_len, key};
@@ -332,6 +350,8 @@ ssize_t Endpoint::post_rma(const RmaArgs &a) {
         progress();
         if (tx_outstanding_ >= info_->tx_attr->size) return -FI_EAGAIN;
     }
+    hmem::MemRef mem[kMaxIov];
+    bool device = memory_of(a.iov, a.desc, a.count, a.flags, mem);
     Peer *peer = peer_for(a.peer);
     TxOp *op = alloc_tx();
     op->kind = a.write ? TxOp::Kind::Write : TxOp::Kind::Read;
@@ -344,14 +364,21 @@ ssize_t Endpoint::post_rma(const RmaArgs &a) {
     op->id = next_op_id_++;
     if (goes_local(peer, a.peer)) {
         const iovec *iov = a.iov;
+        void **desc = a.desc;
         size_t count = a.count;
         if (a.write && (a.flags & FI_INJECT)) {
-            take_payload(op, a.iov, a.count, len, true);
+            int ret = take_payload(op, a.iov, device ? mem : nullptr, a.count, len, true);
+            if (ret) {
+                free_tx(op);
+                return ret;
+            }
             iov = op->iov.data();
+            desc = nullptr;
             count = op->iov.size();
         }
         ++tx_outstanding_;
-        int ret = local_->rma(op, iov, count, a.peer, a.addr, a.key, a.flags, a.data, a.write);
+        int ret =
+            local_->rma(op, iov, desc, count, a.peer, a.addr, a.key, a.flags, a.data, a.write);
         if (ret) {
             --tx_outstanding_;
             free_tx(op);
@@ -359,10 +386,19 @@ ssize_t Endpoint::post_rma(const RmaArgs &a) {
         return ret;
     }
     op->remote = {a.addr, a.key};
+    if (device && link_decision(len) == hmem::P2pDecision::Fail) {
+        ++tx_outstanding_;
+        fail_tx(op, FI_EOPNOTSUPP);
+        return 0;
+    }
     // Small writes are copied (the buffer is free at once); larger ones and reads use the
     // application's buffers until the link completes them.
-    take_payload(op, a.iov, a.count, len,
-                 a.write && ((a.flags & FI_INJECT) || len <= inject_size_));
+    int ret = take_payload(op, a.iov, device ? mem : nullptr, a.count, len,
+                           a.write && ((a.flags & FI_INJECT) || len <= inject_size_));
+    if (ret) {
+        free_tx(op);
+        return ret;
+    }
     if (a.write && (a.flags & FI_REMOTE_CQ_DATA)) {
         op->hdr.op = static_cast<uint8_t>(wire::ProtoOp::WriteNotify);
         op->hdr.flags = wire::kProtoCqData;
@@ -424,8 +460,8 @@ void Endpoint::issue_tx(TxOp *op) {
         }
         case TxOp::Kind::Write:
             op->link_wrs = 1;
-            ret = conn->post_write(op->iov.data(), op->iov.size(), op->remote, nullptr,
-                                   wr_id(op, kWrTx));
+            ret = conn->post_write(op->iov.data(), op->mem.empty() ? nullptr : op->mem.data(),
+                                   op->iov.size(), op->remote, nullptr, wr_id(op, kWrTx));
             if (!ret && op->hdr.op == static_cast<uint8_t>(wire::ProtoOp::WriteNotify)) {
                 iovec iov[2] = {{&op->hdr, sizeof op->hdr}, {&op->notify, sizeof op->notify}};
                 op->link_wrs = 2;
@@ -435,7 +471,8 @@ void Endpoint::issue_tx(TxOp *op) {
             break;
         case TxOp::Kind::Read:
             op->link_wrs = 1;
-            ret = conn->post_read(op->iov.data(), op->iov.size(), op->remote, wr_id(op, kWrTx));
+            ret = conn->post_read(op->iov.data(), op->mem.empty() ? nullptr : op->mem.data(),
+                                  op->iov.size(), op->remote, wr_id(op, kWrTx));
             break;
     }
     if (!ret && op->inject_level && !op->completed_early) {
@@ -473,16 +510,57 @@ void Endpoint::retire_tx(TxOp *op) {
 }
 
 // The payload an operation transmits: copied into its own bounce buffer (so the application
-// may reuse its buffers at once), or the application's buffers themselves.
-void Endpoint::take_payload(TxOp *op, const iovec *iov, size_t count, size_t len, bool copy) {
+// may reuse its buffers at once; device memory is copied by its device), or the
+// application's buffers themselves. 0 or a negative errno (a device copy failed).
+int Endpoint::take_payload(TxOp *op, const iovec *iov, const hmem::MemRef *mem, size_t count,
+                           size_t len, bool copy) {
     if (!copy) {
-        for (size_t i = 0; i < count; ++i)
-            if (iov[i].iov_len) op->iov.push_back(iov[i]);
-        return;
+        for (size_t i = 0; i < count; ++i) {
+            if (!iov[i].iov_len) continue;
+            op->iov.push_back(iov[i]);
+            if (mem) op->mem.push_back(mem[i]);  // in step with iov
+        }
+        return 0;
     }
     op->inject_copy.resize(len);
-    iov_gather(op->inject_copy.data(), iov, count, 0, len);
+    if (mem) {
+        ssize_t got = hmem::gather(op->inject_copy.data(), iov, mem, count, 0, len);
+        if (got < 0) return static_cast<int>(got);
+    } else {
+        iov_gather(op->inject_copy.data(), iov, count, 0, len);
+    }
     if (len) op->iov.push_back({op->inject_copy.data(), len});
+    return 0;
+}
+
+// Where each buffer of a data call lives: from its descriptors, or for fi_inject (which
+// carries none) from the memory interfaces. True when any is device memory.
+bool Endpoint::memory_of(const iovec *iov, void **desc, size_t count, uint64_t flags,
+                         hmem::MemRef *mem) {
+    if (desc) return peer::mems_of(desc, count, mem);
+    bool device = false;
+    bool look = (flags & FI_INJECT) && hmem::Registry::instance().any_device();
+    for (size_t i = 0; i < count; ++i) {
+        mem[i] = look ? hmem::detect(iov[i].iov_base) : hmem::kHost;
+        device |= !mem[i].on_host();
+    }
+    return device;
+}
+
+hmem::P2pDecision Endpoint::link_decision(size_t len) {
+    hmem::P2pDecision d = p2p_.decide(transport_ && transport_->caps().device_p2p, len, 0);
+    auto &c = hmem::counters();
+    switch (d) {
+        case hmem::P2pDecision::PeerToPeer: c.p2p_transfers.fetch_add(1); break;
+        case hmem::P2pDecision::Stage: c.staged_transfers.fetch_add(1); break;
+        case hmem::P2pDecision::Fail:
+            c.refused_transfers.fetch_add(1);
+            TANDEM_INFO(FI_LOG_EP_DATA,
+                        "FI_HMEM_P2P_REQUIRED: the link cannot move device memory peer to "
+                        "peer\n");
+            break;
+    }
+    return d;
 }
 
 void Endpoint::tx_report(TxOp *op) {
@@ -623,7 +701,11 @@ ssize_t Endpoint::post_recv_on(RxMatcher &m, Endpoint *report_ep, uint64_t caps,
     rx->context = a.context;
     rx->op_flags = a.flags;
     rx->count = a.count;
-    for (size_t i = 0; i < a.count; ++i) rx->iov[i] = a.iov[i];
+    for (size_t i = 0; i < a.count; ++i) {
+        rx->iov[i] = a.iov[i];
+        rx->desc[i] = a.desc ? a.desc[i] : nullptr;
+    }
+    rx->device = a.desc && peer::mems_of(a.desc, a.count, rx->mem);
     rx->total = iov_length(a.iov, a.count);
     rx->src = a.src;
     rx->tag = a.tag;
@@ -763,6 +845,9 @@ RxOp *Endpoint::slice_for(RxMatcher &m, RxOp *rx, size_t len) {
     slice->op_flags = rx->op_flags & ~uint64_t(FI_MULTI_RECV);
     slice->count = 1;
     slice->iov[0] = {static_cast<uint8_t *>(rx->iov[0].iov_base) + rx->consumed, take};
+    slice->mem[0] = rx->mem[0];
+    slice->desc[0] = rx->desc[0];
+    slice->device = rx->device;
     slice->total = take;
     slice->parent = rx;
     rx->consumed += take;
@@ -857,8 +942,18 @@ void Endpoint::release_rx(RxOp *rx) {
 void Endpoint::deliver_eager(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,
                              const uint8_t *payload, fi_addr_t src) {
     keep_order(rx, conn);
-    size_t copied = iov_scatter(rx->iov, rx->count, 0, payload, hdr.size);
-    int err = copied < hdr.size ? FI_ETRUNC : 0;
+    size_t copied = 0;
+    int err = 0;
+    if (!rx->device) {
+        copied = iov_scatter(rx->iov, rx->count, 0, payload, hdr.size);
+    } else if (link_decision(hdr.size) == hmem::P2pDecision::Fail) {
+        err = FI_EOPNOTSUPP;
+    } else {
+        ssize_t got = hmem::scatter(rx->iov, rx->mem, rx->count, 0, payload, hdr.size);
+        if (got < 0) err = FI_EIO;
+        else copied = static_cast<size_t>(got);
+    }
+    if (!err && copied < hdr.size) err = FI_ETRUNC;
     rx_complete(rx, copied, hdr.tag, hdr.cq_data, hdr.flags, src, err, hdr.size - copied);
 }
 
@@ -874,6 +969,11 @@ void Endpoint::start_rendezvous(RxOp *rx, LinkConnection *conn, const wire::Prot
     rx->proto_flags = hdr.flags;
     rx->msg_src = src;
     rx->reads = 0;
+    if (rx->device && link_decision(rx->recv_len) == hmem::P2pDecision::Fail) {
+        rx->error = FI_EOPNOTSUPP;
+        finish_rendezvous(rx);
+        return;
+    }
     // Walk the sender's buffers and ours together; one RDMA read per overlapping piece.
     size_t remaining = rx->recv_len;
     size_t li = 0, loff = 0, ri = 0, roff = 0;
@@ -893,7 +993,8 @@ void Endpoint::start_rendezvous(RxOp *rx, LinkConnection *conn, const wire::Prot
         size_t n = std::min({lleft, rleft, remaining});
         iovec local{static_cast<uint8_t *>(rx->iov[li].iov_base) + loff, n};
         RemoteRegion remote{rts.iov[ri].addr + roff, rts.iov[ri].key};
-        if (conn->post_read(&local, 1, remote, wr_id(rx, kWrRxRead)) == 0) {
+        if (conn->post_read(&local, rx->device ? &rx->mem[li] : nullptr, 1, remote,
+                            wr_id(rx, kWrRxRead)) == 0) {
             ++rx->reads;
         } else {
             rx->error = FI_ECONNRESET;
@@ -911,7 +1012,7 @@ void Endpoint::finish_rendezvous(RxOp *rx) {
                       uint32_t(rx->error ? wire::FinStatus::ReadFailed : wire::FinStatus::Ok), 0};
     send_control(rx->conn, wire::ProtoOp::Fin, &fin, sizeof fin, rx->msg_id);
     int err = rx->error ? FI_EIO : (rx->recv_len < rx->msg_len ? FI_ETRUNC : 0);
-    if (rx->error == FI_ECONNRESET) err = FI_ECONNRESET;
+    if (rx->error == FI_ECONNRESET || rx->error == FI_EOPNOTSUPP) err = rx->error;
     rx_complete(rx, rx->recv_len, rx->msg_tag, rx->cq_data, rx->proto_flags, rx->msg_src, err,
                 rx->msg_len - rx->recv_len);
 }

@@ -134,10 +134,13 @@ bool LocalPath::reaches(fi_addr_t addr) {
     return ops_ && ops_->reachable(twin_, addr) == 1;
 }
 
-int LocalPath::send(TxOp *op, const iovec *iov, size_t count, fi_addr_t dest, uint64_t flags,
-                    uint64_t tag, uint64_t data, bool tagged) {
+int LocalPath::send(TxOp *op, const iovec *iov, void **desc, size_t count, fi_addr_t dest,
+                    uint64_t flags, uint64_t tag, uint64_t data, bool tagged) {
+    // The application's descriptors go to the twin as they are (peer::MrDesc): it learns
+    // where device buffers live from them.
     fi_msg_tagged msg{};
     msg.msg_iov = iov;
+    msg.desc = desc;
     msg.iov_count = count;
     msg.addr = dest;
     msg.tag = tag;
@@ -145,17 +148,24 @@ int LocalPath::send(TxOp *op, const iovec *iov, size_t count, fi_addr_t dest, ui
     msg.data = data;
     flags = (flags & (FI_REMOTE_CQ_DATA | FI_DELIVERY_COMPLETE)) | FI_COMPLETION;
     if (tagged) return static_cast<int>(fi_tsendmsg(twin_, &msg, flags));
-    fi_msg m{iov, nullptr, count, dest, op, data};
+    fi_msg m{iov, desc, count, dest, op, data};
     return static_cast<int>(fi_sendmsg(twin_, &m, flags));
 }
 
-int LocalPath::rma(TxOp *op, const iovec *iov, size_t count, fi_addr_t peer, uint64_t addr,
-                   uint64_t key, uint64_t flags, uint64_t data, bool write) {
+int LocalPath::rma(TxOp *op, const iovec *iov, void **desc, size_t count, fi_addr_t peer,
+                   uint64_t addr, uint64_t key, uint64_t flags, uint64_t data, bool write) {
     fi_rma_iov rma{addr, iov_length(iov, count), key};
-    fi_msg_rma msg{iov, nullptr, count, peer, &rma, 1, op, data};
+    fi_msg_rma msg{iov, desc, count, peer, &rma, 1, op, data};
     flags = (flags & FI_REMOTE_CQ_DATA) | FI_COMPLETION;
     return static_cast<int>(write ? fi_writemsg(twin_, &msg, flags)
                                   : fi_readmsg(twin_, &msg, flags));
+}
+
+void LocalPath::set_p2p(int mode) {
+    int ret = fi_setopt(&twin_->fid, FI_OPT_ENDPOINT, FI_OPT_FI_HMEM_P2P, &mode, sizeof mode);
+    if (ret)
+        TANDEM_WARN(FI_LOG_EP_CTRL, "the offload twin refused P2P mode %d: %s\n", mode,
+                    fi_strerror(-ret));
 }
 
 void LocalPath::transfer_done(const fi_cq_tagged_entry &entry, int err, size_t olen,

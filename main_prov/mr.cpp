@@ -33,13 +33,23 @@ MemoryRegion::MemoryRegion(Domain *domain, const fi_mr_attr &attr, uint64_t flag
     if (!attr.mr_iov && attr.iov_count) fail(FI_EINVAL, "memory region without iov");
     if (attr.access & ~kAccessBits) fail(FI_EINVAL, "unsupported access flags");
     if (flags & ~uint64_t(FI_RMA_EVENT)) fail(FI_EBADFLAGS, "unsupported registration flags");
-    if (attr.iface != FI_HMEM_SYSTEM) fail(FI_ENOSYS, "only host memory can be registered");
+    // Device memory: the iface must be one we have, with the device that really holds every
+    // iovec (a wrong device would have copies run on the wrong engine).
+    desc_.mem = {attr.iface, attr.iface == FI_HMEM_CUDA ? static_cast<uint64_t>(attr.device.cuda)
+                                                        : attr.device.reserved};
+    if (attr.iface == FI_HMEM_SYSTEM) desc_.mem.device = 0;
+    if (!desc_.mem.on_host() && !(domain->info()->caps & FI_HMEM))
+        fail(FI_EINVAL, "device memory on a domain opened without FI_HMEM");
     for (size_t i = 0; i < attr.iov_count; ++i) {
+        if (!desc_.mem.on_host() &&
+            hmem::check_range(desc_.mem, attr.mr_iov[i].iov_base, attr.mr_iov[i].iov_len))
+            fail(FI_EINVAL, "the registered range is not memory of the given iface and device");
         iov_.push_back(attr.mr_iov[i]);
         total_ += attr.mr_iov[i].iov_len;
     }
     init_fid(FI_CLASS_MR, attr.context, &mr_fi_ops);
-    fid()->mem_desc = this;
+    desc_.owner = this;
+    fid()->mem_desc = &desc_;
     bool prov_key = domain->mr_mode() & (FI_MR_PROV_KEY | FI_MR_BASIC);
     int ret = domain->mr_table().insert(this, attr.requested_key, prov_key);
     if (ret) fail(-ret, "memory key in use");
@@ -105,6 +115,7 @@ bool MemoryRegion::translate(uint64_t addr, size_t len, LocalPieces &out) const 
         }
         if (out.count == LocalPieces::kMax) return false;
         size_t n = std::min<size_t>(len, v.iov_len - off);
+        out.mem[out.count] = desc_.mem;
         out.iov[out.count++] = {static_cast<uint8_t *>(v.iov_base) + off, n};
         len -= n;
         off = 0;
@@ -141,14 +152,14 @@ MemoryRegion *MrTable::find(uint64_t key) const {
     return it == regions_.end() ? nullptr : it->second;
 }
 
-uint64_t MrTable::insert_internal(const iovec &iov) {
+uint64_t MrTable::insert_internal(const iovec &iov, hmem::MemRef mem) {
     if (next_internal_ == 1) {
         // Start at a random point so a stale key from an earlier process is unlikely to hit.
         std::random_device rd;
         next_internal_ = (uint64_t(rd()) << 20) | 1;
     }
     uint64_t key = kInternalBit | (next_internal_++ & ~kInternalBit);
-    internal_[key] = iov;
+    internal_[key] = {iov, mem};
     return key;
 }
 
@@ -162,10 +173,11 @@ bool MrTable::resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access,
     if (key & kInternalBit) {
         auto it = internal_.find(key);
         if (it == internal_.end() || access != FI_REMOTE_READ) return false;
-        uint64_t base = reinterpret_cast<uint64_t>(it->second.iov_base);
-        if (addr < base || addr - base > it->second.iov_len ||
-            len > it->second.iov_len - (addr - base))
+        const iovec &v = it->second.iov;
+        uint64_t base = reinterpret_cast<uint64_t>(v.iov_base);
+        if (addr < base || addr - base > v.iov_len || len > v.iov_len - (addr - base))
             return false;
+        out.mem[out.count] = it->second.mem;
         out.iov[out.count++] = {reinterpret_cast<void *>(addr), len};
         return true;
     }

@@ -5,6 +5,7 @@
 
 #include "common/fid_adaptor.h"
 #include "main_prov/link/link.h"
+#include "peer/peer_abi.h"
 
 #include <rdma/fi_domain.h>
 
@@ -27,6 +28,7 @@ class MemoryRegion : public FidObject<MemoryRegion, fid_mr> {
     int control(int command, void *arg);
 
     uint64_t key() const { return key_; }
+    hmem::MemRef mem() const { return desc_.mem; }
     uint64_t access() const { return access_; }
     // The local pieces of the remote range [addr, addr+len); false when it is not inside.
     // The region is the concatenation of its iovecs, addressed from the first one's address
@@ -38,6 +40,7 @@ class MemoryRegion : public FidObject<MemoryRegion, fid_mr> {
   private:
     friend class MrTable;
     Domain *domain_;
+    peer::MrDesc desc_;  // what fi_mr_desc() gives the application
     std::vector<iovec> iov_;
     uint64_t access_;
     uint64_t offset_;  // the application's base when FI_MR_VIRT_ADDR is off
@@ -57,7 +60,7 @@ class MrTable {
     MemoryRegion *find(uint64_t key) const;
 
     // Protocol-internal registration of a local buffer for remote reads (rendezvous source).
-    uint64_t insert_internal(const iovec &iov);
+    uint64_t insert_internal(const iovec &iov, hmem::MemRef mem = hmem::kHost);
     void erase_internal(uint64_t key);
 
     // Resolves a remote access (addr, len) under key with the given access bit.
@@ -66,7 +69,11 @@ class MrTable {
   private:
     static constexpr uint64_t kInternalBit = 1ull << 63;
     std::unordered_map<uint64_t, MemoryRegion *> regions_;
-    std::unordered_map<uint64_t, iovec> internal_;
+    struct Internal {
+        iovec iov;
+        hmem::MemRef mem;
+    };
+    std::unordered_map<uint64_t, Internal> internal_;
     uint64_t next_prov_key_ = 1;
     uint64_t next_internal_ = 1;
 };

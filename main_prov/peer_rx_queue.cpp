@@ -44,7 +44,10 @@ peer::OwnerRxEntry *PeerRxQueue::new_entry(fi_addr_t addr, uint64_t tag, size_t 
 // The receive's buffer, context and flags, as the peer needs them to deliver.
 void PeerRxQueue::fill(peer::OwnerRxEntry *e, RxOp *rx, bool tagged) {
     size_t count = std::min(rx->count, peer::kMaxEntryIov);
-    for (size_t i = 0; i < count; ++i) e->iov[i] = rx->iov[i];
+    for (size_t i = 0; i < count; ++i) {
+        e->iov[i] = rx->iov[i];
+        e->desc[i] = rx->desc[i];  // peer::MrDesc: where the buffer lives
+    }
     e->entry.count = count;
     e->owner_op = rx;
     uint64_t kind = FI_RECV | (tagged ? FI_TAGGED : FI_MSG);

@@ -2,6 +2,7 @@
 #include "common/fabric_error.h"
 #include "common/log.h"
 #include "common/params.h"
+#include "hmem/hmem.h"
 #include "main_prov/config.h"
 #include "main_prov/endpoint.h"
 #include "main_prov/fabric.h"
@@ -41,7 +42,17 @@ constexpr uint64_t kMsgCaps = FI_MSG | FI_TAGGED | FI_RMA | FI_SEND | FI_RECV | 
 // Every operation of one endpoint towards one peer rides one in-order connection.
 constexpr uint64_t kMsgOrder = FI_ORDER_SAS | FI_ORDER_RAR | FI_ORDER_RAW | FI_ORDER_WAR |
                                FI_ORDER_WAW | FI_ORDER_SAR | FI_ORDER_SAW;
-constexpr uint64_t kMrModeSupported = FI_MR_VIRT_ADDR | FI_MR_PROV_KEY;
+constexpr uint64_t kMrModeSupported = FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_HMEM;
+
+// FI_HMEM only where a device exists, and only with FI_MR_HMEM: device buffers then come
+// with the descriptor of their registration, which names their iface and device, so no
+// transfer has to guess where its memory lives. An application that cannot pass
+// descriptors (no FI_MR_HMEM in its hints) gets tandem without FI_HMEM.
+uint64_t hmem_caps(const fi_info *hints) {
+    if (!hmem::Registry::instance().any_device()) return 0;
+    if (hints && hints->domain_attr && !(hints->domain_attr->mr_mode & FI_MR_HMEM)) return 0;
+    return FI_HMEM;
+}
 
 int tandem_getinfo(uint32_t version, const char *node, const char *service, uint64_t flags,
                    const fi_info *hints, fi_info **info) noexcept;
@@ -77,7 +88,7 @@ bool subset(uint64_t want, uint64_t have) {
 bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint32_t format,
                fi_info *fi) {
     const Config &cfg = Config::get();
-    uint64_t caps = type == FI_EP_RDM ? kRdmCaps : kMsgCaps;
+    uint64_t caps = (type == FI_EP_RDM ? kRdmCaps : kMsgCaps) | hmem_caps(hints);
     if (hints) {
         if (hints->caps && !subset(hints->caps, caps)) return false;
         if (hints->ep_attr) {
@@ -183,6 +194,8 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
         d.mr_mode = static_cast<int>(want_mr);  // the pre-1.5 enumeration
     else
         d.mr_mode = static_cast<int>(want_mr & kMrModeSupported);
+    if (out_caps & FI_HMEM) d.mr_mode |= FI_MR_HMEM;
+    else d.mr_mode &= ~FI_MR_HMEM;
     d.mr_key_size = 8;
     d.cq_data_size = kMaxCqData;
     d.cq_cnt = 1024;

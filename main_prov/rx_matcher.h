@@ -5,6 +5,7 @@
 #pragma once
 
 #include "common/wire.h"
+#include "hmem/hmem.h"
 
 #include <rdma/fabric.h>
 #include <sys/uio.h>
@@ -31,6 +32,11 @@ struct RxOp {
     iovec iov[kMaxIov]{};
     size_t count = 0;
     size_t total = 0;
+    // Where the buffers live (FI_MR_HMEM descriptors), and the descriptors themselves for a
+    // peer provider that fills this receive.
+    hmem::MemRef mem[kMaxIov]{};
+    void *desc[kMaxIov]{};
+    bool device = false;
     fi_addr_t src = FI_ADDR_UNSPEC;
     uint64_t tag = 0, ignore = 0;
     bool tagged = false;

@@ -139,13 +139,14 @@ int SharedRxContext::setopt(int level, int optname, const void *optval, size_t o
     return 0;
 }
 
-ssize_t SharedRxContext::post(const iovec *iov, size_t count, fi_addr_t src, void *context,
+ssize_t SharedRxContext::post(const iovec *iov, void **desc, size_t count, fi_addr_t src,
+                              void *context,
                               uint64_t flags, uint64_t tag, uint64_t ignore, bool tagged) {
     std::lock_guard guard(domain_->lock());
     if (!(caps_ & (tagged ? FI_TAGGED : FI_MSG))) return -FI_EOPNOTSUPP;
     if (matcher_.outstanding >= size_) return -FI_EAGAIN;
     if (!(caps_ & FI_DIRECTED_RECV)) src = FI_ADDR_UNSPEC;
-    Endpoint::RecvArgs args{iov, count, src, context, flags, tag, ignore, tagged};
+    Endpoint::RecvArgs args{iov, desc, count, src, context, flags, tag, ignore, tagged};
     if (tagged && (flags & (FI_PEEK | FI_CLAIM))) {
         for (Endpoint *ep : endpoints_) ep->progress();
         return Endpoint::peek_or_claim_on(matcher_, report_endpoint(), caps_, args);
@@ -153,30 +154,30 @@ ssize_t SharedRxContext::post(const iovec *iov, size_t count, fi_addr_t src, voi
     return Endpoint::post_recv_on(matcher_, report_endpoint(), caps_, args);
 }
 
-ssize_t SharedRxContext::recv(void *buf, size_t len, void *, fi_addr_t src, void *context) {
+ssize_t SharedRxContext::recv(void *buf, size_t len, void *desc, fi_addr_t src, void *context) {
     iovec iov{buf, len};
-    return post(&iov, 1, src, context, op_flags_, 0, 0, false);
+    return post(&iov, &desc, 1, src, context, op_flags_, 0, 0, false);
 }
-ssize_t SharedRxContext::recvv(const iovec *iov, void **, size_t count, fi_addr_t src,
+ssize_t SharedRxContext::recvv(const iovec *iov, void **desc, size_t count, fi_addr_t src,
                                void *context) {
-    return post(iov, count, src, context, op_flags_, 0, 0, false);
+    return post(iov, desc, count, src, context, op_flags_, 0, 0, false);
 }
 ssize_t SharedRxContext::recvmsg(const fi_msg *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
-    return post(msg->msg_iov, msg->iov_count, msg->addr, msg->context, flags, 0, 0, false);
+    return post(msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context, flags, 0, 0, false);
 }
-ssize_t SharedRxContext::trecv(void *buf, size_t len, void *, fi_addr_t src, uint64_t tag,
+ssize_t SharedRxContext::trecv(void *buf, size_t len, void *desc, fi_addr_t src, uint64_t tag,
                                uint64_t ignore, void *context) {
     iovec iov{buf, len};
-    return post(&iov, 1, src, context, op_flags_, tag, ignore, true);
+    return post(&iov, &desc, 1, src, context, op_flags_, tag, ignore, true);
 }
-ssize_t SharedRxContext::trecvv(const iovec *iov, void **, size_t count, fi_addr_t src,
+ssize_t SharedRxContext::trecvv(const iovec *iov, void **desc, size_t count, fi_addr_t src,
                                 uint64_t tag, uint64_t ignore, void *context) {
-    return post(iov, count, src, context, op_flags_, tag, ignore, true);
+    return post(iov, desc, count, src, context, op_flags_, tag, ignore, true);
 }
 ssize_t SharedRxContext::trecvmsg(const fi_msg_tagged *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
-    return post(msg->msg_iov, msg->iov_count, msg->addr, msg->context, flags, msg->tag, msg->ignore,
+    return post(msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context, flags, msg->tag, msg->ignore,
                 true);
 }
 

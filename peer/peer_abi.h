@@ -19,7 +19,34 @@
 
 #include <cstdint>
 
+#include "hmem/hmem.h"
+
 namespace tandem::peer {
+
+// What fi_mr_desc() of a tandem memory region points at: where the registered memory lives,
+// in a plain structure both providers read. tandem hands the application's descriptors to
+// its offload twin unchanged, so the twin knows a buffer's iface and device without asking.
+inline constexpr uint64_t kMrDescMagic = 0x74616e64656d4d52ull;  // "tandemMR"
+struct MrDesc {
+    uint64_t magic = kMrDescMagic;
+    hmem::MemRef mem;
+    void *owner = nullptr;  // tandem's memory region
+};
+
+// The memory of a descriptor the application passed (null or foreign: host memory).
+inline hmem::MemRef mem_of(const void *desc) {
+    auto *d = static_cast<const MrDesc *>(desc);
+    return d && d->magic == kMrDescMagic ? d->mem : hmem::kHost;
+}
+// Fills mem[0..count) from descriptors; false when every buffer is host memory.
+inline bool mems_of(void *const *desc, size_t count, hmem::MemRef *mem) {
+    bool device = false;
+    for (size_t i = 0; i < count; ++i) {
+        mem[i] = desc ? mem_of(desc[i]) : hmem::kHost;
+        device |= !mem[i].on_host();
+    }
+    return device;
+}
 
 // The core hides providers named off_* unless fi_getinfo's flags carry this core-internal
 // bit (OFI_OFFLOAD_PROV_ONLY in libfabric's sources; not in any installed header).

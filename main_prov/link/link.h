@@ -15,6 +15,8 @@
 // RDMA read, or bounce buffers from the answer, never from the transport's name.
 #pragma once
 
+#include "hmem/hmem.h"
+
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -33,6 +35,10 @@ struct LinkCaps {
     bool rdma_read = false;
     bool rdma_write = false;
     bool remote_access_events = false;  // the target's link reports remote reads/writes
+    // Device memory (FI_HMEM) moves between the wire and the device without host staging:
+    // a NIC reading and writing it through a dma-buf or peer-memory registration. A link
+    // without it still accepts device buffers and stages them through host bounce buffers.
+    bool device_p2p = false;
 };
 
 // Remote memory as the link sees it: an address in the peer's key space and its key.
@@ -46,6 +52,7 @@ struct RemoteRegion {
 struct LocalPieces {
     static constexpr size_t kMax = 16;
     iovec iov[kMax];
+    hmem::MemRef mem[kMax];  // where each piece lives
     size_t count = 0;
 };
 
@@ -102,9 +109,12 @@ class LinkConnection {
     virtual ~LinkConnection() = default;
 
     virtual int post_send(const iovec *iov, size_t count, const uint32_t *imm, uint64_t wr_id) = 0;
-    virtual int post_write(const iovec *iov, size_t count, RemoteRegion dst, const uint32_t *imm,
-                           uint64_t wr_id) = 0;
-    virtual int post_read(const iovec *iov, size_t count, RemoteRegion src, uint64_t wr_id) = 0;
+    // `mem` says where each local iovec lives (null: all host memory); sends always come
+    // from host memory (the protocol's own buffers).
+    virtual int post_write(const iovec *iov, const hmem::MemRef *mem, size_t count,
+                           RemoteRegion dst, const uint32_t *imm, uint64_t wr_id) = 0;
+    virtual int post_read(const iovec *iov, const hmem::MemRef *mem, size_t count,
+                          RemoteRegion src, uint64_t wr_id) = 0;
 
     // rdma_cm side of a connection.
     virtual int accept(const void *priv, size_t len) = 0;

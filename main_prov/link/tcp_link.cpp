@@ -28,6 +28,9 @@ namespace {
 constexpr size_t kRxBufferSize = 64 * 1024;
 constexpr size_t kDirectReadThreshold = 16 * 1024;
 constexpr size_t kMaxSendIov = 64;
+// Device payload moves through host bounce buffers in chunks of this size: the copy of one
+// chunk overlaps the socket sending the one before.
+constexpr size_t kStageChunk = 256 * 1024;
 constexpr uint32_t kAckEvery = 32;
 constexpr uint32_t kAckIdlePasses = 4;
 // Up to this many connections a pass tries recv() on each; beyond, one epoll_wait tells
@@ -91,20 +94,27 @@ sockaddr_storage TcpConnection::local_address() const {
     return ss;
 }
 
-TcpConnection::OutFrame TcpConnection::make_frame(wire::TcpOp op, const iovec *iov, size_t count,
+TcpConnection::OutFrame TcpConnection::make_frame(wire::TcpOp op, const iovec *iov,
+                                                  const hmem::MemRef *mem, size_t count,
                                                   bool copy_payload) {
     OutFrame f;
     f.hdr.op = static_cast<uint8_t>(op);
     size_t len = iov_length(iov, count);
     f.hdr.length = len;
-    if (copy_payload && len) {
+    // (Device payload is never copied here: it is staged chunk by chunk as it is sent.)
+    if (copy_payload && len && hmem::all_host(mem, count)) {
         f.inline_copy.resize(len);
         iov_gather(f.inline_copy.data(), iov, count, 0, len);
         f.iov[f.iov_count++] = {f.inline_copy.data(), len};
     } else {
-        for (size_t i = 0; i < count; ++i)
-            if (iov[i].iov_len) f.iov[f.iov_count++] = iov[i];
+        for (size_t i = 0; i < count; ++i) {
+            if (!iov[i].iov_len) continue;
+            if (mem && !mem[i].on_host()) f.device = true;
+            f.mem[f.iov_count] = mem ? mem[i] : hmem::kHost;
+            f.iov[f.iov_count++] = iov[i];
+        }
     }
+    if (f.device) f.serial = next_serial_++;
     return f;
 }
 
@@ -120,7 +130,8 @@ void TcpConnection::queue_frame(OutFrame &&frame) {
 }
 
 int TcpConnection::queue_wr(OutFrame &&frame, uint64_t wr_id, WcOpcode opcode,
-                            std::vector<iovec> read_iov, size_t length) {
+                            std::vector<iovec> read_iov, std::vector<hmem::MemRef> read_mem,
+                            size_t length) {
     if (state_ != State::Established) return -FI_ENOTCONN;
     frame.counts_as_wr = true;
     PendingWr wr;
@@ -128,6 +139,7 @@ int TcpConnection::queue_wr(OutFrame &&frame, uint64_t wr_id, WcOpcode opcode,
     wr.seq = next_seq_++;
     wr.opcode = opcode;
     wr.read_iov = std::move(read_iov);
+    wr.read_mem = std::move(read_mem);
     wr.length = length;
     pending_.push_back(std::move(wr));
     queue_frame(std::move(frame));
@@ -140,50 +152,56 @@ int TcpConnection::post_send(const iovec *iov, size_t count, const uint32_t *imm
     size_t len = iov_length(iov, count);
     if (len > transport_->caps().max_send_size || count > transport_->caps().max_sge)
         return count > transport_->caps().max_sge ? -FI_EINVAL : -FI_EMSGSIZE;
-    OutFrame f = make_frame(wire::TcpOp::Send, iov, count, len <= transport_->caps().max_inline);
+    OutFrame f =
+        make_frame(wire::TcpOp::Send, iov, nullptr, count, len <= transport_->caps().max_inline);
     if (imm) {
         f.hdr.flags |= wire::kTcpHasImm;
         f.hdr.imm = *imm;
     }
-    return queue_wr(std::move(f), wr_id, WcOpcode::Send, {}, len);
+    return queue_wr(std::move(f), wr_id, WcOpcode::Send, {}, {}, len);
 }
 
-int TcpConnection::post_write(const iovec *iov, size_t count, RemoteRegion dst, const uint32_t *imm,
-                              uint64_t wr_id) {
+int TcpConnection::post_write(const iovec *iov, const hmem::MemRef *mem, size_t count,
+                              RemoteRegion dst, const uint32_t *imm, uint64_t wr_id) {
     size_t len = iov_length(iov, count);
     if (len > transport_->caps().max_rdma_size || count > transport_->caps().max_sge)
         return -FI_EMSGSIZE;
-    OutFrame f = make_frame(wire::TcpOp::Write, iov, count, len <= transport_->caps().max_inline);
+    OutFrame f =
+        make_frame(wire::TcpOp::Write, iov, mem, count, len <= transport_->caps().max_inline);
     f.has_ext = true;
     f.ext = {dst.addr, dst.key, len};
     if (imm) {
         f.hdr.flags |= wire::kTcpHasImm;
         f.hdr.imm = *imm;
     }
-    return queue_wr(std::move(f), wr_id, WcOpcode::Write, {}, len);
+    return queue_wr(std::move(f), wr_id, WcOpcode::Write, {}, {}, len);
 }
 
-int TcpConnection::post_read(const iovec *iov, size_t count, RemoteRegion src, uint64_t wr_id) {
+int TcpConnection::post_read(const iovec *iov, const hmem::MemRef *mem, size_t count,
+                             RemoteRegion src, uint64_t wr_id) {
     size_t len = iov_length(iov, count);
     if (len > transport_->caps().max_rdma_size || count > transport_->caps().max_sge)
         return -FI_EMSGSIZE;
-    OutFrame f = make_frame(wire::TcpOp::ReadReq, nullptr, 0, false);
+    OutFrame f = make_frame(wire::TcpOp::ReadReq, nullptr, nullptr, 0, false);
     f.has_ext = true;
     f.ext = {src.addr, src.key, len};
-    return queue_wr(std::move(f), wr_id, WcOpcode::Read, std::vector<iovec>(iov, iov + count), len);
+    std::vector<hmem::MemRef> read_mem;
+    if (!hmem::all_host(mem, count)) read_mem.assign(mem, mem + count);
+    return queue_wr(std::move(f), wr_id, WcOpcode::Read, std::vector<iovec>(iov, iov + count),
+                    std::move(read_mem), len);
 }
 
 void TcpConnection::send_cm_request(const void *priv, size_t len) {
     wire::TcpCmHello hello{wire::kTcpMagic, wire::kTcpVersion, 0, static_cast<uint32_t>(len), 0};
     iovec iov[2] = {{&hello, sizeof hello}, {const_cast<void *>(priv), len}};
-    queue_frame(make_frame(wire::TcpOp::CmRequest, iov, len ? 2 : 1, true));
+    queue_frame(make_frame(wire::TcpOp::CmRequest, iov, nullptr, len ? 2 : 1, true));
 }
 
 int TcpConnection::accept(const void *priv, size_t len) {
     if (state_ != State::RequestReceived) return -FI_EINVAL;
     if (len > wire::kMaxCmPrivate) return -FI_EINVAL;
     iovec iov{const_cast<void *>(priv), len};
-    queue_frame(make_frame(wire::TcpOp::CmAccept, &iov, len ? 1 : 0, true));
+    queue_frame(make_frame(wire::TcpOp::CmAccept, &iov, nullptr, len ? 1 : 0, true));
     state_ = State::Established;
     flush_send();
     transport_->push_cm({CmEventType::Established, this, {}});
@@ -194,7 +212,7 @@ int TcpConnection::reject(const void *priv, size_t len) {
     if (state_ != State::RequestReceived) return -FI_EINVAL;
     if (len > wire::kMaxCmPrivate) return -FI_EINVAL;
     iovec iov{const_cast<void *>(priv), len};
-    queue_frame(make_frame(wire::TcpOp::CmReject, &iov, len ? 1 : 0, true));
+    queue_frame(make_frame(wire::TcpOp::CmReject, &iov, nullptr, len ? 1 : 0, true));
     disconnect_requested_ = true;
     reported_down_ = true;  // the application already knows: it rejected
     flush_send();
@@ -204,7 +222,7 @@ int TcpConnection::reject(const void *priv, size_t len) {
 void TcpConnection::disconnect() {
     if (state_ == State::Closed || disconnect_requested_) return;
     if (state_ == State::Established) {
-        queue_frame(make_frame(wire::TcpOp::Disconnect, nullptr, 0, false));
+        queue_frame(make_frame(wire::TcpOp::Disconnect, nullptr, nullptr, 0, false));
         flush_send();
     }
     disconnect_requested_ = true;
@@ -246,6 +264,15 @@ bool TcpConnection::flush_send() {
             };
             push(&f.hdr, head_len);
             if (f.has_ext) push(&f.ext, sizeof f.ext);
+            if (f.device) {
+                // Device payload goes through the bounce buffer, which one frame owns at a
+                // time: nothing after it in this batch.
+                size_t k = push_staged(f, &iov[n]);
+                if (k == SIZE_MAX) return false;
+                n += k;
+                if (k) bytes += iov[n - 1].iov_len;
+                break;
+            }
             for (size_t k = 0; k < f.iov_count; ++k) push(f.iov[k].iov_base, f.iov[k].iov_len);
         }
         if (n == 0) break;
@@ -270,6 +297,69 @@ bool TcpConnection::flush_send() {
         if (static_cast<size_t>(sent) < bytes) return false;  // socket buffer full
     }
     return true;
+}
+
+// The next chunk of a device frame's payload, copied to the bounce buffer unless it is there
+// already (a previous sendmsg took part of it): 1 iovec, 0 when the payload is all sent, or
+// SIZE_MAX when the device copy failed (the connection is failed then).
+size_t TcpConnection::push_staged(OutFrame &f, iovec *out) {
+    size_t head = sizeof f.hdr + (f.has_ext ? sizeof f.ext : 0);
+    size_t done = f.sent > head ? f.sent - head : 0;
+    if (done >= f.hdr.length) return 0;
+    if (stage_owner_ != f.serial || done < f.stage_begin || done >= f.stage_end) {
+        size_t n = std::min(kStageChunk, static_cast<size_t>(f.hdr.length) - done);
+        if (stage_tx_.size() < n) stage_tx_.resize(kStageChunk);
+        if (hmem::gather(stage_tx_.data(), f.iov, f.mem, f.iov_count, done, n) !=
+            static_cast<ssize_t>(n)) {
+            fail_connection("device memory could not be copied for sending", EIO);
+            return SIZE_MAX;
+        }
+        stage_owner_ = f.serial;
+        f.stage_begin = done;
+        f.stage_end = done + n;
+    }
+    *out = {stage_tx_.data() + (done - f.stage_begin), f.stage_end - done};
+    return 1;
+}
+
+// A device destination: a chunk from the socket into the bounce buffer, then to the device.
+bool TcpConnection::receive_staged(size_t remaining) {
+    size_t want = std::min(kStageChunk, remaining);
+    if (stage_rx_.size() < want) stage_rx_.resize(kStageChunk);
+    size_t got = 0;
+    // Bytes already buffered first, then the socket.
+    size_t buffered = std::min(rx_tail_ - rx_head_, want);
+    memcpy(stage_rx_.data(), rxbuf_.data() + rx_head_, buffered);
+    rx_head_ += buffered;
+    got = buffered;
+    while (got < want && recv_allowed_) {
+        ssize_t r = recv(fd_, stage_rx_.data() + got, want - got, MSG_DONTWAIT);
+        if (r > 0) {
+            got += static_cast<size_t>(r);
+            continue;
+        }
+        recv_allowed_ = false;
+        if (r == 0) {
+            fail_connection(nullptr, 0);
+            return false;
+        }
+        if (errno == EINTR) {
+            recv_allowed_ = true;
+            continue;
+        }
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+            fail_connection("receive failed", errno);
+            return false;
+        }
+    }
+    if (got &&
+        hmem::scatter(dst_iov_.data(), dst_mem_.data(), dst_iov_.size(), payload_done_,
+                      stage_rx_.data(), got) != static_cast<ssize_t>(got)) {
+        fail_connection("received data could not be copied to device memory", EIO);
+        return false;
+    }
+    payload_done_ += got;
+    return got == want;
 }
 
 bool TcpConnection::fill_rx(size_t want) {
@@ -307,6 +397,7 @@ bool TcpConnection::fill_rx(size_t want) {
 bool TcpConnection::begin_frame() {
     auto op = static_cast<wire::TcpOp>(cur_.op);
     dst_iov_.clear();
+    dst_mem_.clear();
     dst_discard_ = false;
     payload_done_ = 0;
     cur_status_ = wire::TcpStatus::Ok;
@@ -345,6 +436,8 @@ bool TcpConnection::begin_frame() {
                 dst_discard_ = true;
             } else {
                 dst_iov_.assign(pieces.iov, pieces.iov + pieces.count);
+                if (!hmem::all_host(pieces.mem, pieces.count))
+                    dst_mem_.assign(pieces.mem, pieces.mem + pieces.count);
             }
             return true;
         }
@@ -359,6 +452,7 @@ bool TcpConnection::begin_frame() {
                     return false;
                 }
                 dst_iov_ = wr.read_iov;
+                dst_mem_ = wr.read_mem;
                 return true;
             }
             fail_connection("read response without a request", EPROTO);
@@ -392,6 +486,10 @@ bool TcpConnection::read_payload() {
     while (payload_done_ < total) {
         size_t buffered = rx_tail_ - rx_head_;
         size_t remaining = total - payload_done_;
+        if (!dst_mem_.empty() && !dst_discard_) {
+            if (!receive_staged(remaining)) return false;  // more to come, or failed
+            continue;
+        }
         if (buffered) {
             size_t take = std::min(buffered, remaining);
             if (!dst_discard_)
@@ -482,7 +580,7 @@ void TcpConnection::finish_frame() {
         }
         case wire::TcpOp::Write:
             if (cur_status_ != wire::TcpStatus::Ok) {
-                OutFrame nak = make_frame(wire::TcpOp::Nak, nullptr, 0, false);
+                OutFrame nak = make_frame(wire::TcpOp::Nak, nullptr, nullptr, 0, false);
                 nak.hdr.status = static_cast<uint8_t>(cur_status_);
                 nak.hdr.imm = rx_count_;
                 queue_frame(std::move(nak));
@@ -515,8 +613,13 @@ void TcpConnection::finish_frame() {
                             (unsigned long)cur_ext_.length);
             } else {
                 resp.hdr.length = cur_ext_.length;
-                for (size_t k = 0; k < pieces.count; ++k)
-                    if (pieces.iov[k].iov_len) resp.iov[resp.iov_count++] = pieces.iov[k];
+                for (size_t k = 0; k < pieces.count; ++k) {
+                    if (!pieces.iov[k].iov_len) continue;
+                    resp.mem[resp.iov_count] = pieces.mem[k];
+                    resp.iov[resp.iov_count++] = pieces.iov[k];
+                    if (!pieces.mem[k].on_host()) resp.device = true;
+                }
+                if (resp.device) resp.serial = next_serial_++;
                 transport_->resolver()->remote_access_done(cur_ext_.key, FI_REMOTE_READ);
             }
             queue_frame(std::move(resp));
@@ -626,7 +729,7 @@ void TcpConnection::read_frames() {
 void TcpConnection::maybe_send_ack() {
     if (state_ != State::Established || !outq_.empty()) return;
     if (rx_count_ == acked_sent_) return;
-    queue_frame(make_frame(wire::TcpOp::Ack, nullptr, 0, false));
+    queue_frame(make_frame(wire::TcpOp::Ack, nullptr, nullptr, 0, false));
     flush_send();
 }
 

@@ -38,9 +38,10 @@ class TcpConnection final : public LinkConnection {
     ~TcpConnection() override;
 
     int post_send(const iovec *iov, size_t count, const uint32_t *imm, uint64_t wr_id) override;
-    int post_write(const iovec *iov, size_t count, RemoteRegion dst, const uint32_t *imm,
-                   uint64_t wr_id) override;
-    int post_read(const iovec *iov, size_t count, RemoteRegion src, uint64_t wr_id) override;
+    int post_write(const iovec *iov, const hmem::MemRef *mem, size_t count, RemoteRegion dst,
+                   const uint32_t *imm, uint64_t wr_id) override;
+    int post_read(const iovec *iov, const hmem::MemRef *mem, size_t count, RemoteRegion src,
+                  uint64_t wr_id) override;
 
     int accept(const void *priv, size_t len) override;
     int reject(const void *priv, size_t len) override;
@@ -69,7 +70,13 @@ class TcpConnection final : public LinkConnection {
         bool counts_as_wr = false;  // Send, Write, ReadReq: acknowledged by the peer
         static constexpr size_t kMaxPayloadIov = 18;
         iovec iov[kMaxPayloadIov];  // payload (may point into `inline_copy`)
+        hmem::MemRef mem[kMaxPayloadIov];
         size_t iov_count = 0;
+        // Device payload: sent through the connection's bounce buffer, which holds payload
+        // bytes [stage_begin, stage_end) of the frame numbered `serial` (see flush_send).
+        bool device = false;
+        uint64_t serial = 0;
+        size_t stage_begin = 0, stage_end = 0;
         std::vector<uint8_t> inline_copy;
         size_t total = 0;  // header + ext + payload bytes
         size_t sent = 0;
@@ -81,14 +88,18 @@ class TcpConnection final : public LinkConnection {
         WcStatus status = WcStatus::Success;
         bool read_done = false;
         std::vector<iovec> read_iov;  // reads: where the response lands
+        std::vector<hmem::MemRef> read_mem;  // and where each piece lives (empty: host)
         size_t length = 0;
     };
     enum class RxPhase : uint8_t { Header, Extension, Payload };
 
     int queue_wr(OutFrame &&frame, uint64_t wr_id, WcOpcode opcode, std::vector<iovec> read_iov,
-                 size_t length);
+                 std::vector<hmem::MemRef> read_mem, size_t length);
     void queue_frame(OutFrame &&frame);
-    OutFrame make_frame(wire::TcpOp op, const iovec *iov, size_t count, bool copy_payload);
+    OutFrame make_frame(wire::TcpOp op, const iovec *iov, const hmem::MemRef *mem, size_t count,
+                        bool copy_payload);
+    size_t push_staged(OutFrame &f, iovec *out);
+    bool receive_staged(size_t remaining);
     bool flush_send();
     void read_frames();
     bool fill_rx(size_t want);
@@ -126,7 +137,13 @@ class TcpConnection final : public LinkConnection {
     size_t payload_done_ = 0;
     // Destination of the current payload.
     std::vector<iovec> dst_iov_;
+    std::vector<hmem::MemRef> dst_mem_;  // empty: all host memory
     bool dst_discard_ = false;
+    // Host bounce buffers for device memory (the TCP link cannot reach it): payload goes
+    // out and comes in through them in chunks, so copies and the socket overlap.
+    std::vector<uint8_t> stage_tx_, stage_rx_;
+    uint64_t stage_owner_ = 0;  // serial of the frame whose bytes stage_tx_ holds
+    uint64_t next_serial_ = 1;
     std::vector<uint8_t> cm_payload_;
     void *posted_buf_ = nullptr;
     uint64_t posted_wr_id_ = 0;

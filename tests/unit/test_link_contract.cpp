@@ -202,10 +202,10 @@ TEST_P(LinkContract, WriteAndReadMoveDataUnderAKey) {
     std::vector<uint8_t> src(10000);
     for (size_t i = 0; i < src.size(); ++i) src[i] = uint8_t(i * 7);
     iovec wiov{src.data(), src.size()};
-    ASSERT_EQ(ab->post_write(&wiov, 1, {100, b.region.key}, nullptr, 2), 0);
+    ASSERT_EQ(ab->post_write(&wiov, nullptr, 1, {100, b.region.key}, nullptr, 2), 0);
     std::vector<uint8_t> back(src.size());
     iovec riov{back.data(), back.size()};
-    ASSERT_EQ(ab->post_read(&riov, 1, {100, b.region.key}, 3), 0);
+    ASSERT_EQ(ab->post_read(&riov, nullptr, 1, {100, b.region.key}, 3), 0);
     ASSERT_TRUE(pump_until([&] { return a.wcs.size() == 2; }));
     EXPECT_EQ(a.wcs[0].opcode, WcOpcode::Write);
     EXPECT_EQ(a.wcs[0].status, WcStatus::Success);
@@ -221,11 +221,11 @@ TEST_P(LinkContract, BadKeysAndRangesFailAtTheInitiatorAndWriteNothing) {
     connect();
     std::vector<uint8_t> src(64, 0xee);
     iovec iov{src.data(), src.size()};
-    ASSERT_EQ(ab->post_write(&iov, 1, {0, b.region.key + 1}, nullptr, 1), 0);  // bad key
-    ASSERT_EQ(ab->post_write(&iov, 1, {b.region.mem.size() - 10, b.region.key}, nullptr, 2), 0);
+    ASSERT_EQ(ab->post_write(&iov, nullptr, 1, {0, b.region.key + 1}, nullptr, 1), 0);  // bad key
+    ASSERT_EQ(ab->post_write(&iov, nullptr, 1, {b.region.mem.size() - 10, b.region.key}, nullptr, 2), 0);
     std::vector<uint8_t> dst(64);
     iovec riov{dst.data(), dst.size()};
-    ASSERT_EQ(ab->post_read(&riov, 1, {0, 999}, 3), 0);  // bad key
+    ASSERT_EQ(ab->post_read(&riov, nullptr, 1, {0, 999}, 3), 0);  // bad key
     ASSERT_TRUE(pump_until([&] { return a.wcs.size() == 3; }));
     for (const auto &wc : a.wcs) EXPECT_EQ(wc.status, WcStatus::RemoteAccessError) << wc.wr_id;
     for (uint8_t v : b.region.mem) ASSERT_EQ(v, 0);
@@ -241,7 +241,7 @@ TEST_P(LinkContract, ReadOnlyRegionRefusesWrites) {
     b.region.access = FI_REMOTE_READ;
     std::vector<uint8_t> src(8, 1);
     iovec iov{src.data(), src.size()};
-    ASSERT_EQ(ab->post_write(&iov, 1, {0, b.region.key}, nullptr, 1), 0);
+    ASSERT_EQ(ab->post_write(&iov, nullptr, 1, {0, b.region.key}, nullptr, 1), 0);
     ASSERT_TRUE(pump_until([&] { return !a.wcs.empty(); }));
     EXPECT_EQ(a.wcs.front().status, WcStatus::RemoteAccessError);
 }
@@ -252,8 +252,8 @@ TEST_P(LinkContract, CompletionsComeInPostingOrder) {
     std::vector<uint8_t> data(3000, 5), back(3000);
     iovec iov{data.data(), data.size()}, riov{back.data(), back.size()};
     ASSERT_EQ(ab->post_send(&iov, 1, nullptr, 1), 0);
-    ASSERT_EQ(ab->post_read(&riov, 1, {0, b.region.key}, 2), 0);
-    ASSERT_EQ(ab->post_write(&iov, 1, {0, b.region.key}, nullptr, 3), 0);
+    ASSERT_EQ(ab->post_read(&riov, nullptr, 1, {0, b.region.key}, 2), 0);
+    ASSERT_EQ(ab->post_write(&iov, nullptr, 1, {0, b.region.key}, nullptr, 3), 0);
     ASSERT_EQ(ab->post_send(&iov, 1, nullptr, 4), 0);
     ASSERT_TRUE(pump_until([&] { return a.wcs.size() == 4; }));
     for (uint64_t i = 0; i < 4; ++i) EXPECT_EQ(a.wcs[i].wr_id, i + 1);
@@ -268,7 +268,7 @@ TEST_P(LinkContract, LargeTransfersSurvivePartialSocketWrites) {
     for (size_t i = 0; i < size; ++i) src[i] = uint8_t(i ^ (i >> 9));
     b.region.mem.assign(size, 0);
     iovec iov{src.data(), src.size()};
-    ASSERT_EQ(ab->post_write(&iov, 1, {0, b.region.key}, nullptr, 1), 0);
+    ASSERT_EQ(ab->post_write(&iov, nullptr, 1, {0, b.region.key}, nullptr, 1), 0);
     ASSERT_TRUE(pump_until([&] { return !a.wcs.empty(); }, 20000));
     EXPECT_EQ(a.wcs.front().status, WcStatus::Success);
     EXPECT_TRUE(b.region.mem == src);
@@ -278,7 +278,7 @@ TEST_P(LinkContract, DisconnectFlushesOutstandingWorkAndTellsThePeer) {
     connect();
     std::vector<uint8_t> dst(64);
     iovec riov{dst.data(), dst.size()};
-    ASSERT_EQ(ab->post_read(&riov, 1, {0, b.region.key}, 9), 0);
+    ASSERT_EQ(ab->post_read(&riov, nullptr, 1, {0, b.region.key}, 9), 0);
     ba->disconnect();  // before b ever serves the read
     ASSERT_TRUE(pump_until([&] { return !a.events.empty() && !a.wcs.empty(); }));
     EXPECT_EQ(a.events.front().type, CmEventType::Disconnected);

@@ -1,0 +1,257 @@
+// FI_HMEM_CUDA through the CUDA driver API, loaded at run time: the providers have no
+// link-time dependency on CUDA, and a machine without it loads them and offers no
+// FI_HMEM_CUDA. Every call runs in the device's primary context, and every copy on the
+// interface's own stream of that device (never the application's), waited for before the
+// copy returns: copies of one device complete in the order they were issued.
+#include "common/log.h"
+#include "hmem/cuda_abi.h"
+#include "hmem/iface_tables.h"
+
+#include <dlfcn.h>
+#include <rdma/fi_errno.h>
+
+#include <cstring>
+#include <mutex>
+
+namespace tandem::hmem {
+namespace {
+
+struct Driver {
+#define TANDEM_CUDA_FIELD(field, sym, ret, params) ret(*field) params = nullptr;
+    TANDEM_CUDA_DRIVER_CALLS(TANDEM_CUDA_FIELD)
+#undef TANDEM_CUDA_FIELD
+};
+
+constexpr int kMaxDevices = 64;
+
+struct DeviceState {
+    std::once_flag once;
+    int status = 0;  // 0, or the negative errno of a failed set-up
+    CUcontext ctx = nullptr;
+    CUstream stream = nullptr;
+};
+
+Driver g_cu;
+int g_devices = 0;
+DeviceState g_dev[kMaxDevices];
+
+const char *error_name(CUresult r) {
+    const char *name = nullptr;
+    if (g_cu.get_error_name && g_cu.get_error_name(r, &name) == CUDA_SUCCESS && name) return name;
+    return "unknown CUDA error";
+}
+
+int to_errno(CUresult r) {
+    switch (r) {
+        case CUDA_SUCCESS: return 0;
+        case CUDA_ERROR_OUT_OF_MEMORY: return -FI_ENOMEM;
+        case CUDA_ERROR_INVALID_VALUE:
+        case CUDA_ERROR_INVALID_HANDLE:
+        case CUDA_ERROR_INVALID_DEVICE: return -FI_EINVAL;
+        case CUDA_ERROR_NOT_SUPPORTED:
+        case CUDA_ERROR_PEER_ACCESS_UNSUPPORTED: return -FI_EOPNOTSUPP;
+        case CUDA_ERROR_NOT_PERMITTED: return -FI_EPERM;
+        case CUDA_ERROR_NOT_READY: return -FI_EAGAIN;
+        default: return -FI_EIO;
+    }
+}
+
+int check(CUresult r, const char *what) {
+    if (r == CUDA_SUCCESS) return 0;
+    TANDEM_WARN(FI_LOG_CORE, "CUDA %s failed: %s (%d)\n", what, error_name(r), r);
+    return to_errno(r);
+}
+
+// Makes the device's primary context current on this thread, creating it (and the copy
+// stream) on first use.
+int enter(uint64_t device) {
+    if (device >= static_cast<uint64_t>(g_devices)) return -FI_EINVAL;
+    DeviceState &d = g_dev[device];
+    std::call_once(d.once, [&] {
+        CUdevice dev;
+        d.status = check(g_cu.device_get(&dev, static_cast<int>(device)), "cuDeviceGet");
+        if (!d.status)
+            d.status = check(g_cu.primary_ctx_retain(&d.ctx, dev), "cuDevicePrimaryCtxRetain");
+        if (!d.status) d.status = check(g_cu.ctx_set_current(d.ctx), "cuCtxSetCurrent");
+        if (!d.status)
+            d.status = check(g_cu.stream_create(&d.stream, CU_STREAM_NON_BLOCKING),
+                             "cuStreamCreate");
+    });
+    if (d.status) return d.status;
+    thread_local CUcontext current = nullptr;
+    if (current != d.ctx) {
+        int ret = check(g_cu.ctx_set_current(d.ctx), "cuCtxSetCurrent");
+        if (ret) return ret;
+        current = d.ctx;
+    }
+    return 0;
+}
+
+CUdeviceptr dptr(const void *p) { return reinterpret_cast<CUdeviceptr>(p); }
+
+int query(const void *addr, AddrInfo *info) {
+    unsigned type = 0;
+    // Host memory (and anything CUDA does not know) answers with an error: not ours.
+    if (g_cu.pointer_get_attribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dptr(addr)) !=
+            CUDA_SUCCESS ||
+        type != CU_MEMORYTYPE_DEVICE)
+        return 0;
+    int ordinal = 0;
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    unsigned long long id = 0;
+    if (check(g_cu.pointer_get_attribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                                         dptr(addr)),
+              "cuPointerGetAttribute(DEVICE_ORDINAL)") ||
+        check(g_cu.pointer_get_attribute(&base, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+                                         dptr(addr)),
+              "cuPointerGetAttribute(RANGE_START_ADDR)") ||
+        check(g_cu.pointer_get_attribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, dptr(addr)),
+              "cuPointerGetAttribute(RANGE_SIZE)") ||
+        check(g_cu.pointer_get_attribute(&id, CU_POINTER_ATTRIBUTE_BUFFER_ID, dptr(addr)),
+              "cuPointerGetAttribute(BUFFER_ID)"))
+        return -FI_EIO;
+    info->mem = {FI_HMEM_CUDA, static_cast<uint64_t>(ordinal)};
+    info->base = static_cast<uintptr_t>(base);
+    info->length = size;
+    info->buffer_id = id;
+    return 1;
+}
+
+int copy_on_stream(uint64_t device, CUdeviceptr dst, CUdeviceptr src, size_t len) {
+    if (!len) return 0;
+    int ret = enter(device);
+    if (ret) return ret;
+    ret = check(g_cu.memcpy_async(dst, src, len, g_dev[device].stream), "cuMemcpyAsync");
+    if (ret) return ret;
+    ret = check(g_cu.stream_synchronize(g_dev[device].stream), "cuStreamSynchronize");
+    if (!ret) counters().device_copies.fetch_add(1, std::memory_order_relaxed);
+    return ret;
+}
+
+int copy_to_host(MemRef mem, void *dst, const void *src, size_t len) {
+    return copy_on_stream(mem.device, dptr(dst), dptr(src), len);
+}
+int copy_from_host(MemRef mem, void *dst, const void *src, size_t len) {
+    return copy_on_stream(mem.device, dptr(dst), dptr(src), len);
+}
+int copy_device(MemRef dst_mem, void *dst, MemRef src_mem, const void *src, size_t len) {
+    // The copy runs on the destination's engine; a host side is fine for cuMemcpyAsync.
+    uint64_t device = dst_mem.iface == FI_HMEM_CUDA ? dst_mem.device : src_mem.device;
+    return copy_on_stream(device, dptr(dst), dptr(src), len);
+}
+
+int ipc_get(const void *addr, IpcHandle *out) {
+    AddrInfo info;
+    int ret = query(addr, &info);
+    if (ret <= 0) return ret ? ret : -FI_EINVAL;
+    if ((ret = enter(info.mem.device))) return ret;
+    CUipcMemHandle h;
+    ret = check(g_cu.ipc_get_mem_handle(&h, static_cast<CUdeviceptr>(info.base)),
+                "cuIpcGetMemHandle");
+    if (ret) return ret;
+    static_assert(sizeof h == sizeof out->bytes);
+    memcpy(out->bytes, &h, sizeof h);
+    return 0;
+}
+
+int ipc_open(uint64_t device, const IpcHandle &handle, void **mapped) {
+    int ret = enter(device);
+    if (ret) return ret;
+    CUipcMemHandle h;
+    memcpy(&h, handle.bytes, sizeof h);
+    CUdeviceptr p = 0;
+    ret = check(g_cu.ipc_open_mem_handle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+                "cuIpcOpenMemHandle");
+    if (ret) return ret;
+    *mapped = reinterpret_cast<void *>(p);
+    return 0;
+}
+
+int ipc_close(uint64_t device, void *mapped) {
+    int ret = enter(device);
+    if (ret) return ret;
+    return check(g_cu.ipc_close_mem_handle(dptr(mapped)), "cuIpcCloseMemHandle");
+}
+
+int dmabuf(const void *addr, size_t len, int *fd, uint64_t *offset) {
+    AddrInfo info;
+    int ret = query(addr, &info);
+    if (ret <= 0) return ret ? ret : -FI_EINVAL;
+    if ((ret = enter(info.mem.device))) return ret;
+    int supported = 0;
+    CUdevice dev = static_cast<CUdevice>(info.mem.device);
+    if (g_cu.device_get_attribute(&supported, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, dev) !=
+            CUDA_SUCCESS ||
+        !supported)
+        return -FI_EOPNOTSUPP;
+    // dma-buf exports whole pages: the allocation, and addr's offset inside it.
+    int out = -1;
+    ret = check(g_cu.mem_get_handle_for_address_range(&out, static_cast<CUdeviceptr>(info.base),
+                                                      info.length,
+                                                      CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
+                "cuMemGetHandleForAddressRange");
+    if (ret) return ret;
+    (void)len;
+    *fd = out;
+    *offset = reinterpret_cast<uintptr_t>(addr) - info.base;
+    return 0;
+}
+
+bool can_access_peer(uint64_t device, uint64_t peer) {
+    if (device == peer) return true;
+    int can = 0;
+    return g_cu.device_can_access_peer(&can, static_cast<CUdevice>(device),
+                                       static_cast<CUdevice>(peer)) == CUDA_SUCCESS &&
+           can;
+}
+
+int synchronize(uint64_t device) {
+    int ret = enter(device);
+    if (ret) return ret;
+    return check(g_cu.stream_synchronize(g_dev[device].stream), "cuStreamSynchronize");
+}
+
+}  // namespace
+
+const IfaceOps kCudaOps = {
+    FI_HMEM_CUDA, "cuda",    query,     copy_to_host, copy_from_host,  copy_device,
+    ipc_get,      ipc_open,  ipc_close, dmabuf,       can_access_peer, synchronize,
+};
+
+bool cuda_load(int *devices, const char **why) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        *why = "the CUDA driver (libcuda.so.1) is not installed";
+        return false;
+    }
+    Driver cu;
+#define TANDEM_CUDA_RESOLVE(field, sym, ret, params) \
+    cu.field = reinterpret_cast<decltype(cu.field)>(dlsym(lib, #sym));
+    TANDEM_CUDA_DRIVER_CALLS(TANDEM_CUDA_RESOLVE)
+#undef TANDEM_CUDA_RESOLVE
+#define TANDEM_CUDA_REQUIRE(field, sym, ret, params)                                     \
+    if (!cu.field) {                                                                     \
+        TANDEM_WARN(FI_LOG_CORE, "libcuda.so.1 lacks %s: CUDA memory disabled\n", #sym); \
+        *why = "the CUDA driver lacks a call tandem needs";                              \
+        dlclose(lib);                                                                    \
+        return false;                                                                    \
+    }
+    TANDEM_CUDA_DRIVER_CALLS(TANDEM_CUDA_REQUIRE)
+#undef TANDEM_CUDA_REQUIRE
+    g_cu = cu;
+    int count = 0;
+    CUresult r = g_cu.init(0);
+    if (r == CUDA_SUCCESS) r = g_cu.device_get_count(&count);
+    if (r != CUDA_SUCCESS || count <= 0) {
+        TANDEM_INFO(FI_LOG_CORE, "CUDA driver loaded but no device (%s)\n",
+                    r == CUDA_SUCCESS ? "0 devices" : error_name(r));
+        *why = "no CUDA device";
+        return false;  // the library stays loaded: unloading a driver is never safe
+    }
+    g_devices = count < kMaxDevices ? count : kMaxDevices;
+    *devices = g_devices;
+    return true;
+}
+
+}  // namespace tandem::hmem
