@@ -164,6 +164,8 @@ enum class LocalOp : uint8_t {
     Cts = 9,         // receiver to sender of Rts msg_id: write your bytes from `offset`, `total`
                      // of them, into my LocalIov list (process `pid`), while I read the rest
     WriteDone = 10,  // sender to receiver: the Cts part of msg_id is written (`status`)
+    IpcRts = 11,     // device memory peer to peer: the receiver maps the sender's LocalIpc
+                     // handles and copies with its device's engine, then answers Fin
 };
 
 // Rts messages of at least this size are copied by both sides at once (Cts / WriteDone):
@@ -203,6 +205,20 @@ struct LocalIov {
 };
 
 inline constexpr size_t kLocalBodyRoom = kLocalCellSize - sizeof(LocalHeader) - kLocalNameRoom;
+
+// One device buffer of an IpcRts: the interface's IPC handle of the allocation holding it
+// and where in the allocation it lies. The receiver checks iface and bounds before mapping.
+struct LocalIpc {
+    uint8_t handle[64];  // hmem::IpcHandle (CUDA: CUipcMemHandle)
+    uint64_t buffer_id;  // of the allocation, for the receiver's cache of mappings
+    uint64_t alloc_len;
+    uint64_t offset;  // of the buffer in its allocation
+    uint64_t length;
+    uint32_t iface;   // fi_hmem_iface
+    uint32_t device;  // the sender's device
+};
+static_assert(sizeof(LocalIpc) == 104 && std::is_trivially_copyable_v<LocalIpc>);
+static_assert(kLocalBodyRoom >= kLocalMaxIov * sizeof(LocalIpc));
 
 // ---------------------------------------------------------------------------------------
 // The offload twins' own messages to each other across nodes, carried as peer transfers

@@ -76,14 +76,17 @@ struct DataCall<M> {
 // tandem's endpoint extension for its offload twin (peer::PeerEpOps): RMA arriving over the
 // node-local path is checked against this endpoint's domain like RMA arriving over a link.
 int peer_ep_resolve(fid_ep *fid, uint64_t key, uint64_t addr, size_t len, uint64_t access,
-                    iovec *iov, size_t *count) noexcept {
+                    iovec *iov, hmem::MemRef *mem, size_t *count) noexcept {
     if (!fid || !count || (!iov && *count)) return -FI_EINVAL;
     Endpoint *ep = Endpoint::of(fid);
     std::lock_guard guard(ep->domain()->lock());
     LocalPieces pieces;
     if (!ep->resolve(key, addr, len, access, pieces)) return -FI_EACCES;
     if (pieces.count > *count) return -FI_ETOOSMALL;
-    for (size_t i = 0; i < pieces.count; ++i) iov[i] = pieces.iov[i];
+    for (size_t i = 0; i < pieces.count; ++i) {
+        iov[i] = pieces.iov[i];
+        if (mem) mem[i] = pieces.mem[i];
+    }
     *count = pieces.count;
     return 0;
 }

@@ -37,8 +37,8 @@ fi_ops ep_fi_ops = fid_ops(
 fi_ops_ep ep_ops = {
     .size = sizeof(fi_ops_ep),
     .cancel = enosys<decltype(fi_ops_ep::cancel)>,  // receives are the owner's to cancel
-    .getopt = enosys<decltype(fi_ops_ep::getopt)>,
-    .setopt = enosys<decltype(fi_ops_ep::setopt)>,
+    .getopt = &Trampoline<&Endpoint::getopt>::call<fid>,
+    .setopt = &Trampoline<&Endpoint::setopt>::call<fid>,
     .tx_ctx = enosys<decltype(fi_ops_ep::tx_ctx)>,
     .rx_ctx = enosys<decltype(fi_ops_ep::rx_ctx)>,
     .rx_size_left = enosys<decltype(fi_ops_ep::rx_size_left)>,
@@ -401,11 +401,17 @@ void Endpoint::push(PeerLink &link, const LocalHeader &hdr, const void *body, si
 }
 
 void Endpoint::push_gather(PeerLink &link, const LocalHeader &hdr, const iovec *iov, size_t count,
-                           size_t offset, size_t len) {
+                           size_t offset, size_t len, const hmem::MemRef *mem) {
     auto fill = [&](uint8_t *cell) {
         memcpy(cell, &hdr, sizeof hdr);
         memcpy(cell + sizeof hdr, name_, wire::kLocalNameRoom);
-        iov_gather(cell + sizeof hdr + wire::kLocalNameRoom, iov, count, offset, len);
+        uint8_t *body = cell + sizeof hdr + wire::kLocalNameRoom;
+        if (!mem) {
+            iov_gather(body, iov, count, offset, len);
+        } else if (hmem::gather(body, iov, mem, count, offset, len) != ssize_t(len)) {
+            // Only a range the registration did not cover gets here; logged, not fatal.
+            TANDEM_WARN(FI_LOG_EP_DATA, "device memory could not be copied into a cell\n");
+        }
     };
     if (link.backlog.empty()) {
         if (void *cell = link.ring->try_reserve()) {
@@ -425,14 +431,14 @@ void Endpoint::push_gather(PeerLink &link, const LocalHeader &hdr, const iovec *
 // A payload in as many cells as it takes (Frag, WriteFrag, ReadData): each carries its
 // offset, the last one kLocalLast (an empty payload still sends that one cell).
 void Endpoint::push_staged(PeerLink &link, LocalHeader hdr, const iovec *iov, size_t count,
-                           size_t len) {
+                           size_t len, const hmem::MemRef *mem) {
     const size_t room = wire::kLocalBodyRoom;
     size_t off = 0;
     do {
         hdr.offset = off;
         hdr.size = static_cast<uint32_t>(std::min(room, len - off));
         if (off + hdr.size == len) hdr.flags |= wire::kLocalLast;
-        push_gather(link, hdr, iov, count, off, hdr.size);
+        push_gather(link, hdr, iov, count, off, hdr.size, mem);
         off += hdr.size;
     } while (off < len);
 }
@@ -504,18 +510,19 @@ void Endpoint::answer(std::string_view sender, uint64_t msg_id, int status) {
 
 ssize_t Endpoint::sendmsg(const fi_msg *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
-    return post_send(msg->msg_iov, msg->iov_count, msg->addr, 0, msg->data, msg->context, flags,
-                     false);
+    return post_send(msg->msg_iov, msg->desc, msg->iov_count, msg->addr, 0, msg->data,
+                     msg->context, flags, false);
 }
 
 ssize_t Endpoint::tsendmsg(const fi_msg_tagged *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
-    return post_send(msg->msg_iov, msg->iov_count, msg->addr, msg->tag, msg->data, msg->context,
-                     flags, true);
+    return post_send(msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->tag, msg->data,
+                     msg->context, flags, true);
 }
 
-ssize_t Endpoint::post_send(const iovec *iov, size_t count, fi_addr_t dest, uint64_t tag,
-                            uint64_t data, void *context, uint64_t flags, bool tagged) {
+ssize_t Endpoint::post_send(const iovec *iov, void **desc, size_t count, fi_addr_t dest,
+                            uint64_t tag, uint64_t data, void *context, uint64_t flags,
+                            bool tagged) {
     if (!enabled_) return -FI_EOPBADSTATE;
     if ((count && !iov) || count > wire::kLocalMaxIov) return -FI_EINVAL;
     PeerLink *link = link_for(dest);
@@ -536,9 +543,52 @@ ssize_t Endpoint::post_send(const iovec *iov, size_t count, fi_addr_t dest, uint
     // FI_DELIVERY_COMPLETE: complete when the receiver placed the data (its Fin), not when
     // the cells are written.
     bool ack = flags & FI_DELIVERY_COMPLETE;
+    hmem::MemRef mem[wire::kLocalMaxIov];
+    bool device = desc && peer::mems_of(desc, count, mem);
+    if (device) {
+        // Device memory: peer to peer through IPC handles where the policy and the driver
+        // allow, else staged through cells by the device's copies (never by the CPU).
+        auto &c = hmem::counters();
+        switch (p2p_.decide(true, len, Config::get().eager_limit)) {
+            case hmem::P2pDecision::PeerToPeer: {
+                Pending p{context, cq_flags, len, link, {iov, iov + count}, 0, {mem, mem + count},
+                          true, tag, data, hdr.flags};
+                if (post_ipc(*link, hdr, iov, mem, count, std::move(p))) {
+                    c.p2p_transfers.fetch_add(1, std::memory_order_relaxed);
+                    return 0;
+                }
+                if (p2p_.mode() == FI_HMEM_P2P_REQUIRED) {
+                    c.refused_transfers.fetch_add(1, std::memory_order_relaxed);
+                    complete_tx(context, cq_flags, len, FI_EOPNOTSUPP);
+                    return 0;
+                }
+                break;  // no IPC handle for this memory: staged
+            }
+            case hmem::P2pDecision::Fail:
+                c.refused_transfers.fetch_add(1, std::memory_order_relaxed);
+                complete_tx(context, cq_flags, len, FI_EOPNOTSUPP);
+                return 0;
+            case hmem::P2pDecision::Stage: break;
+        }
+        c.staged_transfers.fetch_add(1, std::memory_order_relaxed);
+        if (ack) {
+            hdr.flags |= wire::kLocalAckReq;
+            pending_[hdr.msg_id] = Pending{context, cq_flags, len, link, {}, 0, {}, false, 0, 0, 0};
+        }
+        hdr.op = static_cast<uint8_t>(len <= Config::get().eager_limit ? LocalOp::Eager
+                                                                        : LocalOp::Frag);
+        if (hdr.op == static_cast<uint8_t>(LocalOp::Eager)) {
+            hdr.size = static_cast<uint32_t>(len);
+            push_gather(*link, hdr, iov, count, 0, len, mem);
+        } else {
+            push_staged(*link, hdr, iov, count, len, mem);
+        }
+        if (!ack) complete_tx(context, cq_flags, len, 0);
+        return 0;
+    }
     if (ack) {
         hdr.flags |= wire::kLocalAckReq;
-        pending_[hdr.msg_id] = Pending{context, cq_flags, len, link, {}, 0};
+        pending_[hdr.msg_id] = Pending{context, cq_flags, len, link, {}, 0, {}, false, 0, 0, 0};
     }
     if (len <= Config::get().eager_limit) {
         hdr.op = static_cast<uint8_t>(LocalOp::Eager);
@@ -557,7 +607,7 @@ ssize_t Endpoint::post_send(const iovec *iov, size_t count, fi_addr_t dest, uint
                 body[n++] = {reinterpret_cast<uint64_t>(iov[i].iov_base), iov[i].iov_len};
         hdr.iov_count = static_cast<uint8_t>(n);
         hdr.flags &= ~uint8_t(wire::kLocalAckReq);  // Fin comes anyway, after delivery
-        pending_[hdr.msg_id] = Pending{context, cq_flags, len, link, {iov, iov + count}, 0};
+        pending_[hdr.msg_id] = Pending{context, cq_flags, len, link, {iov, iov + count}, 0, {}, false, 0, 0, 0};
         push(*link, hdr, body, n * sizeof(LocalIov));
         return 0;
     }
@@ -568,20 +618,64 @@ ssize_t Endpoint::post_send(const iovec *iov, size_t count, fi_addr_t dest, uint
     return 0;
 }
 
+// An IpcRts naming the sender's device buffers; false when some buffer has no IPC handle
+// (the driver refuses, or the memory is not device memory), and nothing was sent.
+bool Endpoint::post_ipc(PeerLink &link, LocalHeader hdr, const iovec *iov, const hmem::MemRef *mem,
+                        size_t count, Pending p) {
+    wire::LocalIpc body[wire::kLocalMaxIov];
+    size_t n = 0;
+    for (size_t i = 0; i < count; ++i) {
+        if (!iov[i].iov_len) continue;
+        hmem::IpcExport ex;
+        if (mem[i].on_host() || ipc_export_.get(mem[i], iov[i].iov_base, iov[i].iov_len, &ex))
+            return false;
+        wire::LocalIpc &e = body[n++];
+        memcpy(e.handle, ex.handle.bytes, sizeof e.handle);
+        e.buffer_id = ex.buffer_id;
+        e.alloc_len = ex.alloc_len;
+        e.offset = ex.offset;
+        e.length = iov[i].iov_len;
+        e.iface = static_cast<uint32_t>(ex.mem.iface);
+        e.device = static_cast<uint32_t>(ex.mem.device);
+    }
+    hdr.op = static_cast<uint8_t>(LocalOp::IpcRts);
+    hdr.iov_count = static_cast<uint8_t>(n);
+    hdr.flags &= ~uint8_t(wire::kLocalAckReq);  // Fin comes anyway, after delivery
+    pending_[hdr.msg_id] = std::move(p);
+    push(link, hdr, body, n * sizeof(wire::LocalIpc));
+    return true;
+}
+
+int Endpoint::setopt(int level, int optname, const void *optval, size_t optlen) {
+    if (level != FI_OPT_ENDPOINT || optname != FI_OPT_FI_HMEM_P2P) return -FI_ENOPROTOOPT;
+    if (!optval || optlen != sizeof(int)) return -FI_EINVAL;
+    // The node-local path can go peer to peer wherever the driver gives IPC handles.
+    return p2p_.set(*static_cast<const int *>(optval), hmem::Registry::instance().any_device());
+}
+
+int Endpoint::getopt(int level, int optname, void *optval, size_t *optlen) {
+    if (level != FI_OPT_ENDPOINT || optname != FI_OPT_FI_HMEM_P2P) return -FI_ENOPROTOOPT;
+    if (!optval || !optlen || *optlen < sizeof(int)) return -FI_EINVAL;
+    *static_cast<int *>(optval) = p2p_.mode();
+    *optlen = sizeof(int);
+    return 0;
+}
+
 ssize_t Endpoint::writemsg(const fi_msg_rma *msg, uint64_t flags) {
     if (!msg || msg->rma_iov_count != 1 || !msg->rma_iov) return -FI_EINVAL;
-    return post_rma(msg->msg_iov, msg->iov_count, msg->rma_iov[0], msg->addr, msg->data,
-                    msg->context, flags, true);
+    return post_rma(msg->msg_iov, msg->desc, msg->iov_count, msg->rma_iov[0], msg->addr,
+                    msg->data, msg->context, flags, true);
 }
 
 ssize_t Endpoint::readmsg(const fi_msg_rma *msg, uint64_t flags) {
     if (!msg || msg->rma_iov_count != 1 || !msg->rma_iov) return -FI_EINVAL;
-    return post_rma(msg->msg_iov, msg->iov_count, msg->rma_iov[0], msg->addr, 0, msg->context,
-                    flags, false);
+    return post_rma(msg->msg_iov, msg->desc, msg->iov_count, msg->rma_iov[0], msg->addr, 0,
+                    msg->context, flags, false);
 }
 
-ssize_t Endpoint::post_rma(const iovec *iov, size_t count, const fi_rma_iov &rma, fi_addr_t dest,
-                           uint64_t data, void *context, uint64_t flags, bool write) {
+ssize_t Endpoint::post_rma(const iovec *iov, void **desc, size_t count, const fi_rma_iov &rma,
+                           fi_addr_t dest, uint64_t data, void *context, uint64_t flags,
+                           bool write) {
     if (!enabled_) return -FI_EOPBADSTATE;
     if ((count && !iov) || count > wire::kLocalMaxIov) return -FI_EINVAL;
     PeerLink *link = link_for(dest);
@@ -599,7 +693,21 @@ ssize_t Endpoint::post_rma(const iovec *iov, size_t count, const fi_rma_iov &rma
     hdr.rma_addr = rma.addr;
     hdr.rma_key = rma.key;
     hdr.msg_id = next_id_++;
-    Pending p{context, cq_flags, len, link, {}, 0};
+    Pending p{context, cq_flags, len, link, {}, 0, {}, false, 0, 0, 0};
+    // Device memory is staged (its device copies it into and out of cells): node-local RMA
+    // has no peer-to-peer form, so FI_HMEM_P2P_REQUIRED refuses it.
+    hmem::MemRef mem[wire::kLocalMaxIov];
+    bool device = desc && peer::mems_of(desc, count, mem);
+    if (device) {
+        if (p2p_.decide(false, len, 0) == hmem::P2pDecision::Fail) {
+            hmem::counters().refused_transfers.fetch_add(1, std::memory_order_relaxed);
+            complete_tx(context, cq_flags, len, FI_EOPNOTSUPP);
+            return 0;
+        }
+        hmem::counters().staged_transfers.fetch_add(1, std::memory_order_relaxed);
+        p.mem.assign(mem, mem + count);
+    }
+    bool cma = link->cma && !device;
     LocalIov body[wire::kLocalMaxIov];
     size_t n = 0;
     for (size_t i = 0; i < count; ++i)
@@ -609,7 +717,7 @@ ssize_t Endpoint::post_rma(const iovec *iov, size_t count, const fi_rma_iov &rma
         // The target writes into our buffers (CMA) or answers with ReadData cells.
         p.iov.assign(iov, iov + count);
         hdr.op = static_cast<uint8_t>(LocalOp::Read);
-        hdr.iov_count = static_cast<uint8_t>(link->cma ? n : 0);
+        hdr.iov_count = static_cast<uint8_t>(cma ? n : 0);
         pending_[hdr.msg_id] = std::move(p);
         push(*link, hdr, body, hdr.iov_count * sizeof(LocalIov));
         return 0;
@@ -618,14 +726,14 @@ ssize_t Endpoint::post_rma(const iovec *iov, size_t count, const fi_rma_iov &rma
     if (len <= Config::get().eager_limit) {
         hdr.op = static_cast<uint8_t>(LocalOp::Write);
         hdr.size = static_cast<uint32_t>(len);
-        push_gather(*link, hdr, iov, count, 0, len);
-    } else if (link->cma) {
+        push_gather(*link, hdr, iov, count, 0, len, device ? mem : nullptr);
+    } else if (cma) {
         hdr.op = static_cast<uint8_t>(LocalOp::Write);
         hdr.iov_count = static_cast<uint8_t>(n);
         push(*link, hdr, body, n * sizeof(LocalIov));
     } else {
         hdr.op = static_cast<uint8_t>(LocalOp::WriteFrag);
-        push_staged(*link, hdr, iov, count, len);
+        push_staged(*link, hdr, iov, count, len, device ? mem : nullptr);
     }
     return 0;
 }
@@ -664,7 +772,7 @@ void Endpoint::progress() {
     }
     // Peers' liveness every 200 ms; the clock itself only every 1024 passes (reading it on
     // every poll showed up as a tenth of a ping-pong's time).
-    if (++passes_ % 1024 == 0 || !pending_.empty() || !splits_.empty()) {
+    if (++passes_ % 1024 == 0 || !pending_.empty() || !splits_.empty() || !restaging_.empty()) {
         auto now = std::chrono::steady_clock::now();
         if (now >= next_check_) {
             next_check_ = now + std::chrono::milliseconds(200);
@@ -704,6 +812,21 @@ void Endpoint::check_peers() {
             it = splits_.erase(it);
             complete_rx(split.entry, split.hdr, split.n, FI_ECONNRESET, split.src);
         }
+        // Receives waiting for a staged copy it will never send, and its memory we mapped.
+        for (auto it = restaging_.begin(); it != restaging_.end();) {
+            auto sender = local_key(it->first.first.data(), it->first.first.size());
+            if (!sender || *sender != key) {
+                ++it;
+                continue;
+            }
+            fi_peer_rx_entry *entry = it->second;
+            LocalHeader hdr{};
+            hdr.total = entry->size;
+            hdr.tag = entry->tag;
+            it = restaging_.erase(it);
+            complete_rx(entry, hdr, 0, FI_ECONNRESET, entry->addr);
+        }
+        ipc_import_.forget_peer(static_cast<uint64_t>(link->pid));
     }
 }
 
@@ -746,6 +869,12 @@ void Endpoint::handle_cell(const uint8_t *cell) {
             handle_message(hdr, sender, source_of(sender), nullptr,
                            reinterpret_cast<const LocalIov *>(body), nullptr);
             return;
+        case LocalOp::IpcRts: {
+            wire::LocalIpc ipc[wire::kLocalMaxIov];  // (copied: the cell body is unaligned)
+            memcpy(ipc, body, hdr.iov_count * sizeof(wire::LocalIpc));
+            handle_message(hdr, sender, source_of(sender), nullptr, nullptr, nullptr, ipc);
+            return;
+        }
         case LocalOp::Frag: {
             std::pair<std::string, uint64_t> id{std::string(sender), hdr.msg_id};
             auto &st = staged_[id];
@@ -763,6 +892,13 @@ void Endpoint::handle_cell(const uint8_t *cell) {
             if (st.received < st.data.size()) return;
             Staged whole = std::move(st);
             staged_.erase(id);
+            // The staged copy of an IpcRts we could not map already has its receive.
+            if (auto r = restaging_.find(id); r != restaging_.end()) {
+                fi_peer_rx_entry *entry = r->second;
+                restaging_.erase(r);
+                deliver(entry, whole.hdr, sender, whole.data.data(), nullptr, source_of(sender));
+                return;
+            }
             handle_message(whole.hdr, sender, source_of(sender), whole.data.data(), nullptr,
                            &whole.data);
             return;
@@ -774,9 +910,14 @@ void Endpoint::handle_cell(const uint8_t *cell) {
             auto it = pending_.find(hdr.msg_id);
             if (it == pending_.end()) return;
             Pending &p = it->second;
-            iov_scatter(p.iov.data(), p.iov.size(), hdr.offset, body, hdr.size);
+            if (p.mem.empty())
+                iov_scatter(p.iov.data(), p.iov.size(), hdr.offset, body, hdr.size);
+            else if (hmem::scatter(p.iov.data(), p.mem.data(), p.iov.size(), hdr.offset, body,
+                                   hdr.size) < 0)
+                p.received = SIZE_MAX / 2;  // reported as an error when the last one came
             p.received += hdr.size;
-            if (hdr.flags & wire::kLocalLast) finish_pending(hdr.msg_id, 0);
+            if (hdr.flags & wire::kLocalLast)
+                finish_pending(hdr.msg_id, p.received > p.len ? FI_EIO : 0);
             return;
         }
         case LocalOp::Write:
@@ -798,18 +939,18 @@ void Endpoint::handle_cell(const uint8_t *cell) {
 // asks the owner for a receive buffer.
 void Endpoint::handle_message(const LocalHeader &hdr, std::string_view sender, fi_addr_t src,
                               const uint8_t *data, const LocalIov *rts_iov,
-                              std::vector<uint8_t> *owned) {
+                              std::vector<uint8_t> *owned, const wire::LocalIpc *ipc) {
     bool tagged = hdr.flags & wire::kLocalTagged;
     fi_peer_rx_entry *entry = nullptr;
     const peer::ImportedSrx &srx = srx_->owner();
     int ret = tagged ? srx.get_tag(src, hdr.tag, &entry) : srx.get_msg(src, hdr.total, &entry);
     if (ret == 0 && entry) {
-        deliver(entry, hdr, sender, data, rts_iov, src);
+        deliver(entry, hdr, sender, data, rts_iov, src, ipc);
         return;
     }
     if (ret != -FI_ENOENT || !entry) {
         TANDEM_WARN(FI_LOG_EP_DATA, "owner refused a receive buffer: %s\n", fi_strerror(-ret));
-        if (rts_iov) answer(sender, hdr.msg_id, FI_ENOMEM);
+        if (rts_iov || ipc) answer(sender, hdr.msg_id, FI_ENOMEM);
         return;
     }
     // No receive yet: hold the message (its bytes, or only the sender's buffer list of an
@@ -821,6 +962,8 @@ void Endpoint::handle_message(const LocalHeader &hdr, std::string_view sender, f
     held->src = src;
     if (rts_iov)
         memcpy(held->iov, rts_iov, hdr.iov_count * sizeof(LocalIov));
+    else if (ipc)
+        memcpy(held->ipc, ipc, hdr.iov_count * sizeof(wire::LocalIpc));
     else if (owned)
         held->data = std::move(*owned);
     else
@@ -837,12 +980,38 @@ void Endpoint::handle_message(const LocalHeader &hdr, std::string_view sender, f
 // Copies a message into the receive buffer the owner gave, writes its completion to the
 // owner's CQ and hands the entry back.
 void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::string_view sender,
-                       const uint8_t *data, const LocalIov *rts_iov, fi_addr_t src) {
+                       const uint8_t *data, const LocalIov *rts_iov, fi_addr_t src,
+                       const wire::LocalIpc *ipc) {
     size_t room = iov_length(entry->iov, entry->count);
     size_t n = std::min<size_t>(hdr.total, room);
     int err = 0;
-    if (data) {
+    // Where the receive buffer lives: the owner passes the application's descriptors.
+    hmem::MemRef mem[peer::kMaxEntryIov];
+    size_t count = std::min(entry->count, peer::kMaxEntryIov);
+    bool device = entry->desc && peer::mems_of(entry->desc, count, mem);
+    if (ipc) {
+        err = n ? deliver_ipc(entry, device ? mem : nullptr, hdr, ipc, n) : 0;
+        if (err == FI_EOPNOTSUPP) {
+            // We cannot map the sender's memory (IPC or peer access refused here): the sender
+            // sends it again through cells, into this same receive.
+            restaging_[std::make_pair(std::string(sender), hdr.msg_id)] = entry;
+            answer(sender, hdr.msg_id, FI_EOPNOTSUPP);
+            return;
+        }
+    } else if (data && device) {
+        if (hmem::scatter(entry->iov, mem, count, 0, data, n) < 0) err = FI_EIO;
+    } else if (data) {
         iov_scatter(entry->iov, entry->count, 0, data, n);
+    } else if (n && device) {
+        // Cross-memory attach cannot reach device memory: through a host bounce buffer.
+        iovec remote[wire::kLocalMaxIov];
+        size_t nremote = 0, left = n;
+        for (size_t i = 0; i < hdr.iov_count && left; ++i) {
+            size_t take = std::min<size_t>(rts_iov[i].length, left);
+            remote[nremote++] = {reinterpret_cast<void *>(rts_iov[i].addr), take};
+            left -= take;
+        }
+        err = cma_read_staged(hdr.pid, entry->iov, mem, count, remote, nremote, n);
     } else if (n) {
         iovec remote[wire::kLocalMaxIov];
         size_t nremote = 0, left = n;
@@ -886,9 +1055,82 @@ void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::str
         ssize_t got = cma_read(hdr.pid, local, nlocal, remote, nremote);
         if (got < 0 || size_t(got) != n) err = got == -ESRCH ? FI_ECONNRESET : FI_EIO;
     }
-    if (hdr.op == static_cast<uint8_t>(LocalOp::Rts) || (hdr.flags & wire::kLocalAckReq))
+    if (hdr.op == static_cast<uint8_t>(LocalOp::Rts) ||
+        hdr.op == static_cast<uint8_t>(LocalOp::IpcRts) || (hdr.flags & wire::kLocalAckReq))
         answer(sender, hdr.msg_id, err);
     complete_rx(entry, hdr, n, err, src);
+}
+
+// IpcRts: map the sender's device buffers (cached) and copy them into the receive with the
+// device's engine: device to device, or device to host for a host buffer. FI_EOPNOTSUPP
+// when a buffer cannot be mapped here; another FI_* code when a copy fails.
+int Endpoint::deliver_ipc(fi_peer_rx_entry *entry, const hmem::MemRef *mem, const LocalHeader &hdr,
+                          const wire::LocalIpc *ipc, size_t n) {
+    hmem::Registry &reg = hmem::Registry::instance();
+    iovec remote[wire::kLocalMaxIov];
+    hmem::MemRef rmem[wire::kLocalMaxIov];
+    for (size_t i = 0; i < hdr.iov_count; ++i) {
+        const wire::LocalIpc &e = ipc[i];
+        auto iface = static_cast<fi_hmem_iface>(e.iface);
+        if (!reg.available(iface) || iface == FI_HMEM_SYSTEM || e.offset > e.alloc_len ||
+            e.length > e.alloc_len - e.offset)
+            return FI_EINVAL;
+        // Mapped on our receive buffer's device, or on the sender's device number for a
+        // host buffer (its copy engine then reads the peer's memory into ours).
+        uint64_t device = mem && !mem[0].on_host() ? mem[0].device : e.device;
+        if (device >= static_cast<uint64_t>(reg.device_count(iface))) device = 0;
+        hmem::IpcExport ex;
+        memcpy(ex.handle.bytes, e.handle, sizeof ex.handle.bytes);
+        ex.mem = {iface, e.device};
+        ex.buffer_id = e.buffer_id;
+        ex.offset = e.offset;
+        ex.alloc_len = e.alloc_len;
+        void *addr = nullptr;
+        if (ipc_import_.map(static_cast<uint64_t>(hdr.pid), device, ex, &addr))
+            return FI_EOPNOTSUPP;
+        remote[i] = {addr, e.length};
+        rmem[i] = {iface, device};
+    }
+    // Walk both lists; one copy per overlapping piece.
+    size_t li = 0, loff = 0, ri = 0, roff = 0, left = n;
+    size_t count = std::min(entry->count, peer::kMaxEntryIov);
+    while (left && li < count && ri < hdr.iov_count) {
+        size_t lleft = entry->iov[li].iov_len - loff, rleft = remote[ri].iov_len - roff;
+        if (!lleft) {
+            ++li, loff = 0;
+            continue;
+        }
+        if (!rleft) {
+            ++ri, roff = 0;
+            continue;
+        }
+        size_t k = std::min({lleft, rleft, left});
+        if (hmem::copy(mem ? mem[li] : hmem::kHost,
+                       static_cast<uint8_t *>(entry->iov[li].iov_base) + loff, rmem[ri],
+                       static_cast<uint8_t *>(remote[ri].iov_base) + roff, k))
+            return FI_EIO;
+        loff += k, roff += k, left -= k;
+    }
+    return left ? FI_EIO : 0;
+}
+
+// Cross-memory attach into buffers that may be device memory: a chunk at a time through a
+// host bounce buffer, then the device's copy. 0 or an FI_* code.
+int Endpoint::cma_read_staged(pid_t pid, const iovec *local, const hmem::MemRef *mem,
+                              size_t nlocal, const iovec *remote, size_t nremote, size_t n) {
+    constexpr size_t kChunk = 1 << 20;
+    std::vector<uint8_t> bounce(std::min(n, kChunk));
+    for (size_t off = 0; off < n;) {
+        size_t k = std::min(kChunk, n - off);
+        iovec from[wire::kLocalMaxIov * 4];
+        size_t nfrom = iov_slice(remote, nremote, off, k, from, std::size(from));
+        iovec to{bounce.data(), k};
+        ssize_t got = cma_read(pid, &to, 1, from, nfrom);
+        if (got < 0 || size_t(got) != k) return got == -ESRCH ? FI_ECONNRESET : FI_EIO;
+        if (hmem::scatter(local, mem, nlocal, off, bounce.data(), k) != ssize_t(k)) return FI_EIO;
+        off += k;
+    }
+    return 0;
 }
 
 // The receive's completion to the owner's CQ, and its entry back to the owner.
@@ -1043,8 +1285,9 @@ int Endpoint::start_held(fi_peer_rx_entry *entry) {
     Endpoint *ep = held->ep;
     ep->held_.erase(held);
     bool rts = held->hdr.op == static_cast<uint8_t>(LocalOp::Rts);
-    ep->deliver(entry, held->hdr, held->sender, rts ? nullptr : held->data.data(),
-                rts ? held->iov : nullptr, held->src);
+    bool ipc = held->hdr.op == static_cast<uint8_t>(LocalOp::IpcRts);
+    ep->deliver(entry, held->hdr, held->sender, rts || ipc ? nullptr : held->data.data(),
+                rts ? held->iov : nullptr, held->src, ipc ? held->ipc : nullptr);
     delete held;
     return 0;
 }
@@ -1056,6 +1299,7 @@ int Endpoint::discard_held(fi_peer_rx_entry *entry) {
     ep->held_.erase(held);
     // The receiver dropped it: a sender waiting to have its buffers read is done with them.
     if (held->hdr.op == static_cast<uint8_t>(LocalOp::Rts) ||
+        held->hdr.op == static_cast<uint8_t>(LocalOp::IpcRts) ||
         (held->hdr.flags & wire::kLocalAckReq))
         ep->answer(held->sender, held->hdr.msg_id, 0);
     delete held;
@@ -1068,13 +1312,31 @@ void Endpoint::finish_pending(uint64_t msg_id, int status) {
     if (it == pending_.end()) return;  // already failed (a dead peer) or a duplicate answer
     Pending p = std::move(it->second);
     pending_.erase(it);
+    if (p.ipc && status == FI_EOPNOTSUPP && p2p_.mode() != FI_HMEM_P2P_REQUIRED && !p.link->dead) {
+        // The receiver could not map our memory: the same message again, staged by our
+        // device's copies into cells, for the receive it is holding.
+        auto &c = hmem::counters();
+        c.p2p_transfers.fetch_sub(1, std::memory_order_relaxed);
+        c.staged_transfers.fetch_add(1, std::memory_order_relaxed);
+        LocalHeader hdr = proto_;
+        hdr.op = static_cast<uint8_t>(LocalOp::Frag);
+        hdr.flags = p.hdr_flags;
+        hdr.tag = p.tag;
+        hdr.cq_data = p.data;
+        hdr.total = p.len;
+        hdr.msg_id = msg_id;
+        push_staged(*p.link, hdr, p.iov.data(), p.iov.size(), p.len, p.mem.data());
+        status = 0;
+    } else if (p.ipc && status == FI_EOPNOTSUPP) {
+        hmem::counters().refused_transfers.fetch_add(1, std::memory_order_relaxed);
+    }
     complete_tx(p.context, p.flags, p.len, status);
 }
 
 int Endpoint::resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access, iovec *iov,
-                      size_t *count) {
+                      hmem::MemRef *mem, size_t *count) {
     if (!owner_ep_ops_) return -FI_ENOSYS;
-    return owner_ep_ops_->resolve(owner_ep_, key, addr, len, access, iov, count);
+    return owner_ep_ops_->resolve(owner_ep_, key, addr, len, access, iov, mem, count);
 }
 
 // RMA at the target: the key is checked by the owner, the copy is ours.
@@ -1085,8 +1347,9 @@ void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const
     uint64_t addr = hdr.rma_addr + (op == LocalOp::WriteFrag ? hdr.offset : 0);
     size_t len = op == LocalOp::WriteFrag ? hdr.size : hdr.total;
     iovec pieces[16];
+    hmem::MemRef pmem[16];
     size_t npieces = 16;
-    int ret = resolve(hdr.rma_key, addr, len, access, pieces, &npieces);
+    int ret = resolve(hdr.rma_key, addr, len, access, pieces, pmem, &npieces);
     if (ret) {
         answer(sender, hdr.msg_id, ret == -FI_ENOSYS ? FI_EOPNOTSUPP : FI_EACCES);
         return;
@@ -1097,22 +1360,38 @@ void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const
     for (size_t i = 0; i < hdr.iov_count; ++i)
         remote[i] = {reinterpret_cast<void *>(remote_iov[i].addr), remote_iov[i].length};
     bool last = true;
+    // A target region in device memory: its device copies (CMA cannot reach it).
+    bool device = !hmem::all_host(pmem, npieces);
+    auto place = [&](const uint8_t *from, size_t k) {
+        if (!device) {
+            iov_scatter(pieces, npieces, 0, from, k);
+            return 0;
+        }
+        return hmem::scatter(pieces, pmem, npieces, 0, from, k) == ssize_t(k) ? 0 : FI_EIO;
+    };
     switch (op) {
         case LocalOp::Write:
             if (hdr.iov_count == 0) {
-                iov_scatter(pieces, npieces, 0, body, std::min<size_t>(hdr.size, len));
+                status = place(body, std::min<size_t>(hdr.size, len));
+            } else if (device) {
+                status = cma_read_staged(hdr.pid, pieces, pmem, npieces, remote, hdr.iov_count, len);
             } else {
                 ssize_t got = cma_read(hdr.pid, pieces, npieces, remote, hdr.iov_count);
                 if (got < 0 || size_t(got) != len) status = FI_EIO;
             }
             break;
         case LocalOp::WriteFrag:
-            iov_scatter(pieces, npieces, 0, body, len);
+            status = place(body, len);
             last = hdr.flags & wire::kLocalLast;
+            if (status && !last) {
+                answer(sender, hdr.msg_id, status);  // (a later fragment may answer again)
+                return;
+            }
             break;
         case LocalOp::Read: {
             ssize_t put = -EPERM;
-            if (hdr.iov_count) put = cma_write(hdr.pid, pieces, npieces, remote, hdr.iov_count);
+            if (hdr.iov_count && !device)
+                put = cma_write(hdr.pid, pieces, npieces, remote, hdr.iov_count);
             if (put >= 0 && size_t(put) == len) break;
             if (put == -EPERM || put == -ENOSYS || hdr.iov_count == 0) {
                 // Staged answer: the data travels back in ReadData cells.
@@ -1122,7 +1401,7 @@ void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const
                 out.op = static_cast<uint8_t>(LocalOp::ReadData);
                 out.msg_id = hdr.msg_id;
                 out.total = len;
-                push_staged(*link, out, pieces, npieces, len);
+                push_staged(*link, out, pieces, npieces, len, device ? pmem : nullptr);
                 if (owner_ep_ops_) owner_ep_ops_->access_done(owner_ep_, hdr.rma_key, access);
                 return;
             }

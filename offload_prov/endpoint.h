@@ -10,7 +10,10 @@
 //    process_vm_readv (Rts, answered by Fin) where the kernel permits cross-memory attach,
 //    and otherwise staged through the ring in Frag cells;
 //  - RMA writes and reads resolve the target key through the owner's endpoint
-//    (peer::PeerEpOps) and copy with CMA (or WriteFrag / ReadData cells without it).
+//    (peer::PeerEpOps) and copy with CMA (or WriteFrag / ReadData cells without it);
+//  - device memory (FI_HMEM) goes peer to peer where the policy lets it (IpcRts: the receiver
+//    maps the sender's IPC handles and its device copies), and is otherwise staged through
+//    cells by the device's own copies; the CPU never touches it.
 // Receives are the owner's: an arriving message asks the owner's SRX for a buffer
 // (get_msg / get_tag); a message that finds none is queued with the owner and held here until
 // the owner starts or discards it. Completions go to the owner's CQ (fid_peer_cq); those of
@@ -20,6 +23,8 @@
 
 #include "common/fid_adaptor.h"
 #include "common/wire.h"
+#include "hmem/ipc_cache.h"
+#include "hmem/p2p_policy.h"
 #include "offload_prov/shm/shm_ring.h"
 #include "offload_prov/shm/shm_segment.h"
 #include "peer/peer_abi.h"
@@ -64,6 +69,7 @@ struct HeldMessage {
     std::string sender;                        // the sender's key (to answer Fin)
     std::vector<uint8_t> data;                 // Eager / assembled Frag payload
     wire::LocalIov iov[wire::kLocalMaxIov]{};  // Rts: the sender's buffers
+    wire::LocalIpc ipc[wire::kLocalMaxIov]{};  // IpcRts: the sender's device buffers
     fi_addr_t src = FI_ADDR_NOTAVAIL;
 };
 
@@ -78,6 +84,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     int ops_open(const char *name, uint64_t flags, void **ops, void *context);
     ssize_t sendmsg(const fi_msg *msg, uint64_t flags);
     ssize_t tsendmsg(const fi_msg_tagged *msg, uint64_t flags);
+    int setopt(int level, int optname, const void *optval, size_t optlen);
+    int getopt(int level, int optname, void *optval, size_t *optlen);
     ssize_t writemsg(const fi_msg_rma *msg, uint64_t flags);
     ssize_t readmsg(const fi_msg_rma *msg, uint64_t flags);
 
@@ -114,6 +122,10 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         PeerLink *link = nullptr;
         std::vector<iovec> iov;  // a read's destination, a send's source (for Cts)
         size_t received = 0;
+        std::vector<hmem::MemRef> mem;  // where iov lives (empty: host memory)
+        bool ipc = false;               // an IpcRts: refused, it is sent again staged
+        uint64_t tag = 0, data = 0;
+        uint8_t hdr_flags = 0;
     };
     struct Staged {  // a Frag message being assembled
         wire::LocalHeader hdr{};
@@ -121,26 +133,33 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         size_t received = 0;
     };
 
-    ssize_t post_send(const iovec *iov, size_t count, fi_addr_t dest, uint64_t tag, uint64_t data,
-                      void *context, uint64_t flags, bool tagged);
-    ssize_t post_rma(const iovec *iov, size_t count, const fi_rma_iov &rma, fi_addr_t peer,
-                     uint64_t data, void *context, uint64_t flags, bool write);
+    ssize_t post_send(const iovec *iov, void **desc, size_t count, fi_addr_t dest, uint64_t tag,
+                      uint64_t data, void *context, uint64_t flags, bool tagged);
+    bool post_ipc(PeerLink &link, wire::LocalHeader hdr, const iovec *iov,
+                  const hmem::MemRef *mem, size_t count, Pending p);
+    ssize_t post_rma(const iovec *iov, void **desc, size_t count, const fi_rma_iov &rma,
+                     fi_addr_t peer, uint64_t data, void *context, uint64_t flags, bool write);
     PeerLink *link_for(fi_addr_t addr);
     PeerLink *link_for_key(const std::string &key);
     void push(PeerLink &link, const wire::LocalHeader &hdr, const void *body, size_t len);
     void push_gather(PeerLink &link, const wire::LocalHeader &hdr, const iovec *iov, size_t count,
-                     size_t offset, size_t len);
+                     size_t offset, size_t len, const hmem::MemRef *mem = nullptr);
     void push_staged(PeerLink &link, wire::LocalHeader hdr, const iovec *iov, size_t count,
-                     size_t len);
+                     size_t len, const hmem::MemRef *mem = nullptr);
     bool flush(PeerLink &link);
     PeerLink *link_to(std::string_view sender);
     void notify(PeerLink &link);
     void handle_cell(const uint8_t *cell);
     void handle_message(const wire::LocalHeader &hdr, std::string_view sender, fi_addr_t src,
                         const uint8_t *data, const wire::LocalIov *rts_iov,
-                        std::vector<uint8_t> *owned);
+                        std::vector<uint8_t> *owned, const wire::LocalIpc *ipc = nullptr);
     void deliver(fi_peer_rx_entry *entry, const wire::LocalHeader &hdr, std::string_view sender,
-                 const uint8_t *data, const wire::LocalIov *iov, fi_addr_t src);
+                 const uint8_t *data, const wire::LocalIov *iov, fi_addr_t src,
+                 const wire::LocalIpc *ipc = nullptr);
+    int deliver_ipc(fi_peer_rx_entry *entry, const hmem::MemRef *mem, const wire::LocalHeader &hdr,
+                    const wire::LocalIpc *ipc, size_t n);
+    static int cma_read_staged(pid_t pid, const iovec *local, const hmem::MemRef *mem,
+                               size_t nlocal, const iovec *remote, size_t nremote, size_t n);
     void handle_rma(const wire::LocalHeader &hdr, std::string_view sender, const uint8_t *body);
     void finish_pending(uint64_t msg_id, int status);
     void complete_rx(fi_peer_rx_entry *entry, const wire::LocalHeader &hdr, size_t n, int err,
@@ -152,7 +171,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     void check_peers();
     void complete_tx(void *context, uint64_t flags, size_t len, int err);
     int resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access, iovec *iov,
-                size_t *count);
+                hmem::MemRef *mem, size_t *count);
     void enable();
     void post_hello_receive();
     void send_hellos();
@@ -180,6 +199,11 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     uint64_t sources_version_ = ~0ull;
     std::unordered_map<uint64_t, Pending> pending_;
     std::map<std::pair<std::string, uint64_t>, Staged> staged_;
+    // IpcRts messages we could not map: the receive waits for the sender's staged copy.
+    std::map<std::pair<std::string, uint64_t>, fi_peer_rx_entry *> restaging_;
+    hmem::P2pPolicy p2p_;
+    hmem::IpcExportCache ipc_export_;
+    hmem::IpcImportCache ipc_import_;
     std::set<HeldMessage *> held_;
     // Rts messages copied by both sides: the receiver's half is done, the sender's pending.
     struct Split {

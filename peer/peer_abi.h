@@ -80,9 +80,10 @@ inline constexpr const char *kPeerEpOpsName = "tandem_peer_ep_v1";
 
 struct PeerEpOps {
     size_t size;
-    // *count in: room in iov, out: pieces. 0, or -FI_EACCES / -FI_EINVAL / -FI_ETOOSMALL.
+    // *count in: room in iov (and mem), out: pieces. mem (may be null): where each piece
+    // lives. 0, or -FI_EACCES / -FI_EINVAL / -FI_ETOOSMALL.
     int (*resolve)(fid_ep *ep, uint64_t key, uint64_t addr, size_t len, uint64_t access, iovec *iov,
-                   size_t *count);
+                   hmem::MemRef *mem, size_t *count);
     void (*access_done)(fid_ep *ep, uint64_t key, uint64_t access);
 };
 
