@@ -877,6 +877,16 @@ void Endpoint::handle_cell(const uint8_t *cell) {
         }
         case LocalOp::Frag: {
             std::pair<std::string, uint64_t> id{std::string(sender), hdr.msg_id};
+            if (hdr.status) {
+                // The sender gave up on a message whose receive we hold (see finish_pending).
+                if (auto r = restaging_.find(id); r != restaging_.end()) {
+                    fi_peer_rx_entry *entry = r->second;
+                    restaging_.erase(r);
+                    complete_rx(entry, hdr, 0, hdr.status, source_of(sender));
+                }
+                staged_.erase(id);
+                return;
+            }
             auto &st = staged_[id];
             if (st.data.empty() && hdr.total) {
                 st.hdr = hdr;
@@ -1328,7 +1338,19 @@ void Endpoint::finish_pending(uint64_t msg_id, int status) {
         push_staged(*p.link, hdr, p.iov.data(), p.iov.size(), p.len, p.mem.data());
         status = 0;
     } else if (p.ipc && status == FI_EOPNOTSUPP) {
+        // FI_HMEM_P2P_REQUIRED: no staged copy. The receiver is holding its receive for
+        // one: an empty last fragment carrying the error releases it.
         hmem::counters().refused_transfers.fetch_add(1, std::memory_order_relaxed);
+        if (!p.link->dead) {
+            LocalHeader hdr = proto_;
+            hdr.op = static_cast<uint8_t>(LocalOp::Frag);
+            hdr.flags = p.hdr_flags | wire::kLocalLast;
+            hdr.tag = p.tag;
+            hdr.total = p.len;
+            hdr.msg_id = msg_id;
+            hdr.status = FI_EOPNOTSUPP;
+            push(*p.link, hdr, nullptr, 0);
+        }
     }
     complete_tx(p.context, p.flags, p.len, status);
 }

@@ -3,6 +3,7 @@
 # ucx_perftest is installed) on this machine, as ratios of medians over alternating runs.
 #
 #   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] [-p "PROV,PROV,..."] [--local] [--no-ucx]
+#   scripts/bench.sh [-b BUILD_DIR] --hmem
 #
 #   -b BUILD_DIR  the CMake build directory (default: <repo>/build); needs
 #                 BUILD_DIR/bench/tandem_bench and, for tandem, BUILD_DIR/lib/libtandem-fi.so
@@ -14,6 +15,10 @@
 #                 providers "tandem,shm", UCX_TLS=posix,cma). Without it tandem runs with
 #                 FI_TANDEM_LOCAL=0, so that its TCP link is what is compared with tcp;ofi_rxm.
 #   --no-ucx      skip ucx_perftest
+#   --hmem        GPU memory instead: BUILD_DIR/bench/hmem_bench, device-to-device ping-pong
+#                 under each FI_OPT_FI_HMEM_P2P policy, node-local and over the network path.
+#                 With a real CUDA driver it measures the GPU; without one it runs on the
+#                 tests' emulated driver (BUILD_DIR/tests/emucuda) and labels the figures so.
 #
 # Each run is one tandem_bench process pair (fork mode: server and client on this host, both
 # busy-polling, nothing pinned) measuring 8 B tagged ping-pong latency and 1 MiB tagged-send
@@ -29,6 +34,7 @@ runs=5
 providers=""
 use_ucx=1
 local=0
+hmem=0
 while [ $# -gt 0 ]; do
     case $1 in
         -b) build=$2; shift 2 ;;
@@ -36,11 +42,27 @@ while [ $# -gt 0 ]; do
         -p) providers=$2; shift 2 ;;
         --no-ucx) use_ucx=0; shift ;;
         --local) local=1; shift ;;
-        -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --hmem) hmem=1; shift ;;
+        -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench.sh: unknown option $1 (see -h)" >&2; exit 1 ;;
     esac
 done
 build=$(cd "$build" 2>/dev/null && pwd) || { echo "bench.sh: no build directory $build" >&2; exit 1; }
+
+if [ "$hmem" = 1 ]; then
+    hb=$build/bench/hmem_bench
+    [ -x "$hb" ] || { echo "bench.sh: $hb not built (cmake --build $build --target hmem_bench)" >&2; exit 1; }
+    export FI_PROVIDER_PATH=$build/lib FI_PROVIDER=tandem,off_tandem
+    # A real driver first; otherwise the tests' emulated one (hmem_bench labels its figures).
+    if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1'; then
+        export LD_LIBRARY_PATH=$build/tests/emucuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    fi
+    status=0
+    "$hb" || status=1
+    echo
+    FI_TANDEM_LOCAL=0 "$hb" || status=1
+    exit $status
+fi
 bench=$build/bench/tandem_bench
 [ -x "$bench" ] || { echo "bench.sh: $bench not built (cmake --build $build --target tandem_bench)" >&2; exit 1; }
 
