@@ -84,55 +84,54 @@ inline constexpr int CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 0x1;
 // The exported symbol names (cuda.h maps e.g. cuMemAlloc to cuMemAlloc_v2 with macros, and
 // dlsym sees only the exported name). One X-macro list keeps the loader and the emulated
 // driver in step: X(field, exported symbol, return, parameters).
-#define TANDEM_CUDA_DRIVER_CALLS(X)                                                            \
-    X(init, cuInit, CUresult, (unsigned flags))                                                \
-    X(driver_get_version, cuDriverGetVersion, CUresult, (int *version))                        \
-    X(device_get_count, cuDeviceGetCount, CUresult, (int *count))                              \
-    X(device_get, cuDeviceGet, CUresult, (CUdevice * dev, int ordinal))                        \
-    X(device_get_attribute, cuDeviceGetAttribute, CUresult,                                    \
-      (int *value, int attribute, CUdevice dev))                                               \
-    X(device_can_access_peer, cuDeviceCanAccessPeer, CUresult,                                 \
-      (int *can_access, CUdevice dev, CUdevice peer_dev))                                      \
-    X(primary_ctx_retain, cuDevicePrimaryCtxRetain, CUresult, (CUcontext * ctx, CUdevice dev)) \
-    X(primary_ctx_release, cuDevicePrimaryCtxRelease_v2, CUresult, (CUdevice dev))             \
-    X(ctx_set_current, cuCtxSetCurrent, CUresult, (CUcontext ctx))                             \
-    X(ctx_get_current, cuCtxGetCurrent, CUresult, (CUcontext * ctx))                           \
-    X(ctx_get_device, cuCtxGetDevice, CUresult, (CUdevice * dev))                              \
-    X(ctx_enable_peer_access, cuCtxEnablePeerAccess, CUresult, (CUcontext peer, unsigned flags)) \
-    X(pointer_get_attribute, cuPointerGetAttribute, CUresult,                                  \
-      (void *data, int attribute, CUdeviceptr ptr))                                            \
-    X(mem_get_address_range, cuMemGetAddressRange_v2, CUresult,                                \
-      (CUdeviceptr * base, std::size_t * size, CUdeviceptr ptr))                               \
-    X(mem_alloc, cuMemAlloc_v2, CUresult, (CUdeviceptr * ptr, std::size_t size))               \
-    X(mem_free, cuMemFree_v2, CUresult, (CUdeviceptr ptr))                                     \
-    X(memcpy_htod, cuMemcpyHtoD_v2, CUresult,                                                  \
-      (CUdeviceptr dst, const void *src, std::size_t size))                                    \
-    X(memcpy_dtoh, cuMemcpyDtoH_v2, CUresult, (void *dst, CUdeviceptr src, std::size_t size))  \
-    X(memcpy_dtod, cuMemcpyDtoD_v2, CUresult,                                                  \
-      (CUdeviceptr dst, CUdeviceptr src, std::size_t size))                                    \
-    X(memcpy_async, cuMemcpyAsync, CUresult,                                                   \
-      (CUdeviceptr dst, CUdeviceptr src, std::size_t size, CUstream stream))                   \
-    X(stream_create, cuStreamCreate, CUresult, (CUstream * stream, unsigned flags))            \
-    X(stream_query, cuStreamQuery, CUresult, (CUstream stream))                                \
-    X(stream_synchronize, cuStreamSynchronize, CUresult, (CUstream stream))                    \
-    X(stream_destroy, cuStreamDestroy_v2, CUresult, (CUstream stream))                         \
-    X(stream_write_value32, cuStreamWriteValue32_v2, CUresult,                                 \
-      (CUstream stream, CUdeviceptr addr, std::uint32_t value, unsigned flags))                \
-    X(stream_wait_value32, cuStreamWaitValue32_v2, CUresult,                                   \
-      (CUstream stream, CUdeviceptr addr, std::uint32_t value, unsigned flags))                \
-    X(event_create, cuEventCreate, CUresult, (CUevent * event, unsigned flags))                \
-    X(event_record, cuEventRecord, CUresult, (CUevent event, CUstream stream))                 \
-    X(event_query, cuEventQuery, CUresult, (CUevent event))                                    \
-    X(event_synchronize, cuEventSynchronize, CUresult, (CUevent event))                        \
-    X(event_destroy, cuEventDestroy_v2, CUresult, (CUevent event))                             \
-    X(ipc_get_mem_handle, cuIpcGetMemHandle, CUresult,                                         \
-      (CUipcMemHandle * handle, CUdeviceptr ptr))                                              \
-    X(ipc_open_mem_handle, cuIpcOpenMemHandle_v2, CUresult,                                    \
-      (CUdeviceptr * ptr, CUipcMemHandle handle, unsigned flags))                              \
-    X(ipc_close_mem_handle, cuIpcCloseMemHandle, CUresult, (CUdeviceptr ptr))                  \
-    X(mem_get_handle_for_address_range, cuMemGetHandleForAddressRange, CUresult,               \
-      (void *handle, CUdeviceptr ptr, std::size_t size, int handle_type,                       \
-       unsigned long long flags))                                                              \
+#define TANDEM_CUDA_DRIVER_CALLS(X)                                                                \
+    X(init, cuInit, CUresult, (unsigned flags))                                                    \
+    X(driver_get_version, cuDriverGetVersion, CUresult, (int *version))                            \
+    X(device_get_count, cuDeviceGetCount, CUresult, (int *count))                                  \
+    X(device_get, cuDeviceGet, CUresult, (CUdevice * dev, int ordinal))                            \
+    X(device_get_attribute, cuDeviceGetAttribute, CUresult,                                        \
+      (int *value, int attribute, CUdevice dev))                                                   \
+    X(device_can_access_peer, cuDeviceCanAccessPeer, CUresult,                                     \
+      (int *can_access, CUdevice dev, CUdevice peer_dev))                                          \
+    X(primary_ctx_retain, cuDevicePrimaryCtxRetain, CUresult, (CUcontext * ctx, CUdevice dev))     \
+    X(primary_ctx_release, cuDevicePrimaryCtxRelease_v2, CUresult, (CUdevice dev))                 \
+    X(ctx_set_current, cuCtxSetCurrent, CUresult, (CUcontext ctx))                                 \
+    X(ctx_get_current, cuCtxGetCurrent, CUresult, (CUcontext * ctx))                               \
+    X(ctx_get_device, cuCtxGetDevice, CUresult, (CUdevice * dev))                                  \
+    X(ctx_enable_peer_access, cuCtxEnablePeerAccess, CUresult, (CUcontext peer, unsigned flags))   \
+    X(pointer_get_attribute, cuPointerGetAttribute, CUresult,                                      \
+      (void *data, int attribute, CUdeviceptr ptr))                                                \
+    X(mem_get_address_range, cuMemGetAddressRange_v2, CUresult,                                    \
+      (CUdeviceptr * base, std::size_t * size, CUdeviceptr ptr))                                   \
+    X(mem_alloc, cuMemAlloc_v2, CUresult, (CUdeviceptr * ptr, std::size_t size))                   \
+    X(mem_free, cuMemFree_v2, CUresult, (CUdeviceptr ptr))                                         \
+    X(memcpy_htod, cuMemcpyHtoD_v2, CUresult,                                                      \
+      (CUdeviceptr dst, const void *src, std::size_t size))                                        \
+    X(memcpy_dtoh, cuMemcpyDtoH_v2, CUresult, (void *dst, CUdeviceptr src, std::size_t size))      \
+    X(memcpy_dtod, cuMemcpyDtoD_v2, CUresult,                                                      \
+      (CUdeviceptr dst, CUdeviceptr src, std::size_t size))                                        \
+    X(memcpy_async, cuMemcpyAsync, CUresult,                                                       \
+      (CUdeviceptr dst, CUdeviceptr src, std::size_t size, CUstream stream))                       \
+    X(stream_create, cuStreamCreate, CUresult, (CUstream * stream, unsigned flags))                \
+    X(stream_query, cuStreamQuery, CUresult, (CUstream stream))                                    \
+    X(stream_synchronize, cuStreamSynchronize, CUresult, (CUstream stream))                        \
+    X(stream_destroy, cuStreamDestroy_v2, CUresult, (CUstream stream))                             \
+    X(stream_write_value32, cuStreamWriteValue32_v2, CUresult,                                     \
+      (CUstream stream, CUdeviceptr addr, std::uint32_t value, unsigned flags))                    \
+    X(stream_wait_value32, cuStreamWaitValue32_v2, CUresult,                                       \
+      (CUstream stream, CUdeviceptr addr, std::uint32_t value, unsigned flags))                    \
+    X(event_create, cuEventCreate, CUresult, (CUevent * event, unsigned flags))                    \
+    X(event_record, cuEventRecord, CUresult, (CUevent event, CUstream stream))                     \
+    X(event_query, cuEventQuery, CUresult, (CUevent event))                                        \
+    X(event_synchronize, cuEventSynchronize, CUresult, (CUevent event))                            \
+    X(event_destroy, cuEventDestroy_v2, CUresult, (CUevent event))                                 \
+    X(ipc_get_mem_handle, cuIpcGetMemHandle, CUresult, (CUipcMemHandle * handle, CUdeviceptr ptr)) \
+    X(ipc_open_mem_handle, cuIpcOpenMemHandle_v2, CUresult,                                        \
+      (CUdeviceptr * ptr, CUipcMemHandle handle, unsigned flags))                                  \
+    X(ipc_close_mem_handle, cuIpcCloseMemHandle, CUresult, (CUdeviceptr ptr))                      \
+    X(mem_get_handle_for_address_range, cuMemGetHandleForAddressRange, CUresult,                   \
+      (void *handle, CUdeviceptr ptr, std::size_t size, int handle_type,                           \
+       unsigned long long flags))                                                                  \
     X(get_error_name, cuGetErrorName, CUresult, (CUresult error, const char **name))
 
 }  // extern "C"

@@ -43,16 +43,23 @@ const char *error_name(CUresult r) {
 
 int to_errno(CUresult r) {
     switch (r) {
-        case CUDA_SUCCESS: return 0;
-        case CUDA_ERROR_OUT_OF_MEMORY: return -FI_ENOMEM;
+        case CUDA_SUCCESS:
+            return 0;
+        case CUDA_ERROR_OUT_OF_MEMORY:
+            return -FI_ENOMEM;
         case CUDA_ERROR_INVALID_VALUE:
         case CUDA_ERROR_INVALID_HANDLE:
-        case CUDA_ERROR_INVALID_DEVICE: return -FI_EINVAL;
+        case CUDA_ERROR_INVALID_DEVICE:
+            return -FI_EINVAL;
         case CUDA_ERROR_NOT_SUPPORTED:
-        case CUDA_ERROR_PEER_ACCESS_UNSUPPORTED: return -FI_EOPNOTSUPP;
-        case CUDA_ERROR_NOT_PERMITTED: return -FI_EPERM;
-        case CUDA_ERROR_NOT_READY: return -FI_EAGAIN;
-        default: return -FI_EIO;
+        case CUDA_ERROR_PEER_ACCESS_UNSUPPORTED:
+            return -FI_EOPNOTSUPP;
+        case CUDA_ERROR_NOT_PERMITTED:
+            return -FI_EPERM;
+        case CUDA_ERROR_NOT_READY:
+            return -FI_EAGAIN;
+        default:
+            return -FI_EIO;
     }
 }
 
@@ -74,8 +81,8 @@ int enter(uint64_t device) {
             d.status = check(g_cu.primary_ctx_retain(&d.ctx, dev), "cuDevicePrimaryCtxRetain");
         if (!d.status) d.status = check(g_cu.ctx_set_current(d.ctx), "cuCtxSetCurrent");
         if (!d.status)
-            d.status = check(g_cu.stream_create(&d.stream, CU_STREAM_NON_BLOCKING),
-                             "cuStreamCreate");
+            d.status =
+                check(g_cu.stream_create(&d.stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
     });
     if (d.status) return d.status;
     thread_local CUcontext current = nullptr;
@@ -87,7 +94,9 @@ int enter(uint64_t device) {
     return 0;
 }
 
-CUdeviceptr dptr(const void *p) { return reinterpret_cast<CUdeviceptr>(p); }
+CUdeviceptr dptr(const void *p) {
+    return reinterpret_cast<CUdeviceptr>(p);
+}
 
 int query(const void *addr, AddrInfo *info) {
     unsigned type = 0;
@@ -100,11 +109,9 @@ int query(const void *addr, AddrInfo *info) {
     CUdeviceptr base = 0;
     size_t size = 0;
     unsigned long long id = 0;
-    if (check(g_cu.pointer_get_attribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-                                         dptr(addr)),
+    if (check(g_cu.pointer_get_attribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dptr(addr)),
               "cuPointerGetAttribute(DEVICE_ORDINAL)") ||
-        check(g_cu.pointer_get_attribute(&base, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
-                                         dptr(addr)),
+        check(g_cu.pointer_get_attribute(&base, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, dptr(addr)),
               "cuPointerGetAttribute(RANGE_START_ADDR)") ||
         check(g_cu.pointer_get_attribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, dptr(addr)),
               "cuPointerGetAttribute(RANGE_SIZE)") ||
@@ -187,10 +194,10 @@ int dmabuf(const void *addr, size_t len, int *fd, uint64_t *offset) {
         return -FI_EOPNOTSUPP;
     // dma-buf exports whole pages: the allocation, and addr's offset inside it.
     int out = -1;
-    ret = check(g_cu.mem_get_handle_for_address_range(&out, static_cast<CUdeviceptr>(info.base),
-                                                      info.length,
-                                                      CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
-                "cuMemGetHandleForAddressRange");
+    ret = check(
+        g_cu.mem_get_handle_for_address_range(&out, static_cast<CUdeviceptr>(info.base),
+                                              info.length, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
+        "cuMemGetHandleForAddressRange");
     if (ret) return ret;
     (void)len;
     *fd = out;
@@ -215,8 +222,8 @@ int synchronize(uint64_t device) {
 }  // namespace
 
 const IfaceOps kCudaOps = {
-    FI_HMEM_CUDA, "cuda",    query,     copy_to_host, copy_from_host,  copy_device,
-    ipc_get,      ipc_open,  ipc_close, dmabuf,       can_access_peer, synchronize,
+    FI_HMEM_CUDA, "cuda",   query,     copy_to_host, copy_from_host,  copy_device,
+    ipc_get,      ipc_open, ipc_close, dmabuf,       can_access_peer, synchronize,
 };
 
 bool cuda_load(int *devices, const char **why) {

@@ -39,17 +39,24 @@ Registry &Registry::instance() {
     return r;
 }
 
-Registry::Registry() { loaded(); }
+Registry::Registry() {
+    loaded();
+}
 
 bool Registry::available(fi_hmem_iface iface) const {
     switch (iface) {
-        case FI_HMEM_SYSTEM: return true;
-        case FI_HMEM_CUDA: return loaded().cuda;
-        default: return false;
+        case FI_HMEM_SYSTEM:
+            return true;
+        case FI_HMEM_CUDA:
+            return loaded().cuda;
+        default:
+            return false;
     }
 }
 
-bool Registry::any_device() const { return loaded().cuda; }
+bool Registry::any_device() const {
+    return loaded().cuda;
+}
 
 int Registry::device_count(fi_hmem_iface iface) const {
     return iface == FI_HMEM_CUDA && loaded().cuda ? loaded().cuda_devices : 0;
@@ -57,17 +64,23 @@ int Registry::device_count(fi_hmem_iface iface) const {
 
 const IfaceOps *Registry::ops(fi_hmem_iface iface) const {
     switch (iface) {
-        case FI_HMEM_SYSTEM: return &kSystemOps;
-        case FI_HMEM_CUDA: return loaded().cuda ? &kCudaOps : nullptr;
-        default: return nullptr;
+        case FI_HMEM_SYSTEM:
+            return &kSystemOps;
+        case FI_HMEM_CUDA:
+            return loaded().cuda ? &kCudaOps : nullptr;
+        default:
+            return nullptr;
     }
 }
 
 const char *Registry::missing_reason(fi_hmem_iface iface) const {
     switch (iface) {
-        case FI_HMEM_SYSTEM: return "";
-        case FI_HMEM_CUDA: return loaded().cuda_why;
-        default: return "tandem has no interface for this FI_HMEM iface";
+        case FI_HMEM_SYSTEM:
+            return "";
+        case FI_HMEM_CUDA:
+            return loaded().cuda_why;
+        default:
+            return "tandem has no interface for this FI_HMEM iface";
     }
 }
 
@@ -108,8 +121,8 @@ int copy(MemRef dst_mem, void *dst, MemRef src_mem, const void *src, size_t len)
         memcpy(dst, src, len);
         return 0;
     }
-    const IfaceOps *ops = Registry::instance().ops(dst_mem.on_host() ? src_mem.iface
-                                                                     : dst_mem.iface);
+    const IfaceOps *ops =
+        Registry::instance().ops(dst_mem.on_host() ? src_mem.iface : dst_mem.iface);
     if (!ops) return -FI_EINVAL;
     if (dst_mem.on_host()) return ops->copy_to_host(src_mem, dst, src, len);
     if (src_mem.on_host()) return ops->copy_from_host(dst_mem, dst, src, len);
@@ -138,8 +151,8 @@ ssize_t gather(void *dst, const iovec *iov, const MemRef *mem, size_t count, siz
     return static_cast<ssize_t>(done);
 }
 
-ssize_t scatter(const iovec *iov, const MemRef *mem, size_t count, size_t offset,
-                const void *src, size_t len) {
+ssize_t scatter(const iovec *iov, const MemRef *mem, size_t count, size_t offset, const void *src,
+                size_t len) {
     const auto *from = static_cast<const uint8_t *>(src);
     size_t done = 0;
     for (size_t i = 0; i < count && done < len; ++i) {

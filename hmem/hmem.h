@@ -26,8 +26,8 @@ inline constexpr MemRef kHost{};
 // What an interface knows about an address inside one of its allocations.
 struct AddrInfo {
     MemRef mem;
-    uintptr_t base = 0;   // start of the allocation
-    size_t length = 0;    // its size
+    uintptr_t base = 0;      // start of the allocation
+    size_t length = 0;       // its size
     uint64_t buffer_id = 0;  // unique per allocation: a freed and reallocated buffer differs
 };
 
@@ -63,13 +63,13 @@ struct IfaceOps {
 // How often each mechanism moved data in this process: tests assert on these, and
 // EpDiagOps reports them.
 struct Counters {
-    std::atomic<uint64_t> device_copies{0};   // copies made by a device's copy engine
-    std::atomic<uint64_t> staged_bytes{0};    // device bytes that went through host bounce
-    std::atomic<uint64_t> ipc_exports{0};     // IPC handles we created (cache misses)
-    std::atomic<uint64_t> ipc_imports{0};     // IPC handles we opened (cache misses)
-    std::atomic<uint64_t> ipc_hits{0};        // opened handles found in the cache
-    std::atomic<uint64_t> p2p_transfers{0};   // transfers done peer to peer
-    std::atomic<uint64_t> staged_transfers{0};  // transfers that staged device memory
+    std::atomic<uint64_t> device_copies{0};      // copies made by a device's copy engine
+    std::atomic<uint64_t> staged_bytes{0};       // device bytes that went through host bounce
+    std::atomic<uint64_t> ipc_exports{0};        // IPC handles we created (cache misses)
+    std::atomic<uint64_t> ipc_imports{0};        // IPC handles we opened (cache misses)
+    std::atomic<uint64_t> ipc_hits{0};           // opened handles found in the cache
+    std::atomic<uint64_t> p2p_transfers{0};      // transfers done peer to peer
+    std::atomic<uint64_t> staged_transfers{0};   // transfers that staged device memory
     std::atomic<uint64_t> refused_transfers{0};  // REQUIRED transfers that could not be p2p
 };
 Counters &counters();
@@ -104,8 +104,8 @@ int check_range(MemRef mem, const void *addr, size_t len);
 // Returns the bytes copied or a negative fabric errno.
 ssize_t gather(void *dst, const iovec *iov, const MemRef *mem, size_t count, size_t offset,
                size_t len);
-ssize_t scatter(const iovec *iov, const MemRef *mem, size_t count, size_t offset,
-                const void *src, size_t len);
+ssize_t scatter(const iovec *iov, const MemRef *mem, size_t count, size_t offset, const void *src,
+                size_t len);
 // One buffer to another, any memory on either side.
 int copy(MemRef dst_mem, void *dst, MemRef src_mem, const void *src, size_t len);
 

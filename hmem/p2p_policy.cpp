@@ -14,16 +14,17 @@ bool P2pPolicy::disabled_by_env() {
            !strcasecmp(v, "true") || !strcasecmp(v, "y");
 }
 
-P2pPolicy::P2pPolicy()
-    : mode_(disabled_by_env() ? FI_HMEM_P2P_DISABLED : FI_HMEM_P2P_ENABLED) {}
+P2pPolicy::P2pPolicy() : mode_(disabled_by_env() ? FI_HMEM_P2P_DISABLED : FI_HMEM_P2P_ENABLED) {}
 
 int P2pPolicy::set(int mode, bool endpoint_can_p2p) {
     switch (mode) {
         case FI_HMEM_P2P_ENABLED:
         case FI_HMEM_P2P_PREFERRED:
         case FI_HMEM_P2P_REQUIRED:
-        case FI_HMEM_P2P_DISABLED: break;
-        default: return -FI_EINVAL;
+        case FI_HMEM_P2P_DISABLED:
+            break;
+        default:
+            return -FI_EINVAL;
     }
     if (mode == FI_HMEM_P2P_DISABLED) {
         mode_ = mode;
@@ -37,7 +38,8 @@ int P2pPolicy::set(int mode, bool endpoint_can_p2p) {
 
 P2pDecision P2pPolicy::decide(bool path_can_p2p, size_t len, size_t small) const {
     switch (mode_) {
-        case FI_HMEM_P2P_DISABLED: return P2pDecision::Stage;
+        case FI_HMEM_P2P_DISABLED:
+            return P2pDecision::Stage;
         case FI_HMEM_P2P_REQUIRED:
             return path_can_p2p ? P2pDecision::PeerToPeer : P2pDecision::Fail;
         case FI_HMEM_P2P_PREFERRED:

@@ -9,7 +9,9 @@
 namespace tandem::hmem {
 namespace {
 
-int query(const void *, AddrInfo *) { return 0; }
+int query(const void *, AddrInfo *) {
+    return 0;
+}
 int copy_host(MemRef, void *dst, const void *src, size_t len) {
     memcpy(dst, src, len);
     return 0;
@@ -18,18 +20,30 @@ int copy_device(MemRef, void *dst, MemRef, const void *src, size_t len) {
     memcpy(dst, src, len);
     return 0;
 }
-int ipc_get(const void *, IpcHandle *) { return -FI_EOPNOTSUPP; }
-int ipc_open(uint64_t, const IpcHandle &, void **) { return -FI_EOPNOTSUPP; }
-int ipc_close(uint64_t, void *) { return -FI_EOPNOTSUPP; }
-int dmabuf(const void *, size_t, int *, uint64_t *) { return -FI_EOPNOTSUPP; }
-bool can_access_peer(uint64_t, uint64_t) { return true; }
-int synchronize(uint64_t) { return 0; }
+int ipc_get(const void *, IpcHandle *) {
+    return -FI_EOPNOTSUPP;
+}
+int ipc_open(uint64_t, const IpcHandle &, void **) {
+    return -FI_EOPNOTSUPP;
+}
+int ipc_close(uint64_t, void *) {
+    return -FI_EOPNOTSUPP;
+}
+int dmabuf(const void *, size_t, int *, uint64_t *) {
+    return -FI_EOPNOTSUPP;
+}
+bool can_access_peer(uint64_t, uint64_t) {
+    return true;
+}
+int synchronize(uint64_t) {
+    return 0;
+}
 
 }  // namespace
 
 const IfaceOps kSystemOps = {
-    FI_HMEM_SYSTEM, "system", query,   copy_host, copy_host,       copy_device,
-    ipc_get,        ipc_open, ipc_close, dmabuf,  can_access_peer, synchronize,
+    FI_HMEM_SYSTEM, "system", query,     copy_host, copy_host,       copy_device,
+    ipc_get,        ipc_open, ipc_close, dmabuf,    can_access_peer, synchronize,
 };
 
 }  // namespace tandem::hmem
