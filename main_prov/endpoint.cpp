@@ -506,10 +506,10 @@ int Endpoint::setopt(int level, int optname, const void *optval, size_t optlen) 
             // Only the node-local path (IPC handles and the device's copy engine) can move
             // device memory peer to peer; the TCP link always stages. Without FI_HMEM no
             // transfer can be peer to peer, so REQUIRED cannot be met there either.
-            bool can_p2p = (caps_ & FI_HMEM) &&
-                           ((transport_ && transport_->caps().device_p2p) ||
-                            (type_ == FI_EP_RDM && Config::get().local_path &&
-                             domain_->offload() != nullptr));
+            bool can_p2p =
+                (caps_ & FI_HMEM) &&
+                ((transport_ && transport_->caps().device_p2p) ||
+                 (type_ == FI_EP_RDM && Config::get().local_path && domain_->offload() != nullptr));
             int ret = p2p_.set(mode, can_p2p);
             if (!ret && local_ && (caps_ & FI_HMEM)) local_->set_p2p(p2p_.mode());
             return ret;

@@ -73,11 +73,11 @@ ssize_t Endpoint::msg_recvv(const OpDefaults &d, const iovec *iov, void **desc, 
 }
 ssize_t Endpoint::msg_recvmsg(const OpDefaults &, const fi_msg *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
-    return post_recv({msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context, flags & ~kNoCompletion,
-                      0, 0, false});
+    return post_recv({msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context,
+                      flags & ~kNoCompletion, 0, 0, false});
 }
-ssize_t Endpoint::msg_send(const OpDefaults &d, const void *buf, size_t len, void *desc, fi_addr_t dest,
-                           void *context) {
+ssize_t Endpoint::msg_send(const OpDefaults &d, const void *buf, size_t len, void *desc,
+                           fi_addr_t dest, void *context) {
     iovec iov{const_cast<void *>(buf), len};
     return post_send({&iov, &desc, 1, dest, context, d.tx, 0, 0, false});
 }
@@ -87,8 +87,8 @@ ssize_t Endpoint::msg_sendv(const OpDefaults &d, const iovec *iov, void **desc, 
 }
 ssize_t Endpoint::msg_sendmsg(const OpDefaults &, const fi_msg *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
-    return post_send({msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context, flags & ~kNoCompletion,
-                      0, msg->data, false});
+    return post_send({msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context,
+                      flags & ~kNoCompletion, 0, msg->data, false});
 }
 ssize_t Endpoint::msg_inject(const OpDefaults &, const void *buf, size_t len, fi_addr_t dest) {
     iovec iov{const_cast<void *>(buf), len};
@@ -102,8 +102,8 @@ ssize_t Endpoint::msg_senddata(const OpDefaults &d, const void *buf, size_t len,
 ssize_t Endpoint::msg_injectdata(const OpDefaults &, const void *buf, size_t len, uint64_t data,
                                  fi_addr_t dest) {
     iovec iov{const_cast<void *>(buf), len};
-    return post_send(
-        {&iov, nullptr, 1, dest, nullptr, FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, 0, data, false});
+    return post_send({&iov, nullptr, 1, dest, nullptr,
+                      FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, 0, data, false});
 }
 
 ssize_t Endpoint::tag_recv(const OpDefaults &d, void *buf, size_t len, void *desc, fi_addr_t src,
@@ -117,8 +117,8 @@ ssize_t Endpoint::tag_recvv(const OpDefaults &d, const iovec *iov, void **desc, 
 }
 ssize_t Endpoint::tag_recvmsg(const OpDefaults &, const fi_msg_tagged *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
-    RecvArgs a{msg->msg_iov, msg->desc, msg->iov_count, msg->addr,   msg->context,
-               flags,        msg->tag,       msg->ignore, true};
+    RecvArgs a{msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context,
+               flags,        msg->tag,  msg->ignore,    true};
     if (flags & (FI_PEEK | FI_CLAIM)) {
         std::lock_guard guard(domain_->lock());
         check_rx_ready(FI_TAGGED);
@@ -127,8 +127,8 @@ ssize_t Endpoint::tag_recvmsg(const OpDefaults &, const fi_msg_tagged *msg, uint
     }
     return post_recv(a);
 }
-ssize_t Endpoint::tag_send(const OpDefaults &d, const void *buf, size_t len, void *desc, fi_addr_t dest,
-                           uint64_t tag, void *context) {
+ssize_t Endpoint::tag_send(const OpDefaults &d, const void *buf, size_t len, void *desc,
+                           fi_addr_t dest, uint64_t tag, void *context) {
     iovec iov{const_cast<void *>(buf), len};
     return post_send({&iov, &desc, 1, dest, context, d.tx, tag, 0, true});
 }
@@ -138,8 +138,8 @@ ssize_t Endpoint::tag_sendv(const OpDefaults &d, const iovec *iov, void **desc, 
 }
 ssize_t Endpoint::tag_sendmsg(const OpDefaults &, const fi_msg_tagged *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
-    return post_send({msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context, flags & ~kNoCompletion,
-                      msg->tag, msg->data, true});
+    return post_send({msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context,
+                      flags & ~kNoCompletion, msg->tag, msg->data, true});
 }
 ssize_t Endpoint::tag_inject(const OpDefaults &, const void *buf, size_t len, fi_addr_t dest,
                              uint64_t tag) {
@@ -154,8 +154,8 @@ ssize_t Endpoint::tag_senddata(const OpDefaults &d, const void *buf, size_t len,
 ssize_t Endpoint::tag_injectdata(const OpDefaults &, const void *buf, size_t len, uint64_t data,
                                  fi_addr_t dest, uint64_t tag) {
     iovec iov{const_cast<void *>(buf), len};
-    return post_send(
-        {&iov, nullptr, 1, dest, nullptr, FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, tag, data, true});
+    return post_send({&iov, nullptr, 1, dest, nullptr,
+                      FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, tag, data, true});
 }
 
 ssize_t Endpoint::rma_read(const OpDefaults &d, void *buf, size_t len, void *desc, fi_addr_t src,
@@ -189,13 +189,15 @@ ssize_t Endpoint::rma_writemsg(const OpDefaults &, const fi_msg_rma *msg, uint64
 ssize_t Endpoint::rma_inject(const OpDefaults &, const void *buf, size_t len, fi_addr_t dest,
                              uint64_t addr, uint64_t key) {
     iovec iov{const_cast<void *>(buf), len};
-    return post_rma({&iov, nullptr, 1, dest, addr, key, nullptr, FI_INJECT | kNoCompletion, 0, true});
+    return post_rma(
+        {&iov, nullptr, 1, dest, addr, key, nullptr, FI_INJECT | kNoCompletion, 0, true});
 }
 ssize_t Endpoint::rma_writedata(const OpDefaults &d, const void *buf, size_t len, void *desc,
                                 uint64_t data, fi_addr_t dest, uint64_t addr, uint64_t key,
                                 void *context) {
     iovec iov{const_cast<void *>(buf), len};
-    return post_rma({&iov, &desc, 1, dest, addr, key, context, d.tx | FI_REMOTE_CQ_DATA, data, true});
+    return post_rma(
+        {&iov, &desc, 1, dest, addr, key, context, d.tx | FI_REMOTE_CQ_DATA, data, true});
 }
 ssize_t Endpoint::rma_injectdata(const OpDefaults &, const void *buf, size_t len, uint64_t data,
                                  fi_addr_t dest, uint64_t addr, uint64_t key) {
@@ -551,8 +553,12 @@ hmem::P2pDecision Endpoint::link_decision(size_t len) {
     hmem::P2pDecision d = p2p_.decide(transport_ && transport_->caps().device_p2p, len, 0);
     auto &c = hmem::counters();
     switch (d) {
-        case hmem::P2pDecision::PeerToPeer: c.p2p_transfers.fetch_add(1); break;
-        case hmem::P2pDecision::Stage: c.staged_transfers.fetch_add(1); break;
+        case hmem::P2pDecision::PeerToPeer:
+            c.p2p_transfers.fetch_add(1);
+            break;
+        case hmem::P2pDecision::Stage:
+            c.staged_transfers.fetch_add(1);
+            break;
         case hmem::P2pDecision::Fail:
             c.refused_transfers.fetch_add(1);
             TANDEM_INFO(FI_LOG_EP_DATA,
@@ -950,8 +956,10 @@ void Endpoint::deliver_eager(RxOp *rx, LinkConnection *conn, const wire::ProtoHe
         err = FI_EOPNOTSUPP;
     } else {
         ssize_t got = hmem::scatter(rx->iov, rx->mem, rx->count, 0, payload, hdr.size);
-        if (got < 0) err = FI_EIO;
-        else copied = static_cast<size_t>(got);
+        if (got < 0)
+            err = FI_EIO;
+        else
+            copied = static_cast<size_t>(got);
     }
     if (!err && copied < hdr.size) err = FI_ETRUNC;
     rx_complete(rx, copied, hdr.tag, hdr.cq_data, hdr.flags, src, err, hdr.size - copied);

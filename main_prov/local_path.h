@@ -60,8 +60,8 @@ class LocalPath final : public peer::CqOwner {
     int remote_twin(fi_addr_t addr, uint64_t *caps) { return ops_->remote_twin(twin_, addr, caps); }
     // Post an operation; its completion arrives through peer_write / peer_writeerr with the
     // op as context. A negative errno when the twin refused it (nothing will complete).
-    int send(TxOp *op, const iovec *iov, void **desc, size_t count, fi_addr_t dest,
-             uint64_t flags, uint64_t tag, uint64_t data, bool tagged);
+    int send(TxOp *op, const iovec *iov, void **desc, size_t count, fi_addr_t dest, uint64_t flags,
+             uint64_t tag, uint64_t data, bool tagged);
     int rma(TxOp *op, const iovec *iov, void **desc, size_t count, fi_addr_t peer, uint64_t addr,
             uint64_t key, uint64_t flags, uint64_t data, bool write);
     // fi_peer(3): the owner drives the peer's progress with fi_cq_read(cq, NULL, 0).

@@ -175,8 +175,7 @@ bool MrTable::resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access,
         if (it == internal_.end() || access != FI_REMOTE_READ) return false;
         const iovec &v = it->second.iov;
         uint64_t base = reinterpret_cast<uint64_t>(v.iov_base);
-        if (addr < base || addr - base > v.iov_len || len > v.iov_len - (addr - base))
-            return false;
+        if (addr < base || addr - base > v.iov_len || len > v.iov_len - (addr - base)) return false;
         out.mem[out.count] = it->second.mem;
         out.iov[out.count++] = {reinterpret_cast<void *>(addr), len};
         return true;

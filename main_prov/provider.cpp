@@ -194,8 +194,10 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
         d.mr_mode = static_cast<int>(want_mr);  // the pre-1.5 enumeration
     else
         d.mr_mode = static_cast<int>(want_mr & kMrModeSupported);
-    if (out_caps & FI_HMEM) d.mr_mode |= FI_MR_HMEM;
-    else d.mr_mode &= ~FI_MR_HMEM;
+    if (out_caps & FI_HMEM)
+        d.mr_mode |= FI_MR_HMEM;
+    else
+        d.mr_mode &= ~FI_MR_HMEM;
     d.mr_key_size = 8;
     d.cq_data_size = kMaxCqData;
     d.cq_cnt = 1024;

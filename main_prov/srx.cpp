@@ -140,8 +140,8 @@ int SharedRxContext::setopt(int level, int optname, const void *optval, size_t o
 }
 
 ssize_t SharedRxContext::post(const iovec *iov, void **desc, size_t count, fi_addr_t src,
-                              void *context,
-                              uint64_t flags, uint64_t tag, uint64_t ignore, bool tagged) {
+                              void *context, uint64_t flags, uint64_t tag, uint64_t ignore,
+                              bool tagged) {
     std::lock_guard guard(domain_->lock());
     if (!(caps_ & (tagged ? FI_TAGGED : FI_MSG))) return -FI_EOPNOTSUPP;
     if (matcher_.outstanding >= size_) return -FI_EAGAIN;
@@ -164,7 +164,8 @@ ssize_t SharedRxContext::recvv(const iovec *iov, void **desc, size_t count, fi_a
 }
 ssize_t SharedRxContext::recvmsg(const fi_msg *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
-    return post(msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context, flags, 0, 0, false);
+    return post(msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context, flags, 0, 0,
+                false);
 }
 ssize_t SharedRxContext::trecv(void *buf, size_t len, void *desc, fi_addr_t src, uint64_t tag,
                                uint64_t ignore, void *context) {
@@ -177,8 +178,8 @@ ssize_t SharedRxContext::trecvv(const iovec *iov, void **desc, size_t count, fi_
 }
 ssize_t SharedRxContext::trecvmsg(const fi_msg_tagged *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
-    return post(msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context, flags, msg->tag, msg->ignore,
-                true);
+    return post(msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context, flags, msg->tag,
+                msg->ignore, true);
 }
 
 SharedTxContext::SharedTxContext(Domain *domain, const fi_tx_attr &attr, void *context)

@@ -48,8 +48,7 @@ class SharedRxContext : public FidObject<SharedRxContext, fid_ep> {
 
   private:
     ssize_t post(const iovec *iov, void **desc, size_t count, fi_addr_t src, void *context,
-                 uint64_t flags,
-                 uint64_t tag, uint64_t ignore, bool tagged);
+                 uint64_t flags, uint64_t tag, uint64_t ignore, bool tagged);
     Endpoint *report_endpoint() const { return endpoints_.empty() ? nullptr : endpoints_.front(); }
 
     Domain *domain_;

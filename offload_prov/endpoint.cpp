@@ -510,8 +510,8 @@ void Endpoint::answer(std::string_view sender, uint64_t msg_id, int status) {
 
 ssize_t Endpoint::sendmsg(const fi_msg *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
-    return post_send(msg->msg_iov, msg->desc, msg->iov_count, msg->addr, 0, msg->data,
-                     msg->context, flags, false);
+    return post_send(msg->msg_iov, msg->desc, msg->iov_count, msg->addr, 0, msg->data, msg->context,
+                     flags, false);
 }
 
 ssize_t Endpoint::tsendmsg(const fi_msg_tagged *msg, uint64_t flags) {
@@ -551,8 +551,9 @@ ssize_t Endpoint::post_send(const iovec *iov, void **desc, size_t count, fi_addr
         auto &c = hmem::counters();
         switch (p2p_.decide(true, len, Config::get().eager_limit)) {
             case hmem::P2pDecision::PeerToPeer: {
-                Pending p{context, cq_flags, len, link, {iov, iov + count}, 0, {mem, mem + count},
-                          true, tag, data, hdr.flags};
+                Pending p{context,  cq_flags,           len,  link, {iov, iov + count},
+                          0,        {mem, mem + count}, true, tag,  data,
+                          hdr.flags};
                 if (post_ipc(*link, hdr, iov, mem, count, std::move(p))) {
                     c.p2p_transfers.fetch_add(1, std::memory_order_relaxed);
                     return 0;
@@ -568,15 +569,16 @@ ssize_t Endpoint::post_send(const iovec *iov, void **desc, size_t count, fi_addr
                 c.refused_transfers.fetch_add(1, std::memory_order_relaxed);
                 complete_tx(context, cq_flags, len, FI_EOPNOTSUPP);
                 return 0;
-            case hmem::P2pDecision::Stage: break;
+            case hmem::P2pDecision::Stage:
+                break;
         }
         c.staged_transfers.fetch_add(1, std::memory_order_relaxed);
         if (ack) {
             hdr.flags |= wire::kLocalAckReq;
             pending_[hdr.msg_id] = Pending{context, cq_flags, len, link, {}, 0, {}, false, 0, 0, 0};
         }
-        hdr.op = static_cast<uint8_t>(len <= Config::get().eager_limit ? LocalOp::Eager
-                                                                        : LocalOp::Frag);
+        hdr.op =
+            static_cast<uint8_t>(len <= Config::get().eager_limit ? LocalOp::Eager : LocalOp::Frag);
         if (hdr.op == static_cast<uint8_t>(LocalOp::Eager)) {
             hdr.size = static_cast<uint32_t>(len);
             push_gather(*link, hdr, iov, count, 0, len, mem);
@@ -607,7 +609,8 @@ ssize_t Endpoint::post_send(const iovec *iov, void **desc, size_t count, fi_addr
                 body[n++] = {reinterpret_cast<uint64_t>(iov[i].iov_base), iov[i].iov_len};
         hdr.iov_count = static_cast<uint8_t>(n);
         hdr.flags &= ~uint8_t(wire::kLocalAckReq);  // Fin comes anyway, after delivery
-        pending_[hdr.msg_id] = Pending{context, cq_flags, len, link, {iov, iov + count}, 0, {}, false, 0, 0, 0};
+        pending_[hdr.msg_id] =
+            Pending{context, cq_flags, len, link, {iov, iov + count}, 0, {}, false, 0, 0, 0};
         push(*link, hdr, body, n * sizeof(LocalIov));
         return 0;
     }
@@ -663,8 +666,8 @@ int Endpoint::getopt(int level, int optname, void *optval, size_t *optlen) {
 
 ssize_t Endpoint::writemsg(const fi_msg_rma *msg, uint64_t flags) {
     if (!msg || msg->rma_iov_count != 1 || !msg->rma_iov) return -FI_EINVAL;
-    return post_rma(msg->msg_iov, msg->desc, msg->iov_count, msg->rma_iov[0], msg->addr,
-                    msg->data, msg->context, flags, true);
+    return post_rma(msg->msg_iov, msg->desc, msg->iov_count, msg->rma_iov[0], msg->addr, msg->data,
+                    msg->context, flags, true);
 }
 
 ssize_t Endpoint::readmsg(const fi_msg_rma *msg, uint64_t flags) {
@@ -1126,8 +1129,8 @@ int Endpoint::deliver_ipc(fi_peer_rx_entry *entry, const hmem::MemRef *mem, cons
 
 // Cross-memory attach into buffers that may be device memory: a chunk at a time through a
 // host bounce buffer, then the device's copy. 0 or an FI_* code.
-int Endpoint::cma_read_staged(pid_t pid, const iovec *local, const hmem::MemRef *mem,
-                              size_t nlocal, const iovec *remote, size_t nremote, size_t n) {
+int Endpoint::cma_read_staged(pid_t pid, const iovec *local, const hmem::MemRef *mem, size_t nlocal,
+                              const iovec *remote, size_t nremote, size_t n) {
     constexpr size_t kChunk = 1 << 20;
     std::vector<uint8_t> bounce(std::min(n, kChunk));
     for (size_t off = 0; off < n;) {
@@ -1396,7 +1399,8 @@ void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const
             if (hdr.iov_count == 0) {
                 status = place(body, std::min<size_t>(hdr.size, len));
             } else if (device) {
-                status = cma_read_staged(hdr.pid, pieces, pmem, npieces, remote, hdr.iov_count, len);
+                status =
+                    cma_read_staged(hdr.pid, pieces, pmem, npieces, remote, hdr.iov_count, len);
             } else {
                 ssize_t got = cma_read(hdr.pid, pieces, npieces, remote, hdr.iov_count);
                 if (got < 0 || size_t(got) != len) status = FI_EIO;

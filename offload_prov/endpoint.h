@@ -135,8 +135,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
 
     ssize_t post_send(const iovec *iov, void **desc, size_t count, fi_addr_t dest, uint64_t tag,
                       uint64_t data, void *context, uint64_t flags, bool tagged);
-    bool post_ipc(PeerLink &link, wire::LocalHeader hdr, const iovec *iov,
-                  const hmem::MemRef *mem, size_t count, Pending p);
+    bool post_ipc(PeerLink &link, wire::LocalHeader hdr, const iovec *iov, const hmem::MemRef *mem,
+                  size_t count, Pending p);
     ssize_t post_rma(const iovec *iov, void **desc, size_t count, const fi_rma_iov &rma,
                      fi_addr_t peer, uint64_t data, void *context, uint64_t flags, bool write);
     PeerLink *link_for(fi_addr_t addr);

@@ -113,8 +113,8 @@ class LinkConnection {
     // from host memory (the protocol's own buffers).
     virtual int post_write(const iovec *iov, const hmem::MemRef *mem, size_t count,
                            RemoteRegion dst, const uint32_t *imm, uint64_t wr_id) = 0;
-    virtual int post_read(const iovec *iov, const hmem::MemRef *mem, size_t count,
-                          RemoteRegion src, uint64_t wr_id) = 0;
+    virtual int post_read(const iovec *iov, const hmem::MemRef *mem, size_t count, RemoteRegion src,
+                          uint64_t wr_id) = 0;
 
     // rdma_cm side of a connection.
     virtual int accept(const void *priv, size_t len) = 0;

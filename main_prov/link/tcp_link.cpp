@@ -352,9 +352,8 @@ bool TcpConnection::receive_staged(size_t remaining) {
             return false;
         }
     }
-    if (got &&
-        hmem::scatter(dst_iov_.data(), dst_mem_.data(), dst_iov_.size(), payload_done_,
-                      stage_rx_.data(), got) != static_cast<ssize_t>(got)) {
+    if (got && hmem::scatter(dst_iov_.data(), dst_mem_.data(), dst_iov_.size(), payload_done_,
+                             stage_rx_.data(), got) != static_cast<ssize_t>(got)) {
         fail_connection("received data could not be copied to device memory", EIO);
         return false;
     }

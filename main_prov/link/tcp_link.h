@@ -87,7 +87,7 @@ class TcpConnection final : public LinkConnection {
         WcOpcode opcode = WcOpcode::Send;
         WcStatus status = WcStatus::Success;
         bool read_done = false;
-        std::vector<iovec> read_iov;  // reads: where the response lands
+        std::vector<iovec> read_iov;         // reads: where the response lands
         std::vector<hmem::MemRef> read_mem;  // and where each piece lives (empty: host)
         size_t length = 0;
     };
