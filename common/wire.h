@@ -214,10 +214,12 @@ struct LocalIpc {
     uint64_t alloc_len;
     uint64_t offset;  // of the buffer in its allocation
     uint64_t length;
+    uint64_t addr;    // the buffer in the sender's address space (a receiver in the same
+                      // process copies from it directly: no IPC handle opens in its own process)
     uint32_t iface;   // fi_hmem_iface
     uint32_t device;  // the sender's device
 };
-static_assert(sizeof(LocalIpc) == 104 && std::is_trivially_copyable_v<LocalIpc>);
+static_assert(sizeof(LocalIpc) == 112 && std::is_trivially_copyable_v<LocalIpc>);
 static_assert(kLocalBodyRoom >= kLocalMaxIov * sizeof(LocalIpc));
 
 // ---------------------------------------------------------------------------------------

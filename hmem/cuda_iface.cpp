@@ -69,30 +69,49 @@ int check(CUresult r, const char *what) {
     return to_errno(r);
 }
 
-// Makes the device's primary context current on this thread, creating it (and the copy
-// stream) on first use.
-int enter(uint64_t device) {
-    if (device >= static_cast<uint64_t>(g_devices)) return -FI_EINVAL;
-    DeviceState &d = g_dev[device];
-    std::call_once(d.once, [&] {
-        CUdevice dev;
-        d.status = check(g_cu.device_get(&dev, static_cast<int>(device)), "cuDeviceGet");
-        if (!d.status)
-            d.status = check(g_cu.primary_ctx_retain(&d.ctx, dev), "cuDevicePrimaryCtxRetain");
-        if (!d.status) d.status = check(g_cu.ctx_set_current(d.ctx), "cuCtxSetCurrent");
-        if (!d.status)
-            d.status =
-                check(g_cu.stream_create(&d.stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-    });
-    if (d.status) return d.status;
-    thread_local CUcontext current = nullptr;
-    if (current != d.ctx) {
-        int ret = check(g_cu.ctx_set_current(d.ctx), "cuCtxSetCurrent");
-        if (ret) return ret;
-        current = d.ctx;
+// The device's primary context, current on this thread for one call and then the
+// application's again: a provider must not leave a thread on a context it did not choose.
+// The context and the copy stream are created on first use.
+class Enter {
+  public:
+    explicit Enter(uint64_t device) {
+        if (device >= static_cast<uint64_t>(g_devices)) {
+            status_ = -FI_EINVAL;
+            return;
+        }
+        DeviceState &d = g_dev[device];
+        std::call_once(d.once, [&] {
+            CUdevice dev;
+            CUcontext before = nullptr;
+            g_cu.ctx_get_current(&before);
+            d.status = check(g_cu.device_get(&dev, static_cast<int>(device)), "cuDeviceGet");
+            if (!d.status)
+                d.status = check(g_cu.primary_ctx_retain(&d.ctx, dev), "cuDevicePrimaryCtxRetain");
+            if (!d.status) d.status = check(g_cu.ctx_set_current(d.ctx), "cuCtxSetCurrent");
+            if (!d.status)
+                d.status = check(g_cu.stream_create(&d.stream, CU_STREAM_NON_BLOCKING),
+                                 "cuStreamCreate");
+            g_cu.ctx_set_current(before);
+        });
+        if ((status_ = d.status)) return;
+        if ((status_ = check(g_cu.ctx_get_current(&prev_), "cuCtxGetCurrent"))) return;
+        if (prev_ != d.ctx) {
+            status_ = check(g_cu.ctx_set_current(d.ctx), "cuCtxSetCurrent");
+            switched_ = !status_;
+        }
     }
-    return 0;
-}
+    ~Enter() {
+        if (switched_) g_cu.ctx_set_current(prev_);
+    }
+    Enter(const Enter &) = delete;
+    Enter &operator=(const Enter &) = delete;
+    int status() const { return status_; }
+
+  private:
+    int status_ = 0;
+    CUcontext prev_ = nullptr;
+    bool switched_ = false;
+};
 
 CUdeviceptr dptr(const void *p) {
     return reinterpret_cast<CUdeviceptr>(p);
@@ -127,9 +146,9 @@ int query(const void *addr, AddrInfo *info) {
 
 int copy_on_stream(uint64_t device, CUdeviceptr dst, CUdeviceptr src, size_t len) {
     if (!len) return 0;
-    int ret = enter(device);
-    if (ret) return ret;
-    ret = check(g_cu.memcpy_async(dst, src, len, g_dev[device].stream), "cuMemcpyAsync");
+    Enter in(device);
+    if (int ret = in.status()) return ret;
+    int ret = check(g_cu.memcpy_async(dst, src, len, g_dev[device].stream), "cuMemcpyAsync");
     if (ret) return ret;
     ret = check(g_cu.stream_synchronize(g_dev[device].stream), "cuStreamSynchronize");
     if (!ret) counters().device_copies.fetch_add(1, std::memory_order_relaxed);
@@ -152,7 +171,8 @@ int ipc_get(const void *addr, IpcHandle *out) {
     AddrInfo info;
     int ret = query(addr, &info);
     if (ret <= 0) return ret ? ret : -FI_EINVAL;
-    if ((ret = enter(info.mem.device))) return ret;
+    Enter in(info.mem.device);
+    if ((ret = in.status())) return ret;
     CUipcMemHandle h;
     ret = check(g_cu.ipc_get_mem_handle(&h, static_cast<CUdeviceptr>(info.base)),
                 "cuIpcGetMemHandle");
@@ -163,7 +183,8 @@ int ipc_get(const void *addr, IpcHandle *out) {
 }
 
 int ipc_open(uint64_t device, const IpcHandle &handle, void **mapped) {
-    int ret = enter(device);
+    Enter in(device);
+    int ret = in.status();
     if (ret) return ret;
     CUipcMemHandle h;
     memcpy(&h, handle.bytes, sizeof h);
@@ -176,8 +197,8 @@ int ipc_open(uint64_t device, const IpcHandle &handle, void **mapped) {
 }
 
 int ipc_close(uint64_t device, void *mapped) {
-    int ret = enter(device);
-    if (ret) return ret;
+    Enter in(device);
+    if (int ret = in.status()) return ret;
     return check(g_cu.ipc_close_mem_handle(dptr(mapped)), "cuIpcCloseMemHandle");
 }
 
@@ -185,23 +206,28 @@ int dmabuf(const void *addr, size_t len, int *fd, uint64_t *offset) {
     AddrInfo info;
     int ret = query(addr, &info);
     if (ret <= 0) return ret ? ret : -FI_EINVAL;
-    if ((ret = enter(info.mem.device))) return ret;
+    auto a = reinterpret_cast<uintptr_t>(addr);
+    if (a + len > info.base + info.length) return -FI_EINVAL;
+    Enter in(info.mem.device);
+    if ((ret = in.status())) return ret;
     int supported = 0;
     CUdevice dev = static_cast<CUdevice>(info.mem.device);
     if (g_cu.device_get_attribute(&supported, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, dev) !=
             CUDA_SUCCESS ||
         !supported)
         return -FI_EOPNOTSUPP;
-    // dma-buf exports whole pages: the allocation, and addr's offset inside it.
+    // dma-buf exports whole pages: the allocation from its base, its size rounded up to a
+    // page, and addr's offset in it.
+    const size_t page = 4096;
+    size_t span = (info.length + page - 1) & ~(page - 1);
     int out = -1;
-    ret = check(
-        g_cu.mem_get_handle_for_address_range(&out, static_cast<CUdeviceptr>(info.base),
-                                              info.length, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
-        "cuMemGetHandleForAddressRange");
+    ret = check(g_cu.mem_get_handle_for_address_range(&out, static_cast<CUdeviceptr>(info.base),
+                                                      span, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                                                      0),
+                "cuMemGetHandleForAddressRange");
     if (ret) return ret;
-    (void)len;
     *fd = out;
-    *offset = reinterpret_cast<uintptr_t>(addr) - info.base;
+    *offset = a - info.base;
     return 0;
 }
 
@@ -214,8 +240,8 @@ bool can_access_peer(uint64_t device, uint64_t peer) {
 }
 
 int synchronize(uint64_t device) {
-    int ret = enter(device);
-    if (ret) return ret;
+    Enter in(device);
+    if (int ret = in.status()) return ret;
     return check(g_cu.stream_synchronize(g_dev[device].stream), "cuStreamSynchronize");
 }
 

@@ -638,6 +638,7 @@ bool Endpoint::post_ipc(PeerLink &link, LocalHeader hdr, const iovec *iov, const
         e.alloc_len = ex.alloc_len;
         e.offset = ex.offset;
         e.length = iov[i].iov_len;
+        e.addr = reinterpret_cast<uint64_t>(iov[i].iov_base);
         e.iface = static_cast<uint32_t>(ex.mem.iface);
         e.device = static_cast<uint32_t>(ex.mem.device);
     }
@@ -1088,6 +1089,11 @@ int Endpoint::deliver_ipc(fi_peer_rx_entry *entry, const hmem::MemRef *mem, cons
         if (!reg.available(iface) || iface == FI_HMEM_SYSTEM || e.offset > e.alloc_len ||
             e.length > e.alloc_len - e.offset)
             return FI_EINVAL;
+        if (hdr.pid == getpid()) {  // a peer in our own process: its memory is ours
+            remote[i] = {reinterpret_cast<void *>(e.addr), e.length};
+            rmem[i] = {iface, e.device};
+            continue;
+        }
         // Mapped on our receive buffer's device, or on the sender's device number for a
         // host buffer (its copy engine then reads the peer's memory into ours).
         uint64_t device = mem && !mem[0].on_host() ? mem[0].device : e.device;
