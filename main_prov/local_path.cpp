@@ -18,7 +18,7 @@ std::unique_ptr<OffloadDomain> OffloadDomain::open(Domain &owner) {
     fi_info *hints = fi_allocinfo();
     if (!hints) return nullptr;
     hints->mode = FI_PEER_TRANSFER;
-    hints->caps = FI_MSG | FI_TAGGED | FI_RMA;
+    hints->caps = FI_MSG | FI_TAGGED | FI_RMA | (owner.info()->caps & FI_HMEM);
     hints->ep_attr->type = FI_EP_RDM;
     hints->addr_format = owner.info()->addr_format;
     hints->domain_attr->mr_mode = owner.info()->domain_attr->mr_mode;

@@ -7,6 +7,7 @@
 #include "common/wire.h"
 #include "offload_prov/config.h"
 #include "offload_prov/fabric.h"
+#include "hmem/hmem.h"
 #include "peer/peer_abi.h"
 
 #include <rdma/fi_errno.h>
@@ -49,7 +50,9 @@ int off_getinfo(uint32_t version, const char *, const char *, uint64_t, const fi
     *info = nullptr;
     if (version < FI_VERSION(1, 17)) return -FI_ENODATA;
     if (!hints || !(hints->mode & FI_PEER_TRANSFER)) return -FI_ENODATA;
-    if (hints->caps & ~kCaps) return -FI_ENODATA;
+    // Device memory where an interface with a device is present (hmem/), as for tandem.
+    const uint64_t caps = kCaps | (hmem::Registry::instance().any_device() ? FI_HMEM : 0);
+    if (hints->caps & ~caps) return -FI_ENODATA;
     if (hints->ep_attr && hints->ep_attr->type != FI_EP_UNSPEC && hints->ep_attr->type != FI_EP_RDM)
         return -FI_ENODATA;
     if (hints->domain_attr && (hints->domain_attr->control_progress == FI_PROGRESS_AUTO ||
@@ -58,7 +61,7 @@ int off_getinfo(uint32_t version, const char *, const char *, uint64_t, const fi
     fi_info *fi = fi_allocinfo();
     if (!fi) return -FI_ENOMEM;
     const Config &cfg = Config::get();
-    fi->caps = hints->caps ? hints->caps : kCaps;
+    fi->caps = hints->caps ? hints->caps : caps;
     fi->mode = FI_PEER_TRANSFER;
     // Addresses are the owner's: whatever format it uses.
     fi->addr_format = hints->addr_format ? hints->addr_format : uint32_t(FI_SOCKADDR_IN);
@@ -90,6 +93,7 @@ int off_getinfo(uint32_t version, const char *, const char *, uint64_t, const fi
     d.resource_mgmt = FI_RM_ENABLED;
     d.av_type = hints->domain_attr ? hints->domain_attr->av_type : FI_AV_UNSPEC;
     d.mr_mode = hints->domain_attr ? hints->domain_attr->mr_mode : 0;
+    if (!(fi->caps & FI_HMEM)) d.mr_mode &= ~FI_MR_HMEM;
     d.mr_key_size = 8;
     d.cq_data_size = 8;
     d.ep_cnt = d.cq_cnt = d.tx_ctx_cnt = d.rx_ctx_cnt = 1024;
