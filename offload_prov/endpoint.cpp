@@ -551,9 +551,17 @@ ssize_t Endpoint::post_send(const iovec *iov, void **desc, size_t count, fi_addr
         auto &c = hmem::counters();
         switch (p2p_.decide(true, len, Config::get().eager_limit)) {
             case hmem::P2pDecision::PeerToPeer: {
-                Pending p{context,  cq_flags,           len,  link, {iov, iov + count},
-                          0,        {mem, mem + count}, true, tag,  data,
-                          hdr.flags};
+                Pending p{.context = context,
+                          .flags = cq_flags,
+                          .len = len,
+                          .link = link,
+                          .iov = {iov, iov + count},
+                          .mem = {mem, mem + count},
+                          .ipc = true,
+                          .ack = ack,
+                          .tag = tag,
+                          .data = data,
+                          .hdr_flags = hdr.flags};
                 if (post_ipc(*link, hdr, iov, mem, count, std::move(p))) {
                     c.p2p_transfers.fetch_add(1, std::memory_order_relaxed);
                     return 0;
@@ -575,7 +583,8 @@ ssize_t Endpoint::post_send(const iovec *iov, void **desc, size_t count, fi_addr
         c.staged_transfers.fetch_add(1, std::memory_order_relaxed);
         if (ack) {
             hdr.flags |= wire::kLocalAckReq;
-            pending_[hdr.msg_id] = Pending{context, cq_flags, len, link, {}, 0, {}, false, 0, 0, 0};
+            pending_[hdr.msg_id] =
+                Pending{.context = context, .flags = cq_flags, .len = len, .link = link};
         }
         hdr.op =
             static_cast<uint8_t>(len <= Config::get().eager_limit ? LocalOp::Eager : LocalOp::Frag);
@@ -590,7 +599,8 @@ ssize_t Endpoint::post_send(const iovec *iov, void **desc, size_t count, fi_addr
     }
     if (ack) {
         hdr.flags |= wire::kLocalAckReq;
-        pending_[hdr.msg_id] = Pending{context, cq_flags, len, link, {}, 0, {}, false, 0, 0, 0};
+        pending_[hdr.msg_id] =
+            Pending{.context = context, .flags = cq_flags, .len = len, .link = link};
     }
     if (len <= Config::get().eager_limit) {
         hdr.op = static_cast<uint8_t>(LocalOp::Eager);
@@ -609,8 +619,11 @@ ssize_t Endpoint::post_send(const iovec *iov, void **desc, size_t count, fi_addr
                 body[n++] = {reinterpret_cast<uint64_t>(iov[i].iov_base), iov[i].iov_len};
         hdr.iov_count = static_cast<uint8_t>(n);
         hdr.flags &= ~uint8_t(wire::kLocalAckReq);  // Fin comes anyway, after delivery
-        pending_[hdr.msg_id] =
-            Pending{context, cq_flags, len, link, {iov, iov + count}, 0, {}, false, 0, 0, 0};
+        pending_[hdr.msg_id] = Pending{.context = context,
+                                       .flags = cq_flags,
+                                       .len = len,
+                                       .link = link,
+                                       .iov = {iov, iov + count}};
         push(*link, hdr, body, n * sizeof(LocalIov));
         return 0;
     }
@@ -697,7 +710,7 @@ ssize_t Endpoint::post_rma(const iovec *iov, void **desc, size_t count, const fi
     hdr.rma_addr = rma.addr;
     hdr.rma_key = rma.key;
     hdr.msg_id = next_id_++;
-    Pending p{context, cq_flags, len, link, {}, 0, {}, false, 0, 0, 0};
+    Pending p{.context = context, .flags = cq_flags, .len = len, .link = link};
     // Device memory is staged (its device copies it into and out of cells): node-local RMA
     // has no peer-to-peer form, so FI_HMEM_P2P_REQUIRED refuses it.
     hmem::MemRef mem[wire::kLocalMaxIov];
@@ -1003,8 +1016,14 @@ void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::str
     hmem::MemRef mem[peer::kMaxEntryIov];
     size_t count = std::min(entry->count, peer::kMaxEntryIov);
     bool device = entry->desc && peer::mems_of(entry->desc, count, mem);
+    // This endpoint's own policy holds for what it receives: DISABLED opens no handle (the
+    // sender stages instead); REQUIRED refuses device memory that arrives staged.
+    int mode = p2p_.mode();
     if (ipc) {
-        err = n ? deliver_ipc(entry, device ? mem : nullptr, hdr, ipc, n) : 0;
+        if (mode == FI_HMEM_P2P_DISABLED)
+            err = FI_EOPNOTSUPP;
+        else if (n)
+            err = deliver_ipc(entry, device ? mem : nullptr, hdr, ipc, n);
         if (err == FI_EOPNOTSUPP) {
             // We cannot map the sender's memory (IPC or peer access refused here): the sender
             // sends it again through cells, into this same receive.
@@ -1012,6 +1031,9 @@ void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::str
             answer(sender, hdr.msg_id, FI_EOPNOTSUPP);
             return;
         }
+    } else if (device && n && mode == FI_HMEM_P2P_REQUIRED) {
+        hmem::counters().refused_transfers.fetch_add(1, std::memory_order_relaxed);
+        err = FI_EOPNOTSUPP;
     } else if (data && device) {
         if (hmem::scatter(entry->iov, mem, count, 0, data, n) < 0) err = FI_EIO;
     } else if (data) {
@@ -1344,6 +1366,14 @@ void Endpoint::finish_pending(uint64_t msg_id, int status) {
         hdr.cq_data = p.data;
         hdr.total = p.len;
         hdr.msg_id = msg_id;
+        if (p.ack) {
+            // FI_DELIVERY_COMPLETE: complete at the receiver's Fin for the staged copy.
+            hdr.flags |= wire::kLocalAckReq;
+            push_staged(*p.link, hdr, p.iov.data(), p.iov.size(), p.len, p.mem.data());
+            p.ipc = false;
+            pending_[msg_id] = std::move(p);
+            return;
+        }
         push_staged(*p.link, hdr, p.iov.data(), p.iov.size(), p.len, p.mem.data());
         status = 0;
     } else if (p.ipc && status == FI_EOPNOTSUPP) {

@@ -120,10 +120,11 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         uint64_t flags = 0;
         size_t len = 0;
         PeerLink *link = nullptr;
-        std::vector<iovec> iov;  // a read's destination, a send's source (for Cts)
+        std::vector<iovec> iov{};  // a read's destination, a send's source (for Cts)
         size_t received = 0;
-        std::vector<hmem::MemRef> mem;  // where iov lives (empty: host memory)
+        std::vector<hmem::MemRef> mem{};  // where iov lives (empty: host memory)
         bool ipc = false;               // an IpcRts: refused, it is sent again staged
+        bool ack = false;               // FI_DELIVERY_COMPLETE: then the staged copy too
         uint64_t tag = 0, data = 0;
         uint8_t hdr_flags = 0;
     };
