@@ -400,25 +400,35 @@ void Endpoint::push(PeerLink &link, const LocalHeader &hdr, const void *body, si
     push_gather(link, hdr, &iov, len ? 1 : 0, 0, len);
 }
 
-void Endpoint::push_gather(PeerLink &link, const LocalHeader &hdr, const iovec *iov, size_t count,
+// False when device memory could not be copied (nothing was pushed then): device bytes go
+// through a bounce first, so that a failed copy never reaches the receiver as data.
+bool Endpoint::push_gather(PeerLink &link, const LocalHeader &hdr, const iovec *iov, size_t count,
                            size_t offset, size_t len, const hmem::MemRef *mem) {
+    const uint8_t *staged = nullptr;
+    if (mem) {
+        thread_local std::vector<uint8_t> bounce;
+        bounce.resize(len);
+        if (hmem::gather(bounce.data(), iov, mem, count, offset, len) != ssize_t(len)) {
+            TANDEM_WARN(FI_LOG_EP_DATA, "device memory could not be copied for sending\n");
+            return false;
+        }
+        staged = bounce.data();
+    }
     auto fill = [&](uint8_t *cell) {
         memcpy(cell, &hdr, sizeof hdr);
         memcpy(cell + sizeof hdr, name_, wire::kLocalNameRoom);
         uint8_t *body = cell + sizeof hdr + wire::kLocalNameRoom;
-        if (!mem) {
+        if (staged)
+            memcpy(body, staged, len);
+        else
             iov_gather(body, iov, count, offset, len);
-        } else if (hmem::gather(body, iov, mem, count, offset, len) != ssize_t(len)) {
-            // Only a range the registration did not cover gets here; logged, not fatal.
-            TANDEM_WARN(FI_LOG_EP_DATA, "device memory could not be copied into a cell\n");
-        }
     };
     if (link.backlog.empty()) {
         if (void *cell = link.ring->try_reserve()) {
             fill(static_cast<uint8_t *>(cell));
             link.ring->publish(cell);
             notify(link);
-            return;
+            return true;
         }
     }
     // The inbox is full: keep the cell, in order, for the next progress call.
@@ -426,11 +436,14 @@ void Endpoint::push_gather(PeerLink &link, const LocalHeader &hdr, const iovec *
     fill(cell.data());
     if (link.backlog.empty()) ++backlogged_;
     link.backlog.push_back(std::move(cell));
+    return true;
 }
 
 // A payload in as many cells as it takes (Frag, WriteFrag, ReadData): each carries its
-// offset, the last one kLocalLast (an empty payload still sends that one cell).
-void Endpoint::push_staged(PeerLink &link, LocalHeader hdr, const iovec *iov, size_t count,
+// offset, the last one kLocalLast (an empty payload still sends that one cell). When device
+// memory cannot be copied, an empty last cell with status FI_EIO ends the message instead
+// (the receiver drops what it assembled) and the result is false.
+bool Endpoint::push_staged(PeerLink &link, LocalHeader hdr, const iovec *iov, size_t count,
                            size_t len, const hmem::MemRef *mem) {
     const size_t room = wire::kLocalBodyRoom;
     size_t off = 0;
@@ -438,9 +451,16 @@ void Endpoint::push_staged(PeerLink &link, LocalHeader hdr, const iovec *iov, si
         hdr.offset = off;
         hdr.size = static_cast<uint32_t>(std::min(room, len - off));
         if (off + hdr.size == len) hdr.flags |= wire::kLocalLast;
-        push_gather(link, hdr, iov, count, off, hdr.size, mem);
+        if (!push_gather(link, hdr, iov, count, off, hdr.size, mem)) {
+            hdr.flags |= wire::kLocalLast;
+            hdr.size = 0;
+            hdr.status = FI_EIO;
+            push(link, hdr, nullptr, 0);
+            return false;
+        }
         off += hdr.size;
     } while (off < len);
+    return true;
 }
 
 bool Endpoint::flush(PeerLink &link) {
@@ -588,13 +608,20 @@ ssize_t Endpoint::post_send(const iovec *iov, void **desc, size_t count, fi_addr
         }
         hdr.op =
             static_cast<uint8_t>(len <= Config::get().eager_limit ? LocalOp::Eager : LocalOp::Frag);
+        bool sent;
         if (hdr.op == static_cast<uint8_t>(LocalOp::Eager)) {
             hdr.size = static_cast<uint32_t>(len);
-            push_gather(*link, hdr, iov, count, 0, len, mem);
+            sent = push_gather(*link, hdr, iov, count, 0, len, mem);
         } else {
-            push_staged(*link, hdr, iov, count, len, mem);
+            sent = push_staged(*link, hdr, iov, count, len, mem);
         }
-        if (!ack) complete_tx(context, cq_flags, len, 0);
+        if (!sent) {
+            // The device could not copy it: an error completion, and nothing delivered.
+            pending_.erase(hdr.msg_id);
+            complete_tx(context, cq_flags, len, FI_EIO);
+        } else if (!ack) {
+            complete_tx(context, cq_flags, len, 0);
+        }
         return 0;
     }
     if (ack) {
@@ -740,18 +767,20 @@ ssize_t Endpoint::post_rma(const iovec *iov, void **desc, size_t count, const fi
         return 0;
     }
     pending_[hdr.msg_id] = std::move(p);
+    bool sent = true;
     if (len <= Config::get().eager_limit) {
         hdr.op = static_cast<uint8_t>(LocalOp::Write);
         hdr.size = static_cast<uint32_t>(len);
-        push_gather(*link, hdr, iov, count, 0, len, device ? mem : nullptr);
+        sent = push_gather(*link, hdr, iov, count, 0, len, device ? mem : nullptr);
     } else if (cma) {
         hdr.op = static_cast<uint8_t>(LocalOp::Write);
         hdr.iov_count = static_cast<uint8_t>(n);
         push(*link, hdr, body, n * sizeof(LocalIov));
     } else {
         hdr.op = static_cast<uint8_t>(LocalOp::WriteFrag);
-        push_staged(*link, hdr, iov, count, len, device ? mem : nullptr);
+        sent = push_staged(*link, hdr, iov, count, len, device ? mem : nullptr);
     }
+    if (!sent) finish_pending(hdr.msg_id, FI_EIO);  // (a later Fin finds nothing to finish)
     return 0;
 }
 
@@ -937,6 +966,10 @@ void Endpoint::handle_cell(const uint8_t *cell) {
             auto it = pending_.find(hdr.msg_id);
             if (it == pending_.end()) return;
             Pending &p = it->second;
+            if (hdr.status) {  // the target could not copy its memory
+                finish_pending(hdr.msg_id, hdr.status);
+                return;
+            }
             if (p.mem.empty())
                 iov_scatter(p.iov.data(), p.iov.size(), hdr.offset, body, hdr.size);
             else if (hmem::scatter(p.iov.data(), p.mem.data(), p.iov.size(), hdr.offset, body,
@@ -1369,13 +1402,16 @@ void Endpoint::finish_pending(uint64_t msg_id, int status) {
         if (p.ack) {
             // FI_DELIVERY_COMPLETE: complete at the receiver's Fin for the staged copy.
             hdr.flags |= wire::kLocalAckReq;
-            push_staged(*p.link, hdr, p.iov.data(), p.iov.size(), p.len, p.mem.data());
-            p.ipc = false;
-            pending_[msg_id] = std::move(p);
-            return;
+            if (push_staged(*p.link, hdr, p.iov.data(), p.iov.size(), p.len, p.mem.data())) {
+                p.ipc = false;
+                pending_[msg_id] = std::move(p);
+                return;
+            }
+            status = FI_EIO;
+        } else {
+            bool sent = push_staged(*p.link, hdr, p.iov.data(), p.iov.size(), p.len, p.mem.data());
+            status = sent ? 0 : FI_EIO;
         }
-        push_staged(*p.link, hdr, p.iov.data(), p.iov.size(), p.len, p.mem.data());
-        status = 0;
     } else if (p.ipc && status == FI_EOPNOTSUPP) {
         // FI_HMEM_P2P_REQUIRED: no staged copy. The receiver is holding its receive for
         // one: an empty last fragment carrying the error releases it.
@@ -1402,6 +1438,7 @@ int Endpoint::resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access, 
 
 // RMA at the target: the key is checked by the owner, the copy is ours.
 void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const uint8_t *body) {
+    if (hdr.status) return;  // the initiator could not copy its memory and failed the write
     auto op = static_cast<LocalOp>(hdr.op);
     bool write = op != LocalOp::Read;
     uint64_t access = write ? FI_REMOTE_WRITE : FI_REMOTE_READ;

@@ -123,8 +123,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         std::vector<iovec> iov{};  // a read's destination, a send's source (for Cts)
         size_t received = 0;
         std::vector<hmem::MemRef> mem{};  // where iov lives (empty: host memory)
-        bool ipc = false;               // an IpcRts: refused, it is sent again staged
-        bool ack = false;               // FI_DELIVERY_COMPLETE: then the staged copy too
+        bool ipc = false;                 // an IpcRts: refused, it is sent again staged
+        bool ack = false;                 // FI_DELIVERY_COMPLETE: then the staged copy too
         uint64_t tag = 0, data = 0;
         uint8_t hdr_flags = 0;
     };
@@ -143,9 +143,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     PeerLink *link_for(fi_addr_t addr);
     PeerLink *link_for_key(const std::string &key);
     void push(PeerLink &link, const wire::LocalHeader &hdr, const void *body, size_t len);
-    void push_gather(PeerLink &link, const wire::LocalHeader &hdr, const iovec *iov, size_t count,
+    bool push_gather(PeerLink &link, const wire::LocalHeader &hdr, const iovec *iov, size_t count,
                      size_t offset, size_t len, const hmem::MemRef *mem = nullptr);
-    void push_staged(PeerLink &link, wire::LocalHeader hdr, const iovec *iov, size_t count,
+    bool push_staged(PeerLink &link, wire::LocalHeader hdr, const iovec *iov, size_t count,
                      size_t len, const hmem::MemRef *mem = nullptr);
     bool flush(PeerLink &link);
     PeerLink *link_to(std::string_view sender);

@@ -218,6 +218,10 @@ struct State {
     std::atomic<bool> peer{true};
     std::atomic<unsigned long long> mem_limit{0};
     std::atomic<unsigned> sync_timeout_ms{kDefaultSyncTimeoutMs};
+    // Injected failures (emucuda_fail_next): calls of a kind left to fail, and with what.
+    std::atomic<int> fail_copies{0}, fail_ipc_opens{0};
+    std::atomic<CUresult> fail_copy_error{CUDA_ERROR_ILLEGAL_ADDRESS};
+    std::atomic<CUresult> fail_ipc_error{CUDA_ERROR_OUT_OF_MEMORY};
     std::size_t page = 4096;
 
     std::atomic<bool> initialized{false};
@@ -541,6 +545,7 @@ enum class Side { kAny, kDevice, kHost };
 // memory without asking, as the real driver's cuMemcpyDtoH/HtoD do.
 CUresult copy(std::unique_lock<std::mutex> &lk, State &s, CUstream h, std::uintptr_t dst,
               Side dst_side, std::uintptr_t src, Side src_side, std::size_t n, bool sync) {
+    if (s.fail_copies.load() > 0 && s.fail_copies.fetch_sub(1) > 0) return s.fail_copy_error.load();
     std::shared_ptr<CUstream_st> q;
     if (CUresult rc = resolve_stream(s, h, q); rc != CUDA_SUCCESS) return rc;
     Op op;
@@ -1104,6 +1109,8 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *ptr, CUipcMemHandle handle, unsigned
         CUctx_st *c = emucuda::current(s);
         if (!c) return CUDA_ERROR_INVALID_CONTEXT;
         if (flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) return CUDA_ERROR_INVALID_VALUE;
+        if (s.fail_ipc_opens.load() > 0 && s.fail_ipc_opens.fetch_sub(1) > 0)
+            return s.fail_ipc_error.load();
         if (!s.ipc.load()) return CUDA_ERROR_NOT_SUPPORTED;
         emucuda::IpcWire w;
         std::memcpy(&w, handle.reserved, sizeof w);
@@ -1226,6 +1233,17 @@ void emucuda_set_mem_limit(unsigned long long bytes) {
 
 void emucuda_set_sync_timeout_ms(unsigned ms) {
     emucuda::st().sync_timeout_ms = ms ? ms : emucuda::kDefaultSyncTimeoutMs;
+}
+
+void emucuda_fail_next(int what, int count, int error) {
+    State &s = emucuda::st();
+    if (what == EMUCUDA_FAIL_COPY) {
+        s.fail_copy_error = error;
+        s.fail_copies = count;
+    } else if (what == EMUCUDA_FAIL_IPC_OPEN) {
+        s.fail_ipc_error = error;
+        s.fail_ipc_opens = count;
+    }
 }
 
 int emucuda_is_device_address(const void *p) {

@@ -49,6 +49,10 @@ EMUCUDA_EXPORT void emucuda_set_ipc_enabled(int enabled);
 EMUCUDA_EXPORT void emucuda_set_peer_access(int enabled);
 EMUCUDA_EXPORT void emucuda_set_mem_limit(unsigned long long bytes /* 0 = none */);
 EMUCUDA_EXPORT void emucuda_set_sync_timeout_ms(unsigned ms /* 0 = the default, 10 s */);
+/* Failure injection: the next `count` calls of a kind fail with `error` (a CUresult), as a
+ * device would (a copy faulting, a mapping out of memory). */
+enum { EMUCUDA_FAIL_COPY = 1 /* every cuMemcpy* */, EMUCUDA_FAIL_IPC_OPEN = 2 };
+EMUCUDA_EXPORT void emucuda_fail_next(int what, int count, int error);
 /* Does p lie inside a live allocation or an opened IPC mapping of this process (the range the
  * pointer attributes report: base .. base + requested size)? */
 EMUCUDA_EXPORT int emucuda_is_device_address(const void *p);

@@ -1035,6 +1035,7 @@ struct Xfer {
     int devices = 1;                   // EMUCUDA_DEVICES
     bool peer_access = true;           // EMUCUDA_PEER_ACCESS
     bool sender_ipc_off = false, receiver_ipc_off = false;  // emucuda_set_ipc_enabled(0)
+    bool receiver_open_oom = false;  // the receiver's next IPC open: CUDA_ERROR_OUT_OF_MEMORY
     Mech mech = Mech::Staged;
     Outcome outcome = Outcome::Delivered;
     bool sender_tries_ipc = false;  // the sender asked for a handle the driver refused
@@ -1159,6 +1160,19 @@ void check_receiver(Role &r, const Stats &st, const Xfer &x) {
     }
 }
 
+// The emulator's failure injection: the next call of a kind fails with `error`.
+bool fail_next(Role &r, int what, CUresult error) {
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    auto *f =
+        h ? reinterpret_cast<decltype(&emucuda_fail_next)>(dlsym(h, "emucuda_fail_next")) : nullptr;
+    if (!f) {
+        r.fail(__FILE__, __LINE__, "the emulated driver has no emucuda_fail_next");
+        return false;
+    }
+    f(what, 1, error);
+    return true;
+}
+
 void xfer_sender(Role &r, const Xfer &x) {
     R_TRY(cuda_up(r));
     if (x.sender_ipc_off && driver().emulated()) driver().set_ipc_enabled(0);
@@ -1195,6 +1209,8 @@ void xfer_sender(Role &r, const Xfer &x) {
 void xfer_receiver(Role &r, const Xfer &x) {
     R_TRY(cuda_up(r));
     if (x.receiver_ipc_off && driver().emulated()) driver().set_ipc_enabled(0);
+    if (x.receiver_open_oom && !fail_next(r, EMUCUDA_FAIL_IPC_OPEN, CUDA_ERROR_OUT_OF_MEMORY))
+        return;
     Buf dst;
     R_TRY(dst.alloc(r, x.len, x.dst_dev, x.dst_ordinal, x.dst_off));
     R_TRY(dst.fill(r, kSeedStale));
@@ -2434,3 +2450,128 @@ TEST(NoDevice, NoHmemWithZeroDevices) {
 }
 
 }  // namespace
+
+// ---- driver errors reach the application as errors, and the endpoint stays usable -----------
+
+// An IPC mapping the receiver's driver cannot make (out of memory): ENABLED resends it staged,
+// REQUIRED fails it at both sides.
+TEST(DriverErrors, IpcOpenOutOfMemoryIsResentStaged) {
+    REQUIRE_EMULATOR("failure injection");
+    Xfer x;
+    x.len = MiB;
+    x.receiver_open_oom = true;
+    x.mech = net_variant() ? Mech::Staged : Mech::Resent;
+    run_xfer(x);
+}
+
+TEST(DriverErrors, IpcOpenOutOfMemoryFailsRequired) {
+    REQUIRE_EMULATOR("failure injection");
+    if (net_variant()) return required_refused_by_setopt();
+    Xfer x;
+    x.len = MiB;
+    x.mode = FI_HMEM_P2P_REQUIRED;
+    x.receiver_open_oom = true;
+    x.mech = Mech::Refused;
+    x.outcome = Outcome::BothFail;
+    run_xfer(x);
+}
+
+// A device copy that faults: at the sender (staging a message out of device memory) the send
+// fails, synchronously (-FI_EIO) or with an FI_EIO error completion, and nothing reaches the
+// receiver; at the receiver (into device memory) the receive completes with FI_EIO. The next
+// message between the same endpoints arrives intact.
+void copy_fault_sender(Role &r, bool fault_here, size_t len) {
+    R_TRY(cuda_up(r));
+    Buf src;
+    R_TRY(src.alloc(r, len, true));
+    R_TRY(src.fill(r, kSeedData));
+    Node n(r);
+    R_TRY(n.open());
+    R_TRY(apply_mode(r, n, FI_HMEM_P2P_DISABLED, false));  // staged: the devices copy
+    R_TRY(n.enable() && n.connect());
+    fid_mr *mr = n.reg(src);
+    R_TRY(mr);
+    void *desc = fi_mr_desc(mr);
+    R_TRY(n.expect("posted"));
+    fi_context ctx{};
+    if (fault_here) {
+        R_TRY(fail_next(r, EMUCUDA_FAIL_COPY, CUDA_ERROR_ILLEGAL_ADDRESS));
+        ssize_t ret = fi_send(n.ep, src.ptr(), len, desc, n.peer, &ctx);
+        if (ret == 0) {
+            Comp c;
+            R_TRY(n.wait(&ctx, c, "the faulted send's completion"));
+            R_CHECK(r, c.err && c.ee.err == FI_EIO, "a send whose copy faulted: ", show(c));
+        } else {
+            R_CHECK(r, ret == -FI_EIO, "a send whose copy faulted -> ", fi_str(ret));
+        }
+    } else {
+        R_POST(r, n, fi_send(n.ep, src.ptr(), len, desc, n.peer, &ctx));
+        Comp c;
+        R_TRY(n.wait(&ctx, c, "the send's completion"));
+        R_CHECK(r, !c.err, "the send failed: ", show(c));
+        R_TRY(n.expect("posted"));
+    }
+    fi_context again{};
+    R_POST(r, n, fi_send(n.ep, src.ptr(), len, desc, n.peer, &again));
+    Comp c;
+    R_TRY(n.wait(&again, c, "the second send's completion"));
+    R_CHECK(r, !c.err, "the send after the fault failed: ", show(c));
+    R_TRY(n.tell("sent"));
+    n.bye();
+}
+
+void copy_fault_receiver(Role &r, bool fault_here, size_t len) {
+    R_TRY(cuda_up(r));
+    Buf dst;
+    R_TRY(dst.alloc(r, len, true));
+    R_TRY(dst.fill(r, kSeedStale));
+    Node n(r);
+    R_TRY(n.open());
+    R_TRY(apply_mode(r, n, FI_HMEM_P2P_DISABLED, false));
+    R_TRY(n.enable() && n.connect());
+    fid_mr *mr = n.reg(dst);
+    R_TRY(mr);
+    void *desc = fi_mr_desc(mr);
+    fi_context ctx{};
+    Comp c;
+    R_POST(r, n, fi_recv(n.ep, dst.ptr(), len, desc, n.peer, &ctx));
+    if (fault_here) {
+        R_TRY(fail_next(r, EMUCUDA_FAIL_COPY, CUDA_ERROR_ILLEGAL_ADDRESS));
+        R_TRY(n.tell("posted"));
+        R_TRY(n.wait(&ctx, c, "the receive whose copy faulted"));
+        R_CHECK(r, c.err && c.ee.err == FI_EIO, "a receive whose copy faulted: ", show(c));
+        R_POST(r, n, fi_recv(n.ep, dst.ptr(), len, desc, n.peer, &ctx));
+        R_TRY(n.tell("posted"));
+    } else {
+        R_TRY(n.tell("posted"));
+    }
+    // The one message that arrives here is the second (the first faulted at the sender) or,
+    // when we faulted, the second again: intact either way.
+    R_TRY(n.wait(&ctx, c, "the receive of the message after the fault"));
+    R_REQUIRE(r, !c.err && c.e.len == len, "the message after the fault: ", show(c));
+    dst.check(r, kSeedData, "the message after the fault");
+    R_TRY(n.expect("sent"));
+    R_TRY(n.quiet(50ms, "a message that faulted at its sender"));
+    n.bye();
+}
+
+void run_copy_fault(bool at_sender, size_t len) {
+    run_roles({{"sender", [=](Role &r) { copy_fault_sender(r, at_sender, len); }, {}},
+               {"receiver", [=](Role &r) { copy_fault_receiver(r, !at_sender, len); }, {}}});
+}
+
+TEST(DriverErrors, CopyFaultAtTheSender64B) {
+    REQUIRE_EMULATOR("failure injection");
+    run_copy_fault(true, 64);
+}
+
+TEST(DriverErrors, CopyFaultAtTheSender64KiB) {
+    REQUIRE_EMULATOR("failure injection");
+    if (net_variant()) GTEST_SKIP() << "a rendezvous whose copy faults fails the TCP connection";
+    run_copy_fault(true, 64 * KiB);
+}
+
+TEST(DriverErrors, CopyFaultAtTheReceiver64B) {
+    REQUIRE_EMULATOR("failure injection");
+    run_copy_fault(false, 64);
+}
