@@ -36,10 +36,11 @@ inline size_t iov_slice(const iovec *in, size_t count, size_t from, size_t len, 
     return k;
 }
 
-// Copies len bytes of src into the list from `offset` on; returns the bytes copied.
-inline size_t iov_scatter(const iovec *iov, size_t count, size_t offset, const void *src,
-                          size_t len) {
-    auto *from = static_cast<const uint8_t *>(src);
+// Calls piece(i, ptr, n) for each part of bytes [offset, offset + len) of the list, in
+// order (i: the entry it lies in); a piece returning false stops the walk. Returns the bytes
+// walked (fewer than len when the list runs out or a piece said stop).
+template <typename Piece>
+size_t iov_walk(const iovec *iov, size_t count, size_t offset, size_t len, Piece &&piece) {
     size_t done = 0;
     for (size_t i = 0; i < count && done < len; ++i) {
         if (offset >= iov[i].iov_len) {
@@ -47,28 +48,32 @@ inline size_t iov_scatter(const iovec *iov, size_t count, size_t offset, const v
             continue;
         }
         size_t n = std::min(iov[i].iov_len - offset, len - done);
-        memcpy(static_cast<uint8_t *>(iov[i].iov_base) + offset, from + done, n);
+        if (!piece(i, static_cast<uint8_t *>(iov[i].iov_base) + offset, n)) break;
         done += n;
         offset = 0;
     }
     return done;
 }
 
+// Copies len bytes of src into the list from `offset` on; returns the bytes copied.
+inline size_t iov_scatter(const iovec *iov, size_t count, size_t offset, const void *src,
+                          size_t len) {
+    auto *from = static_cast<const uint8_t *>(src);
+    return iov_walk(iov, count, offset, len, [&](size_t, uint8_t *p, size_t n) {
+        memcpy(p, from, n);
+        from += n;
+        return true;
+    });
+}
+
 // Copies len bytes of the list, from `offset` on, to dst; returns the bytes copied.
 inline size_t iov_gather(void *dst, const iovec *iov, size_t count, size_t offset, size_t len) {
     auto *to = static_cast<uint8_t *>(dst);
-    size_t done = 0;
-    for (size_t i = 0; i < count && done < len; ++i) {
-        if (offset >= iov[i].iov_len) {
-            offset -= iov[i].iov_len;
-            continue;
-        }
-        size_t n = std::min(iov[i].iov_len - offset, len - done);
-        memcpy(to + done, static_cast<const uint8_t *>(iov[i].iov_base) + offset, n);
-        done += n;
-        offset = 0;
-    }
-    return done;
+    return iov_walk(iov, count, offset, len, [&](size_t, const uint8_t *p, size_t n) {
+        memcpy(to, p, n);
+        to += n;
+        return true;
+    });
 }
 
 }  // namespace tandem

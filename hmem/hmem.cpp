@@ -1,5 +1,6 @@
 #include "hmem/hmem.h"
 
+#include "common/iov.h"
 #include "common/log.h"
 #include "hmem/iface_tables.h"
 
@@ -130,46 +131,34 @@ int copy(MemRef dst_mem, void *dst, MemRef src_mem, const void *src, size_t len)
     return ops->copy_device(dst_mem, dst, src_mem, src, len);
 }
 
+// Entry i of the list is memory mem[i]; host entries are memcpy'd, device ones copied by
+// their interface (and counted as staged bytes: they went through a host buffer).
 ssize_t gather(void *dst, const iovec *iov, const MemRef *mem, size_t count, size_t offset,
                size_t len) {
     auto *to = static_cast<uint8_t *>(dst);
-    size_t done = 0;
-    for (size_t i = 0; i < count && done < len; ++i) {
-        if (offset >= iov[i].iov_len) {
-            offset -= iov[i].iov_len;
-            continue;
-        }
-        size_t n = std::min(iov[i].iov_len - offset, len - done);
-        const auto *from = static_cast<const uint8_t *>(iov[i].iov_base) + offset;
+    int err = 0;
+    size_t done = iov_walk(iov, count, offset, len, [&](size_t i, const uint8_t *p, size_t n) {
         MemRef m = mem ? mem[i] : kHost;
-        int ret = copy(kHost, to + done, m, from, n);
-        if (ret) return ret;
+        if ((err = copy(kHost, to, m, p, n))) return false;
         if (!m.on_host()) counters().staged_bytes.fetch_add(n, std::memory_order_relaxed);
-        done += n;
-        offset = 0;
-    }
-    return static_cast<ssize_t>(done);
+        to += n;
+        return true;
+    });
+    return err ? err : static_cast<ssize_t>(done);
 }
 
 ssize_t scatter(const iovec *iov, const MemRef *mem, size_t count, size_t offset, const void *src,
                 size_t len) {
-    const auto *from = static_cast<const uint8_t *>(src);
-    size_t done = 0;
-    for (size_t i = 0; i < count && done < len; ++i) {
-        if (offset >= iov[i].iov_len) {
-            offset -= iov[i].iov_len;
-            continue;
-        }
-        size_t n = std::min(iov[i].iov_len - offset, len - done);
-        auto *to = static_cast<uint8_t *>(iov[i].iov_base) + offset;
+    auto *from = static_cast<const uint8_t *>(src);
+    int err = 0;
+    size_t done = iov_walk(iov, count, offset, len, [&](size_t i, uint8_t *p, size_t n) {
         MemRef m = mem ? mem[i] : kHost;
-        int ret = copy(m, to, kHost, from + done, n);
-        if (ret) return ret;
+        if ((err = copy(m, p, kHost, from, n))) return false;
         if (!m.on_host()) counters().staged_bytes.fetch_add(n, std::memory_order_relaxed);
-        done += n;
-        offset = 0;
-    }
-    return static_cast<ssize_t>(done);
+        from += n;
+        return true;
+    });
+    return err ? err : static_cast<ssize_t>(done);
 }
 
 }  // namespace tandem::hmem

@@ -1071,16 +1071,6 @@ void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::str
         if (hmem::scatter(entry->iov, mem, count, 0, data, n) < 0) err = FI_EIO;
     } else if (data) {
         iov_scatter(entry->iov, entry->count, 0, data, n);
-    } else if (n && device) {
-        // Cross-memory attach cannot reach device memory: through a host bounce buffer.
-        iovec remote[wire::kLocalMaxIov];
-        size_t nremote = 0, left = n;
-        for (size_t i = 0; i < hdr.iov_count && left; ++i) {
-            size_t take = std::min<size_t>(rts_iov[i].length, left);
-            remote[nremote++] = {reinterpret_cast<void *>(rts_iov[i].addr), take};
-            left -= take;
-        }
-        err = cma_read_staged(hdr.pid, entry->iov, mem, count, remote, nremote, n);
     } else if (n) {
         iovec remote[wire::kLocalMaxIov];
         size_t nremote = 0, left = n;
@@ -1089,40 +1079,48 @@ void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::str
             remote[nremote++] = {reinterpret_cast<void *>(rts_iov[i].addr), take};
             left -= take;
         }
-        // A large message is copied by both sides at once: the sender writes the second
-        // half into our buffer while we read the first (two cores, twice the copy rate).
-        size_t half = (n / 2) & ~size_t(4095);
-        PeerLink *link = link_to(sender);
-        iovec mine[wire::kLocalMaxIov];
-        size_t nmine = 0;
-        // Our buffer from `half` on, as the sender will see it.
-        if (n >= wire::kLocalSplitMin && link && link->cma)
-            nmine = iov_slice(entry->iov, entry->count, half, n - half, mine, wire::kLocalMaxIov);
-        if (nmine && iov_length(mine, nmine) == n - half) {
-            LocalHeader cts = proto_;
-            cts.op = static_cast<uint8_t>(LocalOp::Cts);
-            cts.msg_id = hdr.msg_id;
-            cts.offset = half;
-            cts.total = n - half;
-            cts.iov_count = static_cast<uint8_t>(nmine);
-            LocalIov body[wire::kLocalMaxIov];
-            for (size_t i = 0; i < nmine; ++i)
-                body[i] = {reinterpret_cast<uint64_t>(mine[i].iov_base), mine[i].iov_len};
-            push(*link, cts, body, nmine * sizeof(LocalIov));
-            iovec local[wire::kLocalMaxIov * 4], first[wire::kLocalMaxIov];
-            size_t nlocal = iov_slice(entry->iov, entry->count, 0, half, local, std::size(local));
-            size_t nfirst = iov_slice(remote, nremote, 0, half, first, std::size(first));
-            ssize_t got = cma_read(hdr.pid, local, nlocal, first, nfirst);
-            Split split{entry, hdr, n, half, {}, nremote, 0, src};
-            for (size_t i = 0; i < nremote; ++i) split.remote[i] = remote[i];
-            if (got < 0 || size_t(got) != half) split.err = got == -ESRCH ? FI_ECONNRESET : FI_EIO;
-            splits_.emplace(std::make_pair(std::string(sender), hdr.msg_id), split);
-            return;  // completed by the sender's WriteDone
+        if (device) {
+            // Cross-memory attach cannot reach device memory: through a host bounce buffer.
+            err = cma_read_staged(hdr.pid, entry->iov, mem, count, remote, nremote, n);
+        } else {
+            // A large message is copied by both sides at once: the sender writes the second
+            // half into our buffer while we read the first (two cores, twice the copy rate).
+            size_t half = (n / 2) & ~size_t(4095);
+            PeerLink *link = link_to(sender);
+            iovec mine[wire::kLocalMaxIov];
+            size_t nmine = 0;
+            // Our buffer from `half` on, as the sender will see it.
+            if (n >= wire::kLocalSplitMin && link && link->cma)
+                nmine =
+                    iov_slice(entry->iov, entry->count, half, n - half, mine, wire::kLocalMaxIov);
+            if (nmine && iov_length(mine, nmine) == n - half) {
+                LocalHeader cts = proto_;
+                cts.op = static_cast<uint8_t>(LocalOp::Cts);
+                cts.msg_id = hdr.msg_id;
+                cts.offset = half;
+                cts.total = n - half;
+                cts.iov_count = static_cast<uint8_t>(nmine);
+                LocalIov body[wire::kLocalMaxIov];
+                for (size_t i = 0; i < nmine; ++i)
+                    body[i] = {reinterpret_cast<uint64_t>(mine[i].iov_base), mine[i].iov_len};
+                push(*link, cts, body, nmine * sizeof(LocalIov));
+                iovec local[wire::kLocalMaxIov * 4], first[wire::kLocalMaxIov];
+                size_t nlocal =
+                    iov_slice(entry->iov, entry->count, 0, half, local, std::size(local));
+                size_t nfirst = iov_slice(remote, nremote, 0, half, first, std::size(first));
+                ssize_t got = cma_read(hdr.pid, local, nlocal, first, nfirst);
+                Split split{entry, hdr, n, half, {}, nremote, 0, src};
+                for (size_t i = 0; i < nremote; ++i) split.remote[i] = remote[i];
+                if (got < 0 || size_t(got) != half)
+                    split.err = got == -ESRCH ? FI_ECONNRESET : FI_EIO;
+                splits_.emplace(std::make_pair(std::string(sender), hdr.msg_id), split);
+                return;  // completed by the sender's WriteDone
+            }
+            iovec local[wire::kLocalMaxIov * 4];
+            size_t nlocal = iov_slice(entry->iov, entry->count, 0, n, local, std::size(local));
+            ssize_t got = cma_read(hdr.pid, local, nlocal, remote, nremote);
+            if (got < 0 || size_t(got) != n) err = got == -ESRCH ? FI_ECONNRESET : FI_EIO;
         }
-        iovec local[wire::kLocalMaxIov * 4];
-        size_t nlocal = iov_slice(entry->iov, entry->count, 0, n, local, std::size(local));
-        ssize_t got = cma_read(hdr.pid, local, nlocal, remote, nremote);
-        if (got < 0 || size_t(got) != n) err = got == -ESRCH ? FI_ECONNRESET : FI_EIO;
     }
     if (hdr.op == static_cast<uint8_t>(LocalOp::Rts) ||
         hdr.op == static_cast<uint8_t>(LocalOp::IpcRts) || (hdr.flags & wire::kLocalAckReq))
