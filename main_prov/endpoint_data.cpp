@@ -255,6 +255,9 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
     }
     hmem::MemRef mem[kMaxIov];
     bool device = memory_of(a.iov, a.desc, a.count, a.flags, mem);
+    // An inject's payload is copied before the call returns: never peer to peer.
+    if (device && (a.flags & FI_INJECT) && p2p_.mode() == FI_HMEM_P2P_REQUIRED)
+        return -FI_EOPNOTSUPP;
     Peer *peer = peer_for(a.dest);
     bool peer_transfer = a.flags & FI_PEER_TRANSFER;
     if (peer_transfer && !local_) return -FI_EINVAL;  // only our offload twin posts these
@@ -354,6 +357,9 @@ ssize_t Endpoint::post_rma(const RmaArgs &a) {
     }
     hmem::MemRef mem[kMaxIov];
     bool device = memory_of(a.iov, a.desc, a.count, a.flags, mem);
+    // An inject's payload is copied before the call returns: never peer to peer.
+    if (device && (a.flags & FI_INJECT) && p2p_.mode() == FI_HMEM_P2P_REQUIRED)
+        return -FI_EOPNOTSUPP;
     Peer *peer = peer_for(a.peer);
     TxOp *op = alloc_tx();
     op->kind = a.write ? TxOp::Kind::Write : TxOp::Kind::Read;

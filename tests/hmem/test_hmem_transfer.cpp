@@ -2575,3 +2575,49 @@ TEST(DriverErrors, CopyFaultAtTheReceiver64B) {
     REQUIRE_EMULATOR("failure injection");
     run_copy_fault(false, 64);
 }
+
+// An inject is copied before the call returns, so it is never peer to peer: under REQUIRED an
+// inject from device memory is refused at once, and one from host memory still goes.
+TEST(Inject, RequiredRefusesDeviceMemory) {
+    REQUIRE_DEVICE();
+    if (net_variant()) return required_refused_by_setopt();
+    auto sender = [](Role &r) {
+        R_TRY(cuda_up(r));
+        Buf dev, host;
+        R_TRY(dev.alloc(r, 16, true) && host.alloc(r, 16, false));
+        R_TRY(dev.fill(r, kSeedData) && host.fill(r, kSeedData));
+        Node n(r);
+        R_TRY(n.open());
+        R_TRY(apply_mode(r, n, FI_HMEM_P2P_REQUIRED, false));
+        R_TRY(n.enable() && n.connect());
+        R_TRY(n.expect("posted"));
+        ssize_t ret = fi_inject(n.ep, dev.ptr(), 16, n.peer);
+        R_CHECK(r, ret == -FI_EOPNOTSUPP, "fi_inject of device memory under REQUIRED -> ",
+                fi_str(ret));
+        R_POST(r, n, fi_inject(n.ep, host.ptr(), 16, n.peer));
+        R_TRY(n.tell("sent"));
+        R_TRY(n.expect("received"));
+        n.bye();
+    };
+    auto receiver = [](Role &r) {
+        R_TRY(cuda_up(r));
+        Buf b;
+        R_TRY(b.alloc(r, 16, false));
+        Node n(r);
+        R_TRY(n.open());
+        R_TRY(apply_mode(r, n, FI_HMEM_P2P_REQUIRED, false));
+        R_TRY(n.enable() && n.connect());
+        fi_context ctx{};
+        R_POST(r, n, fi_recv(n.ep, b.ptr(), 16, nullptr, n.peer, &ctx));
+        R_TRY(n.tell("posted"));
+        Comp c;
+        R_TRY(n.wait(&ctx, c, "the host inject's receive"));
+        R_CHECK(r, !c.err && c.e.len == 16, show(c));
+        b.check(r, kSeedData, "the host inject's payload");
+        R_TRY(n.expect("sent"));
+        R_TRY(n.quiet(50ms, "the refused device inject"));
+        R_TRY(n.tell("received"));
+        n.bye();
+    };
+    run_roles({{"sender", sender, {}}, {"receiver", receiver, {}}});
+}
