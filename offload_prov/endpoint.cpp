@@ -601,6 +601,18 @@ ssize_t Endpoint::post_send(const iovec *iov, void **desc, size_t count, fi_addr
                 break;
         }
         c.staged_transfers.fetch_add(1, std::memory_order_relaxed);
+        if (len > Config::get().eager_limit && link->cma && len <= kStagedRtsMax) {
+            // Large: our device copies it once into a host bounce that the receiver reads
+            // like any host message (single copy by CMA), instead of cell by cell.
+            Pending p{.context = context, .flags = cq_flags, .len = len, .link = link};
+            p.bounce.resize(len);
+            if (hmem::gather(p.bounce.data(), iov, mem, count, 0, len) != ssize_t(len)) {
+                complete_tx(context, cq_flags, len, FI_EIO);
+                return 0;
+            }
+            send_rts(*link, hdr, std::move(p));
+            return 0;
+        }
         if (ack) {
             hdr.flags |= wire::kLocalAckReq;
             pending_[hdr.msg_id] =
@@ -637,21 +649,12 @@ ssize_t Endpoint::post_send(const iovec *iov, void **desc, size_t count, fi_addr
         return 0;
     }
     if (link->cma) {
-        // Single copy: the receiver reads our buffers; they stay ours until its Fin.
-        hdr.op = static_cast<uint8_t>(LocalOp::Rts);
-        LocalIov body[wire::kLocalMaxIov];
-        size_t n = 0;
-        for (size_t i = 0; i < count; ++i)
-            if (iov[i].iov_len)
-                body[n++] = {reinterpret_cast<uint64_t>(iov[i].iov_base), iov[i].iov_len};
-        hdr.iov_count = static_cast<uint8_t>(n);
-        hdr.flags &= ~uint8_t(wire::kLocalAckReq);  // Fin comes anyway, after delivery
-        pending_[hdr.msg_id] = Pending{.context = context,
-                                       .flags = cq_flags,
-                                       .len = len,
-                                       .link = link,
-                                       .iov = {iov, iov + count}};
-        push(*link, hdr, body, n * sizeof(LocalIov));
+        send_rts(*link, hdr,
+                 Pending{.context = context,
+                         .flags = cq_flags,
+                         .len = len,
+                         .link = link,
+                         .iov = {iov, iov + count}});
         return 0;
     }
     // No cross-memory attach: stage the message through the ring, a cell at a time.
@@ -659,6 +662,21 @@ ssize_t Endpoint::post_send(const iovec *iov, void **desc, size_t count, fi_addr
     push_staged(*link, hdr, iov, count, len);
     if (!ack) complete_tx(context, cq_flags, len, 0);
     return 0;
+}
+
+// Single copy: the receiver reads the buffers of p.iov (or p.bounce) with CMA; they stay ours
+// until its Fin.
+void Endpoint::send_rts(PeerLink &link, LocalHeader hdr, Pending p) {
+    if (!p.bounce.empty()) p.iov.assign(1, iovec{p.bounce.data(), p.bounce.size()});
+    hdr.op = static_cast<uint8_t>(LocalOp::Rts);
+    LocalIov body[wire::kLocalMaxIov];
+    size_t n = 0;
+    for (const iovec &v : p.iov)
+        if (v.iov_len) body[n++] = {reinterpret_cast<uint64_t>(v.iov_base), v.iov_len};
+    hdr.iov_count = static_cast<uint8_t>(n);
+    hdr.flags &= ~uint8_t(wire::kLocalAckReq);  // Fin comes anyway, after delivery
+    pending_[hdr.msg_id] = std::move(p);
+    push(link, hdr, body, n * sizeof(LocalIov));
 }
 
 // An IpcRts naming the sender's device buffers; false when some buffer has no IPC handle

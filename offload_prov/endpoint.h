@@ -75,6 +75,9 @@ struct HeldMessage {
 
 class Endpoint : public FidObject<Endpoint, fid_ep> {
   public:
+    // Staged device messages up to this size go through one host bounce read by CMA; larger
+    // ones through cells (no sender bounce of unbounded size).
+    static constexpr size_t kStagedRtsMax = 64u << 20;
     Endpoint(Domain *domain, const fi_info *info, fi_peer_transfer_context *transfer);
     ~Endpoint();
 
@@ -125,6 +128,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         std::vector<hmem::MemRef> mem{};  // where iov lives (empty: host memory)
         bool ipc = false;                 // an IpcRts: refused, it is sent again staged
         bool ack = false;                 // FI_DELIVERY_COMPLETE: then the staged copy too
+        std::vector<uint8_t> bounce{};    // staged device memory the receiver reads (Rts)
         uint64_t tag = 0, data = 0;
         uint8_t hdr_flags = 0;
     };
@@ -136,6 +140,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
 
     ssize_t post_send(const iovec *iov, void **desc, size_t count, fi_addr_t dest, uint64_t tag,
                       uint64_t data, void *context, uint64_t flags, bool tagged);
+    void send_rts(PeerLink &link, wire::LocalHeader hdr, Pending p);
     bool post_ipc(PeerLink &link, wire::LocalHeader hdr, const iovec *iov, const hmem::MemRef *mem,
                   size_t count, Pending p);
     ssize_t post_rma(const iovec *iov, void **desc, size_t count, const fi_rma_iov &rma,
