@@ -51,7 +51,9 @@ fi_ops_mr domain_mr_ops = {
 }  // namespace
 
 Domain::Domain(Fabric *fabric, const fi_info *info, void *context)
-    : fabric_(fabric), info_(fi_dupinfo(info)) {
+    : fabric_(fabric),
+      info_(fi_dupinfo(info)),
+      mutex_(!info || !info->domain_attr || info->domain_attr->threading != FI_THREAD_DOMAIN) {
     if (!info_) fail(FI_ENOMEM, "fi_dupinfo");
     mr_mode_ = info_->domain_attr->mr_mode;
     threading_ = info_->domain_attr->threading;

@@ -48,8 +48,24 @@ class Domain : public FidObject<Domain, fid_domain> {
                 uint64_t requested_key, uint64_t flags, fid_mr **mr, void *context);
     int mr_regattr(const fi_mr_attr *attr, uint64_t flags, fid_mr **mr);
 
-    // Inside tandem.
-    std::recursive_mutex &lock() { return mutex_; }
+    // Inside tandem. Recursive: the offload twin calls back into its owner (peer CQ writes,
+    // SRX gets) from inside calls that hold it. Under FI_THREAD_DOMAIN the application
+    // serialises every call on the domain's objects, so the lock is skipped (fi_domain(3)).
+    class Lock {
+      public:
+        explicit Lock(bool needed) : needed_(needed) {}
+        void lock() {
+            if (needed_) mutex_.lock();
+        }
+        void unlock() {
+            if (needed_) mutex_.unlock();
+        }
+
+      private:
+        const bool needed_;
+        std::recursive_mutex mutex_;
+    };
+    Lock &lock() { return mutex_; }
     // Drives every endpoint of the domain; the caller holds lock().
     void progress();
     void add_endpoint(Endpoint *ep);
@@ -72,7 +88,7 @@ class Domain : public FidObject<Domain, fid_domain> {
     fi_info *info_;
     uint64_t mr_mode_;
     fi_threading threading_;
-    std::recursive_mutex mutex_;
+    Lock mutex_;
     std::vector<Endpoint *> endpoints_;
     MrTable mr_table_;
     std::atomic<int> refs_{0};  // objects opened on this domain and not closed yet

@@ -431,13 +431,20 @@ inline constexpr uint64_t kAllAccess =
 // ---------------------------------------------------------------------------------------------
 // The fixture
 
+inline fi_threading default_threading() {
+    const char *t = std::getenv("TANDEM_TEST_THREADING");
+    return t && !strcmp(t, "domain") ? FI_THREAD_DOMAIN : FI_THREAD_SAFE;
+}
+
 struct FabricOptions {
     fi_ep_type ep_type = FI_EP_RDM;
     uint64_t caps = FI_MSG | FI_TAGGED | FI_RMA | FI_SOURCE | FI_DIRECTED_RECV | FI_MULTI_RECV |
                     FI_LOCAL_COMM | FI_REMOTE_COMM;
     uint64_t mode = FI_CONTEXT | FI_CONTEXT2;
     int mr_mode = FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
-    fi_threading threading = FI_THREAD_SAFE;
+    // TANDEM_TEST_THREADING=domain: FI_THREAD_DOMAIN, under which tandem takes no locks (the
+    // api_domain.* variant of the single-threaded suites).
+    fi_threading threading = default_threading();
     fi_cq_format cq_format = FI_CQ_FORMAT_TAGGED;
     fi_wait_obj cq_wait = FI_WAIT_NONE;
     size_t cq_size = 4096;
