@@ -108,6 +108,18 @@ if [ "$prov" = tandem ]; then
 else
     run_pair "" "" || exit 1
 fi
+# GPU memory (FI_HMEM) under each P2P policy, node-local: on a real CUDA driver where there is
+# one, else on the tests' emulated driver (hmem_bench then says its figures are no GPU's).
+hb=$build/bench/hmem_bench
+if [ "$prov" = tandem ] && [ -x "$hb" ]; then
+    if ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1' || [ -e "$build/tests/emucuda/libcuda.so.1" ]; then
+        echo
+        echo "== 4. GPU memory through the provider pair: device-to-device ping-pong per FI_OPT_FI_HMEM_P2P"
+        ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1' ||
+            export LD_LIBRARY_PATH=$build/tests/emucuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+        FI_TANDEM_LOCAL=1 "$hb" -n 100 -s 8,65536,1048576 | sed 's/^/   /' || exit 1
+    fi
+fi
 echo
 echo "   latency: half the round trip of a tagged ping-pong; bandwidth: 64 operations in flight,"
 echo "   1 MB = 10^6 bytes. Compare with the system providers: scripts/bench.sh -b $build"
