@@ -43,24 +43,18 @@ using Clock = std::chrono::steady_clock;
     exit(1);
 }
 
-struct Driver {
-#define HB_FIELD(field, sym, ret, params) ret(*field) params = nullptr;
-    TANDEM_CUDA_DRIVER_CALLS(HB_FIELD)
-#undef HB_FIELD
+struct Driver : tandem::hmem::CudaDriverCalls {
     bool emulated = false;
     void *lib = nullptr;
     const char *load() {
         lib = dlopen("libcuda.so.1", RTLD_NOW);
         if (!lib) return "no CUDA driver (libcuda.so.1 not found)";
-#define HB_RESOLVE(field, sym, ret, params) \
-    field = reinterpret_cast<decltype(field)>(dlsym(lib, #sym));
-        TANDEM_CUDA_DRIVER_CALLS(HB_RESOLVE)
-#undef HB_RESOLVE
+        if (!resolve(lib)) return "the CUDA driver lacks calls tandem uses";
         emulated = dlsym(lib, "emucuda_get_stats") != nullptr;
         int count = 0;
         CUdevice dev;
         CUcontext ctx;
-        if (!init || init(0) || device_get_count(&count) || count == 0) return "no CUDA device";
+        if (init(0) || device_get_count(&count) || count == 0) return "no CUDA device";
         if (device_get(&dev, 0) || primary_ctx_retain(&ctx, dev) || ctx_set_current(ctx))
             return "CUDA context failed";
         return nullptr;

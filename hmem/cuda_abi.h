@@ -4,8 +4,11 @@
 // tests/unit/test_cuda_abi.cpp checks them against the real header wherever it is installed.
 #pragma once
 
+#include <dlfcn.h>
+
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 extern "C" {
 
@@ -135,3 +138,27 @@ inline constexpr int CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 0x1;
     X(get_error_name, cuGetErrorName, CUresult, (CUresult error, const char **name))
 
 }  // extern "C"
+
+namespace tandem::hmem {
+
+// The driver's calls as function pointers, resolved from a dlopen handle of libcuda.so.1:
+// the one loader of the provider (cuda_iface.cpp), the tests and the benchmark.
+struct CudaDriverCalls {
+#define TANDEM_CUDA_FIELD(field, sym, ret, params) ret(*field) params = nullptr;
+    TANDEM_CUDA_DRIVER_CALLS(TANDEM_CUDA_FIELD)
+#undef TANDEM_CUDA_FIELD
+
+    // Resolves every call; true when all are there, else the missing names in `missing`.
+    bool resolve(void *lib, std::string *missing = nullptr) {
+        std::string lacking;
+#define TANDEM_CUDA_RESOLVE(field, sym, ret, params)             \
+    field = reinterpret_cast<decltype(field)>(dlsym(lib, #sym)); \
+    if (!field) lacking += " " #sym;
+        TANDEM_CUDA_DRIVER_CALLS(TANDEM_CUDA_RESOLVE)
+#undef TANDEM_CUDA_RESOLVE
+        if (missing) *missing = lacking;
+        return lacking.empty();
+    }
+};
+
+}  // namespace tandem::hmem

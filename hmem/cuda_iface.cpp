@@ -16,11 +16,7 @@
 namespace tandem::hmem {
 namespace {
 
-struct Driver {
-#define TANDEM_CUDA_FIELD(field, sym, ret, params) ret(*field) params = nullptr;
-    TANDEM_CUDA_DRIVER_CALLS(TANDEM_CUDA_FIELD)
-#undef TANDEM_CUDA_FIELD
-};
+using Driver = CudaDriverCalls;
 
 constexpr int kMaxDevices = 64;
 
@@ -89,8 +85,8 @@ class Enter {
                 d.status = check(g_cu.primary_ctx_retain(&d.ctx, dev), "cuDevicePrimaryCtxRetain");
             if (!d.status) d.status = check(g_cu.ctx_set_current(d.ctx), "cuCtxSetCurrent");
             if (!d.status)
-                d.status = check(g_cu.stream_create(&d.stream, CU_STREAM_NON_BLOCKING),
-                                 "cuStreamCreate");
+                d.status =
+                    check(g_cu.stream_create(&d.stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
             g_cu.ctx_set_current(before);
         });
         if ((status_ = d.status)) return;
@@ -222,8 +218,7 @@ int dmabuf(const void *addr, size_t len, int *fd, uint64_t *offset) {
     size_t span = (info.length + page - 1) & ~(page - 1);
     int out = -1;
     ret = check(g_cu.mem_get_handle_for_address_range(&out, static_cast<CUdeviceptr>(info.base),
-                                                      span, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
-                                                      0),
+                                                      span, CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0),
                 "cuMemGetHandleForAddressRange");
     if (ret) return ret;
     *fd = out;
@@ -259,19 +254,13 @@ bool cuda_load(int *devices, const char **why) {
         return false;
     }
     Driver cu;
-#define TANDEM_CUDA_RESOLVE(field, sym, ret, params) \
-    cu.field = reinterpret_cast<decltype(cu.field)>(dlsym(lib, #sym));
-    TANDEM_CUDA_DRIVER_CALLS(TANDEM_CUDA_RESOLVE)
-#undef TANDEM_CUDA_RESOLVE
-#define TANDEM_CUDA_REQUIRE(field, sym, ret, params)                                     \
-    if (!cu.field) {                                                                     \
-        TANDEM_WARN(FI_LOG_CORE, "libcuda.so.1 lacks %s: CUDA memory disabled\n", #sym); \
-        *why = "the CUDA driver lacks a call tandem needs";                              \
-        dlclose(lib);                                                                    \
-        return false;                                                                    \
+    std::string missing;
+    if (!cu.resolve(lib, &missing)) {
+        TANDEM_WARN(FI_LOG_CORE, "libcuda.so.1 lacks%s: CUDA memory disabled\n", missing.c_str());
+        *why = "the CUDA driver lacks a call tandem needs";
+        dlclose(lib);
+        return false;
     }
-    TANDEM_CUDA_DRIVER_CALLS(TANDEM_CUDA_REQUIRE)
-#undef TANDEM_CUDA_REQUIRE
     g_cu = cu;
     int count = 0;
     CUresult r = g_cu.init(0);

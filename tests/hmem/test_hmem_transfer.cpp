@@ -260,10 +260,7 @@ class Role {
 
 // ---- the CUDA driver of this process ----------------------------------------------------------
 
-struct Driver {
-#define HT_FIELD(field, sym, ret, params) ret(*field) params = nullptr;
-    TANDEM_CUDA_DRIVER_CALLS(HT_FIELD)
-#undef HT_FIELD
+struct Driver : tandem::hmem::CudaDriverCalls {
     // The emulator's test control; null with a real driver.
     decltype(&emucuda_get_stats) get_stats = nullptr;
     decltype(&emucuda_reset_stats) reset_stats = nullptr;
@@ -274,9 +271,7 @@ struct Driver {
     int devices = 0;
     std::string why;  // why not usable
     CUcontext ctx[16] = {};
-    bool emulated() const {
-        return get_stats != nullptr;
-    }
+    bool emulated() const { return get_stats != nullptr; }
 };
 
 Driver load_driver() {
@@ -288,12 +283,7 @@ Driver load_driver() {
         return d;
     }
     std::string missing;
-#define HT_RESOLVE(field, sym, ret, params)                        \
-    d.field = reinterpret_cast<decltype(d.field)>(dlsym(h, #sym)); \
-    if (!d.field) missing += " " #sym;
-    TANDEM_CUDA_DRIVER_CALLS(HT_RESOLVE)
-#undef HT_RESOLVE
-    if (!missing.empty()) {
+    if (!d.resolve(h, &missing)) {
         d.why = cat("the CUDA driver lacks calls tandem uses:", missing);
         return d;
     }

@@ -38,10 +38,7 @@ const char *g_self = nullptr;  // argv[0]: the IPC test runs its other side as a
 
 // The driver as the test uses it: its own handle on the same libcuda.so.1 the interface
 // loaded, to allocate and to check memory independently of the code under test.
-struct Driver {
-#define TANDEM_TEST_FIELD(field, sym, ret, params) ret(*field) params = nullptr;
-    TANDEM_CUDA_DRIVER_CALLS(TANDEM_TEST_FIELD)
-#undef TANDEM_TEST_FIELD
+struct Driver : tandem::hmem::CudaDriverCalls {
     bool ok = false;
     void *lib = nullptr;
 
@@ -51,17 +48,13 @@ struct Driver {
     }
     Driver() {
         lib = dlopen("libcuda.so.1", RTLD_NOW);
-        if (!lib) return;
-#define TANDEM_TEST_RESOLVE(field, sym, ret, params) \
-    field = reinterpret_cast<decltype(field)>(dlsym(lib, #sym));
-        TANDEM_CUDA_DRIVER_CALLS(TANDEM_TEST_RESOLVE)
-#undef TANDEM_TEST_RESOLVE
+        if (!lib || !resolve(lib)) return;
         CUdevice dev;
         CUcontext ctx;
         int count = 0;
-        ok = init && init(0) == CUDA_SUCCESS && device_get_count(&count) == CUDA_SUCCESS &&
-             count > 0 && device_get(&dev, 0) == CUDA_SUCCESS &&
-             primary_ctx_retain(&ctx, dev) == CUDA_SUCCESS && ctx_set_current(ctx) == CUDA_SUCCESS;
+        ok = init(0) == CUDA_SUCCESS && device_get_count(&count) == CUDA_SUCCESS && count > 0 &&
+             device_get(&dev, 0) == CUDA_SUCCESS && primary_ctx_retain(&ctx, dev) == CUDA_SUCCESS &&
+             ctx_set_current(ctx) == CUDA_SUCCESS;
     }
     template <typename Fn>
     Fn *control(const char *name) const {
