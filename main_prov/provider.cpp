@@ -48,10 +48,12 @@ constexpr uint64_t kMrModeSupported = FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_H
 // with the descriptor of their registration, which names their iface and device, so no
 // transfer has to guess where its memory lives. An application that cannot pass
 // descriptors (no FI_MR_HMEM in its hints) gets tandem without FI_HMEM.
+// The hints are looked at first: an application that did not ask for device memory does not
+// pay for loading the CUDA driver (cuInit alone takes a good part of a second on a GPU node).
 uint64_t hmem_caps(const fi_info *hints) {
-    if (!hmem::Registry::instance().any_device()) return 0;
+    if (hints && hints->caps && !(hints->caps & FI_HMEM)) return 0;
     if (hints && hints->domain_attr && !(hints->domain_attr->mr_mode & FI_MR_HMEM)) return 0;
-    return FI_HMEM;
+    return hmem::Registry::instance().any_device() ? FI_HMEM : 0;
 }
 
 int tandem_getinfo(uint32_t version, const char *node, const char *service, uint64_t flags,

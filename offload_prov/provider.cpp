@@ -50,8 +50,11 @@ int off_getinfo(uint32_t version, const char *, const char *, uint64_t, const fi
     *info = nullptr;
     if (version < FI_VERSION(1, 17)) return -FI_ENODATA;
     if (!hints || !(hints->mode & FI_PEER_TRANSFER)) return -FI_ENODATA;
-    // Device memory where an interface with a device is present (hmem/), as for tandem.
-    const uint64_t caps = kCaps | (hmem::Registry::instance().any_device() ? FI_HMEM : 0);
+    // Device memory where an interface with a device is present (hmem/), as for tandem; the
+    // driver is loaded only for hints that may want it.
+    uint64_t caps = kCaps;
+    if ((!hints->caps || (hints->caps & FI_HMEM)) && hmem::Registry::instance().any_device())
+        caps |= FI_HMEM;
     if (hints->caps & ~caps) return -FI_ENODATA;
     if (hints->ep_attr && hints->ep_attr->type != FI_EP_UNSPEC && hints->ep_attr->type != FI_EP_RDM)
         return -FI_ENODATA;
