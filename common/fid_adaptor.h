@@ -11,6 +11,7 @@
 #include "fabric_error.h"
 
 #include <rdma/fabric.h>
+#include <rdma/fi_endpoint.h>
 
 #include <cstring>
 #include <type_traits>
@@ -115,6 +116,24 @@ inline constexpr fi_ops fid_ops(
             ops_open,
             enosys<decltype(fi_ops::tostr)>,
             enosys<decltype(fi_ops::ops_set)>};
+}
+
+// An fi_ops_ep table: the calls given, -FI_ENOSYS for the others (tx_ctx and rx_ctx always:
+// tandem has no scalable endpoints).
+inline constexpr fi_ops_ep fid_ep_ops(
+    decltype(fi_ops_ep::cancel) cancel = enosys<decltype(fi_ops_ep::cancel)>,
+    decltype(fi_ops_ep::getopt) getopt = enosys<decltype(fi_ops_ep::getopt)>,
+    decltype(fi_ops_ep::setopt) setopt = enosys<decltype(fi_ops_ep::setopt)>,
+    decltype(fi_ops_ep::rx_size_left) rx_size_left = enosys<decltype(fi_ops_ep::rx_size_left)>,
+    decltype(fi_ops_ep::tx_size_left) tx_size_left = enosys<decltype(fi_ops_ep::tx_size_left)>) {
+    return {sizeof(fi_ops_ep),
+            cancel,
+            getopt,
+            setopt,
+            enosys<decltype(fi_ops_ep::tx_ctx)>,
+            enosys<decltype(fi_ops_ep::rx_ctx)>,
+            rx_size_left,
+            tx_size_left};
 }
 
 }  // namespace tandem

@@ -118,16 +118,10 @@ fi_ops ep_fi_ops = {
     .ops_set = enosys<decltype(fi_ops::ops_set)>,
 };
 
-fi_ops_ep ep_ops = {
-    .size = sizeof(fi_ops_ep),
-    .cancel = &Trampoline<&Endpoint::cancel>::call<struct fid>,
-    .getopt = &Trampoline<&Endpoint::getopt>::call<fid>,
-    .setopt = &Trampoline<&Endpoint::setopt>::call<fid>,
-    .tx_ctx = enosys<decltype(fi_ops_ep::tx_ctx)>,
-    .rx_ctx = enosys<decltype(fi_ops_ep::rx_ctx)>,
-    .rx_size_left = &Trampoline<&Endpoint::rx_size_left>::call<fid_ep>,
-    .tx_size_left = &Trampoline<&Endpoint::tx_size_left>::call<fid_ep>,
-};
+fi_ops_ep ep_ops = fid_ep_ops(
+    &Trampoline<&Endpoint::cancel>::call<struct fid>, &Trampoline<&Endpoint::getopt>::call<fid>,
+    &Trampoline<&Endpoint::setopt>::call<fid>, &Trampoline<&Endpoint::rx_size_left>::call<fid_ep>,
+    &Trampoline<&Endpoint::tx_size_left>::call<fid_ep>);
 
 fi_ops_cm ep_cm_ops = {
     .size = sizeof(fi_ops_cm),
@@ -181,16 +175,7 @@ fi_ops_rma ep_rma_ops = {
     .injectdata = &DataCall<&Endpoint::rma_injectdata>::call,
 };
 
-fi_ops_ep alias_ep_ops = {
-    .size = sizeof(fi_ops_ep),
-    .cancel = enosys<decltype(fi_ops_ep::cancel)>,
-    .getopt = enosys<decltype(fi_ops_ep::getopt)>,
-    .setopt = enosys<decltype(fi_ops_ep::setopt)>,
-    .tx_ctx = enosys<decltype(fi_ops_ep::tx_ctx)>,
-    .rx_ctx = enosys<decltype(fi_ops_ep::rx_ctx)>,
-    .rx_size_left = enosys<decltype(fi_ops_ep::rx_size_left)>,
-    .tx_size_left = enosys<decltype(fi_ops_ep::tx_size_left)>,
-};
+fi_ops_ep alias_ep_ops = fid_ep_ops();
 
 fi_ops_cm alias_cm_ops = {
     .size = sizeof(fi_ops_cm),

@@ -34,16 +34,9 @@ fi_ops pep_fi_ops = {
     .ops_set = enosys<decltype(fi_ops::ops_set)>,
 };
 
-fi_ops_ep pep_ep_ops = {
-    .size = sizeof(fi_ops_ep),
-    .cancel = enosys<decltype(fi_ops_ep::cancel)>,
-    .getopt = &Trampoline<&PassiveEndpoint::getopt>::call<fid>,
-    .setopt = &Trampoline<&PassiveEndpoint::setopt>::call<fid>,
-    .tx_ctx = enosys<decltype(fi_ops_ep::tx_ctx)>,
-    .rx_ctx = enosys<decltype(fi_ops_ep::rx_ctx)>,
-    .rx_size_left = enosys<decltype(fi_ops_ep::rx_size_left)>,
-    .tx_size_left = enosys<decltype(fi_ops_ep::tx_size_left)>,
-};
+fi_ops_ep pep_ep_ops = fid_ep_ops(enosys<decltype(fi_ops_ep::cancel)>,
+                                  &Trampoline<&PassiveEndpoint::getopt>::call<fid>,
+                                  &Trampoline<&PassiveEndpoint::setopt>::call<fid>);
 
 fi_ops_cm pep_cm_ops = {
     .size = sizeof(fi_ops_cm),

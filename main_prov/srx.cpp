@@ -17,16 +17,9 @@ fi_ops srx_fi_ops = {
     .ops_set = enosys<decltype(fi_ops::ops_set)>,
 };
 
-fi_ops_ep srx_ep_ops = {
-    .size = sizeof(fi_ops_ep),
-    .cancel = &Trampoline<&SharedRxContext::cancel>::call<struct fid>,
-    .getopt = &Trampoline<&SharedRxContext::getopt>::call<struct fid>,
-    .setopt = &Trampoline<&SharedRxContext::setopt>::call<struct fid>,
-    .tx_ctx = enosys<decltype(fi_ops_ep::tx_ctx)>,
-    .rx_ctx = enosys<decltype(fi_ops_ep::rx_ctx)>,
-    .rx_size_left = enosys<decltype(fi_ops_ep::rx_size_left)>,
-    .tx_size_left = enosys<decltype(fi_ops_ep::tx_size_left)>,
-};
+fi_ops_ep srx_ep_ops = fid_ep_ops(&Trampoline<&SharedRxContext::cancel>::call<struct fid>,
+                                  &Trampoline<&SharedRxContext::getopt>::call<struct fid>,
+                                  &Trampoline<&SharedRxContext::setopt>::call<struct fid>);
 
 fi_ops_msg srx_msg_ops = {
     .size = sizeof(fi_ops_msg),
@@ -64,16 +57,7 @@ fi_ops stx_fi_ops = {
     .ops_set = enosys<decltype(fi_ops::ops_set)>,
 };
 
-fi_ops_ep stx_ep_ops = {
-    .size = sizeof(fi_ops_ep),
-    .cancel = enosys<decltype(fi_ops_ep::cancel)>,
-    .getopt = enosys<decltype(fi_ops_ep::getopt)>,
-    .setopt = enosys<decltype(fi_ops_ep::setopt)>,
-    .tx_ctx = enosys<decltype(fi_ops_ep::tx_ctx)>,
-    .rx_ctx = enosys<decltype(fi_ops_ep::rx_ctx)>,
-    .rx_size_left = enosys<decltype(fi_ops_ep::rx_size_left)>,
-    .tx_size_left = enosys<decltype(fi_ops_ep::tx_size_left)>,
-};
+fi_ops_ep stx_ep_ops = fid_ep_ops();
 
 }  // namespace
 

@@ -10,16 +10,7 @@ namespace {
 fi_ops srx_fi_ops = fid_ops(&Trampoline<&Srx::close>::call<fid>);
 
 // Receives are posted on the owner's context, never here.
-fi_ops_ep srx_ep_ops = {
-    .size = sizeof(fi_ops_ep),
-    .cancel = enosys<decltype(fi_ops_ep::cancel)>,
-    .getopt = enosys<decltype(fi_ops_ep::getopt)>,
-    .setopt = enosys<decltype(fi_ops_ep::setopt)>,
-    .tx_ctx = enosys<decltype(fi_ops_ep::tx_ctx)>,
-    .rx_ctx = enosys<decltype(fi_ops_ep::rx_ctx)>,
-    .rx_size_left = enosys<decltype(fi_ops_ep::rx_size_left)>,
-    .tx_size_left = enosys<decltype(fi_ops_ep::tx_size_left)>,
-};
+fi_ops_ep srx_ep_ops = fid_ep_ops();
 
 // The owner calls these for a message this provider queued (fi_peer_rx_entry::peer_context
 // is the endpoint's HeldMessage).
