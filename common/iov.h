@@ -55,6 +55,31 @@ size_t iov_walk(const iovec *iov, size_t count, size_t offset, size_t len, Piece
     return done;
 }
 
+// Walks two lists side by side over their first len bytes: piece(i, a, j, b, n) for each run
+// of n bytes that lies in entry i of the first list (at a) and entry j of the second (at b),
+// in order; a piece returning false stops the walk. Returns the bytes walked.
+template <typename Piece>
+size_t iov_walk2(const iovec *x, size_t nx, const iovec *y, size_t ny, size_t len, Piece &&piece) {
+    size_t i = 0, xoff = 0, j = 0, yoff = 0, done = 0;
+    while (done < len && i < nx && j < ny) {
+        size_t xleft = x[i].iov_len - xoff, yleft = y[j].iov_len - yoff;
+        if (!xleft) {
+            ++i, xoff = 0;
+            continue;
+        }
+        if (!yleft) {
+            ++j, yoff = 0;
+            continue;
+        }
+        size_t n = std::min({xleft, yleft, len - done});
+        if (!piece(i, static_cast<uint8_t *>(x[i].iov_base) + xoff, j,
+                   static_cast<uint8_t *>(y[j].iov_base) + yoff, n))
+            break;
+        xoff += n, yoff += n, done += n;
+    }
+    return done;
+}
+
 // Copies len bytes of src into the list from `offset` on; returns the bytes copied.
 inline size_t iov_scatter(const iovec *iov, size_t count, size_t offset, const void *src,
                           size_t len) {

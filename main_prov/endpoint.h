@@ -276,8 +276,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     Cntr *counter_for(const TxOp &op) const;
     static int take_payload(TxOp *op, const iovec *iov, const hmem::MemRef *mem, size_t count,
                             size_t len, bool copy);
-    static bool memory_of(const iovec *iov, void **desc, size_t count, uint64_t flags,
-                          hmem::MemRef *mem);
+    bool memory_of(const iovec *iov, void **desc, size_t count, uint64_t flags,
+                   hmem::MemRef *mem) const;
     // A transfer of device memory over a link: what the P2P policy says (counted).
     hmem::P2pDecision link_decision(size_t len);
     void free_tx(TxOp *op);

@@ -542,9 +542,15 @@ int Endpoint::take_payload(TxOp *op, const iovec *iov, const hmem::MemRef *mem, 
 }
 
 // Where each buffer of a data call lives: from its descriptors, or for fi_inject (which
-// carries none) from the memory interfaces. True when any is device memory.
+// carries none) from the memory interfaces. True when any is device memory. An endpoint
+// opened without FI_HMEM is given host memory only, so it never asks the driver (a
+// pointer query per inject would cost every application in a process that loaded CUDA).
 bool Endpoint::memory_of(const iovec *iov, void **desc, size_t count, uint64_t flags,
-                         hmem::MemRef *mem) {
+                         hmem::MemRef *mem) const {
+    if (!(caps_ & FI_HMEM)) {
+        std::fill(mem, mem + count, hmem::kHost);
+        return false;
+    }
     if (desc) return peer::mems_of(desc, count, mem);
     bool device = false;
     bool look = (flags & FI_INJECT) && hmem::Registry::instance().any_device();
@@ -989,35 +995,22 @@ void Endpoint::start_rendezvous(RxOp *rx, LinkConnection *conn, const wire::Prot
         return;
     }
     // Walk the sender's buffers and ours together; one RDMA read per overlapping piece.
-    size_t remaining = rx->recv_len;
-    size_t li = 0, loff = 0, ri = 0, roff = 0;
-    while (remaining && li < rx->count && ri < rts.iov_count) {
-        size_t lleft = rx->iov[li].iov_len - loff;
-        size_t rleft = rts.iov[ri].length - roff;
-        if (!lleft) {
-            ++li;
-            loff = 0;
-            continue;
-        }
-        if (!rleft) {
-            ++ri;
-            roff = 0;
-            continue;
-        }
-        size_t n = std::min({lleft, rleft, remaining});
-        iovec local{static_cast<uint8_t *>(rx->iov[li].iov_base) + loff, n};
-        RemoteRegion remote{rts.iov[ri].addr + roff, rts.iov[ri].key};
-        if (conn->post_read(&local, rx->device ? &rx->mem[li] : nullptr, 1, remote,
-                            wr_id(rx, kWrRxRead)) == 0) {
-            ++rx->reads;
-        } else {
-            rx->error = FI_ECONNRESET;
-            break;
-        }
-        loff += n;
-        roff += n;
-        remaining -= n;
-    }
+    iovec theirs[wire::kMaxRtsIov];
+    size_t ntheirs = std::min<size_t>(rts.iov_count, wire::kMaxRtsIov);
+    for (size_t j = 0; j < ntheirs; ++j)
+        theirs[j] = {reinterpret_cast<void *>(rts.iov[j].addr), rts.iov[j].length};
+    iov_walk2(rx->iov, rx->count, theirs, ntheirs, rx->recv_len,
+              [&](size_t i, uint8_t *mine, size_t j, uint8_t *at, size_t n) {
+                  iovec local{mine, n};
+                  RemoteRegion remote{reinterpret_cast<uint64_t>(at), rts.iov[j].key};
+                  if (conn->post_read(&local, rx->device ? &rx->mem[i] : nullptr, 1, remote,
+                                      wr_id(rx, kWrRxRead))) {
+                      rx->error = FI_ECONNRESET;
+                      return false;
+                  }
+                  ++rx->reads;
+                  return true;
+              });
     if (rx->reads == 0) finish_rendezvous(rx);
 }
 

@@ -34,16 +34,10 @@ fi_ops ep_fi_ops = fid_ops(
     &Trampoline<&Endpoint::close>::call<fid>, &Trampoline<&Endpoint::bind>::call<fid>,
     &Trampoline<&Endpoint::control>::call<fid>, &Trampoline<&Endpoint::ops_open>::call<fid>);
 
-fi_ops_ep ep_ops = {
-    .size = sizeof(fi_ops_ep),
-    .cancel = enosys<decltype(fi_ops_ep::cancel)>,  // receives are the owner's to cancel
-    .getopt = &Trampoline<&Endpoint::getopt>::call<fid>,
-    .setopt = &Trampoline<&Endpoint::setopt>::call<fid>,
-    .tx_ctx = enosys<decltype(fi_ops_ep::tx_ctx)>,
-    .rx_ctx = enosys<decltype(fi_ops_ep::rx_ctx)>,
-    .rx_size_left = enosys<decltype(fi_ops_ep::rx_size_left)>,
-    .tx_size_left = enosys<decltype(fi_ops_ep::tx_size_left)>,
-};
+// Receives are the owner's to cancel.
+fi_ops_ep ep_ops =
+    fid_ep_ops(enosys<decltype(fi_ops_ep::cancel)>, &Trampoline<&Endpoint::getopt>::call<fid>,
+               &Trampoline<&Endpoint::setopt>::call<fid>);
 
 // The owner posts with the *msg calls only (they carry every argument); the short forms
 // would pretend to a use nobody makes of an offload endpoint.
@@ -1182,26 +1176,13 @@ int Endpoint::deliver_ipc(fi_peer_rx_entry *entry, const hmem::MemRef *mem, cons
         rmem[i] = {iface, device};
     }
     // Walk both lists; one copy per overlapping piece.
-    size_t li = 0, loff = 0, ri = 0, roff = 0, left = n;
     size_t count = std::min(entry->count, peer::kMaxEntryIov);
-    while (left && li < count && ri < hdr.iov_count) {
-        size_t lleft = entry->iov[li].iov_len - loff, rleft = remote[ri].iov_len - roff;
-        if (!lleft) {
-            ++li, loff = 0;
-            continue;
-        }
-        if (!rleft) {
-            ++ri, roff = 0;
-            continue;
-        }
-        size_t k = std::min({lleft, rleft, left});
-        if (hmem::copy(mem ? mem[li] : hmem::kHost,
-                       static_cast<uint8_t *>(entry->iov[li].iov_base) + loff, rmem[ri],
-                       static_cast<uint8_t *>(remote[ri].iov_base) + roff, k))
-            return FI_EIO;
-        loff += k, roff += k, left -= k;
-    }
-    return left ? FI_EIO : 0;
+    size_t done =
+        iov_walk2(entry->iov, count, remote, hdr.iov_count, n,
+                  [&](size_t i, uint8_t *dst, size_t j, uint8_t *src, size_t k) {
+                      return hmem::copy(mem ? mem[i] : hmem::kHost, dst, rmem[j], src, k) == 0;
+                  });
+    return done == n ? 0 : FI_EIO;
 }
 
 // Cross-memory attach into buffers that may be device memory: a chunk at a time through a
