@@ -28,6 +28,11 @@ void Config::load(fi_provider *prov) {
                                     "SO_SNDBUF/SO_RCVBUF of link sockets in bytes (0: the kernel's "
                                     "default, with autotuning)",
                                     0);
+    g_config.splice_min =
+        p.size("splice_min",
+               "Payloads of at least this many bytes leave link sockets by vmsplice and splice "
+               "(no copy by the sending CPU); 0 copies every payload with sendmsg",
+               64 * 1024);
     g_config.iface =
         p.text("iface", "Comma-separated interfaces to offer as domains (empty: all)", "");
     g_config.include_loopback =

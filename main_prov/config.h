@@ -16,6 +16,7 @@ struct Config {
     size_t tx_size;         // transmit queue depth reported in tx_attr->size
     size_t rx_size;         // receive queue depth reported in rx_attr->size
     size_t socket_buffer;   // SO_SNDBUF / SO_RCVBUF for link sockets (0: kernel default)
+    size_t splice_min;      // link payloads this large go by vmsplice + splice (0: never)
     std::string iface;      // restrict domains to these interfaces (comma separated)
     bool include_loopback;  // offer the loopback interface as a domain
     bool local_path;        // node-local peers through off_tandem (shared memory)

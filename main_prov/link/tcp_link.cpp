@@ -31,6 +31,8 @@ constexpr size_t kMaxSendIov = 64;
 // Device payload moves through host bounce buffers in chunks of this size: the copy of one
 // chunk overlaps the socket sending the one before.
 constexpr size_t kStageChunk = 256 * 1024;
+// Pipe capacity asked for splicing (the system's pipe-max-size is 1 MiB by default).
+constexpr size_t kPipeSize = 1024 * 1024;
 constexpr uint32_t kAckEvery = 32;
 constexpr uint32_t kAckIdlePasses = 4;
 // Up to this many connections a pass tries recv() on each; beyond, one epoll_wait tells
@@ -78,6 +80,7 @@ TcpConnection::TcpConnection(TcpTransport *transport, int fd, State state)
 
 TcpConnection::~TcpConnection() {
     if (fd_ >= 0) close(fd_);
+    close_pipe();
 }
 
 sockaddr_storage TcpConnection::peer_address() const {
@@ -246,6 +249,20 @@ void TcpConnection::finish_disconnect() {
 bool TcpConnection::flush_send() {
     if (fd_ < 0 || state_ == State::Connecting || state_ == State::Closed) return false;
     while (!outq_.empty()) {
+        OutFrame &front = outq_.front();
+        if (front.sent >= front.total - front.hdr.length && spliceable(front)) {
+            switch (splice_payload(front)) {
+                case SpliceResult::Sent:
+                    outq_.pop_front();
+                    continue;
+                case SpliceResult::Refused:
+                    front.no_splice = true;  // sendmsg copies it below
+                    break;
+                case SpliceResult::Blocked:
+                case SpliceResult::Failed:
+                    return false;
+            }
+        }
         iovec iov[kMaxSendIov];
         size_t n = 0;
         size_t bytes = 0;
@@ -273,6 +290,8 @@ bool TcpConnection::flush_send() {
                 if (k) bytes += iov[n - 1].iov_len;
                 break;
             }
+            // A spliced payload follows its header by splice_payload() (at the loop's top).
+            if (spliceable(f)) break;
             for (size_t k = 0; k < f.iov_count; ++k) push(f.iov[k].iov_base, f.iov[k].iov_len);
         }
         if (n == 0) break;
@@ -297,6 +316,74 @@ bool TcpConnection::flush_send() {
         if (static_cast<size_t>(sent) < bytes) return false;  // socket buffer full
     }
     return true;
+}
+
+// Large host payloads leave by vmsplice (the pipe takes references to the pages) and splice
+// (the socket takes them from the pipe): the sending CPU copies nothing, and on loopback the
+// receiver's recv is the only copy. The pages must not change until the peer has read them,
+// which the link guarantees: a work request completes only when the peer acknowledges it
+// after placing its payload, and a read response is memory the application exposed to the
+// reader, which learns of the read's end only after it received the bytes.
+bool TcpConnection::spliceable(const OutFrame &f) const {
+    size_t min = transport_->config().splice_min;
+    return min && f.hdr.length >= min && !f.device && !f.no_splice && f.inline_copy.empty() &&
+           pipe_[0] != -2;
+}
+
+// Moves the payload of the front frame (its header is sent) into the socket. Sent: all of
+// it is in the socket; Blocked: the socket is full (the rest waits in the pipe or the
+// frame); Failed: the connection failed; Refused: vmsplice cannot take these pages (nothing
+// of the frame is in the pipe then), the caller sends them by copy.
+TcpConnection::SpliceResult TcpConnection::splice_payload(OutFrame &f) {
+    if (pipe_[0] < 0) {
+        if (pipe2(pipe_, O_NONBLOCK | O_CLOEXEC) != 0) {
+            TANDEM_INFO(FI_LOG_EP_DATA, "no pipe for splice (%s): payloads are copied\n",
+                        strerror(errno));
+            pipe_[0] = pipe_[1] = -2;  // do not try again on this connection
+            return SpliceResult::Refused;
+        }
+        // A larger pipe moves a whole rendezvous chunk per splice; the default (64 KiB) is
+        // kept where the user's pipe quota refuses it.
+        (void)fcntl(pipe_[1], F_SETPIPE_SZ, static_cast<int>(kPipeSize));
+    }
+    const size_t head = f.total - f.hdr.length;
+    while (f.sent < f.total) {
+        if (pipe_bytes_ == 0) {
+            iovec iov[OutFrame::kMaxPayloadIov];
+            size_t n = iov_slice(f.iov, f.iov_count, f.sent - head, f.total - f.sent, iov,
+                                 OutFrame::kMaxPayloadIov);
+            ssize_t got = vmsplice(pipe_[1], iov, n, SPLICE_F_NONBLOCK);
+            if (got <= 0) {
+                if (got < 0 && errno == EINTR) continue;
+                // Pages vmsplice cannot pin (say, a special mapping): copy them instead, once
+                // this frame's bytes are out of the pipe (none are: it was empty).
+                TANDEM_DEBUG(FI_LOG_EP_DATA, "vmsplice refused %zu bytes (%s): copying\n",
+                             f.total - f.sent, got < 0 ? strerror(errno) : "no progress");
+                return SpliceResult::Refused;
+            }
+            pipe_bytes_ = static_cast<size_t>(got);
+        }
+        ssize_t moved =
+            splice(pipe_[0], nullptr, fd_, nullptr, pipe_bytes_, SPLICE_F_MOVE | SPLICE_F_NONBLOCK);
+        if (moved < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EAGAIN || errno == EWOULDBLOCK) return SpliceResult::Blocked;
+            fail_connection("splice to the socket failed", errno);
+            return SpliceResult::Failed;
+        }
+        pipe_bytes_ -= static_cast<size_t>(moved);
+        f.sent += static_cast<size_t>(moved);
+    }
+    return SpliceResult::Sent;
+}
+
+// Drops whatever page references the pipe still holds (the connection is gone).
+void TcpConnection::close_pipe() {
+    for (int &fd : pipe_) {
+        if (fd >= 0) close(fd);
+        fd = -1;
+    }
+    pipe_bytes_ = 0;
 }
 
 // The next chunk of a device frame's payload, copied to the bounce buffer unless it is there
@@ -782,6 +869,7 @@ void TcpConnection::fail_connection(const char *why, int err) {
         close(fd_);
         fd_ = -1;
     }
+    if (pipe_[0] >= 0) close_pipe();
     flush_pending();
     if (reported_down_) return;
     reported_down_ = true;

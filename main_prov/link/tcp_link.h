@@ -21,6 +21,9 @@ struct TcpLinkConfig {
     size_t max_send_size = 16384;  // posted receive buffer size the protocol uses
     size_t max_inline = 256;
     size_t socket_buffer = 0;  // SO_SNDBUF/SO_RCVBUF when non-zero
+    // Host payloads of at least this many bytes go to the socket by vmsplice + splice (the
+    // kernel takes references to the pages instead of copying them); 0: always sendmsg.
+    size_t splice_min = 0;
 };
 
 class TcpConnection final : public LinkConnection {
@@ -80,6 +83,7 @@ class TcpConnection final : public LinkConnection {
         std::vector<uint8_t> inline_copy;
         size_t total = 0;  // header + ext + payload bytes
         size_t sent = 0;
+        bool no_splice = false;  // vmsplice refused these pages: sendmsg copies them
     };
     struct PendingWr {
         uint64_t wr_id = 0;
@@ -99,6 +103,10 @@ class TcpConnection final : public LinkConnection {
     OutFrame make_frame(wire::TcpOp op, const iovec *iov, const hmem::MemRef *mem, size_t count,
                         bool copy_payload);
     size_t push_staged(OutFrame &f, iovec *out);
+    bool spliceable(const OutFrame &f) const;
+    enum class SpliceResult : uint8_t { Sent, Blocked, Failed, Refused };
+    SpliceResult splice_payload(OutFrame &f);
+    void close_pipe();
     bool receive_staged(size_t remaining);
     bool flush_send();
     void read_frames();
@@ -144,6 +152,10 @@ class TcpConnection final : public LinkConnection {
     std::vector<uint8_t> stage_tx_, stage_rx_;
     uint64_t stage_owner_ = 0;  // serial of the frame whose bytes stage_tx_ holds
     uint64_t next_serial_ = 1;
+    // vmsplice → splice: the pipe holds page references of the front frame's payload,
+    // pipe_bytes_ of them not yet moved into the socket (see splice_payload).
+    int pipe_[2] = {-1, -1};
+    size_t pipe_bytes_ = 0;
     std::vector<uint8_t> cm_payload_;
     void *posted_buf_ = nullptr;
     uint64_t posted_wr_id_ = 0;
