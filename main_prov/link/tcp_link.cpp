@@ -33,6 +33,8 @@ constexpr size_t kMaxSendIov = 64;
 constexpr size_t kStageChunk = 256 * 1024;
 // Pipe capacity asked for splicing (the system's pipe-max-size is 1 MiB by default).
 constexpr size_t kPipeSize = 1024 * 1024;
+// Frames kept for reuse per connection (beyond, finished frames are freed).
+constexpr size_t kSpareFrames = 64;
 constexpr uint32_t kAckEvery = 32;
 constexpr uint32_t kAckIdlePasses = 4;
 // Up to this many connections a pass tries recv() on each; beyond, one epoll_wait tells
@@ -97,10 +99,26 @@ sockaddr_storage TcpConnection::local_address() const {
     return ss;
 }
 
-TcpConnection::OutFrame TcpConnection::make_frame(wire::TcpOp op, const iovec *iov,
+// Frames are reused: one is as large as its scatter lists (about 1 KiB), and a new one per
+// message would cost an allocation and a kilobyte of zeroing on the latency path.
+TcpConnection::FramePtr TcpConnection::new_frame() {
+    if (spare_frames_.empty()) return std::make_unique<OutFrame>();
+    FramePtr f = std::move(spare_frames_.back());
+    spare_frames_.pop_back();
+    f->reset();
+    return f;
+}
+
+void TcpConnection::retire_front() {
+    if (spare_frames_.size() < kSpareFrames) spare_frames_.push_back(std::move(outq_.front()));
+    outq_.pop_front();
+}
+
+TcpConnection::FramePtr TcpConnection::make_frame(wire::TcpOp op, const iovec *iov,
                                                   const hmem::MemRef *mem, size_t count,
                                                   bool copy_payload) {
-    OutFrame f;
+    FramePtr frame = new_frame();
+    OutFrame &f = *frame;
     f.hdr.op = static_cast<uint8_t>(op);
     size_t len = iov_length(iov, count);
     f.hdr.length = len;
@@ -118,25 +136,25 @@ TcpConnection::OutFrame TcpConnection::make_frame(wire::TcpOp op, const iovec *i
         }
     }
     if (f.device) f.serial = next_serial_++;
-    return f;
+    return frame;
 }
 
 // The acknowledgement a frame carries is fixed when it is queued: a Nak or ReadResp queued
 // while handling request s then carries ack = s, so the initiator learns the outcome of s
 // before any acknowledgement that covers it.
-void TcpConnection::queue_frame(OutFrame &&frame) {
-    frame.hdr.ack = rx_count_;
+void TcpConnection::queue_frame(FramePtr frame) {
+    frame->hdr.ack = rx_count_;
     acked_sent_ = rx_count_;
-    frame.total =
-        sizeof(wire::TcpFrame) + (frame.has_ext ? sizeof(wire::TcpRdma) : 0) + frame.hdr.length;
+    frame->total =
+        sizeof(wire::TcpFrame) + (frame->has_ext ? sizeof(wire::TcpRdma) : 0) + frame->hdr.length;
     outq_.push_back(std::move(frame));
 }
 
-int TcpConnection::queue_wr(OutFrame &&frame, uint64_t wr_id, WcOpcode opcode,
+int TcpConnection::queue_wr(FramePtr frame, uint64_t wr_id, WcOpcode opcode,
                             std::vector<iovec> read_iov, std::vector<hmem::MemRef> read_mem,
                             size_t length) {
     if (state_ != State::Established) return -FI_ENOTCONN;
-    frame.counts_as_wr = true;
+    frame->counts_as_wr = true;
     PendingWr wr;
     wr.wr_id = wr_id;
     wr.seq = next_seq_++;
@@ -155,11 +173,11 @@ int TcpConnection::post_send(const iovec *iov, size_t count, const uint32_t *imm
     size_t len = iov_length(iov, count);
     if (len > transport_->caps().max_send_size || count > transport_->caps().max_sge)
         return count > transport_->caps().max_sge ? -FI_EINVAL : -FI_EMSGSIZE;
-    OutFrame f =
+    FramePtr f =
         make_frame(wire::TcpOp::Send, iov, nullptr, count, len <= transport_->caps().max_inline);
     if (imm) {
-        f.hdr.flags |= wire::kTcpHasImm;
-        f.hdr.imm = *imm;
+        f->hdr.flags |= wire::kTcpHasImm;
+        f->hdr.imm = *imm;
     }
     return queue_wr(std::move(f), wr_id, WcOpcode::Send, {}, {}, len);
 }
@@ -169,13 +187,13 @@ int TcpConnection::post_write(const iovec *iov, const hmem::MemRef *mem, size_t 
     size_t len = iov_length(iov, count);
     if (len > transport_->caps().max_rdma_size || count > transport_->caps().max_sge)
         return -FI_EMSGSIZE;
-    OutFrame f =
+    FramePtr f =
         make_frame(wire::TcpOp::Write, iov, mem, count, len <= transport_->caps().max_inline);
-    f.has_ext = true;
-    f.ext = {dst.addr, dst.key, len};
+    f->has_ext = true;
+    f->ext = {dst.addr, dst.key, len};
     if (imm) {
-        f.hdr.flags |= wire::kTcpHasImm;
-        f.hdr.imm = *imm;
+        f->hdr.flags |= wire::kTcpHasImm;
+        f->hdr.imm = *imm;
     }
     return queue_wr(std::move(f), wr_id, WcOpcode::Write, {}, {}, len);
 }
@@ -185,9 +203,9 @@ int TcpConnection::post_read(const iovec *iov, const hmem::MemRef *mem, size_t c
     size_t len = iov_length(iov, count);
     if (len > transport_->caps().max_rdma_size || count > transport_->caps().max_sge)
         return -FI_EMSGSIZE;
-    OutFrame f = make_frame(wire::TcpOp::ReadReq, nullptr, nullptr, 0, false);
-    f.has_ext = true;
-    f.ext = {src.addr, src.key, len};
+    FramePtr f = make_frame(wire::TcpOp::ReadReq, nullptr, nullptr, 0, false);
+    f->has_ext = true;
+    f->ext = {src.addr, src.key, len};
     std::vector<hmem::MemRef> read_mem;
     if (!hmem::all_host(mem, count)) read_mem.assign(mem, mem + count);
     return queue_wr(std::move(f), wr_id, WcOpcode::Read, std::vector<iovec>(iov, iov + count),
@@ -249,11 +267,11 @@ void TcpConnection::finish_disconnect() {
 bool TcpConnection::flush_send() {
     if (fd_ < 0 || state_ == State::Connecting || state_ == State::Closed) return false;
     while (!outq_.empty()) {
-        OutFrame &front = outq_.front();
+        OutFrame &front = *outq_.front();
         if (front.sent >= front.total - front.hdr.length && spliceable(front)) {
             switch (splice_payload(front)) {
                 case SpliceResult::Sent:
-                    outq_.pop_front();
+                    retire_front();
                     continue;
                 case SpliceResult::Refused:
                     front.no_splice = true;  // sendmsg copies it below
@@ -266,7 +284,8 @@ bool TcpConnection::flush_send() {
         iovec iov[kMaxSendIov];
         size_t n = 0;
         size_t bytes = 0;
-        for (auto &f : outq_) {
+        for (auto &frame : outq_) {
+            OutFrame &f = *frame;
             if (n + 2 + f.iov_count > kMaxSendIov) break;
             size_t skip = f.sent;
             size_t head_len = sizeof f.hdr;
@@ -307,11 +326,11 @@ bool TcpConnection::flush_send() {
         }
         size_t left = static_cast<size_t>(sent);
         while (left && !outq_.empty()) {
-            auto &f = outq_.front();
+            auto &f = *outq_.front();
             size_t take = std::min(left, f.total - f.sent);
             f.sent += take;
             left -= take;
-            if (f.sent == f.total) outq_.pop_front();
+            if (f.sent == f.total) retire_front();
         }
         if (static_cast<size_t>(sent) < bytes) return false;  // socket buffer full
     }
@@ -666,9 +685,9 @@ void TcpConnection::finish_frame() {
         }
         case wire::TcpOp::Write:
             if (cur_status_ != wire::TcpStatus::Ok) {
-                OutFrame nak = make_frame(wire::TcpOp::Nak, nullptr, nullptr, 0, false);
-                nak.hdr.status = static_cast<uint8_t>(cur_status_);
-                nak.hdr.imm = rx_count_;
+                FramePtr nak = make_frame(wire::TcpOp::Nak, nullptr, nullptr, 0, false);
+                nak->hdr.status = static_cast<uint8_t>(cur_status_);
+                nak->hdr.imm = rx_count_;
                 queue_frame(std::move(nak));
                 if (posted_buf_) transport_->post_recv(posted_buf_, posted_len_, posted_wr_id_);
                 posted_buf_ = nullptr;
@@ -690,7 +709,8 @@ void TcpConnection::finish_frame() {
             LocalPieces pieces;
             bool ok = transport_->resolver()->resolve(cur_ext_.key, cur_ext_.addr, cur_ext_.length,
                                                       FI_REMOTE_READ, pieces);
-            OutFrame resp;
+            FramePtr frame = new_frame();
+            OutFrame &resp = *frame;
             resp.hdr.op = static_cast<uint8_t>(wire::TcpOp::ReadResp);
             if (!ok) {
                 resp.hdr.status = static_cast<uint8_t>(wire::TcpStatus::RemoteAccess);
@@ -708,7 +728,7 @@ void TcpConnection::finish_frame() {
                 if (resp.device) resp.serial = next_serial_++;
                 transport_->resolver()->remote_access_done(cur_ext_.key, FI_REMOTE_READ);
             }
-            queue_frame(std::move(resp));
+            queue_frame(std::move(frame));
             break;
         }
         case wire::TcpOp::ReadResp:
@@ -852,7 +872,7 @@ void TcpConnection::flush_pending() {
     for (auto &wr : pending_)
         transport_->push_completion({wr.wr_id, this, wr.opcode, WcStatus::Flushed, false, 0, 0});
     pending_.clear();
-    outq_.clear();
+    while (!outq_.empty()) retire_front();
     if (posted_buf_) {
         transport_->post_recv(posted_buf_, posted_len_, posted_wr_id_);
         posted_buf_ = nullptr;

@@ -84,7 +84,19 @@ class TcpConnection final : public LinkConnection {
         size_t total = 0;  // header + ext + payload bytes
         size_t sent = 0;
         bool no_splice = false;  // vmsplice refused these pages: sendmsg copies them
+
+        // For reuse: everything but the scatter lists, whose first iov_count entries are
+        // always written before they are read.
+        void reset() {
+            hdr = {};
+            ext = {};
+            has_ext = counts_as_wr = device = no_splice = false;
+            iov_count = 0;
+            serial = stage_begin = stage_end = total = sent = 0;
+            inline_copy.clear();
+        }
     };
+    using FramePtr = std::unique_ptr<OutFrame>;
     struct PendingWr {
         uint64_t wr_id = 0;
         uint32_t seq = 0;
@@ -97,10 +109,12 @@ class TcpConnection final : public LinkConnection {
     };
     enum class RxPhase : uint8_t { Header, Extension, Payload };
 
-    int queue_wr(OutFrame &&frame, uint64_t wr_id, WcOpcode opcode, std::vector<iovec> read_iov,
+    int queue_wr(FramePtr frame, uint64_t wr_id, WcOpcode opcode, std::vector<iovec> read_iov,
                  std::vector<hmem::MemRef> read_mem, size_t length);
-    void queue_frame(OutFrame &&frame);
-    OutFrame make_frame(wire::TcpOp op, const iovec *iov, const hmem::MemRef *mem, size_t count,
+    void queue_frame(FramePtr frame);
+    FramePtr new_frame();
+    void retire_front();
+    FramePtr make_frame(wire::TcpOp op, const iovec *iov, const hmem::MemRef *mem, size_t count,
                         bool copy_payload);
     size_t push_staged(OutFrame &f, iovec *out);
     bool spliceable(const OutFrame &f) const;
@@ -128,7 +142,8 @@ class TcpConnection final : public LinkConnection {
     bool write_shut_ = false;
     bool reported_down_ = false;
 
-    std::deque<OutFrame> outq_;
+    std::deque<FramePtr> outq_;
+    std::vector<FramePtr> spare_frames_;
     std::deque<PendingWr> pending_;
     uint32_t next_seq_ = 0;      // sequence number of the next work request we post
     uint32_t rx_count_ = 0;      // work requests of the peer received and processed
