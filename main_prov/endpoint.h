@@ -73,6 +73,7 @@ struct TxOp {
     RemoteRegion remote{};
     uint64_t data = 0;
     bool peer_transfer = false;  // the offload twin's (FI_PEER_TRANSFER): reported to it
+    bool local = false;          // posted through the offload twin (counted in local_tx_pending_)
     int link_wrs = 0;            // link work requests not completed yet
     bool await_remote = false;   // rendezvous Fin or DeliveryAck pending
     int error = 0;
@@ -99,6 +100,7 @@ struct TxOp {
         remote = {};
         data = 0;
         peer_transfer = false;
+        local = false;
         link_wrs = 0;
         await_remote = false;
         error = 0;
@@ -271,6 +273,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     void finish_tx(TxOp *op);
     void fail_tx(TxOp *op, int err);
     void tx_report(TxOp *op);
+    void complete_injected(const SendArgs &a);
     TxOp *alloc_tx();
     void retire_tx(TxOp *op);
     Cntr *counter_for(const TxOp &op) const;
@@ -362,6 +365,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     std::vector<TxOp *> tx_free_;  // free list: no allocation per send in steady state
     uint64_t next_op_id_ = 1;
     size_t tx_outstanding_ = 0;
+    size_t local_tx_pending_ = 0;  // of tx_outstanding_, the operations posted to the twin
 };
 
 }  // namespace tandem

@@ -262,6 +262,20 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
     bool peer_transfer = a.flags & FI_PEER_TRANSFER;
     if (peer_transfer && !local_) return -FI_EINVAL;  // only our offload twin posts these
 
+    // A small node-local message goes straight into the peer's ring and is complete once
+    // there (the data has reached the peer's endpoint: FI_TRANSMIT_COMPLETE), with no
+    // operation to allocate or complete later. Not while earlier operations through the twin
+    // are pending (their completions come first), nor for FI_DELIVERY_COMPLETE (the receiver
+    // answers) or device memory (the twin's P2P policy decides). When the ring has no room
+    // now, the ordinary path below queues the message behind what waits for room.
+    if (!peer_transfer && !device && !(a.flags & FI_DELIVERY_COMPLETE) && local_ &&
+        local_tx_pending_ == 0 && len <= local_->inject_limit() && goes_local(peer, a.dest) &&
+        local_->inject(a.iov, a.count, a.dest, a.tag, a.data,
+                       (a.tagged ? FI_TAGGED : 0) | (a.flags & FI_REMOTE_CQ_DATA)) == 0) {
+        complete_injected(a);
+        return 0;
+    }
+
     TxOp *op = alloc_tx();
     op->kind = TxOp::Kind::Send;
     op->context = a.context;
@@ -292,9 +306,12 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
             count = op->iov.size();
         }
         ++tx_outstanding_;
+        ++local_tx_pending_;
+        op->local = true;
         int ret = local_->send(op, iov, desc, count, a.dest, a.flags, a.tag, a.data, a.tagged);
         if (ret) {
             --tx_outstanding_;
+            --local_tx_pending_;
             free_tx(op);
         }
         return ret;
@@ -385,10 +402,13 @@ ssize_t Endpoint::post_rma(const RmaArgs &a) {
             count = op->iov.size();
         }
         ++tx_outstanding_;
+        ++local_tx_pending_;
+        op->local = true;
         int ret =
             local_->rma(op, iov, desc, count, a.peer, a.addr, a.key, a.flags, a.data, a.write);
         if (ret) {
             --tx_outstanding_;
+            --local_tx_pending_;
             free_tx(op);
         }
         return ret;
@@ -514,6 +534,7 @@ Cntr *Endpoint::counter_for(const TxOp &op) const {
 void Endpoint::retire_tx(TxOp *op) {
     for (uint64_t key : op->internal_keys) domain_->mr_table().erase_internal(key);
     --tx_outstanding_;
+    if (op->local) --local_tx_pending_;
     free_tx(op);
 }
 
@@ -591,6 +612,15 @@ void Endpoint::tx_report(TxOp *op) {
     if (Cntr *cntr = counter_for(*op)) cntr->inc();
     if (op->report && tx_cq_)
         tx_cq_->write({op->context, op->cq_flags, 0, nullptr, 0, 0, FI_ADDR_NOTAVAIL});
+}
+
+// A send post_send put straight into a node-local peer's ring: what tx_report does for an
+// operation (counter, and the CQ entry unless fi_inject or selective completion omit it).
+void Endpoint::complete_injected(const SendArgs &a) {
+    if (send_cntr_) send_cntr_->inc();
+    if (tx_cq_ && !(a.flags & kNoCompletion) && (!tx_selective_ || (a.flags & FI_COMPLETION)))
+        tx_cq_->write({a.context, FI_SEND | (a.tagged ? FI_TAGGED : FI_MSG), 0, nullptr, 0, 0,
+                       FI_ADDR_NOTAVAIL});
 }
 
 void Endpoint::finish_tx(TxOp *op) {

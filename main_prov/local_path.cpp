@@ -107,6 +107,7 @@ std::unique_ptr<LocalPath> LocalPath::open(Endpoint &ep, OffloadDomain &off, Av 
         lp->ops_ = static_cast<peer::LocalPathOps *>(ops);
         if (!ret && (!lp->ops_ || lp->ops_->size < sizeof(peer::LocalPathOps))) ret = -FI_ENOSYS;
         if (!ret) {
+            lp->inject_limit_ = lp->ops_->inject_limit(lp->twin_);
             LocalPath *self = lp.get();
             lp->rx_queue_.set_data_source([self](fi_peer_rx_entry *entry) {
                 return self->ops_->queued_data(self->twin_, entry);

@@ -62,6 +62,15 @@ class LocalPath final : public peer::CqOwner {
     // op as context. A negative errno when the twin refused it (nothing will complete).
     int send(TxOp *op, const iovec *iov, void **desc, size_t count, fi_addr_t dest, uint64_t flags,
              uint64_t tag, uint64_t data, bool tagged);
+    // A small host-memory message straight into the peer's ring (peer::LocalPathOps::inject):
+    // 0 when it is there (the caller completes the send; nothing else will), else a negative
+    // errno and nothing was sent (-FI_EAGAIN: post it with send(), which queues it in order).
+    ssize_t inject(const iovec *iov, size_t count, fi_addr_t dest, uint64_t tag, uint64_t data,
+                   uint64_t flags) {
+        return ops_->inject(twin_, iov, count, dest, tag, data, flags);
+    }
+    // The largest message inject() takes.
+    size_t inject_limit() const { return inject_limit_; }
     int rma(TxOp *op, const iovec *iov, void **desc, size_t count, fi_addr_t peer, uint64_t addr,
             uint64_t key, uint64_t flags, uint64_t data, bool write);
     // fi_peer(3): the owner drives the peer's progress with fi_cq_read(cq, NULL, 0).
@@ -94,6 +103,7 @@ class LocalPath final : public peer::CqOwner {
     fid_ep *srx_ = nullptr;
     fid_ep *twin_ = nullptr;
     peer::LocalPathOps *ops_ = nullptr;
+    size_t inject_limit_ = 0;
     struct TransferDone {
         fi_cq_tagged_entry entry;
         int err;
