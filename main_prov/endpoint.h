@@ -335,6 +335,12 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     Eq *eq_ = nullptr;
 
     std::unique_ptr<TcpTransport> transport_;
+    // Whether this endpoint ever had a link connection (or an MSG endpoint, which has only
+    // links). Until then its transport has nothing but the listener to watch, and progress
+    // polls it every kIdleLinkPolls-th pass only (see progress()).
+    static constexpr unsigned kIdleLinkPolls = 8;
+    bool link_used_ = false;
+    mutable unsigned idle_link_passes_ = 0;
     std::vector<uint8_t> rx_slab_;  // link receive buffers
     size_t rx_buf_size_ = 0;
     size_t eager_limit_ = 0;

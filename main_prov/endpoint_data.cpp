@@ -441,6 +441,7 @@ ssize_t Endpoint::post_rma(const RmaArgs &a) {
 }
 
 void Endpoint::start_tx(TxOp *op) {
+    link_used_ = true;
     Peer *peer = op->peer;
     if (peer->established && peer->conn) {
         op->conn = peer->conn;
@@ -1197,6 +1198,16 @@ void Endpoint::fail_peer(Peer *peer, int err) {
 
 void Endpoint::progress() {
     if (local_) local_->progress();
+    // No link connection yet (every peer so far is node-local, or none yet): the transport
+    // has only its listener, which need not cost a busy poll of the node-local path on every
+    // pass. A peer that connects is accepted at a later pass (the transport's own check of
+    // its listener then runs every kIdleLinkPolls times as many passes), or at the first
+    // pass after the application slept on the descriptors (wait_fds).
+    if (!link_used_ && ++idle_link_passes_ < kIdleLinkPolls) {
+        if (local_) local_->flush_transfers();
+        return;
+    }
+    idle_link_passes_ = 0;
     WorkCompletion wc[32];
     for (;;) {
         int n = transport_->poll(wc, 32);
