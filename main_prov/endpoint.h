@@ -305,6 +305,10 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     RxMatcher &matcher_for(uint8_t proto_flags) {
         return (proto_flags & wire::kProtoPeer) ? peer_rx_ : *rx_;
     }
+    // The matcher a receive of this endpoint was posted on.
+    RxMatcher &matcher_of(const RxOp *rx) {
+        return (rx->op_flags & FI_PEER_TRANSFER) ? peer_rx_ : *rx_;
+    }
     static fi_addr_t source_of(const Unexpected &ux);
     bool goes_local(Peer *peer, fi_addr_t addr);
     void repost(void *buf);
@@ -352,6 +356,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     std::unordered_map<std::string, std::unique_ptr<Peer>> peers_;
     std::unordered_map<fi_addr_t, Peer *> peer_by_addr_;
     uint64_t peer_cache_version_ = ~0ull;
+    fi_addr_t last_peer_addr_ = FI_ADDR_NOTAVAIL;  // peer_for's last answer (same AV version)
+    Peer *last_peer_ = nullptr;
     Peer *msg_peer_ = nullptr;
     EndpointName src_name_;  // bound / advertised address
     bool named_ = false;

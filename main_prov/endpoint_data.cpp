@@ -226,19 +226,29 @@ Peer *Endpoint::peer_for(fi_addr_t addr) {
     }
     if (peer_cache_version_ != av_->version()) {
         peer_by_addr_.clear();
+        last_peer_ = nullptr;
         peer_cache_version_ = av_->version();
     }
+    // A run of operations to one peer skips the hash lookup.
+    if (last_peer_ && addr == last_peer_addr_) return last_peer_;
     auto it = peer_by_addr_.find(addr);
-    if (it != peer_by_addr_.end()) return it->second;
-    const EndpointName *name = av_->name_of(addr);
-    if (!name) fail(FI_EINVAL, "unknown destination address");
-    auto &slot = peers_[name->key()];
-    if (!slot) {
-        slot = std::make_unique<Peer>();
-        slot->name = *name;
+    Peer *peer;
+    if (it != peer_by_addr_.end()) {
+        peer = it->second;
+    } else {
+        const EndpointName *name = av_->name_of(addr);
+        if (!name) fail(FI_EINVAL, "unknown destination address");
+        auto &slot = peers_[name->key()];
+        if (!slot) {
+            slot = std::make_unique<Peer>();
+            slot->name = *name;
+        }
+        peer = slot.get();
+        peer_by_addr_[addr] = peer;
     }
-    peer_by_addr_[addr] = slot.get();
-    return slot.get();
+    last_peer_addr_ = addr;
+    last_peer_ = peer;
+    return peer;
 }
 
 ssize_t Endpoint::post_send(const SendArgs &a) {
@@ -746,7 +756,7 @@ ssize_t Endpoint::post_recv_on(RxMatcher &m, Endpoint *report_ep, uint64_t caps,
     if (a.count > kMaxIov) return -FI_EINVAL;
     if ((a.flags & FI_MULTI_RECV) && (a.tagged || !(caps & FI_MULTI_RECV) || a.count != 1))
         return -FI_EINVAL;
-    auto *rx = new RxOp;
+    RxOp *rx = m.new_op();
     rx->context = a.context;
     rx->op_flags = a.flags;
     rx->count = a.count;
@@ -877,7 +887,8 @@ ssize_t Endpoint::peek_or_claim_on(RxMatcher &m, Endpoint *report_ep, uint64_t c
                             src);
         return 0;
     }
-    auto *rx = new RxOp(probe);
+    RxOp *rx = m.new_op();
+    *rx = probe;
     ++m.outstanding;
     deliver_unexpected_any(rx, ux);
     return 0;
@@ -889,7 +900,7 @@ RxOp *Endpoint::slice_for(RxMatcher &m, RxOp *rx, size_t len) {
     if (!rx->multi) return rx;
     size_t left = rx->total - rx->consumed;
     size_t take = std::min(len, left);
-    auto *slice = new RxOp;
+    RxOp *slice = m.new_op();
     slice->context = rx->context;
     slice->op_flags = rx->op_flags & ~uint64_t(FI_MULTI_RECV);
     slice->count = 1;
@@ -976,7 +987,7 @@ void Endpoint::report_rx(RxOp *rx) {
                 rx->done_src);
     }
     if (parent) {
-        delete rx;
+        matcher_of(rx).free_op(rx);
         if (parent->retired && parent->children == 0) release_rx(parent);
     } else {
         release_rx(rx);
@@ -984,8 +995,9 @@ void Endpoint::report_rx(RxOp *rx) {
 }
 
 void Endpoint::release_rx(RxOp *rx) {
-    --((rx->op_flags & FI_PEER_TRANSFER) ? peer_rx_ : *rx_).outstanding;
-    delete rx;
+    RxMatcher &m = matcher_of(rx);
+    --m.outstanding;
+    m.free_op(rx);
 }
 
 void Endpoint::deliver_eager(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,
@@ -1236,7 +1248,7 @@ ssize_t Endpoint::cancel_on(RxMatcher &m, Endpoint *report_ep, void *context) {
         rx->retired = true;  // slices still to complete: the last one releases it
     } else {
         --m.outstanding;
-        delete rx;
+        m.free_op(rx);
     }
     return 0;
 }
