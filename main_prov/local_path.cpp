@@ -174,8 +174,7 @@ void LocalPath::transfer_done(const fi_cq_tagged_entry &entry, int err, size_t o
     transfers_done_.push_back({entry, err, olen, src});
 }
 
-void LocalPath::flush_transfers() {
-    if (transfers_done_.empty()) return;
+void LocalPath::flush_transfers_now() {
     fi_ops_transfer_peer *ops = transfer_.peer_ops;
     // Swapped out first: a callback may post more, whose completions wait for the next pass.
     transfers_flushing_.swap(transfers_done_);
@@ -200,8 +199,9 @@ void LocalPath::flush_transfers() {
     transfers_flushing_.clear();
 }
 
+// fi_peer(3)'s fi_cq_read(cq, NULL, 0), straight to the one twin endpoint bound to cq_.
 void LocalPath::progress() {
-    fi_cq_read(cq_, nullptr, 0);
+    ops_->progress(twin_);
 }
 
 void LocalPath::wait_fds(std::vector<int> &out) {
