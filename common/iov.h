@@ -83,6 +83,11 @@ size_t iov_walk2(const iovec *x, size_t nx, const iovec *y, size_t ny, size_t le
 // Copies len bytes of src into the list from `offset` on; returns the bytes copied.
 inline size_t iov_scatter(const iovec *iov, size_t count, size_t offset, const void *src,
                           size_t len) {
+    // The usual case, all in the first entry, without the walk (small messages pay for it).
+    if (count && offset <= iov[0].iov_len && len <= iov[0].iov_len - offset) {
+        if (len) memcpy(static_cast<uint8_t *>(iov[0].iov_base) + offset, src, len);
+        return len;
+    }
     auto *from = static_cast<const uint8_t *>(src);
     return iov_walk(iov, count, offset, len, [&](size_t, uint8_t *p, size_t n) {
         memcpy(p, from, n);
@@ -93,6 +98,10 @@ inline size_t iov_scatter(const iovec *iov, size_t count, size_t offset, const v
 
 // Copies len bytes of the list, from `offset` on, to dst; returns the bytes copied.
 inline size_t iov_gather(void *dst, const iovec *iov, size_t count, size_t offset, size_t len) {
+    if (count && offset <= iov[0].iov_len && len <= iov[0].iov_len - offset) {
+        if (len) memcpy(dst, static_cast<const uint8_t *>(iov[0].iov_base) + offset, len);
+        return len;
+    }
     auto *to = static_cast<uint8_t *>(dst);
     return iov_walk(iov, count, offset, len, [&](size_t, const uint8_t *p, size_t n) {
         memcpy(to, p, n);

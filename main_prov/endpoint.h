@@ -73,6 +73,7 @@ struct TxOp {
     RemoteRegion remote{};
     uint64_t data = 0;
     bool peer_transfer = false;  // the offload twin's (FI_PEER_TRANSFER): reported to it
+    bool local = false;          // posted through the offload twin (counted in local_tx_pending_)
     int link_wrs = 0;            // link work requests not completed yet
     bool await_remote = false;   // rendezvous Fin or DeliveryAck pending
     int error = 0;
@@ -99,6 +100,7 @@ struct TxOp {
         remote = {};
         data = 0;
         peer_transfer = false;
+        local = false;
         link_wrs = 0;
         await_remote = false;
         error = 0;
@@ -271,6 +273,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     void finish_tx(TxOp *op);
     void fail_tx(TxOp *op, int err);
     void tx_report(TxOp *op);
+    void complete_injected(const SendArgs &a);
     TxOp *alloc_tx();
     void retire_tx(TxOp *op);
     Cntr *counter_for(const TxOp &op) const;
@@ -302,6 +305,10 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     RxMatcher &matcher_for(uint8_t proto_flags) {
         return (proto_flags & wire::kProtoPeer) ? peer_rx_ : *rx_;
     }
+    // The matcher a receive of this endpoint was posted on.
+    RxMatcher &matcher_of(const RxOp *rx) {
+        return (rx->op_flags & FI_PEER_TRANSFER) ? peer_rx_ : *rx_;
+    }
     static fi_addr_t source_of(const Unexpected &ux);
     bool goes_local(Peer *peer, fi_addr_t addr);
     void repost(void *buf);
@@ -332,6 +339,12 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     Eq *eq_ = nullptr;
 
     std::unique_ptr<TcpTransport> transport_;
+    // Whether this endpoint ever had a link connection (or an MSG endpoint, which has only
+    // links). Until then its transport has nothing but the listener to watch, and progress
+    // polls it every kIdleLinkPolls-th pass only (see progress()).
+    static constexpr unsigned kIdleLinkPolls = 8;
+    bool link_used_ = false;
+    mutable unsigned idle_link_passes_ = 0;
     std::vector<uint8_t> rx_slab_;  // link receive buffers
     size_t rx_buf_size_ = 0;
     size_t eager_limit_ = 0;
@@ -343,6 +356,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     std::unordered_map<std::string, std::unique_ptr<Peer>> peers_;
     std::unordered_map<fi_addr_t, Peer *> peer_by_addr_;
     uint64_t peer_cache_version_ = ~0ull;
+    fi_addr_t last_peer_addr_ = FI_ADDR_NOTAVAIL;  // peer_for's last answer (same AV version)
+    Peer *last_peer_ = nullptr;
     Peer *msg_peer_ = nullptr;
     EndpointName src_name_;  // bound / advertised address
     bool named_ = false;
@@ -362,6 +377,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     std::vector<TxOp *> tx_free_;  // free list: no allocation per send in steady state
     uint64_t next_op_id_ = 1;
     size_t tx_outstanding_ = 0;
+    size_t local_tx_pending_ = 0;  // of tx_outstanding_, the operations posted to the twin
 };
 
 }  // namespace tandem

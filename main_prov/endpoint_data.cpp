@@ -226,19 +226,29 @@ Peer *Endpoint::peer_for(fi_addr_t addr) {
     }
     if (peer_cache_version_ != av_->version()) {
         peer_by_addr_.clear();
+        last_peer_ = nullptr;
         peer_cache_version_ = av_->version();
     }
+    // A run of operations to one peer skips the hash lookup.
+    if (last_peer_ && addr == last_peer_addr_) return last_peer_;
     auto it = peer_by_addr_.find(addr);
-    if (it != peer_by_addr_.end()) return it->second;
-    const EndpointName *name = av_->name_of(addr);
-    if (!name) fail(FI_EINVAL, "unknown destination address");
-    auto &slot = peers_[name->key()];
-    if (!slot) {
-        slot = std::make_unique<Peer>();
-        slot->name = *name;
+    Peer *peer;
+    if (it != peer_by_addr_.end()) {
+        peer = it->second;
+    } else {
+        const EndpointName *name = av_->name_of(addr);
+        if (!name) fail(FI_EINVAL, "unknown destination address");
+        auto &slot = peers_[name->key()];
+        if (!slot) {
+            slot = std::make_unique<Peer>();
+            slot->name = *name;
+        }
+        peer = slot.get();
+        peer_by_addr_[addr] = peer;
     }
-    peer_by_addr_[addr] = slot.get();
-    return slot.get();
+    last_peer_addr_ = addr;
+    last_peer_ = peer;
+    return peer;
 }
 
 ssize_t Endpoint::post_send(const SendArgs &a) {
@@ -261,6 +271,20 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
     Peer *peer = peer_for(a.dest);
     bool peer_transfer = a.flags & FI_PEER_TRANSFER;
     if (peer_transfer && !local_) return -FI_EINVAL;  // only our offload twin posts these
+
+    // A small node-local message goes straight into the peer's ring and is complete once
+    // there (the data has reached the peer's endpoint: FI_TRANSMIT_COMPLETE), with no
+    // operation to allocate or complete later. Not while earlier operations through the twin
+    // are pending (their completions come first), nor for FI_DELIVERY_COMPLETE (the receiver
+    // answers) or device memory (the twin's P2P policy decides). When the ring has no room
+    // now, the ordinary path below queues the message behind what waits for room.
+    if (!peer_transfer && !device && !(a.flags & FI_DELIVERY_COMPLETE) && local_ &&
+        local_tx_pending_ == 0 && len <= local_->inject_limit() && goes_local(peer, a.dest) &&
+        local_->inject(a.iov, a.count, a.dest, a.tag, a.data,
+                       (a.tagged ? FI_TAGGED : 0) | (a.flags & FI_REMOTE_CQ_DATA)) == 0) {
+        complete_injected(a);
+        return 0;
+    }
 
     TxOp *op = alloc_tx();
     op->kind = TxOp::Kind::Send;
@@ -292,9 +316,12 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
             count = op->iov.size();
         }
         ++tx_outstanding_;
+        ++local_tx_pending_;
+        op->local = true;
         int ret = local_->send(op, iov, desc, count, a.dest, a.flags, a.tag, a.data, a.tagged);
         if (ret) {
             --tx_outstanding_;
+            --local_tx_pending_;
             free_tx(op);
         }
         return ret;
@@ -385,10 +412,13 @@ ssize_t Endpoint::post_rma(const RmaArgs &a) {
             count = op->iov.size();
         }
         ++tx_outstanding_;
+        ++local_tx_pending_;
+        op->local = true;
         int ret =
             local_->rma(op, iov, desc, count, a.peer, a.addr, a.key, a.flags, a.data, a.write);
         if (ret) {
             --tx_outstanding_;
+            --local_tx_pending_;
             free_tx(op);
         }
         return ret;
@@ -421,6 +451,7 @@ ssize_t Endpoint::post_rma(const RmaArgs &a) {
 }
 
 void Endpoint::start_tx(TxOp *op) {
+    link_used_ = true;
     Peer *peer = op->peer;
     if (peer->established && peer->conn) {
         op->conn = peer->conn;
@@ -514,6 +545,7 @@ Cntr *Endpoint::counter_for(const TxOp &op) const {
 void Endpoint::retire_tx(TxOp *op) {
     for (uint64_t key : op->internal_keys) domain_->mr_table().erase_internal(key);
     --tx_outstanding_;
+    if (op->local) --local_tx_pending_;
     free_tx(op);
 }
 
@@ -591,6 +623,15 @@ void Endpoint::tx_report(TxOp *op) {
     if (Cntr *cntr = counter_for(*op)) cntr->inc();
     if (op->report && tx_cq_)
         tx_cq_->write({op->context, op->cq_flags, 0, nullptr, 0, 0, FI_ADDR_NOTAVAIL});
+}
+
+// A send post_send put straight into a node-local peer's ring: what tx_report does for an
+// operation (counter, and the CQ entry unless fi_inject or selective completion omit it).
+void Endpoint::complete_injected(const SendArgs &a) {
+    if (send_cntr_) send_cntr_->inc();
+    if (tx_cq_ && !(a.flags & kNoCompletion) && (!tx_selective_ || (a.flags & FI_COMPLETION)))
+        tx_cq_->write({a.context, FI_SEND | (a.tagged ? FI_TAGGED : FI_MSG), 0, nullptr, 0, 0,
+                       FI_ADDR_NOTAVAIL});
 }
 
 void Endpoint::finish_tx(TxOp *op) {
@@ -715,7 +756,7 @@ ssize_t Endpoint::post_recv_on(RxMatcher &m, Endpoint *report_ep, uint64_t caps,
     if (a.count > kMaxIov) return -FI_EINVAL;
     if ((a.flags & FI_MULTI_RECV) && (a.tagged || !(caps & FI_MULTI_RECV) || a.count != 1))
         return -FI_EINVAL;
-    auto *rx = new RxOp;
+    RxOp *rx = m.new_op();
     rx->context = a.context;
     rx->op_flags = a.flags;
     rx->count = a.count;
@@ -846,7 +887,8 @@ ssize_t Endpoint::peek_or_claim_on(RxMatcher &m, Endpoint *report_ep, uint64_t c
                             src);
         return 0;
     }
-    auto *rx = new RxOp(probe);
+    RxOp *rx = m.new_op();
+    *rx = probe;
     ++m.outstanding;
     deliver_unexpected_any(rx, ux);
     return 0;
@@ -858,7 +900,7 @@ RxOp *Endpoint::slice_for(RxMatcher &m, RxOp *rx, size_t len) {
     if (!rx->multi) return rx;
     size_t left = rx->total - rx->consumed;
     size_t take = std::min(len, left);
-    auto *slice = new RxOp;
+    RxOp *slice = m.new_op();
     slice->context = rx->context;
     slice->op_flags = rx->op_flags & ~uint64_t(FI_MULTI_RECV);
     slice->count = 1;
@@ -945,7 +987,7 @@ void Endpoint::report_rx(RxOp *rx) {
                 rx->done_src);
     }
     if (parent) {
-        delete rx;
+        matcher_of(rx).free_op(rx);
         if (parent->retired && parent->children == 0) release_rx(parent);
     } else {
         release_rx(rx);
@@ -953,8 +995,9 @@ void Endpoint::report_rx(RxOp *rx) {
 }
 
 void Endpoint::release_rx(RxOp *rx) {
-    --((rx->op_flags & FI_PEER_TRANSFER) ? peer_rx_ : *rx_).outstanding;
-    delete rx;
+    RxMatcher &m = matcher_of(rx);
+    --m.outstanding;
+    m.free_op(rx);
 }
 
 void Endpoint::deliver_eager(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,
@@ -1167,6 +1210,16 @@ void Endpoint::fail_peer(Peer *peer, int err) {
 
 void Endpoint::progress() {
     if (local_) local_->progress();
+    // No link connection yet (every peer so far is node-local, or none yet): the transport
+    // has only its listener, which need not cost a busy poll of the node-local path on every
+    // pass. A peer that connects is accepted at a later pass (the transport's own check of
+    // its listener then runs every kIdleLinkPolls times as many passes), or at the first
+    // pass after the application slept on the descriptors (wait_fds).
+    if (!link_used_ && ++idle_link_passes_ < kIdleLinkPolls) {
+        if (local_) local_->flush_transfers();
+        return;
+    }
+    idle_link_passes_ = 0;
     WorkCompletion wc[32];
     for (;;) {
         int n = transport_->poll(wc, 32);
@@ -1195,7 +1248,7 @@ ssize_t Endpoint::cancel_on(RxMatcher &m, Endpoint *report_ep, void *context) {
         rx->retired = true;  // slices still to complete: the last one releases it
     } else {
         --m.outstanding;
-        delete rx;
+        m.free_op(rx);
     }
     return 0;
 }

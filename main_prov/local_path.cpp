@@ -107,6 +107,7 @@ std::unique_ptr<LocalPath> LocalPath::open(Endpoint &ep, OffloadDomain &off, Av 
         lp->ops_ = static_cast<peer::LocalPathOps *>(ops);
         if (!ret && (!lp->ops_ || lp->ops_->size < sizeof(peer::LocalPathOps))) ret = -FI_ENOSYS;
         if (!ret) {
+            lp->inject_limit_ = lp->ops_->inject_limit(lp->twin_);
             LocalPath *self = lp.get();
             lp->rx_queue_.set_data_source([self](fi_peer_rx_entry *entry) {
                 return self->ops_->queued_data(self->twin_, entry);
@@ -173,8 +174,7 @@ void LocalPath::transfer_done(const fi_cq_tagged_entry &entry, int err, size_t o
     transfers_done_.push_back({entry, err, olen, src});
 }
 
-void LocalPath::flush_transfers() {
-    if (transfers_done_.empty()) return;
+void LocalPath::flush_transfers_now() {
     fi_ops_transfer_peer *ops = transfer_.peer_ops;
     // Swapped out first: a callback may post more, whose completions wait for the next pass.
     transfers_flushing_.swap(transfers_done_);
@@ -199,8 +199,9 @@ void LocalPath::flush_transfers() {
     transfers_flushing_.clear();
 }
 
+// fi_peer(3)'s fi_cq_read(cq, NULL, 0), straight to the one twin endpoint bound to cq_.
 void LocalPath::progress() {
-    fi_cq_read(cq_, nullptr, 0);
+    ops_->progress(twin_);
 }
 
 void LocalPath::wait_fds(std::vector<int> &out) {

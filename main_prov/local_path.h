@@ -62,9 +62,19 @@ class LocalPath final : public peer::CqOwner {
     // op as context. A negative errno when the twin refused it (nothing will complete).
     int send(TxOp *op, const iovec *iov, void **desc, size_t count, fi_addr_t dest, uint64_t flags,
              uint64_t tag, uint64_t data, bool tagged);
+    // A small host-memory message straight into the peer's ring (peer::LocalPathOps::inject):
+    // 0 when it is there (the caller completes the send; nothing else will), else a negative
+    // errno and nothing was sent (-FI_EAGAIN: post it with send(), which queues it in order).
+    ssize_t inject(const iovec *iov, size_t count, fi_addr_t dest, uint64_t tag, uint64_t data,
+                   uint64_t flags) {
+        return ops_->inject(twin_, iov, count, dest, tag, data, flags);
+    }
+    // The largest message inject() takes.
+    size_t inject_limit() const { return inject_limit_; }
     int rma(TxOp *op, const iovec *iov, void **desc, size_t count, fi_addr_t peer, uint64_t addr,
             uint64_t key, uint64_t flags, uint64_t data, bool write);
-    // fi_peer(3): the owner drives the peer's progress with fi_cq_read(cq, NULL, 0).
+    // fi_peer(3): the owner drives the peer's progress with fi_cq_read(cq, NULL, 0); the
+    // twin's LocalPathOps::progress is the same pass without the CQ's indirection.
     void progress();
     // The endpoint's FI_OPT_FI_HMEM_P2P, which the twin applies to its transfers.
     void set_p2p(int mode);
@@ -76,7 +86,9 @@ class LocalPath final : public peer::CqOwner {
     // complete / comperr callbacks by flush_transfers(), at the end of a progress pass, so
     // that the twin is never called back from inside one of its own calls into tandem.
     void transfer_done(const fi_cq_tagged_entry &entry, int err, size_t olen, fi_addr_t src);
-    void flush_transfers();
+    void flush_transfers() {
+        if (!transfers_done_.empty()) flush_transfers_now();  // (inline: called on every pass)
+    }
 
     ssize_t peer_write(void *context, uint64_t flags, size_t len, void *buf, uint64_t data,
                        uint64_t tag, fi_addr_t src) override;
@@ -84,6 +96,7 @@ class LocalPath final : public peer::CqOwner {
 
   private:
     explicit LocalPath(Endpoint &ep, RxMatcher &rx);
+    void flush_transfers_now();
     Endpoint &ep_;
     peer::ExportedCq cq_export_{*this};
     PeerRxQueue rx_queue_;
@@ -94,6 +107,7 @@ class LocalPath final : public peer::CqOwner {
     fid_ep *srx_ = nullptr;
     fid_ep *twin_ = nullptr;
     peer::LocalPathOps *ops_ = nullptr;
+    size_t inject_limit_ = 0;
     struct TransferDone {
         fi_cq_tagged_entry entry;
         int err;

@@ -136,15 +136,15 @@ void PeerRxQueue::peer_free_entry(fi_peer_rx_entry *entry) {
 // Direct mode: the importer reported the receive; tandem's bookkeeping of it ends here.
 void PeerRxQueue::release(RxOp *rx) {
     if (RxOp *parent = rx->parent) {
-        delete rx;
+        matcher_.free_op(rx);
         if (--parent->children == 0 && parent->retired) {
             --matcher_.outstanding;
-            delete parent;
+            matcher_.free_op(parent);
         }
         return;
     }
     --matcher_.outstanding;
-    delete rx;
+    matcher_.free_op(rx);
 }
 
 }  // namespace tandem

@@ -2,56 +2,52 @@
 
 #include "peer/peer_srx.h"
 
+#include <new>
+
 namespace tandem {
 
 namespace {
 
-struct RxOpPool {
-    std::vector<void *> spare;
-    ~RxOpPool() {
-        for (void *p : spare) ::operator delete(p);
-    }
-};
-thread_local RxOpPool g_rx_pool;
-constexpr size_t kRxPoolMax = 1024;
+constexpr size_t kSpareMax = 1024;
 
 }  // namespace
 
-void *RxOp::operator new(size_t size) {
-    if (size == sizeof(RxOp) && !g_rx_pool.spare.empty()) {
-        void *p = g_rx_pool.spare.back();
-        g_rx_pool.spare.pop_back();
-        return p;
-    }
-    return ::operator new(size);
+RxOp *RxMatcher::new_op() {
+    if (spare_.empty()) return new RxOp;
+    RxOp *rx = spare_.back();
+    spare_.pop_back();
+    return new (rx) RxOp;  // (trivially destructible: nothing to end first)
 }
 
-void RxOp::operator delete(void *p, size_t size) noexcept {
-    if (!p) return;
-    if (size == sizeof(RxOp) && g_rx_pool.spare.size() < kRxPoolMax) {
+void RxMatcher::free_op(RxOp *rx) {
+    if (spare_.size() < kSpareMax) {
         try {
-            g_rx_pool.spare.push_back(p);
+            spare_.push_back(rx);
             return;
         } catch (...) {
         }
     }
-    ::operator delete(p);
+    delete rx;
 }
 
 RxMatcher::~RxMatcher() {
-    for (auto *rx : posted_msg_) delete rx;
-    for (auto *rx : posted_tag_) delete rx;
+    for (PostedQueue *q : {&posted_msg_, &posted_tag_}) {
+        while (RxOp *rx = q->front()) {
+            q->erase(rx);
+            delete rx;
+        }
+    }
+    for (RxOp *rx : spare_) delete rx;
     for (auto *list : {&unexpected_msg_, &unexpected_tag_})
         for (auto &ux : *list) delete ux.peer_entry;
 }
 
 RxOp *RxMatcher::match_posted(bool tagged, uint64_t tag, fi_addr_t src) {
-    auto &list = list_for(tagged);
-    for (auto it = list.begin(); it != list.end(); ++it) {
-        RxOp *rx = *it;
+    PostedQueue &q = list_for(tagged);
+    for (RxOp *rx = q.front(); rx; rx = rx->posted_next) {
         if (tagged && !rx->matches_tag(tag)) continue;
         if (!rx->matches_src(src)) continue;
-        if (!rx->multi) list.erase(it);
+        if (!rx->multi) q.erase(rx);
         return rx;
     }
     return nullptr;
@@ -80,11 +76,10 @@ void RxMatcher::erase_unexpected(Unexpected *ux) {
 }
 
 RxOp *RxMatcher::cancel(void *context) {
-    for (auto *list : {&posted_msg_, &posted_tag_}) {
-        for (auto it = list->begin(); it != list->end(); ++it) {
-            if ((*it)->context != context) continue;
-            RxOp *rx = *it;
-            list->erase(it);
+    for (PostedQueue *q : {&posted_msg_, &posted_tag_}) {
+        for (RxOp *rx = q->front(); rx; rx = rx->posted_next) {
+            if (rx->context != context) continue;
+            q->erase(rx);
             return rx;
         }
     }

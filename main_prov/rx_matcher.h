@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <deque>
 #include <list>
+#include <type_traits>
 #include <vector>
 
 namespace tandem {
@@ -69,14 +70,15 @@ struct RxOp {
     fi_addr_t done_src = FI_ADDR_NOTAVAIL;
     int done_err = 0;
 
-    bool matches_tag(uint64_t t) const { return ((tag ^ t) & ~ignore) == 0; }
+    // Its place among the matcher's posted receives (RxMatcher::PostedQueue).
+    RxOp *posted_prev = nullptr, *posted_next = nullptr;
+    bool posted = false;
 
-    // One receive is allocated per posted buffer and freed at its completion, wherever that
-    // happens: a per-thread free list keeps malloc off that path.
-    static void *operator new(size_t size);
-    static void operator delete(void *p, size_t size) noexcept;
+    bool matches_tag(uint64_t t) const { return ((tag ^ t) & ~ignore) == 0; }
     bool matches_src(fi_addr_t s) const { return src == FI_ADDR_UNSPEC || src == s; }
 };
+// Recycled by constructing a fresh one in place (RxMatcher::new_op): nothing to destroy.
+static_assert(std::is_trivially_destructible_v<RxOp>);
 
 // A message that arrived before a receive matched it: the eager payload, or for a
 // rendezvous only the sender's buffer description.
@@ -100,11 +102,16 @@ class RxMatcher {
   public:
     ~RxMatcher();
 
+    // A receive is allocated per posted buffer and freed at its completion: recycled here
+    // (under the same serialisation as the matcher), so that path does not call malloc.
+    RxOp *new_op();
+    void free_op(RxOp *rx);
+
     void post(RxOp *rx) { list_for(rx->tagged).push_back(rx); }
     // The first posted receive for an arriving message; removed unless it is a multi-receive
     // buffer (which stays until retired).
     RxOp *match_posted(bool tagged, uint64_t tag, fi_addr_t src);
-    void remove_posted(RxOp *rx) { list_for(rx->tagged).remove(rx); }
+    void remove_posted(RxOp *rx) { list_for(rx->tagged).erase(rx); }
     void push_unexpected(Unexpected &&ux) { unexpected_for(ux.tagged()).push_back(std::move(ux)); }
 
     // The oldest unclaimed unexpected message the receive matches, taken off the queue.
@@ -126,13 +133,38 @@ class RxMatcher {
     size_t min_multi_recv = 0;
 
   private:
-    std::list<RxOp *> &list_for(bool tagged) { return tagged ? posted_tag_ : posted_msg_; }
+    // Posted receives in posting order, linked through the receives themselves: posting and
+    // matching allocate nothing, and a receive leaves from anywhere in the queue at once.
+    class PostedQueue {
+      public:
+        RxOp *front() const { return head_; }
+        void push_back(RxOp *rx) {
+            rx->posted_prev = tail_;
+            rx->posted_next = nullptr;
+            (tail_ ? tail_->posted_next : head_) = rx;
+            tail_ = rx;
+            rx->posted = true;
+        }
+        void erase(RxOp *rx) {
+            if (!rx->posted) return;
+            (rx->posted_prev ? rx->posted_prev->posted_next : head_) = rx->posted_next;
+            (rx->posted_next ? rx->posted_next->posted_prev : tail_) = rx->posted_prev;
+            rx->posted_prev = rx->posted_next = nullptr;
+            rx->posted = false;
+        }
+
+      private:
+        RxOp *head_ = nullptr, *tail_ = nullptr;
+    };
+
+    PostedQueue &list_for(bool tagged) { return tagged ? posted_tag_ : posted_msg_; }
     std::list<Unexpected> &unexpected_for(bool tagged) {
         return tagged ? unexpected_tag_ : unexpected_msg_;
     }
 
-    std::list<RxOp *> posted_msg_, posted_tag_;
+    PostedQueue posted_msg_, posted_tag_;
     std::list<Unexpected> unexpected_msg_, unexpected_tag_;
+    std::vector<RxOp *> spare_;  // completed receives, for new_op
 };
 
 template <class SourceOf>

@@ -108,9 +108,31 @@ int local_remote_twin(fid_ep *ep, fi_addr_t addr, uint64_t *caps) noexcept {
     return Endpoint::of(ep)->remote_twin(addr, caps);
 }
 
-peer::LocalPathOps local_path_ops = {
-    sizeof(peer::LocalPathOps), local_reachable, local_wait_fd,    local_arm,
-    local_queued_data,          local_introduce, local_remote_twin};
+size_t local_inject_limit(fid_ep *) noexcept {
+    return Config::get().eager_limit;
+}
+
+ssize_t local_inject(fid_ep *ep, const iovec *iov, size_t count, fi_addr_t dest, uint64_t tag,
+                     uint64_t data, uint64_t flags) noexcept try {
+    return Endpoint::of(ep)->inject(iov, count, dest, tag, data, flags);
+} catch (...) {
+    return current_exception_errno();
+}
+
+// A failing pass ends as it would inside fi_cq_read (whose result the owner ignores).
+void local_progress(fid_ep *ep) noexcept try { Endpoint::of(ep)->progress(); } catch (...) {
+}
+
+peer::LocalPathOps local_path_ops = {sizeof(peer::LocalPathOps),
+                                     local_reachable,
+                                     local_wait_fd,
+                                     local_arm,
+                                     local_queued_data,
+                                     local_introduce,
+                                     local_remote_twin,
+                                     local_inject_limit,
+                                     local_inject,
+                                     local_progress};
 
 // Completions of the transfers we post on the owner's endpoint (FI_PEER_TRANSFER).
 ssize_t transfer_complete(fid_ep *ep, fi_cq_tagged_entry *entry, fi_addr_t *src) noexcept try {
@@ -346,8 +368,13 @@ int Endpoint::reachable(fi_addr_t addr) {
 }
 
 Endpoint::PeerLink *Endpoint::link_for(fi_addr_t addr) {
+    if (addr == last_addr_ && last_link_) return last_link_;
     auto it = link_by_addr_.find(addr);
-    if (it != link_by_addr_.end()) return it->second;
+    if (it != link_by_addr_.end()) {
+        last_addr_ = addr;
+        last_link_ = it->second;
+        return it->second;
+    }
     uint8_t name[128];
     size_t len = sizeof name;
     if (av_->owner().lookup(addr, name, &len) != 0 || len > sizeof name) return nullptr;
@@ -408,18 +435,9 @@ bool Endpoint::push_gather(PeerLink &link, const LocalHeader &hdr, const iovec *
         }
         staged = bounce.data();
     }
-    auto fill = [&](uint8_t *cell) {
-        memcpy(cell, &hdr, sizeof hdr);
-        memcpy(cell + sizeof hdr, name_, wire::kLocalNameRoom);
-        uint8_t *body = cell + sizeof hdr + wire::kLocalNameRoom;
-        if (staged)
-            memcpy(body, staged, len);
-        else
-            iov_gather(body, iov, count, offset, len);
-    };
     if (link.backlog.empty()) {
         if (void *cell = link.ring->try_reserve()) {
-            fill(static_cast<uint8_t *>(cell));
+            fill_cell(static_cast<uint8_t *>(cell), hdr, iov, count, offset, len, staged);
             link.ring->publish(cell);
             notify(link);
             return true;
@@ -427,10 +445,21 @@ bool Endpoint::push_gather(PeerLink &link, const LocalHeader &hdr, const iovec *
     }
     // The inbox is full: keep the cell, in order, for the next progress call.
     std::vector<uint8_t> cell(sizeof hdr + wire::kLocalNameRoom + len);
-    fill(cell.data());
+    fill_cell(cell.data(), hdr, iov, count, offset, len, staged);
     if (link.backlog.empty()) ++backlogged_;
     link.backlog.push_back(std::move(cell));
     return true;
+}
+
+void Endpoint::fill_cell(uint8_t *cell, const LocalHeader &hdr, const iovec *iov, size_t count,
+                         size_t offset, size_t len, const uint8_t *staged) const {
+    memcpy(cell, &hdr, sizeof hdr);
+    memcpy(cell + sizeof hdr, name_, wire::kLocalNameRoom);
+    uint8_t *body = cell + sizeof hdr + wire::kLocalNameRoom;
+    if (staged)
+        memcpy(body, staged, len);
+    else
+        iov_gather(body, iov, count, offset, len);
 }
 
 // A payload in as many cells as it takes (Frag, WriteFrag, ReadData): each carries its
@@ -655,6 +684,37 @@ ssize_t Endpoint::post_send(const iovec *iov, void **desc, size_t count, fi_addr
     hdr.op = static_cast<uint8_t>(LocalOp::Frag);
     push_staged(*link, hdr, iov, count, len);
     if (!ack) complete_tx(context, cq_flags, len, 0);
+    return 0;
+}
+
+// The owner's fast path for small messages: the same Eager cell post_send would write, but
+// only when it can go into the ring at once, and without a completion (the owner reports the
+// send itself). A link with a backlog refuses: the cell must queue behind the backlog, which
+// post_send does.
+ssize_t Endpoint::inject(const iovec *iov, size_t count, fi_addr_t dest, uint64_t tag,
+                         uint64_t data, uint64_t flags) {
+    if (!enabled_) return -FI_EOPBADSTATE;
+    if ((count && !iov) || count > wire::kLocalMaxIov) return -FI_EINVAL;
+    PeerLink *link = link_for(dest);
+    if (!link) return -FI_EHOSTUNREACH;
+    if (link->dead) return -FI_ECONNRESET;
+    size_t len = iov_length(iov, count);
+    if (len > Config::get().eager_limit) return -FI_EMSGSIZE;
+    if (!link->backlog.empty()) return -FI_EAGAIN;
+    void *cell = link->ring->try_reserve();
+    if (!cell) return -FI_EAGAIN;
+    LocalHeader hdr = proto_;
+    hdr.op = static_cast<uint8_t>(LocalOp::Eager);
+    hdr.flags = ((flags & FI_TAGGED) ? wire::kLocalTagged : 0) |
+                ((flags & FI_REMOTE_CQ_DATA) ? wire::kLocalCqData : 0);
+    hdr.tag = tag;
+    hdr.cq_data = data;
+    hdr.total = len;
+    hdr.size = static_cast<uint32_t>(len);
+    hdr.msg_id = next_id_++;
+    fill_cell(static_cast<uint8_t *>(cell), hdr, iov, count, 0, len, nullptr);
+    link->ring->publish(cell);
+    notify(*link);
     return 0;
 }
 

@@ -99,6 +99,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     int arm();
     void introduce(fi_addr_t addr) { introductions_.push_back(addr); }
     int remote_twin(fi_addr_t addr, uint64_t *caps) const;
+    // peer::LocalPathOps::inject: one Eager cell straight into the peer's ring, or nothing.
+    ssize_t inject(const iovec *iov, size_t count, fi_addr_t dest, uint64_t tag, uint64_t data,
+                   uint64_t flags);
     // Peer transfer completions from the owner (fi_ops_transfer_peer).
     void transfer_complete(const fi_cq_tagged_entry &entry, fi_addr_t src);
     void transfer_error(const fi_cq_err_entry &err);
@@ -150,6 +153,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     void push(PeerLink &link, const wire::LocalHeader &hdr, const void *body, size_t len);
     bool push_gather(PeerLink &link, const wire::LocalHeader &hdr, const iovec *iov, size_t count,
                      size_t offset, size_t len, const hmem::MemRef *mem = nullptr);
+    // A cell's bytes: hdr, our name, then len bytes of the list from offset (or of staged).
+    void fill_cell(uint8_t *cell, const wire::LocalHeader &hdr, const iovec *iov, size_t count,
+                   size_t offset, size_t len, const uint8_t *staged) const;
     bool push_staged(PeerLink &link, wire::LocalHeader hdr, const iovec *iov, size_t count,
                      size_t len, const hmem::MemRef *mem = nullptr);
     bool flush(PeerLink &link);
@@ -201,6 +207,10 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
 
     std::unordered_map<std::string, std::unique_ptr<PeerLink>> links_;
     std::unordered_map<fi_addr_t, PeerLink *> link_by_addr_;
+    // The last answer of link_for (links live as long as the endpoint, and an address's link
+    // is never changed): a run of sends to one peer skips the hash lookup.
+    fi_addr_t last_addr_ = FI_ADDR_NOTAVAIL;
+    PeerLink *last_link_ = nullptr;
     std::vector<std::pair<std::string, fi_addr_t>> sources_;  // sender address -> fi_addr
     uint64_t sources_version_ = ~0ull;
     std::unordered_map<uint64_t, Pending> pending_;

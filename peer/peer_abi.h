@@ -89,7 +89,7 @@ struct PeerEpOps {
 
 // fi_open_ops name of off_tandem's endpoint extension: whether a peer (an fi_addr of the
 // shared AV) is reachable over the node-local path, so the owner routes it there.
-inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v1";
+inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v2";
 
 struct LocalPathOps {
     size_t size;
@@ -107,6 +107,20 @@ struct LocalPathOps {
     void (*introduce)(fid_ep *ep, fi_addr_t addr);
     // Whether the twin of the peer at addr introduced itself (1), with its capabilities.
     int (*remote_twin)(fid_ep *ep, fi_addr_t addr, uint64_t *caps);
+    // The largest message inject takes (what fits one ring cell).
+    size_t (*inject_limit)(fid_ep *ep);
+    // The small-message fast path: a message of host memory (at most inject_limit bytes) put
+    // straight into the peer's ring, where the peer's endpoint takes it. No operation, no
+    // completion: the owner completes the send itself when this returns 0. -FI_EAGAIN when
+    // it cannot go in now (the ring is full, or earlier cells to that peer wait for room:
+    // they keep their order if the owner posts it the ordinary way); another negative errno
+    // when the twin refuses it (unknown or dead peer, too large). flags: FI_TAGGED,
+    // FI_REMOTE_CQ_DATA.
+    ssize_t (*inject)(fid_ep *ep, const iovec *iov, size_t count, fi_addr_t dest, uint64_t tag,
+                      uint64_t data, uint64_t flags);
+    // One progress pass of this endpoint: what fi_cq_read(cq, NULL, 0) on its CQ does
+    // (fi_peer(3)), for the owner that knows which endpoint it drives.
+    void (*progress)(fid_ep *ep);
 };
 
 // fi_open_ops name of tandem's endpoint diagnostics (tests, tools): what the endpoint's

@@ -29,6 +29,10 @@ class TaggedTest : public FabricTest {
         m.context = c;
         return post([&] { return fi_trecvmsg(on.ep, &m, flags); });
     }
+    // A tagged receive of b at p (tag matched exactly), with the endpoint's default flags.
+    ssize_t trecv_at(uint8_t *p, size_t len, void *desc, uint64_t tag, void *c) {
+        return post([&] { return fi_trecv(b().ep, p, len, desc, FI_ADDR_UNSPEC, tag, 0, c); });
+    }
     void forget_err(Endpoint &e, void *c) {
         auto &v = e.log.errs;
         v.erase(std::remove_if(v.begin(), v.end(),
@@ -380,6 +384,138 @@ TEST_F(TaggedThreeTest, DirectedTaggedReceive) {
     ASSERT_FI_OK(trecv(b(), *r2, 64, 0x33, 0, ctx(2), b().peer[0]));
     ASSERT_TRUE(wait_comp(b(), ctx(2))) << b().log.summary();
     EXPECT_EQ(check_pattern(r2->data(), 64, 220), -1);
+}
+
+// A burst of small sends posted without reading the sender's CQ, several times what a
+// node-local peer's inbox holds: the first ones go straight into the peer's ring, the rest
+// wait in the sender's backlog. Nothing may be lost or reordered, and every send is reported
+// as asked:
+// under FI_SELECTIVE_COMPLETION only those with FI_COMPLETION write a CQ entry, fi_tinject
+// never does, and the send counter counts them all.
+class TaggedBurstTest : public TaggedTest {
+  protected:
+    void configure(FabricOptions &o) override {
+        o.cq_bind_flags = FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION;
+    }
+    void before_enable(Endpoint &e, size_t) override {
+        ASSERT_NO_FATAL_FAILURE(open_cntr(e.send_cntr));
+        ASSERT_FI_OK(fi_ep_bind(e.ep, &e.send_cntr->fid, FI_SEND));
+    }
+};
+
+TEST_F(TaggedBurstTest, BurstBeyondTheInboxKeepsOrderAndCompletions) {
+    constexpr size_t kN = 1200, kLen = 8, kTag = 0x77;
+    std::vector<fi_context2> send_ctx(kN), recv_ctx(kN);
+    auto s = buf(kN * kLen), r = buf(kN * kLen);
+    for (size_t i = 0; i < kN; ++i) {
+        uint64_t v = 1000000 + i;
+        std::memcpy(s->data() + i * kLen, &v, kLen);
+    }
+    auto post_recv = [&](size_t i) {
+        return trecv_at(r->data() + i * kLen, kLen, r->desc, kTag, &recv_ctx[i]);
+    };
+    // Half the receives wait for their messages, the other half come after them.
+    for (size_t i = 0; i < kN / 2; ++i) ASSERT_FI_OK(post_recv(i)) << i;
+    size_t reported = 0;
+    for (size_t i = 0; i < kN; ++i) {
+        uint8_t *p = s->data() + i * kLen;
+        auto send = [&]() -> ssize_t {
+            switch (i % 4) {
+                case 0:
+                    return fi_tinject(a().ep, p, kLen, a().peer[1], kTag);
+                case 1:  // no FI_COMPLETION: counted, not reported
+                    return fi_tsend(a().ep, p, kLen, s->desc, a().peer[1], kTag, &send_ctx[i]);
+                case 2: {
+                    iovec iov{p, kLen};
+                    void *desc = s->desc;
+                    fi_msg_tagged m{&iov, &desc, 1, a().peer[1], kTag, 0, &send_ctx[i], 0};
+                    return fi_tsendmsg(a().ep, &m, FI_COMPLETION);
+                }
+                default:
+                    return fi_tinjectdata(a().ep, p, kLen, i, a().peer[1], kTag);
+            }
+        };
+        ssize_t ret = send();
+        if (ret == -FI_EAGAIN) ret = post(send);
+        ASSERT_FI_OK(ret) << "send " << i;
+        if (i % 4 == 2) ++reported;
+        // Now and then the receiver takes what its inbox holds, making room while the sender
+        // still has messages waiting: later ones must not overtake them.
+        if (i % 97 == 96) b().log.drain();
+    }
+    for (size_t i = kN / 2; i < kN; ++i) ASSERT_FI_OK(post_recv(i)) << i;
+    ASSERT_TRUE(poll_until([&] {
+        return fi_cntr_read(a().send_cntr) >= kN && a().log.comps.size() >= reported;
+    })) << "send counter "
+        << fi_cntr_read(a().send_cntr) << "; " << a().log.summary();
+    // Every receive was posted without FI_COMPLETION: the data shows that they completed.
+    ASSERT_TRUE(poll_until([&] {
+        uint64_t last;
+        std::memcpy(&last, r->data() + (kN - 1) * kLen, kLen);
+        return last == 1000000 + kN - 1;
+    }));
+    poll_for(kQuiet);
+    for (size_t i = 0; i < kN; ++i) {
+        uint64_t v;
+        std::memcpy(&v, r->data() + i * kLen, kLen);
+        ASSERT_EQ(v, 1000000 + i) << "receive " << i << " got another message";
+    }
+    EXPECT_EQ(fi_cntr_read(a().send_cntr), kN);
+    EXPECT_EQ(fi_cntr_readerr(a().send_cntr), 0u);
+    EXPECT_TRUE(a().log.errs.empty()) << a().log.summary();
+    EXPECT_TRUE(b().log.errs.empty()) << b().log.summary();
+    ASSERT_EQ(a().log.comps.size(), reported) << a().log.summary();
+    for (size_t i = 2; i < kN; i += 4) {
+        auto c = a().log.find(&send_ctx[i]);
+        ASSERT_TRUE(c) << "send " << i << " with FI_COMPLETION not reported";
+        EXPECT_EQ(c->flags & (FI_SEND | FI_TAGGED), FI_SEND | FI_TAGGED);
+    }
+}
+
+// The same burst with every send reporting (no selective completion): one CQ entry per
+// fi_tsend, in the order they were posted, none for fi_tinject; CQ data arrives with its
+// message.
+TEST_F(TaggedTest, BurstBeyondTheInboxReportsEverySend) {
+    constexpr size_t kN = 1000, kLen = 16, kTag = 0x78;
+    std::vector<fi_context2> send_ctx(kN), recv_ctx(kN);
+    auto s = buf(kN * kLen), r = buf(kN * kLen);
+    for (size_t i = 0; i < kN; ++i) fill_pattern(s->data() + i * kLen, kLen, 300 + i);
+    size_t sends = 0;
+    for (size_t i = 0; i < kN; ++i) {
+        uint8_t *p = s->data() + i * kLen;
+        auto send = [&]() -> ssize_t {
+            if (i % 3 == 0) return fi_tinjectdata(a().ep, p, kLen, i, a().peer[1], kTag);
+            return fi_tsenddata(a().ep, p, kLen, s->desc, i, a().peer[1], kTag, &send_ctx[i]);
+        };
+        ssize_t ret = send();
+        if (ret == -FI_EAGAIN) ret = post(send);
+        ASSERT_FI_OK(ret) << "send " << i;
+        if (i % 3) ++sends;
+        if (i % 101 == 100) b().log.drain();
+    }
+    for (size_t i = 0; i < kN; ++i)
+        ASSERT_FI_OK(trecv_at(r->data() + i * kLen, kLen, r->desc, kTag, &recv_ctx[i])) << i;
+    ASSERT_TRUE(poll_until([&] {
+        return b().log.comps.size() >= kN && a().log.comps.size() >= sends;
+    })) << a().log.summary()
+        << " / " << b().log.summary();
+    poll_for(kQuiet);
+    ASSERT_EQ(a().log.comps.size(), sends) << a().log.summary();
+    ASSERT_EQ(b().log.comps.size(), kN) << b().log.summary();
+    EXPECT_TRUE(a().log.errs.empty() && b().log.errs.empty());
+    size_t next = 1;
+    for (const auto &c : a().log.comps) {
+        while (next % 3 == 0) ++next;
+        EXPECT_EQ(c.op_context, &send_ctx[next]) << "send completions out of posting order";
+        ++next;
+    }
+    for (size_t i = 0; i < kN; ++i) {
+        auto c = b().log.find(&recv_ctx[i]);
+        ASSERT_TRUE(c) << i;
+        EXPECT_TRUE(c->flags & FI_REMOTE_CQ_DATA) << i;
+        EXPECT_EQ(c->data, i) << "receive " << i << " got another message";
+        EXPECT_EQ(check_pattern(r->data() + i * kLen, kLen, 300 + i), -1) << i;
+    }
 }
 
 }  // namespace
