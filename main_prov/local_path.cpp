@@ -199,9 +199,8 @@ void LocalPath::flush_transfers_now() {
     transfers_flushing_.clear();
 }
 
-// fi_peer(3)'s fi_cq_read(cq, NULL, 0), straight to the one twin endpoint bound to cq_.
 void LocalPath::progress() {
-    ops_->progress(twin_);
+    fi_cq_read(cq_, nullptr, 0);
 }
 
 void LocalPath::wait_fds(std::vector<int> &out) {

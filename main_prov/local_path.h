@@ -73,8 +73,7 @@ class LocalPath final : public peer::CqOwner {
     size_t inject_limit() const { return inject_limit_; }
     int rma(TxOp *op, const iovec *iov, void **desc, size_t count, fi_addr_t peer, uint64_t addr,
             uint64_t key, uint64_t flags, uint64_t data, bool write);
-    // fi_peer(3): the owner drives the peer's progress with fi_cq_read(cq, NULL, 0); the
-    // twin's LocalPathOps::progress is the same pass without the CQ's indirection.
+    // fi_peer(3): the owner drives the peer's progress with fi_cq_read(cq, NULL, 0).
     void progress();
     // The endpoint's FI_OPT_FI_HMEM_P2P, which the twin applies to its transfers.
     void set_p2p(int mode);

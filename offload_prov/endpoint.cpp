@@ -119,10 +119,6 @@ ssize_t local_inject(fid_ep *ep, const iovec *iov, size_t count, fi_addr_t dest,
     return current_exception_errno();
 }
 
-// A failing pass ends as it would inside fi_cq_read (whose result the owner ignores).
-void local_progress(fid_ep *ep) noexcept try { Endpoint::of(ep)->progress(); } catch (...) {
-}
-
 peer::LocalPathOps local_path_ops = {sizeof(peer::LocalPathOps),
                                      local_reachable,
                                      local_wait_fd,
@@ -131,8 +127,7 @@ peer::LocalPathOps local_path_ops = {sizeof(peer::LocalPathOps),
                                      local_introduce,
                                      local_remote_twin,
                                      local_inject_limit,
-                                     local_inject,
-                                     local_progress};
+                                     local_inject};
 
 // Completions of the transfers we post on the owner's endpoint (FI_PEER_TRANSFER).
 ssize_t transfer_complete(fid_ep *ep, fi_cq_tagged_entry *entry, fi_addr_t *src) noexcept try {

@@ -118,9 +118,6 @@ struct LocalPathOps {
     // FI_REMOTE_CQ_DATA.
     ssize_t (*inject)(fid_ep *ep, const iovec *iov, size_t count, fi_addr_t dest, uint64_t tag,
                       uint64_t data, uint64_t flags);
-    // One progress pass of this endpoint: what fi_cq_read(cq, NULL, 0) on its CQ does
-    // (fi_peer(3)), for the owner that knows which endpoint it drives.
-    void (*progress)(fid_ep *ep);
 };
 
 // fi_open_ops name of tandem's endpoint diagnostics (tests, tools): what the endpoint's
