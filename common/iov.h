@@ -80,11 +80,17 @@ size_t iov_walk2(const iovec *x, size_t nx, const iovec *y, size_t ny, size_t le
     return done;
 }
 
+// Whether bytes [offset, offset + len) lie in the list's first entry: the usual case of a
+// small message, which iov_scatter and iov_gather copy without the walk (it cost more than
+// the copy).
+inline bool iov_in_first(const iovec *iov, size_t count, size_t offset, size_t len) {
+    return count && offset <= iov[0].iov_len && len <= iov[0].iov_len - offset;
+}
+
 // Copies len bytes of src into the list from `offset` on; returns the bytes copied.
 inline size_t iov_scatter(const iovec *iov, size_t count, size_t offset, const void *src,
                           size_t len) {
-    // The usual case, all in the first entry, without the walk (small messages pay for it).
-    if (count && offset <= iov[0].iov_len && len <= iov[0].iov_len - offset) {
+    if (iov_in_first(iov, count, offset, len)) {
         if (len) memcpy(static_cast<uint8_t *>(iov[0].iov_base) + offset, src, len);
         return len;
     }
@@ -98,7 +104,7 @@ inline size_t iov_scatter(const iovec *iov, size_t count, size_t offset, const v
 
 // Copies len bytes of the list, from `offset` on, to dst; returns the bytes copied.
 inline size_t iov_gather(void *dst, const iovec *iov, size_t count, size_t offset, size_t len) {
-    if (count && offset <= iov[0].iov_len && len <= iov[0].iov_len - offset) {
+    if (iov_in_first(iov, count, offset, len)) {
         if (len) memcpy(dst, static_cast<const uint8_t *>(iov[0].iov_base) + offset, len);
         return len;
     }
