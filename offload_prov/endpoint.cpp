@@ -430,19 +430,25 @@ bool Endpoint::push_gather(PeerLink &link, const LocalHeader &hdr, const iovec *
         }
         staged = bounce.data();
     }
-    if (link.backlog.empty()) {
-        if (void *cell = link.ring->try_reserve()) {
-            fill_cell(static_cast<uint8_t *>(cell), hdr, iov, count, offset, len, staged);
-            link.ring->publish(cell);
-            notify(link);
-            return true;
-        }
-    }
+    if (try_push(link, hdr, iov, count, offset, len, staged)) return true;
     // The inbox is full: keep the cell, in order, for the next progress call.
     std::vector<uint8_t> cell(sizeof hdr + wire::kLocalNameRoom + len);
     fill_cell(cell.data(), hdr, iov, count, offset, len, staged);
     if (link.backlog.empty()) ++backlogged_;
     link.backlog.push_back(std::move(cell));
+    return true;
+}
+
+// The cell straight into the peer's inbox, if it can go now: nothing waits for room before
+// it (order) and the ring has a free cell. False, with nothing written, otherwise.
+inline bool Endpoint::try_push(PeerLink &link, const LocalHeader &hdr, const iovec *iov,
+                               size_t count, size_t offset, size_t len, const uint8_t *staged) {
+    if (!link.backlog.empty()) return false;
+    void *cell = link.ring->try_reserve();
+    if (!cell) return false;
+    fill_cell(static_cast<uint8_t *>(cell), hdr, iov, count, offset, len, staged);
+    link.ring->publish(cell);
+    notify(link);
     return true;
 }
 
@@ -571,13 +577,7 @@ ssize_t Endpoint::post_send(const iovec *iov, void **desc, size_t count, fi_addr
         complete_tx(context, cq_flags, len, FI_ECONNRESET);
         return 0;
     }
-    LocalHeader hdr = proto_;
-    hdr.flags =
-        (tagged ? wire::kLocalTagged : 0) | ((flags & FI_REMOTE_CQ_DATA) ? wire::kLocalCqData : 0);
-    hdr.tag = tag;
-    hdr.cq_data = data;
-    hdr.total = len;
-    hdr.msg_id = next_id_++;
+    LocalHeader hdr = message_header(len, tag, data, flags, tagged);
     // FI_DELIVERY_COMPLETE: complete when the receiver placed the data (its Fin), not when
     // the cells are written.
     bool ack = flags & FI_DELIVERY_COMPLETE;
@@ -695,22 +695,25 @@ ssize_t Endpoint::inject(const iovec *iov, size_t count, fi_addr_t dest, uint64_
     if (link->dead) return -FI_ECONNRESET;
     size_t len = iov_length(iov, count);
     if (len > Config::get().eager_limit) return -FI_EMSGSIZE;
-    if (!link->backlog.empty()) return -FI_EAGAIN;
-    void *cell = link->ring->try_reserve();
-    if (!cell) return -FI_EAGAIN;
-    LocalHeader hdr = proto_;
+    LocalHeader hdr = message_header(len, tag, data, flags, flags & FI_TAGGED);
     hdr.op = static_cast<uint8_t>(LocalOp::Eager);
-    hdr.flags = ((flags & FI_TAGGED) ? wire::kLocalTagged : 0) |
-                ((flags & FI_REMOTE_CQ_DATA) ? wire::kLocalCqData : 0);
+    hdr.size = static_cast<uint32_t>(len);
+    // (An id not sent is skipped: ids only name operations, they need not be consecutive.)
+    return try_push(*link, hdr, iov, count, 0, len, nullptr) ? 0 : -FI_EAGAIN;
+}
+
+// The header of a message's first (or only) cell, with a fresh id; op and size are the
+// caller's.
+LocalHeader Endpoint::message_header(size_t len, uint64_t tag, uint64_t data, uint64_t flags,
+                                     bool tagged) {
+    LocalHeader hdr = proto_;
+    hdr.flags =
+        (tagged ? wire::kLocalTagged : 0) | ((flags & FI_REMOTE_CQ_DATA) ? wire::kLocalCqData : 0);
     hdr.tag = tag;
     hdr.cq_data = data;
     hdr.total = len;
-    hdr.size = static_cast<uint32_t>(len);
     hdr.msg_id = next_id_++;
-    fill_cell(static_cast<uint8_t *>(cell), hdr, iov, count, 0, len, nullptr);
-    link->ring->publish(cell);
-    notify(*link);
-    return 0;
+    return hdr;
 }
 
 // Single copy: the receiver reads the buffers of p.iov (or p.bounce) with CMA; they stay ours

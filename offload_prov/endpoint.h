@@ -153,6 +153,10 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     void push(PeerLink &link, const wire::LocalHeader &hdr, const void *body, size_t len);
     bool push_gather(PeerLink &link, const wire::LocalHeader &hdr, const iovec *iov, size_t count,
                      size_t offset, size_t len, const hmem::MemRef *mem = nullptr);
+    bool try_push(PeerLink &link, const wire::LocalHeader &hdr, const iovec *iov, size_t count,
+                  size_t offset, size_t len, const uint8_t *staged);
+    wire::LocalHeader message_header(size_t len, uint64_t tag, uint64_t data, uint64_t flags,
+                                     bool tagged);
     // A cell's bytes: hdr, our name, then len bytes of the list from offset (or of staged).
     void fill_cell(uint8_t *cell, const wire::LocalHeader &hdr, const iovec *iov, size_t count,
                    size_t offset, size_t len, const uint8_t *staged) const;
