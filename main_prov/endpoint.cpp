@@ -197,7 +197,6 @@ Endpoint::Endpoint(Domain *domain, fi_info *info, void *context)
     if (!info_ || !info_->ep_attr) fail(FI_EINVAL, "endpoint without attributes");
     type_ = info_->ep_attr->type;
     if (type_ != FI_EP_RDM && type_ != FI_EP_MSG) fail(FI_EINVAL, "unsupported endpoint type");
-    link_used_ = type_ == FI_EP_MSG;
     caps_ = info_->caps ? info_->caps : (FI_MSG | FI_TAGGED | FI_RMA);
     // Without FI_HMEM there is no device memory to move: report P2P as not in use.
     if (!(caps_ & FI_HMEM)) p2p_.set(FI_HMEM_P2P_DISABLED, false);
@@ -673,7 +672,6 @@ void Endpoint::wait_fds(std::vector<int> &out) const {
 }
 
 void Endpoint::handle_cm_event(CmEvent &ev) {
-    link_used_ = true;  // (a peer connecting to our listener)
     LinkConnection *conn = ev.conn;
     Peer *peer = static_cast<Peer *>(conn->context);
     switch (ev.type) {

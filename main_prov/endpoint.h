@@ -274,6 +274,11 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     void fail_tx(TxOp *op, int err);
     void tx_report(TxOp *op);
     void complete_injected(const SendArgs &a);
+    // Whether a transmit posted with these flags writes a CQ entry (fi_inject and friends
+    // never do; under FI_SELECTIVE_COMPLETION only those asking for FI_COMPLETION).
+    bool tx_reports(uint64_t flags) const {
+        return !(flags & kNoCompletion) && (!tx_selective_ || (flags & FI_COMPLETION));
+    }
     TxOp *alloc_tx();
     void retire_tx(TxOp *op);
     Cntr *counter_for(const TxOp &op) const;
@@ -339,11 +344,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     Eq *eq_ = nullptr;
 
     std::unique_ptr<TcpTransport> transport_;
-    // Whether this endpoint ever had a link connection (or an MSG endpoint, which has only
-    // links). Until then its transport has nothing but the listener to watch, and progress
-    // polls it every kIdleLinkPolls-th pass only (see progress()).
+    // While the transport is idle (nothing but its listener to watch), progress polls it
+    // every kIdleLinkPolls-th pass only (see progress()).
     static constexpr unsigned kIdleLinkPolls = 8;
-    bool link_used_ = false;
     mutable unsigned idle_link_passes_ = 0;
     std::vector<uint8_t> rx_slab_;  // link receive buffers
     size_t rx_buf_size_ = 0;

@@ -291,7 +291,7 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
     op->context = a.context;
     op->op_flags = a.flags;
     op->cq_flags = FI_SEND | (a.tagged ? FI_TAGGED : FI_MSG);
-    op->report = !(a.flags & kNoCompletion) && (!tx_selective_ || (a.flags & FI_COMPLETION));
+    op->report = tx_reports(a.flags);
     op->len = len;
     op->peer = peer;
     op->id = next_op_id_++;
@@ -393,7 +393,7 @@ ssize_t Endpoint::post_rma(const RmaArgs &a) {
     op->context = a.context;
     op->op_flags = a.flags;
     op->cq_flags = FI_RMA | (a.write ? FI_WRITE : FI_READ);
-    op->report = !(a.flags & kNoCompletion) && (!tx_selective_ || (a.flags & FI_COMPLETION));
+    op->report = tx_reports(a.flags);
     op->len = len;
     op->peer = peer;
     op->id = next_op_id_++;
@@ -451,7 +451,6 @@ ssize_t Endpoint::post_rma(const RmaArgs &a) {
 }
 
 void Endpoint::start_tx(TxOp *op) {
-    link_used_ = true;
     Peer *peer = op->peer;
     if (peer->established && peer->conn) {
         op->conn = peer->conn;
@@ -629,7 +628,7 @@ void Endpoint::tx_report(TxOp *op) {
 // operation (counter, and the CQ entry unless fi_inject or selective completion omit it).
 void Endpoint::complete_injected(const SendArgs &a) {
     if (send_cntr_) send_cntr_->inc();
-    if (tx_cq_ && !(a.flags & kNoCompletion) && (!tx_selective_ || (a.flags & FI_COMPLETION)))
+    if (tx_cq_ && tx_reports(a.flags))
         tx_cq_->write({a.context, FI_SEND | (a.tagged ? FI_TAGGED : FI_MSG), 0, nullptr, 0, 0,
                        FI_ADDR_NOTAVAIL});
 }
@@ -1210,12 +1209,12 @@ void Endpoint::fail_peer(Peer *peer, int err) {
 
 void Endpoint::progress() {
     if (local_) local_->progress();
-    // No link connection yet (every peer so far is node-local, or none yet): the transport
-    // has only its listener, which need not cost a busy poll of the node-local path on every
+    // No link connection (every peer so far is node-local, or none yet): the transport has
+    // only its listener, which need not cost a busy poll of the node-local path on every
     // pass. A peer that connects is accepted at a later pass (the transport's own check of
     // its listener then runs every kIdleLinkPolls times as many passes), or at the first
     // pass after the application slept on the descriptors (wait_fds).
-    if (!link_used_ && ++idle_link_passes_ < kIdleLinkPolls) {
+    if (transport_->idle() && ++idle_link_passes_ < kIdleLinkPolls) {
         if (local_) local_->flush_transfers();
         return;
     }

@@ -143,8 +143,7 @@ TcpConnection::FramePtr TcpConnection::make_frame(wire::TcpOp op, const iovec *i
 void TcpConnection::queue_frame(FramePtr frame) {
     frame->hdr.ack = rx_count_;
     acked_sent_ = rx_count_;
-    frame->total =
-        sizeof(wire::TcpFrame) + (frame->has_ext ? sizeof(wire::TcpRdma) : 0) + frame->hdr.length;
+    frame->total = frame->head() + frame->hdr.length;
     outq_.push_back(std::move(frame));
 }
 
@@ -266,7 +265,7 @@ bool TcpConnection::flush_send() {
     if (fd_ < 0 || state_ == State::Connecting || state_ == State::Closed) return false;
     while (!outq_.empty()) {
         OutFrame &front = *outq_.front();
-        if (front.sent >= front.total - front.hdr.length && spliceable(front)) {
+        if (front.sent >= front.head() && spliceable(front)) {
             switch (splice_payload(front)) {
                 case SpliceResult::Sent:
                     retire_front();
@@ -362,7 +361,7 @@ TcpConnection::SpliceResult TcpConnection::splice_payload(OutFrame &f) {
         // The pipe keeps its default capacity (64 KiB): 256 KiB and 1 MiB measured no faster
         // on loopback, and the user's pipe quota counts capacity across all connections.
     }
-    const size_t head = f.total - f.hdr.length;
+    const size_t head = f.head();
     while (f.sent < f.total) {
         if (pipe_bytes_ == 0) {
             iovec iov[OutFrame::kMaxPayloadIov];
@@ -406,7 +405,7 @@ void TcpConnection::close_pipe() {
 // already (a previous sendmsg took part of it): 1 iovec, 0 when the payload is all sent, or
 // SIZE_MAX when the device copy failed (the connection is failed then).
 size_t TcpConnection::push_staged(OutFrame &f, iovec *out) {
-    size_t head = sizeof f.hdr + (f.has_ext ? sizeof f.ext : 0);
+    size_t head = f.head();
     size_t done = f.sent > head ? f.sent - head : 0;
     if (done >= f.hdr.length) return 0;
     if (stage_owner_ != f.serial || done < f.stage_begin || done >= f.stage_end) {

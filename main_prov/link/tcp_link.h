@@ -81,7 +81,8 @@ class TcpConnection final : public LinkConnection {
         uint64_t serial = 0;
         size_t stage_begin = 0, stage_end = 0;
         std::vector<uint8_t> inline_copy;
-        size_t total = 0;  // header + ext + payload bytes
+        size_t total = 0;  // head() + payload bytes
+        size_t head() const { return sizeof hdr + (has_ext ? sizeof ext : 0); }
         size_t sent = 0;
         bool no_splice = false;  // vmsplice refused these pages: sendmsg copies them
 
@@ -199,6 +200,11 @@ class TcpTransport final : public LinkTransport {
     // Keeps progressing until every connection has closed (after disconnect()), at most
     // timeout_ms; true when all did.
     bool drain(int timeout_ms);
+    // Nothing but the listener to watch: no connection (live or closing), and no completion
+    // or connection event waiting to be handed out.
+    bool idle() const {
+        return conns_.empty() && graveyard_.empty() && completions_.empty() && cm_events_.empty();
+    }
     void disconnect_all();
 
     // Detaches a connection (passive endpoint handing a request to a new endpoint).
