@@ -166,6 +166,7 @@ enum class LocalOp : uint8_t {
     WriteDone = 10,  // sender to receiver: the Cts part of msg_id is written (`status`)
     IpcRts = 11,     // device memory peer to peer: the receiver maps the sender's LocalIpc
                      // handles and copies with its device's engine, then answers Fin
+    Short = 12,      // an Eager message nobody waits a Fin for, under a LocalShortHeader
 };
 
 // Rts messages of at least this size are copied by both sides at once (Cts / WriteDone):
@@ -196,6 +197,26 @@ struct LocalHeader {
     uint64_t rma_key;
 };
 static_assert(sizeof(LocalHeader) == 72 && std::is_trivially_copyable_v<LocalHeader>);
+
+// The cell of a Short message: this header, the sender's name (name_len bytes, padded to a
+// multiple of 8), then the data. A small message then fits the cell's first cache line
+// (ShmRing's 16-byte sequence + 24 + a 16-byte IPv4 name + up to 8 bytes), so the receiver
+// waits for one line from the sender's core instead of two. Everything a Short cell leaves
+// out is implied: total == size, no id (nobody answers it), no pid, no offset.
+struct LocalShortHeader {
+    uint8_t op;  // LocalOp::Short
+    uint8_t flags;
+    uint8_t name_len;
+    uint8_t reserved;
+    uint32_t size;
+    uint64_t tag;
+    uint64_t cq_data;
+};
+static_assert(sizeof(LocalShortHeader) == 24 && std::is_trivially_copyable_v<LocalShortHeader>);
+
+inline constexpr size_t local_short_body_offset(size_t name_len) {
+    return sizeof(LocalShortHeader) + (name_len + 7) / 8 * 8;
+}
 
 inline constexpr size_t kLocalMaxIov = 4;
 

@@ -452,11 +452,40 @@ inline bool Endpoint::try_push(PeerLink &link, const LocalHeader &hdr, const iov
     return true;
 }
 
+// An Eager message nobody waits a Fin for goes as a Short cell (see wire::LocalShortHeader).
 void Endpoint::fill_cell(uint8_t *cell, const LocalHeader &hdr, const iovec *iov, size_t count,
                          size_t offset, size_t len, const uint8_t *staged) const {
-    memcpy(cell, &hdr, sizeof hdr);
-    memcpy(cell + sizeof hdr, name_, wire::kLocalNameRoom);
-    uint8_t *body = cell + sizeof hdr + wire::kLocalNameRoom;
+    uint8_t *body;
+    if (hdr.op == static_cast<uint8_t>(LocalOp::Eager) && !(hdr.flags & wire::kLocalAckReq)) {
+        wire::LocalShortHeader s{.op = static_cast<uint8_t>(LocalOp::Short),
+                                 .flags = hdr.flags,
+                                 .name_len = hdr.name_len,
+                                 .reserved = 0,
+                                 .size = hdr.size,
+                                 .tag = hdr.tag,
+                                 .cq_data = hdr.cq_data};
+        size_t at = wire::local_short_body_offset(hdr.name_len);
+        if (at + len <= ShmRing::kFirstLinePayload) {
+            // The whole cell is in the line the receiver polls: built here and stored in one
+            // burst, so that its polling cannot take the line back between our stores.
+            uint8_t line[ShmRing::kFirstLinePayload];
+            memcpy(line, &s, sizeof s);
+            memcpy(line + sizeof s, name_, at - sizeof s);  // name_ is zero-padded
+            if (staged)
+                memcpy(line + at, staged, len);
+            else
+                iov_gather(line + at, iov, count, offset, len);
+            memcpy(cell, line, sizeof line);
+            return;
+        }
+        memcpy(cell, &s, sizeof s);
+        memcpy(cell + sizeof s, name_, at - sizeof s);
+        body = cell + at;
+    } else {
+        memcpy(cell, &hdr, sizeof hdr);
+        memcpy(cell + sizeof hdr, name_, wire::kLocalNameRoom);
+        body = cell + sizeof hdr + wire::kLocalNameRoom;
+    }
     if (staged)
         memcpy(body, staged, len);
     else
@@ -963,6 +992,10 @@ fi_addr_t Endpoint::source_of(std::string_view sender) {
 }
 
 void Endpoint::handle_cell(const uint8_t *cell) {
+    if (cell[0] == static_cast<uint8_t>(LocalOp::Short)) {
+        handle_short(cell);
+        return;
+    }
     LocalHeader hdr;
     memcpy(&hdr, cell, sizeof hdr);
     if (hdr.name_len > wire::kLocalNameRoom) {
@@ -1061,8 +1094,31 @@ void Endpoint::handle_cell(const uint8_t *cell) {
         case LocalOp::WriteDone:
             handle_write_done(hdr, sender);
             return;
+        case LocalOp::Short:
+            return;  // handled above, before the long header is read
     }
     TANDEM_WARN(FI_LOG_EP_DATA, "dropping a cell with unknown op %u\n", hdr.op);
+}
+
+// A Short cell is an Eager message with the fields it leaves out implied.
+void Endpoint::handle_short(const uint8_t *cell) {
+    wire::LocalShortHeader s;
+    memcpy(&s, cell, sizeof s);
+    if (s.name_len > wire::kLocalNameRoom || s.size > wire::kLocalBodyRoom) {
+        TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed cell\n");
+        return;
+    }
+    LocalHeader hdr{};
+    hdr.op = static_cast<uint8_t>(LocalOp::Eager);
+    hdr.flags = s.flags;
+    hdr.name_len = s.name_len;
+    hdr.size = s.size;
+    hdr.total = s.size;
+    hdr.tag = s.tag;
+    hdr.cq_data = s.cq_data;
+    std::string_view sender(reinterpret_cast<const char *>(cell + sizeof s), s.name_len);
+    handle_message(hdr, sender, source_of(sender), cell + wire::local_short_body_offset(s.name_len),
+                   nullptr, nullptr);
 }
 
 // A whole message (inline, assembled from fragments, or an Rts naming the sender's buffers)

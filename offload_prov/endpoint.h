@@ -166,6 +166,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     PeerLink *link_to(std::string_view sender);
     void notify(PeerLink &link);
     void handle_cell(const uint8_t *cell);
+    void handle_short(const uint8_t *cell);
     void handle_message(const wire::LocalHeader &hdr, std::string_view sender, fi_addr_t src,
                         const uint8_t *data, const wire::LocalIov *rts_iov,
                         std::vector<uint8_t> *owned, const wire::LocalIpc *ipc = nullptr);

@@ -149,6 +149,10 @@ class ShmRing {
         head_.store(position + 1, std::memory_order_relaxed);
     }
 
+    // Payload bytes that share the cache line of the cell's sequence number (the line the
+    // consumer polls).
+    static constexpr size_t kFirstLinePayload = kCacheLine - 16;
+
     uint32_t cells() const { return cell_count_; }
     uint32_t cell_size() const { return cell_size_; }
 
@@ -163,6 +167,7 @@ class ShmRing {
         std::atomic<uint64_t> sequence;
     };
     static_assert(sizeof(Cell) <= kPayloadOffset);
+    static_assert(kFirstLinePayload == kCacheLine - kPayloadOffset);
 
     ShmRing() = default;
 
