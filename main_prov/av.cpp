@@ -391,7 +391,7 @@ const char *Av::straddr(const void *addr, char *buf, size_t *len) {
 }
 
 uint64_t Av::version() const {
-    return shared_ ? shared_->version.load(std::memory_order_acquire) : version_;
+    return (shared_ ? shared_->version : version_).load(std::memory_order_acquire);
 }
 
 const EndpointName *Av::name_of(FabricAddr addr) const {
@@ -430,9 +430,8 @@ fi_addr_t Av::peer_ep_addr(fid_ep *ep) {
     return peer_addr_of(buf, len);
 }
 
-uint64_t Av::peer_version() {
-    std::lock_guard guard(domain_->lock());
-    return version();
+const std::atomic<uint64_t> *Av::peer_version_word() {
+    return shared_ ? &shared_->version : &version_;
 }
 
 fi_addr_t Av::peer_addr_of(const void *addr, size_t addrlen) {

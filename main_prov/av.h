@@ -52,7 +52,7 @@ class Av final : public FidObject<Av, fid_av>, public peer::AvOwner {
         return lookup(fi_addr, addr, addrlen);
     }
     fi_addr_t peer_addr_of(const void *addr, size_t addrlen) override;
-    uint64_t peer_version() override;
+    const std::atomic<uint64_t> *peer_version_word() override;
     Domain *domain() const { return domain_; }
     void hold() { ++refs_; }
     void release() { --refs_; }
@@ -75,7 +75,9 @@ class Av final : public FidObject<Av, fid_av>, public peer::AvOwner {
     mutable std::unordered_map<std::string, FabricAddr> reverse_;
     std::set<FabricAddr> free_;  // removed indices, reused lowest first (fi_av(3))
     Eq *eq_ = nullptr;
-    uint64_t version_ = 0;
+    // Bumped by every insert and remove of a private AV; a peer provider reads it without our
+    // lock (peer_version_word).
+    std::atomic<uint64_t> version_{0};
     SharedSegment *shared_ = nullptr;  // FI_SHARED_AV: entries in a named shm segment
     size_t shared_size_ = 0;
     std::string shared_name_;

@@ -362,7 +362,15 @@ int Endpoint::reachable(fi_addr_t addr) {
     return link && !link->dead;
 }
 
+// The link of a destination, remembered per fi_addr_t until the AV changes (an address
+// removed and another inserted may reuse the fi_addr_t).
 Endpoint::PeerLink *Endpoint::link_for(fi_addr_t addr) {
+    uint64_t version = av_->owner().version();
+    if (version != links_version_) {
+        link_by_addr_.clear();
+        last_link_ = nullptr;
+        links_version_ = version;
+    }
     if (addr == last_addr_ && last_link_) return last_link_;
     auto it = link_by_addr_.find(addr);
     if (it != link_by_addr_.end()) {

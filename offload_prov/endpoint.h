@@ -212,10 +212,11 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
 
     std::unordered_map<std::string, std::unique_ptr<PeerLink>> links_;
     std::unordered_map<fi_addr_t, PeerLink *> link_by_addr_;
-    // The last answer of link_for (links live as long as the endpoint, and an address's link
-    // is never changed): a run of sends to one peer skips the hash lookup.
+    // The last answer of link_for (links live as long as the endpoint): a run of sends to one
+    // peer skips the hash lookup. Both caches hold for one version of the AV.
     fi_addr_t last_addr_ = FI_ADDR_NOTAVAIL;
     PeerLink *last_link_ = nullptr;
+    uint64_t links_version_ = ~0ull;
     std::vector<std::pair<std::string, fi_addr_t>> sources_;  // sender address -> fi_addr
     uint64_t sources_version_ = ~0ull;
     std::unordered_map<uint64_t, Pending> pending_;

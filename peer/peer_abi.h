@@ -6,6 +6,8 @@
 // (fi_ops_srx_peer callbacks take a fi_peer_rx_entry *, whose field is owner_context).
 #pragma once
 
+#include <atomic>
+
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
@@ -58,7 +60,7 @@ inline constexpr const char *kOffloadProvName = "off_tandem";
 // fi_open_ops name of tandem's extension of fid_peer_av: fi_peer(3)'s owner ops give an
 // offload provider the AV's attributes and one endpoint's address, but no way to read an
 // entry, and the node-local path needs the peer's address to find its shared segment.
-inline constexpr const char *kPeerAvOpsName = "tandem_peer_av_v1";
+inline constexpr const char *kPeerAvOpsName = "tandem_peer_av_v2";
 
 struct PeerAvOps {
     size_t size;
@@ -67,9 +69,11 @@ struct PeerAvOps {
     // The fi_addr of an address, FI_ADDR_NOTAVAIL when it is not in the AV (the reverse
     // lookup a receiver needs to report a source).
     fi_addr_t (*addr_of)(fid_peer_av *av, const void *addr, size_t addrlen);
-    // Changes whenever an entry is inserted or removed: translations cached by the peer hold
-    // while it stays the same.
-    uint64_t (*version)(fid_peer_av *av);
+    // A word that changes whenever an entry is inserted or removed, valid as long as the AV:
+    // translations cached by the peer hold while it stays the same. A word rather than a
+    // call because the peer checks it on every send (one load instead of two calls and the
+    // owner's lock).
+    const std::atomic<uint64_t> *(*version_word)(fid_peer_av *av);
 };
 
 // fi_open_ops name of tandem's endpoint extension for its offload twin: RMA that arrives over

@@ -32,14 +32,10 @@ struct ExportedAvOps {
         Trampoline<&ExportedAv::query>::call<fid_peer_av>,
         ep_addr,
     };
-    static uint64_t version(fid_peer_av *av) noexcept {
-        try {
-            return ExportedAv::of(av)->owner_.peer_version();
-        } catch (...) {
-            return 0;
-        }
+    static const std::atomic<uint64_t> *version_word(fid_peer_av *av) noexcept {
+        return ExportedAv::of(av)->owner_.peer_version_word();
     }
-    static inline PeerAvOps ext = {sizeof(PeerAvOps), lookup, addr_of, version};
+    static inline PeerAvOps ext = {sizeof(PeerAvOps), lookup, addr_of, version_word};
 };
 
 ExportedAv::ExportedAv(AvOwner &owner) : owner_(owner) {
@@ -66,6 +62,7 @@ ImportedAv::ImportedAv(fid_peer_av *av) : av_(av) {
         f->ops->ops_open && f->ops->ops_open(f, kPeerAvOpsName, 0, &ops, nullptr) == 0 && ops)
         ext_ = static_cast<PeerAvOps *>(ops);
     if (ext_ && ext_->size < sizeof(PeerAvOps)) ext_ = nullptr;  // an older owner's table
+    if (ext_) version_word_ = ext_->version_word(av_);
 }
 
 fid_peer_av *ImportedAv::from_context(const void *context) {

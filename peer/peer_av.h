@@ -16,7 +16,7 @@ class AvOwner {
     virtual fi_addr_t peer_ep_addr(fid_ep *ep) = 0;
     virtual int peer_lookup(fi_addr_t fi_addr, void *addr, size_t *addrlen) = 0;
     virtual fi_addr_t peer_addr_of(const void *addr, size_t addrlen) = 0;
-    virtual uint64_t peer_version() = 0;
+    virtual const std::atomic<uint64_t> *peer_version_word() = 0;
 
   protected:
     ~AvOwner() = default;
@@ -56,11 +56,14 @@ class ImportedAv {
         return ext_ ? ext_->addr_of(av_, addr, addrlen) : FI_ADDR_NOTAVAIL;
     }
     // Without tandem's extension every call is a new version: nothing gets cached.
-    uint64_t version() const { return ext_ ? ext_->version(av_) : ++uncached_; }
+    uint64_t version() const {
+        return version_word_ ? version_word_->load(std::memory_order_acquire) : ++uncached_;
+    }
 
   private:
     fid_peer_av *av_ = nullptr;
     PeerAvOps *ext_ = nullptr;
+    const std::atomic<uint64_t> *version_word_ = nullptr;
     mutable uint64_t uncached_ = 0;
 };
 

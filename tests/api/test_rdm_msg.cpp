@@ -487,6 +487,35 @@ TEST_F(RdmThreeTest, SourceUnknownToReceiverIsReportedAsNotAvailable) {
     EXPECT_EQ(check_pattern(r->data(), 32, 122), -1);
 }
 
+// An fi_addr_t freed by fi_av_remove and handed out again for another endpoint names that
+// endpoint from then on: nothing may still route it to the old one.
+TEST_F(RdmThreeTest, ReusedAddressReachesTheNewPeer) {
+    auto s1 = buf(16), s2 = buf(16), rb = buf(16), rc = buf(16);
+    fill_pattern(s1->data(), 16, 130);
+    fill_pattern(s2->data(), 16, 131);
+    fi_addr_t dest = a().peer[1];
+    ASSERT_FI_OK(
+        post([&] { return fi_recv(b().ep, rb->data(), 16, rb->desc, FI_ADDR_UNSPEC, ctx(1)); }));
+    ASSERT_FI_OK(post([&] { return fi_send(a().ep, s1->data(), 16, s1->desc, dest, ctx(10)); }));
+    ASSERT_TRUE(wait_comp(b(), ctx(1))) << b().log.summary();
+    ASSERT_TRUE(wait_comp(a(), ctx(10))) << a().log.summary();
+    // b out, c in: FI_AV_TABLE reuses the lowest free index (fi_av(3)).
+    ASSERT_FI_OK(fi_av_remove(a().av, &dest, 1, 0));
+    fi_addr_t reused = FI_ADDR_NOTAVAIL;
+    ASSERT_FI_RET(fi_av_insert(a().av, c().name.data(), 1, &reused, 0, nullptr), 1);
+    ASSERT_EQ(reused, dest) << "the AV did not reuse the freed index";
+    ASSERT_FI_OK(
+        post([&] { return fi_recv(b().ep, rb->data(), 16, rb->desc, FI_ADDR_UNSPEC, ctx(2)); }));
+    ASSERT_FI_OK(
+        post([&] { return fi_recv(c().ep, rc->data(), 16, rc->desc, FI_ADDR_UNSPEC, ctx(3)); }));
+    ASSERT_FI_OK(post([&] { return fi_send(a().ep, s2->data(), 16, s2->desc, dest, ctx(11)); }));
+    auto got = wait_comp(c(), ctx(3));
+    ASSERT_TRUE(got) << c().log.summary() << " / b: " << b().log.summary();
+    EXPECT_EQ(check_pattern(rc->data(), 16, 131), -1);
+    poll_for(50ms);
+    EXPECT_FALSE(b().log.has(ctx(2))) << "the message went to the endpoint removed from the AV";
+}
+
 // ---- FI_MULTI_RECV -------------------------------------------------------------------------
 
 class MultiRecvTest : public FabricTest, public ::testing::WithParamInterface<size_t> {
