@@ -107,6 +107,14 @@ TcpConnection::FramePtr TcpConnection::new_frame() {
     return f;
 }
 
+// The front frame has left entirely (not dropped by a failed connection).
+void TcpConnection::retire_sent() {
+    const OutFrame &f = *outq_.front();
+    if (f.counts_remote_read)
+        transport_->resolver()->remote_access_done(f.read_key, FI_REMOTE_READ);
+    retire_front();
+}
+
 void TcpConnection::retire_front() {
     if (spare_frames_.size() < kSpareFrames) spare_frames_.push_back(std::move(outq_.front()));
     outq_.pop_front();
@@ -268,7 +276,7 @@ bool TcpConnection::flush_send() {
         if (front.sent >= front.head() && spliceable(front)) {
             switch (splice_payload(front)) {
                 case SpliceResult::Sent:
-                    retire_front();
+                    retire_sent();
                     continue;
                 case SpliceResult::Refused:
                     front.no_splice = true;  // sendmsg copies it below
@@ -327,7 +335,7 @@ bool TcpConnection::flush_send() {
             size_t take = std::min(left, f.total - f.sent);
             f.sent += take;
             left -= take;
-            if (f.sent == f.total) retire_front();
+            if (f.sent == f.total) retire_sent();
         }
         if (static_cast<size_t>(sent) < bytes) return false;  // socket buffer full
     }
@@ -338,8 +346,8 @@ bool TcpConnection::flush_send() {
 // (the socket takes them from the pipe): the sending CPU copies nothing, and on loopback the
 // receiver's recv is the only copy. The pages must not change until the peer has read them,
 // which the link guarantees: a work request completes only when the peer acknowledges it
-// after placing its payload, and a read response is memory the application exposed to the
-// reader, which learns of the read's end only after it received the bytes.
+// after placing its payload. Read responses are never spliced (the target may reuse its
+// memory as soon as its FI_REMOTE_READ counter says the read is over).
 bool TcpConnection::spliceable(const OutFrame &f) const {
     size_t min = transport_->config().splice_min;
     return min && f.hdr.length >= min && !f.device && !f.no_splice && f.inline_copy.empty() &&
@@ -722,7 +730,12 @@ void TcpConnection::finish_frame() {
                     if (!pieces.mem[k].on_host()) resp.device = true;
                 }
                 if (resp.device) resp.serial = next_serial_++;
-                transport_->resolver()->remote_access_done(cur_ext_.key, FI_REMOTE_READ);
+                // The target's FI_REMOTE_READ counter moves once the bytes have left (see
+                // retire_sent), and they leave copied, not spliced: an application that sees
+                // the counter may change its memory, which must not alter what is in flight.
+                resp.counts_remote_read = true;
+                resp.read_key = cur_ext_.key;
+                resp.no_splice = true;
             }
             queue_frame(std::move(frame));
             break;

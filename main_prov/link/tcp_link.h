@@ -85,13 +85,18 @@ class TcpConnection final : public LinkConnection {
         size_t head() const { return sizeof hdr + (has_ext ? sizeof ext : 0); }
         size_t sent = 0;
         bool no_splice = false;  // vmsplice refused these pages: sendmsg copies them
+        // A read response: once it is sent, the read of region `read_key` is over for the
+        // target's FI_REMOTE_READ counter.
+        bool counts_remote_read = false;
+        uint64_t read_key = 0;
 
         // For reuse: everything but the scatter lists, whose first iov_count entries are
         // always written before they are read.
         void reset() {
             hdr = {};
             ext = {};
-            has_ext = counts_as_wr = device = no_splice = false;
+            has_ext = counts_as_wr = device = no_splice = counts_remote_read = false;
+            read_key = 0;
             iov_count = 0;
             serial = stage_begin = stage_end = total = sent = 0;
             inline_copy.clear();
@@ -115,6 +120,7 @@ class TcpConnection final : public LinkConnection {
     void queue_frame(FramePtr frame);
     FramePtr new_frame();
     void retire_front();
+    void retire_sent();
     FramePtr make_frame(wire::TcpOp op, const iovec *iov, const hmem::MemRef *mem, size_t count,
                         bool copy_payload);
     size_t push_staged(OutFrame &f, iovec *out);

@@ -163,6 +163,28 @@ TEST_F(BoundCntrTest, RmaCountersCountBothSides) {
     EXPECT_EQ(fi_cntr_read(a().send_cntr), 0u) << "RMA counted as a send";
 }
 
+// fi_cntr(3): FI_REMOTE_READ counts reads of our memory that have completed. Once it moves,
+// the target may change that memory, and the reader must still get the bytes it read (a
+// large read leaves in many pieces: counting it when its response was only queued let the
+// new bytes travel).
+TEST_F(BoundCntrTest, TargetMayReuseMemoryOnceRemoteReadIsCounted) {
+    constexpr size_t kLen = 8 << 20;
+    auto target = buf(kLen, 0, true);
+    auto local = buf(kLen);
+    fill_pattern(target->data(), kLen, 33);
+    ASSERT_FI_OK(post([&] {
+        return fi_read(a().ep, local->data(), kLen, local->desc, a().peer[1], rma_addr(*target, 0),
+                       target->key, ctx(1));
+    }));
+    ASSERT_TRUE(poll_until([&] { return fi_cntr_read(b().rread_cntr) >= 1; }))
+        << "remote read never counted";
+    std::memset(target->data(), 0x5A, kLen);  // the read is over for the target
+    EXPECT_TRUE(cntr_reaches(a().read_cntr, 1)) << fi_cntr_read(a().read_cntr);
+    EXPECT_EQ(fi_cntr_readerr(a().read_cntr), 0u);
+    EXPECT_EQ(check_pattern(local->data(), kLen, 33), -1)
+        << "the reader got bytes written after its read was counted at the target";
+}
+
 TEST_F(BoundCntrTest, FailedRmaIncrementsErrorValue) {
     auto target = buf(4096, 0, true);
     auto local = buf(4096);
