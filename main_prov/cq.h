@@ -4,6 +4,7 @@
 #pragma once
 
 #include "common/fid_adaptor.h"
+#include "common/ring_queue.h"
 #include "common/wait_fd.h"
 #include "main_prov/wait.h"
 #include "peer/peer_cq.h"
@@ -70,7 +71,7 @@ class Cq final : public FidObject<Cq, fid_cq>, public peer::CqOwner {
     Domain *domain_;
     fi_cq_format format_;
     size_t entry_size_;
-    std::deque<Completion> entries_;
+    RingQueue<Completion> entries_;
     std::deque<CompletionError> errors_;
     WaitBinding wait_;
     bool signalled_ = false;

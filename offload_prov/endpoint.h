@@ -21,6 +21,7 @@
 // owner is never re-entered from inside its own send.
 #pragma once
 
+#include "common/ring_queue.h"
 #include "common/fid_adaptor.h"
 #include "common/wire.h"
 #include "hmem/ipc_cache.h"
@@ -245,7 +246,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         size_t len;
         int err;
     };
-    std::deque<TxCompletion> tx_done_;
+    RingQueue<TxCompletion> tx_done_;
     uint64_t next_id_ = 1;
     uint64_t passes_ = 0;
     // Peer transfers with remote twins (wire::TwinHello over the owner's endpoint).

@@ -6,6 +6,7 @@
 // receiver has no posted buffer.
 #pragma once
 
+#include "common/ring_queue.h"
 #include "main_prov/link/link.h"
 #include "common/wire.h"
 
@@ -244,7 +245,7 @@ class TcpTransport final : public LinkTransport {
     std::vector<std::unique_ptr<TcpConnection>> conns_;
     std::vector<std::unique_ptr<TcpConnection>> graveyard_;  // destroyed, completions unread
     std::deque<PostedRecv> posted_;
-    std::deque<WorkCompletion> completions_;
+    RingQueue<WorkCompletion> completions_;
     std::deque<CmEvent> cm_events_;
 };
 
