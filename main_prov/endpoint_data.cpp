@@ -772,6 +772,7 @@ ssize_t Endpoint::post_recv_on(RxMatcher &m, Endpoint *report_ep, uint64_t caps,
     rx->multi = a.flags & FI_MULTI_RECV;
     ++m.outstanding;
     m.post(rx);
+    if (!m.has_unexpected(rx->tagged)) return 0;  // the usual case: no Unexpected to build
     // Messages that arrived before this receive, oldest first (a multi-receive buffer takes
     // as many as fit before it is retired).
     Unexpected ux;

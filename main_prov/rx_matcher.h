@@ -119,6 +119,7 @@ class RxMatcher {
     RxOp *match_posted(bool tagged, uint64_t tag, fi_addr_t src);
     void remove_posted(RxOp *rx) { list_for(rx->tagged).erase(rx); }
     void push_unexpected(Unexpected &&ux) { unexpected_for(ux.tagged()).push_back(std::move(ux)); }
+    bool has_unexpected(bool tagged) { return !unexpected_for(tagged).empty(); }
 
     // The oldest unclaimed unexpected message the receive matches, taken off the queue.
     // src_of(const Unexpected &) gives the message's source address.
