@@ -833,7 +833,13 @@ ssize_t Endpoint::peek_or_claim_on(RxMatcher &m, Endpoint *report_ep, uint64_t c
     probe.context = a.context;
     probe.op_flags = a.flags;
     probe.count = std::min(a.count, kMaxIov);
-    for (size_t i = 0; i < probe.count; ++i) probe.iov[i] = a.iov[i];
+    for (size_t i = 0; i < probe.count; ++i) {
+        probe.iov[i] = a.iov[i];
+        probe.desc[i] = a.desc ? a.desc[i] : nullptr;
+    }
+    // A claimed message is delivered into these buffers: where they live matters as for
+    // any receive (and a peer provider reads the descriptors).
+    probe.device = a.desc && peer::mems_of(a.desc, probe.count, probe.mem);
     probe.total = iov_length(probe.iov, probe.count);
     probe.tag = a.tag;
     probe.ignore = a.ignore;

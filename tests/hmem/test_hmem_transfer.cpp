@@ -1952,6 +1952,82 @@ TEST(Unexpected, DeviceReceivesPostedLate) {
     run_roles({{"sender", sender, {}}, {"receiver", receiver, {}}});
 }
 
+// FI_PEEK | FI_CLAIM reserves each message; the FI_CLAIM receives that take them name device
+// buffers, which must be honoured as for any receive (a claimed receive once ignored its
+// descriptors: the data was then written by the CPU as if to host memory).
+TEST(Unexpected, ClaimedMessagesIntoDeviceMemory) {
+    REQUIRE_DEVICE();
+    constexpr size_t kSmall = 64, kLarge = MiB;
+    auto sender = [](Role &r) {
+        R_TRY(cuda_up(r));
+        Buf a, b;
+        R_TRY(a.alloc(r, kSmall, true) && b.alloc(r, kLarge, true));
+        R_TRY(a.fill(r, kSeedData) && b.fill(r, kSeedData + 1));
+        Node n(r);
+        R_TRY(n.open());
+        R_TRY(n.enable() && n.connect());
+        fid_mr *amr = n.reg(a), *bmr = n.reg(b);
+        R_TRY(amr && bmr);
+        R_TRY(n.expect("ready"));
+        fi_context actx{}, bctx{};
+        R_POST(r, n, fi_tsend(n.ep, a.ptr(), kSmall, fi_mr_desc(amr), n.peer, 1, &actx));
+        R_POST(r, n, fi_tsend(n.ep, b.ptr(), kLarge, fi_mr_desc(bmr), n.peer, 2, &bctx));
+        Comp c;
+        R_TRY(n.wait(&actx, c, "the small send's completion"));
+        R_CHECK(r, !c.err, show(c));
+        R_TRY(n.wait(&bctx, c, "the large send's completion"));
+        R_CHECK(r, !c.err, show(c));
+        R_TRY(n.expect("received"));
+        n.bye();
+    };
+    auto receiver = [](Role &r) {
+        R_TRY(cuda_up(r));
+        Buf a, b;
+        R_TRY(a.alloc(r, kSmall, true) && b.alloc(r, kLarge, true));
+        R_TRY(a.fill(r, kSeedStale) && b.fill(r, kSeedStale));
+        Node n(r);
+        R_TRY(n.open());
+        R_TRY(n.enable() && n.connect());
+        fid_mr *amr = n.reg(a), *bmr = n.reg(b);
+        R_TRY(amr && bmr);
+        reset_stats();
+        R_TRY(n.tell("ready"));
+        fi_context claim[2]{};
+        for (uint64_t tag : {uint64_t(1), uint64_t(2)}) {
+            auto deadline = Clock::now() + kWait;
+            for (;;) {
+                fi_msg_tagged peek{nullptr, nullptr, 0, n.peer, tag, 0, &claim[tag - 1], 0};
+                R_POST(r, n, fi_trecvmsg(n.ep, &peek, FI_PEEK | FI_CLAIM));
+                Comp c;
+                R_TRY(n.wait(&claim[tag - 1], c, "the FI_PEEK | FI_CLAIM's completion"));
+                if (!c.err) break;
+                R_REQUIRE(r, c.ee.err == FI_ENOMSG, "FI_PEEK | FI_CLAIM: ", show(c));
+                R_REQUIRE(r, Clock::now() < deadline, "message ", tag, " never arrived");
+                std::this_thread::sleep_for(1ms);
+            }
+        }
+        for (uint64_t tag : {uint64_t(2), uint64_t(1)}) {
+            Buf &buf = tag == 1 ? a : b;
+            iovec iov{buf.ptr(), tag == 1 ? kSmall : kLarge};
+            void *desc = fi_mr_desc(tag == 1 ? amr : bmr);
+            fi_msg_tagged m{&iov, &desc, 1, n.peer, tag, 0, &claim[tag - 1], 0};
+            R_POST(r, n, fi_trecvmsg(n.ep, &m, FI_CLAIM));
+            Comp c;
+            R_TRY(n.wait(&claim[tag - 1], c, "the claiming receive's completion"));
+            R_CHECK(r, !c.err && c.e.len == iov.iov_len && c.e.tag == tag, show(c));
+        }
+        Stats st = read_stats();
+        // Both arrived into device memory by the device's copies (whether peer to peer or
+        // staged), never by a CPU memcpy into a device address.
+        R_MECH(r, st, st.s.bytes_htod + st.s.bytes_dtod >= kSmall + kLarge);
+        a.check(r, kSeedData, "the small message");
+        b.check(r, kSeedData + 1, "the large message");
+        R_TRY(n.tell("received"));
+        n.bye();
+    };
+    run_roles({{"sender", sender, {}}, {"receiver", receiver, {}}});
+}
+
 // ---- scatter lists: two device buffers sent, received into a host and a device buffer --------
 
 TEST(Send, TwoDeviceIovsIntoHostAndDeviceIovs1MiB) {
