@@ -245,8 +245,11 @@ size_t ShmSegment::reap_stale(const std::string &prefix) {
     const char *entry_prefix = prefix.c_str() + 1;  // directory entries lack the '/'
     size_t entry_prefix_len = prefix.size() - 1;
     while (const dirent *entry = ::readdir(dir))
-        if (std::strncmp(entry->d_name, entry_prefix, entry_prefix_len) == 0)
-            names.push_back("/" + std::string(entry->d_name));
+        if (std::strncmp(entry->d_name, entry_prefix, entry_prefix_len) == 0) {
+            std::string name = "/";
+            name += entry->d_name;
+            names.push_back(std::move(name));
+        }
     ::closedir(dir);
 
     size_t removed = 0;
