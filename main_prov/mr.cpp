@@ -170,6 +170,7 @@ void MrTable::erase_internal(uint64_t key) {
 bool MrTable::resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access,
                       LocalPieces &out) const {
     out.count = 0;
+    out.application = !(key & kInternalBit);
     if (key & kInternalBit) {
         auto it = internal_.find(key);
         if (it == internal_.end() || access != FI_REMOTE_READ) return false;

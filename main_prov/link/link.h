@@ -54,6 +54,9 @@ struct LocalPieces {
     iovec iov[kMax];
     hmem::MemRef mem[kMax];  // where each piece lives
     size_t count = 0;
+    // An application's registration (its remote accesses are events it counts), rather than
+    // a buffer the protocol exposed for one rendezvous.
+    bool application = true;
 };
 
 // Resolves a remote key at the target, with bounds and access checks, the way an RNIC checks

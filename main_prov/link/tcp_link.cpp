@@ -346,8 +346,10 @@ bool TcpConnection::flush_send() {
 // (the socket takes them from the pipe): the sending CPU copies nothing, and on loopback the
 // receiver's recv is the only copy. The pages must not change until the peer has read them,
 // which the link guarantees: a work request completes only when the peer acknowledges it
-// after placing its payload. Read responses are never spliced (the target may reuse its
-// memory as soon as its FI_REMOTE_READ counter says the read is over).
+// after placing its payload; a rendezvous source, read by the receiver, is the sender's
+// until the receiver's Fin. Responses to reads of an application's registrations are not
+// spliced (the target may reuse that memory as soon as its FI_REMOTE_READ counter says the
+// read is over).
 bool TcpConnection::spliceable(const OutFrame &f) const {
     size_t min = transport_->config().splice_min;
     return min && f.hdr.length >= min && !f.device && !f.no_splice && f.inline_copy.empty() &&
@@ -730,12 +732,16 @@ void TcpConnection::finish_frame() {
                     if (!pieces.mem[k].on_host()) resp.device = true;
                 }
                 if (resp.device) resp.serial = next_serial_++;
-                // The target's FI_REMOTE_READ counter moves once the bytes have left (see
-                // retire_sent), and they leave copied, not spliced: an application that sees
-                // the counter may change its memory, which must not alter what is in flight.
-                resp.counts_remote_read = true;
-                resp.read_key = cur_ext_.key;
-                resp.no_splice = true;
+                if (pieces.application) {
+                    // The target's FI_REMOTE_READ counter moves once the bytes have left (see
+                    // retire_sent), and they leave copied, not spliced: an application that
+                    // sees the counter may change its memory, which must not alter what is
+                    // in flight. (A rendezvous source stays the sender's until the reader's
+                    // Fin, so it may be spliced.)
+                    resp.counts_remote_read = true;
+                    resp.read_key = cur_ext_.key;
+                    resp.no_splice = true;
+                }
             }
             queue_frame(std::move(frame));
             break;
