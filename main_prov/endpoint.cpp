@@ -270,6 +270,7 @@ int Endpoint::close() {
         // sockets close; bounded, so a dead peer cannot hold up fi_close.
         transport_->disconnect_all();
         transport_->drain(250);
+        discard_link_work();
         for (Cq *cq : {tx_cq_, rx_cq_})
             if (cq) cq->release();
         for (Cntr *c : {send_cntr_, recv_cntr_, read_cntr_, write_cntr_, rread_cntr_, rwrite_cntr_})

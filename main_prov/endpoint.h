@@ -293,6 +293,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
                       uint64_t msg_id);
 
     void handle_wc(const WorkCompletion &wc);
+    void discard_link_work();
     void handle_cm_event(CmEvent &ev);
     void handle_message(LinkConnection *conn, const uint8_t *buf, size_t len);
     void deliver_eager(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,

@@ -1194,6 +1194,42 @@ void Endpoint::handle_wc(const WorkCompletion &wc) {
     }
 }
 
+// At close, once the connections are down: the work requests they flushed still name our
+// operations. Nothing is reported any more; what they hold is released. (An operation still
+// waiting for a peer's Fin is released with await_remote_.)
+void Endpoint::discard_link_work() {
+    transport_->abort_all();  // what drain() could not close in time
+    WorkCompletion wc[32];
+    int n;
+    while ((n = transport_->poll(wc, 32)) > 0) {
+        for (int i = 0; i < n; ++i) {
+            switch (static_cast<WrKind>(wc[i].wr_id & kWrKindMask)) {
+                case kWrTx: {
+                    TxOp *op = wr_ptr<TxOp>(wc[i].wr_id);
+                    if (--op->link_wrs == 0 && !op->await_remote) retire_tx(op);
+                    break;
+                }
+                case kWrRxRead: {
+                    RxOp *rx = wr_ptr<RxOp>(wc[i].wr_id);
+                    if (--rx->reads == 0) matcher_of(rx).free_op(rx);
+                    break;
+                }
+                case kWrControl:
+                    delete wr_ptr<ControlMsg>(wc[i].wr_id);
+                    break;
+                case kWrBuffer:
+                    break;  // our receive buffers, freed with the endpoint
+            }
+        }
+    }
+    for (auto &[id, op] : await_remote_)
+        if (op->link_wrs == 0)
+            retire_tx(op);
+        else
+            delete op;  // (a link that never flushed it: its keys go with the domain)
+    await_remote_.clear();
+}
+
 void Endpoint::fail_peer(Peer *peer, int err) {
     while (!peer->waiting.empty()) {
         TxOp *op = peer->waiting.front();

@@ -1013,6 +1013,11 @@ void TcpTransport::disconnect_all() {
     for (auto &c : conns_) c->disconnect();
 }
 
+void TcpTransport::abort_all() {
+    for (auto &c : conns_) c->abort();
+    for (auto &c : graveyard_) c->abort();
+}
+
 bool TcpTransport::drain(int timeout_ms) {
     auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     for (;;) {

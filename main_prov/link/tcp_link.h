@@ -50,6 +50,8 @@ class TcpConnection final : public LinkConnection {
     int accept(const void *priv, size_t len) override;
     int reject(const void *priv, size_t len) override;
     void disconnect() override;
+    // Closes the socket now; pending work requests complete as flushed (a QP moved to error).
+    void abort() { fail_connection(nullptr, 0); }
 
     bool established() const override { return state_ == State::Established; }
     bool failed() const override { return state_ == State::Closed; }
@@ -213,6 +215,8 @@ class TcpTransport final : public LinkTransport {
         return conns_.empty() && graveyard_.empty() && completions_.empty() && cm_events_.empty();
     }
     void disconnect_all();
+    // Every connection closed at once, its work requests flushed (what drain left).
+    void abort_all();
 
     // Detaches a connection (passive endpoint handing a request to a new endpoint).
     std::unique_ptr<LinkConnection> release(LinkConnection *conn);
