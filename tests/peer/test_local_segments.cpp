@@ -10,6 +10,7 @@
 #include <rdma/fi_errno.h>
 
 #include <dirent.h>
+#include <netinet/in.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -85,9 +86,20 @@ TEST(LocalSegments, PrivateToTheUserAndRemovedOnClose) {
     std::string why;
     ASSERT_TRUE(rdm.open(why)) << why;
     auto during = tandem_segments();
+    // This endpoint's files are named for its address; other tests running at the same time
+    // (ctest -j) create theirs too, so only names ending in our port count.
+    sockaddr_in name{};
+    size_t len = sizeof name;
+    ASSERT_EQ(fi_getname(&rdm.ep->fid, &name, &len), 0);
+    ASSERT_EQ(name.sin_family, AF_INET);
+    std::string port = "-";  // (not "-" + to_string(): GCC 12 -Wrestrict false positive at -O3)
+    port += std::to_string(ntohs(name.sin_port));
+    auto ours = [&](const std::string &n) {
+        return n.ends_with(port) || n.ends_with(port + ".wake");
+    };
     std::set<std::string> mine;
     for (const auto &n : during)
-        if (!before.count(n)) mine.insert(n);
+        if (!before.count(n) && ours(n)) mine.insert(n);
     // The inbox segment and its wake FIFO.
     ASSERT_EQ(mine.size(), 2u);
     for (const auto &n : mine) {
@@ -103,19 +115,35 @@ TEST(LocalSegments, PrivateToTheUserAndRemovedOnClose) {
 
 TEST(LocalSegments, ADeadProcessesSegmentsAreReapedByTheNextEndpoint) {
     auto before = tandem_segments();
+    // The child tells its port: segments of other tests running at the same time are alive
+    // and must not count as the dead child's.
+    int port_pipe[2];
+    ASSERT_EQ(pipe(port_pipe), 0);
     pid_t pid = fork();
     if (pid == 0) {
         Rdm rdm;
         std::string why;
         if (!rdm.open(why)) _exit(2);
+        sockaddr_in name{};
+        size_t len = sizeof name;
+        if (fi_getname(&rdm.ep->fid, &name, &len) != 0) _exit(3);
+        uint16_t port = ntohs(name.sin_port);
+        if (write(port_pipe[1], &port, sizeof port) != sizeof port) _exit(4);
         _exit(0);  // dies holding its endpoint: nothing closed, nothing removed
     }
+    close(port_pipe[1]);
+    uint16_t port = 0;
+    ASSERT_EQ(read(port_pipe[0], &port, sizeof port), ssize_t(sizeof port));
+    close(port_pipe[0]);
     int status = 0;
     ASSERT_EQ(waitpid(pid, &status, 0), pid);
     ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    std::string suffix = "-";
+    suffix += std::to_string(port);
     std::set<std::string> orphans;
     for (const auto &n : tandem_segments())
-        if (!before.count(n)) orphans.insert(n);
+        if (!before.count(n) && (n.ends_with(suffix) || n.ends_with(suffix + ".wake")))
+            orphans.insert(n);
     ASSERT_FALSE(orphans.empty()) << "the child left no segment (is off_tandem loaded?)";
 
     Rdm rdm;
