@@ -1858,41 +1858,52 @@ TEST(MultiRecv, DeviceBufferTakesTwoMessages) {
 
 // ---- 8. unexpected messages: the device receives are posted after the data arrived -----------
 
+// The sender of the Unexpected tests: once the peer says "ready", two tagged device messages,
+// tag 1 with `small` bytes of kSeedData and tag 2 with `large` bytes of kSeedData + 1, then
+// "sent"; both must complete without error. After the peer's "received", `check` gets the
+// driver's statistics counted from the first send.
+template <class Check>
+void send_two_tagged(Role &r, size_t small, size_t large, Check &&check) {
+    R_TRY(cuda_up(r));
+    Buf a, b;
+    R_TRY(a.alloc(r, small, true) && b.alloc(r, large, true));
+    R_TRY(a.fill(r, kSeedData) && b.fill(r, kSeedData + 1));
+    Node n(r);
+    R_TRY(n.open());
+    R_TRY(n.enable() && n.connect());
+    fid_mr *amr = n.reg(a), *bmr = n.reg(b);
+    R_TRY(amr && bmr);
+    R_TRY(n.expect("ready"));
+    reset_stats();
+    fi_context actx{}, bctx{};
+    R_POST(r, n, fi_tsend(n.ep, a.ptr(), small, fi_mr_desc(amr), n.peer, 1, &actx));
+    R_POST(r, n, fi_tsend(n.ep, b.ptr(), large, fi_mr_desc(bmr), n.peer, 2, &bctx));
+    R_TRY(n.tell("sent"));
+    Comp c;
+    R_TRY(n.wait(&actx, c, "the small send's completion"));
+    R_CHECK(r, !c.err, show(c));
+    R_TRY(n.wait(&bctx, c, "the large send's completion"));
+    R_CHECK(r, !c.err, show(c));
+    R_TRY(n.expect("received"));
+    check(read_stats());
+    n.bye();
+}
+
 TEST(Unexpected, DeviceReceivesPostedLate) {
     REQUIRE_DEVICE();
     constexpr size_t kSmall = 64, kLarge = MiB;
     const bool p2p = !net_variant();
     auto sender = [p2p](Role &r) {
-        R_TRY(cuda_up(r));
-        Buf a, b;
-        R_TRY(a.alloc(r, kSmall, true) && b.alloc(r, kLarge, true));
-        R_TRY(a.fill(r, kSeedData) && b.fill(r, kSeedData + 1));
-        Node n(r);
-        R_TRY(n.open());
-        R_TRY(n.enable() && n.connect());
-        fid_mr *amr = n.reg(a), *bmr = n.reg(b);
-        R_TRY(amr && bmr);
-        R_TRY(n.expect("ready"));
-        reset_stats();
-        fi_context actx{}, bctx{};
-        R_POST(r, n, fi_tsend(n.ep, a.ptr(), kSmall, fi_mr_desc(amr), n.peer, 1, &actx));
-        R_POST(r, n, fi_tsend(n.ep, b.ptr(), kLarge, fi_mr_desc(bmr), n.peer, 2, &bctx));
-        R_TRY(n.tell("sent"));
-        Comp c;
-        R_TRY(n.wait(&actx, c, "the small send's completion"));
-        R_CHECK(r, !c.err, show(c));
-        R_TRY(n.wait(&bctx, c, "the large send's completion"));
-        R_CHECK(r, !c.err, show(c));
-        R_TRY(n.expect("received"));
-        Stats st = read_stats();
-        if (p2p) {
-            R_MECH(r, st, st.s.ipc_gets >= 1);                                     // the large one
-            R_MECH(r, st, st.s.bytes_dtoh >= kSmall && st.s.bytes_dtoh < kLarge);  // the small one
-        } else {
-            R_MECH(r, st, st.s.ipc_gets == 0);
-            R_MECH(r, st, st.s.bytes_dtoh >= kSmall + kLarge);
-        }
-        n.bye();
+        send_two_tagged(r, kSmall, kLarge, [&](const Stats &st) {
+            if (p2p) {
+                R_MECH(r, st, st.s.ipc_gets >= 1);  // the large one
+                R_MECH(r, st,
+                       st.s.bytes_dtoh >= kSmall && st.s.bytes_dtoh < kLarge);  // the small one
+            } else {
+                R_MECH(r, st, st.s.ipc_gets == 0);
+                R_MECH(r, st, st.s.bytes_dtoh >= kSmall + kLarge);
+            }
+        });
     };
     auto receiver = [p2p](Role &r) {
         R_TRY(cuda_up(r));
@@ -1958,28 +1969,7 @@ TEST(Unexpected, DeviceReceivesPostedLate) {
 TEST(Unexpected, ClaimedMessagesIntoDeviceMemory) {
     REQUIRE_DEVICE();
     constexpr size_t kSmall = 64, kLarge = MiB;
-    auto sender = [](Role &r) {
-        R_TRY(cuda_up(r));
-        Buf a, b;
-        R_TRY(a.alloc(r, kSmall, true) && b.alloc(r, kLarge, true));
-        R_TRY(a.fill(r, kSeedData) && b.fill(r, kSeedData + 1));
-        Node n(r);
-        R_TRY(n.open());
-        R_TRY(n.enable() && n.connect());
-        fid_mr *amr = n.reg(a), *bmr = n.reg(b);
-        R_TRY(amr && bmr);
-        R_TRY(n.expect("ready"));
-        fi_context actx{}, bctx{};
-        R_POST(r, n, fi_tsend(n.ep, a.ptr(), kSmall, fi_mr_desc(amr), n.peer, 1, &actx));
-        R_POST(r, n, fi_tsend(n.ep, b.ptr(), kLarge, fi_mr_desc(bmr), n.peer, 2, &bctx));
-        Comp c;
-        R_TRY(n.wait(&actx, c, "the small send's completion"));
-        R_CHECK(r, !c.err, show(c));
-        R_TRY(n.wait(&bctx, c, "the large send's completion"));
-        R_CHECK(r, !c.err, show(c));
-        R_TRY(n.expect("received"));
-        n.bye();
-    };
+    auto sender = [](Role &r) { send_two_tagged(r, kSmall, kLarge, [](const Stats &) {}); };
     auto receiver = [](Role &r) {
         R_TRY(cuda_up(r));
         Buf a, b;
@@ -1992,6 +1982,7 @@ TEST(Unexpected, ClaimedMessagesIntoDeviceMemory) {
         R_TRY(amr && bmr);
         reset_stats();
         R_TRY(n.tell("ready"));
+        R_TRY(n.expect("sent"));
         fi_context claim[2]{};
         for (uint64_t tag : {uint64_t(1), uint64_t(2)}) {
             auto deadline = Clock::now() + kWait;
