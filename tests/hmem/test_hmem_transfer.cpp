@@ -1889,6 +1889,28 @@ void send_two_tagged(Role &r, size_t small, size_t large, Check &&check) {
     n.bye();
 }
 
+// The receiving side of send_two_tagged: stale device buffers of `small` and `large` bytes
+// registered on an endpoint connected to the sender, driver statistics counted from before
+// "ready"; start() returns once the sender said "sent".
+struct TwoTaggedReceiver {
+    explicit TwoTaggedReceiver(Role &role) : r(role), n(role) {}
+    bool start(size_t small, size_t large) {
+        if (!cuda_up(r) || !a.alloc(r, small, true) || !b.alloc(r, large, true) ||
+            !a.fill(r, kSeedStale) || !b.fill(r, kSeedStale) || !n.open() || !n.enable() ||
+            !n.connect())
+            return false;
+        amr = n.reg(a);
+        bmr = n.reg(b);
+        if (!amr || !bmr) return false;
+        reset_stats();
+        return n.tell("ready") && n.expect("sent");
+    }
+    Role &r;
+    Buf a, b;  // (before n: the endpoint closes first)
+    Node n;
+    fid_mr *amr = nullptr, *bmr = nullptr;
+};
+
 TEST(Unexpected, DeviceReceivesPostedLate) {
     REQUIRE_DEVICE();
     constexpr size_t kSmall = 64, kLarge = MiB;
@@ -1906,18 +1928,11 @@ TEST(Unexpected, DeviceReceivesPostedLate) {
         });
     };
     auto receiver = [p2p](Role &r) {
-        R_TRY(cuda_up(r));
-        Buf a, b;
-        R_TRY(a.alloc(r, kSmall, true) && b.alloc(r, kLarge, true));
-        R_TRY(a.fill(r, kSeedStale) && b.fill(r, kSeedStale));
-        Node n(r);
-        R_TRY(n.open());
-        R_TRY(n.enable() && n.connect());
-        fid_mr *amr = n.reg(a), *bmr = n.reg(b);
-        R_TRY(amr && bmr);
-        reset_stats();
-        R_TRY(n.tell("ready"));
-        R_TRY(n.expect("sent"));
+        TwoTaggedReceiver t(r);
+        R_TRY(t.start(kSmall, kLarge));
+        Buf &a = t.a, &b = t.b;
+        Node &n = t.n;
+        fid_mr *amr = t.amr, *bmr = t.bmr;
         // Wait until both messages are here (FI_PEEK finds them), then post.
         for (uint64_t tag : {uint64_t(2), uint64_t(1)}) {
             auto deadline = Clock::now() + kWait;
@@ -1971,18 +1986,11 @@ TEST(Unexpected, ClaimedMessagesIntoDeviceMemory) {
     constexpr size_t kSmall = 64, kLarge = MiB;
     auto sender = [](Role &r) { send_two_tagged(r, kSmall, kLarge, [](const Stats &) {}); };
     auto receiver = [](Role &r) {
-        R_TRY(cuda_up(r));
-        Buf a, b;
-        R_TRY(a.alloc(r, kSmall, true) && b.alloc(r, kLarge, true));
-        R_TRY(a.fill(r, kSeedStale) && b.fill(r, kSeedStale));
-        Node n(r);
-        R_TRY(n.open());
-        R_TRY(n.enable() && n.connect());
-        fid_mr *amr = n.reg(a), *bmr = n.reg(b);
-        R_TRY(amr && bmr);
-        reset_stats();
-        R_TRY(n.tell("ready"));
-        R_TRY(n.expect("sent"));
+        TwoTaggedReceiver t(r);
+        R_TRY(t.start(kSmall, kLarge));
+        Buf &a = t.a, &b = t.b;
+        Node &n = t.n;
+        fid_mr *amr = t.amr, *bmr = t.bmr;
         fi_context claim[2]{};
         for (uint64_t tag : {uint64_t(1), uint64_t(2)}) {
             auto deadline = Clock::now() + kWait;
