@@ -391,7 +391,7 @@ const char *Av::straddr(const void *addr, char *buf, size_t *len) {
 }
 
 uint64_t Av::version() const {
-    return (shared_ ? shared_->version : version_).load(std::memory_order_acquire);
+    return version_word().load(std::memory_order_acquire);
 }
 
 const EndpointName *Av::name_of(FabricAddr addr) const {
@@ -430,8 +430,12 @@ fi_addr_t Av::peer_ep_addr(fid_ep *ep) {
     return peer_addr_of(buf, len);
 }
 
+const std::atomic<uint64_t> &Av::version_word() const {
+    return shared_ ? shared_->version : version_;
+}
+
 const std::atomic<uint64_t> *Av::peer_version_word() {
-    return shared_ ? &shared_->version : &version_;
+    return &version_word();
 }
 
 fi_addr_t Av::peer_addr_of(const void *addr, size_t addrlen) {

@@ -78,6 +78,8 @@ class Av final : public FidObject<Av, fid_av>, public peer::AvOwner {
     // Bumped by every insert and remove of a private AV; a peer provider reads it without our
     // lock (peer_version_word).
     std::atomic<uint64_t> version_{0};
+    // version_, or the shared segment's word for FI_SHARED_AV: what version() reads.
+    const std::atomic<uint64_t> &version_word() const;
     SharedSegment *shared_ = nullptr;  // FI_SHARED_AV: entries in a named shm segment
     size_t shared_size_ = 0;
     std::string shared_name_;

@@ -473,21 +473,22 @@ void Endpoint::fill_cell(uint8_t *cell, const LocalHeader &hdr, const iovec *iov
                                  .tag = hdr.tag,
                                  .cq_data = hdr.cq_data};
         size_t at = wire::local_short_body_offset(hdr.name_len);
+        uint8_t head[sizeof s + wire::kLocalNameRoom];  // header and name, built here
+        static_assert(sizeof head >= ShmRing::kFirstLinePayload);
+        memcpy(head, &s, sizeof s);
+        memcpy(head + sizeof s, name_, at - sizeof s);  // name_ is zero-padded
         if (at + len <= ShmRing::kFirstLinePayload) {
-            // The whole cell is in the line the receiver polls: built here and stored in one
-            // burst, so that its polling cannot take the line back between our stores.
-            uint8_t line[ShmRing::kFirstLinePayload];
-            memcpy(line, &s, sizeof s);
-            memcpy(line + sizeof s, name_, at - sizeof s);  // name_ is zero-padded
+            // The whole cell is in the line the receiver polls: the data joins the head here
+            // and the line is stored in one burst, so that the receiver's polling cannot take
+            // it back between our stores.
             if (staged)
-                memcpy(line + at, staged, len);
+                memcpy(head + at, staged, len);
             else
-                iov_gather(line + at, iov, count, offset, len);
-            memcpy(cell, line, sizeof line);
+                iov_gather(head + at, iov, count, offset, len);
+            memcpy(cell, head, ShmRing::kFirstLinePayload);
             return;
         }
-        memcpy(cell, &s, sizeof s);
-        memcpy(cell + sizeof s, name_, at - sizeof s);
+        memcpy(cell, head, at);
         body = cell + at;
     } else {
         memcpy(cell, &hdr, sizeof hdr);

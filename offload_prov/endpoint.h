@@ -21,8 +21,8 @@
 // owner is never re-entered from inside its own send.
 #pragma once
 
-#include "common/ring_queue.h"
 #include "common/fid_adaptor.h"
+#include "common/ring_queue.h"
 #include "common/wire.h"
 #include "hmem/ipc_cache.h"
 #include "hmem/p2p_policy.h"

@@ -6,8 +6,8 @@
 // receiver has no posted buffer.
 #pragma once
 
-#include "common/ring_queue.h"
 #include "main_prov/link/link.h"
+#include "common/ring_queue.h"
 #include "common/wire.h"
 
 #include <deque>
