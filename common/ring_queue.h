@@ -26,6 +26,16 @@ class RingQueue {
         slots_[tail_++ & mask_] = value;
     }
     void clear() { head_ = tail_ = 0; }
+    // Removes the values pred accepts, keeping the others in order; returns how many went.
+    template <class Pred>
+    size_t remove_if(Pred pred) {
+        size_t kept = head_;
+        for (size_t i = head_; i != tail_; ++i)
+            if (!pred(slots_[i & mask_])) slots_[kept++ & mask_] = slots_[i & mask_];
+        size_t removed = tail_ - kept;
+        tail_ = kept;
+        return removed;
+    }
 
   private:
     void grow() {

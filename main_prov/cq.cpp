@@ -125,6 +125,7 @@ ssize_t Cq::read_locked(void *buf, size_t count, fi_addr_t *src_addr) {
     while (n < count && !entries_.empty()) {
         copy_out(entries_.front(), out + n * entry_size_);
         if (src_addr) src_addr[n] = entries_.front().src;
+        if (entries_.front().owner) --entries_.front().owner->queued;
         entries_.pop_front();
         ++n;
     }
@@ -166,6 +167,7 @@ ssize_t Cq::readerr(fi_cq_err_entry *buf, uint64_t flags) {
         buf->err_data = nullptr;
         buf->err_data_size = 0;
     }
+    if (errors_.front().owner) --errors_.front().owner->queued;
     errors_.pop_front();
     return 1;
 }
@@ -242,6 +244,7 @@ const char *Cq::strerror(int prov_errno, const void *err_data, char *buf, size_t
 // The eventfd is written only when someone may be asleep (armed by sread or fi_trywait),
 // so a busy-polling application pays no system call per completion.
 void Cq::write(const Completion &c) {
+    if (c.owner) ++c.owner->queued;
     entries_.push_back(c);
     if (armed_) {
         armed_ = false;
@@ -251,12 +254,19 @@ void Cq::write(const Completion &c) {
 }
 
 void Cq::write_error(const CompletionError &e) {
+    if (e.owner) ++e.owner->queued;
     errors_.push_back(e);
     if (armed_) {
         armed_ = false;
         signal_pending_ = true;
         wait_.signal().signal();
     }
+}
+
+void Cq::discard_receives_of(CompletionOwner *owner) {
+    entries_.remove_if([owner](const Completion &c) { return c.owner == owner; });
+    std::erase_if(errors_, [owner](const CompletionError &e) { return e.owner == owner; });
+    owner->queued = 0;
 }
 
 int Cq::trywait() {

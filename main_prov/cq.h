@@ -19,6 +19,12 @@ namespace tandem {
 class Domain;
 class WaitObject;
 
+// An endpoint's receive side, as the CQ sees it: how many of its completions (and errors)
+// the CQ holds that the application has not read yet.
+struct CompletionOwner {
+    size_t queued = 0;
+};
+
 struct Completion {
     void *op_context;
     uint64_t flags;
@@ -27,11 +33,15 @@ struct Completion {
     uint64_t data;
     uint64_t tag;
     fi_addr_t src;
+    // The endpoint receive side that wrote it (nullptr for transmit completions): counted
+    // until read, and discarded if that endpoint closes first (Cq::discard_receives_of).
+    CompletionOwner *owner = nullptr;
 };
 
 struct CompletionError {
     fi_cq_err_entry entry;
     fi_addr_t src;
+    CompletionOwner *owner = nullptr;  // as in Completion
 };
 
 class Cq final : public FidObject<Cq, fid_cq>, public peer::CqOwner {
@@ -53,6 +63,12 @@ class Cq final : public FidObject<Cq, fid_cq>, public peer::CqOwner {
     void write(const Completion &c);
     void write_error(const CompletionError &e);
     bool has_entries() const { return !entries_.empty() || !errors_.empty(); }
+    // fi_close of an endpoint: its receive completions not read yet are dropped, as
+    // fi_endpoint(3) allows and verbs does. ofi_rxm relies on it: it closes a connection's
+    // MSG endpoint, then reads the CQ and reposts each completed receive buffer on the
+    // endpoint the completion came from. Transmit completions stay: they tell the
+    // application its sends are done.
+    void discard_receives_of(CompletionOwner *owner);
     // fi_trywait: 0 when it is safe to sleep, -FI_EAGAIN when entries are ready.
     int trywait();
     WaitSet *wait_set() const { return wait_.set(); }

@@ -271,6 +271,7 @@ int Endpoint::close() {
         transport_->disconnect_all();
         transport_->drain(250);
         discard_link_work();
+        if (rx_cq_) rx_cq_->discard_receives_of(&rx_completions_);
         for (Cq *cq : {tx_cq_, rx_cq_})
             if (cq) cq->release();
         for (Cntr *c : {send_cntr_, recv_cntr_, read_cntr_, write_cntr_, rread_cntr_, rwrite_cntr_})
@@ -672,6 +673,19 @@ void Endpoint::wait_fds(std::vector<int> &out) const {
     if (local_) local_->wait_fds(out);
 }
 
+// FI_SHUTDOWN of a MSG endpoint waits until the application has read every receive
+// completion the endpoint had queued: then, when it sees the event, nothing of the connection
+// is left in the CQ. ofi_rxm depends on it: on FI_SHUTDOWN it closes the endpoint and reads
+// the CQ, reposting each receive buffer on the endpoint it completed on; a completion read
+// after the close was either lost (discarded by close) or reposted on a closed endpoint.
+void Endpoint::post_held_shutdown() {
+    if (!shutdown_held_ || rx_completions_.queued) return;
+    shutdown_held_ = false;
+    fi_eq_cm_entry entry{};
+    entry.fid = base_fid();
+    eq_->post(FI_SHUTDOWN, &entry, sizeof entry);
+}
+
 void Endpoint::handle_cm_event(CmEvent &ev) {
     LinkConnection *conn = ev.conn;
     Peer *peer = static_cast<Peer *>(conn->context);
@@ -757,11 +771,9 @@ void Endpoint::handle_cm_event(CmEvent &ev) {
                 bool was_up = msg_state_ == MsgState::Connected;
                 msg_state_ = MsgState::Shutdown;
                 if (peer) peer->established = false;
-                if (eq_ && was_up) {
-                    fi_eq_cm_entry entry{};
-                    entry.fid = base_fid();
-                    eq_->post(FI_SHUTDOWN, &entry, sizeof entry);
-                }
+                // Reported once the application has read what the peer sent before it left.
+                shutdown_held_ = eq_ && was_up;
+                post_held_shutdown();
                 if (peer) fail_peer(peer, FI_ECONNRESET);
                 return;
             }

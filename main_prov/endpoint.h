@@ -295,6 +295,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     void handle_wc(const WorkCompletion &wc);
     void discard_link_work();
     void handle_cm_event(CmEvent &ev);
+    void post_held_shutdown();
     void handle_message(LinkConnection *conn, const uint8_t *buf, size_t len);
     void deliver_eager(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,
                        const uint8_t *payload, fi_addr_t src);
@@ -368,6 +369,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
 
     enum class MsgState : uint8_t { Idle, Connecting, Accepting, Connected, Shutdown };
     MsgState msg_state_ = MsgState::Idle;
+    bool shutdown_held_ = false;      // FI_SHUTDOWN owed, after rx_completions_ are read
+    CompletionOwner rx_completions_;  // this endpoint's receive completions in rx_cq_
     std::unique_ptr<LinkConnection> pending_request_;
 
     std::unique_ptr<LocalPath> local_;  // RDM: node-local peers through off_tandem

@@ -720,6 +720,7 @@ void Endpoint::write_rx_err(const RxOp *rx, uint64_t flags, int err, size_t len,
     e.entry.err = err;
     e.entry.prov_errno = err;
     e.src = FI_ADDR_NOTAVAIL;
+    e.owner = &rx_completions_;
     rx_cq_->write_error(e);
 }
 
@@ -727,6 +728,7 @@ void Endpoint::write_rx_cq(const Completion &c, fi_addr_t src) {
     if (!rx_cq_) return;
     Completion out = c;
     out.src = src;
+    out.owner = &rx_completions_;
     rx_cq_->write(out);
 }
 
@@ -1251,6 +1253,7 @@ void Endpoint::fail_peer(Peer *peer, int err) {
 }
 
 void Endpoint::progress() {
+    if (shutdown_held_) post_held_shutdown();
     if (local_) local_->progress();
     // No link connection (every peer so far is node-local, or none yet): the transport has
     // only its listener, which need not cost a busy poll of the node-local path on every

@@ -181,18 +181,22 @@ class MsgEpTest : public ::testing::Test {
         return ret;
     }
 
-    Conn &new_conn(fi_info *i, fid_eq *eq) {
+    // An endpoint bound to its own CQ, or to `shared_cq`, which its log then leaves alone.
+    Conn &new_conn(fi_info *i, fid_eq *eq, fid_cq *shared_cq = nullptr) {
         auto c = std::make_unique<Conn>();
-        fi_cq_attr cattr{};
-        cattr.format = FI_CQ_FORMAT_TAGGED;
-        cattr.size = 256;
-        EXPECT_FI_OK(fi_cq_open(domain, &cattr, c->cq.out(), nullptr));
-        c->log.cq = c->cq;
+        if (!shared_cq) {
+            fi_cq_attr cattr{};
+            cattr.format = FI_CQ_FORMAT_TAGGED;
+            cattr.size = 256;
+            EXPECT_FI_OK(fi_cq_open(domain, &cattr, c->cq.out(), nullptr));
+            c->log.cq = c->cq;
+        }
         c->log.use_readfrom = false;
         EXPECT_FI_OK(fi_endpoint(domain, i, c->ep.out(), nullptr));
         if (c->ep) {
             EXPECT_FI_OK(fi_ep_bind(c->ep, &eq->fid, 0));
-            EXPECT_FI_OK(fi_ep_bind(c->ep, &c->cq->fid, FI_TRANSMIT | FI_RECV));
+            fid_cq *cq = shared_cq ? shared_cq : c->cq.get();
+            EXPECT_FI_OK(fi_ep_bind(c->ep, &cq->fid, FI_TRANSMIT | FI_RECV));
         }
         conns.push_back(std::move(c));
         return *conns.back();
@@ -533,6 +537,92 @@ TEST_F(MsgEpTest, CmDataUpToTheAdvertisedSizeArrives) {
     const EqEvent *ce = cli_log.find(FI_CONNECTED, &cli->ep->fid);
     ASSERT_GE(ce->data.size(), n);
     EXPECT_EQ(check_pattern(ce->data.data(), n, 407), -1);
+}
+
+// ofi_rxm closes a connection's MSG endpoint, then reads the CQ that all its connections share
+// and reposts each completed receive buffer on the endpoint the completion came from: the
+// closed endpoint's receive completions must be gone by then (fi_endpoint(3) lets a provider
+// discard them; verbs does). Its transmit completions, and the other endpoint's, stay.
+TEST_F(MsgEpTest, ClosingAnEndpointDiscardsItsReceiveCompletionsFromASharedCq) {
+    fi_cq_attr cattr{};
+    cattr.format = FI_CQ_FORMAT_TAGGED;
+    cattr.size = 64;
+    Fid<fid_cq> shared;
+    ASSERT_FI_OK(fi_cq_open(domain, &cattr, shared.out(), nullptr));
+    fi_cntr_attr nattr{};
+    nattr.events = FI_CNTR_EVENTS_COMP;
+    Fid<fid_cntr> done;  // counts what the shared CQ holds, without reading it
+    ASSERT_FI_OK(fi_cntr_open(domain, &nattr, done.out(), nullptr));
+    Conn *cli[2], *srv[2];
+    for (int i = 0; i < 2; ++i) {
+        cli[i] = connect("x", 1);
+        ASSERT_NE(cli[i], nullptr);
+        auto req = next_connreq();
+        ASSERT_TRUE(req) << srv_log.summary();
+        srv[i] = &new_conn(req->info.get(), srv_eq, shared);
+        ASSERT_TRUE(srv[i]->ep);
+        ASSERT_FI_OK(fi_ep_bind(srv[i]->ep, &done->fid, FI_SEND | FI_RECV));
+        ASSERT_FI_OK(fi_accept(srv[i]->ep, nullptr, 0));
+        ASSERT_TRUE(connected(*cli[i], cli_log)) << cli_log.summary();
+        ASSERT_TRUE(connected(*srv[i], srv_log)) << srv_log.summary();
+    }
+    AlignedBuf r0(64), r1(64), s(64), back(64);
+    fill_pattern(s.data(), 64, 408);
+    ASSERT_FI_OK(fi_recv(srv[0]->ep, r0.data(), 64, nullptr, 0, ctx(1)));
+    ASSERT_FI_OK(fi_recv(srv[1]->ep, r1.data(), 64, nullptr, 0, ctx(2)));
+    ASSERT_FI_OK(fi_recv(cli[0]->ep, back.data(), 64, nullptr, 0, ctx(3)));
+    ASSERT_FI_OK(post([&] { return fi_send(cli[0]->ep, s.data(), 64, nullptr, 0, ctx(4)); }));
+    ASSERT_FI_OK(post([&] { return fi_send(cli[1]->ep, s.data(), 64, nullptr, 0, ctx(5)); }));
+    ASSERT_FI_OK(post([&] { return fi_send(srv[0]->ep, s.data(), 64, nullptr, 0, ctx(6)); }));
+    // Both receives and srv[0]'s send completed: all three wait in the shared CQ.
+    ASSERT_TRUE(poll_until([&] { return fi_cntr_read(done) == 3; }))
+        << "completions counted: " << fi_cntr_read(done);
+    EXPECT_EQ(check_pattern(r0.data(), 64, 408), -1);
+    srv[0]->ep.reset();
+    CqLog log;
+    log.cq = shared;
+    log.use_readfrom = false;
+    log.drain();
+    EXPECT_FALSE(log.has(ctx(1))) << "a receive of the closed endpoint was still reported: "
+                                  << log.summary();
+    EXPECT_TRUE(log.has(ctx(2))) << log.summary();
+    EXPECT_TRUE(log.has(ctx(6))) << "the closed endpoint's send completion was dropped: "
+                                 << log.summary();
+    EXPECT_EQ(log.comps.size(), 2u) << log.summary();
+    EXPECT_TRUE(log.errs.empty()) << log.summary();
+    srv[1]->ep.reset();  // before the shared CQ and counter it is bound to
+}
+
+// What the peer sent before it shut down is read before FI_SHUTDOWN is: an application (ofi_rxm
+// is one) that closes the endpoint on FI_SHUTDOWN then finds none of its receives in the CQ.
+TEST_F(MsgEpTest, ShutdownIsReportedOnceTheReceivesBeforeItAreRead) {
+    auto [cli, srv] = establish();
+    ASSERT_TRUE(cli && srv);
+    AlignedBuf r(64), s(64);
+    fill_pattern(s.data(), 64, 409);
+    // From here on, progress is driven through the EQs and the client's CQ only: the server's
+    // CQ stays unread (the fixture's poll_until and post would read it).
+    auto events_only = [&] {
+        srv_log.drain();
+        cli_log.drain();
+        cli->log.drain();
+        return srv_log.find(FI_SHUTDOWN, &srv->ep->fid) != nullptr;
+    };
+    ASSERT_FI_OK(fi_recv(srv->ep, r.data(), 64, nullptr, 0, ctx(1)));
+    ASSERT_FI_OK(fi_send(cli->ep, s.data(), 64, nullptr, 0, ctx(2)));
+    ASSERT_TRUE(::tandem_test::poll_until([&] {
+        events_only();
+        return cli->log.has(ctx(2));
+    })) << cli->log.summary();
+    ASSERT_FI_OK(fi_shutdown(cli->ep, 0));
+    EXPECT_FALSE(::tandem_test::poll_until(events_only, Ms(500)))
+        << "FI_SHUTDOWN came before the receive completion was read";
+    EXPECT_EQ(fi_cq_read(srv->cq, nullptr, 0), 0) << "the receive completion is not queued";
+    srv->log.drain();
+    ASSERT_TRUE(srv->log.has(ctx(1))) << srv->log.summary();
+    EXPECT_EQ(check_pattern(r.data(), 64, 409), -1);
+    EXPECT_TRUE(::tandem_test::poll_until(events_only))
+        << "no FI_SHUTDOWN once the CQ was read: " << srv_log.summary();
 }
 
 }  // namespace

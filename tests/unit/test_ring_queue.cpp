@@ -5,6 +5,7 @@
 
 #include <deque>
 #include <random>
+#include <vector>
 
 namespace tandem {
 namespace {
@@ -62,6 +63,25 @@ TEST(RingQueue, MatchesDequeUnderRandomUse) {
     EXPECT_TRUE(q.empty());
     q.push_back({1, 2});
     EXPECT_EQ(q.front().a, 1u);
+}
+
+TEST(RingQueue, RemoveIfKeepsTheRestInOrderAcrossTheWrap) {
+    RingQueue<int> q;
+    // Start the live range near the end of the array so that it wraps.
+    for (int i = 0; i < 12; ++i) q.push_back(-1);
+    for (int i = 0; i < 12; ++i) q.pop_front();
+    for (int i = 0; i < 10; ++i) q.push_back(i);
+    EXPECT_EQ(q.remove_if([](int v) { return v % 3 == 0; }), 4u);  // 0, 3, 6, 9
+    std::vector<int> left;
+    while (!q.empty()) {
+        left.push_back(q.front());
+        q.pop_front();
+    }
+    EXPECT_EQ(left, (std::vector<int>{1, 2, 4, 5, 7, 8}));
+    EXPECT_EQ(q.remove_if([](int) { return true; }), 0u);
+    q.push_back(5);
+    EXPECT_EQ(q.remove_if([](int v) { return v == 5; }), 1u);
+    EXPECT_TRUE(q.empty());
 }
 
 }  // namespace
