@@ -678,8 +678,11 @@ void Endpoint::wait_fds(std::vector<int> &out) const {
 // is left in the CQ. ofi_rxm depends on it: on FI_SHUTDOWN it closes the endpoint and reads
 // the CQ, reposting each receive buffer on the endpoint it completed on; a completion read
 // after the close was either lost (discarded by close) or reposted on a closed endpoint.
+// An application that waits for the event before it reads its CQ gets it after
+// kShutdownHold all the same, rather than never.
 void Endpoint::post_held_shutdown() {
-    if (!shutdown_held_ || rx_completions_.queued) return;
+    if (!shutdown_held_) return;
+    if (rx_completions_.queued && std::chrono::steady_clock::now() < shutdown_due_) return;
     shutdown_held_ = false;
     fi_eq_cm_entry entry{};
     entry.fid = base_fid();
@@ -773,6 +776,7 @@ void Endpoint::handle_cm_event(CmEvent &ev) {
                 if (peer) peer->established = false;
                 // Reported once the application has read what the peer sent before it left.
                 shutdown_held_ = eq_ && was_up;
+                shutdown_due_ = std::chrono::steady_clock::now() + kShutdownHold;
                 post_held_shutdown();
                 if (peer) fail_peer(peer, FI_ECONNRESET);
                 return;

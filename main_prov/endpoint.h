@@ -19,6 +19,7 @@
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
 
+#include <chrono>
 #include <deque>
 #include <list>
 #include <memory>
@@ -371,6 +372,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     MsgState msg_state_ = MsgState::Idle;
     bool shutdown_held_ = false;      // FI_SHUTDOWN owed, after rx_completions_ are read
     CompletionOwner rx_completions_;  // this endpoint's receive completions in rx_cq_
+    std::chrono::steady_clock::time_point shutdown_due_;  // ... or at the latest then
+    static constexpr std::chrono::milliseconds kShutdownHold{1000};
     std::unique_ptr<LinkConnection> pending_request_;
 
     std::unique_ptr<LocalPath> local_;  // RDM: node-local peers through off_tandem
