@@ -2632,7 +2632,6 @@ TEST(DriverErrors, CopyFaultAtTheSender64B) {
 
 TEST(DriverErrors, CopyFaultAtTheSender64KiB) {
     REQUIRE_EMULATOR("failure injection");
-    if (net_variant()) GTEST_SKIP() << "a rendezvous whose copy faults fails the TCP connection";
     run_copy_fault(true, 64 * KiB);
 }
 
