@@ -20,7 +20,7 @@ if tcp_port_listening "$port"; then
     fail "control port $port is already in use (another test run?)"
 fi
 
-echo "FI_PROVIDER=${FI_PROVIDER:-<unset>} FI_PROVIDER_PATH=${FI_PROVIDER_PATH:-<unset>}"
+echo "FI_PROVIDER=${FI_PROVIDER:-<unset>} FI_PROVIDER_PATH=${FI_PROVIDER_PATH:-<unset>} FI_TANDEM_LOCAL=${FI_TANDEM_LOCAL:-<unset>}"
 common=(-p "$prov" -e "$ep" -I "$iters" -S all -c "$@")
 echo "server: fi_pingpong ${common[*]} -B $port"
 timeout "$limit" "$FI_PINGPONG_BIN" "${common[@]}" -B "$port" >"$tmp/server" 2>&1 &
