@@ -129,11 +129,17 @@ ssize_t Cq::read_locked(void *buf, size_t count, fi_addr_t *src_addr) {
         entries_.pop_front();
         ++n;
     }
+    drain_signal_if_empty();
+    return static_cast<ssize_t>(n);
+}
+
+// Nothing left to read: the eventfd must not stay readable, or a reader asleep on it would
+// wake at once, again and again.
+void Cq::drain_signal_if_empty() {
     if (entries_.empty() && signal_pending_) {
         signal_pending_ = false;
         wait_.signal().drain();
     }
-    return static_cast<ssize_t>(n);
 }
 
 ssize_t Cq::read(void *buf, size_t count) {
@@ -267,6 +273,7 @@ void Cq::discard_receives_of(CompletionOwner *owner) {
     entries_.remove_if([owner](const Completion &c) { return c.owner == owner; });
     std::erase_if(errors_, [owner](const CompletionError &e) { return e.owner == owner; });
     owner->queued = 0;
+    drain_signal_if_empty();
 }
 
 int Cq::trywait() {

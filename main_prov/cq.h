@@ -83,6 +83,7 @@ class Cq final : public FidObject<Cq, fid_cq>, public peer::CqOwner {
   private:
     ssize_t read_locked(void *buf, size_t count, fi_addr_t *src_addr);
     void copy_out(const Completion &c, void *dst) const;
+    void drain_signal_if_empty();
 
     Domain *domain_;
     fi_cq_format format_;

@@ -3,6 +3,7 @@
 // transfer over the resulting connections.
 #include "fabric_fixture.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -264,6 +265,23 @@ class MsgEpTest : public ::testing::Test {
         if (!req) return {nullptr, nullptr};
         Conn *srv = accept(*req, "world", 6);
         if (!srv) return {nullptr, nullptr};
+        EXPECT_TRUE(connected(*cli, cli_log)) << cli_log.summary();
+        EXPECT_TRUE(connected(*srv, srv_log)) << srv_log.summary();
+        return {cli, srv};
+    }
+
+    // A connection whose server side is bound to `cq` (its log leaves it alone) and counts
+    // `cntr_flags` events on `cntr`; returns {client, server}.
+    std::pair<Conn *, Conn *> establish_on(fid_cq *cq, fid_cntr *cntr, uint64_t cntr_flags) {
+        Conn *cli = connect("x", 1);
+        if (!cli) return {nullptr, nullptr};
+        auto req = next_connreq();
+        EXPECT_TRUE(req) << "no FI_CONNREQ: " << srv_log.summary();
+        if (!req) return {nullptr, nullptr};
+        Conn *srv = &new_conn(req->info.get(), srv_eq, cq);
+        if (!srv->ep) return {nullptr, nullptr};
+        EXPECT_FI_OK(fi_ep_bind(srv->ep, &cntr->fid, cntr_flags));
+        EXPECT_FI_OK(fi_accept(srv->ep, nullptr, 0));
         EXPECT_TRUE(connected(*cli, cli_log)) << cli_log.summary();
         EXPECT_TRUE(connected(*srv, srv_log)) << srv_log.summary();
         return {cli, srv};
@@ -555,16 +573,9 @@ TEST_F(MsgEpTest, ClosingAnEndpointDiscardsItsReceiveCompletionsFromASharedCq) {
     ASSERT_FI_OK(fi_cntr_open(domain, &nattr, done.out(), nullptr));
     Conn *cli[2], *srv[2];
     for (int i = 0; i < 2; ++i) {
-        cli[i] = connect("x", 1);
-        ASSERT_NE(cli[i], nullptr);
-        auto req = next_connreq();
-        ASSERT_TRUE(req) << srv_log.summary();
-        srv[i] = &new_conn(req->info.get(), srv_eq, shared);
-        ASSERT_TRUE(srv[i]->ep);
-        ASSERT_FI_OK(fi_ep_bind(srv[i]->ep, &done->fid, FI_SEND | FI_RECV));
-        ASSERT_FI_OK(fi_accept(srv[i]->ep, nullptr, 0));
-        ASSERT_TRUE(connected(*cli[i], cli_log)) << cli_log.summary();
-        ASSERT_TRUE(connected(*srv[i], srv_log)) << srv_log.summary();
+        std::tie(cli[i], srv[i]) = establish_on(shared, done, FI_SEND | FI_RECV);
+        ASSERT_TRUE(cli[i] && srv[i]);
+        ASSERT_FALSE(HasFailure());
     }
     AlignedBuf r0(64), r1(64), s(64), back(64);
     fill_pattern(s.data(), 64, 408);
@@ -591,6 +602,44 @@ TEST_F(MsgEpTest, ClosingAnEndpointDiscardsItsReceiveCompletionsFromASharedCq) {
     EXPECT_EQ(log.comps.size(), 2u) << log.summary();
     EXPECT_TRUE(log.errs.empty()) << log.summary();
     srv[1]->ep.reset();  // before the shared CQ and counter it is bound to
+}
+
+// A CQ the application sleeps on (FI_WAIT_FD) whose only entry is a receive of an endpoint
+// that closes: once the discard empties it, its descriptor must not stay readable.
+TEST_F(MsgEpTest, CqEmptiedByAClosingEndpointDoesNotStayReadable) {
+    fi_cq_attr cattr{};
+    cattr.format = FI_CQ_FORMAT_TAGGED;
+    cattr.size = 64;
+    cattr.wait_obj = FI_WAIT_FD;
+    Fid<fid_cq> cq;
+    ASSERT_FI_OK(fi_cq_open(domain, &cattr, cq.out(), nullptr));
+    int fd = -1;
+    ASSERT_FI_OK(fi_control(&cq->fid, FI_GETWAIT, &fd));
+    fi_cntr_attr nattr{};
+    nattr.events = FI_CNTR_EVENTS_COMP;
+    Fid<fid_cntr> done;
+    ASSERT_FI_OK(fi_cntr_open(domain, &nattr, done.out(), nullptr));
+    auto [cli, srv] = establish_on(cq, done, FI_RECV);
+    ASSERT_TRUE(cli && srv);
+    ASSERT_FALSE(HasFailure());
+    AlignedBuf r(64), s(64);
+    ASSERT_FI_OK(fi_recv(srv->ep, r.data(), 64, nullptr, 0, ctx(1)));
+    fid *fids[] = {&cq->fid};
+    ASSERT_FI_OK(fi_trywait(fabric, fids, 1));  // the application may sleep from here on
+    ASSERT_FI_OK(post([&] { return fi_send(cli->ep, s.data(), 64, nullptr, 0, ctx(2)); }));
+    ASSERT_TRUE(poll_until([&] { return fi_cntr_read(done) == 1; }));
+    pollfd pfd{fd, POLLIN, 0};
+    ASSERT_EQ(::poll(&pfd, 1, 0), 1) << "the receive did not wake the sleeper";
+    fid_t cli_fid = &cli->ep->fid;
+    srv->ep.reset();
+    // Let the client take in the disconnect, so that no socket of the domain has anything to
+    // read when the application goes back to sleep.
+    ASSERT_TRUE(poll_until([&] { return cli_log.find(FI_SHUTDOWN, cli_fid) != nullptr; }))
+        << cli_log.summary();
+    EXPECT_EQ(fi_cq_read(cq, nullptr, 0), -FI_EAGAIN);
+    ASSERT_FI_OK(fi_trywait(fabric, fids, 1));
+    pfd.revents = 0;
+    EXPECT_EQ(::poll(&pfd, 1, 0), 0) << "the emptied CQ's descriptor is still readable";
 }
 
 // The client sends the server one 64-byte message (into r, receive context ctx(1)) and shuts
