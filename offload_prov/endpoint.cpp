@@ -254,7 +254,8 @@ Endpoint::~Endpoint() {
     // Receives matched for split copies still waiting for their sender: their entries go
     // back to the owner, which is closing the endpoint they belong to.
     if (srx_)
-        for (auto &[id, split] : splits_) srx_->owner().free_entry(split.entry);
+        for (auto &[id, split] : splits_)
+            if (split.entry) srx_->owner().free_entry(split.entry);
     for (auto &[key, link] : links_)
         if (link->wake_fd >= 0) ::close(link->wake_fd);
     if (wake_rd_ >= 0) ::close(wake_rd_);
@@ -883,6 +884,8 @@ ssize_t Endpoint::post_rma(const iovec *iov, void **desc, size_t count, const fi
     } else if (cma) {
         hdr.op = static_cast<uint8_t>(LocalOp::Write);
         hdr.iov_count = static_cast<uint8_t>(n);
+        // The target may ask us (Cts) to write part of it ourselves.
+        if (len >= wire::kLocalSplitMin) pending_[hdr.msg_id].iov.assign(iov, iov + count);
         push(*link, hdr, body, n * sizeof(LocalIov));
     } else {
         hdr.op = static_cast<uint8_t>(LocalOp::WriteFrag);
@@ -964,8 +967,13 @@ void Endpoint::check_peers() {
             }
             Split split = it->second;
             it = splits_.erase(it);
-            complete_rx(split.entry, split.hdr, split.n, FI_ECONNRESET, split.src);
+            if (split.entry) complete_rx(split.entry, split.hdr, split.n, FI_ECONNRESET, split.src);
         }
+        // What it sent behind a split write of its: nobody waits for any of it now.
+        std::erase_if(deferred_, [&](const auto &d) {
+            auto sender = local_key(d.first.data(), d.first.size());
+            return sender && *sender == key;
+        });
         // Receives waiting for a staged copy it will never send, and its memory we mapped.
         for (auto it = restaging_.begin(); it != restaging_.end();) {
             auto sender = local_key(it->first.first.data(), it->first.first.size());
@@ -1001,6 +1009,7 @@ fi_addr_t Endpoint::source_of(std::string_view sender) {
 }
 
 void Endpoint::handle_cell(const uint8_t *cell) {
+    if (!deferred_.empty() && defer_if_held(cell)) return;
     if (cell[0] == static_cast<uint8_t>(LocalOp::Short)) {
         handle_short(cell);
         return;
@@ -1221,30 +1230,15 @@ void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::str
             // A large message is copied by both sides at once: the sender writes the second
             // half into our buffer while we read the first (two cores, twice the copy rate).
             size_t half = (n / 2) & ~size_t(4095);
-            PeerLink *link = link_to(sender);
-            iovec mine[wire::kLocalMaxIov];
-            size_t nmine = 0;
-            // Our buffer from `half` on, as the sender will see it.
-            if (n >= wire::kLocalSplitMin && link && link->cma)
-                nmine =
-                    iov_slice(entry->iov, entry->count, half, n - half, mine, wire::kLocalMaxIov);
-            if (nmine && iov_length(mine, nmine) == n - half) {
-                LocalHeader cts = proto_;
-                cts.op = static_cast<uint8_t>(LocalOp::Cts);
-                cts.msg_id = hdr.msg_id;
-                cts.offset = half;
-                cts.total = n - half;
-                cts.iov_count = static_cast<uint8_t>(nmine);
-                LocalIov body[wire::kLocalMaxIov];
-                for (size_t i = 0; i < nmine; ++i)
-                    body[i] = {reinterpret_cast<uint64_t>(mine[i].iov_base), mine[i].iov_len};
-                push(*link, cts, body, nmine * sizeof(LocalIov));
+            PeerLink *link = n >= wire::kLocalSplitMin ? link_to(sender) : nullptr;
+            if (link && link->cma &&
+                send_cts(*link, hdr.msg_id, entry->iov, entry->count, half, n)) {
                 iovec local[wire::kLocalMaxIov * 4], first[wire::kLocalMaxIov];
                 size_t nlocal =
                     iov_slice(entry->iov, entry->count, 0, half, local, std::size(local));
                 size_t nfirst = iov_slice(remote, nremote, 0, half, first, std::size(first));
                 ssize_t got = cma_read(hdr.pid, local, nlocal, first, nfirst);
-                Split split{entry, hdr, n, half, {}, nremote, 0, src};
+                Split split{entry, hdr, n, half, {}, nremote, 0, src, {}, 0};
                 for (size_t i = 0; i < nremote; ++i) split.remote[i] = remote[i];
                 if (got < 0 || size_t(got) != half)
                     split.err = got == -ESRCH ? FI_ECONNRESET : FI_EIO;
@@ -1390,16 +1384,94 @@ void Endpoint::handle_write_done(const LocalHeader &hdr, std::string_view sender
     if (!err && hdr.status != 0) {
         // Our buffer and the sender's, both from `half` to `n`.
         iovec local[wire::kLocalMaxIov * 4], rest[wire::kLocalMaxIov];
-        size_t nlocal = iov_slice(split.entry->iov, split.entry->count, split.half,
-                                  split.n - split.half, local, wire::kLocalMaxIov * 4);
+        size_t nlocal = split.entry ? iov_slice(split.entry->iov, split.entry->count, split.half,
+                                                split.n - split.half, local, std::size(local))
+                                    : iov_slice(split.target, split.ntarget, split.half,
+                                                split.n - split.half, local, std::size(local));
         size_t nrest = iov_slice(split.remote, split.nremote, split.half, split.n - split.half,
                                  rest, wire::kLocalMaxIov);
         ssize_t got = cma_read(split.hdr.pid, local, nlocal, rest, nrest);
         if (got < 0 || size_t(got) != split.n - split.half)
             err = got == -ESRCH ? FI_ECONNRESET : FI_EIO;
     }
+    if (!split.entry) {
+        finish_rma(split.hdr, sender, err);
+        replay_deferred(std::string(sender));
+        return;
+    }
     answer(sender, split.hdr.msg_id, err);
     complete_rx(split.entry, split.hdr, split.n, err, split.src);
+}
+
+// Asks the sender of msg_id to write bytes [half, n) of its buffers into ours (`dst` holds
+// all n): false, with nothing sent, when that part does not fit one Cts (we copy it all then).
+bool Endpoint::send_cts(PeerLink &link, uint64_t msg_id, const iovec *dst, size_t ndst, size_t half,
+                        size_t n) {
+    iovec mine[wire::kLocalMaxIov];
+    size_t nmine = iov_slice(dst, ndst, half, n - half, mine, wire::kLocalMaxIov);
+    if (!nmine || iov_length(mine, nmine) != n - half) return false;
+    LocalHeader cts = proto_;
+    cts.op = static_cast<uint8_t>(LocalOp::Cts);
+    cts.msg_id = msg_id;
+    cts.offset = half;
+    cts.total = n - half;
+    cts.iov_count = static_cast<uint8_t>(nmine);
+    LocalIov body[wire::kLocalMaxIov];
+    for (size_t i = 0; i < nmine; ++i)
+        body[i] = {reinterpret_cast<uint64_t>(mine[i].iov_base), mine[i].iov_len};
+    push(link, cts, body, nmine * sizeof(LocalIov));
+    return true;
+}
+
+// A cell from an initiator whose RMA write is split (see deferred_) waits for its WriteDone;
+// answers to our own operations (Fin, Cts, WriteDone, ReadData) do not.
+bool Endpoint::defer_if_held(const uint8_t *cell) {
+    std::string_view sender;
+    if (cell[0] == static_cast<uint8_t>(LocalOp::Short)) {
+        wire::LocalShortHeader s;
+        memcpy(&s, cell, sizeof s);
+        if (s.name_len > wire::kLocalNameRoom) return false;
+        sender = {reinterpret_cast<const char *>(cell + sizeof s), s.name_len};
+    } else {
+        LocalHeader hdr;
+        memcpy(&hdr, cell, sizeof hdr);
+        auto op = static_cast<LocalOp>(hdr.op);
+        if (op == LocalOp::Fin || op == LocalOp::Cts || op == LocalOp::WriteDone ||
+            op == LocalOp::ReadData || hdr.name_len > wire::kLocalNameRoom)
+            return false;
+        sender = {reinterpret_cast<const char *>(cell + sizeof hdr), hdr.name_len};
+    }
+    auto it = deferred_.find(sender);
+    if (it == deferred_.end()) return false;
+    CellCopy copy;
+    if (spare_cells_.empty()) {
+        copy = std::make_unique_for_overwrite<uint8_t[]>(wire::kLocalCellSize);
+    } else {
+        copy = std::move(spare_cells_.back());
+        spare_cells_.pop_back();
+    }
+    memcpy(copy.get(), cell, wire::kLocalCellSize);
+    it->second.push_back(std::move(copy));
+    return true;
+}
+
+// The initiator's split write is done: what it sent meanwhile is handled now, in order, up
+// to the next write of its that splits.
+void Endpoint::replay_deferred(const std::string &sender) {
+    auto it = deferred_.find(sender);
+    if (it == deferred_.end()) return;
+    std::deque<CellCopy> cells = std::move(it->second);
+    deferred_.erase(it);
+    while (!cells.empty()) {
+        CellCopy cell = std::move(cells.front());
+        cells.pop_front();
+        handle_cell(cell.get());
+        if (spare_cells_.size() < Config::get().ring_cells) spare_cells_.push_back(std::move(cell));
+        if (auto again = deferred_.find(sender); again != deferred_.end()) {
+            for (auto &rest : cells) again->second.push_back(std::move(rest));
+            return;
+        }
+    }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1595,6 +1667,27 @@ void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const
                 status =
                     cma_read_staged(hdr.pid, pieces, pmem, npieces, remote, hdr.iov_count, len);
             } else {
+                // A large write is copied by both sides at once, as a large message is (see
+                // deliver): the initiator writes the second half while we read the first.
+                size_t half = (len / 2) & ~size_t(4095);
+                PeerLink *link = len >= wire::kLocalSplitMin ? link_to(sender) : nullptr;
+                if (link && link->cma && npieces <= std::size(Split{}.target) &&
+                    send_cts(*link, hdr.msg_id, pieces, npieces, half, len)) {
+                    iovec local[16], first[wire::kLocalMaxIov];
+                    size_t nlocal = iov_slice(pieces, npieces, 0, half, local, std::size(local));
+                    size_t nfirst =
+                        iov_slice(remote, hdr.iov_count, 0, half, first, std::size(first));
+                    ssize_t got = cma_read(hdr.pid, local, nlocal, first, nfirst);
+                    Split split{nullptr,          hdr, len,    half, {}, hdr.iov_count, 0,
+                                FI_ADDR_NOTAVAIL, {},  npieces};
+                    std::copy(remote, remote + hdr.iov_count, split.remote);
+                    std::copy(pieces, pieces + npieces, split.target);
+                    if (got < 0 || size_t(got) != half)
+                        split.err = got == -ESRCH ? FI_ECONNRESET : FI_EIO;
+                    splits_.emplace(std::make_pair(std::string(sender), hdr.msg_id), split);
+                    deferred_.try_emplace(std::string(sender));
+                    return;  // finished by the initiator's WriteDone
+                }
                 ssize_t got = cma_read(hdr.pid, pieces, npieces, remote, hdr.iov_count);
                 if (got < 0 || size_t(got) != len) status = FI_EIO;
             }
@@ -1631,6 +1724,14 @@ void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const
             return;
     }
     if (!last) return;
+    finish_rma(hdr, sender, status);
+}
+
+// The target's side of an RMA operation is over: the counters and the remote CQ data of a
+// successful one, and the initiator's Fin.
+void Endpoint::finish_rma(const LocalHeader &hdr, std::string_view sender, int status) {
+    bool write = static_cast<LocalOp>(hdr.op) != LocalOp::Read;
+    uint64_t access = write ? FI_REMOTE_WRITE : FI_REMOTE_READ;
     if (!status && owner_ep_ops_) owner_ep_ops_->access_done(owner_ep_, hdr.rma_key, access);
     if (!status && write && (hdr.flags & wire::kLocalCqData)) {
         fi_addr_t src = source_of(sender);

@@ -184,6 +184,11 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
                      fi_addr_t src);
     void handle_cts(const wire::LocalHeader &hdr, std::string_view sender, const uint8_t *body);
     void handle_write_done(const wire::LocalHeader &hdr, std::string_view sender);
+    bool send_cts(PeerLink &link, uint64_t msg_id, const iovec *dst, size_t ndst, size_t half,
+                  size_t n);
+    void finish_rma(const wire::LocalHeader &hdr, std::string_view sender, int status);
+    bool defer_if_held(const uint8_t *cell);
+    void replay_deferred(const std::string &sender);
     void answer(std::string_view sender, uint64_t msg_id, int status);
     fi_addr_t source_of(std::string_view sender);
     void check_peers();
@@ -228,9 +233,10 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     hmem::IpcExportCache ipc_export_;
     hmem::IpcImportCache ipc_import_;
     std::set<HeldMessage *> held_;
-    // Rts messages copied by both sides: the receiver's half is done, the sender's pending.
+    // Rts messages and RMA writes copied by both sides: the receiver's (target's) half is
+    // done, the sender's (initiator's) pending.
     struct Split {
-        fi_peer_rx_entry *entry;
+        fi_peer_rx_entry *entry;  // the receive; nullptr for an RMA write
         wire::LocalHeader hdr;
         size_t n;                          // bytes delivered in all
         size_t half;                       // where the sender's part starts
@@ -238,8 +244,18 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         size_t nremote;
         int err;
         fi_addr_t src;
+        iovec target[16];  // an RMA write's target region (what the key resolved to)
+        size_t ntarget;
     };
     std::map<std::pair<std::string, uint64_t>, Split> splits_;
+    // Initiators with an RMA write split in progress (keyed by their address bytes): what
+    // else they send waits here, in order, until their WriteDone, so that a later message,
+    // read or write of theirs never overtakes the write (FI_ORDER_SAW, RAW, WAW).
+    // Their copies are kept for reuse (up to a ring's worth): fresh heap memory per cell
+    // cost page faults that halved the rate of a stream of split writes.
+    using CellCopy = std::unique_ptr<uint8_t[]>;
+    std::map<std::string, std::deque<CellCopy>, std::less<>> deferred_;
+    std::vector<CellCopy> spare_cells_;
     struct TxCompletion {
         void *context;
         uint64_t flags;
