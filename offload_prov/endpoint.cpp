@@ -875,6 +875,8 @@ ssize_t Endpoint::post_rma(const iovec *iov, void **desc, size_t count, const fi
         push(*link, hdr, body, hdr.iov_count * sizeof(LocalIov));
         return 0;
     }
+    // A large write read with CMA: the target may ask us (Cts) to write part of it ourselves.
+    if (cma && len >= wire::kLocalSplitMin) p.iov.assign(iov, iov + count);
     pending_[hdr.msg_id] = std::move(p);
     bool sent = true;
     if (len <= Config::get().eager_limit) {
@@ -884,8 +886,6 @@ ssize_t Endpoint::post_rma(const iovec *iov, void **desc, size_t count, const fi
     } else if (cma) {
         hdr.op = static_cast<uint8_t>(LocalOp::Write);
         hdr.iov_count = static_cast<uint8_t>(n);
-        // The target may ask us (Cts) to write part of it ourselves.
-        if (len >= wire::kLocalSplitMin) pending_[hdr.msg_id].iov.assign(iov, iov + count);
         push(*link, hdr, body, n * sizeof(LocalIov));
     } else {
         hdr.op = static_cast<uint8_t>(LocalOp::WriteFrag);
@@ -1636,9 +1636,9 @@ void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const
     uint64_t access = write ? FI_REMOTE_WRITE : FI_REMOTE_READ;
     uint64_t addr = hdr.rma_addr + (op == LocalOp::WriteFrag ? hdr.offset : 0);
     size_t len = op == LocalOp::WriteFrag ? hdr.size : hdr.total;
-    iovec pieces[16];
-    hmem::MemRef pmem[16];
-    size_t npieces = 16;
+    iovec pieces[kMaxRmaPieces];
+    hmem::MemRef pmem[kMaxRmaPieces];
+    size_t npieces = kMaxRmaPieces;
     int ret = resolve(hdr.rma_key, addr, len, access, pieces, pmem, &npieces);
     if (ret) {
         answer(sender, hdr.msg_id, ret == -FI_ENOSYS ? FI_EOPNOTSUPP : FI_EACCES);
@@ -1671,9 +1671,8 @@ void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const
                 // deliver): the initiator writes the second half while we read the first.
                 size_t half = (len / 2) & ~size_t(4095);
                 PeerLink *link = len >= wire::kLocalSplitMin ? link_to(sender) : nullptr;
-                if (link && link->cma && npieces <= std::size(Split{}.target) &&
-                    send_cts(*link, hdr.msg_id, pieces, npieces, half, len)) {
-                    iovec local[16], first[wire::kLocalMaxIov];
+                if (link && link->cma && send_cts(*link, hdr.msg_id, pieces, npieces, half, len)) {
+                    iovec local[kMaxRmaPieces], first[wire::kLocalMaxIov];
                     size_t nlocal = iov_slice(pieces, npieces, 0, half, local, std::size(local));
                     size_t nfirst =
                         iov_slice(remote, hdr.iov_count, 0, half, first, std::size(first));

@@ -233,6 +233,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     hmem::IpcExportCache ipc_export_;
     hmem::IpcImportCache ipc_import_;
     std::set<HeldMessage *> held_;
+    // Pieces an RMA key resolves to through the owner, at most (its LocalPieces::kMax).
+    static constexpr size_t kMaxRmaPieces = 16;
     // Rts messages and RMA writes copied by both sides: the receiver's (target's) half is
     // done, the sender's (initiator's) pending.
     struct Split {
@@ -244,7 +246,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         size_t nremote;
         int err;
         fi_addr_t src;
-        iovec target[16];  // an RMA write's target region (what the key resolved to)
+        iovec target[kMaxRmaPieces];  // an RMA write's target region (what the key resolved to)
         size_t ntarget;
     };
     std::map<std::pair<std::string, uint64_t>, Split> splits_;
