@@ -33,6 +33,13 @@ void Config::load(fi_provider *prov) {
                "Payloads of at least this many bytes leave link sockets by vmsplice and splice "
                "(no copy by the sending CPU); 0 copies every payload with sendmsg",
                64 * 1024);
+    g_config.congestion =
+        p.text("congestion",
+               "TCP congestion control of link sockets: auto (reno between sockets of this host, "
+               "where pacing only costs CPU; the system's default to other hosts), system (the "
+               "system's default everywhere), or an algorithm the kernel allows "
+               "(net.ipv4.tcp_allowed_congestion_control)",
+               "auto");
     g_config.iface =
         p.text("iface", "Comma-separated interfaces to offer as domains (empty: all)", "");
     g_config.include_loopback =

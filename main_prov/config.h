@@ -10,16 +10,17 @@
 namespace tandem {
 
 struct Config {
-    size_t eager_limit;     // largest message sent eagerly; larger ones use rendezvous (RDMA read)
-    size_t inject_size;     // fi_inject / FI_INJECT limit
-    size_t rx_buffers;      // link receive buffers posted per endpoint
-    size_t tx_size;         // transmit queue depth reported in tx_attr->size
-    size_t rx_size;         // receive queue depth reported in rx_attr->size
-    size_t socket_buffer;   // SO_SNDBUF / SO_RCVBUF for link sockets (0: kernel default)
-    size_t splice_min;      // link payloads this large go by vmsplice + splice (0: never)
-    std::string iface;      // restrict domains to these interfaces (comma separated)
-    bool include_loopback;  // offer the loopback interface as a domain
-    bool local_path;        // node-local peers through off_tandem (shared memory)
+    size_t eager_limit;      // largest message sent eagerly; larger ones use rendezvous (RDMA read)
+    size_t inject_size;      // fi_inject / FI_INJECT limit
+    size_t rx_buffers;       // link receive buffers posted per endpoint
+    size_t tx_size;          // transmit queue depth reported in tx_attr->size
+    size_t rx_size;          // receive queue depth reported in rx_attr->size
+    size_t socket_buffer;    // SO_SNDBUF / SO_RCVBUF for link sockets (0: kernel default)
+    size_t splice_min;       // link payloads this large go by vmsplice + splice (0: never)
+    std::string congestion;  // TCP congestion control of link sockets (auto, system, a name)
+    std::string iface;       // restrict domains to these interfaces (comma separated)
+    bool include_loopback;   // offer the loopback interface as a domain
+    bool local_path;         // node-local peers through off_tandem (shared memory)
 
     static const Config &get();
     static void load(fi_provider *prov);

@@ -213,6 +213,7 @@ Endpoint::Endpoint(Domain *domain, fi_info *info, void *context)
     link.max_inline = 0;
     link.socket_buffer = cfg.socket_buffer;
     link.splice_min = cfg.splice_min;
+    link.congestion = cfg.congestion;
     transport_ = std::make_unique<TcpTransport>(this, link);
 
     init_fid(FI_CLASS_EP, context, &ep_fi_ops);

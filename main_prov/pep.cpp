@@ -1,6 +1,7 @@
 #include "main_prov/pep.h"
 
 #include "common/log.h"
+#include "main_prov/config.h"
 #include "main_prov/fabric.h"
 #include "main_prov/interfaces.h"
 #include "common/wire.h"
@@ -69,7 +70,11 @@ PassiveEndpoint::PassiveEndpoint(Fabric *fabric, fi_info *info, void *context)
     : fabric_(fabric), info_(fi_dupinfo(info)), cm_data_size_(wire::kMaxCmPrivate) {
     if (!info_ || !info_->ep_attr || info_->ep_attr->type != FI_EP_MSG)
         fail(FI_EINVAL, "passive endpoints are FI_EP_MSG");
-    transport_ = std::make_unique<TcpTransport>(this, TcpLinkConfig{});
+    // Accepted sockets start here: they get the endpoints' socket settings from the start.
+    TcpLinkConfig link;
+    link.socket_buffer = Config::get().socket_buffer;
+    link.congestion = Config::get().congestion;
+    transport_ = std::make_unique<TcpTransport>(this, link);
     if (info_->src_addr) {
         if (!EndpointName::from_bytes(info_->src_addr, info_->src_addrlen, name_))
             fail(FI_EINVAL, "bad source address");

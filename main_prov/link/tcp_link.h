@@ -12,6 +12,7 @@
 
 #include <deque>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace tandem {
@@ -25,6 +26,10 @@ struct TcpLinkConfig {
     // Host payloads of at least this many bytes go to the socket by vmsplice + splice (the
     // kernel takes references to the pages instead of copying them); 0: always sendmsg.
     size_t splice_min = 0;
+    // TCP congestion control of the link's sockets: "auto" (reno between two sockets of this
+    // host, the system's default otherwise), "system" (always the system's default) or the
+    // name of an algorithm the kernel offers.
+    std::string congestion = "auto";
 };
 
 class TcpConnection final : public LinkConnection {
@@ -232,6 +237,8 @@ class TcpTransport final : public LinkTransport {
     void push_cm(CmEvent &&ev) { cm_events_.push_back(std::move(ev)); }
     RemoteKeyResolver *resolver() const { return resolver_; }
     const TcpLinkConfig &config() const { return config_; }
+    // Sets a connected socket's congestion control as config().congestion says.
+    void choose_congestion(int fd);
 
   private:
     void accept_new();
@@ -246,6 +253,7 @@ class TcpTransport final : public LinkTransport {
     int epfd_ = -1;  // listener and connection sockets, for readiness with many connections
     uint64_t passes_ = 0;
     int64_t last_full_ms_ = 0;
+    bool congestion_refused_ = false;  // warned once that the named algorithm is not allowed
     std::vector<std::unique_ptr<TcpConnection>> conns_;
     std::vector<std::unique_ptr<TcpConnection>> graveyard_;  // destroyed, completions unread
     std::deque<PostedRecv> posted_;

@@ -5,11 +5,13 @@
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <rdma/fabric.h>
 
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -68,9 +70,9 @@ struct Side {
     }
 };
 
-std::unique_ptr<LinkTransport> make_link(const std::string &kind, RemoteKeyResolver *r) {
+std::unique_ptr<LinkTransport> make_link(const std::string &kind, RemoteKeyResolver *r,
+                                         TcpLinkConfig cfg = {}) {
     if (kind == "tcp" || kind == "tcp_splice") {
-        TcpLinkConfig cfg;
         cfg.max_send_size = 4096;
         cfg.max_inline = 64;
         // Every payload above the inline size by vmsplice + splice instead of sendmsg.
@@ -86,9 +88,11 @@ class LinkContract : public ::testing::TestWithParam<std::string> {
     LinkConnection *ab = nullptr;  // a's end
     LinkConnection *ba = nullptr;  // b's end
 
-    void SetUp() override {
-        a.transport = make_link(GetParam(), &a.region);
-        b.transport = make_link(GetParam(), &b.region);
+    void SetUp() override { start(); }
+
+    void start(const TcpLinkConfig &cfg = {}) {
+        a.transport = make_link(GetParam(), &a.region, cfg);
+        b.transport = make_link(GetParam(), &b.region, cfg);
         if (!a.transport) GTEST_SKIP() << "link " << GetParam() << " is not available here";
         sockaddr_in sin{};
         sin.sin_family = AF_INET;
@@ -353,6 +357,60 @@ TEST_P(LinkContract, DisconnectFlushesOutstandingWorkAndTellsThePeer) {
     EXPECT_TRUE(ab->failed());
     EXPECT_EQ(ab->post_send(&riov, 1, nullptr, 10), -FI_ENOTCONN);
 }
+
+// What only the TCP link has: the settings of its sockets.
+class TcpLinkSockets : public LinkContract {
+  protected:
+    void restart(const std::string &congestion) {
+        TcpLinkConfig cfg;
+        cfg.congestion = congestion;
+        start(cfg);
+        connect();
+    }
+    static std::string congestion_of(const LinkConnection *conn) {
+        char name[32] = {};
+        socklen_t len = sizeof name - 1;
+        if (getsockopt(conn->wait_fd(), IPPROTO_TCP, TCP_CONGESTION, name, &len) != 0) return "?";
+        return std::string(name, strnlen(name, len));
+    }
+    static std::string system_default() {
+        std::ifstream f("/proc/sys/net/ipv4/tcp_congestion_control");
+        std::string name;
+        f >> name;
+        return name;
+    }
+};
+
+TEST_P(TcpLinkSockets, AutoCongestionControlIsRenoBetweenSocketsOfThisHost) {
+    restart("auto");
+    EXPECT_EQ(congestion_of(ab), "reno");
+    EXPECT_EQ(congestion_of(ba), "reno");
+}
+
+TEST_P(TcpLinkSockets, SystemCongestionControlKeepsTheKernelsDefault) {
+    const std::string def = system_default();
+    if (def.empty()) GTEST_SKIP() << "no /proc/sys/net/ipv4/tcp_congestion_control here";
+    restart("system");
+    EXPECT_EQ(congestion_of(ab), def);
+    EXPECT_EQ(congestion_of(ba), def);
+}
+
+TEST_P(TcpLinkSockets, AnAlgorithmTheKernelLacksLeavesTheDefaultAndAWorkingLink) {
+    const std::string def = system_default();
+    if (def.empty()) GTEST_SKIP() << "no /proc/sys/net/ipv4/tcp_congestion_control here";
+    restart("no-such-algorithm");
+    EXPECT_EQ(congestion_of(ab), def);
+    b.post_buffers(1, 4096);
+    char msg[] = "still works";
+    iovec iov{msg, sizeof msg};
+    ASSERT_EQ(ab->post_send(&iov, 1, nullptr, 7), 0);
+    ASSERT_TRUE(pump_until([&] { return !b.wcs.empty() && !a.wcs.empty(); }));
+    EXPECT_EQ(b.wcs.front().status, WcStatus::Success);
+    EXPECT_EQ(memcmp(b.rx_buffers[0].data(), msg, sizeof msg), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tcp, TcpLinkSockets, ::testing::Values(std::string("tcp")),
+                         [](const auto &info) { return info.param; });
 
 INSTANTIATE_TEST_SUITE_P(Links, LinkContract,
                          ::testing::Values(std::string("tcp"), std::string("tcp_splice")),
