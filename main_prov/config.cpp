@@ -31,8 +31,8 @@ void Config::load(fi_provider *prov) {
     g_config.splice_min =
         p.size("splice_min",
                "Payloads of at least this many bytes leave link sockets by vmsplice and splice "
-               "(no copy by the sending CPU); 0 copies every payload with sendmsg",
-               64 * 1024);
+               "(no copy by the sending CPU); 0 (the default) copies every payload with sendmsg",
+               0);
     g_config.congestion =
         p.text("congestion",
                "TCP congestion control of link sockets: auto (reno between sockets of this host, "
