@@ -15,7 +15,7 @@ namespace tandem::wire {
 // extension, then `length` payload bytes.
 
 inline constexpr uint32_t kTcpMagic = 0x746e6431;  // "tnd1"
-inline constexpr uint16_t kTcpVersion = 1;
+inline constexpr uint16_t kTcpVersion = 2;
 
 enum class TcpOp : uint8_t {
     Send = 1,       // two-sided; payload lands in a posted receive buffer of the peer
@@ -32,9 +32,14 @@ enum class TcpOp : uint8_t {
 
 enum TcpFlags : uint16_t {
     kTcpHasImm = 1u << 0,
+    // ReadResp: more frames of this response follow (a response from device memory comes in
+    // chunks, each copied to the host before its header leaves).
+    kTcpMore = 1u << 1,
 };
 
-enum class TcpStatus : uint8_t { Ok = 0, RemoteAccess = 1, RemoteInvalid = 2 };
+// SourceFault: the target could not copy the memory it was to send (a device copy failed);
+// it ends a ReadResp, with no payload.
+enum class TcpStatus : uint8_t { Ok = 0, RemoteAccess = 1, RemoteInvalid = 2, SourceFault = 3 };
 
 struct TcpFrame {
     uint8_t op;      // TcpOp

@@ -51,6 +51,8 @@ int error_of(WcStatus s) {
             return FI_EACCES;
         case WcStatus::RemoteInvalid:
             return FI_EINVAL;
+        case WcStatus::RemoteOpError:
+            return FI_EIO;
         case WcStatus::Flushed:
             return FI_ECONNRESET;
     }

@@ -78,6 +78,7 @@ enum class WcStatus : uint8_t {
     Success,
     RemoteAccessError,  // bad key, out of bounds, access denied at the target
     RemoteInvalid,      // malformed request rejected by the target
+    RemoteOpError,      // the target failed to carry it out (its device memory faulted)
     Flushed,            // the connection went down before the request completed
 };
 

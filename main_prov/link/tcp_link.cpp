@@ -81,12 +81,27 @@ bool same_host(int fd) {
     return false;
 }
 
+// Bytes [from, from + len) of a scatter list, with where each piece lives when `mem` is given
+// (out_mem stays empty otherwise: host memory).
+void slice_pieces(const iovec *iov, const hmem::MemRef *mem, size_t count, size_t from, size_t len,
+                  std::vector<iovec> &out_iov, std::vector<hmem::MemRef> &out_mem) {
+    out_iov.clear();
+    out_mem.clear();
+    iov_walk(iov, count, from, len, [&](size_t i, uint8_t *ptr, size_t n) {
+        out_iov.push_back({ptr, n});
+        if (mem) out_mem.push_back(mem[i]);
+        return true;
+    });
+}
+
 WcStatus status_from_wire(uint8_t status) {
     switch (static_cast<wire::TcpStatus>(status)) {
         case wire::TcpStatus::Ok:
             return WcStatus::Success;
         case wire::TcpStatus::RemoteAccess:
             return WcStatus::RemoteAccessError;
+        case wire::TcpStatus::SourceFault:
+            return WcStatus::RemoteOpError;
         default:
             return WcStatus::RemoteInvalid;
     }
@@ -291,6 +306,65 @@ void TcpConnection::finish_disconnect() {
     }
 }
 
+// A read response from device memory goes in frames of at most one bounce chunk, each copied
+// to the host before its header leaves: should a copy fail, the frames sent so far are whole
+// and the next one can still say so (end_response_with_fault), where a single frame would
+// have announced bytes it cannot deliver and left only failing the connection.
+void TcpConnection::queue_device_read_response(const LocalPieces &pieces, uint64_t key,
+                                               size_t length) {
+    const uint64_t response = next_serial_++;
+    size_t offset = 0;
+    do {
+        size_t len = std::min(kStageChunk, length - offset);
+        FramePtr frame = new_frame();
+        OutFrame &f = *frame;
+        f.hdr.op = static_cast<uint8_t>(wire::TcpOp::ReadResp);
+        f.hdr.length = len;
+        if (offset + len < length) f.hdr.flags |= wire::kTcpMore;
+        iov_walk(pieces.iov, pieces.count, offset, len, [&](size_t i, uint8_t *ptr, size_t n) {
+            f.mem[f.iov_count] = pieces.mem[i];
+            f.iov[f.iov_count++] = {ptr, n};
+            return true;
+        });
+        f.device = true;
+        f.serial = next_serial_++;
+        f.response = response;
+        // The remote read is over, for the counter, when its last frame has left.
+        if (pieces.application && offset + len == length) {
+            f.counts_remote_read = true;
+            f.read_key = key;
+        }
+        queue_frame(std::move(frame));
+        offset += len;
+    } while (offset < length);
+}
+
+// The device copy for read-response frame `f` failed before any of it was sent: it becomes
+// the response's last frame, empty, with SourceFault, and the response's frames behind it go.
+bool TcpConnection::end_response_with_fault(OutFrame &f) {
+    if (f.hdr.op != static_cast<uint8_t>(wire::TcpOp::ReadResp) || f.response == 0) return false;
+    TANDEM_WARN(FI_LOG_EP_DATA,
+                "device memory could not be copied for a read response: the "
+                "reader gets an error\n");
+    const uint64_t response = f.response;
+    for (auto it = outq_.begin(); it != outq_.end();) {
+        OutFrame &later = **it;
+        if (&later != &f && later.response == response) {
+            if (spare_frames_.size() < kSpareFrames) spare_frames_.push_back(std::move(*it));
+            it = outq_.erase(it);
+        } else {
+            ++it;
+        }
+    }
+    f.hdr.status = static_cast<uint8_t>(wire::TcpStatus::SourceFault);
+    f.hdr.flags &= ~wire::kTcpMore;
+    f.hdr.length = 0;
+    f.iov_count = 0;
+    f.device = f.counts_remote_read = false;
+    f.total = f.head();
+    return true;
+}
+
 bool TcpConnection::flush_send() {
     if (fd_ < 0 || state_ == State::Connecting || state_ == State::Closed) return false;
     while (!outq_.empty()) {
@@ -311,6 +385,7 @@ bool TcpConnection::flush_send() {
         iovec iov[kMaxSendIov];
         size_t n = 0;
         size_t bytes = 0;
+        bool rebuild = false;
         for (auto &frame : outq_) {
             OutFrame &f = *frame;
             if (n + 2 + f.iov_count > kMaxSendIov) break;
@@ -331,7 +406,14 @@ bool TcpConnection::flush_send() {
                 // Device payload goes through the bounce buffer, which one frame owns at a
                 // time: nothing after it in this batch.
                 size_t k = push_staged(f, &iov[n]);
-                if (k == SIZE_MAX) return false;
+                if (k == SIZE_MAX) {
+                    if (f.sent == 0 && end_response_with_fault(f)) {
+                        rebuild = true;  // its header changed: build the batch again
+                        break;
+                    }
+                    fail_connection("device memory could not be copied for sending", EIO);
+                    return false;
+                }
                 n += k;
                 if (k) bytes += iov[n - 1].iov_len;
                 break;
@@ -340,6 +422,7 @@ bool TcpConnection::flush_send() {
             if (spliceable(f)) break;
             for (size_t k = 0; k < f.iov_count; ++k) push(f.iov[k].iov_base, f.iov[k].iov_len);
         }
+        if (rebuild) continue;
         if (n == 0) break;
         msghdr msg{};
         msg.msg_iov = iov;
@@ -435,7 +518,7 @@ void TcpConnection::close_pipe() {
 
 // The next chunk of a device frame's payload, copied to the bounce buffer unless it is there
 // already (a previous sendmsg took part of it): 1 iovec, 0 when the payload is all sent, or
-// SIZE_MAX when the device copy failed (the connection is failed then).
+// SIZE_MAX when the device copy failed.
 size_t TcpConnection::push_staged(OutFrame &f, iovec *out) {
     size_t head = f.head();
     size_t done = f.sent > head ? f.sent - head : 0;
@@ -444,10 +527,8 @@ size_t TcpConnection::push_staged(OutFrame &f, iovec *out) {
         size_t n = std::min(kStageChunk, static_cast<size_t>(f.hdr.length) - done);
         if (stage_tx_.size() < n) stage_tx_.resize(kStageChunk);
         if (hmem::gather(stage_tx_.data(), f.iov, f.mem, f.iov_count, done, n) !=
-            static_cast<ssize_t>(n)) {
-            fail_connection("device memory could not be copied for sending", EIO);
+            static_cast<ssize_t>(n))
             return SIZE_MAX;
-        }
         stage_owner_ = f.serial;
         f.stage_begin = done;
         f.stage_end = done + n;
@@ -579,13 +660,19 @@ bool TcpConnection::begin_frame() {
         case wire::TcpOp::ReadResp: {
             for (auto &wr : pending_) {
                 if (wr.opcode != WcOpcode::Read || wr.read_done) continue;
-                size_t expect = cur_.status == 0 ? wr.length : 0;
-                if (cur_.length != expect) {
+                // The response's frames together carry the whole read, the last without
+                // kTcpMore; an error status ends it early, with no payload.
+                const size_t left = wr.length - wr.read_got;
+                const bool more = cur_.flags & wire::kTcpMore;
+                bool fits = cur_.status == 0
+                                ? (more ? cur_.length && cur_.length < left : cur_.length == left)
+                                : (cur_.length == 0 && !more);
+                if (!fits) {
                     fail_connection("read response of the wrong length", EPROTO);
                     return false;
                 }
-                dst_iov_ = wr.read_iov;
-                dst_mem_ = wr.read_mem;
+                slice_pieces(wr.read_iov.data(), wr.read_mem.empty() ? nullptr : wr.read_mem.data(),
+                             wr.read_iov.size(), wr.read_got, cur_.length, dst_iov_, dst_mem_);
                 return true;
             }
             fail_connection("read response without a request", EPROTO);
@@ -737,6 +824,10 @@ void TcpConnection::finish_frame() {
             LocalPieces pieces;
             bool ok = transport_->resolver()->resolve(cur_ext_.key, cur_ext_.addr, cur_ext_.length,
                                                       FI_REMOTE_READ, pieces);
+            if (ok && !hmem::all_host(pieces.mem, pieces.count)) {
+                queue_device_read_response(pieces, cur_ext_.key, cur_ext_.length);
+                break;
+            }
             FramePtr frame = new_frame();
             OutFrame &resp = *frame;
             resp.hdr.op = static_cast<uint8_t>(wire::TcpOp::ReadResp);
@@ -751,9 +842,7 @@ void TcpConnection::finish_frame() {
                     if (!pieces.iov[k].iov_len) continue;
                     resp.mem[resp.iov_count] = pieces.mem[k];
                     resp.iov[resp.iov_count++] = pieces.iov[k];
-                    if (!pieces.mem[k].on_host()) resp.device = true;
                 }
-                if (resp.device) resp.serial = next_serial_++;
                 if (pieces.application) {
                     // The target's FI_REMOTE_READ counter moves once the bytes have left (see
                     // retire_sent), and they leave copied, not spliced: an application that
@@ -771,8 +860,11 @@ void TcpConnection::finish_frame() {
         case wire::TcpOp::ReadResp:
             for (auto &wr : pending_) {
                 if (wr.opcode != WcOpcode::Read || wr.read_done) continue;
-                wr.read_done = true;
-                wr.status = status_from_wire(cur_.status);
+                wr.read_got += cur_.length;
+                if (cur_.status != 0 || !(cur_.flags & wire::kTcpMore)) {
+                    wr.read_done = true;
+                    wr.status = status_from_wire(cur_.status);
+                }
                 break;
             }
             break;

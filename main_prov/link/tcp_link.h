@@ -97,6 +97,8 @@ class TcpConnection final : public LinkConnection {
         // target's FI_REMOTE_READ counter.
         bool counts_remote_read = false;
         uint64_t read_key = 0;
+        // The frames of one read response from device memory share a number (0: none).
+        uint64_t response = 0;
 
         // For reuse: everything but the scatter lists, whose first iov_count entries are
         // always written before they are read.
@@ -104,7 +106,7 @@ class TcpConnection final : public LinkConnection {
             hdr = {};
             ext = {};
             has_ext = counts_as_wr = device = no_splice = counts_remote_read = false;
-            read_key = 0;
+            read_key = response = 0;
             iov_count = 0;
             serial = stage_begin = stage_end = total = sent = 0;
             inline_copy.clear();
@@ -117,6 +119,7 @@ class TcpConnection final : public LinkConnection {
         WcOpcode opcode = WcOpcode::Send;
         WcStatus status = WcStatus::Success;
         bool read_done = false;
+        size_t read_got = 0;                 // reads: response bytes received so far
         std::vector<iovec> read_iov;         // reads: where the response lands
         std::vector<hmem::MemRef> read_mem;  // and where each piece lives (empty: host)
         size_t length = 0;
@@ -132,6 +135,8 @@ class TcpConnection final : public LinkConnection {
     FramePtr make_frame(wire::TcpOp op, const iovec *iov, const hmem::MemRef *mem, size_t count,
                         bool copy_payload);
     size_t push_staged(OutFrame &f, iovec *out);
+    void queue_device_read_response(const LocalPieces &pieces, uint64_t key, size_t length);
+    bool end_response_with_fault(OutFrame &f);
     bool spliceable(const OutFrame &f) const;
     enum class SpliceResult : uint8_t { Sent, Blocked, Failed, Refused };
     SpliceResult splice_payload(OutFrame &f);

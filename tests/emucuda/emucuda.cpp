@@ -218,7 +218,9 @@ struct State {
     std::atomic<bool> peer{true};
     std::atomic<unsigned long long> mem_limit{0};
     std::atomic<unsigned> sync_timeout_ms{kDefaultSyncTimeoutMs};
-    // Injected failures (emucuda_fail_next): calls of a kind left to fail, and with what.
+    // Injected failures (emucuda_fail_after): calls of a kind left to pass before failing
+    // ones, calls left to fail, and with what.
+    std::atomic<int> pass_copies{0}, pass_ipc_opens{0};
     std::atomic<int> fail_copies{0}, fail_ipc_opens{0};
     std::atomic<CUresult> fail_copy_error{CUDA_ERROR_ILLEGAL_ADDRESS};
     std::atomic<CUresult> fail_ipc_error{CUDA_ERROR_OUT_OF_MEMORY};
@@ -543,9 +545,17 @@ enum class Side { kAny, kDevice, kHost };
 // One copy of n bytes: each side is device memory (the whole range inside one mapping) or host
 // memory (anything else, accessed with a plain memcpy). Side::kHost takes the address as host
 // memory without asking, as the real driver's cuMemcpyDtoH/HtoD do.
+// Whether this call fails by injection: while failures are armed, the first `pass` calls
+// still succeed.
+bool injected_failure(std::atomic<int> &pass, std::atomic<int> &fail) {
+    if (fail.load() <= 0) return false;
+    if (pass.load() > 0 && pass.fetch_sub(1) > 0) return false;
+    return fail.fetch_sub(1) > 0;
+}
+
 CUresult copy(std::unique_lock<std::mutex> &lk, State &s, CUstream h, std::uintptr_t dst,
               Side dst_side, std::uintptr_t src, Side src_side, std::size_t n, bool sync) {
-    if (s.fail_copies.load() > 0 && s.fail_copies.fetch_sub(1) > 0) return s.fail_copy_error.load();
+    if (injected_failure(s.pass_copies, s.fail_copies)) return s.fail_copy_error.load();
     std::shared_ptr<CUstream_st> q;
     if (CUresult rc = resolve_stream(s, h, q); rc != CUDA_SUCCESS) return rc;
     Op op;
@@ -1109,7 +1119,7 @@ CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *ptr, CUipcMemHandle handle, unsigned
         CUctx_st *c = emucuda::current(s);
         if (!c) return CUDA_ERROR_INVALID_CONTEXT;
         if (flags != CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) return CUDA_ERROR_INVALID_VALUE;
-        if (s.fail_ipc_opens.load() > 0 && s.fail_ipc_opens.fetch_sub(1) > 0)
+        if (emucuda::injected_failure(s.pass_ipc_opens, s.fail_ipc_opens))
             return s.fail_ipc_error.load();
         if (!s.ipc.load()) return CUDA_ERROR_NOT_SUPPORTED;
         emucuda::IpcWire w;
@@ -1236,12 +1246,18 @@ void emucuda_set_sync_timeout_ms(unsigned ms) {
 }
 
 void emucuda_fail_next(int what, int count, int error) {
+    emucuda_fail_after(what, 0, count, error);
+}
+
+void emucuda_fail_after(int what, int pass, int count, int error) {
     State &s = emucuda::st();
     if (what == EMUCUDA_FAIL_COPY) {
         s.fail_copy_error = error;
+        s.pass_copies = pass;
         s.fail_copies = count;
     } else if (what == EMUCUDA_FAIL_IPC_OPEN) {
         s.fail_ipc_error = error;
+        s.pass_ipc_opens = pass;
         s.fail_ipc_opens = count;
     }
 }

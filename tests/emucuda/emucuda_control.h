@@ -53,6 +53,8 @@ EMUCUDA_EXPORT void emucuda_set_sync_timeout_ms(unsigned ms /* 0 = the default, 
  * device would (a copy faulting, a mapping out of memory). */
 enum { EMUCUDA_FAIL_COPY = 1 /* every cuMemcpy* */, EMUCUDA_FAIL_IPC_OPEN = 2 };
 EMUCUDA_EXPORT void emucuda_fail_next(int what, int count, int error);
+/* The same after `pass` more calls of the kind have succeeded (a fault in mid-transfer). */
+EMUCUDA_EXPORT void emucuda_fail_after(int what, int pass, int count, int error);
 /* Does p lie inside a live allocation or an opened IPC mapping of this process (the range the
  * pointer attributes report: base .. base + requested size)? */
 EMUCUDA_EXPORT int emucuda_is_device_address(const void *p);

@@ -75,6 +75,9 @@ constexpr size_t KiB = 1024, MiB = 1024 * 1024;
 // off_tandem's node-local eager limit is one 8 KiB cell minus its headers: below it device
 // memory is staged under FI_HMEM_P2P_ENABLED, above it sent peer to peer.
 constexpr size_t kLocalEagerBelow = 8 * KiB - 512;
+// tandem's eager limit over the link (FI_TANDEM_EAGER_LIMIT's default): larger messages go by
+// rendezvous, the receiver reading the sender's memory.
+constexpr size_t kLinkEagerLimit = 64 * KiB;
 constexpr uint32_t kSeedData = 0xda7a, kSeedStale = 0x57a1e;
 
 bool net_variant() {
@@ -1151,15 +1154,16 @@ void check_receiver(Role &r, const Stats &st, const Xfer &x) {
 }
 
 // The emulator's failure injection: the next call of a kind fails with `error`.
-bool fail_next(Role &r, int what, CUresult error) {
+// The next call of a kind fails, once `pass` more have succeeded.
+bool fail_next(Role &r, int what, CUresult error, int pass = 0) {
     void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    auto *f =
-        h ? reinterpret_cast<decltype(&emucuda_fail_next)>(dlsym(h, "emucuda_fail_next")) : nullptr;
+    auto *f = h ? reinterpret_cast<decltype(&emucuda_fail_after)>(dlsym(h, "emucuda_fail_after"))
+                : nullptr;
     if (!f) {
-        r.fail(__FILE__, __LINE__, "the emulated driver has no emucuda_fail_next");
+        r.fail(__FILE__, __LINE__, "the emulated driver has no emucuda_fail_after");
         return false;
     }
-    f(what, 1, error);
+    f(what, pass, 1, error);
     return true;
 }
 
@@ -2545,7 +2549,7 @@ TEST(DriverErrors, IpcOpenOutOfMemoryFailsRequired) {
 // fails, synchronously (-FI_EIO) or with an FI_EIO error completion, and nothing reaches the
 // receiver; at the receiver (into device memory) the receive completes with FI_EIO. The next
 // message between the same endpoints arrives intact.
-void copy_fault_sender(Role &r, bool fault_here, size_t len) {
+void copy_fault_sender(Role &r, bool fault_here, size_t len, int pass) {
     R_TRY(cuda_up(r));
     Buf src;
     R_TRY(src.alloc(r, len, true));
@@ -2560,7 +2564,7 @@ void copy_fault_sender(Role &r, bool fault_here, size_t len) {
     R_TRY(n.expect("posted"));
     fi_context ctx{};
     if (fault_here) {
-        R_TRY(fail_next(r, EMUCUDA_FAIL_COPY, CUDA_ERROR_ILLEGAL_ADDRESS));
+        R_TRY(fail_next(r, EMUCUDA_FAIL_COPY, CUDA_ERROR_ILLEGAL_ADDRESS, pass));
         ssize_t ret = fi_send(n.ep, src.ptr(), len, desc, n.peer, &ctx);
         if (ret == 0) {
             Comp c;
@@ -2609,6 +2613,15 @@ void copy_fault_receiver(Role &r, bool fault_here, size_t len) {
         R_TRY(n.tell("posted"));
     } else {
         R_TRY(n.tell("posted"));
+        if (net_variant() && len > kLinkEagerLimit) {
+            // Over the link a message this large goes by rendezvous: it is matched here before
+            // its sender copies it, so this receive ends with the sender's fault (its Fin),
+            // and the next message needs another receive.
+            R_TRY(n.wait(&ctx, c, "the receive of the message that faulted at its sender"));
+            R_CHECK(r, c.err && c.ee.err == FI_EIO,
+                    "a receive whose message faulted at its sender: ", show(c));
+            R_POST(r, n, fi_recv(n.ep, dst.ptr(), len, desc, n.peer, &ctx));
+        }
     }
     // The one message that arrives here is the second (the first faulted at the sender) or,
     // when we faulted, the second again: intact either way.
@@ -2620,8 +2633,9 @@ void copy_fault_receiver(Role &r, bool fault_here, size_t len) {
     n.bye();
 }
 
-void run_copy_fault(bool at_sender, size_t len) {
-    run_roles({{"sender", [=](Role &r) { copy_fault_sender(r, at_sender, len); }, {}},
+// pass: device copies the faulting side makes successfully before the one that faults.
+void run_copy_fault(bool at_sender, size_t len, int pass = 0) {
+    run_roles({{"sender", [=](Role &r) { copy_fault_sender(r, at_sender, len, pass); }, {}},
                {"receiver", [=](Role &r) { copy_fault_receiver(r, !at_sender, len); }, {}}});
 }
 
@@ -2633,6 +2647,23 @@ TEST(DriverErrors, CopyFaultAtTheSender64B) {
 TEST(DriverErrors, CopyFaultAtTheSender64KiB) {
     REQUIRE_EMULATOR("failure injection");
     run_copy_fault(true, 64 * KiB);
+}
+
+// Larger than the link's eager limit: over the link the receiver reads it from the sender's
+// device memory, a chunk at a time, and the fault comes while the sender answers that read.
+TEST(DriverErrors, CopyFaultAtTheSender1MiB) {
+    REQUIRE_EMULATOR("failure injection");
+    run_copy_fault(true, 1 * MiB);
+}
+
+// The same with the fault in mid-message: over the link, after two chunks of the response
+// (256 KiB each) have reached the receiver.
+TEST(DriverErrors, CopyFaultAtTheSenderInMidMessage) {
+    REQUIRE_EMULATOR("failure injection");
+    if (!net_variant())
+        GTEST_SKIP() << "node-local, the sender copies a 1 MiB device message in one device "
+                        "copy (to the bounce the receiver reads): no fault falls in mid-message";
+    run_copy_fault(true, 1 * MiB, 2);
 }
 
 TEST(DriverErrors, CopyFaultAtTheReceiver64B) {
