@@ -180,6 +180,8 @@ int PassiveEndpoint::reject(fid_t handle, const void *param, size_t paramlen) {
 void PassiveEndpoint::progress_cm() {
     std::lock_guard guard(mutex_);
     if (!listening_) return;
+    // An EQ read is this endpoint's only progress: accept what waits now.
+    transport_->progress_now();
     WorkCompletion wc[8];
     while (transport_->poll(wc, 8) > 0) {
         // A passive endpoint posts nothing: only flushes of rejected connections come here.

@@ -1227,21 +1227,21 @@ void TcpTransport::unwatch(TcpConnection *conn) {
 // One pass over the sockets. With few connections, a recv() on each is the cheapest way to
 // find data (one system call per idle connection); the listener and larger sets are checked
 // with one epoll_wait.
-void TcpTransport::progress() {
+void TcpTransport::progress(bool check_all) {
     ++passes_;
     // The listener (and every socket) is checked by epoll at least every kListenerCheckPasses
-    // passes and every millisecond, so new connections are accepted promptly even by an
-    // endpoint that polls rarely.
-    // The clock is read every 16th pass only: cheap as it is, on every pass of a busy poll
-    // it was a measurable share of a node-local ping-pong.
+    // passes and, as the clock is read every 16th pass, about every millisecond of a busy
+    // poll. (Cheap as it is, the clock read on every pass was a measurable share of a
+    // node-local ping-pong.) Passes far apart would stretch that to seconds: who progresses
+    // rarely asks for the check (check_all, progress_now).
     int64_t now_ms = last_full_ms_;
     if (passes_ % 16 == 0) {
         timespec now;
         clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
         now_ms = int64_t(now.tv_sec) * 1000 + now.tv_nsec / 1000000;
     }
-    bool full = conns_.size() > kDirectPollConnections || passes_ % kListenerCheckPasses == 0 ||
-                now_ms != last_full_ms_;
+    bool full = check_all || conns_.size() > kDirectPollConnections ||
+                passes_ % kListenerCheckPasses == 0 || now_ms != last_full_ms_;
     bool direct = !full;
     if (full) last_full_ms_ = now_ms;
     // Only the listener to watch (every peer so far is node-local, or none yet): it waits for

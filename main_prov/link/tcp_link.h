@@ -242,12 +242,16 @@ class TcpTransport final : public LinkTransport {
     void push_cm(CmEvent &&ev) { cm_events_.push_back(std::move(ev)); }
     RemoteKeyResolver *resolver() const { return resolver_; }
     const TcpLinkConfig &config() const { return config_; }
+    // One progress pass that looks at the listener and every socket now, for callers that
+    // progress rarely (a passive endpoint, from EQ reads), where the passes that the usual
+    // check counts could be far apart.
+    void progress_now() { progress(/*check_all=*/true); }
     // Sets a connected socket's congestion control as config().congestion says.
     void choose_congestion(int fd);
 
   private:
     void accept_new();
-    void progress();
+    void progress(bool check_all = false);
     void watch(TcpConnection *conn);
     void unwatch(TcpConnection *conn);
 
