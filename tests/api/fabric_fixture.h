@@ -451,7 +451,8 @@ struct FabricOptions {
     fid_wait *cq_wait_set = nullptr;  // used when cq_wait == FI_WAIT_SET
     fi_av_type av_type = FI_AV_TABLE;
     uint64_t cq_bind_flags = FI_TRANSMIT | FI_RECV;
-    uint64_t tx_op_flags = 0;  // OR-ed into info->tx_attr->op_flags when non-zero
+    uint64_t tx_op_flags = 0;         // OR-ed into info->tx_attr->op_flags when non-zero
+    size_t tx_size = 0, rx_size = 0;  // queue depths to ask for (0: the provider's)
     int num_eps = 2;
 };
 
@@ -465,6 +466,8 @@ inline InfoPtr hints_for(const FabricOptions &o) {
     h->domain_attr->mr_mode = o.mr_mode;
     h->domain_attr->threading = o.threading;
     h->fabric_attr->prov_name = strdup(provider_name());
+    h->tx_attr->size = o.tx_size;
+    h->rx_attr->size = o.rx_size;
     return h;
 }
 

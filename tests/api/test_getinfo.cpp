@@ -243,6 +243,26 @@ TEST(GetInfo, InjectSizeIsPositive) {
     }
 }
 
+// fi_endpoint(3): the size of a queue is what the application asks for, up to the provider's
+// maximum (an unrequested size is that maximum; a larger request cannot be met).
+TEST(GetInfo, RequestedQueueSizesAreTheOnesReturned) {
+    InfoPtr hints = base_hints(FI_EP_MSG);
+    InfoPtr list;
+    ASSERT_FI_OK(getinfo(hints.get(), &list));
+    const size_t max_tx = list->tx_attr->size, max_rx = list->rx_attr->size;
+    ASSERT_GT(max_tx, 128u);
+    ASSERT_GT(max_rx, 128u);
+    hints->tx_attr->size = 128;
+    hints->rx_attr->size = 100;
+    ASSERT_FI_OK(getinfo(hints.get(), &list));
+    for (fi_info *i = list.get(); i; i = i->next) {
+        EXPECT_EQ(i->tx_attr->size, 128u);
+        EXPECT_EQ(i->rx_attr->size, 100u);
+    }
+    hints->rx_attr->size = max_rx + 1;
+    EXPECT_EQ(getinfo(hints.get(), &list), -FI_ENODATA);
+}
+
 TEST(GetInfo, ProgressIsManual) {
     InfoPtr hints = base_hints(FI_EP_RDM);
     InfoPtr list;

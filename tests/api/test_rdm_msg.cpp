@@ -15,6 +15,23 @@ std::string size_name(const ::testing::TestParamInfo<size_t> &p) {
     return std::to_string(s) + "B";
 }
 
+// ---- queue depth ---------------------------------------------------------------------------
+
+class RequestedQueueDepth : public FabricTest {
+    void configure(FabricOptions &o) override { o.tx_size = o.rx_size = 8; }
+};
+
+// The depth asked for in the hints is the endpoint's: a receive beyond it waits (-FI_EAGAIN)
+// rather than being queued.
+TEST_F(RequestedQueueDepth, IsTheEndpointsLimit) {
+    EXPECT_EQ(info->tx_attr->size, 8u);
+    EXPECT_EQ(info->rx_attr->size, 8u);
+    auto r = buf(64);
+    for (int i = 0; i < 8; ++i)
+        ASSERT_FI_OK(fi_recv(a().ep, r->data(), 64, r->desc, FI_ADDR_UNSPEC, ctx(i)));
+    EXPECT_EQ(fi_recv(a().ep, r->data(), 64, r->desc, FI_ADDR_UNSPEC, ctx(8)), -FI_EAGAIN);
+}
+
 // ---- sizes ---------------------------------------------------------------------------------
 
 class RdmSizeTest : public FabricTest, public ::testing::WithParamInterface<size_t> {};
