@@ -353,6 +353,24 @@ TEST_F(MsgEpTest, ConnectAndAcceptEnableImplicitly) {
     ASSERT_NO_FATAL_FAILURE(exchange(*cli, *srv, 100, 408));
 }
 
+// A passive endpoint progresses only when its EQ is read (ofi_rxm reads it every 10 ms): a
+// request already at the listener must come with the next read, not some reads later.
+TEST_F(MsgEpTest, ConnectionRequestAtTheListenerComesWithTheNextEqRead) {
+    Conn *c = connect("x", 1);
+    ASSERT_NE(c, nullptr);
+    // Only the client progresses, long enough for its request to reach the listener.
+    auto until = std::chrono::steady_clock::now() + 100ms;
+    while (std::chrono::steady_clock::now() < until) cli_log.drain();
+    alignas(16) uint8_t raw[sizeof(fi_eq_cm_entry) + 256];
+    uint32_t ev = 0;
+    ssize_t n = fi_eq_read(srv_eq, &ev, raw, sizeof raw, 0);
+    ASSERT_GE(n, ssize_t(sizeof(fi_eq_cm_entry))) << fi_err_str(n);
+    EXPECT_EQ(ev, uint32_t(FI_CONNREQ));
+    fi_eq_cm_entry cm{};
+    std::memcpy(&cm, raw, sizeof cm);
+    fi_freeinfo(cm.info);
+}
+
 TEST_F(MsgEpTest, GetpeerNamesTheOtherSide) {
     auto [cli, srv] = establish();
     ASSERT_TRUE(cli && srv);
