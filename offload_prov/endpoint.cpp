@@ -1634,12 +1634,19 @@ void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const
     auto op = static_cast<LocalOp>(hdr.op);
     bool write = op != LocalOp::Read;
     uint64_t access = write ? FI_REMOTE_WRITE : FI_REMOTE_READ;
-    uint64_t addr = hdr.rma_addr + (op == LocalOp::WriteFrag ? hdr.offset : 0);
-    size_t len = op == LocalOp::WriteFrag ? hdr.size : hdr.total;
+    // The key is checked against the whole operation, also for each fragment of a staged
+    // write: a write that runs past the region is refused whole, none of its fragments land.
+    const size_t len = hdr.total;
+    const size_t at = op == LocalOp::WriteFrag ? hdr.offset : 0;
+    if (op == LocalOp::WriteFrag && (hdr.offset > len || hdr.size > len - hdr.offset)) {
+        TANDEM_WARN(FI_LOG_EP_DATA, "dropping a write fragment outside its write\n");
+        answer(sender, hdr.msg_id, FI_EINVAL);
+        return;
+    }
     iovec pieces[kMaxRmaPieces];
     hmem::MemRef pmem[kMaxRmaPieces];
     size_t npieces = kMaxRmaPieces;
-    int ret = resolve(hdr.rma_key, addr, len, access, pieces, pmem, &npieces);
+    int ret = resolve(hdr.rma_key, hdr.rma_addr, len, access, pieces, pmem, &npieces);
     if (ret) {
         answer(sender, hdr.msg_id, ret == -FI_ENOSYS ? FI_EOPNOTSUPP : FI_EACCES);
         return;
@@ -1654,10 +1661,10 @@ void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const
     bool device = !hmem::all_host(pmem, npieces);
     auto place = [&](const uint8_t *from, size_t k) {
         if (!device) {
-            iov_scatter(pieces, npieces, 0, from, k);
+            iov_scatter(pieces, npieces, at, from, k);
             return 0;
         }
-        return hmem::scatter(pieces, pmem, npieces, 0, from, k) == ssize_t(k) ? 0 : FI_EIO;
+        return hmem::scatter(pieces, pmem, npieces, at, from, k) == ssize_t(k) ? 0 : FI_EIO;
     };
     switch (op) {
         case LocalOp::Write:
@@ -1692,7 +1699,7 @@ void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const
             }
             break;
         case LocalOp::WriteFrag:
-            status = place(body, len);
+            status = place(body, hdr.size);
             last = hdr.flags & wire::kLocalLast;
             if (status && !last) {
                 answer(sender, hdr.msg_id, status);  // (a later fragment may answer again)

@@ -2666,6 +2666,57 @@ TEST(DriverErrors, CopyFaultAtTheSenderInMidMessage) {
     run_copy_fault(true, 1 * MiB, 2);
 }
 
+// A write from device memory that runs past either end of the target's region is refused
+// whole: over the link it travels in several frames, and no frame of it may land.
+TEST(Rma, DeviceWritePastTheRegionWritesNothing) {
+    REQUIRE_DEVICE();
+    const size_t len = 1 * MiB;
+    auto initiator = [=](Role &r) {
+        R_TRY(cuda_up(r));
+        Buf src;
+        R_TRY(src.alloc(r, len, true));
+        R_TRY(src.fill(r, kSeedData));
+        Node n(r);
+        R_TRY(n.open());
+        R_TRY(apply_mode(r, n, FI_HMEM_P2P_DISABLED, false));
+        R_TRY(n.enable() && n.connect());
+        fid_mr *mr = n.reg(src);
+        R_TRY(mr);
+        std::string region;
+        R_TRY(n.recv(region, "the target's region"));
+        R_REQUIRE(r, region.size() == 2 * sizeof(uint64_t));
+        uint64_t v[2];
+        memcpy(v, region.data(), sizeof v);
+        for (uint64_t addr : {v[0] + len / 2, v[0] - len / 2}) {
+            fi_context ctx{};
+            Comp c;
+            R_POST(r, n, fi_write(n.ep, src.ptr(), len, fi_mr_desc(mr), n.peer, addr, v[1], &ctx));
+            R_TRY(n.wait(&ctx, c, "the out-of-bounds write's completion"));
+            R_CHECK(r, c.err && c.ee.err == FI_EACCES, "a write past the region: ", show(c));
+        }
+        R_TRY(n.tell("written"));
+        R_TRY(n.expect("checked"));
+        n.bye();
+    };
+    auto target = [=](Role &r) {
+        R_TRY(cuda_up(r));
+        Buf region;
+        R_TRY(region.alloc(r, len, false));
+        R_TRY(region.fill(r, kSeedStale));
+        Node n(r);
+        R_TRY(n.open());
+        R_TRY(n.enable() && n.connect());
+        fid_mr *mr = n.reg(region, FI_REMOTE_WRITE | FI_REMOTE_READ);
+        R_TRY(mr);
+        R_TRY(n.tell(pack_region(reinterpret_cast<uint64_t>(region.ptr()), fi_mr_key(mr))));
+        R_TRY(n.expect("written"));
+        region.check(r, kSeedStale, "the region after writes past its ends");
+        R_TRY(n.tell("checked"));
+        n.bye();
+    };
+    run_roles({{"initiator", initiator, {}}, {"target", target, {}}});
+}
+
 TEST(DriverErrors, CopyFaultAtTheReceiver64B) {
     REQUIRE_EMULATOR("failure injection");
     run_copy_fault(false, 64);
