@@ -52,6 +52,7 @@ int error_of(WcStatus s) {
         case WcStatus::RemoteInvalid:
             return FI_EINVAL;
         case WcStatus::RemoteOpError:
+        case WcStatus::LocalFault:
             return FI_EIO;
         case WcStatus::Flushed:
             return FI_ECONNRESET;

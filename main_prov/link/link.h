@@ -79,6 +79,7 @@ enum class WcStatus : uint8_t {
     RemoteAccessError,  // bad key, out of bounds, access denied at the target
     RemoteInvalid,      // malformed request rejected by the target
     RemoteOpError,      // the target failed to carry it out (its device memory faulted)
+    LocalFault,         // our own memory could not be read for it (a device copy failed)
     Flushed,            // the connection went down before the request completed
 };
 

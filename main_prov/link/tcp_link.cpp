@@ -229,6 +229,7 @@ int TcpConnection::post_write(const iovec *iov, const hmem::MemRef *mem, size_t 
     size_t len = iov_length(iov, count);
     if (len > transport_->caps().max_rdma_size || count > transport_->caps().max_sge)
         return -FI_EMSGSIZE;
+    if (!hmem::all_host(mem, count)) return post_device_write(iov, mem, count, dst, imm, wr_id);
     FramePtr f =
         make_frame(wire::TcpOp::Write, iov, mem, count, len <= transport_->caps().max_inline);
     f->has_ext = true;
@@ -238,6 +239,33 @@ int TcpConnection::post_write(const iovec *iov, const hmem::MemRef *mem, size_t 
         f->hdr.imm = *imm;
     }
     return queue_wr(std::move(f), wr_id, WcOpcode::Write, {}, {}, len);
+}
+
+// A write from device memory goes, like a read response from it, in frames of at most one
+// bounce chunk, each copied to the host before its header leaves: Write frames to
+// consecutive ranges of the target, all but the last with kTcpMore, the immediate data on
+// the last. Together they are one work request. Should a copy fail, the frame that could not
+// be filled ends the write empty, with SourceFault (end_with_fault).
+int TcpConnection::post_device_write(const iovec *iov, const hmem::MemRef *mem, size_t count,
+                                     RemoteRegion dst, const uint32_t *imm, uint64_t wr_id) {
+    if (state_ != State::Established) return -FI_ENOTCONN;
+    const size_t length = iov_length(iov, count);
+    std::vector<FramePtr> frames = device_chunks(wire::TcpOp::Write, iov, mem, count, length);
+    size_t offset = 0;
+    for (auto &f : frames) {
+        f->has_ext = true;
+        f->ext = {dst.addr + offset, dst.key, length - offset};
+        f->wr_seq = next_seq_;
+        offset += f->hdr.length;
+    }
+    FramePtr last = std::move(frames.back());
+    frames.pop_back();
+    if (imm) {
+        last->hdr.flags |= wire::kTcpHasImm;
+        last->hdr.imm = *imm;
+    }
+    for (auto &f : frames) queue_frame(std::move(f));
+    return queue_wr(std::move(last), wr_id, WcOpcode::Write, {}, {}, length);
 }
 
 int TcpConnection::post_read(const iovec *iov, const hmem::MemRef *mem, size_t count,
@@ -312,40 +340,61 @@ void TcpConnection::finish_disconnect() {
 // have announced bytes it cannot deliver and left only failing the connection.
 void TcpConnection::queue_device_read_response(const LocalPieces &pieces, uint64_t key,
                                                size_t length) {
-    const uint64_t response = next_serial_++;
+    std::vector<FramePtr> frames =
+        device_chunks(wire::TcpOp::ReadResp, pieces.iov, pieces.mem, pieces.count, length);
+    // The remote read is over, for the counter, when its last frame has left.
+    if (pieces.application) {
+        frames.back()->counts_remote_read = true;
+        frames.back()->read_key = key;
+    }
+    for (auto &f : frames) queue_frame(std::move(f));
+}
+
+// Frames `op` of at most one bounce chunk each over bytes [0, length) of a scatter list in
+// device memory, all but the last with kTcpMore, sharing one number (OutFrame::response).
+std::vector<TcpConnection::FramePtr> TcpConnection::device_chunks(wire::TcpOp op, const iovec *iov,
+                                                                  const hmem::MemRef *mem,
+                                                                  size_t count, size_t length) {
+    const uint64_t group = next_serial_++;
+    std::vector<FramePtr> frames;
     size_t offset = 0;
     do {
         size_t len = std::min(kStageChunk, length - offset);
         FramePtr frame = new_frame();
         OutFrame &f = *frame;
-        f.hdr.op = static_cast<uint8_t>(wire::TcpOp::ReadResp);
+        f.hdr.op = static_cast<uint8_t>(op);
         f.hdr.length = len;
         if (offset + len < length) f.hdr.flags |= wire::kTcpMore;
-        iov_walk(pieces.iov, pieces.count, offset, len, [&](size_t i, uint8_t *ptr, size_t n) {
-            f.mem[f.iov_count] = pieces.mem[i];
+        iov_walk(iov, count, offset, len, [&](size_t i, uint8_t *ptr, size_t n) {
+            f.mem[f.iov_count] = mem[i];
             f.iov[f.iov_count++] = {ptr, n};
             return true;
         });
-        f.device = true;
+        f.device = !hmem::all_host(f.mem, f.iov_count);
         f.serial = next_serial_++;
-        f.response = response;
-        // The remote read is over, for the counter, when its last frame has left.
-        if (pieces.application && offset + len == length) {
-            f.counts_remote_read = true;
-            f.read_key = key;
-        }
-        queue_frame(std::move(frame));
+        f.response = group;
+        frames.push_back(std::move(frame));
         offset += len;
     } while (offset < length);
+    return frames;
 }
 
-// The device copy for read-response frame `f` failed before any of it was sent: it becomes
-// the response's last frame, empty, with SourceFault, and the response's frames behind it go.
-bool TcpConnection::end_response_with_fault(OutFrame &f) {
-    if (f.hdr.op != static_cast<uint8_t>(wire::TcpOp::ReadResp) || f.response == 0) return false;
-    TANDEM_WARN(FI_LOG_EP_DATA,
-                "device memory could not be copied for a read response: the "
-                "reader gets an error\n");
+// The device copy for frame `f` of a read response or a write failed before any of it was
+// sent: it becomes the last frame of its response or write, empty, with SourceFault, and the
+// frames of it behind go. The reader's read fails; our write fails here, and the target
+// counts it as a work request that wrote what its earlier frames carried.
+bool TcpConnection::end_with_fault(OutFrame &f) {
+    const auto op = static_cast<wire::TcpOp>(f.hdr.op);
+    if ((op != wire::TcpOp::ReadResp && op != wire::TcpOp::Write) || f.response == 0) return false;
+    TANDEM_WARN(FI_LOG_EP_DATA, "device memory could not be copied for %s\n",
+                op == wire::TcpOp::Write ? "a write: it fails"
+                                         : "a read response: the reader's read fails");
+    if (op == wire::TcpOp::Write) {
+        for (auto &wr : pending_)
+            if (wr.seq == f.wr_seq) wr.status = WcStatus::LocalFault;
+        f.hdr.flags &= ~wire::kTcpHasImm;
+        f.ext.length = 0;
+    }
     const uint64_t response = f.response;
     for (auto it = outq_.begin(); it != outq_.end();) {
         OutFrame &later = **it;
@@ -407,7 +456,7 @@ bool TcpConnection::flush_send() {
                 // time: nothing after it in this batch.
                 size_t k = push_staged(f, &iov[n]);
                 if (k == SIZE_MAX) {
-                    if (f.sent == 0 && end_response_with_fault(f)) {
+                    if (f.sent == 0 && end_with_fault(f)) {
                         rebuild = true;  // its header changed: build the batch again
                         break;
                     }
@@ -632,9 +681,23 @@ bool TcpConnection::begin_frame() {
             return true;
         }
         case wire::TcpOp::Write: {
-            if (cur_ext_.length != cur_.length) {
+            // ext.length is the rest of the write from ext.addr: this frame's payload, or
+            // more when further frames (kTcpMore) follow.
+            const bool fault = cur_.status == static_cast<uint8_t>(wire::TcpStatus::SourceFault);
+            const bool more = cur_.flags & wire::kTcpMore;
+            bool well_formed =
+                fault ? !cur_.length && !cur_ext_.length &&
+                            !(cur_.flags & (wire::kTcpMore | wire::kTcpHasImm))
+                      : cur_.status == 0 && (more ? cur_.length && cur_.length < cur_ext_.length
+                                                  : cur_.length == cur_ext_.length);
+            if (!well_formed) {
                 fail_connection("malformed write", EPROTO);
                 return false;
+            }
+            if (fault) {
+                cur_status_ = wire::TcpStatus::SourceFault;
+                dst_discard_ = true;
+                return true;
             }
             if (cur_.flags & wire::kTcpHasImm) {
                 TcpTransport::PostedRecv posted;
@@ -643,15 +706,20 @@ bool TcpConnection::begin_frame() {
                 posted_len_ = posted.len;
                 posted_wr_id_ = posted.wr_id;
             }
+            // The whole rest of the write is checked, so that a write refused anywhere
+            // writes nothing, and once a frame of it is refused the rest is discarded.
             LocalPieces pieces;
-            if (!transport_->resolver()->resolve(cur_ext_.key, cur_ext_.addr, cur_.length,
-                                                 FI_REMOTE_WRITE, pieces)) {
+            if (write_status_ != wire::TcpStatus::Ok) {
+                cur_status_ = write_status_;
+                dst_discard_ = true;
+            } else if (!transport_->resolver()->resolve(cur_ext_.key, cur_ext_.addr,
+                                                        cur_ext_.length, FI_REMOTE_WRITE, pieces)) {
                 cur_status_ = wire::TcpStatus::RemoteAccess;
                 dst_discard_ = true;
             } else {
-                dst_iov_.assign(pieces.iov, pieces.iov + pieces.count);
-                if (!hmem::all_host(pieces.mem, pieces.count))
-                    dst_mem_.assign(pieces.mem, pieces.mem + pieces.count);
+                bool host = hmem::all_host(pieces.mem, pieces.count);
+                slice_pieces(pieces.iov, host ? nullptr : pieces.mem, pieces.count, 0, cur_.length,
+                             dst_iov_, dst_mem_);
             }
             return true;
         }
@@ -799,7 +867,22 @@ void TcpConnection::finish_frame() {
             break;
         }
         case wire::TcpOp::Write:
-            if (cur_status_ != wire::TcpStatus::Ok) {
+            // A write in several frames (from device memory) is one work request: its earlier
+            // frames only place bytes (or note that the target refused them).
+            write_bytes_ += cur_.length;
+            if (cur_status_ != wire::TcpStatus::Ok && write_status_ == wire::TcpStatus::Ok)
+                write_status_ = cur_status_;
+            if (cur_.flags & wire::kTcpMore) {
+                complete_acked(cur_.ack);
+                return;
+            }
+            cur_status_ = write_status_;
+            write_status_ = wire::TcpStatus::Ok;
+            if (cur_status_ == wire::TcpStatus::SourceFault) {
+                // The initiator could not copy the rest of its source and knows it failed:
+                // nothing to answer, nothing to report here.
+                TANDEM_INFO(FI_LOG_EP_DATA, "a peer's write ended early: its source faulted\n");
+            } else if (cur_status_ != wire::TcpStatus::Ok) {
                 FramePtr nak = make_frame(wire::TcpOp::Nak, nullptr, nullptr, 0, false);
                 nak->hdr.status = static_cast<uint8_t>(cur_status_);
                 nak->hdr.imm = rx_count_;
@@ -814,11 +897,12 @@ void TcpConnection::finish_frame() {
                 if (cur_.flags & wire::kTcpHasImm) {
                     WorkCompletion wc{posted_wr_id_,     this, WcOpcode::RecvWriteImm,
                                       WcStatus::Success, true, cur_.imm,
-                                      cur_.length};
+                                      write_bytes_};
                     posted_buf_ = nullptr;
                     transport_->push_completion(wc);
                 }
             }
+            write_bytes_ = 0;
             break;
         case wire::TcpOp::ReadReq: {
             LocalPieces pieces;

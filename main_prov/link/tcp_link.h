@@ -97,8 +97,10 @@ class TcpConnection final : public LinkConnection {
         // target's FI_REMOTE_READ counter.
         bool counts_remote_read = false;
         uint64_t read_key = 0;
-        // The frames of one read response from device memory share a number (0: none).
+        // The frames of one read response or one write from device memory share a number
+        // (0: none); a write's also carry its work request's number.
         uint64_t response = 0;
+        uint32_t wr_seq = 0;
 
         // For reuse: everything but the scatter lists, whose first iov_count entries are
         // always written before they are read.
@@ -107,6 +109,7 @@ class TcpConnection final : public LinkConnection {
             ext = {};
             has_ext = counts_as_wr = device = no_splice = counts_remote_read = false;
             read_key = response = 0;
+            wr_seq = 0;
             iov_count = 0;
             serial = stage_begin = stage_end = total = sent = 0;
             inline_copy.clear();
@@ -136,7 +139,11 @@ class TcpConnection final : public LinkConnection {
                         bool copy_payload);
     size_t push_staged(OutFrame &f, iovec *out);
     void queue_device_read_response(const LocalPieces &pieces, uint64_t key, size_t length);
-    bool end_response_with_fault(OutFrame &f);
+    std::vector<FramePtr> device_chunks(wire::TcpOp op, const iovec *iov, const hmem::MemRef *mem,
+                                        size_t count, size_t length);
+    bool end_with_fault(OutFrame &f);
+    int post_device_write(const iovec *iov, const hmem::MemRef *mem, size_t count, RemoteRegion dst,
+                          const uint32_t *imm, uint64_t wr_id);
     bool spliceable(const OutFrame &f) const;
     enum class SpliceResult : uint8_t { Sent, Blocked, Failed, Refused };
     SpliceResult splice_payload(OutFrame &f);
@@ -196,6 +203,10 @@ class TcpConnection final : public LinkConnection {
     uint64_t posted_wr_id_ = 0;
     size_t posted_len_ = 0;
     wire::TcpStatus cur_status_ = wire::TcpStatus::Ok;
+    // The write whose frames are arriving (several for one from device memory): its bytes so
+    // far, and the first refusal or fault among them.
+    uint64_t write_bytes_ = 0;
+    wire::TcpStatus write_status_ = wire::TcpStatus::Ok;
     bool pending_ext_consumed_ = false;  // stalled frame: header and extension already read
 };
 

@@ -1617,6 +1617,29 @@ std::string pack_region(uint64_t addr, uint64_t key) {
     return std::string(reinterpret_cast<const char *>(v), sizeof v);
 }
 
+// The target of an RMA test opens `region` to remote access and tells the initiator where it
+// is; the initiator takes that (address, key). False, with the failure reported, if not.
+fid_mr *offer_region(Node &n, const Buf &region) {
+    fid_mr *mr = n.reg(region, FI_REMOTE_WRITE | FI_REMOTE_READ);
+    if (!mr || !n.tell(pack_region(reinterpret_cast<uint64_t>(region.ptr()), fi_mr_key(mr))))
+        return nullptr;
+    return mr;
+}
+
+bool take_region(Role &r, Node &n, uint64_t &addr, uint64_t &key) {
+    std::string region;
+    if (!n.recv(region, "the target's region")) return false;
+    uint64_t v[2];
+    if (region.size() != sizeof v) {
+        r.fail(__FILE__, __LINE__, cat("the target's region: ", region.size(), " bytes"));
+        return false;
+    }
+    memcpy(v, region.data(), sizeof v);
+    addr = v[0];
+    key = v[1];
+    return true;
+}
+
 void rma_initiator(Role &r, const Rma &x) {
     R_TRY(cuda_up(r));
     Buf src, back;
@@ -1628,12 +1651,8 @@ void rma_initiator(Role &r, const Rma &x) {
     R_TRY(n.enable() && n.connect());
     fid_mr *smr = n.reg(src), *bmr = n.reg(back);
     R_TRY(smr && bmr);
-    std::string region;
-    R_TRY(n.recv(region, "the target's region"));
-    R_REQUIRE(r, region.size() == 2 * sizeof(uint64_t));
-    uint64_t v[2];
-    memcpy(v, region.data(), sizeof v);
-    const uint64_t addr = v[0], key = v[1];
+    uint64_t addr = 0, key = 0;
+    R_TRY(take_region(r, n, addr, key));
     reset_stats();
     fi_context wctx{}, rctx{};
     Comp c;
@@ -1680,10 +1699,8 @@ void rma_target(Role &r, const Rma &x) {
     Node n(r);
     R_TRY(n.open());
     R_TRY(n.enable() && n.connect());
-    fid_mr *mr = n.reg(region, FI_REMOTE_WRITE | FI_REMOTE_READ);
-    R_TRY(mr);
     reset_stats();
-    R_TRY(n.tell(pack_region(reinterpret_cast<uint64_t>(region.ptr()), fi_mr_key(mr))));
+    R_TRY(offer_region(n, region));
     if (x.refused) {
         R_TRY(n.expect("refused"));
         Stats st = read_stats();
@@ -2666,12 +2683,14 @@ TEST(DriverErrors, CopyFaultAtTheSenderInMidMessage) {
     run_copy_fault(true, 1 * MiB, 2);
 }
 
-// A write from device memory that runs past either end of the target's region is refused
-// whole: over the link it travels in several frames, and no frame of it may land.
-TEST(Rma, DeviceWritePastTheRegionWritesNothing) {
-    REQUIRE_DEVICE();
-    const size_t len = 1 * MiB;
-    auto initiator = [=](Role &r) {
+// Writes from `len` bytes of device memory, staged (FI_HMEM_P2P_DISABLED), to a host region
+// of the target: `writes` posts them and checks their completions; then the target checks
+// that its region holds `seed`.
+using DeviceWrites =
+    std::function<void(Role &, Node &, const Buf &, fid_mr *, uint64_t addr, uint64_t key)>;
+
+void run_device_writes(size_t len, uint32_t seed, const DeviceWrites &writes) {
+    auto initiator = [&](Role &r) {
         R_TRY(cuda_up(r));
         Buf src;
         R_TRY(src.alloc(r, len, true));
@@ -2682,23 +2701,14 @@ TEST(Rma, DeviceWritePastTheRegionWritesNothing) {
         R_TRY(n.enable() && n.connect());
         fid_mr *mr = n.reg(src);
         R_TRY(mr);
-        std::string region;
-        R_TRY(n.recv(region, "the target's region"));
-        R_REQUIRE(r, region.size() == 2 * sizeof(uint64_t));
-        uint64_t v[2];
-        memcpy(v, region.data(), sizeof v);
-        for (uint64_t addr : {v[0] + len / 2, v[0] - len / 2}) {
-            fi_context ctx{};
-            Comp c;
-            R_POST(r, n, fi_write(n.ep, src.ptr(), len, fi_mr_desc(mr), n.peer, addr, v[1], &ctx));
-            R_TRY(n.wait(&ctx, c, "the out-of-bounds write's completion"));
-            R_CHECK(r, c.err && c.ee.err == FI_EACCES, "a write past the region: ", show(c));
-        }
+        uint64_t addr = 0, key = 0;
+        R_TRY(take_region(r, n, addr, key));
+        writes(r, n, src, mr, addr, key);
         R_TRY(n.tell("written"));
         R_TRY(n.expect("checked"));
         n.bye();
     };
-    auto target = [=](Role &r) {
+    auto target = [&](Role &r) {
         R_TRY(cuda_up(r));
         Buf region;
         R_TRY(region.alloc(r, len, false));
@@ -2706,15 +2716,56 @@ TEST(Rma, DeviceWritePastTheRegionWritesNothing) {
         Node n(r);
         R_TRY(n.open());
         R_TRY(n.enable() && n.connect());
-        fid_mr *mr = n.reg(region, FI_REMOTE_WRITE | FI_REMOTE_READ);
-        R_TRY(mr);
-        R_TRY(n.tell(pack_region(reinterpret_cast<uint64_t>(region.ptr()), fi_mr_key(mr))));
+        R_TRY(offer_region(n, region));
         R_TRY(n.expect("written"));
-        region.check(r, kSeedStale, "the region after writes past its ends");
+        region.check(r, seed, "the target's region after the writes");
         R_TRY(n.tell("checked"));
         n.bye();
     };
     run_roles({{"initiator", initiator, {}}, {"target", target, {}}});
+}
+
+// A write whose device copy faults after two good ones fails with FI_EIO at the initiator;
+// the next write to the same region lands whole (the connection and the target are fine).
+TEST(DriverErrors, CopyFaultInAWriteFromDeviceMemory) {
+    REQUIRE_EMULATOR("failure injection");
+    const size_t len = 1 * MiB;
+    run_device_writes(
+        len, kSeedData,
+        [&](Role &r, Node &n, const Buf &src, fid_mr *mr, uint64_t addr, uint64_t key) {
+            fi_context ctx{}, again{};
+            Comp c;
+            R_TRY(fail_next(r, EMUCUDA_FAIL_COPY, CUDA_ERROR_ILLEGAL_ADDRESS, 2));
+            ssize_t ret = fi_write(n.ep, src.ptr(), len, fi_mr_desc(mr), n.peer, addr, key, &ctx);
+            if (ret == 0) {
+                R_TRY(n.wait(&ctx, c, "the faulted write's completion"));
+                R_CHECK(r, c.err && c.ee.err == FI_EIO, "a write whose copy faulted: ", show(c));
+            } else {
+                R_CHECK(r, ret == -FI_EIO, "a write whose copy faulted -> ", fi_str(ret));
+            }
+            R_POST(r, n, fi_write(n.ep, src.ptr(), len, fi_mr_desc(mr), n.peer, addr, key, &again));
+            R_TRY(n.wait(&again, c, "the second write's completion"));
+            R_CHECK(r, !c.err, "the write after the fault failed: ", show(c));
+        });
+}
+
+// A write from device memory that runs past either end of the target's region is refused
+// whole: node-local it travels in many cells, over the link in several frames, and no part
+// of it may land.
+TEST(Rma, DeviceWritePastTheRegionWritesNothing) {
+    REQUIRE_DEVICE();
+    const size_t len = 1 * MiB;
+    run_device_writes(
+        len, kSeedStale,
+        [&](Role &r, Node &n, const Buf &src, fid_mr *mr, uint64_t addr, uint64_t key) {
+            for (uint64_t at : {addr + len / 2, addr - len / 2}) {
+                fi_context ctx{};
+                Comp c;
+                R_POST(r, n, fi_write(n.ep, src.ptr(), len, fi_mr_desc(mr), n.peer, at, key, &ctx));
+                R_TRY(n.wait(&ctx, c, "the out-of-bounds write's completion"));
+                R_CHECK(r, c.err && c.ee.err == FI_EACCES, "a write past the region: ", show(c));
+            }
+        });
 }
 
 TEST(DriverErrors, CopyFaultAtTheReceiver64B) {
