@@ -368,6 +368,9 @@ TEST_F(MsgEpTest, ConnectionRequestAtTheListenerComesWithTheNextEqRead) {
     EXPECT_EQ(ev, uint32_t(FI_CONNREQ));
     fi_eq_cm_entry cm{};
     std::memcpy(&cm, raw, sizeof cm);
+    ASSERT_NE(cm.info, nullptr);
+    EXPECT_FI_OK(
+        fi_reject(pep, cm.info->handle, nullptr, 0));  // its request is the pep's until then
     fi_freeinfo(cm.info);
 }
 
