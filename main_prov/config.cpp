@@ -12,6 +12,14 @@ const Config &Config::get() {
     return g_config;
 }
 
+TcpLinkConfig Config::link_settings() const {
+    TcpLinkConfig link;
+    link.socket_buffer = socket_buffer;
+    link.splice_min = splice_min;
+    link.congestion = congestion;
+    return link;
+}
+
 void Config::load(fi_provider *prov) {
     ParamReader p(prov);
     g_config.eager_limit = p.size("eager_limit",

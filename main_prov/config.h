@@ -1,6 +1,8 @@
 // tandem's tunables, read once from provider parameters (FI_TANDEM_*; `fi_info -e` lists them).
 #pragma once
 
+#include "main_prov/link/tcp_link.h"
+
 #include <rdma/fabric.h>
 #include <rdma/providers/fi_prov.h>
 
@@ -24,6 +26,9 @@ struct Config {
 
     static const Config &get();
     static void load(fi_provider *prov);
+    // The link settings these tunables make (socket options, splice, congestion control),
+    // for every transport that opens or accepts sockets.
+    TcpLinkConfig link_settings() const;
 };
 
 fi_provider &tandem_provider();

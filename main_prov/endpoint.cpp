@@ -206,14 +206,11 @@ Endpoint::Endpoint(Domain *domain, fi_info *info, void *context)
     eager_limit_ = cfg.eager_limit;
     inject_size_ = cfg.inject_size;
     rx_buf_size_ = sizeof(wire::ProtoHeader) + std::max(eager_limit_, sizeof(wire::RtsBody));
-    TcpLinkConfig link;
+    TcpLinkConfig link = cfg.link_settings();
     link.max_send_size = rx_buf_size_;
     // The protocol keeps every buffer it posts until the link completes it (eager payloads
     // are already its own copies), so the link never needs to copy.
     link.max_inline = 0;
-    link.socket_buffer = cfg.socket_buffer;
-    link.splice_min = cfg.splice_min;
-    link.congestion = cfg.congestion;
     transport_ = std::make_unique<TcpTransport>(this, link);
 
     init_fid(FI_CLASS_EP, context, &ep_fi_ops);

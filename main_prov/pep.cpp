@@ -71,10 +71,7 @@ PassiveEndpoint::PassiveEndpoint(Fabric *fabric, fi_info *info, void *context)
     if (!info_ || !info_->ep_attr || info_->ep_attr->type != FI_EP_MSG)
         fail(FI_EINVAL, "passive endpoints are FI_EP_MSG");
     // Accepted sockets start here: they get the endpoints' socket settings from the start.
-    TcpLinkConfig link;
-    link.socket_buffer = Config::get().socket_buffer;
-    link.congestion = Config::get().congestion;
-    transport_ = std::make_unique<TcpTransport>(this, link);
+    transport_ = std::make_unique<TcpTransport>(this, Config::get().link_settings());
     if (info_->src_addr) {
         if (!EndpointName::from_bytes(info_->src_addr, info_->src_addrlen, name_))
             fail(FI_EINVAL, "bad source address");
