@@ -336,7 +336,7 @@ void TcpConnection::finish_disconnect() {
 
 // A read response from device memory goes in frames of at most one bounce chunk, each copied
 // to the host before its header leaves: should a copy fail, the frames sent so far are whole
-// and the next one can still say so (end_response_with_fault), where a single frame would
+// and the next one can still say so (end_with_fault), where a single frame would
 // have announced bytes it cannot deliver and left only failing the connection.
 void TcpConnection::queue_device_read_response(const LocalPieces &pieces, uint64_t key,
                                                size_t length) {
@@ -688,7 +688,8 @@ bool TcpConnection::begin_frame() {
             bool well_formed =
                 fault ? !cur_.length && !cur_ext_.length &&
                             !(cur_.flags & (wire::kTcpMore | wire::kTcpHasImm))
-                      : cur_.status == 0 && (more ? cur_.length && cur_.length < cur_ext_.length
+                      : cur_.status == 0 && (more ? cur_.length && cur_.length < cur_ext_.length &&
+                                                        !(cur_.flags & wire::kTcpHasImm)
                                                   : cur_.length == cur_ext_.length);
             if (!well_formed) {
                 fail_connection("malformed write", EPROTO);
@@ -726,25 +727,25 @@ bool TcpConnection::begin_frame() {
         case wire::TcpOp::ReadReq:
             return true;
         case wire::TcpOp::ReadResp: {
-            for (auto &wr : pending_) {
-                if (wr.opcode != WcOpcode::Read || wr.read_done) continue;
-                // The response's frames together carry the whole read, the last without
-                // kTcpMore; an error status ends it early, with no payload.
-                const size_t left = wr.length - wr.read_got;
-                const bool more = cur_.flags & wire::kTcpMore;
-                bool fits = cur_.status == 0
-                                ? (more ? cur_.length && cur_.length < left : cur_.length == left)
-                                : (cur_.length == 0 && !more);
-                if (!fits) {
-                    fail_connection("read response of the wrong length", EPROTO);
-                    return false;
-                }
-                slice_pieces(wr.read_iov.data(), wr.read_mem.empty() ? nullptr : wr.read_mem.data(),
-                             wr.read_iov.size(), wr.read_got, cur_.length, dst_iov_, dst_mem_);
-                return true;
+            PendingWr *wr = answered_read();
+            if (!wr) {
+                fail_connection("read response without a request", EPROTO);
+                return false;
             }
-            fail_connection("read response without a request", EPROTO);
-            return false;
+            // The response's frames together carry the whole read, the last without
+            // kTcpMore; an error status ends it early, with no payload.
+            const size_t left = wr->length - wr->read_got;
+            const bool more = cur_.flags & wire::kTcpMore;
+            bool fits = cur_.status == 0
+                            ? (more ? cur_.length && cur_.length < left : cur_.length == left)
+                            : (cur_.length == 0 && !more);
+            if (!fits) {
+                fail_connection("read response of the wrong length", EPROTO);
+                return false;
+            }
+            slice_pieces(wr->read_iov.data(), wr->read_mem.empty() ? nullptr : wr->read_mem.data(),
+                         wr->read_iov.size(), wr->read_got, cur_.length, dst_iov_, dst_mem_);
+            return true;
         }
         case wire::TcpOp::CmRequest:
         case wire::TcpOp::CmAccept:
@@ -942,14 +943,12 @@ void TcpConnection::finish_frame() {
             break;
         }
         case wire::TcpOp::ReadResp:
-            for (auto &wr : pending_) {
-                if (wr.opcode != WcOpcode::Read || wr.read_done) continue;
-                wr.read_got += cur_.length;
+            if (PendingWr *wr = answered_read()) {  // (begin_frame found it)
+                wr->read_got += cur_.length;
                 if (cur_.status != 0 || !(cur_.flags & wire::kTcpMore)) {
-                    wr.read_done = true;
-                    wr.status = status_from_wire(cur_.status);
+                    wr->read_done = true;
+                    wr->status = status_from_wire(cur_.status);
                 }
-                break;
             }
             break;
         case wire::TcpOp::Nak:
@@ -975,6 +974,14 @@ void TcpConnection::finish_frame() {
     }
     if (op_is_wr(op)) ++rx_count_;
     complete_acked(cur_.ack);
+}
+
+// The read a ReadResp answers: the oldest one whose response is not complete (responses come
+// in posting order).
+TcpConnection::PendingWr *TcpConnection::answered_read() {
+    for (auto &wr : pending_)
+        if (wr.opcode == WcOpcode::Read && !wr.read_done) return &wr;
+    return nullptr;
 }
 
 void TcpConnection::complete_acked(uint32_t ack) {

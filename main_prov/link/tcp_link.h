@@ -142,6 +142,7 @@ class TcpConnection final : public LinkConnection {
     std::vector<FramePtr> device_chunks(wire::TcpOp op, const iovec *iov, const hmem::MemRef *mem,
                                         size_t count, size_t length);
     bool end_with_fault(OutFrame &f);
+    PendingWr *answered_read();
     int post_device_write(const iovec *iov, const hmem::MemRef *mem, size_t count, RemoteRegion dst,
                           const uint32_t *imm, uint64_t wr_id);
     bool spliceable(const OutFrame &f) const;
