@@ -2566,16 +2566,20 @@ TEST(DriverErrors, IpcOpenOutOfMemoryFailsRequired) {
 // fails, synchronously (-FI_EIO) or with an FI_EIO error completion, and nothing reaches the
 // receiver; at the receiver (into device memory) the receive completes with FI_EIO. The next
 // message between the same endpoints arrives intact.
+// A side whose device memory is staged (FI_HMEM_P2P_DISABLED: its device copies every byte):
+// `buf` becomes `len` bytes of device memory holding `seed`, `n` is connected to the other
+// role, and `buf` is registered with it. Its MR, or nullptr with the failure reported.
+fid_mr *staged_device_buffer(Role &r, Node &n, Buf &buf, size_t len, uint32_t seed) {
+    if (!cuda_up(r) || !buf.alloc(r, len, true) || !buf.fill(r, seed) || !n.open() ||
+        !apply_mode(r, n, FI_HMEM_P2P_DISABLED, false) || !n.enable() || !n.connect())
+        return nullptr;
+    return n.reg(buf);
+}
+
 void copy_fault_sender(Role &r, bool fault_here, size_t len, int pass) {
-    R_TRY(cuda_up(r));
     Buf src;
-    R_TRY(src.alloc(r, len, true));
-    R_TRY(src.fill(r, kSeedData));
     Node n(r);
-    R_TRY(n.open());
-    R_TRY(apply_mode(r, n, FI_HMEM_P2P_DISABLED, false));  // staged: the devices copy
-    R_TRY(n.enable() && n.connect());
-    fid_mr *mr = n.reg(src);
+    fid_mr *mr = staged_device_buffer(r, n, src, len, kSeedData);
     R_TRY(mr);
     void *desc = fi_mr_desc(mr);
     R_TRY(n.expect("posted"));
@@ -2607,15 +2611,9 @@ void copy_fault_sender(Role &r, bool fault_here, size_t len, int pass) {
 }
 
 void copy_fault_receiver(Role &r, bool fault_here, size_t len) {
-    R_TRY(cuda_up(r));
     Buf dst;
-    R_TRY(dst.alloc(r, len, true));
-    R_TRY(dst.fill(r, kSeedStale));
     Node n(r);
-    R_TRY(n.open());
-    R_TRY(apply_mode(r, n, FI_HMEM_P2P_DISABLED, false));
-    R_TRY(n.enable() && n.connect());
-    fid_mr *mr = n.reg(dst);
+    fid_mr *mr = staged_device_buffer(r, n, dst, len, kSeedStale);
     R_TRY(mr);
     void *desc = fi_mr_desc(mr);
     fi_context ctx{};
@@ -2691,15 +2689,9 @@ using DeviceWrites =
 
 void run_device_writes(size_t len, uint32_t seed, const DeviceWrites &writes) {
     auto initiator = [&](Role &r) {
-        R_TRY(cuda_up(r));
         Buf src;
-        R_TRY(src.alloc(r, len, true));
-        R_TRY(src.fill(r, kSeedData));
         Node n(r);
-        R_TRY(n.open());
-        R_TRY(apply_mode(r, n, FI_HMEM_P2P_DISABLED, false));
-        R_TRY(n.enable() && n.connect());
-        fid_mr *mr = n.reg(src);
+        fid_mr *mr = staged_device_buffer(r, n, src, len, kSeedData);
         R_TRY(mr);
         uint64_t addr = 0, key = 0;
         R_TRY(take_region(r, n, addr, key));
