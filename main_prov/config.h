@@ -32,5 +32,8 @@ struct Config {
 };
 
 fi_provider &tandem_provider();
+// Marks the provider so that the core offers no utility provider (ofi_rxm) stacked over it
+// unless the application names the stack ("tandem;ofi_rxm"); see provider.cpp.
+void refuse_implicit_layering(fi_provider &provider);
 
 }  // namespace tandem

@@ -23,8 +23,9 @@ std::unique_ptr<OffloadDomain> OffloadDomain::open(Domain &owner) {
     hints->addr_format = owner.info()->addr_format;
     hints->domain_attr->mr_mode = owner.info()->domain_attr->mr_mode;
     hints->fabric_attr->prov_name = strdup(peer::kOffloadProvName);
-    int ret =
-        fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, peer::kOffloadProvOnly, hints, &off->info_);
+    // Internal as well: FI_PROVIDER=tandem must not filter out tandem's own offload half.
+    int ret = fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr,
+                         peer::kOffloadProvOnly | peer::kGetinfoInternal, hints, &off->info_);
     fi_freeinfo(hints);
     if (ret) {
         TANDEM_INFO(FI_LOG_DOMAIN, "no offload provider (%s): node-local peers use links\n",

@@ -349,6 +349,32 @@ int tandem_fabric(fi_fabric_attr *attr, fid_fabric **fabric, void *context) noex
 
 }  // namespace
 
+// The core keeps its own record of each provider in fi_provider::context (struct
+// ofi_prov_context in libfabric's include/ofi.h: the provider's type, then two flags). Its
+// layout is the same in every release from 1.17 to 2.x; the core fills `type` when it
+// registers the provider and only ever sets the flags, never clears them.
+//
+// disable_layering is the flag the core sets itself for shm, efa and psm3 (and, later, ucx
+// and cxi): core providers with a native RDM endpoint over which a utility provider must not
+// be stacked unless the user names the stack. tandem is one of them. Without it the core
+// answers "tandem" with ofi_rxm over tandem's MSG endpoints first (ofi_rxm sorts before
+// providers the core does not know), so an application naming tandem, by hints, FI_PROVIDER
+// or Open MPI's prefix-matching include list, would never reach tandem's own RDM endpoint,
+// its node-local path or its FI_HMEM options. "tandem;ofi_rxm", named, still works: the
+// flag only stops the core from offering the stack unasked (ofi_layering_ok in fabric.c).
+void refuse_implicit_layering(fi_provider &provider) {
+    struct CoreProviderRecord {  // struct ofi_prov_context, libfabric 1.17 to 2.x
+        int type;
+        bool disable_logging;
+        bool disable_layering;
+    };
+    static_assert(sizeof(CoreProviderRecord) <= sizeof(provider.context));
+    CoreProviderRecord record;
+    std::memcpy(&record, &provider.context, sizeof record);
+    record.disable_layering = true;
+    std::memcpy(&provider.context, &record, sizeof record);
+}
+
 fi_provider &tandem_provider() {
     return g_provider;
 }
@@ -358,5 +384,6 @@ fi_provider &tandem_provider() {
 extern "C" __attribute__((visibility("default"))) fi_provider *fi_prov_ini(void) {
     tandem::set_log_provider(&tandem::g_provider);
     tandem::Config::load(&tandem::g_provider);
+    tandem::refuse_implicit_layering(tandem::g_provider);
     return &tandem::g_provider;
 }

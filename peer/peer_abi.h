@@ -53,6 +53,10 @@ inline bool mems_of(void *const *desc, size_t count, hmem::MemRef *mem) {
 // The core hides providers named off_* unless fi_getinfo's flags carry this core-internal
 // bit (OFI_OFFLOAD_PROV_ONLY in libfabric's sources; not in any installed header).
 inline constexpr uint64_t kOffloadProvOnly = 1ull << 61;
+// The core filters fi_getinfo's answers by FI_PROVIDER once the providers answered, which
+// drops off_tandem's entries when the user names only tandem; with this core-internal bit
+// (OFI_GETINFO_INTERNAL, used by the core's own utility providers) it skips that filter.
+inline constexpr uint64_t kGetinfoInternal = 1ull << 58;
 
 // The offload provider's name: the "off_" prefix is what makes the core hide it.
 inline constexpr const char *kOffloadProvName = "off_tandem";
