@@ -437,6 +437,11 @@ int Endpoint::enable_locked() {
         if (OffloadDomain *off = domain_->offload())
             local_ = LocalPath::open(*this, *off, *av_, *rx_, eq_ ? eq_->fid() : nullptr);
     if (local_ && (caps_ & FI_HMEM)) local_->set_p2p(p2p_.mode());
+    // One line per endpoint at info level: a user's log then says which endpoint ran and
+    // whether its node-local peers go through off_tandem.
+    TANDEM_INFO(FI_LOG_EP_CTRL, "%s endpoint enabled on %s, node-local path %s\n",
+                type_ == FI_EP_RDM ? "RDM" : "MSG", info_->domain_attr->name,
+                local_ ? "on" : "off");
     if (info_->handle) {
         // Passive side: the connection request this endpoint was created for.
         auto *req = reinterpret_cast<struct fid *>(info_->handle);

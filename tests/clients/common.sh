@@ -15,17 +15,34 @@ need_tool() {
     printf -v "$var" '%s' "$(command -v "$path")"
 }
 
-# select_provider PROV: make libfabric give the application exactly PROV.
-# - A core name (tandem): FI_PROVIDER=tandem does NOT hide "tandem;ofi_rxm" (the filter applies
-#   to the core name), and the core lists the layered RDM endpoints first, so an application
-#   asking for "tandem" RDM would silently run ofi_rxm over tandem's MSG endpoints. Exclude the
-#   utility providers instead; the application's -p PROV then picks the core provider itself.
+# select_provider PROV: make libfabric give the application PROV the way users ask for it.
+# - A core name (tandem): nothing beyond the FI_PROVIDER=tandem the test environment already
+#   sets and the application's own -p PROV. tandem tells the core not to stack ofi_rxm over it
+#   unasked, so that is enough to reach tandem's own endpoints (rxm_in_path checks it).
 # - A layered name (tandem;ofi_rxm): make sure every part passes the filter.
 select_provider() {
     case $1 in
         *\;*) widen_provider_filter "$1" ;;
-        *) export FI_PROVIDER="^ofi_rxm,ofi_rxd,ofi_mrail" ;;
+        *) ;;
     esac
+}
+
+# rxm_in_path LOG: true if LOG (libfabric's output at FI_LOG_LEVEL=info) shows an ofi_rxm
+# endpoint at work: its AV, its endpoint settings, its connection manager. The core's own
+# lines about rxm (parameter reads, layering skipped) do not count.
+rxm_in_path() {
+    grep -Eq '::ofi_rxm:(av|ep_ctrl|ep_data|cq|domain):|rxm_ep_settings_init' "$1"
+}
+
+# tandem_endpoint_in_path LOG TYPE: true if tandem logged that it enabled an endpoint of
+# TYPE (RDM or MSG).
+tandem_endpoint_in_path() {
+    grep -Eq "::tandem:ep_ctrl:.*$2 endpoint enabled on " "$1"
+}
+
+# node_local_in_path LOG: true if off_tandem carried traffic to a node-local peer.
+node_local_in_path() {
+    grep -Eq '::off_tandem:ep_ctrl:.*node-local peer ' "$1"
 }
 
 # Add each ;-separated component of $1 to an inclusion filter in FI_PROVIDER.

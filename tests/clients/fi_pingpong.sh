@@ -20,6 +20,8 @@ if tcp_port_listening "$port"; then
     fail "control port $port is already in use (another test run?)"
 fi
 
+# libfabric's info-level log says which provider and which path ran (checked below).
+export FI_LOG_LEVEL=info
 echo "FI_PROVIDER=${FI_PROVIDER:-<unset>} FI_PROVIDER_PATH=${FI_PROVIDER_PATH:-<unset>} FI_TANDEM_LOCAL=${FI_TANDEM_LOCAL:-<unset>}"
 common=(-p "$prov" -e "$ep" -I "$iters" -S all -c "$@")
 echo "server: fi_pingpong ${common[*]} -B $port"
@@ -46,10 +48,12 @@ fi
 wait "$server_pid"
 server_rc=$?
 
-echo "===== server (exit $server_rc) ====="
-cat "$tmp/server"
-echo "===== client (exit $client_rc) ====="
-cat "$tmp/client"
+# The program's own output in full, libfabric's log lines left out (they are checked below).
+for side in server client; do
+    rc_var=${side}_rc
+    echo "===== $side (exit ${!rc_var}) ====="
+    grep -v '^libfabric:' "$tmp/$side"
+done
 echo "====="
 
 has_table() {
@@ -61,5 +65,26 @@ status=0
 [ "$client_rc" -eq 0 ] || { echo "FAIL: client exited $client_rc" >&2; status=1; }
 has_table "$tmp/server" || { echo "FAIL: server printed no result table" >&2; status=1; }
 has_table "$tmp/client" || { echo "FAIL: client printed no result table" >&2; status=1; }
+# Which endpoints ran: named tandem, fi_pingpong must get tandem's own endpoint, never
+# ofi_rxm stacked over tandem's MSG endpoints; RDM peers on this node go through off_tandem
+# unless FI_TANDEM_LOCAL=0 turns the node-local path off.
+ep_upper=$(tr '[:lower:]' '[:upper:]' <<<"$ep")
+for side in server client; do
+    case $prov in
+        *\;ofi_rxm)
+            rxm_in_path "$tmp/$side" || { echo "FAIL: $side: no ofi_rxm endpoint in the log" >&2; status=1; } ;;
+        *)
+            rxm_in_path "$tmp/$side" && { echo "FAIL: $side: ofi_rxm ran, not plain $prov" >&2; status=1; }
+            tandem_endpoint_in_path "$tmp/$side" "$ep_upper" ||
+                { echo "FAIL: $side: tandem enabled no $ep_upper endpoint" >&2; status=1; }
+            if [ "$ep" = rdm ] && [ "${FI_TANDEM_LOCAL:-1}" != 0 ]; then
+                node_local_in_path "$tmp/$side" ||
+                    { echo "FAIL: $side: the node-local path did not run" >&2; status=1; }
+            else
+                node_local_in_path "$tmp/$side" &&
+                    { echo "FAIL: $side: the node-local path ran with FI_TANDEM_LOCAL=${FI_TANDEM_LOCAL:-1}" >&2; status=1; }
+            fi ;;
+    esac
+done
 [ "$status" -eq 0 ] && echo "PASS: fi_pingpong -p '$prov' -e $ep $*"
 exit "$status"

@@ -19,24 +19,23 @@ case $mpirun_bin in *-NOTFOUND|"") mpirun_bin=mpirun ;; esac
 command -v "$mpirun_bin" >/dev/null || fail "mpirun not found (install openmpi-bin)"
 [ -x "$prog" ] || fail "$prog is not an executable"
 
-# libfabric must hand Open MPI exactly $prov. For a core provider (tandem) an inclusion filter
-# FI_PROVIDER=tandem is not enough: it still admits "tandem;ofi_rxm" (the filter applies to the
-# core name), which the core lists first for RDM, and mtl_ofi_provider_include matches only the
-# part before ';'. So exclude the utility providers; the include list then leaves only tandem.
-# For a layered name ("tcp;ofi_rxm") admit exactly its parts.
+# Open MPI is told the provider the way its users tell it: mtl_ofi_provider_include alone.
+# For a core provider (tandem) no FI_PROVIDER filter is set: libfabric lists every provider it
+# has and Open MPI picks by name (matching the part before ';'), so tandem must not come
+# back stacked under ofi_rxm (checked below). For a layered name ("tcp;ofi_rxm") admit
+# exactly its parts.
 core=${prov%%;*}
 case $prov in
-    *\;*) FI_PROVIDER=${prov//;/,} ;;
-    *) FI_PROVIDER="^ofi_rxm,ofi_rxd,ofi_mrail" ;;
+    *\;*) export FI_PROVIDER=${prov//;/,} ;;
+    *) unset FI_PROVIDER ;;
 esac
-export FI_PROVIDER
-# Core-level info logging shows which providers the core registered, in each rank.
+# Info logging shows which providers the core registered and which endpoints ran, per rank.
 export FI_LOG_LEVEL=${FI_LOG_LEVEL:-info}
-export FI_LOG_SUBSYS=${FI_LOG_SUBSYS:-core}
 
 # The programs' own watchdog fires first and names the step that hung.
 export MPI_TEST_WATCHDOG=$((limit > 60 ? limit - 30 : limit / 2))
-xargs=(-x FI_PROVIDER -x FI_LOG_LEVEL -x FI_LOG_SUBSYS -x MPI_TEST_WATCHDOG)
+xargs=(-x FI_LOG_LEVEL -x MPI_TEST_WATCHDOG)
+[ -n "${FI_PROVIDER:-}" ] && xargs+=(-x FI_PROVIDER)
 [ -n "${FI_PROVIDER_PATH:-}" ] && xargs+=(-x FI_PROVIDER_PATH)
 [ -n "${FI_TANDEM_LOCAL:-}" ] && xargs+=(-x FI_TANDEM_LOCAL)
 
@@ -44,7 +43,7 @@ cmd=("$mpirun_bin" --allow-run-as-root --oversubscribe --bind-to none -np "$np"
      --mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include "$prov"
      --mca pml_base_verbose 10 --mca mtl_base_verbose 10
      "${xargs[@]}" "$prog" "$@")
-echo "FI_PROVIDER=$FI_PROVIDER FI_PROVIDER_PATH=${FI_PROVIDER_PATH:-<unset>}"
+echo "FI_PROVIDER=${FI_PROVIDER:-<unset>} FI_PROVIDER_PATH=${FI_PROVIDER_PATH:-<unset>}"
 echo "+ timeout $limit ${cmd[*]}"
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
@@ -72,11 +71,13 @@ n=$(grep -Ec "registering provider: $core \(" "$log")
 [ "$n" -ge "$np" ] || { echo "FAIL: libfabric registered provider $core in $n of $np ranks" >&2; status=1; }
 case $prov in
     *\;*) ;;
-    *)  # No utility provider may have been layered in between: the core logs its calls made
-        # on a utility provider's behalf as "libfabric:PID:TIME:ofi_rxm:core:...", and rxm logs
-        # its endpoint settings. (Their parameter reads at load time do not count.)
-        n=$(grep -Ec '^libfabric:[0-9]+:[0-9]+:(ofi_rxm|ofi_rxd|ofi_mrail):|rxm_ep_settings_init' "$log")
-        [ "$n" -eq 0 ] || { echo "FAIL: a utility provider logged $n lines: not plain $prov" >&2; status=1; } ;;
+    *)  # No utility provider may have been layered in between: an ofi_rxm endpoint logs its
+        # AV and endpoint settings (the core's own lines about rxm, such as parameter reads or
+        # layering it skipped, do not count). Every rank enabled tandem's own RDM endpoint.
+        n=$(grep -Ec '::(ofi_rxm|ofi_rxd|ofi_mrail):(av|ep_ctrl|ep_data|cq|domain):|rxm_ep_settings_init' "$log")
+        [ "$n" -eq 0 ] || { echo "FAIL: a utility provider logged $n lines: not plain $prov" >&2; status=1; }
+        n=$(grep -Ec "::$core:ep_ctrl:.*RDM endpoint enabled on " "$log")
+        [ "$n" -ge "$np" ] || { echo "FAIL: $n of $np ranks enabled a $core RDM endpoint" >&2; status=1; } ;;
 esac
 [ "$status" -eq 0 ] && echo "PASS: $name on $np ranks over $prov"
 exit "$status"
