@@ -52,7 +52,7 @@ build=$(cd "$build" 2>/dev/null && pwd) || { echo "bench.sh: no build directory 
 if [ "$hmem" = 1 ]; then
     hb=$build/bench/hmem_bench
     [ -x "$hb" ] || { echo "bench.sh: $hb not built (cmake --build $build --target hmem_bench)" >&2; exit 1; }
-    export FI_PROVIDER_PATH=$build/lib FI_PROVIDER=tandem,off_tandem
+    export FI_PROVIDER_PATH=$build/lib FI_PROVIDER=tandem
     # A real driver first; otherwise the tests' emulated one (hmem_bench labels its figures).
     if ! ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1'; then
         export LD_LIBRARY_PATH=$build/tests/emucuda${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
