@@ -317,11 +317,18 @@ int tandem_getinfo(uint32_t version, const char *node, const char *service, uint
                 fi_freeinfo(fi);
                 continue;
             }
-            if (have_src) {
-                fi->src_addr = malloc(src.length());
-                memcpy(fi->src_addr, &src.ss, src.length());
-                fi->src_addrlen = src.length();
+            // Every entry names its source: the one asked for, else the interface's address
+            // (port 0, any free one). Callers rely on it, ofi_rxm among them: for a wildcard
+            // listen with a service it asks its core provider without the service and sets
+            // the port in each answer's src_addr.
+            const EndpointName &source = have_src ? src : itf.address;
+            fi->src_addr = malloc(source.length());
+            if (!fi->src_addr) {
+                fi_freeinfo(fi);
+                break;
             }
+            memcpy(fi->src_addr, &source.ss, source.length());
+            fi->src_addrlen = source.length();
             if (have_dst) {
                 fi->dest_addr = malloc(dst.length());
                 memcpy(fi->dest_addr, &dst.ss, dst.length());

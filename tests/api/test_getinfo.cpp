@@ -384,6 +384,42 @@ TEST(GetInfo, SourceFlagGivesSourceAddress) {
     }
 }
 
+// Every entry names a source address, hints or not: that of its domain's interface when the
+// caller gave none (fabtests' fi_getinfo_test checks it with no hints at all).
+TEST(GetInfo, EveryEntryNamesItsSourceWithoutHints) {
+    fi_info *raw = nullptr;
+    ASSERT_FI_OK(fi_getinfo(kApiVersion, nullptr, nullptr, 0, nullptr, &raw));
+    InfoPtr all(raw);
+    size_t own = 0;
+    for (fi_info *i = all.get(); i; i = i->next) {
+        if (!is_own(i)) continue;
+        ++own;
+        ASSERT_NE(i->src_addr, nullptr) << i->domain_attr->name;
+        ASSERT_EQ(i->src_addrlen, sizeof(sockaddr_in));
+        EXPECT_EQ(static_cast<const sockaddr_in *>(i->src_addr)->sin_family, AF_INET);
+        if (std::string(i->domain_attr->name) == "lo") {
+            EXPECT_EQ(ipv4(i->src_addr), "127.0.0.1");
+        }
+    }
+    EXPECT_GE(own, 1u);
+}
+
+// A wildcard listen with a service through tandem;ofi_rxm: rxm asks tandem without the
+// service and writes the port into each answer's src_addr, so tandem's answers must carry
+// one (the core crashed here when they did not).
+TEST(GetInfo, WildcardListenWithAServiceThroughRxm) {
+    InfoPtr hints = alloc_hints();
+    hints->fabric_attr->prov_name = strdup((std::string(provider_name()) + ";ofi_rxm").c_str());
+    hints->ep_attr->type = FI_EP_RDM;
+    fi_info *raw = nullptr;
+    ASSERT_FI_OK(fi_getinfo(kApiVersion, nullptr, "4713", FI_SOURCE, hints.get(), &raw));
+    InfoPtr all(raw);
+    for (fi_info *i = all.get(); i; i = i->next) {
+        ASSERT_NE(i->src_addr, nullptr);
+        EXPECT_EQ(ntohs(static_cast<const sockaddr_in *>(i->src_addr)->sin_port), 4713);
+    }
+}
+
 // FI_MR_LOCAL / VIRT_ADDR / ALLOCATED / PROV_KEY are negotiated: whatever subset the
 // application offers, the provider answers and never requires a mode that was not offered.
 TEST(GetInfo, MrModeIsNegotiatedForEveryOfferedSubset) {
