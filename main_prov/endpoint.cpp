@@ -3,6 +3,7 @@
 #include "main_prov/endpoint.h"
 
 #include "common/log.h"
+#include "common/unsupported_ops.h"
 #include "main_prov/av.h"
 #include "main_prov/cntr.h"
 #include "main_prov/config.h"
@@ -219,6 +220,7 @@ Endpoint::Endpoint(Domain *domain, fi_info *info, void *context)
     fid()->msg = &ep_msg_ops;
     fid()->tagged = &ep_tagged_ops;
     fid()->rma = &ep_rma_ops;
+    complete_ep_tables(*fid());  // atomics and collectives: -FI_EOPNOTSUPP
 
     if (info_->src_addr) {
         if (!EndpointName::from_bytes(info_->src_addr, info_->src_addrlen, src_name_))
@@ -390,6 +392,7 @@ int Endpoint::control(int command, void *arg) {
             a->fid()->msg = &ep_msg_ops;
             a->fid()->tagged = &ep_tagged_ops;
             a->fid()->rma = &ep_rma_ops;
+            complete_ep_tables(*a->fid());
             *alias->fid = a->base_fid();
             return 0;
         }

@@ -1,5 +1,6 @@
 #include "main_prov/srx.h"
 
+#include "common/unsupported_ops.h"
 #include "main_prov/domain.h"
 #include "main_prov/endpoint.h"
 
@@ -71,6 +72,7 @@ SharedRxContext::SharedRxContext(Domain *domain, const fi_rx_attr &attr, void *c
     fid()->ops = &srx_ep_ops;
     fid()->msg = &srx_msg_ops;
     fid()->tagged = &srx_tagged_ops;
+    complete_ep_tables(*fid());
     domain_->hold();
 }
 

@@ -2,6 +2,7 @@
 
 #include "common/iov.h"
 #include "common/log.h"
+#include "common/unsupported_ops.h"
 #include "offload_prov/av.h"
 #include "offload_prov/config.h"
 #include "offload_prov/cq.h"
@@ -241,6 +242,7 @@ Endpoint::Endpoint(Domain *domain, const fi_info *info, fi_peer_transfer_context
     fid()->msg = &msg_ops;
     fid()->tagged = &tagged_ops;
     fid()->rma = &rma_ops;
+    complete_ep_tables(*fid());
     transfer->peer_ops = &transfer_ops;
     void *ops = nullptr;
     struct fid *owner = &owner_ep_->fid;

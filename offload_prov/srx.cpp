@@ -1,5 +1,6 @@
 #include "offload_prov/srx.h"
 
+#include "common/unsupported_ops.h"
 #include "offload_prov/domain.h"
 #include "offload_prov/endpoint.h"
 
@@ -39,6 +40,7 @@ fi_ops_srx_peer srx_peer_ops = {
 Srx::Srx(Domain *domain, fid_peer_srx *owner) : domain_(domain), owner_(owner) {
     init_fid(FI_CLASS_SRX_CTX, nullptr, &srx_fi_ops);
     fid()->ops = &srx_ep_ops;
+    complete_ep_tables(*fid());
     owner_.install(&srx_peer_ops);
     domain_->hold();
 }

@@ -2,6 +2,8 @@
 // objects (fi_export_fid), off_tandem imports them (FI_PEER), as fi_peer(3) describes. The
 // data path over these objects (SRX flows, completions through the peer CQ) runs in every
 // api.* test, which use the node-local path by default.
+#include "tests/common/op_tables.h"
+
 #include <gtest/gtest.h>
 
 #include <rdma/fabric.h>
@@ -100,6 +102,8 @@ TEST(OffloadGetinfo, HiddenFromApplicationsAndAnswersOnlyPeerTransfer) {
 TEST_F(PeerObjects, DomainOnlyAsPeerAndRegistersThroughOwner) {
     fid_domain *plain = nullptr;
     EXPECT_EQ(fi_domain(ofab_, oinfo_, &plain, nullptr), -FI_EINVAL);
+    tandem_test::expect_complete_fabric("off_tandem fabric", ofab_);
+    tandem_test::expect_complete_domain("off_tandem domain", odom_);
     static char buf[4096];
     fid_mr *mr = nullptr;
     ASSERT_EQ(fi_mr_reg(odom_, buf, sizeof buf, FI_REMOTE_WRITE, 0, 0, 0, &mr, nullptr), 0);
@@ -118,12 +122,14 @@ TEST_F(PeerObjects, CqImportWritesGoToTandemCqAndPeerReadsAreEnosys) {
     ASSERT_EQ(fi_export_fid(&tcq->fid, 0, &exported, nullptr), 0);
     ASSERT_EQ(exported->fclass, FI_CLASS_PEER_CQ);
     auto *peer_cq = reinterpret_cast<fid_peer_cq *>(exported);
+    tandem_test::expect_complete_table("tandem peer cq owner ops", peer_cq->owner_ops);
 
     fid_cq *ocq = nullptr;
     EXPECT_EQ(fi_cq_open(odom_, &attr, &ocq, nullptr), -FI_EINVAL);  // not a peer CQ
     fi_peer_cq_context ctx{sizeof ctx, peer_cq};
     attr.flags = FI_PEER;
     ASSERT_EQ(fi_cq_open(odom_, &attr, &ocq, &ctx), 0);
+    tandem_test::expect_complete_cq("off_tandem cq", ocq);
     fi_cq_tagged_entry e{};
     EXPECT_EQ(fi_cq_read(ocq, &e, 1), -FI_ENOSYS);
     fi_cq_err_entry err{};
@@ -165,6 +171,7 @@ TEST_F(PeerObjects, EqImportDeliversEventsOnTandemEq) {
     fi_peer_eq_context ctx{sizeof ctx, teq};
     attr.flags = FI_PEER;
     ASSERT_EQ(fi_eq_open(ofab_, &attr, &oeq, &ctx), 0);
+    tandem_test::expect_complete_eq("off_tandem eq", oeq);
     fi_eq_entry in{};
     in.fid = &teq->fid;
     in.context = &in;
@@ -201,6 +208,7 @@ TEST_F(PeerObjects, AvAndAvSetImportShareTandemAddressing) {
     ASSERT_EQ(fi_export_fid(&tav->fid, 0, &exported, nullptr), 0);
     ASSERT_EQ(exported->fclass, FI_CLASS_PEER_AV);
     auto *peer_av = reinterpret_cast<fid_peer_av *>(exported);
+    tandem_test::expect_complete_table("tandem peer av owner ops", peer_av->owner_ops);
     fi_av_attr q{};
     ASSERT_EQ(peer_av->owner_ops->query(peer_av, &q), 0);
     EXPECT_EQ(q.type, FI_AV_TABLE);
@@ -212,6 +220,7 @@ TEST_F(PeerObjects, AvAndAvSetImportShareTandemAddressing) {
     fi_peer_av_context ctx{sizeof ctx, reinterpret_cast<decltype(ctx.av)>(peer_av)};
     oattr.flags = FI_PEER;
     ASSERT_EQ(fi_av_open(odom_, &oattr, &oav, &ctx), 0);
+    tandem_test::expect_complete_av("off_tandem av", oav);
     // Addresses are the owner's to insert.
     fi_addr_t none;
     EXPECT_EQ(fi_av_insert(oav, names.data(), 1, &none, 0, nullptr), -FI_ENOSYS);
@@ -229,6 +238,7 @@ TEST_F(PeerObjects, AvAndAvSetImportShareTandemAddressing) {
     ASSERT_EQ(fi_export_fid(&tset->fid, 0, &exported, nullptr), 0);
     ASSERT_EQ(exported->fclass, FI_CLASS_PEER_AV_SET);
     auto *peer_set = reinterpret_cast<fid_peer_av_set *>(exported);
+    tandem_test::expect_complete_table("tandem peer av set owner ops", peer_set->owner_ops);
     size_t count = 1;
     fi_addr_t members[4];
     EXPECT_EQ(peer_set->owner_ops->members(peer_set, members, &count), -FI_ETOOSMALL);
@@ -246,6 +256,7 @@ TEST_F(PeerObjects, AvAndAvSetImportShareTandemAddressing) {
     EXPECT_EQ(fi_av_set(oav, &oset_attr, &oset, &sctx), -FI_EINVAL);  // FI_PEER missing
     oset_attr.flags = FI_PEER;
     ASSERT_EQ(fi_av_set(oav, &oset_attr, &oset, &sctx), 0);
+    tandem_test::expect_complete_av_set("off_tandem av set", oset);
     // The owner's set changes are the peer's view.
     ASSERT_EQ(fi_av_set_remove(tset, addrs[2]), 0);
     count = 4;
@@ -266,6 +277,7 @@ TEST_F(PeerObjects, SrxImportInstallsPeerOpsAndOwnerMatches) {
     ASSERT_EQ(fi_export_fid(&tsrx->fid, 0, &exported, nullptr), 0);
     auto *peer_srx = reinterpret_cast<fid_peer_srx *>(exported);
     EXPECT_EQ(peer_srx->peer_ops, nullptr);
+    tandem_test::expect_complete_table("tandem peer srx owner ops", peer_srx->owner_ops);
 
     fid_ep *osrx = nullptr;
     fi_rx_attr oattr{};
@@ -274,6 +286,8 @@ TEST_F(PeerObjects, SrxImportInstallsPeerOpsAndOwnerMatches) {
     oattr.op_flags = FI_PEER;
     ASSERT_EQ(fi_srx_context(odom_, &oattr, &osrx, &ctx), 0);
     ASSERT_NE(peer_srx->peer_ops, nullptr);  // off_tandem installed start/discard
+    tandem_test::expect_complete_table("off_tandem srx peer ops", peer_srx->peer_ops);
+    tandem_test::expect_complete_ep("off_tandem srx", osrx);
     EXPECT_NE(peer_srx->peer_ops->start_tag, nullptr);
 
     // Receive posted first: get_tag hands out the application's buffer.
@@ -296,6 +310,22 @@ TEST_F(PeerObjects, SrxImportInstallsPeerOpsAndOwnerMatches) {
 
     EXPECT_EQ(fi_close(&osrx->fid), 0);
     EXPECT_EQ(fi_close(&tsrx->fid), 0);
+}
+
+// The twin endpoint off_tandem gives its owner: complete tables, and the transfer callbacks
+// it installs for the owner before fi_endpoint2 returns (fi_peer(3)).
+TEST_F(PeerObjects, OffloadEndpointHasCompleteTables) {
+    fid_ep *tep = nullptr;
+    ASSERT_EQ(fi_endpoint(tdom_, tinfo_, &tep, nullptr), 0);
+    fi_peer_transfer_context ctx{sizeof ctx, oinfo_, tep, nullptr};
+    fid_ep *oep = nullptr;
+    ASSERT_EQ(fi_endpoint2(odom_, oinfo_, &oep, FI_PEER_TRANSFER, &ctx), 0);
+    tandem_test::expect_complete_ep("off_tandem endpoint", oep);
+    tandem_test::expect_complete_table("off_tandem transfer peer ops", ctx.peer_ops);
+    EXPECT_EQ(fi_atomicvalid(oep, FI_INT32, FI_SUM, nullptr), -FI_EOPNOTSUPP);
+    EXPECT_EQ(fi_barrier(oep, 0, nullptr), -FI_EOPNOTSUPP);
+    EXPECT_EQ(fi_close(&oep->fid), 0);
+    EXPECT_EQ(fi_close(&tep->fid), 0);
 }
 
 }  // namespace
