@@ -212,14 +212,17 @@ ssize_t Endpoint::rma_injectdata(const OpDefaults &, const void *buf, size_t len
 // ------------------------------------------------------------------------------------------
 // Transmit side
 
+// cap 0: an operation of the offload twin (FI_PEER_TRANSFER), which is tandem's own traffic
+// and does not depend on what the application asked for (a fi_pingpong endpoint with FI_MSG
+// alone still has twins that introduce themselves with tagged messages).
 void Endpoint::check_tx_ready(uint64_t cap) const {
     if (!enabled_) fail(FI_EOPBADSTATE, "endpoint not enabled");
-    if (!(caps_ & cap)) fail(FI_EOPNOTSUPP, "capability not requested");
+    if (cap && !(caps_ & cap)) fail(FI_EOPNOTSUPP, "capability not requested");
 }
 
 void Endpoint::check_rx_ready(uint64_t cap) const {
     if (!enabled_) fail(FI_EOPBADSTATE, "endpoint not enabled");
-    if (!(caps_ & cap)) fail(FI_EOPNOTSUPP, "capability not requested");
+    if (cap && !(caps_ & cap)) fail(FI_EOPNOTSUPP, "capability not requested");
 }
 
 Peer *Endpoint::peer_for(fi_addr_t addr) {
@@ -258,7 +261,7 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
     if (a.count && !a.iov) return -FI_EINVAL;
     if (a.count > kMaxIov) return -FI_EINVAL;
     std::lock_guard guard(domain_->lock());
-    check_tx_ready(a.tagged ? FI_TAGGED : FI_MSG);
+    check_tx_ready(a.flags & FI_PEER_TRANSFER ? 0 : a.tagged ? FI_TAGGED : FI_MSG);
     size_t len = iov_length(a.iov, a.count);
     if (len > info_->ep_attr->max_msg_size) return -FI_EMSGSIZE;
     if ((a.flags & FI_INJECT) && len > inject_size_) return -FI_EMSGSIZE;
@@ -740,7 +743,7 @@ void Endpoint::write_rx_cq(const Completion &c, fi_addr_t src) {
 
 ssize_t Endpoint::post_recv(const RecvArgs &a) {
     std::lock_guard guard(domain_->lock());
-    check_rx_ready(a.tagged ? FI_TAGGED : FI_MSG);
+    check_rx_ready(a.flags & FI_PEER_TRANSFER ? 0 : a.tagged ? FI_TAGGED : FI_MSG);
     if (a.flags & FI_PEER_TRANSFER) {
         // The offload twin's receive for its own traffic from remote twins.
         if (!local_) return -FI_EINVAL;

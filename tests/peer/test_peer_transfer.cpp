@@ -33,10 +33,10 @@ struct Rdm {
     fid_ep *ep = nullptr;
     tandem::peer::EpDiagOps *diag = nullptr;
 
-    void open() {
+    void open(uint64_t caps = FI_MSG | FI_TAGGED) {
         fi_info *hints = fi_allocinfo();
         hints->ep_attr->type = FI_EP_RDM;
-        hints->caps = FI_MSG | FI_TAGGED;
+        hints->caps = caps;
         hints->fabric_attr->prov_name = strdup("tandem");
         fi_info *all = nullptr;
         ASSERT_EQ(fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", nullptr, 0, hints, &all), 0);
@@ -143,6 +143,44 @@ TEST(PeerTransfer, TwinsIntroduceThemselvesAndStayOutOfTheApplicationsWay) {
         }
     // An unknown peer has no twin on record.
     EXPECT_EQ(a.diag->remote_twin(a.ep, 12345, nullptr), 0);
+    a.close();
+    b.close();
+}
+
+// The twins' introductions are tagged messages of tandem's own: they flow on endpoints whose
+// application asked for FI_MSG alone too (fi_pingpong's), where tandem used to refuse the
+// twin's tagged receive as a capability the application had not requested.
+TEST(PeerTransfer, TwinsIntroduceThemselvesOnEndpointsWithoutTaggedCaps) {
+    ASSERT_EQ(g_env, 0);
+    Rdm a, b;
+    ASSERT_NO_FATAL_FAILURE(a.open(FI_MSG));
+    ASSERT_NO_FATAL_FAILURE(b.open(FI_MSG));
+    fi_addr_t b_at_a = a.insert(b), a_at_b = b.insert(a);
+    // Each owner reaches the other over the link, so each twin introduces itself.
+    char inbox[64] = {}, inbox_a[64] = {};
+    ASSERT_EQ(fi_recv(b.ep, inbox, sizeof inbox, nullptr, FI_ADDR_UNSPEC, inbox), 0);
+    ASSERT_EQ(fi_recv(a.ep, inbox_a, sizeof inbox_a, nullptr, FI_ADDR_UNSPEC, inbox_a), 0);
+    const char hello[] = "application to b", hello_a[] = "application to a";
+    ASSERT_EQ(fi_send(a.ep, hello, sizeof hello, nullptr, b_at_a, (void *)hello), 0);
+    ASSERT_EQ(fi_send(b.ep, hello_a, sizeof hello_a, nullptr, a_at_b, (void *)hello_a), 0);
+    int completions = 0;
+    bool a_knows = false, b_knows = false;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (std::chrono::steady_clock::now() < deadline && !(a_knows && b_knows)) {
+        for (Rdm *r : {&a, &b}) {
+            fi_cq_tagged_entry e{};
+            ssize_t n = fi_cq_read(r->cq, &e, 1);
+            if (n == -FI_EAGAIN) continue;
+            ASSERT_EQ(n, 1) << "error completion on the application's CQ";
+            ++completions;
+        }
+        b_knows = b.diag->remote_twin(b.ep, a_at_b, nullptr) == 1;
+        a_knows = a.diag->remote_twin(a.ep, b_at_a, nullptr) == 1;
+    }
+    EXPECT_TRUE(b_knows) << "b's twin never heard from a's";
+    EXPECT_TRUE(a_knows) << "a's twin never heard from b's";
+    EXPECT_STREQ(inbox, hello);
+    EXPECT_STREQ(inbox_a, hello_a);
     a.close();
     b.close();
 }
