@@ -453,7 +453,7 @@ bool Endpoint::push_gather(PeerLink &link, const LocalHeader &hdr, const iovec *
 inline bool Endpoint::try_push(PeerLink &link, const LocalHeader &hdr, const iovec *iov,
                                size_t count, size_t offset, size_t len, const uint8_t *staged) {
     if (!link.backlog.empty()) return false;
-    void *cell = link.ring->try_reserve();
+    void *cell = link.ring->try_reserve(proto_.pid);
     if (!cell) return false;
     fill_cell(static_cast<uint8_t *>(cell), hdr, iov, count, offset, len, staged);
     link.ring->publish(cell);
@@ -528,7 +528,7 @@ bool Endpoint::push_staged(PeerLink &link, LocalHeader hdr, const iovec *iov, si
 
 bool Endpoint::flush(PeerLink &link) {
     while (!link.backlog.empty()) {
-        void *cell = link.ring->try_reserve();
+        void *cell = link.ring->try_reserve(proto_.pid);
         if (!cell) return false;
         const auto &pending = link.backlog.front();
         memcpy(cell, pending.data(), pending.size());
@@ -942,8 +942,11 @@ void Endpoint::complete_tx(void *context, uint64_t flags, size_t len, int err) {
     tx_done_.push_back({context, flags, len, err});
 }
 
-// A peer that died leaves our operations waiting on it with errors, not a hang.
+// A peer that died leaves our operations waiting on it with errors, not a hang, and no
+// cell it had claimed in our inbox without publishing it stops the cells behind.
 void Endpoint::check_peers() {
+    if (uint32_t n = inbox_->reclaim_dead(process_running))
+        TANDEM_INFO(FI_LOG_EP_DATA, "skipped %u inbox cells claimed by dead processes\n", n);
     for (auto &[key, link] : links_) {
         if (link->dead || link->segment.owner_alive()) continue;
         link->dead = true;
