@@ -444,7 +444,7 @@ bool Endpoint::push_gather(PeerLink &link, const LocalHeader &hdr, const iovec *
     std::vector<uint8_t> cell(sizeof hdr + wire::kLocalNameRoom + len);
     fill_cell(cell.data(), hdr, iov, count, offset, len, staged);
     if (link.backlog.empty()) ++backlogged_;
-    link.backlog.push_back(std::move(cell));
+    link.backlog.push_back(Outgoing{std::move(cell), nullptr});
     return true;
 }
 
@@ -503,35 +503,97 @@ void Endpoint::fill_cell(uint8_t *cell, const LocalHeader &hdr, const iovec *iov
 }
 
 // A payload in as many cells as it takes (Frag, WriteFrag, ReadData): each carries its
-// offset, the last one kLocalLast (an empty payload still sends that one cell). When device
-// memory cannot be copied, an empty last cell with status FI_EIO ends the message instead
-// (the receiver drops what it assembled) and the result is false.
-bool Endpoint::push_staged(PeerLink &link, LocalHeader hdr, const iovec *iov, size_t count,
-                           size_t len, const hmem::MemRef *mem) {
-    const size_t room = wire::kLocalBodyRoom;
-    size_t off = 0;
-    do {
-        hdr.offset = off;
-        hdr.size = static_cast<uint32_t>(std::min(room, len - off));
-        if (off + hdr.size == len) hdr.flags |= wire::kLocalLast;
-        if (!push_gather(link, hdr, iov, count, off, hdr.size, mem)) {
-            hdr.flags |= wire::kLocalLast;
-            hdr.size = 0;
-            hdr.status = FI_EIO;
-            push(link, hdr, nullptr, 0);
-            return false;
+// offset, the last one kLocalLast (an empty payload still sends that one cell). The cells
+// that fit go now; the rest follow from the payload's own buffers as the ring makes room
+// (flush), behind whatever waited before. `end` says what happens once it is all sent.
+void Endpoint::push_staged(PeerLink &link, LocalHeader hdr, const iovec *iov, size_t count,
+                           size_t len, const hmem::MemRef *mem, StreamEnd end) {
+    auto stream = std::make_unique<Stream>();
+    stream->hdr = hdr;
+    stream->hdr.offset = 0;
+    stream->iov.assign(iov, iov + count);
+    if (mem) stream->mem.assign(mem, mem + count);
+    stream->len = len;
+    stream->end = end;
+    int status = 0;
+    if (link.backlog.empty() && pump(link, *stream, &status)) {
+        finish_stream(*stream, status);
+        return;
+    }
+    if (link.backlog.empty()) ++backlogged_;
+    link.backlog.push_back(Outgoing{{}, std::move(stream)});
+}
+
+// The stream's next cells into the ring while it has room: true when the stream ended, with
+// *status 0 (its last cell went) or FI_EIO (a device copy failed: an empty last cell with
+// that status ends the payload instead, and the receiver drops what it assembled).
+bool Endpoint::pump(PeerLink &link, Stream &stream, int *status) {
+    LocalHeader &hdr = stream.hdr;
+    for (;;) {
+        void *reserved = link.ring->try_reserve(proto_.pid);
+        if (!reserved) return false;
+        auto *cell = static_cast<uint8_t *>(reserved);
+        const size_t off = hdr.offset;
+        hdr.size = static_cast<uint32_t>(std::min(wire::kLocalBodyRoom, stream.len - off));
+        if (off + hdr.size == stream.len) hdr.flags |= wire::kLocalLast;
+        uint8_t *body = cell + sizeof hdr + wire::kLocalNameRoom;
+        bool copied = true;
+        if (stream.mem.empty())
+            iov_gather(body, stream.iov.data(), stream.iov.size(), off, hdr.size);
+        else
+            copied = hmem::gather(body, stream.iov.data(), stream.mem.data(), stream.iov.size(),
+                                  off, hdr.size) == ssize_t(hdr.size);
+        LocalHeader out = hdr;
+        if (!copied) {
+            TANDEM_WARN(FI_LOG_EP_DATA, "device memory could not be copied for sending\n");
+            out.flags |= wire::kLocalLast;
+            out.size = 0;
+            out.status = FI_EIO;
         }
-        off += hdr.size;
-    } while (off < len);
-    return true;
+        memcpy(cell, &out, sizeof out);
+        memcpy(cell + sizeof out, name_, wire::kLocalNameRoom);
+        link.ring->publish(cell);
+        notify(link);
+        if (out.flags & wire::kLocalLast) {
+            *status = out.status;
+            return true;
+        }
+        hdr.offset = off + hdr.size;
+    }
+}
+
+void Endpoint::finish_stream(const Stream &stream, int status) {
+    switch (stream.end.kind) {
+        case StreamEnd::Kind::None:
+            return;
+        case StreamEnd::Kind::CompleteTx:
+            complete_tx(stream.end.context, stream.end.flags, stream.len, status);
+            return;
+        case StreamEnd::Kind::FailPending:
+            if (status) finish_pending(stream.hdr.msg_id, status);
+            return;
+        case StreamEnd::Kind::ReadAccess:
+            if (!status && owner_ep_ops_)
+                owner_ep_ops_->access_done(owner_ep_, stream.end.rma_key, FI_REMOTE_READ);
+            return;
+    }
 }
 
 bool Endpoint::flush(PeerLink &link) {
     while (!link.backlog.empty()) {
+        Outgoing &next = link.backlog.front();
+        if (next.stream) {
+            int status = 0;
+            if (!pump(link, *next.stream, &status)) return false;
+            std::unique_ptr<Stream> done = std::move(next.stream);
+            link.backlog.pop_front();
+            if (link.backlog.empty()) --backlogged_;
+            finish_stream(*done, status);
+            continue;
+        }
         void *cell = link.ring->try_reserve(proto_.pid);
         if (!cell) return false;
-        const auto &pending = link.backlog.front();
-        memcpy(cell, pending.data(), pending.size());
+        memcpy(cell, next.cell.data(), next.cell.size());
         link.ring->publish(cell);
         link.backlog.pop_front();
         if (link.backlog.empty()) --backlogged_;
@@ -616,6 +678,8 @@ ssize_t Endpoint::post_send(const iovec *iov, void **desc, size_t count, fi_addr
         complete_tx(context, cq_flags, len, FI_ECONNRESET);
         return 0;
     }
+    // Back-pressure: the peer's ring is full, or cells wait for room already.
+    if (!admits(*link)) return -FI_EAGAIN;
     LocalHeader hdr = message_header(len, tag, data, flags, tagged);
     // FI_DELIVERY_COMPLETE: complete when the receiver placed the data (its Fin), not when
     // the cells are written.
@@ -677,14 +741,12 @@ ssize_t Endpoint::post_send(const iovec *iov, void **desc, size_t count, fi_addr
         }
         hdr.op =
             static_cast<uint8_t>(len <= Config::get().eager_limit ? LocalOp::Eager : LocalOp::Frag);
-        bool sent;
-        if (hdr.op == static_cast<uint8_t>(LocalOp::Eager)) {
-            hdr.size = static_cast<uint32_t>(len);
-            sent = push_gather(*link, hdr, iov, count, 0, len, mem);
-        } else {
-            sent = push_staged(*link, hdr, iov, count, len, mem);
+        if (hdr.op == static_cast<uint8_t>(LocalOp::Frag)) {
+            push_staged(*link, hdr, iov, count, len, mem, send_end(ack, context, cq_flags));
+            return 0;
         }
-        if (!sent) {
+        hdr.size = static_cast<uint32_t>(len);
+        if (!push_gather(*link, hdr, iov, count, 0, len, mem)) {
             // The device could not copy it: an error completion, and nothing delivered.
             pending_.erase(hdr.msg_id);
             complete_tx(context, cq_flags, len, FI_EIO);
@@ -716,8 +778,7 @@ ssize_t Endpoint::post_send(const iovec *iov, void **desc, size_t count, fi_addr
     }
     // No cross-memory attach: stage the message through the ring, a cell at a time.
     hdr.op = static_cast<uint8_t>(LocalOp::Frag);
-    push_staged(*link, hdr, iov, count, len);
-    if (!ack) complete_tx(context, cq_flags, len, 0);
+    push_staged(*link, hdr, iov, count, len, nullptr, send_end(ack, context, cq_flags));
     return 0;
 }
 
@@ -839,6 +900,7 @@ ssize_t Endpoint::post_rma(const iovec *iov, void **desc, size_t count, const fi
         complete_tx(context, cq_flags, len, FI_ECONNRESET);
         return 0;
     }
+    if (!admits(*link)) return -FI_EAGAIN;
     LocalHeader hdr = proto_;
     hdr.flags = (write && (flags & FI_REMOTE_CQ_DATA)) ? wire::kLocalCqData : 0;
     hdr.cq_data = data;
@@ -889,7 +951,9 @@ ssize_t Endpoint::post_rma(const iovec *iov, void **desc, size_t count, const fi
         push(*link, hdr, body, n * sizeof(LocalIov));
     } else {
         hdr.op = static_cast<uint8_t>(LocalOp::WriteFrag);
-        sent = push_staged(*link, hdr, iov, count, len, device ? mem : nullptr);
+        // A failed device copy fails the write (a later Fin finds nothing to finish).
+        push_staged(*link, hdr, iov, count, len, device ? mem : nullptr,
+                    {.kind = StreamEnd::Kind::FailPending});
     }
     if (!sent) finish_pending(hdr.msg_id, FI_EIO);  // (a later Fin finds nothing to finish)
     return 0;
@@ -951,7 +1015,10 @@ void Endpoint::check_peers() {
         if (link->dead || link->segment.owner_alive()) continue;
         link->dead = true;
         if (!link->backlog.empty()) --backlogged_;
+        std::deque<Outgoing> unsent = std::move(link->backlog);
         link->backlog.clear();
+        for (const Outgoing &o : unsent)
+            if (o.stream) finish_stream(*o.stream, FI_ECONNRESET);
         TANDEM_INFO(FI_LOG_EP_DATA, "node-local peer %s died\n", key.c_str());
         for (auto it = pending_.begin(); it != pending_.end();) {
             if (it->second.link != link.get()) {
@@ -1594,19 +1661,18 @@ void Endpoint::finish_pending(uint64_t msg_id, int status) {
         hdr.cq_data = p.data;
         hdr.total = p.len;
         hdr.msg_id = msg_id;
+        // FI_DELIVERY_COMPLETE: complete at the receiver's Fin for the staged copy.
+        if (p.ack) hdr.flags |= wire::kLocalAckReq;
+        PeerLink &link = *p.link;
+        std::vector<iovec> iov = p.iov;
+        std::vector<hmem::MemRef> mem = p.mem;
+        StreamEnd end = send_end(p.ack, p.context, p.flags);
         if (p.ack) {
-            // FI_DELIVERY_COMPLETE: complete at the receiver's Fin for the staged copy.
-            hdr.flags |= wire::kLocalAckReq;
-            if (push_staged(*p.link, hdr, p.iov.data(), p.iov.size(), p.len, p.mem.data())) {
-                p.ipc = false;
-                pending_[msg_id] = std::move(p);
-                return;
-            }
-            status = FI_EIO;
-        } else {
-            bool sent = push_staged(*p.link, hdr, p.iov.data(), p.iov.size(), p.len, p.mem.data());
-            status = sent ? 0 : FI_EIO;
+            p.ipc = false;
+            pending_[msg_id] = std::move(p);
         }
+        push_staged(link, hdr, iov.data(), iov.size(), hdr.total, mem.data(), end);
+        return;
     } else if (p.ipc && status == FI_EOPNOTSUPP) {
         // FI_HMEM_P2P_REQUIRED: no staged copy. The receiver is holding its receive for
         // one: an empty last fragment carrying the error releases it.
@@ -1722,8 +1788,9 @@ void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const
                 out.op = static_cast<uint8_t>(LocalOp::ReadData);
                 out.msg_id = hdr.msg_id;
                 out.total = len;
-                push_staged(*link, out, pieces, npieces, len, device ? pmem : nullptr);
-                if (owner_ep_ops_) owner_ep_ops_->access_done(owner_ep_, hdr.rma_key, access);
+                // The access counts once the data is sent, not when a device copy failed.
+                push_staged(*link, out, pieces, npieces, len, device ? pmem : nullptr,
+                            {.kind = StreamEnd::Kind::ReadAccess, .rma_key = hdr.rma_key});
                 return;
             }
             status = FI_EIO;
