@@ -1039,7 +1039,12 @@ void Endpoint::check_peers() {
             it = splits_.erase(it);
             if (split.entry) complete_rx(split.entry, split.hdr, split.n, FI_ECONNRESET, split.src);
         }
-        // What it sent behind a split write of its: nobody waits for any of it now.
+        // Its staged writes that failed here, and what it sent behind a split write of its:
+        // nobody waits for any of it now.
+        std::erase_if(failed_writes_, [&](const auto &f) {
+            auto sender = local_key(f.first.first.data(), f.first.first.size());
+            return sender && *sender == key;
+        });
         std::erase_if(deferred_, [&](const auto &d) {
             auto sender = local_key(d.first.data(), d.first.size());
             return sender && *sender == key;
@@ -1699,17 +1704,40 @@ int Endpoint::resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access, 
 
 // RMA at the target: the key is checked by the owner, the copy is ours.
 void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const uint8_t *body) {
-    if (hdr.status) return;  // the initiator could not copy its memory and failed the write
     auto op = static_cast<LocalOp>(hdr.op);
+    const bool fragment = op == LocalOp::WriteFrag;
+    const bool last = !fragment || (hdr.flags & wire::kLocalLast);
+    // A staged write whose earlier fragment failed: the rest are not placed, and its last
+    // fragment reports that first error, once. Nothing of a failed write counts as done.
+    if (fragment && !failed_writes_.empty()) {
+        auto failed = failed_writes_.find(std::make_pair(std::string(sender), hdr.msg_id));
+        if (failed != failed_writes_.end()) {
+            if (last || hdr.status) {
+                int status = failed->second;
+                failed_writes_.erase(failed);
+                if (!hdr.status) finish_rma(hdr, sender, status);
+            }
+            return;
+        }
+    }
+    if (hdr.status) return;  // the initiator could not copy its memory and failed the write
+    // The operation failed here: the initiator hears of it once, from the last fragment of a
+    // staged write (see above), at once otherwise.
+    auto fail = [&](int status) {
+        if (last)
+            answer(sender, hdr.msg_id, status);
+        else
+            failed_writes_.emplace(std::make_pair(std::string(sender), hdr.msg_id), status);
+    };
     bool write = op != LocalOp::Read;
     uint64_t access = write ? FI_REMOTE_WRITE : FI_REMOTE_READ;
     // The key is checked against the whole operation, also for each fragment of a staged
     // write: a write that runs past the region is refused whole, none of its fragments land.
     const size_t len = hdr.total;
-    const size_t at = op == LocalOp::WriteFrag ? hdr.offset : 0;
-    if (op == LocalOp::WriteFrag && (hdr.offset > len || hdr.size > len - hdr.offset)) {
+    const size_t at = fragment ? hdr.offset : 0;
+    if (fragment && (hdr.offset > len || hdr.size > len - hdr.offset)) {
         TANDEM_WARN(FI_LOG_EP_DATA, "dropping a write fragment outside its write\n");
-        answer(sender, hdr.msg_id, FI_EINVAL);
+        fail(FI_EINVAL);
         return;
     }
     iovec pieces[kMaxRmaPieces];
@@ -1717,7 +1745,7 @@ void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const
     size_t npieces = kMaxRmaPieces;
     int ret = resolve(hdr.rma_key, hdr.rma_addr, len, access, pieces, pmem, &npieces);
     if (ret) {
-        answer(sender, hdr.msg_id, ret == -FI_ENOSYS ? FI_EOPNOTSUPP : FI_EACCES);
+        fail(ret == -FI_ENOSYS ? FI_EOPNOTSUPP : FI_EACCES);
         return;
     }
     int status = 0;
@@ -1725,7 +1753,6 @@ void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const
     iovec remote[wire::kLocalMaxIov];
     for (size_t i = 0; i < hdr.iov_count; ++i)
         remote[i] = {reinterpret_cast<void *>(remote_iov[i].addr), remote_iov[i].length};
-    bool last = true;
     // A target region in device memory: its device copies (CMA cannot reach it).
     bool device = !hmem::all_host(pmem, npieces);
     auto place = [&](const uint8_t *from, size_t k) {
@@ -1769,9 +1796,8 @@ void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const
             break;
         case LocalOp::WriteFrag:
             status = place(body, hdr.size);
-            last = hdr.flags & wire::kLocalLast;
-            if (status && !last) {
-                answer(sender, hdr.msg_id, status);  // (a later fragment may answer again)
+            if (status) {
+                fail(status);
                 return;
             }
             break;

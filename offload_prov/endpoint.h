@@ -292,6 +292,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         size_t ntarget;
     };
     std::map<std::pair<std::string, uint64_t>, Split> splits_;
+    // Staged writes (WriteFrag) whose fragment failed here, by initiator and id: the first
+    // error, reported at their last fragment.
+    std::map<std::pair<std::string, uint64_t>, int> failed_writes_;
     // Initiators with an RMA write split in progress (keyed by their address bytes): what
     // else they send waits here, in order, until their WriteDone, so that a later message,
     // read or write of theirs never overtakes the write (FI_ORDER_SAW, RAW, WAW).
