@@ -253,9 +253,13 @@ Endpoint::Endpoint(Domain *domain, const fi_info *info, fi_peer_transfer_context
 Endpoint::~Endpoint() {
     // Receives matched for split copies still waiting for their sender: their entries go
     // back to the owner, which is closing the endpoint they belong to.
-    if (srx_)
+    if (srx_) {
         for (auto &[id, split] : splits_)
             if (split.entry) srx_->owner().free_entry(split.entry);
+        // (and those of receive completions the owner's CQ never took)
+        for (; !cq_backlog_.empty(); cq_backlog_.pop_front())
+            if (cq_backlog_.front().entry) srx_->owner().free_entry(cq_backlog_.front().entry);
+    }
     for (auto &[key, link] : links_)
         if (link->wake_fd >= 0) ::close(link->wake_fd);
     if (wake_rd_ >= 0) ::close(wake_rd_);
@@ -625,7 +629,8 @@ int Endpoint::arm() {
     SegmentInfo *info = info_of(*segment_);
     __atomic_store_n(&info->armed, 1u, __ATOMIC_RELAXED);
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    bool pending = inbox_->peek() != nullptr || !tx_done_.empty() || backlogged_;
+    bool pending =
+        inbox_->peek() != nullptr || !tx_done_.empty() || !cq_backlog_.empty() || backlogged_;
     if (pending) {
         char byte = 0;
         (void)!::write(wake_wr_, &byte, 1);
@@ -976,20 +981,18 @@ void Endpoint::progress() {
     if (backlogged_)
         for (auto &[key, link] : links_)
             if (!link->dead) flush(*link);
+    // Completions the owner's CQ refused earlier go first, in order.
+    while (!cq_backlog_.empty() && try_write_cq(cq_backlog_.front())) cq_backlog_.pop_front();
     while (!tx_done_.empty()) {
         TxCompletion c = tx_done_.front();
         tx_done_.pop_front();
-        if (c.err) {
-            fi_cq_err_entry e{};
-            e.op_context = c.context;
-            e.flags = c.flags;
-            e.len = c.len;
-            e.err = c.err;
-            e.prov_errno = c.err;
-            cq_->owner().writeerr(e);
-        } else {
-            cq_->owner().write(c.context, c.flags, c.len, nullptr, 0, 0, FI_ADDR_NOTAVAIL);
-        }
+        CqWrite w{.kind = c.err ? CqWrite::Kind::Error : CqWrite::Kind::Entry};
+        w.e.op_context = c.context;
+        w.e.flags = c.flags;
+        w.e.len = c.len;
+        w.e.err = c.err;
+        w.e.prov_errno = c.err;
+        write_cq(w);
     }
     // Peers' liveness every 200 ms; the clock itself only every 1024 passes (reading it on
     // every poll showed up as a tenth of a ping-pong's time).
@@ -1404,23 +1407,50 @@ void Endpoint::complete_rx(fi_peer_rx_entry *entry, const LocalHeader &hdr, size
     uint64_t flags = FI_RECV | ((hdr.flags & wire::kLocalTagged) ? FI_TAGGED : FI_MSG) |
                      ((hdr.flags & wire::kLocalCqData) ? FI_REMOTE_CQ_DATA : 0) |
                      (entry->flags & FI_MULTI_RECV);
-    void *buf = entry->count ? entry->iov[0].iov_base : nullptr;
+    CqWrite w{.kind = err                              ? CqWrite::Kind::Error
+                      : (entry->flags & FI_COMPLETION) ? CqWrite::Kind::Entry
+                                                       : CqWrite::Kind::None,
+              .src = src,
+              .entry = entry};
+    w.e.op_context = entry->context;
+    w.e.flags = flags;
+    w.e.len = n;
+    w.e.buf = entry->count ? entry->iov[0].iov_base : nullptr;
+    w.e.data = hdr.cq_data;
+    w.e.tag = hdr.tag;
     if (err) {
-        fi_cq_err_entry e{};
-        e.op_context = entry->context;
-        e.flags = flags;
-        e.len = n;
-        e.buf = buf;
-        e.data = hdr.cq_data;
-        e.tag = hdr.tag;
-        e.olen = hdr.total - n;
-        e.err = err;
-        e.prov_errno = err;
-        cq_->owner().writeerr(e);
-    } else if (entry->flags & FI_COMPLETION) {
-        cq_->owner().write(entry->context, flags, n, buf, hdr.cq_data, hdr.tag, src);
+        w.e.olen = hdr.total - n;
+        w.e.err = err;
+        w.e.prov_errno = err;
     }
-    srx_->owner().free_entry(entry);
+    write_cq(w);
+}
+
+// A completion to the owner's CQ, behind those it refused before (kept, in order, and
+// written again at the next progress: the owner handles its CQ's overflow, fi_peer(3)).
+void Endpoint::write_cq(const CqWrite &w) {
+    if (cq_backlog_.empty() && try_write_cq(w)) return;
+    if (cq_backlog_.empty())
+        TANDEM_DEBUG(FI_LOG_CQ, "the owner's CQ is full: completions wait for room\n");
+    cq_backlog_.push_back(w);
+}
+
+// False when the owner's CQ has no room now (-FI_EAGAIN); the entry of a receive goes back
+// to the owner once its completion is written. Any other refusal is final for that
+// completion: reported in the log, not retried for ever ahead of all the others.
+bool Endpoint::try_write_cq(const CqWrite &w) {
+    ssize_t ret = 0;
+    if (w.kind == CqWrite::Kind::Error)
+        ret = cq_->owner().writeerr(w.e);
+    else if (w.kind == CqWrite::Kind::Entry)
+        ret = cq_->owner().write(w.e.op_context, w.e.flags, w.e.len, w.e.buf, w.e.data, w.e.tag,
+                                 w.src);
+    if (ret == -FI_EAGAIN) return false;
+    if (ret)
+        TANDEM_WARN(FI_LOG_CQ, "the owner's CQ refused a completion (context %p, flags %#lx): %s\n",
+                    w.e.op_context, (unsigned long)w.e.flags, fi_strerror(int(-ret)));
+    if (w.entry) srx_->owner().free_entry(w.entry);
+    return true;
 }
 
 // Sender side of a split copy: write our part into the receiver's buffer.
@@ -1836,9 +1866,11 @@ void Endpoint::finish_rma(const LocalHeader &hdr, std::string_view sender, int s
     uint64_t access = write ? FI_REMOTE_WRITE : FI_REMOTE_READ;
     if (!status && owner_ep_ops_) owner_ep_ops_->access_done(owner_ep_, hdr.rma_key, access);
     if (!status && write && (hdr.flags & wire::kLocalCqData)) {
-        fi_addr_t src = source_of(sender);
-        cq_->owner().write(nullptr, FI_RMA | FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA, hdr.total,
-                           nullptr, hdr.cq_data, 0, src);
+        CqWrite w{.kind = CqWrite::Kind::Entry, .src = source_of(sender)};
+        w.e.flags = FI_RMA | FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA;
+        w.e.len = hdr.total;
+        w.e.data = hdr.cq_data;
+        write_cq(w);
     }
     answer(sender, hdr.msg_id, status);
 }

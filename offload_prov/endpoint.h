@@ -235,6 +235,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     fi_addr_t source_of(std::string_view sender);
     void check_peers();
     void complete_tx(void *context, uint64_t flags, size_t len, int err);
+    struct CqWrite;
+    void write_cq(const CqWrite &w);
+    bool try_write_cq(const CqWrite &w);
     int resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access, iovec *iov,
                 hmem::MemRef *mem, size_t *count);
     void enable();
@@ -310,6 +313,14 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         int err;
     };
     RingQueue<TxCompletion> tx_done_;
+    // A completion for the owner's CQ (and a receive's entry to hand back once it is written).
+    struct CqWrite {
+        enum class Kind : uint8_t { Entry, Error, None /* only the entry goes back */ } kind;
+        fi_cq_err_entry e{};  // the fields of either kind of completion
+        fi_addr_t src = FI_ADDR_NOTAVAIL;
+        fi_peer_rx_entry *entry = nullptr;
+    };
+    RingQueue<CqWrite> cq_backlog_;  // refused by the owner's CQ (-FI_EAGAIN), in order
     uint64_t next_id_ = 1;
     uint64_t passes_ = 0;
     // Peer transfers with remote twins (wire::TwinHello over the owner's endpoint).
