@@ -255,9 +255,13 @@ Endpoint::Endpoint(Domain *domain, const fi_info *info, fi_peer_transfer_context
 Endpoint::~Endpoint() {
     // Receives matched for split copies still waiting for their sender: their entries go
     // back to the owner, which is closing the endpoint they belong to.
-    if (srx_)
+    if (srx_) {
         for (auto &[id, split] : splits_)
             if (split.entry) srx_->owner().free_entry(split.entry);
+        // (and those of receive completions the owner's CQ never took)
+        for (; !cq_backlog_.empty(); cq_backlog_.pop_front())
+            if (cq_backlog_.front().entry) srx_->owner().free_entry(cq_backlog_.front().entry);
+    }
     for (auto &[key, link] : links_)
         if (link->wake_fd >= 0) ::close(link->wake_fd);
     if (wake_rd_ >= 0) ::close(wake_rd_);
@@ -446,7 +450,7 @@ bool Endpoint::push_gather(PeerLink &link, const LocalHeader &hdr, const iovec *
     std::vector<uint8_t> cell(sizeof hdr + wire::kLocalNameRoom + len);
     fill_cell(cell.data(), hdr, iov, count, offset, len, staged);
     if (link.backlog.empty()) ++backlogged_;
-    link.backlog.push_back(std::move(cell));
+    link.backlog.push_back(Outgoing{std::move(cell), nullptr});
     return true;
 }
 
@@ -455,7 +459,7 @@ bool Endpoint::push_gather(PeerLink &link, const LocalHeader &hdr, const iovec *
 inline bool Endpoint::try_push(PeerLink &link, const LocalHeader &hdr, const iovec *iov,
                                size_t count, size_t offset, size_t len, const uint8_t *staged) {
     if (!link.backlog.empty()) return false;
-    void *cell = link.ring->try_reserve();
+    void *cell = link.ring->try_reserve(proto_.pid);
     if (!cell) return false;
     fill_cell(static_cast<uint8_t *>(cell), hdr, iov, count, offset, len, staged);
     link.ring->publish(cell);
@@ -505,35 +509,97 @@ void Endpoint::fill_cell(uint8_t *cell, const LocalHeader &hdr, const iovec *iov
 }
 
 // A payload in as many cells as it takes (Frag, WriteFrag, ReadData): each carries its
-// offset, the last one kLocalLast (an empty payload still sends that one cell). When device
-// memory cannot be copied, an empty last cell with status FI_EIO ends the message instead
-// (the receiver drops what it assembled) and the result is false.
-bool Endpoint::push_staged(PeerLink &link, LocalHeader hdr, const iovec *iov, size_t count,
-                           size_t len, const hmem::MemRef *mem) {
-    const size_t room = wire::kLocalBodyRoom;
-    size_t off = 0;
-    do {
-        hdr.offset = off;
-        hdr.size = static_cast<uint32_t>(std::min(room, len - off));
-        if (off + hdr.size == len) hdr.flags |= wire::kLocalLast;
-        if (!push_gather(link, hdr, iov, count, off, hdr.size, mem)) {
-            hdr.flags |= wire::kLocalLast;
-            hdr.size = 0;
-            hdr.status = FI_EIO;
-            push(link, hdr, nullptr, 0);
-            return false;
+// offset, the last one kLocalLast (an empty payload still sends that one cell). The cells
+// that fit go now; the rest follow from the payload's own buffers as the ring makes room
+// (flush), behind whatever waited before. `end` says what happens once it is all sent.
+void Endpoint::push_staged(PeerLink &link, LocalHeader hdr, const iovec *iov, size_t count,
+                           size_t len, const hmem::MemRef *mem, StreamEnd end) {
+    auto stream = std::make_unique<Stream>();
+    stream->hdr = hdr;
+    stream->hdr.offset = 0;
+    stream->iov.assign(iov, iov + count);
+    if (mem) stream->mem.assign(mem, mem + count);
+    stream->len = len;
+    stream->end = end;
+    int status = 0;
+    if (link.backlog.empty() && pump(link, *stream, &status)) {
+        finish_stream(*stream, status);
+        return;
+    }
+    if (link.backlog.empty()) ++backlogged_;
+    link.backlog.push_back(Outgoing{{}, std::move(stream)});
+}
+
+// The stream's next cells into the ring while it has room: true when the stream ended, with
+// *status 0 (its last cell went) or FI_EIO (a device copy failed: an empty last cell with
+// that status ends the payload instead, and the receiver drops what it assembled).
+bool Endpoint::pump(PeerLink &link, Stream &stream, int *status) {
+    LocalHeader &hdr = stream.hdr;
+    for (;;) {
+        void *reserved = link.ring->try_reserve(proto_.pid);
+        if (!reserved) return false;
+        auto *cell = static_cast<uint8_t *>(reserved);
+        const size_t off = hdr.offset;
+        hdr.size = static_cast<uint32_t>(std::min(wire::kLocalBodyRoom, stream.len - off));
+        if (off + hdr.size == stream.len) hdr.flags |= wire::kLocalLast;
+        uint8_t *body = cell + sizeof hdr + wire::kLocalNameRoom;
+        bool copied = true;
+        if (stream.mem.empty())
+            iov_gather(body, stream.iov.data(), stream.iov.size(), off, hdr.size);
+        else
+            copied = hmem::gather(body, stream.iov.data(), stream.mem.data(), stream.iov.size(),
+                                  off, hdr.size) == ssize_t(hdr.size);
+        LocalHeader out = hdr;
+        if (!copied) {
+            TANDEM_WARN(FI_LOG_EP_DATA, "device memory could not be copied for sending\n");
+            out.flags |= wire::kLocalLast;
+            out.size = 0;
+            out.status = FI_EIO;
         }
-        off += hdr.size;
-    } while (off < len);
-    return true;
+        memcpy(cell, &out, sizeof out);
+        memcpy(cell + sizeof out, name_, wire::kLocalNameRoom);
+        link.ring->publish(cell);
+        notify(link);
+        if (out.flags & wire::kLocalLast) {
+            *status = out.status;
+            return true;
+        }
+        hdr.offset = off + hdr.size;
+    }
+}
+
+void Endpoint::finish_stream(const Stream &stream, int status) {
+    switch (stream.end.kind) {
+        case StreamEnd::Kind::None:
+            return;
+        case StreamEnd::Kind::CompleteTx:
+            complete_tx(stream.end.context, stream.end.flags, stream.len, status);
+            return;
+        case StreamEnd::Kind::FailPending:
+            if (status) finish_pending(stream.hdr.msg_id, status);
+            return;
+        case StreamEnd::Kind::ReadAccess:
+            if (!status && owner_ep_ops_)
+                owner_ep_ops_->access_done(owner_ep_, stream.end.rma_key, FI_REMOTE_READ);
+            return;
+    }
 }
 
 bool Endpoint::flush(PeerLink &link) {
     while (!link.backlog.empty()) {
-        void *cell = link.ring->try_reserve();
+        Outgoing &next = link.backlog.front();
+        if (next.stream) {
+            int status = 0;
+            if (!pump(link, *next.stream, &status)) return false;
+            std::unique_ptr<Stream> done = std::move(next.stream);
+            link.backlog.pop_front();
+            if (link.backlog.empty()) --backlogged_;
+            finish_stream(*done, status);
+            continue;
+        }
+        void *cell = link.ring->try_reserve(proto_.pid);
         if (!cell) return false;
-        const auto &pending = link.backlog.front();
-        memcpy(cell, pending.data(), pending.size());
+        memcpy(cell, next.cell.data(), next.cell.size());
         link.ring->publish(cell);
         link.backlog.pop_front();
         if (link.backlog.empty()) --backlogged_;
@@ -565,7 +631,8 @@ int Endpoint::arm() {
     SegmentInfo *info = info_of(*segment_);
     __atomic_store_n(&info->armed, 1u, __ATOMIC_RELAXED);
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    bool pending = inbox_->peek() != nullptr || !tx_done_.empty() || backlogged_;
+    bool pending =
+        inbox_->peek() != nullptr || !tx_done_.empty() || !cq_backlog_.empty() || backlogged_;
     if (pending) {
         char byte = 0;
         (void)!::write(wake_wr_, &byte, 1);
@@ -618,6 +685,8 @@ ssize_t Endpoint::post_send(const iovec *iov, void **desc, size_t count, fi_addr
         complete_tx(context, cq_flags, len, FI_ECONNRESET);
         return 0;
     }
+    // Back-pressure: the peer's ring is full, or cells wait for room already.
+    if (!admits(*link)) return -FI_EAGAIN;
     LocalHeader hdr = message_header(len, tag, data, flags, tagged);
     // FI_DELIVERY_COMPLETE: complete when the receiver placed the data (its Fin), not when
     // the cells are written.
@@ -679,14 +748,12 @@ ssize_t Endpoint::post_send(const iovec *iov, void **desc, size_t count, fi_addr
         }
         hdr.op =
             static_cast<uint8_t>(len <= Config::get().eager_limit ? LocalOp::Eager : LocalOp::Frag);
-        bool sent;
-        if (hdr.op == static_cast<uint8_t>(LocalOp::Eager)) {
-            hdr.size = static_cast<uint32_t>(len);
-            sent = push_gather(*link, hdr, iov, count, 0, len, mem);
-        } else {
-            sent = push_staged(*link, hdr, iov, count, len, mem);
+        if (hdr.op == static_cast<uint8_t>(LocalOp::Frag)) {
+            push_staged(*link, hdr, iov, count, len, mem, send_end(ack, context, cq_flags));
+            return 0;
         }
-        if (!sent) {
+        hdr.size = static_cast<uint32_t>(len);
+        if (!push_gather(*link, hdr, iov, count, 0, len, mem)) {
             // The device could not copy it: an error completion, and nothing delivered.
             pending_.erase(hdr.msg_id);
             complete_tx(context, cq_flags, len, FI_EIO);
@@ -718,8 +785,7 @@ ssize_t Endpoint::post_send(const iovec *iov, void **desc, size_t count, fi_addr
     }
     // No cross-memory attach: stage the message through the ring, a cell at a time.
     hdr.op = static_cast<uint8_t>(LocalOp::Frag);
-    push_staged(*link, hdr, iov, count, len);
-    if (!ack) complete_tx(context, cq_flags, len, 0);
+    push_staged(*link, hdr, iov, count, len, nullptr, send_end(ack, context, cq_flags));
     return 0;
 }
 
@@ -841,6 +907,7 @@ ssize_t Endpoint::post_rma(const iovec *iov, void **desc, size_t count, const fi
         complete_tx(context, cq_flags, len, FI_ECONNRESET);
         return 0;
     }
+    if (!admits(*link)) return -FI_EAGAIN;
     LocalHeader hdr = proto_;
     hdr.flags = (write && (flags & FI_REMOTE_CQ_DATA)) ? wire::kLocalCqData : 0;
     hdr.cq_data = data;
@@ -891,7 +958,9 @@ ssize_t Endpoint::post_rma(const iovec *iov, void **desc, size_t count, const fi
         push(*link, hdr, body, n * sizeof(LocalIov));
     } else {
         hdr.op = static_cast<uint8_t>(LocalOp::WriteFrag);
-        sent = push_staged(*link, hdr, iov, count, len, device ? mem : nullptr);
+        // A failed device copy fails the write (a later Fin finds nothing to finish).
+        push_staged(*link, hdr, iov, count, len, device ? mem : nullptr,
+                    {.kind = StreamEnd::Kind::FailPending});
     }
     if (!sent) finish_pending(hdr.msg_id, FI_EIO);  // (a later Fin finds nothing to finish)
     return 0;
@@ -914,20 +983,18 @@ void Endpoint::progress() {
     if (backlogged_)
         for (auto &[key, link] : links_)
             if (!link->dead) flush(*link);
+    // Completions the owner's CQ refused earlier go first, in order.
+    while (!cq_backlog_.empty() && try_write_cq(cq_backlog_.front())) cq_backlog_.pop_front();
     while (!tx_done_.empty()) {
         TxCompletion c = tx_done_.front();
         tx_done_.pop_front();
-        if (c.err) {
-            fi_cq_err_entry e{};
-            e.op_context = c.context;
-            e.flags = c.flags;
-            e.len = c.len;
-            e.err = c.err;
-            e.prov_errno = c.err;
-            cq_->owner().writeerr(e);
-        } else {
-            cq_->owner().write(c.context, c.flags, c.len, nullptr, 0, 0, FI_ADDR_NOTAVAIL);
-        }
+        CqWrite w{.kind = c.err ? CqWrite::Kind::Error : CqWrite::Kind::Entry};
+        w.e.op_context = c.context;
+        w.e.flags = c.flags;
+        w.e.len = c.len;
+        w.e.err = c.err;
+        w.e.prov_errno = c.err;
+        write_cq(w);
     }
     // Peers' liveness every 200 ms; the clock itself only every 1024 passes (reading it on
     // every poll showed up as a tenth of a ping-pong's time).
@@ -944,13 +1011,19 @@ void Endpoint::complete_tx(void *context, uint64_t flags, size_t len, int err) {
     tx_done_.push_back({context, flags, len, err});
 }
 
-// A peer that died leaves our operations waiting on it with errors, not a hang.
+// A peer that died leaves our operations waiting on it with errors, not a hang, and no
+// cell it had claimed in our inbox without publishing it stops the cells behind.
 void Endpoint::check_peers() {
+    if (uint32_t n = inbox_->reclaim_dead(process_running))
+        TANDEM_INFO(FI_LOG_EP_DATA, "skipped %u inbox cells claimed by dead processes\n", n);
     for (auto &[key, link] : links_) {
         if (link->dead || link->segment.owner_alive()) continue;
         link->dead = true;
         if (!link->backlog.empty()) --backlogged_;
+        std::deque<Outgoing> unsent = std::move(link->backlog);
         link->backlog.clear();
+        for (const Outgoing &o : unsent)
+            if (o.stream) finish_stream(*o.stream, FI_ECONNRESET);
         TANDEM_INFO(FI_LOG_EP_DATA, "node-local peer %s died\n", key.c_str());
         for (auto it = pending_.begin(); it != pending_.end();) {
             if (it->second.link != link.get()) {
@@ -971,7 +1044,12 @@ void Endpoint::check_peers() {
             it = splits_.erase(it);
             if (split.entry) complete_rx(split.entry, split.hdr, split.n, FI_ECONNRESET, split.src);
         }
-        // What it sent behind a split write of its: nobody waits for any of it now.
+        // Its staged writes that failed here, and what it sent behind a split write of its:
+        // nobody waits for any of it now.
+        std::erase_if(failed_writes_, [&](const auto &f) {
+            auto sender = local_key(f.first.first.data(), f.first.first.size());
+            return sender && *sender == key;
+        });
         std::erase_if(deferred_, [&](const auto &d) {
             auto sender = local_key(d.first.data(), d.first.size());
             return sender && *sender == key;
@@ -1331,23 +1409,50 @@ void Endpoint::complete_rx(fi_peer_rx_entry *entry, const LocalHeader &hdr, size
     uint64_t flags = FI_RECV | ((hdr.flags & wire::kLocalTagged) ? FI_TAGGED : FI_MSG) |
                      ((hdr.flags & wire::kLocalCqData) ? FI_REMOTE_CQ_DATA : 0) |
                      (entry->flags & FI_MULTI_RECV);
-    void *buf = entry->count ? entry->iov[0].iov_base : nullptr;
+    CqWrite w{.kind = err                              ? CqWrite::Kind::Error
+                      : (entry->flags & FI_COMPLETION) ? CqWrite::Kind::Entry
+                                                       : CqWrite::Kind::None,
+              .src = src,
+              .entry = entry};
+    w.e.op_context = entry->context;
+    w.e.flags = flags;
+    w.e.len = n;
+    w.e.buf = entry->count ? entry->iov[0].iov_base : nullptr;
+    w.e.data = hdr.cq_data;
+    w.e.tag = hdr.tag;
     if (err) {
-        fi_cq_err_entry e{};
-        e.op_context = entry->context;
-        e.flags = flags;
-        e.len = n;
-        e.buf = buf;
-        e.data = hdr.cq_data;
-        e.tag = hdr.tag;
-        e.olen = hdr.total - n;
-        e.err = err;
-        e.prov_errno = err;
-        cq_->owner().writeerr(e);
-    } else if (entry->flags & FI_COMPLETION) {
-        cq_->owner().write(entry->context, flags, n, buf, hdr.cq_data, hdr.tag, src);
+        w.e.olen = hdr.total - n;
+        w.e.err = err;
+        w.e.prov_errno = err;
     }
-    srx_->owner().free_entry(entry);
+    write_cq(w);
+}
+
+// A completion to the owner's CQ, behind those it refused before (kept, in order, and
+// written again at the next progress: the owner handles its CQ's overflow, fi_peer(3)).
+void Endpoint::write_cq(const CqWrite &w) {
+    if (cq_backlog_.empty() && try_write_cq(w)) return;
+    if (cq_backlog_.empty())
+        TANDEM_DEBUG(FI_LOG_CQ, "the owner's CQ is full: completions wait for room\n");
+    cq_backlog_.push_back(w);
+}
+
+// False when the owner's CQ has no room now (-FI_EAGAIN); the entry of a receive goes back
+// to the owner once its completion is written. Any other refusal is final for that
+// completion: reported in the log, not retried for ever ahead of all the others.
+bool Endpoint::try_write_cq(const CqWrite &w) {
+    ssize_t ret = 0;
+    if (w.kind == CqWrite::Kind::Error)
+        ret = cq_->owner().writeerr(w.e);
+    else if (w.kind == CqWrite::Kind::Entry)
+        ret = cq_->owner().write(w.e.op_context, w.e.flags, w.e.len, w.e.buf, w.e.data, w.e.tag,
+                                 w.src);
+    if (ret == -FI_EAGAIN) return false;
+    if (ret)
+        TANDEM_WARN(FI_LOG_CQ, "the owner's CQ refused a completion (context %p, flags %#lx): %s\n",
+                    w.e.op_context, (unsigned long)w.e.flags, fi_strerror(int(-ret)));
+    if (w.entry) srx_->owner().free_entry(w.entry);
+    return true;
 }
 
 // Sender side of a split copy: write our part into the receiver's buffer.
@@ -1593,19 +1698,18 @@ void Endpoint::finish_pending(uint64_t msg_id, int status) {
         hdr.cq_data = p.data;
         hdr.total = p.len;
         hdr.msg_id = msg_id;
+        // FI_DELIVERY_COMPLETE: complete at the receiver's Fin for the staged copy.
+        if (p.ack) hdr.flags |= wire::kLocalAckReq;
+        PeerLink &link = *p.link;
+        std::vector<iovec> iov = p.iov;
+        std::vector<hmem::MemRef> mem = p.mem;
+        StreamEnd end = send_end(p.ack, p.context, p.flags);
         if (p.ack) {
-            // FI_DELIVERY_COMPLETE: complete at the receiver's Fin for the staged copy.
-            hdr.flags |= wire::kLocalAckReq;
-            if (push_staged(*p.link, hdr, p.iov.data(), p.iov.size(), p.len, p.mem.data())) {
-                p.ipc = false;
-                pending_[msg_id] = std::move(p);
-                return;
-            }
-            status = FI_EIO;
-        } else {
-            bool sent = push_staged(*p.link, hdr, p.iov.data(), p.iov.size(), p.len, p.mem.data());
-            status = sent ? 0 : FI_EIO;
+            p.ipc = false;
+            pending_[msg_id] = std::move(p);
         }
+        push_staged(link, hdr, iov.data(), iov.size(), hdr.total, mem.data(), end);
+        return;
     } else if (p.ipc && status == FI_EOPNOTSUPP) {
         // FI_HMEM_P2P_REQUIRED: no staged copy. The receiver is holding its receive for
         // one: an empty last fragment carrying the error releases it.
@@ -1632,17 +1736,40 @@ int Endpoint::resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access, 
 
 // RMA at the target: the key is checked by the owner, the copy is ours.
 void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const uint8_t *body) {
-    if (hdr.status) return;  // the initiator could not copy its memory and failed the write
     auto op = static_cast<LocalOp>(hdr.op);
+    const bool fragment = op == LocalOp::WriteFrag;
+    const bool last = !fragment || (hdr.flags & wire::kLocalLast);
+    // A staged write whose earlier fragment failed: the rest are not placed, and its last
+    // fragment reports that first error, once. Nothing of a failed write counts as done.
+    if (fragment && !failed_writes_.empty()) {
+        auto failed = failed_writes_.find(std::make_pair(std::string(sender), hdr.msg_id));
+        if (failed != failed_writes_.end()) {
+            if (last || hdr.status) {
+                int status = failed->second;
+                failed_writes_.erase(failed);
+                if (!hdr.status) finish_rma(hdr, sender, status);
+            }
+            return;
+        }
+    }
+    if (hdr.status) return;  // the initiator could not copy its memory and failed the write
+    // The operation failed here: the initiator hears of it once, from the last fragment of a
+    // staged write (see above), at once otherwise.
+    auto fail = [&](int status) {
+        if (last)
+            answer(sender, hdr.msg_id, status);
+        else
+            failed_writes_.emplace(std::make_pair(std::string(sender), hdr.msg_id), status);
+    };
     bool write = op != LocalOp::Read;
     uint64_t access = write ? FI_REMOTE_WRITE : FI_REMOTE_READ;
     // The key is checked against the whole operation, also for each fragment of a staged
     // write: a write that runs past the region is refused whole, none of its fragments land.
     const size_t len = hdr.total;
-    const size_t at = op == LocalOp::WriteFrag ? hdr.offset : 0;
-    if (op == LocalOp::WriteFrag && (hdr.offset > len || hdr.size > len - hdr.offset)) {
+    const size_t at = fragment ? hdr.offset : 0;
+    if (fragment && (hdr.offset > len || hdr.size > len - hdr.offset)) {
         TANDEM_WARN(FI_LOG_EP_DATA, "dropping a write fragment outside its write\n");
-        answer(sender, hdr.msg_id, FI_EINVAL);
+        fail(FI_EINVAL);
         return;
     }
     iovec pieces[kMaxRmaPieces];
@@ -1650,7 +1777,7 @@ void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const
     size_t npieces = kMaxRmaPieces;
     int ret = resolve(hdr.rma_key, hdr.rma_addr, len, access, pieces, pmem, &npieces);
     if (ret) {
-        answer(sender, hdr.msg_id, ret == -FI_ENOSYS ? FI_EOPNOTSUPP : FI_EACCES);
+        fail(ret == -FI_ENOSYS ? FI_EOPNOTSUPP : FI_EACCES);
         return;
     }
     int status = 0;
@@ -1658,7 +1785,6 @@ void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const
     iovec remote[wire::kLocalMaxIov];
     for (size_t i = 0; i < hdr.iov_count; ++i)
         remote[i] = {reinterpret_cast<void *>(remote_iov[i].addr), remote_iov[i].length};
-    bool last = true;
     // A target region in device memory: its device copies (CMA cannot reach it).
     bool device = !hmem::all_host(pmem, npieces);
     auto place = [&](const uint8_t *from, size_t k) {
@@ -1702,9 +1828,8 @@ void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const
             break;
         case LocalOp::WriteFrag:
             status = place(body, hdr.size);
-            last = hdr.flags & wire::kLocalLast;
-            if (status && !last) {
-                answer(sender, hdr.msg_id, status);  // (a later fragment may answer again)
+            if (status) {
+                fail(status);
                 return;
             }
             break;
@@ -1721,8 +1846,9 @@ void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const
                 out.op = static_cast<uint8_t>(LocalOp::ReadData);
                 out.msg_id = hdr.msg_id;
                 out.total = len;
-                push_staged(*link, out, pieces, npieces, len, device ? pmem : nullptr);
-                if (owner_ep_ops_) owner_ep_ops_->access_done(owner_ep_, hdr.rma_key, access);
+                // The access counts once the data is sent, not when a device copy failed.
+                push_staged(*link, out, pieces, npieces, len, device ? pmem : nullptr,
+                            {.kind = StreamEnd::Kind::ReadAccess, .rma_key = hdr.rma_key});
                 return;
             }
             status = FI_EIO;
@@ -1742,9 +1868,11 @@ void Endpoint::finish_rma(const LocalHeader &hdr, std::string_view sender, int s
     uint64_t access = write ? FI_REMOTE_WRITE : FI_REMOTE_READ;
     if (!status && owner_ep_ops_) owner_ep_ops_->access_done(owner_ep_, hdr.rma_key, access);
     if (!status && write && (hdr.flags & wire::kLocalCqData)) {
-        fi_addr_t src = source_of(sender);
-        cq_->owner().write(nullptr, FI_RMA | FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA, hdr.total,
-                           nullptr, hdr.cq_data, 0, src);
+        CqWrite w{.kind = CqWrite::Kind::Entry, .src = source_of(sender)};
+        w.e.flags = FI_RMA | FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA;
+        w.e.len = hdr.total;
+        w.e.data = hdr.cq_data;
+        write_cq(w);
     }
     answer(sender, hdr.msg_id, status);
 }

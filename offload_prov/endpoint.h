@@ -110,6 +110,34 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     static int discard_held(fi_peer_rx_entry *entry);
 
   private:
+    // What happens when the last cell of a Stream is in the ring (status 0), when a device
+    // copy failed (FI_EIO: an empty last cell with that status ended the payload instead), or
+    // when the peer died first (FI_ECONNRESET).
+    struct StreamEnd {
+        enum class Kind : uint8_t {
+            None,
+            CompleteTx,   // a send nobody waits a Fin for: its completion, with the status
+            FailPending,  // an operation in pending_ (hdr.msg_id): fails on an error
+            ReadAccess,   // ReadData: the target's FI_REMOTE_READ access, on success only
+        } kind = Kind::None;
+        void *context = nullptr;  // CompleteTx
+        uint64_t flags = 0;       // CompleteTx
+        uint64_t rma_key = 0;     // ReadAccess
+    };
+    // A payload in as many cells as it takes (Frag, WriteFrag, ReadData), cut into cells as
+    // the peer's ring has room: memory for one payload in flight, not a copy of it.
+    struct Stream {
+        wire::LocalHeader hdr{};  // of its next cell (hdr.offset: where that cell starts)
+        std::vector<iovec> iov{};
+        std::vector<hmem::MemRef> mem{};  // empty: host memory
+        size_t len = 0;
+        StreamEnd end{};
+    };
+    // Waiting for room in a peer's ring, in order: a built cell, or a stream.
+    struct Outgoing {
+        std::vector<uint8_t> cell{};
+        std::unique_ptr<Stream> stream{};
+    };
     // A peer endpoint's inbox, opened on first use.
     struct PeerLink {
         std::string key;
@@ -119,7 +147,11 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         bool cma = false;
         bool dead = false;
         int wake_fd = -1;  // the peer's wake FIFO, write end, opened when first needed
-        std::deque<std::vector<uint8_t>> backlog{};  // cells waiting for room in the ring
+        // Cells and streams waiting for room in the ring. The application's operations are
+        // refused (-FI_EAGAIN) while anything waits here or the ring is full, so it holds
+        // at most one of theirs (a message whose room another producer took first) besides
+        // our answers to the peer's own operations (bounded by its transmit queue).
+        std::deque<Outgoing> backlog{};
     };
     // An operation waiting for the target's Fin (Rts, RMA) or for ReadData cells.
     struct Pending {
@@ -161,8 +193,18 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // A cell's bytes: hdr, our name, then len bytes of the list from offset (or of staged).
     void fill_cell(uint8_t *cell, const wire::LocalHeader &hdr, const iovec *iov, size_t count,
                    size_t offset, size_t len, const uint8_t *staged) const;
-    bool push_staged(PeerLink &link, wire::LocalHeader hdr, const iovec *iov, size_t count,
-                     size_t len, const hmem::MemRef *mem = nullptr);
+    void push_staged(PeerLink &link, wire::LocalHeader hdr, const iovec *iov, size_t count,
+                     size_t len, const hmem::MemRef *mem, StreamEnd end);
+    bool pump(PeerLink &link, Stream &stream, int *status);
+    // A staged send's end: at the receiver's Fin (FI_DELIVERY_COMPLETE), else when sent.
+    static StreamEnd send_end(bool ack, void *context, uint64_t flags) {
+        if (ack) return {.kind = StreamEnd::Kind::FailPending};
+        return {.kind = StreamEnd::Kind::CompleteTx, .context = context, .flags = flags};
+    }
+    void finish_stream(const Stream &stream, int status);
+    bool admits(const PeerLink &link) const {
+        return link.backlog.empty() && link.ring->has_room();
+    }
     bool flush(PeerLink &link);
     PeerLink *link_to(std::string_view sender);
     void notify(PeerLink &link);
@@ -193,6 +235,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     fi_addr_t source_of(std::string_view sender);
     void check_peers();
     void complete_tx(void *context, uint64_t flags, size_t len, int err);
+    struct CqWrite;
+    void write_cq(const CqWrite &w);
+    bool try_write_cq(const CqWrite &w);
     int resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access, iovec *iov,
                 hmem::MemRef *mem, size_t *count);
     void enable();
@@ -250,6 +295,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         size_t ntarget;
     };
     std::map<std::pair<std::string, uint64_t>, Split> splits_;
+    // Staged writes (WriteFrag) whose fragment failed here, by initiator and id: the first
+    // error, reported at their last fragment.
+    std::map<std::pair<std::string, uint64_t>, int> failed_writes_;
     // Initiators with an RMA write split in progress (keyed by their address bytes): what
     // else they send waits here, in order, until their WriteDone, so that a later message,
     // read or write of theirs never overtakes the write (FI_ORDER_SAW, RAW, WAW).
@@ -265,6 +313,14 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         int err;
     };
     RingQueue<TxCompletion> tx_done_;
+    // A completion for the owner's CQ (and a receive's entry to hand back once it is written).
+    struct CqWrite {
+        enum class Kind : uint8_t { Entry, Error, None /* only the entry goes back */ } kind;
+        fi_cq_err_entry e{};  // the fields of either kind of completion
+        fi_addr_t src = FI_ADDR_NOTAVAIL;
+        fi_peer_rx_entry *entry = nullptr;
+    };
+    RingQueue<CqWrite> cq_backlog_;  // refused by the owner's CQ (-FI_EAGAIN), in order
     uint64_t next_id_ = 1;
     uint64_t passes_ = 0;
     // Peer transfers with remote twins (wire::TwinHello over the owner's endpoint).

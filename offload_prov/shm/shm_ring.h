@@ -7,18 +7,20 @@
 //   free for the producer of position p      when sequence == p,
 //   published, waiting for the consumer      when sequence == p + 1,
 //   and handed to the next lap by the consumer by setting sequence = p + cells.
-// Producers claim positions by advancing `tail` with a compare-exchange; the consumer alone
-// advances `head`. Positions are 64-bit and never wrap in practice.
+// The consumer alone advances `head`. Positions are 64-bit and never wrap in practice.
+//
+// A producer claims position p by stamping the cell's owner word (an array of its own, away
+// from the line the consumer polls) with its pid and p, in one compare-exchange; `tail` then
+// moves past p, by the claimant or by any producer that finds p stamped (so a claimant that
+// dies right after its stamp does not stop the others). A claimed cell therefore always
+// names its producer, and a producer that dies between try_reserve() and publish() can be
+// told from a slow one: reclaim_dead() hands such a cell back to the next lap, and the
+// consumer moves on to the cells behind it. Without that, the consumer would stop at that
+// cell for ever and producers would stop once the ring is full.
 //
 // Everything in the ring is an offset from the ring itself, never a pointer, because each
-// process maps the memory at its own address.
-//
-// A producer that dies between try_reserve() and publish() leaves its cell's sequence at
-// "free for position p" forever: the consumer stops at that cell (peek() keeps returning
-// nullptr even though later cells may be published) and producers stop once the ring is
-// full. Nothing in the ring can tell that cell from a slow producer's, so the provider
-// watches its peers (ShmSegment::owner_alive) and treats a dead producer as fatal for the
-// queue. Peers are the same user (the segment is 0600) and trusted not to scribble on it.
+// process maps the memory at its own address. Peers are the same user (the segment is 0600)
+// and trusted not to scribble on it.
 #pragma once
 
 #include <atomic>
@@ -26,6 +28,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <new>
+#include <sys/types.h>
 #include <type_traits>
 
 namespace tandem {
@@ -45,7 +48,7 @@ class ShmRing {
     static size_t bytes_for(uint32_t cells, uint32_t cell_size) {
         if (cells < 2 || cells > kMaxCells || (cells & (cells - 1)) != 0) return 0;
         if (cell_size == 0 || cell_size > kMaxCellSize) return 0;
-        return sizeof(ShmRing) + size_t(cells) * stride_for(cell_size);
+        return sizeof(ShmRing) + size_t(cells) * stride_for(cell_size) + owners_bytes(cells);
     }
 
     // Builds an empty ring in `mem` (kCacheLine-aligned, bytes_for(cells, cell_size) long).
@@ -58,10 +61,14 @@ class ShmRing {
         ring->cell_size_ = cell_size;
         ring->cell_stride_ = uint32_t(stride_for(cell_size));
         ring->cells_offset_ = sizeof(ShmRing);
+        ring->owners_offset_ = sizeof(ShmRing) + uint64_t(cells) * ring->cell_stride_;
         ring->tail_.store(0, std::memory_order_relaxed);
         ring->head_.store(0, std::memory_order_relaxed);
-        for (uint32_t i = 0; i < cells; ++i)
+        for (uint32_t i = 0; i < cells; ++i) {
             new (ring->cell_at(i)) Cell{i};  // cell i is free for position i
+            // Claimed by nobody, for the position of the lap before.
+            new (&ring->owner_at(i)) std::atomic<uint64_t>(stamp(uint64_t(i) - cells, 0));
+        }
         // Release: a process that sees the magic (acquire in attach) sees the whole layout.
         ring->magic_.store(kMagic, std::memory_order_release);
         return ring;
@@ -75,7 +82,9 @@ class ShmRing {
         if (ring->magic_.load(std::memory_order_acquire) != kMagic) return nullptr;
         if (ring->version_ != kVersion || ring->cells_offset_ != sizeof(ShmRing) ||
             bytes_for(ring->cell_count_, ring->cell_size_) == 0 ||
-            ring->cell_stride_ != stride_for(ring->cell_size_))
+            ring->cell_stride_ != stride_for(ring->cell_size_) ||
+            ring->owners_offset_ !=
+                sizeof(ShmRing) + uint64_t(ring->cell_count_) * ring->cell_stride_)
             return nullptr;
         return ring;
     }
@@ -85,11 +94,11 @@ class ShmRing {
         return ring;
     }
 
-    // Producer (any thread of any process): claims the next cell and returns its payload
-    // area (cell_size() bytes, 16-byte aligned), or nullptr when the ring is full. The cell
-    // reaches the consumer when publish() is called on it; cells published out of claim
-    // order are still consumed in claim order.
-    void *try_reserve() {
+    // Producer (any thread of any process `producer`, its pid): claims the next cell and
+    // returns its payload area (cell_size() bytes, 16-byte aligned), or nullptr when the ring
+    // is full. The cell reaches the consumer when publish() is called on it; cells published
+    // out of claim order are still consumed in claim order.
+    void *try_reserve(pid_t producer) {
         // Relaxed: tail is only a hint of where to try; the sequence check below decides.
         uint64_t position = tail_.load(std::memory_order_relaxed);
         for (;;) {
@@ -99,19 +108,35 @@ class ShmRing {
             // so writing the new one cannot overwrite bytes still being read.
             uint64_t sequence = cell->sequence.load(std::memory_order_acquire);
             auto lag = int64_t(sequence - position);
+            if (lag < 0) return nullptr;  // the cell still holds the previous lap's entry: full
             if (lag == 0) {
-                // Relaxed: the exchange only decides which producer owns the position; no
-                // data is published through tail (that happens through the cell's sequence).
-                // On failure `position` is reloaded with the current tail.
-                if (tail_.compare_exchange_weak(position, position + 1, std::memory_order_relaxed))
+                // Free for this position: whoever stamps the owner word first owns it. The
+                // word still holds the stamp of the lap before while nobody has; expecting
+                // exactly that keeps a producer whose view is a lap old (the cell claimed,
+                // consumed and claimed again meanwhile) from stamping over a newer claim.
+                // Relaxed: the stamp only decides who owns the position and names the owner
+                // for reclaim_dead; the payload is published through the cell's sequence.
+                std::atomic<uint64_t> &owner = owner_at(position);
+                uint64_t word = owner.load(std::memory_order_relaxed);
+                if (uint32_t(word >> 32) == uint32_t(position - cell_count_) &&
+                    owner.compare_exchange_strong(word, stamp(position, producer),
+                                                  std::memory_order_relaxed)) {
+                    advance_tail(position);
                     return payload_of(cell);
-            } else if (lag < 0) {
-                return nullptr;  // the cell still holds the previous lap's entry: full
-            } else {
-                // Another producer claimed this position already; start from the new tail.
-                position = tail_.load(std::memory_order_relaxed);
+                }
             }
+            // The position is someone else's (stamped, or already published or consumed):
+            // tail moves past it, by us if its claimant has not done it yet.
+            advance_tail(position);
+            position = tail_.load(std::memory_order_relaxed);
         }
+    }
+
+    // Producer's hint: whether try_reserve would find a free cell now (another producer may
+    // take it first).
+    bool has_room() const {
+        uint64_t position = tail_.load(std::memory_order_relaxed);
+        return int64_t(cell_at(position)->sequence.load(std::memory_order_acquire) - position) >= 0;
     }
 
     // Producer: hands the cell returned by try_reserve() to the consumer.
@@ -149,6 +174,27 @@ class ShmRing {
         head_.store(position + 1, std::memory_order_relaxed);
     }
 
+    // Consumer: hands the oldest cells back to the next lap while they were claimed by a
+    // producer that died before publishing them (`is_alive(pid)` false for their claimant),
+    // so that the cells published behind them can be consumed. Returns how many it skipped.
+    // A live claimant's cell, or an unclaimed or published one, stops it.
+    template <class IsAlive>
+    uint32_t reclaim_dead(IsAlive &&is_alive) {
+        uint32_t reclaimed = 0;
+        for (;;) {
+            uint64_t position = head_.load(std::memory_order_relaxed);
+            Cell *cell = cell_at(position);
+            if (cell->sequence.load(std::memory_order_acquire) != position) return reclaimed;
+            // Relaxed: a stale word (the lap before) only makes us leave the cell for now.
+            uint64_t word = owner_at(position).load(std::memory_order_relaxed);
+            if (!claimed_for(word, position) || is_alive(pid_t(uint32_t(word)))) return reclaimed;
+            // As release() does; the dead producer will not write the payload any more.
+            cell->sequence.store(position + cell_count_, std::memory_order_release);
+            head_.store(position + 1, std::memory_order_relaxed);
+            ++reclaimed;
+        }
+    }
+
     // Payload bytes that share the cache line of the cell's sequence number (the line the
     // consumer polls).
     static constexpr size_t kFirstLinePayload = kCacheLine - 16;
@@ -158,7 +204,8 @@ class ShmRing {
 
   private:
     static constexpr uint64_t kMagic = 0x54414e44454d5251ULL;  // "TANDEMRQ"
-    static constexpr uint32_t kVersion = 1;
+    // 2: owner words (claims that name their producer).
+    static constexpr uint32_t kVersion = 2;
     // The sequence number sits in front of each payload; 16 keeps payloads aligned for any
     // scalar type.
     static constexpr size_t kPayloadOffset = 16;
@@ -176,12 +223,31 @@ class ShmRing {
     static size_t stride_for(uint32_t cell_size) {
         return (kPayloadOffset + cell_size + kCacheLine - 1) / kCacheLine * kCacheLine;
     }
+    // The owner words: one per cell, 8 to a line, after the cells.
+    static size_t owners_bytes(uint32_t cells) {
+        return (size_t(cells) * sizeof(uint64_t) + kCacheLine - 1) / kCacheLine * kCacheLine;
+    }
+    // An owner word: the low 32 bits of the position claimed and the claimant's pid (0: none).
+    static uint64_t stamp(uint64_t position, pid_t producer) {
+        return uint64_t(uint32_t(position)) << 32 | uint32_t(producer);
+    }
+    static bool claimed_for(uint64_t word, uint64_t position) {
+        return uint32_t(word >> 32) == uint32_t(position) && uint32_t(word) != 0;
+    }
+    void advance_tail(uint64_t position) {
+        // Relaxed: only moves the hint past a claimed position (see try_reserve).
+        tail_.compare_exchange_strong(position, position + 1, std::memory_order_relaxed);
+    }
     static bool aligned(const void *mem) {
         return mem && reinterpret_cast<uintptr_t>(mem) % kCacheLine == 0;
     }
-    Cell *cell_at(uint64_t position) {
-        char *cells = reinterpret_cast<char *>(this) + cells_offset_;
+    Cell *cell_at(uint64_t position) const {
+        char *cells = const_cast<char *>(reinterpret_cast<const char *>(this)) + cells_offset_;
         return reinterpret_cast<Cell *>(cells + (position & (cell_count_ - 1)) * cell_stride_);
+    }
+    std::atomic<uint64_t> &owner_at(uint64_t position) {
+        char *owners = reinterpret_cast<char *>(this) + owners_offset_;
+        return reinterpret_cast<std::atomic<uint64_t> *>(owners)[position & (cell_count_ - 1)];
     }
     static void *payload_of(Cell *cell) { return reinterpret_cast<char *>(cell) + kPayloadOffset; }
     Cell *cell_of(void *payload) {
@@ -201,6 +267,7 @@ class ShmRing {
     uint32_t cell_size_;
     uint32_t cell_stride_;
     uint64_t cells_offset_;
+    uint64_t owners_offset_;
     // Line 1: contended by every producer.
     alignas(kCacheLine) std::atomic<uint64_t> tail_;
     // Line 2: the consumer's alone, so producers' traffic on tail does not slow it down.

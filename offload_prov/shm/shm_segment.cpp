@@ -134,6 +134,10 @@ bool same_object(const std::string &name, dev_t dev, ino_t ino) {
 
 }  // namespace
 
+bool process_running(pid_t pid) {
+    return process_alive(pid, 0);
+}
+
 ShmSegment ShmSegment::create(const std::string &name, size_t size) {
     check_name(name, "segment name");
     if (size == 0 || size > size_t(std::numeric_limits<off_t>::max()) - kHeaderSize)

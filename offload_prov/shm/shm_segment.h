@@ -49,6 +49,10 @@ static_assert(std::is_standard_layout_v<ShmSegmentHeader>);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
 static_assert(sizeof(ShmSegmentHeader) == 48);
 
+// Whether process `pid` still runs (exists and is no zombie). For a pid a peer stamped into a
+// shared ring: without its start time a recycled pid counts as alive (the safe answer).
+bool process_running(pid_t pid);
+
 class ShmSegment {
   public:
     // The caller's bytes start here, one cache line in, so whatever is placed there (a

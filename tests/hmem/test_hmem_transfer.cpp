@@ -2760,6 +2760,121 @@ TEST(Rma, DeviceWritePastTheRegionWritesNothing) {
         });
 }
 
+// A staged write into the target's device memory whose copy there faults in mid-write (on
+// a fragment after two good ones): the write fails at the initiator with FI_EIO, and the
+// target reports nothing of it (a failed write delivers no remote CQ data). The next write's
+// data is the first the target sees, and its region then holds the whole of it.
+TEST(DriverErrors, CopyFaultAtTheTargetOfAWriteReportsNoRemoteData) {
+    REQUIRE_EMULATOR("failure injection");
+    if (net_variant())
+        GTEST_SKIP() << "node-local staged writes: over the TCP link such a fault at the target "
+                        "fails the write with FI_ECONNRESET instead of FI_EIO (a link matter)";
+    const size_t len = 1 * MiB;
+    auto initiator = [len](Role &r) {
+        Buf src;
+        Node n(r);
+        fid_mr *mr = staged_device_buffer(r, n, src, len, kSeedData);
+        R_TRY(mr);
+        uint64_t addr = 0, key = 0;
+        R_TRY(take_region(r, n, addr, key));
+        fi_context faulted{}, good{};
+        Comp c;
+        R_POST(r, n,
+               fi_writedata(n.ep, src.ptr(), len, fi_mr_desc(mr), 1, n.peer, addr, key, &faulted));
+        R_TRY(n.wait(&faulted, c, "the completion of the write that faults at the target"));
+        R_CHECK(r, c.err && c.ee.err == FI_EIO,
+                "a write whose copy faulted at the target: ", show(c));
+        R_POST(r, n,
+               fi_writedata(n.ep, src.ptr(), len, fi_mr_desc(mr), 2, n.peer, addr, key, &good));
+        R_TRY(n.wait(&good, c, "the second write's completion"));
+        R_CHECK(r, !c.err, "the write after the fault failed: ", show(c));
+        R_TRY(n.tell("written"));
+        n.bye();
+    };
+    auto target = [len](Role &r) {
+        R_TRY(cuda_up(r));
+        Buf region;
+        R_TRY(region.alloc(r, len, true));
+        R_TRY(region.fill(r, kSeedStale));
+        Node n(r);
+        R_TRY(n.open());
+        R_TRY(n.enable() && n.connect());
+        // Armed before the initiator learns where to write.
+        R_TRY(fail_next(r, EMUCUDA_FAIL_COPY, CUDA_ERROR_ILLEGAL_ADDRESS, 2));
+        R_TRY(offer_region(n, region));
+        R_TRY(n.expect("written"));
+        Comp c;
+        R_TRY(n.wait(nullptr, c, "remote CQ data"));
+        R_CHECK(r, !c.err && (c.e.flags & FI_REMOTE_CQ_DATA) && c.e.data == 2,
+                "the first remote CQ data must be the good write's (2): ", show(c), ", data ",
+                c.e.data);
+        region.check(r, kSeedData, "the target's region after the good write");
+        n.bye();
+    };
+    run_roles({{"initiator", initiator, {}}, {"target", target, {}}});
+}
+
+// A read of the target's device memory, staged back in cells, whose copy there faults in
+// mid-read: the read fails at the initiator with FI_EIO, and the target's FI_REMOTE_READ
+// counter (FI_RMA_EVENT) counts only the good read that follows.
+TEST(DriverErrors, CopyFaultAtTheTargetOfAReadCountsNoRemoteRead) {
+    REQUIRE_EMULATOR("failure injection");
+    if (net_variant())
+        GTEST_SKIP() << "node-local staged reads: over the TCP link the target streams reads "
+                        "of device memory in link chunks";
+    const size_t len = 1 * MiB;
+    auto initiator = [len](Role &r) {
+        R_TRY(cuda_up(r));
+        Buf dst;
+        R_TRY(dst.alloc(r, len, false));
+        Node n(r);
+        R_TRY(n.open());
+        R_TRY(n.enable() && n.connect());
+        fid_mr *mr = n.reg(dst);
+        R_TRY(mr);
+        uint64_t addr = 0, key = 0;
+        R_TRY(take_region(r, n, addr, key));
+        fi_context faulted{}, good{};
+        Comp c;
+        R_POST(r, n, fi_read(n.ep, dst.ptr(), len, fi_mr_desc(mr), n.peer, addr, key, &faulted));
+        R_TRY(n.wait(&faulted, c, "the completion of the read that faults at the target"));
+        R_CHECK(r, c.err && c.ee.err == FI_EIO,
+                "a read whose copy faulted at the target: ", show(c));
+        R_POST(r, n, fi_read(n.ep, dst.ptr(), len, fi_mr_desc(mr), n.peer, addr, key, &good));
+        R_TRY(n.wait(&good, c, "the second read's completion"));
+        R_CHECK(r, !c.err, "the read after the fault failed: ", show(c));
+        dst.check(r, kSeedData, "the data of the good read");
+        R_TRY(n.tell("read"));
+        n.bye();
+    };
+    auto target = [len](Role &r) {
+        R_TRY(cuda_up(r));
+        Buf region;
+        R_TRY(region.alloc(r, len, true));
+        R_TRY(region.fill(r, kSeedData));
+        Node n(r);
+        R_TRY(n.open(kCaps | FI_RMA_EVENT));
+        fi_cntr_attr attr{};
+        attr.events = FI_CNTR_EVENTS_COMP;
+        fid_cntr *reads = nullptr;
+        R_REQUIRE(r, fi_cntr_open(n.domain, &attr, &reads, nullptr) == 0, "fi_cntr_open");
+        R_REQUIRE(r, fi_ep_bind(n.ep, &reads->fid, FI_REMOTE_READ) == 0, "binding the counter");
+        R_TRY(n.enable() && n.connect());
+        // Armed before the initiator learns where to read.
+        R_TRY(fail_next(r, EMUCUDA_FAIL_COPY, CUDA_ERROR_ILLEGAL_ADDRESS, 2));
+        R_TRY(offer_region(n, region));
+        R_TRY(n.expect("read"));
+        uint64_t counted = fi_cntr_read(reads);
+        R_CHECK(r, counted == 1, "remote reads counted: ", counted, " (only the good one is)");
+        n.bye();
+        // The counter goes after the endpoint bound to it, before the domain.
+        R_CHECK(r, fi_close(&n.ep->fid) == 0, "closing the endpoint");
+        n.ep = nullptr;
+        R_CHECK(r, fi_close(&reads->fid) == 0, "closing the counter");
+    };
+    run_roles({{"initiator", initiator, {}}, {"target", target, {}}});
+}
+
 TEST(DriverErrors, CopyFaultAtTheReceiver64B) {
     REQUIRE_EMULATOR("failure injection");
     run_copy_fault(false, 64);

@@ -385,7 +385,7 @@ bool produce(ShmRing &ring, uint32_t producer, uint64_t count,
     auto deadline = Clock::now() + limit;
     for (uint64_t seq = 0; seq < count; ++seq) {
         void *cell;
-        while (!(cell = ring.try_reserve())) {
+        while (!(cell = ring.try_reserve(::getpid()))) {
             if (Clock::now() > deadline) return false;
             std::this_thread::yield();
         }
@@ -439,9 +439,11 @@ TEST(ShmRing, BytesForAndInitRejectBadShapes) {
     EXPECT_EQ(ShmRing::bytes_for(8, 0), 0u);
     EXPECT_EQ(ShmRing::bytes_for(8, ShmRing::kMaxCellSize + 1), 0u);
     EXPECT_EQ(ShmRing::bytes_for(ShmRing::kMaxCells * 2, 8), 0u);
-    // Header lines plus cells of a whole number of lines each.
-    EXPECT_EQ(ShmRing::bytes_for(8, 240), 3 * 64 + 8 * 256u);
-    EXPECT_EQ(ShmRing::bytes_for(8, 256), 3 * 64 + 8 * 320u);
+    // Header lines, cells of a whole number of lines each, then the cells' owner words (8 B
+    // each, whole lines).
+    EXPECT_EQ(ShmRing::bytes_for(8, 240), 3 * 64 + 8 * 256u + 64);
+    EXPECT_EQ(ShmRing::bytes_for(8, 256), 3 * 64 + 8 * 320u + 64);
+    EXPECT_EQ(ShmRing::bytes_for(16, 256), 3 * 64 + 16 * 320u + 128);
 
     size_t bytes = ShmRing::bytes_for(8, 256);
     RingMemory mem(bytes + 64);
@@ -479,20 +481,21 @@ TEST(ShmRing, SingleThreadFifoFullAndEmpty) {
     for (int lap = 0; lap < 3; ++lap) {
         std::vector<void *> reserved;
         for (uint32_t i = 0; i < kCells; ++i) {
-            void *cell = ring->try_reserve();
+            void *cell = ring->try_reserve(::getpid());
             ASSERT_NE(cell, nullptr) << "lap " << lap << " cell " << i;
             EXPECT_EQ(reinterpret_cast<uintptr_t>(cell) % 16, 0u);
             std::memset(cell, lap * 16 + int(i), kCellSize);  // the whole payload
             reserved.push_back(cell);
         }
-        EXPECT_EQ(ring->try_reserve(), nullptr) << "full";
+        EXPECT_EQ(ring->try_reserve(::getpid()), nullptr) << "full";
         EXPECT_EQ(ring->peek(), nullptr) << "reserved is not published";
 
         // Published out of order, consumed in reservation order.
         for (uint32_t i = kCells - 1; i > 0; --i) ring->publish(reserved[i]);
         EXPECT_EQ(ring->peek(), nullptr) << "the oldest cell is still unpublished";
         ring->publish(reserved[0]);
-        EXPECT_EQ(ring->try_reserve(), nullptr) << "published but unconsumed is still full";
+        EXPECT_EQ(ring->try_reserve(::getpid()), nullptr)
+            << "published but unconsumed is still full";
 
         for (uint32_t i = 0; i < kCells; ++i) {
             const void *cell = ring->peek();
@@ -506,11 +509,11 @@ TEST(ShmRing, SingleThreadFifoFullAndEmpty) {
     }
 
     // With head and tail in the middle of a lap: one entry left, so kCells - 1 free cells.
-    for (int i = 0; i < 3; ++i) ring->publish(ring->try_reserve());
+    for (int i = 0; i < 3; ++i) ring->publish(ring->try_reserve(::getpid()));
     ring->release();
     ring->release();
     int reserved = 0;
-    while (void *cell = ring->try_reserve()) {
+    while (void *cell = ring->try_reserve(::getpid())) {
         ring->publish(cell);
         ++reserved;
     }
@@ -605,6 +608,79 @@ TEST(ShmRing, ThreeProducerProcessesOneConsumerThroughASegment) {
     EXPECT_EQ(got.total, kProducers * kItems);
     EXPECT_EQ(got.errors, 0u);
     for (uint32_t p = 0; p < kProducers; ++p) EXPECT_EQ(got.next[p], kItems) << "producer " << p;
+    EXPECT_EQ(ring->peek(), nullptr);
+}
+
+// A producer killed between try_reserve and publish: its cell would hold the consumer at
+// that position for ever. Once the producer is dead (and reaped), reclaim_dead skips the
+// cell and another producer's items behind it arrive, all of them and in order, and the
+// ring keeps working for the laps after.
+TEST(ShmRing, ACellClaimedByAKilledProducerIsSkipped) {
+    constexpr uint32_t kCells = 16, kCellSize = 64;
+    std::string name = unique_name("ring-dead");
+    ShmSegment seg = ShmSegment::create(name, ShmRing::bytes_for(kCells, kCellSize));
+    ShmRing *ring = ShmRing::init(seg.data(), kCells, kCellSize);
+    ASSERT_NE(ring, nullptr);
+
+    Pipe reserved;
+    Child child([&] {
+        ShmSegment opened = ShmSegment::open(name);
+        ShmRing *attached = ShmRing::attach(opened.data(), opened.data_size());
+        if (!attached || !attached->try_reserve(::getpid())) return 2;
+        reserved.send(1);
+        ::pause();  // killed here, before publishing
+        return 3;
+    });
+    ASSERT_TRUE(child.started());
+    int flag = 0;
+    ASSERT_TRUE(reserved.receive(flag)) << "the child did not reserve a cell";
+    // While it lives, its claim is respected.
+    EXPECT_EQ(ring->reclaim_dead(process_running), 0u);
+    ::kill(child.pid(), SIGKILL);
+    ASSERT_EQ(child.wait(), 128 + SIGKILL);
+
+    // Every other cell: published behind the dead one.
+    ASSERT_TRUE(produce(*ring, 0, kCells - 1, std::chrono::seconds(0)));
+    EXPECT_EQ(ring->peek(), nullptr) << "the dead producer's cell is first";
+    EXPECT_EQ(ring->reclaim_dead(process_running), 1u);
+    Consumed got = consume(*ring, 1, kCells - 1, std::chrono::seconds(2));
+    EXPECT_EQ(got.total, kCells - 1);
+    EXPECT_EQ(got.errors, 0u);
+    // Two more laps through every cell, the dead one's included.
+    bool produced = false;
+    std::thread producer([&] { produced = produce(*ring, 0, 2 * kCells); });
+    Consumed more = consume(*ring, 1, 2 * kCells);
+    producer.join();
+    EXPECT_TRUE(produced);
+    EXPECT_EQ(more.total, 2 * kCells);
+    EXPECT_EQ(more.errors, 0u);
+    EXPECT_EQ(ring->peek(), nullptr);
+}
+
+// A claimed cell whose producer lives is never skipped, however long it takes to publish.
+TEST(ShmRing, ACellClaimedByALiveProducerIsKept) {
+    constexpr uint32_t kCells = 8, kCellSize = 64;
+    RingMemory mem(ShmRing::bytes_for(kCells, kCellSize));
+    ShmRing *ring = ShmRing::init(mem.get(), kCells, kCellSize);
+    ASSERT_NE(ring, nullptr);
+    void *slow = ring->try_reserve(::getpid());
+    ASSERT_NE(slow, nullptr);
+    void *next = ring->try_reserve(::getpid());
+    ASSERT_NE(next, nullptr);
+    std::memset(next, 2, kCellSize);
+    ring->publish(next);
+    EXPECT_EQ(ring->reclaim_dead(process_running), 0u);
+    EXPECT_EQ(ring->peek(), nullptr);
+    std::memset(slow, 1, kCellSize);
+    ring->publish(slow);
+    for (unsigned char want : {1, 2}) {
+        const void *cell = ring->peek();
+        ASSERT_NE(cell, nullptr);
+        EXPECT_EQ(*static_cast<const unsigned char *>(cell), want);
+        ring->release();
+    }
+    // Nothing claimed: nothing to skip.
+    EXPECT_EQ(ring->reclaim_dead([](pid_t) { return false; }), 0u);
     EXPECT_EQ(ring->peek(), nullptr);
 }
 

@@ -1,0 +1,254 @@
+// off_tandem writing its completions into an owner's CQ that is full for a while: the peer
+// CQ's write (or writeerr) answers -FI_EAGAIN, and off_tandem must keep the completion and
+// write it again later, never drop it (fi_peer(3) leaves CQ overflow to the owner; the
+// system shm provider keeps the response queued until the write succeeds).
+//
+// The owner here is the test itself: its own fid_peer_cq, which refuses every completion's
+// first attempt, and two owner endpoints of its own (just enough of a fid_ep for the twin:
+// a name, and a tagged receive that is accepted and never completes), over tandem's AV and
+// SRX (exported, fi_export_fid) so that addressing and matching are real.
+#include <gtest/gtest.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_ext.h>
+#include <rdma/fi_tagged.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr uint64_t kOffloadProvOnly = 1ull << 61;  // OFI_OFFLOAD_PROV_ONLY (core-internal)
+
+// The owner's CQ: records what it accepts; refuses (-FI_EAGAIN) every other call, so that
+// each completion is refused once before it is taken.
+struct OwnerCq {
+    fid_peer_cq cq{};
+    fi_ops_cq_owner ops{};
+    bool refuse_next = true;
+    size_t refused = 0;
+    struct Entry {
+        bool err;
+        void *context;
+        uint64_t flags;
+        size_t len;
+        uint64_t tag;
+        fi_addr_t src;
+        int error;
+    };
+    std::vector<Entry> taken;
+
+    OwnerCq() {
+        ops.size = sizeof ops;
+        ops.write = [](fid_peer_cq *cq, void *context, uint64_t flags, size_t len, void *, uint64_t,
+                       uint64_t tag, fi_addr_t src) -> ssize_t {
+            auto *self = reinterpret_cast<OwnerCq *>(cq);
+            if (self->refuse()) return -FI_EAGAIN;
+            self->taken.push_back({false, context, flags, len, tag, src, 0});
+            return 0;
+        };
+        ops.writeerr = [](fid_peer_cq *cq, const fi_cq_err_entry *e) -> ssize_t {
+            auto *self = reinterpret_cast<OwnerCq *>(cq);
+            if (self->refuse()) return -FI_EAGAIN;
+            self->taken.push_back(
+                {true, e->op_context, e->flags, e->len, e->tag, FI_ADDR_NOTAVAIL, e->err});
+            return 0;
+        };
+        cq.fid.fclass = FI_CLASS_PEER_CQ;
+        cq.owner_ops = &ops;
+    }
+    bool refuse() {
+        bool no = refuse_next;
+        refuse_next = !refuse_next;
+        refused += no;
+        return no;
+    }
+};
+static_assert(offsetof(OwnerCq, cq) == 0);
+
+// An owner endpoint: its name (127.0.0.1 and a port held by a socket of ours, so no other
+// endpoint has the same name) and a tagged receive the twin may post.
+struct OwnerEp {
+    fid_ep ep{};
+    fi_ops fops{};
+    fi_ops_cm cm{};
+    fi_ops_tagged tagged{};
+    sockaddr_in name{};
+    int port_holder = -1;
+
+    bool open() {
+        port_holder = socket(AF_INET, SOCK_STREAM, 0);
+        name.sin_family = AF_INET;
+        name.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t len = sizeof name;
+        if (port_holder < 0 || bind(port_holder, (sockaddr *)&name, sizeof name) != 0 ||
+            getsockname(port_holder, (sockaddr *)&name, &len) != 0)
+            return false;
+        fops.size = sizeof fops;
+        fops.ops_open = [](fid *, const char *, uint64_t, void **, void *) { return -FI_ENOSYS; };
+        cm.size = sizeof cm;
+        cm.getname = [](fid_t fid, void *addr, size_t *addrlen) {
+            auto *self = reinterpret_cast<OwnerEp *>(fid);
+            size_t room = *addrlen;
+            *addrlen = sizeof self->name;
+            if (room < sizeof self->name) return -FI_ETOOSMALL;
+            memcpy(addr, &self->name, sizeof self->name);
+            return 0;
+        };
+        tagged.size = sizeof tagged;
+        tagged.recvmsg = [](fid_ep *, const fi_msg_tagged *, uint64_t) -> ssize_t { return 0; };
+        ep.fid.fclass = FI_CLASS_EP;
+        ep.fid.ops = &fops;
+        ep.cm = &cm;
+        ep.tagged = &tagged;
+        return true;
+    }
+    ~OwnerEp() {
+        if (port_holder >= 0) close(port_holder);
+    }
+};
+static_assert(offsetof(OwnerEp, ep) == 0);
+
+TEST(OffloadCq, CompletionsTheOwnersCqRefusesAreWrittenAgainNotDropped) {
+    // tandem's domain, AV and SRX; off_tandem's domain over it.
+    fi_info *hints = fi_allocinfo();
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->caps = FI_MSG | FI_TAGGED;
+    hints->fabric_attr->prov_name = strdup("tandem");
+    fi_info *all = nullptr, *tinfo = nullptr;
+    ASSERT_EQ(fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", nullptr, 0, hints, &all), 0);
+    for (fi_info *fi = all; fi && !tinfo; fi = fi->next)
+        if (strcmp(fi->fabric_attr->prov_name, "tandem") == 0) tinfo = fi_dupinfo(fi);
+    fi_freeinfo(all);
+    ASSERT_NE(tinfo, nullptr);
+    hints->mode = FI_PEER_TRANSFER;
+    free(hints->fabric_attr->prov_name);
+    hints->fabric_attr->prov_name = strdup("off_tandem");
+    fi_info *oinfo = nullptr;
+    ASSERT_EQ(fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, kOffloadProvOnly, hints, &oinfo), 0);
+    fi_freeinfo(hints);
+    fid_fabric *tfab = nullptr, *ofab = nullptr;
+    fid_domain *tdom = nullptr, *odom = nullptr;
+    ASSERT_EQ(fi_fabric(tinfo->fabric_attr, &tfab, nullptr), 0);
+    ASSERT_EQ(fi_domain(tfab, tinfo, &tdom, nullptr), 0);
+    ASSERT_EQ(fi_fabric(oinfo->fabric_attr, &ofab, nullptr), 0);
+    fi_peer_domain_context dctx{sizeof dctx, tdom};
+    ASSERT_EQ(fi_domain2(ofab, oinfo, &odom, FI_PEER, &dctx), 0);
+
+    fi_av_attr av_attr{};
+    av_attr.type = FI_AV_TABLE;
+    fid_av *tav = nullptr, *oav = nullptr;
+    ASSERT_EQ(fi_av_open(tdom, &av_attr, &tav, nullptr), 0);
+    fid *exported = nullptr;
+    ASSERT_EQ(fi_export_fid(&tav->fid, 0, &exported, nullptr), 0);
+    fi_peer_av_context avctx{sizeof avctx, reinterpret_cast<decltype(avctx.av)>(exported)};
+    fi_av_attr oav_attr{};
+    oav_attr.flags = FI_PEER;
+    ASSERT_EQ(fi_av_open(odom, &oav_attr, &oav, &avctx), 0);
+
+    fi_rx_attr rx_attr = *tinfo->rx_attr;
+    fid_ep *tsrx = nullptr, *osrx = nullptr;
+    ASSERT_EQ(fi_srx_context(tdom, &rx_attr, &tsrx, nullptr), 0);
+    ASSERT_EQ(fi_export_fid(&tsrx->fid, 0, &exported, nullptr), 0);
+    fi_peer_srx_context srxctx{sizeof srxctx, reinterpret_cast<fid_peer_srx *>(exported)};
+    fi_rx_attr orx_attr{};
+    orx_attr.op_flags = FI_PEER;
+    ASSERT_EQ(fi_srx_context(odom, &orx_attr, &osrx, &srxctx), 0);
+
+    OwnerCq owner_cq;
+    fi_peer_cq_context cqctx{sizeof cqctx, &owner_cq.cq};
+    fi_cq_attr cq_attr{};
+    cq_attr.format = FI_CQ_FORMAT_TAGGED;
+    cq_attr.flags = FI_PEER;
+    fid_cq *ocq = nullptr;
+    ASSERT_EQ(fi_cq_open(odom, &cq_attr, &ocq, &cqctx), 0);
+
+    // Two twins: a sends, b receives.
+    OwnerEp owner[2];
+    fid_ep *twin[2] = {};
+    fi_addr_t addr[2];
+    for (int i = 0; i < 2; ++i) {
+        ASSERT_TRUE(owner[i].open());
+        fi_peer_transfer_context tctx{sizeof tctx, oinfo, &owner[i].ep, nullptr};
+        ASSERT_EQ(fi_endpoint2(odom, oinfo, &twin[i], FI_PEER_TRANSFER, &tctx), 0);
+        ASSERT_EQ(fi_ep_bind(twin[i], &ocq->fid, FI_TRANSMIT | FI_RECV), 0);
+        ASSERT_EQ(fi_ep_bind(twin[i], &oav->fid, 0), 0);
+        ASSERT_EQ(fi_ep_bind(twin[i], &osrx->fid, 0), 0);
+        ASSERT_EQ(fi_enable(twin[i]), 0);
+        ASSERT_EQ(fi_av_insert(tav, &owner[i].name, 1, &addr[i], 0, nullptr), 1);
+    }
+
+    // Receives first (one of them too small: an error completion), then the messages.
+    constexpr int kMessages = 6, kShort = 3;
+    char out[kMessages][64], in[kMessages][64];
+    int send_ctx[kMessages], recv_ctx[kMessages];
+    for (int i = 0; i < kMessages; ++i) {
+        memset(out[i], 'a' + i, sizeof out[i]);
+        size_t room = i == kShort ? 16 : sizeof in[i];
+        ASSERT_EQ(fi_trecv(tsrx, in[i], room, nullptr, FI_ADDR_UNSPEC, 0x100 + i, 0, &recv_ctx[i]),
+                  0);
+    }
+    for (int i = 0; i < kMessages; ++i) {
+        iovec iov{out[i], sizeof out[i]};
+        fi_msg_tagged msg{&iov, nullptr, 1, addr[1], uint64_t(0x100 + i), 0, &send_ctx[i], 0};
+        ASSERT_EQ(fi_tsendmsg(twin[0], &msg, FI_COMPLETION), 0);
+    }
+    // The owner's progress: every completion, once.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (owner_cq.taken.size() < 2 * kMessages && std::chrono::steady_clock::now() < deadline)
+        ASSERT_EQ(fi_cq_read(ocq, nullptr, 0), 0);
+    for (int i = 0; i < 200; ++i) ASSERT_EQ(fi_cq_read(ocq, nullptr, 0), 0);  // nothing more
+
+    EXPECT_GE(owner_cq.refused, size_t(2 * kMessages));
+    ASSERT_EQ(owner_cq.taken.size(), size_t(2 * kMessages))
+        << "completions refused once by the owner's CQ were lost";
+    int sends = 0, recvs = 0;
+    for (const auto &e : owner_cq.taken) {
+        if (e.flags & FI_SEND) {
+            EXPECT_FALSE(e.err);
+            EXPECT_EQ(e.context, &send_ctx[sends]) << "send completions out of order";
+            ++sends;
+            continue;
+        }
+        ASSERT_TRUE(e.flags & FI_RECV);
+        EXPECT_EQ(e.context, &recv_ctx[recvs]) << "receive completions out of order";
+        EXPECT_EQ(e.tag, uint64_t(0x100 + recvs));
+        if (recvs == kShort) {
+            EXPECT_TRUE(e.err);
+            EXPECT_EQ(e.error, FI_ETRUNC);
+        } else {
+            EXPECT_FALSE(e.err);
+            EXPECT_EQ(e.len, sizeof in[recvs]);
+            EXPECT_EQ(e.src, addr[0]);
+            EXPECT_EQ(memcmp(in[recvs], out[recvs], sizeof in[recvs]), 0);
+        }
+        ++recvs;
+    }
+    EXPECT_EQ(sends, kMessages);
+    EXPECT_EQ(recvs, kMessages);
+
+    for (fid_ep *t : twin) EXPECT_EQ(fi_close(&t->fid), 0);
+    EXPECT_EQ(fi_close(&osrx->fid), 0);
+    EXPECT_EQ(fi_close(&oav->fid), 0);
+    EXPECT_EQ(fi_close(&ocq->fid), 0);
+    EXPECT_EQ(fi_close(&tsrx->fid), 0);
+    EXPECT_EQ(fi_close(&tav->fid), 0);
+    EXPECT_EQ(fi_close(&odom->fid), 0);
+    EXPECT_EQ(fi_close(&ofab->fid), 0);
+    EXPECT_EQ(fi_close(&tdom->fid), 0);
+    EXPECT_EQ(fi_close(&tfab->fid), 0);
+    fi_freeinfo(oinfo);
+    fi_freeinfo(tinfo);
+}
+
+}  // namespace
