@@ -412,8 +412,9 @@ Endpoint::PeerLink *Endpoint::link_for_key(const std::string &key) {
     ShmRing *ring = ShmRing::attach(static_cast<uint8_t *>(seg->data()) + sizeof(SegmentInfo),
                                     seg->data_size() - sizeof(SegmentInfo));
     if (!ring) return nullptr;
+    // Named members: PeerLink grows, and a positional {} once landed in wake_fd (0: stdin).
     auto link = std::make_unique<PeerLink>(
-        PeerLink{key, std::move(*seg), ring, info->pid, false, false, {}});
+        PeerLink{.key = key, .segment = std::move(*seg), .ring = ring, .pid = info->pid});
     link->cma =
         Config::get().cma && cma_probe(link->pid, reinterpret_cast<const void *>(info->probe_addr));
     TANDEM_INFO(FI_LOG_EP_CTRL, "node-local peer %s (pid %d), single copy by CMA: %s\n",

@@ -129,6 +129,54 @@ TEST_F(FdWaitTest, EpollOnCqFdWakesWhenMessageArrives) {
     EXPECT_EQ(check_pattern(r.data(), 128, 600), -1);
 }
 
+// The sender is in another domain, so nothing but the wake-up it sends (the peer's FIFO on the
+// node-local path, the socket over the link) can make b's descriptor readable: the domain's
+// own progress, which delivered the message in the test above, never runs for b here. A raw
+// epoll_wait has no periodic wake-up either.
+TEST_F(FdWaitTest, EpollOnCqFdWakesForASenderInAnotherDomain) {
+    Fid<fid_domain> other_domain;
+    ASSERT_FI_OK(fi_domain(fabric, info.get(), other_domain.out(), nullptr));
+    Endpoint sender;
+    fi_cq_attr cq_attr{};
+    cq_attr.format = FI_CQ_FORMAT_TAGGED;
+    ASSERT_FI_OK(fi_cq_open(other_domain, &cq_attr, sender.cq.out(), nullptr));
+    fi_av_attr av_attr{};
+    av_attr.type = FI_AV_TABLE;
+    ASSERT_FI_OK(fi_av_open(other_domain, &av_attr, sender.av.out(), nullptr));
+    ASSERT_FI_OK(fi_endpoint(other_domain, info.get(), sender.ep.out(), nullptr));
+    ASSERT_FI_OK(fi_ep_bind(sender.ep, &sender.av->fid, 0));
+    ASSERT_FI_OK(fi_ep_bind(sender.ep, &sender.cq->fid, FI_TRANSMIT | FI_RECV));
+    ASSERT_FI_OK(fi_enable(sender.ep));
+    fi_addr_t to_b = FI_ADDR_NOTAVAIL;
+    ASSERT_FI_RET(fi_av_insert(sender.av, b().name.data(), 1, &to_b, 0, nullptr), 1);
+
+    const int fd = cq_fd(b());
+    ASSERT_GE(fd, 0);
+    Epoll ep;
+    ASSERT_TRUE(ep.add(fd));
+    AlignedBuf s(64), r(64);
+    fill_pattern(s.data(), 64, 601);
+    ASSERT_FI_OK(fi_recv(b().ep, r.data(), 64, nullptr, FI_ADDR_UNSPEC, ctx(1)));
+    fid_t fids[1] = {&b().cq->fid};
+    ASSERT_EQ(fi_trywait(fabric, fids, 1), FI_SUCCESS);
+    ASSERT_FI_OK(post([&] { return fi_send(sender.ep, s.data(), 64, nullptr, to_b, ctx(0)); }));
+    // Over the link the sender's connection request reaches b's listener first, which makes
+    // b's descriptor readable as well; the rest of the message then needs both sides driven.
+    ASSERT_EQ(ep.wait(10000), 1) << "b's CQ descriptor never became readable";
+    bool received = false, sent = false;
+    fi_cq_tagged_entry e{};
+    ASSERT_TRUE(::tandem_test::poll_until([&] {
+        fi_cq_tagged_entry se{};
+        sent = sent || fi_cq_read(sender.cq, &se, 1) == 1;
+        received = received || fi_cq_read(b().cq, &e, 1) == 1;
+        return sent && received;
+    })) << "sent "
+        << sent << ", received " << received;
+    EXPECT_EQ(e.op_context, ctx(1));
+    EXPECT_EQ(check_pattern(r.data(), 64, 601), -1);
+    sender.ep.reset();
+}
+
 TEST_F(FdWaitTest, WaitNoneCqHasNoFd) {
     // A CQ opened without a wait object has nothing to hand out.
     Fid<fid_cq> cq;
