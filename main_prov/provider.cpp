@@ -109,7 +109,9 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
             if (d.cq_data_size > kMaxCqData || d.mr_key_size > 8) return false;
             if (d.av_type != FI_AV_UNSPEC && d.av_type != FI_AV_MAP && d.av_type != FI_AV_TABLE)
                 return false;
-            if (d.caps && !subset(d.caps, FI_LOCAL_COMM | FI_REMOTE_COMM | FI_SHARED_AV))
+            // Shared AVs are an RDM matter: a MSG endpoint has no AV.
+            if (d.caps && !subset(d.caps, FI_LOCAL_COMM | FI_REMOTE_COMM |
+                                              (type == FI_EP_RDM ? FI_SHARED_AV : 0)))
                 return false;
             if (d.auth_key_size) return false;
             if (d.mr_mode == FI_MR_SCALABLE && (hints->caps & FI_RMA) == 0) {
@@ -141,8 +143,12 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
     fi->addr_format = format;
 
     fi_tx_attr &tx = *fi->tx_attr;
+    // The transmit and receive attributes carry their own direction's capabilities only; the
+    // domain-level ones (FI_LOCAL_COMM, FI_REMOTE_COMM, FI_SHARED_AV) stay in caps and
+    // domain_attr->caps.
+    constexpr uint64_t kDomainCaps = FI_LOCAL_COMM | FI_REMOTE_COMM | FI_SHARED_AV;
     tx.caps = out_caps & ~uint64_t(FI_RECV | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_MULTI_RECV |
-                                   FI_SOURCE | FI_DIRECTED_RECV | FI_RMA_EVENT | FI_SHARED_AV);
+                                   FI_SOURCE | FI_DIRECTED_RECV | FI_RMA_EVENT | kDomainCaps);
     tx.mode = 0;
     tx.op_flags = hints && hints->tx_attr ? hints->tx_attr->op_flags : 0;
     tx.msg_order = kMsgOrder;
@@ -157,7 +163,7 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
     tx.rma_iov_limit = 1;
 
     fi_rx_attr &rx = *fi->rx_attr;
-    rx.caps = out_caps & ~uint64_t(FI_SEND | FI_READ | FI_WRITE | FI_SHARED_AV);
+    rx.caps = out_caps & ~uint64_t(FI_SEND | FI_READ | FI_WRITE | kDomainCaps);
     rx.mode = 0;
     rx.op_flags = hints && hints->rx_attr ? hints->rx_attr->op_flags : 0;
     rx.msg_order = kMsgOrder;
@@ -334,6 +340,10 @@ int tandem_getinfo(uint32_t version, const char *node, const char *service, uint
                 memcpy(fi->dest_addr, &dst.ss, dst.length());
                 fi->dest_addrlen = dst.length();
             }
+            // fi_getinfo(3): a passive endpoint in hints->handle comes back in info->handle,
+            // for an active endpoint that takes over its address (fi_endpoint(3)).
+            if (hints && hints->handle && hints->handle->fclass == FI_CLASS_PEP)
+                fi->handle = hints->handle;
             *tail = fi;
             tail = &fi->next;
         }

@@ -420,6 +420,52 @@ TEST(GetInfo, WildcardListenWithAServiceThroughRxm) {
     }
 }
 
+// tx_attr and rx_attr carry their direction's capabilities; FI_LOCAL_COMM, FI_REMOTE_COMM
+// and FI_SHARED_AV are the domain's (fabtests' fi_getinfo_test checks this, hints or not).
+TEST(GetInfo, TransmitAndReceiveCapsHoldNoDomainCaps) {
+    constexpr uint64_t kDomainCaps = FI_LOCAL_COMM | FI_REMOTE_COMM | FI_SHARED_AV;
+    fi_info *raw = nullptr;
+    ASSERT_FI_OK(fi_getinfo(kApiVersion, nullptr, nullptr, 0, nullptr, &raw));
+    InfoPtr all(raw);
+    for (fi_info *i = all.get(); i; i = i->next) {
+        if (!is_own(i)) continue;
+        EXPECT_EQ(i->tx_attr->caps & kDomainCaps, 0u) << i->domain_attr->name;
+        EXPECT_EQ(i->rx_attr->caps & kDomainCaps, 0u) << i->domain_attr->name;
+        EXPECT_EQ(i->tx_attr->caps & ~i->caps, 0u);
+        EXPECT_EQ(i->rx_attr->caps & ~i->caps, 0u);
+    }
+}
+
+// A shared AV is something only an RDM endpoint has: hints asking for it in domain caps get
+// RDM entries that report it, and no MSG entry.
+TEST(GetInfo, SharedAvDomainCapIsAnsweredByRdmOnly) {
+    InfoPtr hints = base_hints(FI_EP_UNSPEC);
+    hints->domain_attr->caps = FI_SHARED_AV;
+    InfoPtr list;
+    ASSERT_FI_OK(getinfo(hints.get(), &list));
+    for (fi_info *i = list.get(); i; i = i->next) {
+        EXPECT_EQ(i->ep_attr->type, FI_EP_RDM);
+        EXPECT_TRUE(i->domain_attr->caps & FI_SHARED_AV);
+    }
+}
+
+// fi_getinfo(3): a passive endpoint given in hints->handle is copied to every answer's handle.
+TEST(GetInfo, PassiveEndpointHandleIsCopied) {
+    InfoPtr hints = base_hints(FI_EP_MSG);
+    InfoPtr list;
+    ASSERT_FI_OK(getinfo(hints.get(), &list, "127.0.0.1", nullptr, FI_SOURCE));
+    Fid<fid_fabric> fabric;
+    ASSERT_FI_OK(fi_fabric(list->fabric_attr, fabric.out(), nullptr));
+    Fid<fid_pep> pep;
+    ASSERT_FI_OK(fi_passive_ep(fabric, list.get(), pep.out(), nullptr));
+    hints->handle = &pep->fid;
+    fi_info *raw = nullptr;
+    ASSERT_FI_OK(fi_getinfo(kApiVersion, "127.0.0.1", "4714", 0, hints.get(), &raw));
+    hints->handle = nullptr;
+    InfoPtr all(raw);
+    for (fi_info *i = all.get(); i; i = i->next) EXPECT_EQ(i->handle, &pep->fid);
+}
+
 // FI_MR_LOCAL / VIRT_ADDR / ALLOCATED / PROV_KEY are negotiated: whatever subset the
 // application offers, the provider answers and never requires a mode that was not offered.
 TEST(GetInfo, MrModeIsNegotiatedForEveryOfferedSubset) {
