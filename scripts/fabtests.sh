@@ -1,0 +1,280 @@
+#!/usr/bin/env bash
+# Runs libfabric's conformance suite (fabtests) against this build's providers.
+#
+#   scripts/fabtests.sh SRC_DIR [options]
+#
+# SRC_DIR is a libfabric source tree (or its fabtests/ directory) of the same version as the
+# installed libfabric, e.g. made with
+#   git -C <libfabric clone> archive v1.17.0 fabtests | tar -x -C /tmp/fabtests-src
+# Nothing of it is kept in this repository. The script installs what it needs with apt,
+# builds fabtests out of tree into <build>/fabtests, and runs the standard runner
+# (runfabtests.sh) against <build>/lib with `-p tandem` and no tuning variables, once per mode:
+#   local  both processes on 127.0.0.1, default settings (the node-local path)
+#   tcp    both processes on 127.0.0.1 with FI_TANDEM_LOCAL=0 (the TCP link)
+#   nic    both processes on this host's first non-loopback IPv4 address, default settings
+# It prints one row per test and mode, and exits non-zero when a test fails that is not on
+# scripts/fabtests-excluded.txt, or is not run (ENODATA/ENOSYS) without being on
+# scripts/fabtests-notrun.txt. docs/fabtests.md has the results and the reasons.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${BUILD_DIR:-$root/build}
+excluded_file=$root/scripts/fabtests-excluded.txt
+notrun_file=$root/scripts/fabtests-notrun.txt
+sets=quick
+modes=local,tcp,nic
+per_test_timeout=60
+nic_addr=""
+run_excluded=0
+
+usage() {
+    cat >&2 <<EOF
+usage: $0 SRC_DIR [options]
+  -b DIR        tandem build directory (default: \$BUILD_DIR or $root/build)
+  -t SETS       runner test sets, e.g. quick, standard, unit,functional (default: $sets)
+  -m MODES      comma-separated modes among local,tcp,nic (default: $modes)
+  -T SECONDS    the runner's timeout for each test program (default: $per_test_timeout)
+  -a ADDR       address for the nic mode (default: first global IPv4 of an interface up)
+  -x            also run the excluded tests (their failures are shown, not counted)
+EOF
+    exit 2
+}
+
+[ $# -ge 1 ] || usage
+src=$1
+shift
+while getopts "b:t:m:T:a:xh" opt; do
+    case $opt in
+        b) build=$(cd "$OPTARG" && pwd) ;;
+        t) sets=$OPTARG ;;
+        m) modes=$OPTARG ;;
+        T) per_test_timeout=$OPTARG ;;
+        a) nic_addr=$OPTARG ;;
+        x) run_excluded=1 ;;
+        *) usage ;;
+    esac
+done
+
+if [ -f "$src/fabtests/configure.ac" ]; then
+    src=$src/fabtests
+elif [ ! -f "$src/configure.ac" ] || ! grep -q 'AC_INIT(\[fabtests\]' "$src/configure.ac"; then
+    echo "error: $src is neither a libfabric source tree nor its fabtests directory" >&2
+    exit 2
+fi
+src=$(cd "$src" && pwd)
+[ -f "$build/lib/libtandem-fi.so" ] || {
+    echo "error: no providers in $build/lib: build tandem first (scripts/build.sh)" >&2
+    exit 2
+}
+
+# --- what the build and the runner need ------------------------------------------------------
+need=()
+for pair in autoreconf:autoconf aclocal:automake libtoolize:libtool make:make gcc:gcc \
+    pkg-config:pkg-config python3:python3 ip:iproute2 ps:procps setsid:util-linux \
+    timeout:coreutils getopt:util-linux; do
+    command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
+done
+dpkg-query -W -f='${Status}' libfabric-dev 2>/dev/null | grep -q "install ok installed" ||
+    need+=(libfabric-dev)
+if ((${#need[@]})); then
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+        $(printf '%s\n' "${need[@]}" | sort -u)
+fi
+
+# fabtests speaks to the library through its headers and ABI: use the installed version's.
+src_version=$(sed -n 's/^AC_INIT(\[fabtests\], *\[\([^]]*\)\].*/\1/p' "$src/configure.ac")
+lib_version=$(pkg-config --modversion libfabric)
+if [ "$src_version" != "$lib_version" ]; then
+    echo "error: fabtests $src_version in $src, but the installed libfabric is $lib_version" >&2
+    exit 2
+fi
+
+# --- build fabtests out of tree ------------------------------------------------------------
+ft=$build/fabtests
+bin=$ft/install/bin
+stamp="$src_version $src"
+if [ "$(cat "$ft/install/.source" 2>/dev/null)" != "$stamp" ] || [ ! -x "$bin/runfabtests.sh" ]; then
+    echo "building fabtests $src_version from $src in $ft"
+    rm -rf "$ft/src" "$ft/obj" "$ft/install"
+    mkdir -p "$ft/obj" "$ft/logs"
+    # autoreconf writes into the tree it runs in: a copy keeps SRC_DIR as it was given.
+    cp -a "$src" "$ft/src"
+    step() {
+        local name=$1
+        shift
+        if ! "$@" >"$ft/logs/$name.log" 2>&1; then
+            echo "error: fabtests $name failed; the end of $ft/logs/$name.log:" >&2
+            tail -20 "$ft/logs/$name.log" >&2
+            exit 2
+        fi
+    }
+    step autoreconf bash -c "cd '$ft/src' && mkdir -p config && autoreconf -ivf"
+    step configure bash -c "cd '$ft/obj' && ../src/configure --with-libfabric=/usr --prefix='$ft/install'"
+    step make make -C "$ft/obj" -j"$(nproc)"
+    step install make -C "$ft/obj" install
+    echo "$stamp" >"$ft/install/.source"
+fi
+
+# --- the runner's cleanup, kept to this run -------------------------------------------------
+# After a timeout runfabtests.sh kills every process whose name starts with fi_ that
+# `ps -e` lists, on the whole machine. A ps of our own, first in PATH, lists only the
+# processes of the runner's session. (A PID namespace would do it too, but tandem's
+# node-local path tells live shared-memory segments from dead ones by PID, which a
+# namespace would make disagree with the processes outside it.)
+shim=$ft/shim
+mkdir -p "$shim"
+real_ps=$(command -v ps)
+cat >"$shim/ps" <<EOF
+#!/bin/sh
+if [ "\$1" = "-eo" ] && [ -n "\${FABTESTS_SID:-}" ]; then
+    shift
+    exec $real_ps -s "\$FABTESTS_SID" -o "\$@"
+fi
+exec $real_ps "\$@"
+EOF
+chmod +x "$shim/ps"
+
+# --- patterns ---------------------------------------------------------------------------------
+# A pattern file: one regex per line (matched against the runner's test name as the runner
+# does), with the reason on the comment line just above it.
+declare -a ex_pat=() ex_why=() nr_pat=() nr_why=()
+load_patterns() {
+    local file=$1 line why=""
+    local -n pats=$2 whys=$3
+    while IFS= read -r line || [ -n "$line" ]; do
+        if [[ $line =~ ^[[:space:]]*#[[:space:]]*(.*)$ ]]; then
+            why=${BASH_REMATCH[1]}
+        elif [[ $line =~ [^[:space:]] ]]; then
+            pats+=("$line")
+            whys+=("$why")
+        fi
+    done <"$file"
+}
+load_patterns "$excluded_file" ex_pat ex_why
+load_patterns "$notrun_file" nr_pat nr_why
+
+# Prints the reason of the first pattern that matches the test, or fails.
+reason_for() {
+    local name=$1 kind=$2 i
+    local -n pats=${kind}_pat whys=${kind}_why
+    for i in "${!pats[@]}"; do
+        if [[ $name =~ ${pats[$i]} ]]; then
+            echo "${whys[$i]}"
+            return 0
+        fi
+    done
+    return 1
+}
+
+# --- run ------------------------------------------------------------------------------------
+first_global_ipv4() {
+    ip -4 -o addr show up scope global 2>/dev/null | awk '{split($4, a, "/"); print a[1]; exit}'
+}
+
+rundir=$ft/run
+mkdir -p "$rundir"
+# The user's environment is not the users' environment: no tuning, no other provider.
+for v in $(env | sed -n 's/^\(FI_TANDEM_[A-Z0-9_]*\)=.*/\1/p'); do unset "$v"; done
+unset FI_PROVIDER FI_PROVIDER_PATH
+
+declare -a ran_modes=()
+IFS=, read -ra mode_list <<<"$modes"
+for mode in "${mode_list[@]}"; do
+    envs=()
+    case $mode in
+        local) addr=127.0.0.1 ;;
+        tcp) addr=127.0.0.1 envs=(FI_TANDEM_LOCAL=0) ;;
+        nic)
+            addr=${nic_addr:-$(first_global_ipv4)}
+            if [ -z "$addr" ]; then
+                echo "mode nic: skipped, this host has no global IPv4 address on an interface up"
+                continue
+            fi
+            ;;
+        *) echo "error: unknown mode $mode" >&2 && exit 2 ;;
+    esac
+    log=$rundir/$mode.log
+    excl_args=()
+    [ $run_excluded -eq 1 ] || excl_args=(-f "$excluded_file")
+    echo "mode $mode: runfabtests.sh -t $sets on $addr ${envs[*]} (log: $log)"
+    # The runner leaves its temporary files in the current directory.
+    (cd "$rundir" && env PATH="$shim:$PATH" FI_PROVIDER_PATH="$build/lib" "${envs[@]}" \
+        setsid --wait bash -c 'export FABTESTS_SID=$$; exec bash "$@"' runner \
+        "$bin/runfabtests.sh" -p "$bin" -v -T "$per_test_timeout" -t "$sets" \
+        -s "$addr" -c "$addr" "${excl_args[@]}" tandem) >"$log" 2>&1 </dev/null || true
+    ran_modes+=("$mode")
+done
+((${#ran_modes[@]})) || { echo "no mode ran" >&2; exit 2; }
+
+# --- summary ----------------------------------------------------------------------------------
+# Each log is the runner's verbose YAML: "- name: <test> -p "tandem"" then "  result: <R>".
+declare -A result=()
+declare -a order=()
+for mode in "${ran_modes[@]}"; do
+    while IFS=$'\t' read -r name res; do
+        [ -n "${result[$name]+x}" ] || order+=("$name")
+        result[$name]=1
+        result["$name|$mode"]=$res
+    done < <(awk -v addr="$( [ "$mode" = nic ] && echo "${nic_addr:-$(first_global_ipv4)}" || echo 127.0.0.1)" '
+        /^- name: / { n = $0; sub(/^- name: +/, "", n); sub(/ -p "tandem"$/, "", n)
+                      gsub(addr, "ADDR", n); next }
+        /^  result: / && n != "" { r = $0; sub(/^  result: +/, "", r); print n "\t" r; n = "" }
+    ' "$rundir/$mode.log")
+done
+
+bad=0
+declare -a notes=()
+printf '\n%-58s' "test"
+for mode in "${ran_modes[@]}"; do printf '%-10s' "$mode"; done
+printf '\n'
+for name in "${order[@]}"; do
+    printf '%-58s' "$name"
+    for mode in "${ran_modes[@]}"; do
+        res=${result["$name|$mode"]:-}
+        case $res in
+            Pass*) cell=pass ;;
+            Excluded) cell=excluded ;;
+            Notrun)
+                if why=$(reason_for "$name" nr) || why=$(reason_for "$name" ex); then
+                    cell=notrun
+                else
+                    cell=NOTRUN!
+                    bad=1
+                    notes+=("$mode: $name was not run (ENODATA/ENOSYS) and is not on $notrun_file")
+                fi
+                ;;
+            Fail*)
+                if why=$(reason_for "$name" ex); then
+                    cell=xfail
+                    notes+=("$mode: $name failed (excluded: $why)")
+                else
+                    cell=FAIL!
+                    bad=1
+                    notes+=("$mode: $name FAILED (see $rundir/$mode.log)")
+                fi
+                ;;
+            "") cell=- ;;
+            *) cell=$res ;;
+        esac
+        printf '%-10s' "$cell"
+    done
+    printf '\n'
+done
+for mode in "${ran_modes[@]}"; do
+    printf '%s: ' "$mode"
+    for kind in Pass Fail Notrun Excluded; do
+        n=0
+        for name in "${order[@]}"; do [[ ${result["$name|$mode"]:-} == $kind* ]] && n=$((n + 1)); done
+        printf '%s %d  ' "$kind" "$n"
+    done
+    printf '\n'
+done
+if ((${#notes[@]})); then printf '%s\n' "${notes[@]}"; fi
+if [ $bad -ne 0 ]; then
+    echo "fabtests: FAILED"
+    exit 1
+fi
+echo "fabtests: passed (apart from the documented exclusions)"
