@@ -6,6 +6,7 @@
 #include "main_prov/eq.h"
 
 #include <arpa/inet.h>
+#include <climits>
 #include <fcntl.h>
 #include <netdb.h>
 #include <sys/mman.h>
@@ -13,6 +14,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <csignal>
+#include <cstdlib>
 
 #include <cstdio>
 #include <cstring>
@@ -43,19 +46,35 @@ fi_ops_av av_ops = {
 };
 
 constexpr uint32_t kSharedAvMagic = 0x74617631;  // "tav1"
+// glibc's shm_open names are the files of this directory: a named AV is built as an unnamed
+// file here and linked under its name once complete.
+constexpr const char *kShmDir = "/dev/shm";
+// Publishing loses to another creator, whose AV is then joined; should that one be closed
+// (and its name removed) before it is opened, creation starts over, at most this often.
+constexpr int kPublishAttempts = 8;
+
+// Test hook: with TANDEM_TEST_AV_STOP_BEFORE_PUBLISH=1 the creator of a named AV stops itself
+// (SIGSTOP) once the AV is built and before it is published, so that tests can open the
+// name, or kill the creator, at exactly that point.
+void test_hook_before_publish() {
+    const char *v = getenv("TANDEM_TEST_AV_STOP_BEFORE_PUBLISH");
+    if (v && v[0] == '1') raise(SIGSTOP);
+}
 
 }  // namespace
 
 // Layout of a named AV in shared memory: a header, then `capacity` entries. Entries are
 // appended with an atomic counter; an entry becomes visible when its state turns Valid
 // (release), and every change bumps `version` so other processes refresh their view.
+// The segment appears under its name only complete (see create_shared); `magic` is stored
+// last (release) and checked first (acquire) all the same.
 struct Av::SharedSegment {
     struct Entry {
         std::atomic<uint32_t> state;  // 0 empty, 1 valid, 2 removed
         uint32_t len;
         sockaddr_in6 addr;  // large enough for either family
     };
-    uint32_t magic;
+    std::atomic<uint32_t> magic;
     uint32_t addr_format;
     uint64_t capacity;
     std::atomic<uint64_t> count;
@@ -123,58 +142,100 @@ Av::Av(Domain *domain, const fi_av_attr &attr, void *context)
     domain_->hold();
 }
 
+// A named AV is created atomically: built complete in an unnamed file, then linked under its
+// name, which fails if the name exists. A process opening the name therefore finds nothing or
+// a finished AV, never one half made (shm_open(O_CREAT | O_EXCL) followed by initialisation
+// let an opener in between see no header and fail), and a creator that dies while building
+// leaves nothing behind for anyone to wait for.
 void Av::open_shared(const fi_av_attr &attr) {
     shared_name_ = attr.name[0] == '/' ? attr.name : std::string("/") + attr.name;
+    if (shared_name_.size() < 2 || shared_name_.size() > NAME_MAX ||
+        shared_name_.find('/', 1) != std::string::npos)
+        fail(FI_EINVAL, "a shared AV's name is one file name");
     read_only_ = attr.flags & FI_READ;
-    int fd = -1;
-    if (!read_only_) {
-        // Create it, private to the user (0600); opening one that exists joins it.
-        fd = shm_open(shared_name_.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    if (read_only_) {
+        int fd = shm_open(shared_name_.c_str(), O_RDONLY | O_CLOEXEC, 0);
+        if (fd < 0)
+            fail(errno == ENOENT   ? FI_ENOENT
+                 : errno == EACCES ? FI_EACCES
+                                   : FI_EINVAL,
+                 "cannot open the shared AV");
+        join_shared(fd);
+        return;
+    }
+    const size_t capacity = attr.count ? attr.count : 1024;
+    for (int attempt = 0; attempt < kPublishAttempts; ++attempt) {
+        int fd = shm_open(shared_name_.c_str(), O_RDWR | O_CLOEXEC, 0);
         if (fd >= 0) {
-            shared_owner_ = true;
-        } else if (errno == EEXIST) {
-            fd = shm_open(shared_name_.c_str(), O_RDWR, 0600);
+            join_shared(fd);
+            return;
         }
-    } else {
-        fd = shm_open(shared_name_.c_str(), O_RDONLY, 0600);
+        if (errno != ENOENT)
+            fail(errno == EACCES ? FI_EACCES : FI_EINVAL, "cannot open the shared AV");
+        if (create_shared(capacity)) return;
     }
-    if (fd < 0) fail(errno == ENOENT ? FI_ENOENT : FI_EINVAL, "cannot open the shared AV");
-    size_t capacity = attr.count ? attr.count : 1024;
-    if (shared_owner_) {
-        shared_size_ = sizeof(SharedSegment) + capacity * sizeof(SharedSegment::Entry);
-        if (ftruncate(fd, static_cast<off_t>(shared_size_)) != 0) {
-            ::close(fd);
-            shm_unlink(shared_name_.c_str());
-            fail(FI_ENOMEM, "cannot size the shared AV");
-        }
-    } else {
-        struct stat st {};
-        fstat(fd, &st);
-        shared_size_ = static_cast<size_t>(st.st_size);
-        if (shared_size_ < sizeof(SharedSegment)) {
-            ::close(fd);
-            fail(FI_EINVAL, "shared AV segment is not a tandem AV");
-        }
+    fail(FI_EAGAIN, "the shared AV kept being created and removed while it was opened");
+}
+
+// Maps the AV another process published under the name (fd is consumed).
+void Av::join_shared(int fd) {
+    struct stat st {};
+    if (fstat(fd, &st) != 0 || size_t(st.st_size) < sizeof(SharedSegment)) {
+        ::close(fd);
+        fail(FI_EINVAL, "shared AV segment is not a tandem AV");
     }
+    shared_size_ = static_cast<size_t>(st.st_size);
     void *mem = mmap(nullptr, shared_size_, read_only_ ? PROT_READ : PROT_READ | PROT_WRITE,
                      MAP_SHARED, fd, 0);
     ::close(fd);
     if (mem == MAP_FAILED) fail(FI_ENOMEM, "cannot map the shared AV");
-    shared_ = static_cast<SharedSegment *>(mem);
-    if (shared_owner_) {
-        shared_->addr_format = addr_format_;
-        shared_->capacity = capacity;
-        shared_->count.store(0);
-        shared_->version.store(1);
-        std::atomic_thread_fence(std::memory_order_release);
-        shared_->magic = kSharedAvMagic;
-    } else if (shared_->magic != kSharedAvMagic || shared_->addr_format != addr_format_ ||
-               sizeof(SharedSegment) + shared_->capacity * sizeof(SharedSegment::Entry) >
-                   shared_size_) {
+    auto *seg = static_cast<SharedSegment *>(mem);
+    if (seg->magic.load(std::memory_order_acquire) != kSharedAvMagic ||
+        seg->addr_format != addr_format_ ||
+        seg->capacity > (shared_size_ - sizeof(SharedSegment)) / sizeof(SharedSegment::Entry)) {
         munmap(mem, shared_size_);
-        shared_ = nullptr;
         fail(FI_EINVAL, "shared AV segment is not a compatible tandem AV");
     }
+    shared_ = seg;
+}
+
+// Builds a new AV of `capacity` entries and publishes it under the name: true when it is
+// ours, false when another process published one first (nothing of ours is left then).
+bool Av::create_shared(size_t capacity) {
+    int fd = open(kShmDir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0) fail(errno == ENOSPC ? FI_ENOSPC : FI_EINVAL, "cannot create the shared AV");
+    const size_t size = sizeof(SharedSegment) + capacity * sizeof(SharedSegment::Entry);
+    // (The umask may have narrowed the mode; the AV is the user's alone: 0600.)
+    if (fchmod(fd, 0600) != 0 || ftruncate(fd, static_cast<off_t>(size)) != 0) {
+        ::close(fd);
+        fail(FI_ENOMEM, "cannot size the shared AV");
+    }
+    void *mem = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (mem == MAP_FAILED) {
+        ::close(fd);
+        fail(FI_ENOMEM, "cannot map the shared AV");
+    }
+    auto *seg = static_cast<SharedSegment *>(mem);
+    seg->addr_format = addr_format_;
+    seg->capacity = capacity;
+    seg->count.store(0, std::memory_order_relaxed);
+    seg->version.store(1, std::memory_order_relaxed);
+    seg->magic.store(kSharedAvMagic, std::memory_order_release);
+    test_hook_before_publish();
+    const std::string proc = "/proc/self/fd/" + std::to_string(fd);
+    const std::string path = std::string(kShmDir) + shared_name_;
+    int ret = linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, path.c_str(), AT_SYMLINK_FOLLOW);
+    int err = errno;
+    ::close(fd);
+    if (ret != 0) {
+        munmap(mem, size);
+        if (err == EEXIST) return false;
+        fail(FI_EINVAL, "cannot publish the shared AV " + shared_name_ + ": " + strerror(err));
+    }
+    shared_ = seg;
+    shared_size_ = size;
+    shared_owner_ = true;
+    return true;
 }
 
 void Av::sync_shared() const {

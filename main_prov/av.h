@@ -61,6 +61,8 @@ class Av final : public FidObject<Av, fid_av>, public peer::AvOwner {
     struct SharedSegment;
     int finish_insert(int done, size_t count, uint64_t flags, void *context);
     void open_shared(const fi_av_attr &attr);
+    void join_shared(int fd);
+    bool create_shared(size_t capacity);
     // Named AVs: refresh the local view from the shared segment when another process
     // changed it.
     void sync_shared() const;

@@ -483,9 +483,17 @@ void Endpoint::start_tx(TxOp *op) {
     peer->conn->context = peer;
 }
 
+// op->link_wrs counts the work requests the link accepted, and only those: each one
+// completes exactly once (as Flushed when the connection fails, even during the post that
+// queued it), and the last of those completions finishes the operation (handle_wc). A post
+// the link refused queued nothing and never completes, so the operation fails here only when
+// nothing of it was accepted. (A writedata whose write was accepted and flushed at once, its
+// notice then refused, waits for the write's completion: failing it here as well reported it
+// twice, the second time after the op had been recycled.)
 void Endpoint::issue_tx(TxOp *op) {
     LinkConnection *conn = op->conn;
     int ret = 0;
+    op->link_wrs = 0;
     switch (op->kind) {
         case TxOp::Kind::Send: {
             iovec iov[kMaxIov + 2];
@@ -498,25 +506,25 @@ void Endpoint::issue_tx(TxOp *op) {
                 for (auto &v : op->iov) iov[n++] = v;
                 if (op->await_remote) await_remote_[op->id] = op;
             }
-            op->link_wrs = 1;
             ret = conn->post_send(iov, n, nullptr, wr_id(op, kWrTx));
+            if (!ret) ++op->link_wrs;
             break;
         }
         case TxOp::Kind::Write:
-            op->link_wrs = 1;
             ret = conn->post_write(op->iov.data(), op->mem.empty() ? nullptr : op->mem.data(),
                                    op->iov.size(), op->remote, nullptr, wr_id(op, kWrTx));
-            if (!ret && op->hdr.op == static_cast<uint8_t>(wire::ProtoOp::WriteNotify)) {
+            if (ret) break;
+            ++op->link_wrs;
+            if (op->hdr.op == static_cast<uint8_t>(wire::ProtoOp::WriteNotify)) {
                 iovec iov[2] = {{&op->hdr, sizeof op->hdr}, {&op->notify, sizeof op->notify}};
-                op->link_wrs = 2;
                 ret = conn->post_send(iov, 2, nullptr, wr_id(op, kWrTx));
-                if (ret) op->link_wrs = 1;  // the write is still outstanding
+                if (!ret) ++op->link_wrs;
             }
             break;
         case TxOp::Kind::Read:
-            op->link_wrs = 1;
             ret = conn->post_read(op->iov.data(), op->mem.empty() ? nullptr : op->mem.data(),
                                   op->iov.size(), op->remote, wr_id(op, kWrTx));
+            if (!ret) ++op->link_wrs;
             break;
     }
     if (!ret && op->inject_level && !op->completed_early) {
@@ -524,14 +532,12 @@ void Endpoint::issue_tx(TxOp *op) {
         tx_report(op);
         return;
     }
-    if (ret) {
-        // The connection is gone: nothing was queued for this op (or only the write).
-        op->error = FI_ECONNRESET;
-        if (--op->link_wrs <= 0) {
-            await_remote_.erase(op->id);
-            fail_tx(op, FI_ECONNRESET);
-        }
-    }
+    if (!ret) return;
+    // The connection is gone (or the link refused the request): the operation fails, once.
+    op->error = ret == -FI_ENOTCONN ? FI_ECONNRESET : -ret;
+    if (op->link_wrs > 0) return;  // what was accepted completes, and finishes it then
+    await_remote_.erase(op->id);
+    fail_tx(op, op->error);
 }
 
 Cntr *Endpoint::counter_for(const TxOp &op) const {

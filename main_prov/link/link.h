@@ -113,6 +113,10 @@ class LinkConnection {
   public:
     virtual ~LinkConnection() = default;
 
+    // Ownership of a work request: a post that returns 0 took it, and exactly one
+    // WorkCompletion will name its wr_id (Flushed when the connection fails, even when it
+    // fails inside that very post); a post that returns an error took nothing and nothing will
+    // ever name it. The caller's state behind wr_id lives until that completion, not longer.
     virtual int post_send(const iovec *iov, size_t count, const uint32_t *imm, uint64_t wr_id) = 0;
     // `mem` says where each local iovec lives (null: all host memory); sends always come
     // from host memory (the protocol's own buffers).

@@ -1,8 +1,13 @@
 // fi_av(3): address vectors of both types, insert/insertsvc/remove/lookup/straddr, named AVs.
 #include "fabric_fixture.h"
 
+#include <poll.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <latch>
 #include <set>
 
 namespace tandem_test {
@@ -291,6 +296,149 @@ TEST_F(AvTest, CloseWhileBoundIsBusy) {
     int ret = fi_close(&a().av->fid);
     EXPECT_EQ(ret, -FI_EBUSY) << fi_err_str(ret);
     if (ret == 0) a().av.release();
+}
+
+// Named AVs opened, concurrently, while another process is creating the same name. A forked
+// process opens the AV with the test hook TANDEM_TEST_AV_STOP_BEFORE_PUBLISH, which stops it
+// (SIGSTOP) after it has built the AV and before it has published it: the test acts at exactly
+// that point, with no timing involved.
+class NamedAvCreationTest : public AvTest {
+  protected:
+    static constexpr uint16_t kCreatorPort = 31000;
+    const std::string name = "/tandem-api-av-race-" + std::to_string(getpid());
+    pid_t creator = -1;
+    int to_creator = -1, from_creator = -1;
+
+    void TearDown() override {
+        if (creator > 0) {
+            kill(creator, SIGKILL);
+            waitpid(creator, nullptr, 0);
+        }
+        if (to_creator >= 0) close(to_creator);
+        if (from_creator >= 0) close(from_creator);
+        AvTest::TearDown();
+        shm_unlink(name.c_str());  // whatever a failed run left behind
+    }
+
+    // The creator process: opens the AV (stopping inside, in the hook), then inserts its own
+    // address, reports, and when told, reports the ports it can look up at indices [0, n).
+    [[noreturn]] void creator_main(int rfd, int wfd) {
+        alarm(30);  // never outlive a broken parent for long
+        setenv("TANDEM_TEST_AV_STOP_BEFORE_PUBLISH", "1", 1);
+        fi_av_attr attr{};
+        attr.type = FI_AV_TABLE;
+        attr.count = 64;
+        attr.name = name.c_str();
+        fid_av *av = nullptr;
+        uint8_t status = fi_av_open(domain, &attr, &av, nullptr) == 0 ? 1 : 0;
+        sockaddr_in sin = make_sin("127.0.0.1", kCreatorPort);
+        if (status && fi_av_insert(av, &sin, 1, nullptr, 0, nullptr) != 1) status = 0;
+        if (write(wfd, &status, 1) != 1 || !status) _exit(1);
+        uint8_t n = 0;
+        if (read(rfd, &n, 1) != 1) _exit(1);
+        std::vector<uint16_t> ports(n, 0);
+        for (uint8_t i = 0; i < n; ++i) {
+            sockaddr_in got{};
+            size_t len = sizeof got;
+            if (fi_av_lookup(av, i, &got, &len) == 0) ports[i] = ntohs(got.sin_port);
+        }
+        if (write(wfd, ports.data(), n * sizeof(uint16_t)) != ssize_t(n * sizeof(uint16_t)))
+            _exit(1);
+        _exit(0);
+    }
+
+    void start_stopped_creator() {
+        int down[2], up[2];
+        ASSERT_EQ(pipe(down), 0);
+        ASSERT_EQ(pipe(up), 0);
+        creator = fork();
+        ASSERT_GE(creator, 0);
+        if (creator == 0) {
+            close(down[1]);
+            close(up[0]);
+            creator_main(down[0], up[1]);
+        }
+        close(down[0]);
+        close(up[1]);
+        to_creator = down[1];
+        from_creator = up[0];
+        int status = 0;
+        ASSERT_EQ(waitpid(creator, &status, WUNTRACED), creator);
+        ASSERT_TRUE(WIFSTOPPED(status)) << "the creator did not stop before publishing the AV";
+    }
+
+    bool read_from_creator(void *p, size_t n) {
+        pollfd pfd{from_creator, POLLIN, 0};
+        return ::poll(&pfd, 1, 20000) == 1 && read(from_creator, p, n) == ssize_t(n);
+    }
+
+    static std::multiset<uint16_t> ports_of(fid_av *av, size_t n) {
+        std::multiset<uint16_t> ports;
+        for (size_t i = 0; i < n; ++i) {
+            sockaddr_in got{};
+            size_t len = sizeof got;
+            if (fi_av_lookup(av, i, &got, &len) == 0) ports.insert(ntohs(got.sin_port));
+        }
+        return ports;
+    }
+};
+
+TEST_F(NamedAvCreationTest, OpenersWhileTheCreatorPublishesAllJoinOneAv) {
+    ASSERT_NO_FATAL_FAILURE(start_stopped_creator());
+    // Four threads open the name at once while the creator is stopped before publishing.
+    constexpr size_t kOpeners = 4;
+    std::vector<Fid<fid_av>> avs(kOpeners);
+    std::vector<int> rets(kOpeners, -1);
+    std::latch start(kOpeners);
+    std::vector<std::thread> threads;
+    for (size_t k = 0; k < kOpeners; ++k) {
+        threads.emplace_back([&, k] {
+            fi_av_attr attr{};
+            attr.type = FI_AV_TABLE;
+            attr.count = 64;
+            attr.name = name.c_str();
+            start.arrive_and_wait();
+            rets[k] = fi_av_open(domain, &attr, avs[k].out(), nullptr);
+        });
+    }
+    for (auto &t : threads) t.join();
+    for (size_t k = 0; k < kOpeners; ++k)
+        ASSERT_FI_OK(rets[k]) << "opener " << k << " of an AV being created";
+    for (size_t k = 0; k < kOpeners; ++k) {
+        sockaddr_in sin = make_sin("127.0.0.1", static_cast<uint16_t>(kCreatorPort + 1 + k));
+        ASSERT_FI_RET(fi_av_insert(avs[k], &sin, 1, nullptr, 0, nullptr), 1);
+    }
+    // The creator goes on: it must join the AV the openers made, not replace it.
+    ASSERT_EQ(kill(creator, SIGCONT), 0);
+    uint8_t opened = 0;
+    ASSERT_TRUE(read_from_creator(&opened, 1)) << "the creator did not report";
+    ASSERT_EQ(opened, 1) << "the creator could not open or insert into the AV";
+
+    const size_t n = kOpeners + 1;
+    std::multiset<uint16_t> want;
+    for (size_t k = 0; k < n; ++k) want.insert(static_cast<uint16_t>(kCreatorPort + k));
+    for (size_t k = 0; k < kOpeners; ++k) EXPECT_EQ(ports_of(avs[k], n), want) << "opener " << k;
+    uint8_t count = n;
+    ASSERT_EQ(write(to_creator, &count, 1), 1);
+    std::vector<uint16_t> seen(n);
+    ASSERT_TRUE(read_from_creator(seen.data(), n * sizeof(uint16_t)));
+    EXPECT_EQ(std::multiset<uint16_t>(seen.begin(), seen.end()), want) << "the creator's view";
+}
+
+TEST_F(NamedAvCreationTest, ACreatorKilledBeforePublishingLeavesNothingBehind) {
+    ASSERT_NO_FATAL_FAILURE(start_stopped_creator());
+    kill(creator, SIGKILL);
+    waitpid(creator, nullptr, 0);
+    creator = -1;
+    Fid<fid_av> av;
+    ASSERT_NO_FATAL_FAILURE(open_typed_av(av, FI_AV_TABLE, name.c_str()));
+    sockaddr_in got{};
+    size_t len = sizeof got;
+    EXPECT_NE(fi_av_lookup(av, 0, &got, &len), 0) << "a new AV has an entry";
+    sockaddr_in sin = make_sin("127.0.0.1", 31100);
+    fi_addr_t out = FI_ADDR_NOTAVAIL;
+    ASSERT_FI_RET(fi_av_insert(av, &sin, 1, &out, 0, nullptr), 1);
+    EXPECT_EQ(out, 0u);
 }
 
 }  // namespace

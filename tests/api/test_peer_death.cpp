@@ -359,6 +359,105 @@ TEST_F(PeerDeathTest, KilledSenderLeavesReceiverUsable) {
     ASSERT_NO_FATAL_FAILURE(check_survivor_works(712));
 }
 
+// The parent's CQ can be slept on (FI_WAIT_FD), so the test can wait for the dead peer's reset
+// to reach the socket without driving progress; endpoint a counts its writes.
+class PeerDeathWaitTest : public PeerDeathTest {
+  protected:
+    void configure(FabricOptions &o) override { o.cq_wait = FI_WAIT_FD; }
+    void before_enable(Endpoint &e, size_t index) override {
+        if (index != 0) return;
+        ASSERT_NO_FATAL_FAILURE(open_cntr(e.write_cntr));
+        ASSERT_FI_OK(fi_ep_bind(e.ep, &e.write_cntr->fid, FI_WRITE));
+    }
+};
+
+// fi_writedata is two link work requests (the write, then the notice carrying the data). When
+// the connection fails while the write is being posted, the write is flushed and the notice
+// refused: the operation must still complete once, with its own context, and leave the
+// endpoint's queue accounting intact.
+TEST_F(PeerDeathWaitTest, WritedataOnFailingConnectionCompletesOnce) {
+    const char *local = std::getenv("FI_TANDEM_LOCAL");
+    const bool over_link = local && std::string(local) == "0";
+    ASSERT_NO_FATAL_FAILURE(start_child("serve"));
+    auto src = buf(256);
+    fill_pattern(src->data(), 256, 720);
+    ASSERT_FI_OK(post([&] {
+        return fi_writedata(a().ep, src->data(), 256, src->desc, 0x55, dead, child.hello.addr,
+                            child.hello.key, ctx(0));
+    }));
+    ASSERT_TRUE(wait_comp(a(), ctx(0))) << "writedata to the live child: " << a().log.summary();
+
+    // Stop the child so that it reads nothing more, then leave a message unread in its socket:
+    // a process that exits with unread data resets its connections (RST, not FIN), and the
+    // parent's next send on the connection fails at once.
+    ASSERT_EQ(kill(child.pid, SIGSTOP), 0);
+    int status = 0;
+    ASSERT_EQ(waitpid(child.pid, &status, WUNTRACED), child.pid);
+    ASSERT_TRUE(WIFSTOPPED(status));
+    for (int i = 0; i < 8; ++i) progress();  // take in whatever the child sent before it stopped
+    auto small = buf(64);
+    ASSERT_FI_OK(fi_send(a().ep, small->data(), 64, small->desc, dead, ctx(1)));
+    child.kill_and_reap();
+    if (over_link) {
+        // Wait, without driving progress, until the reset has reached the parent's socket (the
+        // CQ's descriptor watches the domain's sockets).
+        int fd = -1;
+        ASSERT_FI_OK(fi_control(&a().cq->fid, FI_GETWAIT, &fd));
+        pollfd pfd{fd, POLLIN, 0};
+        ASSERT_EQ(::poll(&pfd, 1, 10000), 1) << "the dead child's reset never arrived";
+    }
+
+    constexpr size_t kWrites = 4;
+    for (size_t i = 0; i < kWrites; ++i) {
+        ASSERT_FI_OK(fi_writedata(a().ep, src->data(), 256, src->desc, 0x60 + i, dead,
+                                  child.hello.addr, child.hello.key, ctx(10 + i)))
+            << "write " << i;
+    }
+    auto count_err = [&](const void *c) {
+        size_t n = 0;
+        for (auto &e : a().log.errs) n += e.e.op_context == c;
+        return n;
+    };
+    // Which operation each error completion names (its context's index, or null).
+    auto errors = [&] {
+        std::string s;
+        for (auto &e : a().log.errs) {
+            auto *c = static_cast<fi_context2 *>(e.e.op_context);
+            s += c ? " ctx " + std::to_string(c - &ctxs_[0]) : std::string(" null context");
+            s += " (" + std::string(fi_strerror(e.e.err)) + ")";
+        }
+        return a().log.summary() + ":" + s;
+    };
+    // The small send to the stopped child may have completed when it was posted (its payload
+    // copied): it ends once, either way.
+    auto ended = [&](const void *c) { return a().log.count(c) + count_err(c); };
+    ASSERT_TRUE(poll_until([&] {
+        for (size_t i = 0; i < kWrites; ++i)
+            if (count_err(ctx(10 + i)) == 0) return false;
+        return ended(ctx(1)) > 0;
+    })) << "operations to the dead child did not all fail: "
+        << errors();
+    progress();
+    for (size_t i = 0; i < kWrites; ++i) {
+        EXPECT_EQ(count_err(ctx(10 + i)), 1u) << "write " << i << ": " << errors();
+        EXPECT_FALSE(a().log.has(ctx(10 + i))) << "write " << i << " to a dead peer succeeded";
+    }
+    EXPECT_EQ(ended(ctx(1)), 1u) << errors();
+    EXPECT_EQ(count_err(nullptr), 0u) << "error completion without a context: " << errors();
+    // Nothing else: the first write's, the small send's and the writes' entries only.
+    EXPECT_EQ(a().log.errs.size() + a().log.comps.size(), 2 + kWrites) << errors();
+    EXPECT_EQ(fi_cntr_readerr(a().write_cntr), kWrites);
+    EXPECT_EQ(fi_cntr_read(a().write_cntr), 1u);
+
+    // The queue accounting is intact: a new operation to the surviving peer is taken at once.
+    a().log.clear();
+    auto target = buf(256, 0, true);
+    EXPECT_FI_OK(fi_writedata(a().ep, src->data(), 256, src->desc, 0x70, a().peer[1],
+                              rma_addr(*target), target->key, ctx(20)));
+    EXPECT_TRUE(wait_comp(a(), ctx(20))) << a().log.summary();
+    EXPECT_EQ(check_pattern(target->data(), 256, 720), -1);
+}
+
 }  // namespace
 }  // namespace tandem_test
 

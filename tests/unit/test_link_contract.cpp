@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <rdma/fabric.h>
 
 #include <chrono>
@@ -356,6 +357,32 @@ TEST_P(LinkContract, DisconnectFlushesOutstandingWorkAndTellsThePeer) {
     EXPECT_EQ(a.wcs.front().status, WcStatus::Flushed);
     EXPECT_TRUE(ab->failed());
     EXPECT_EQ(ab->post_send(&riov, 1, nullptr, 10), -FI_ENOTCONN);
+}
+
+// The ownership rule the protocol builds on (link.h): a work request the link accepted
+// completes exactly once, as Flushed when the connection fails, even while it is being
+// posted; one the link refused never completes.
+TEST_P(LinkContract, AWorkRequestAcceptedAsTheConnectionFailsCompletesOnce) {
+    connect();
+    // A message b never reads: b's end then closes with unread data, which resets the
+    // connection, so a's next send on it fails inside the post.
+    char msg[100] = {};
+    iovec iov{msg, sizeof msg};
+    ASSERT_EQ(ab->post_send(&iov, 1, nullptr, 1), 0);
+    b.transport.reset();
+    pollfd pfd{ab->wait_fd(), POLLIN, 0};
+    ASSERT_EQ(::poll(&pfd, 1, 5000), 1) << "the reset never reached a's socket";
+    std::vector<uint8_t> src(64, 3);
+    iovec wiov{src.data(), src.size()};
+    ASSERT_EQ(ab->post_write(&wiov, nullptr, 1, {0, b.region.key}, nullptr, 2), 0);
+    EXPECT_TRUE(ab->failed()) << "the post did not meet the reset";
+    EXPECT_EQ(ab->post_send(&iov, 1, nullptr, 3), -FI_ENOTCONN);
+    // (b is gone: only a is pumped.) Both flushed completions are queued by the failed post.
+    for (int i = 0; i < 4; ++i) a.pump();
+    ASSERT_EQ(a.wcs.size(), 2u);
+    EXPECT_EQ(a.wcs[0].wr_id, 1u);
+    EXPECT_EQ(a.wcs[1].wr_id, 2u);
+    for (const auto &wc : a.wcs) EXPECT_EQ(wc.status, WcStatus::Flushed) << wc.wr_id;
 }
 
 // What only the TCP link has: the settings of its sockets.
