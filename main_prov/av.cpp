@@ -133,9 +133,12 @@ Av::Av(Domain *domain, const fi_av_attr &attr, void *context)
         fail(FI_EINVAL, "unsupported AV flags");
     addrlen_ = addr_format_ == FI_SOCKADDR_IN6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
     names_.reserve(attr.count);
-    if (attr.name)
+    async_ = attr.flags & FI_EVENT;
+    if (attr.name) {
         open_shared(attr);
-    else if (attr.flags & FI_READ)
+        map_table_.resize(shared_->capacity);
+        for (size_t i = 0; i < map_table_.size(); ++i) map_table_[i] = i;
+    } else if (attr.flags & FI_READ)
         fail(FI_EINVAL, "FI_READ names an existing shared AV");
     init_fid(FI_CLASS_AV, context, &av_fi_ops);
     fid()->ops = &av_ops;
@@ -336,6 +339,7 @@ int Av::finish_insert(int done, size_t count, uint64_t flags, void *context) {
 int Av::insert(const void *addr, size_t count, fi_addr_t *fi_addr, uint64_t flags, void *context) {
     if (count && !addr) return -FI_EINVAL;
     if (flags & ~uint64_t(FI_MORE | FI_EVENT | FI_SYNC_ERR)) return -FI_EBADFLAGS;
+    if (async_) flags |= FI_EVENT;
     if ((flags & FI_EVENT) && !eq_) return -FI_ENOEQ;
     if ((flags & FI_SYNC_ERR) && (flags & FI_EVENT)) return -FI_EINVAL;
     int *sync_err = (flags & FI_SYNC_ERR) ? static_cast<int *>(context) : nullptr;
@@ -367,12 +371,17 @@ int Av::insert(const void *addr, size_t count, fi_addr_t *fi_addr, uint64_t flag
 int Av::insertsvc(const char *node, const char *service, fi_addr_t *fi_addr, uint64_t flags,
                   void *context) {
     if (!node || !service) return -FI_EINVAL;
+    if (async_) flags |= FI_EVENT;
+    if ((flags & FI_EVENT) && !eq_) return -FI_ENOEQ;
     addrinfo hints{}, *res = nullptr;
     hints.ai_family = addr_format_ == FI_SOCKADDR_IN6 ? AF_INET6 : AF_INET;
     hints.ai_socktype = SOCK_STREAM;
     if (getaddrinfo(node, service, &hints, &res) || !res) {
         if (fi_addr) *fi_addr = FI_ADDR_NOTAVAIL;
-        return flags & FI_EVENT ? finish_insert(0, 1, flags, context) : 0;
+        if (!(flags & FI_EVENT)) return 0;
+        // fi_av(3): an error event for the address that failed, then the completion.
+        eq_->post_error(base_fid(), context, FI_EINVAL, nullptr, 0, 0);
+        return finish_insert(0, 1, flags, context);
     }
     sockaddr_storage ss{};
     memcpy(&ss, res->ai_addr, res->ai_addrlen);

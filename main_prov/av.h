@@ -54,6 +54,10 @@ class Av final : public FidObject<Av, fid_av>, public peer::AvOwner {
     fi_addr_t peer_addr_of(const void *addr, size_t addrlen) override;
     const std::atomic<uint64_t> *peer_version_word() override;
     Domain *domain() const { return domain_; }
+    // A named AV's map_addr: a table whose entry i is the fi_addr_t of the i-th address
+    // inserted under the name, by any process (fi_addr_t values of a named AV are the same in
+    // every process that opens it, so the table is the identity).
+    void *map_addr() { return map_table_.data(); }
     void hold() { ++refs_; }
     void release() { --refs_; }
 
@@ -77,6 +81,9 @@ class Av final : public FidObject<Av, fid_av>, public peer::AvOwner {
     mutable std::unordered_map<std::string, FabricAddr> reverse_;
     std::set<FabricAddr> free_;  // removed indices, reused lowest first (fi_av(3))
     Eq *eq_ = nullptr;
+    // Opened with FI_EVENT: every insert is asynchronous (fi_av(3)), reported on eq_.
+    bool async_ = false;
+    std::vector<fi_addr_t> map_table_;
     // Bumped by every insert and remove of a private AV; a peer provider reads it without our
     // lock (peer_version_word).
     std::atomic<uint64_t> version_{0};

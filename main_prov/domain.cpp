@@ -97,6 +97,8 @@ int Domain::ops_open(const char *, uint64_t, void **, void *) {
 int Domain::av_open(fi_av_attr *attr, fid_av **av, void *context) {
     if (!attr || !av) return -FI_EINVAL;
     auto *a = new Av(this, *attr, context);
+    // fi_av(3): a named AV opened with map_addr 0 returns the one it uses.
+    if (attr->name && !attr->map_addr) attr->map_addr = a->map_addr();
     *av = a->fid();
     return 0;
 }

@@ -281,6 +281,86 @@ TEST_F(AvTest, NamedAvIsSharedWithReadOnlyOpen) {
     }
 }
 
+// fi_av(3): with name set and map_addr 0, the map_addr the provider uses comes back, and an
+// fi_addr_t of the named AV is usable in every process that opens the name. fabtests'
+// fi_rdm_shared_av reads the peer's fi_addr_t from it in a process that opened the AV (read
+// only) before the peer's address was inserted.
+TEST_F(AvTest, NamedAvReturnsItsMapAddr) {
+    const std::string name = "/tandem-api-av-map-" + std::to_string(getpid());
+    fi_av_attr attr{};
+    attr.type = FI_AV_TABLE;
+    attr.count = 8;
+    attr.name = name.c_str();
+    Fid<fid_av> owner;
+    ASSERT_FI_OK(fi_av_open(domain, &attr, owner.out(), nullptr));
+    ASSERT_NE(attr.map_addr, nullptr);
+    fi_av_attr rattr = attr;
+    rattr.map_addr = nullptr;
+    rattr.flags = FI_READ;
+    Fid<fid_av> reader;
+    ASSERT_FI_OK(fi_av_open(domain, &rattr, reader.out(), nullptr));
+    ASSERT_NE(rattr.map_addr, nullptr);
+    sockaddr_in addrs[2] = {make_sin("127.0.0.1", 30091), make_sin("127.0.0.7", 30092)};
+    fi_addr_t out[2];
+    ASSERT_FI_RET(fi_av_insert(owner, addrs, 2, out, 0, nullptr), 2);
+    const auto *table = static_cast<const fi_addr_t *>(rattr.map_addr);
+    for (int i = 0; i < 2; ++i) {
+        EXPECT_EQ(table[i], out[i]);
+        sockaddr_in got{};
+        size_t len = sizeof got;
+        ASSERT_FI_OK(fi_av_lookup(reader, table[i], &got, &len));
+        EXPECT_EQ(got.sin_port, addrs[i].sin_port);
+        EXPECT_EQ(got.sin_addr.s_addr, addrs[i].sin_addr.s_addr);
+    }
+}
+
+class AsyncAvTest : public AvTest {
+  protected:
+    void open_async_av(Fid<fid_av> &av, Fid<fid_eq> &eq) {
+        ASSERT_NO_FATAL_FAILURE(open_typed_av(av, FI_AV_TABLE, nullptr, FI_EVENT));
+        fi_eq_attr eq_attr{};
+        ASSERT_FI_OK(fi_eq_open(fabric, &eq_attr, eq.out(), nullptr));
+    }
+};
+
+// fi_av(3): an AV opened with FI_EVENT inserts asynchronously whatever the call's flags: the
+// call returns 0, then an error event per failed address (its index in data) and one
+// FI_AV_COMPLETE with the number inserted, all with the call's context.
+TEST_F(AsyncAvTest, InsertsOfAnAvOpenedWithFiEventCompleteOnTheEq) {
+    Fid<fid_av> av;
+    Fid<fid_eq> eq;
+    ASSERT_NO_FATAL_FAILURE(open_async_av(av, eq));
+    sockaddr_in addrs[3] = {make_sin("127.0.0.1", 30101), make_sin("127.0.0.1", 30102),
+                            make_sin("127.0.0.1", 30103)};
+    addrs[1].sin_family = AF_UNIX;  // not an FI_SOCKADDR_IN address
+    fi_addr_t out[3];
+    EXPECT_FI_RET(fi_av_insert(av, addrs, 3, out, 0, ctx(0)), -FI_ENOEQ);
+    ASSERT_FI_OK(fi_av_bind(av, &eq->fid, 0));
+    ASSERT_FI_RET(fi_av_insert(av, addrs, 3, out, 0, ctx(0)), 0);
+    EXPECT_EQ(out[1], FI_ADDR_NOTAVAIL);
+    fi_eq_entry entry{};
+    uint32_t event = 0;
+    ASSERT_FI_RET(fi_eq_read(eq, &event, &entry, sizeof entry, 0), -FI_EAVAIL);
+    fi_eq_err_entry err{};
+    ASSERT_FI_RET(fi_eq_readerr(eq, &err, 0), sizeof err);
+    EXPECT_EQ(err.fid, &av->fid);
+    EXPECT_EQ(err.context, ctx(0));
+    EXPECT_EQ(err.data, 1u);
+    EXPECT_EQ(err.err, FI_EINVAL);
+    ASSERT_FI_RET(fi_eq_read(eq, &event, &entry, sizeof entry, 0), sizeof entry);
+    EXPECT_EQ(event, uint32_t(FI_AV_COMPLETE));
+    EXPECT_EQ(entry.fid, &av->fid);
+    EXPECT_EQ(entry.context, ctx(0));
+    EXPECT_EQ(entry.data, 2u);
+    // An insert of nothing completes too.
+    ASSERT_FI_RET(fi_av_insert(av, addrs, 0, out, 0, ctx(1)), 0);
+    ASSERT_FI_RET(fi_eq_read(eq, &event, &entry, sizeof entry, 0), sizeof entry);
+    EXPECT_EQ(event, uint32_t(FI_AV_COMPLETE));
+    EXPECT_EQ(entry.context, ctx(1));
+    EXPECT_EQ(entry.data, 0u);
+    av.reset();
+}
+
 TEST_F(AvTest, ReadOnlyOpenOfUnknownNameFails) {
     const std::string name = "/tandem-api-no-such-av-" + std::to_string(getpid());
     fi_av_attr attr{};
