@@ -287,6 +287,18 @@ int Endpoint::close() {
 
 int Endpoint::bind(struct fid *bfid, uint64_t flags) {
     if (!bfid) return -FI_EINVAL;
+    if (bfid->fclass == FI_CLASS_EQ) {
+        // Before the guard (see DomainLock::require): from now on EQ reads, from any thread,
+        // drive this endpoint's progress, so the domain lock is taken even under
+        // FI_THREAD_DOMAIN.
+        domain_->lock().require();
+        std::lock_guard guard(domain_->lock());
+        if (enabled_) return -FI_EOPBADSTATE;
+        if (eq_) return -FI_EINVAL;
+        eq_ = Eq::of(bfid);
+        eq_->add_source(this);
+        return 0;
+    }
     std::lock_guard guard(domain_->lock());
     if (enabled_) return -FI_EOPBADSTATE;
     switch (bfid->fclass) {
@@ -334,11 +346,6 @@ int Endpoint::bind(struct fid *bfid, uint64_t flags) {
             if (flags) return -FI_EBADFLAGS;
             av_ = Av::of(bfid);
             av_->hold();
-            return 0;
-        case FI_CLASS_EQ:
-            if (eq_) return -FI_EINVAL;
-            eq_ = Eq::of(bfid);
-            eq_->add_source(this);
             return 0;
         case FI_CLASS_SRX_CTX: {
             if (flags) return -FI_EBADFLAGS;

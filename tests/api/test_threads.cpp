@@ -613,5 +613,24 @@ TEST_F(MsgThreadsTest, EndpointsCloseWhileOtherThreadsReadTheirEq) {
     EXPECT_TRUE(st.problems.empty()) << problems();
 }
 
+// FI_THREAD_DOMAIN: the application serialises its calls on the domain's objects (here: the
+// main thread makes them all, CQ reads included), but EQs belong to the fabric (fi_domain(3)),
+// so other threads read them meanwhile. Those reads drive the progress of the same endpoints
+// the CQ reads drive, which must therefore not run at once (ThreadSanitizer reported the race
+// when the domain lock was skipped).
+TEST_F(MsgThreadsTest, ThreadDomainEqReadersBesideTheCqReader) {
+    ASSERT_NO_FATAL_FAILURE(open(FI_THREAD_DOMAIN));
+    ASSERT_NO_FATAL_FAILURE(listen());
+    Watchdog dog(50s, "ThreadDomainEqReadersBesideTheCqReader");
+    Mailbox srv_box, cli_box;
+    std::thread srv_reader([&] { read_eq(srv_eq, true, srv_box); });
+    std::thread cli_reader([&] { read_eq(cli_eq, false, cli_box); });
+    connect_exchange_close(20, srv_box, cli_box, true);
+    stop = true;
+    srv_reader.join();
+    cli_reader.join();
+    EXPECT_TRUE(st.problems.empty()) << problems();
+}
+
 }  // namespace
 }  // namespace tandem_test
