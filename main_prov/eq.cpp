@@ -47,6 +47,7 @@ Eq::Eq(Fabric *fabric, const fi_eq_attr &attr, void *context)
     init_fid(FI_CLASS_EQ, context, &eq_fi_ops);
     fid()->ops = &eq_ops;
     fabric_->hold();
+    wait_.join();  // last: fi_wait on the set may ask this EQ from now on
 }
 
 Eq::~Eq() {
@@ -58,6 +59,7 @@ int Eq::close() {
         std::lock_guard guard(mutex_);
         if (!sources_.empty()) return -FI_EBUSY;
     }
+    wait_.leave();
     delete this;
     return 0;
 }

@@ -378,8 +378,10 @@ class MsgThreadsTest : public ::testing::Test {
     Fid<fid_eq> srv_eq, cli_eq;
     Fid<fid_cq> cq;
     Fid<fid_pep> pep;
+    Fid<fid_wait> wait_set;
     Stats st;
     std::atomic<bool> stop{false};
+    Mailbox srv_box, cli_box;
     // Each round's receives and sends; members, so that a completion a CQ reader thread reads
     // after a failed round still lands in a live object.
     std::array<MsgOp, 4> ops_;
@@ -423,9 +425,22 @@ class MsgThreadsTest : public ::testing::Test {
         ASSERT_FI_OK(getinfo_own("127.0.0.1", port.c_str(), 0, hints.get(), &client_info));
     }
 
-    void TearDown() override {
+    // Reader threads: joined before anything they use goes away, also when a test fails early.
+    std::vector<std::thread> workers_;
+    template <class F>
+    void spawn(F &&f) {
+        workers_.emplace_back(std::forward<F>(f));
+    }
+    void stop_workers() {
         stop = true;
+        for (auto &t : workers_) t.join();
+        workers_.clear();
+    }
+
+    void TearDown() override {
+        stop_workers();
         pep.reset();
+        wait_set.reset();
         cq.reset();
         srv_eq.reset();
         cli_eq.reset();
@@ -570,17 +585,13 @@ TEST_F(MsgThreadsTest, EqAndCqReadersWhileConnectionsComeAndGo) {
     ASSERT_NO_FATAL_FAILURE(open(FI_THREAD_SAFE));
     ASSERT_NO_FATAL_FAILURE(listen());
     Watchdog dog(50s, "EqAndCqReadersWhileConnectionsComeAndGo");
-    Mailbox srv_box, cli_box;
-    std::thread srv_reader([&] { read_eq(srv_eq, true, srv_box); });
-    std::thread cli_reader([&] { read_eq(cli_eq, false, cli_box); });
-    std::thread cq_reader([&] {
+    spawn([this] { read_eq(srv_eq, true, srv_box); });
+    spawn([this] { read_eq(cli_eq, false, cli_box); });
+    spawn([this] {
         while (!stop) read_cq();
     });
     connect_exchange_close(40, srv_box, cli_box, false);
-    stop = true;
-    srv_reader.join();
-    cli_reader.join();
-    cq_reader.join();
+    stop_workers();
     EXPECT_TRUE(st.problems.empty()) << problems();
 }
 
@@ -591,9 +602,8 @@ TEST_F(MsgThreadsTest, EqAndCqReadersWhileConnectionsComeAndGo) {
 TEST_F(MsgThreadsTest, EndpointsCloseWhileOtherThreadsReadTheirEq) {
     ASSERT_NO_FATAL_FAILURE(open(FI_THREAD_SAFE));
     Watchdog dog(50s, "EndpointsCloseWhileOtherThreadsReadTheirEq");
-    Mailbox box;
-    std::thread reader([&] { read_eq(srv_eq, false, box); });
-    std::thread sleeper([&] { read_eq(srv_eq, true, box); });
+    spawn([this] { read_eq(srv_eq, false, srv_box); });
+    spawn([this] { read_eq(srv_eq, true, srv_box); });
     for (int i = 0; i < 300 && !HasFailure(); ++i) {
         Fid<fid_pep> p;
         ASSERT_FI_OK(fi_passive_ep(fabric, info.get(), p.out(), nullptr));
@@ -607,9 +617,7 @@ TEST_F(MsgThreadsTest, EndpointsCloseWhileOtherThreadsReadTheirEq) {
         EXPECT_FI_OK(fi_close(&ep.release()->fid));
         EXPECT_FI_OK(fi_close(&p.release()->fid));
     }
-    stop = true;
-    reader.join();
-    sleeper.join();
+    stop_workers();
     EXPECT_TRUE(st.problems.empty()) << problems();
 }
 
@@ -622,13 +630,52 @@ TEST_F(MsgThreadsTest, ThreadDomainEqReadersBesideTheCqReader) {
     ASSERT_NO_FATAL_FAILURE(open(FI_THREAD_DOMAIN));
     ASSERT_NO_FATAL_FAILURE(listen());
     Watchdog dog(50s, "ThreadDomainEqReadersBesideTheCqReader");
-    Mailbox srv_box, cli_box;
-    std::thread srv_reader([&] { read_eq(srv_eq, true, srv_box); });
-    std::thread cli_reader([&] { read_eq(cli_eq, false, cli_box); });
+    spawn([this] { read_eq(srv_eq, true, srv_box); });
+    spawn([this] { read_eq(cli_eq, false, cli_box); });
     connect_exchange_close(20, srv_box, cli_box, true);
-    stop = true;
-    srv_reader.join();
-    cli_reader.join();
+    stop_workers();
+    EXPECT_TRUE(st.problems.empty()) << problems();
+}
+
+// CQs, counters and EQs opened on a wait set, then closed, while another thread waits on the
+// set: fi_wait asks each member (fi_trywait) without the set's mutex, and a close must wait
+// for a wait that is inside its object rather than free it under the waiter.
+TEST_F(MsgThreadsTest, WaitSetMembersCloseWhileAnotherThreadWaits) {
+    ASSERT_NO_FATAL_FAILURE(open(FI_THREAD_SAFE));
+    fi_wait_attr wattr{};
+    wattr.wait_obj = FI_WAIT_UNSPEC;
+    ASSERT_FI_OK(fi_wait_open(fabric, &wattr, wait_set.out()));
+    fid_wait *set = wait_set;
+    Watchdog dog(50s, "WaitSetMembersCloseWhileAnotherThreadWaits");
+    spawn([this, set] {
+        while (!stop) {
+            int ret = fi_wait(set, 0);
+            if (ret && ret != -FI_ETIMEDOUT) st.problem("fi_wait: " + fi_err_str(ret));
+        }
+    });
+    for (int i = 0; i < 300 && !HasFailure(); ++i) {
+        fi_cq_attr cattr{};
+        cattr.format = FI_CQ_FORMAT_CONTEXT;
+        cattr.wait_obj = FI_WAIT_SET;
+        cattr.wait_set = set;
+        Fid<fid_cq> c;
+        ASSERT_FI_OK(fi_cq_open(domain, &cattr, c.out(), nullptr));
+        fi_cntr_attr nattr{};
+        nattr.events = FI_CNTR_EVENTS_COMP;
+        nattr.wait_obj = FI_WAIT_SET;
+        nattr.wait_set = set;
+        Fid<fid_cntr> n;
+        ASSERT_FI_OK(fi_cntr_open(domain, &nattr, n.out(), nullptr));
+        fi_eq_attr eattr{};
+        eattr.wait_obj = FI_WAIT_SET;
+        eattr.wait_set = set;
+        Fid<fid_eq> e;
+        ASSERT_FI_OK(fi_eq_open(fabric, &eattr, e.out(), nullptr));
+        EXPECT_FI_OK(fi_close(&c.release()->fid));
+        EXPECT_FI_OK(fi_close(&n.release()->fid));
+        EXPECT_FI_OK(fi_close(&e.release()->fid));
+    }
+    stop_workers();
     EXPECT_TRUE(st.problems.empty()) << problems();
 }
 
