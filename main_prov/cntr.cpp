@@ -37,6 +37,7 @@ Cntr::Cntr(Domain *domain, const fi_cntr_attr &attr, void *context)
     init_fid(FI_CLASS_CNTR, context, &cntr_fi_ops);
     fid()->ops = &cntr_ops;
     domain_->hold();
+    wait_.join();  // last: fi_wait on the set may ask this counter from now on
 }
 
 Cntr::~Cntr() {
@@ -48,6 +49,7 @@ int Cntr::close() {
         std::lock_guard guard(domain_->lock());
         if (refs_) return -FI_EBUSY;
     }
+    wait_.leave();  // waits for an fi_wait inside this counter: not under the domain lock
     delete this;
     return 0;
 }

@@ -63,6 +63,7 @@ Cq::Cq(Domain *domain, const fi_cq_attr &attr, void *context)
     init_fid(FI_CLASS_CQ, context, &cq_fi_ops);
     fid()->ops = &cq_ops;
     domain_->hold();
+    wait_.join();  // last: fi_wait on the set may ask this CQ from now on
 }
 
 Cq::~Cq() {
@@ -74,6 +75,7 @@ int Cq::close() {
         std::lock_guard guard(domain_->lock());
         if (refs_) return -FI_EBUSY;
     }
+    wait_.leave();  // waits for an fi_wait inside this CQ: not under the domain lock
     delete this;
     return 0;
 }

@@ -186,6 +186,7 @@ int Domain::mr_regattr(const fi_mr_attr *attr, uint64_t flags, fid_mr **mr) {
 }
 
 void Domain::progress() {
+    TANDEM_LOCK_ASSERT(mutex_.held(), "Domain::progress without the domain lock");
     // Index loop: progress never opens or closes endpoints.
     for (size_t i = 0; i < endpoints_.size(); ++i) endpoints_[i]->progress();
 }

@@ -5,6 +5,7 @@
 
 #include "common/fid_adaptor.h"
 #include "common/wait_fd.h"
+#include "main_prov/lock_order.h"
 #include "main_prov/mr.h"
 
 #include <rdma/fi_domain.h>
@@ -48,23 +49,9 @@ class Domain : public FidObject<Domain, fid_domain> {
                 uint64_t requested_key, uint64_t flags, fid_mr **mr, void *context);
     int mr_regattr(const fi_mr_attr *attr, uint64_t flags, fid_mr **mr);
 
-    // Inside tandem. Recursive: the offload twin calls back into its owner (peer CQ writes,
-    // SRX gets) from inside calls that hold it. Under FI_THREAD_DOMAIN the application
-    // serialises every call on the domain's objects, so the lock is skipped (fi_domain(3)).
-    class Lock {
-      public:
-        explicit Lock(bool needed) : needed_(needed) {}
-        void lock() {
-            if (needed_) mutex_.lock();
-        }
-        void unlock() {
-            if (needed_) mutex_.unlock();
-        }
-
-      private:
-        const bool needed_;
-        std::recursive_mutex mutex_;
-    };
+    // Inside tandem: the domain's lock (DomainLock, main_prov/lock_order.h), first in the lock
+    // order. Skipped under FI_THREAD_DOMAIN until an endpoint of the domain is bound to an EQ.
+    using Lock = DomainLock;
     Lock &lock() { return mutex_; }
     // Drives every endpoint of the domain; the caller holds lock().
     void progress();

@@ -255,6 +255,11 @@ int Endpoint::close() {
         std::lock_guard guard(domain_->lock());
         if (aliases_) return -FI_EBUSY;  // close the aliases first
     }
+    // Without the domain lock: this waits for an EQ read that is inside progress_cm, which
+    // may be waiting for that lock. Once removed, only CQ progress reaches this endpoint, and
+    // the domain's list is left under the lock below.
+    TANDEM_LOCK_ASSERT(!eq_ || !domain_->lock().held(),
+                       "an endpoint leaves its EQ with the domain lock held");
     if (eq_) eq_->remove_source(this);
     {
         std::lock_guard guard(domain_->lock());
@@ -284,6 +289,18 @@ int Endpoint::close() {
 
 int Endpoint::bind(struct fid *bfid, uint64_t flags) {
     if (!bfid) return -FI_EINVAL;
+    if (bfid->fclass == FI_CLASS_EQ) {
+        // Before the guard (see DomainLock::require): from now on EQ reads, from any thread,
+        // drive this endpoint's progress, so the domain lock is taken even under
+        // FI_THREAD_DOMAIN.
+        domain_->lock().require();
+        std::lock_guard guard(domain_->lock());
+        if (enabled_) return -FI_EOPBADSTATE;
+        if (eq_) return -FI_EINVAL;
+        eq_ = Eq::of(bfid);
+        eq_->add_source(this);
+        return 0;
+    }
     std::lock_guard guard(domain_->lock());
     if (enabled_) return -FI_EOPBADSTATE;
     switch (bfid->fclass) {
@@ -331,11 +348,6 @@ int Endpoint::bind(struct fid *bfid, uint64_t flags) {
             if (flags) return -FI_EBADFLAGS;
             av_ = Av::of(bfid);
             av_->hold();
-            return 0;
-        case FI_CLASS_EQ:
-            if (eq_) return -FI_EINVAL;
-            eq_ = Eq::of(bfid);
-            eq_->add_source(this);
             return 0;
         case FI_CLASS_SRX_CTX: {
             if (flags) return -FI_EBADFLAGS;
@@ -666,9 +678,11 @@ void Endpoint::progress_cm() {
     progress();
 }
 
-void Endpoint::cm_wait_fds(std::vector<int> &out) {
+void Endpoint::cm_watch(WaitSet &set) {
+    std::vector<int> fds;
     std::lock_guard guard(domain_->lock());
-    transport_->wait_fds(out);
+    transport_->wait_fds(fds);
+    for (int fd : fds) set.add(fd);
 }
 
 void Endpoint::wait_fds(std::vector<int> &out) const {
@@ -687,6 +701,8 @@ void Endpoint::wait_fds(std::vector<int> &out) const {
 // An application that waits for the event before it reads its CQ gets it after
 // kShutdownHold all the same, rather than never.
 void Endpoint::post_held_shutdown() {
+    TANDEM_LOCK_ASSERT(domain_->lock().held(),
+                       "an endpoint posts to its EQ without the domain lock");
     if (!shutdown_held_) return;
     if (rx_completions_.queued && std::chrono::steady_clock::now() < shutdown_due_) return;
     shutdown_held_ = false;
@@ -696,6 +712,7 @@ void Endpoint::post_held_shutdown() {
 }
 
 void Endpoint::handle_cm_event(CmEvent &ev) {
+    TANDEM_LOCK_ASSERT(domain_->lock().held(), "connection events handled without the domain lock");
     LinkConnection *conn = ev.conn;
     Peer *peer = static_cast<Peer *>(conn->context);
     switch (ev.type) {

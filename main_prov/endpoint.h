@@ -197,7 +197,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
 
     // CmSource
     void progress_cm() override;
-    void cm_wait_fds(std::vector<int> &out) override;
+    void cm_watch(WaitSet &set) override;
     // RemoteKeyResolver
     bool resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access,
                  LocalPieces &out) noexcept override;

@@ -4,9 +4,19 @@
 #include "main_prov/wait.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 namespace tandem {
+
+#if TANDEM_LOCK_CHECKS
+void lock_order::violated(const char *what) noexcept {
+    std::fprintf(stderr, "tandem: lock order violated: %s (main_prov/lock_order.h)\n", what);
+    std::fflush(stderr);
+    std::abort();
+}
+#endif
 
 namespace {
 
@@ -37,6 +47,7 @@ Eq::Eq(Fabric *fabric, const fi_eq_attr &attr, void *context)
     init_fid(FI_CLASS_EQ, context, &eq_fi_ops);
     fid()->ops = &eq_ops;
     fabric_->hold();
+    wait_.join();  // last: fi_wait on the set may ask this EQ from now on
 }
 
 Eq::~Eq() {
@@ -48,29 +59,45 @@ int Eq::close() {
         std::lock_guard guard(mutex_);
         if (!sources_.empty()) return -FI_EBUSY;
     }
+    wait_.leave();
     delete this;
     return 0;
 }
 
 int Eq::control(int command, void *arg) {
-    return wait_.control(command, arg, [this](WaitSet &set) {
-        std::vector<int> fds;
-        {
-            std::lock_guard guard(mutex_);
-            for (auto *s : sources_) s->cm_wait_fds(fds);
+    return wait_.control(command, arg, [this](WaitSet &set) { watch_sources(set); });
+}
+
+template <class F>
+void Eq::for_each_source(F &&f) {
+    TANDEM_LOCK_ASSERT(!mutex_.held(), "an EQ calls into its sources under its own mutex");
+    std::vector<CmSource *> walk;
+    {
+        std::lock_guard guard(mutex_);
+        walk = sources_;
+        for (auto *s : walk) ++s->eq_walks_;
+    }
+    // Released however the walk ends (a source may throw): a close waits for it.
+    struct Release {
+        Eq &eq;
+        const std::vector<CmSource *> &walk;
+        ~Release() {
+            std::lock_guard guard(eq.mutex_);
+            bool some_done = false;
+            for (auto *s : walk) some_done |= --s->eq_walks_ == 0;
+            if (some_done) eq.walk_done_.notify_all();
         }
-        for (int fd : fds) set.add(fd);
-    });
+    } release{*this, walk};
+    for (auto *s : walk) f(*s);
 }
 
 void Eq::progress_sources() {
-    std::vector<CmSource *> sources;
-    {
-        std::lock_guard guard(mutex_);
-        sources = sources_;
-    }
-    // Without the EQ lock: a source takes its own lock and may post here.
-    for (auto *s : sources) s->progress_cm();
+    // A source takes its own lock (the domain's, or the passive endpoint's) and may post here.
+    for_each_source([](CmSource &s) { s.progress_cm(); });
+}
+
+void Eq::watch_sources(WaitSet &set) {
+    for_each_source([&set](CmSource &s) { s.cm_watch(set); });
 }
 
 ssize_t Eq::read_locked(uint32_t *event, void *buf, size_t len, uint64_t flags) {
@@ -132,12 +159,7 @@ ssize_t Eq::sread(uint32_t *event, void *buf, size_t len, int timeout, uint64_t 
     for (;;) {
         ssize_t n = read(event, buf, len, flags);
         if (n != -FI_EAGAIN) return n;
-        std::vector<int> fds;
-        {
-            std::lock_guard guard(mutex_);
-            for (auto *s : sources_) s->cm_wait_fds(fds);
-        }
-        for (int fd : fds) wait_.set()->add(fd);
+        watch_sources(*wait_.set());
         if (deadline.expired()) return -FI_EAGAIN;
         int left = deadline.remaining_ms();
         wait_.set()->wait(left < 0 || left > 50 ? 50 : left);
@@ -182,14 +204,12 @@ void Eq::post_error(fid_t fid, void *context, int err, const void *err_data, siz
 
 int Eq::trywait() {
     progress_sources();
-    std::vector<int> fds;
     {
         std::lock_guard guard(mutex_);
         if (!events_.empty() || !errors_.empty()) return -FI_EAGAIN;
-        for (auto *s : sources_) s->cm_wait_fds(fds);
     }
-    if (wait_.set())
-        for (int fd : fds) wait_.set()->add(fd);
+    // An event posted from here on signals the eventfd, which is in the set: no wake-up lost.
+    if (wait_.set()) watch_sources(*wait_.set());
     return 0;
 }
 
@@ -199,8 +219,9 @@ void Eq::add_source(CmSource *src) {
 }
 
 void Eq::remove_source(CmSource *src) {
-    std::lock_guard guard(mutex_);
+    std::unique_lock lock(mutex_);
     std::erase(sources_, src);
+    walk_done_.wait(lock, [src] { return src->eq_walks_ == 0; });
 }
 
 }  // namespace tandem

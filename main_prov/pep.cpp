@@ -90,6 +90,8 @@ PassiveEndpoint::~PassiveEndpoint() {
 }
 
 int PassiveEndpoint::close() {
+    // Waits for an EQ read that is inside progress_cm or cm_watch (they take mutex_, which
+    // is not held here).
     if (eq_) eq_->remove_source(this);
     delete this;
     return 0;
@@ -219,9 +221,11 @@ void PassiveEndpoint::progress_cm() {
     }
 }
 
-void PassiveEndpoint::cm_wait_fds(std::vector<int> &out) {
+void PassiveEndpoint::cm_watch(WaitSet &set) {
+    std::vector<int> fds;
     std::lock_guard guard(mutex_);
-    transport_->wait_fds(out);
+    transport_->wait_fds(fds);
+    for (int fd : fds) set.add(fd);
 }
 
 }  // namespace tandem

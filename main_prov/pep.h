@@ -5,6 +5,7 @@
 
 #include "common/fid_adaptor.h"
 #include "main_prov/eq.h"
+#include "main_prov/lock_order.h"
 #include "main_prov/link/tcp_link.h"
 #include "main_prov/types.h"
 
@@ -46,7 +47,7 @@ class PassiveEndpoint : public FidObject<PassiveEndpoint, fid_pep>,
     int reject(fid_t handle, const void *param, size_t paramlen);
 
     void progress_cm() override;
-    void cm_wait_fds(std::vector<int> &out) override;
+    void cm_watch(WaitSet &set) override;
 
   private:
     bool resolve(uint64_t, uint64_t, size_t, uint64_t, LocalPieces &) noexcept override {
@@ -56,7 +57,7 @@ class PassiveEndpoint : public FidObject<PassiveEndpoint, fid_pep>,
 
     Fabric *fabric_;
     fi_info *info_;
-    std::mutex mutex_;
+    PepMutex mutex_;  // before the EQ's in the lock order: progress_cm posts FI_CONNREQ
     std::unique_ptr<TcpTransport> transport_;
     EndpointName name_;
     Eq *eq_ = nullptr;

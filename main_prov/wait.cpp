@@ -81,8 +81,9 @@ void WaitObject::attach(struct fid *member) {
 }
 
 void WaitObject::detach(struct fid *member) {
-    std::lock_guard guard(mutex_);
+    std::unique_lock lock(mutex_);
     std::erase(members_, member);
+    walk_done_.wait(lock, [&] { return !walks_.contains(member); });
 }
 
 int WaitObject::wait(int timeout) {
@@ -92,9 +93,34 @@ int WaitObject::wait(int timeout) {
         {
             std::lock_guard guard(mutex_);
             members = members_;
+            for (auto *m : members) ++walks_[m];
         }
-        for (auto *m : members)
-            if (trywait_one(m) == -FI_EAGAIN) return 0;
+        bool ready = false;
+        {
+            // Released however the pass ends: a member's close waits for it.
+            struct Release {
+                WaitObject &set;
+                const std::vector<struct fid *> &members;
+                ~Release() {
+                    std::lock_guard guard(set.mutex_);
+                    bool some_done = false;
+                    for (auto *m : members) {
+                        auto it = set.walks_.find(m);
+                        if (--it->second == 0) {
+                            set.walks_.erase(it);
+                            some_done = true;
+                        }
+                    }
+                    if (some_done) set.walk_done_.notify_all();
+                }
+            } release{*this, members};
+            for (auto *m : members)
+                if (trywait_one(m) == -FI_EAGAIN) {
+                    ready = true;
+                    break;
+                }
+        }
+        if (ready) return 0;
         if (deadline.expired()) return -FI_ETIMEDOUT;
         int left = deadline.remaining_ms();
         set_.wait(left < 0 || left > 50 ? 50 : left);
@@ -171,7 +197,6 @@ WaitBinding::WaitBinding(int wait_obj, fid_wait *wait_set, struct fid *owner) : 
             if (!wait_set) fail(FI_EINVAL, "FI_WAIT_SET without a wait set");
             object_ = WaitObject::of(wait_set);
             set_ = &object_->set();
-            object_->attach(owner_);
             break;
         default:
             fail(FI_ENOSYS, "unsupported wait object");
@@ -179,9 +204,24 @@ WaitBinding::WaitBinding(int wait_obj, fid_wait *wait_set, struct fid *owner) : 
     if (set_) set_->add(signal_.fd());
 }
 
+void WaitBinding::join() {
+    if (!object_ || joined_) return;
+    object_->attach(owner_);
+    joined_ = true;
+}
+
+void WaitBinding::leave() {
+    if (!object_) return;
+    set_->remove(signal_.fd());
+    if (joined_) object_->detach(owner_);
+    joined_ = false;
+    object_ = nullptr;
+    set_ = nullptr;
+}
+
 WaitBinding::~WaitBinding() {
+    leave();
     if (set_) set_->remove(signal_.fd());
-    if (object_) object_->detach(owner_);
 }
 
 int report_wait_object(void *arg, bool own_fd, bool in_set) {

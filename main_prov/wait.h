@@ -10,8 +10,10 @@
 #include <rdma/fi_domain.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 namespace tandem {
@@ -31,13 +33,19 @@ class WaitObject : public FidObject<WaitObject, fid_wait> {
     WaitSet &set() { return set_; }
     // CQs, counters and EQs opened on this set; fi_wait checks them before sleeping.
     void attach(struct fid *member);
+    // Returns once no fi_wait is inside `member` (it may then be freed). The caller holds no
+    // lock of tandem's: an fi_wait inside a CQ's fi_trywait may be waiting for the domain
+    // lock.
     void detach(struct fid *member);
 
   private:
     Fabric *fabric_;
     WaitSet set_;
-    std::mutex mutex_;
+    std::mutex mutex_;  // a leaf: fi_wait asks its members without it
     std::vector<struct fid *> members_;
+    // fi_wait calls inside each member (counted under mutex_); detach waits for 0.
+    std::unordered_map<struct fid *, int> walks_;
+    std::condition_variable walk_done_;
 };
 
 class PollObject : public FidObject<PollObject, fid_poll> {
@@ -70,6 +78,13 @@ class WaitBinding {
 
     WaitSet *set() const { return set_; }  // nullptr for FI_WAIT_NONE
     WaitSet *own() const { return own_.get(); }
+    // Into the application's wait set (FI_WAIT_SET), where fi_wait asks the owner: the owner
+    // calls it last in its constructor, once it can be asked.
+    void join();
+    // Out of the application's wait set, once no fi_wait on it is inside the owner: the
+    // owner's close calls it before freeing anything (holding no lock of tandem's); the
+    // destructor does if it was not called.
+    void leave();
     EventFd &signal() { return signal_; }
     // FI_GETWAITOBJ, and FI_GETWAIT after add_fds(own set) put the owner's sockets in.
     template <class AddFds>
@@ -79,6 +94,7 @@ class WaitBinding {
     std::unique_ptr<WaitSet> own_;
     WaitSet *set_ = nullptr;
     WaitObject *object_ = nullptr;
+    bool joined_ = false;
     struct fid *owner_;
     EventFd signal_;
 };

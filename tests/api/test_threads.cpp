@@ -1,7 +1,12 @@
 // FI_THREAD_SAFE: several threads post tagged sends and receives on one endpoint pair and
 // read the shared CQs concurrently; every completion is counted exactly once.
+// MSG endpoints whose EQs and CQ are read by other threads while connections come and go,
+// under FI_THREAD_SAFE and FI_THREAD_DOMAIN (docs/architecture.md, "Threads and progress").
 #include "fabric_fixture.h"
 
+#include <condition_variable>
+#include <cstdio>
+#include <deque>
 #include <mutex>
 #include <set>
 #include <type_traits>
@@ -290,6 +295,388 @@ TEST_F(ThreadsTest, ConcurrentRegistrationAndAddressInsertion) {
         }
     }
     EXPECT_EQ(all.size(), static_cast<size_t>(kThreads * kIters)) << "duplicate fi_addr values";
+}
+
+// ---------------------------------------------------------------------------------------------
+// MSG endpoints, EQ readers and CQ readers on different threads
+
+// Aborts the test process when the work it guards does not finish in time: a deadlocked
+// thread can be neither joined nor abandoned, so failing loudly is the only way not to hang.
+class Watchdog {
+  public:
+    Watchdog(Ms limit, std::string what) : what_(std::move(what)) {
+        thread_ = std::thread([this, limit] {
+            std::unique_lock lk(mu_);
+            if (!cv_.wait_for(lk, limit, [this] { return done_; })) {
+                std::fprintf(stderr, "Watchdog: %s did not finish in %lld ms (deadlock?)\n",
+                             what_.c_str(), static_cast<long long>(limit.count()));
+                std::fflush(stderr);
+                std::abort();
+            }
+        });
+    }
+    ~Watchdog() {
+        {
+            std::lock_guard lk(mu_);
+            done_ = true;
+        }
+        cv_.notify_all();
+        thread_.join();
+    }
+
+  private:
+    std::string what_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool done_ = false;
+    std::thread thread_;
+};
+
+struct CmEvent {
+    uint32_t event = 0;
+    fid_t fid = nullptr;
+    InfoPtr info;  // FI_CONNREQ
+};
+
+// Events an EQ reader thread read, for the thread that waits for them.
+class Mailbox {
+  public:
+    void put(CmEvent e) {
+        std::lock_guard g(mu_);
+        events_.push_back(std::move(e));
+    }
+    // The first `event` naming `fid` (any fid when null), removed; nullopt when none came yet.
+    std::optional<CmEvent> take(uint32_t event, fid_t fid = nullptr) {
+        std::lock_guard g(mu_);
+        for (auto it = events_.begin(); it != events_.end(); ++it) {
+            if (it->event != event || (fid && it->fid != fid)) continue;
+            CmEvent e = std::move(*it);
+            events_.erase(it);
+            return e;
+        }
+        return std::nullopt;
+    }
+
+  private:
+    std::mutex mu_;
+    std::deque<CmEvent> events_;
+};
+
+// One operation whose completion a CQ reader thread reports; the fi_context2 comes first so
+// that op_context maps back to it.
+struct MsgOp {
+    fi_context2 fctx{};
+    std::atomic<int> state{0};  // 0 idle, 1 posted, 2 completed, 3 failed
+};
+static_assert(std::is_standard_layout_v<MsgOp>, "op_context must map back to the MsgOp");
+
+class MsgThreadsTest : public ::testing::Test {
+  protected:
+    InfoPtr info, client_info;
+    Fid<fid_fabric> fabric;
+    Fid<fid_domain> domain;
+    Fid<fid_eq> srv_eq, cli_eq;
+    Fid<fid_cq> cq;
+    Fid<fid_pep> pep;
+    Fid<fid_wait> wait_set;
+    Stats st;
+    std::atomic<bool> stop{false};
+    Mailbox srv_box, cli_box;
+    // Each round's receives and sends; members, so that a completion a CQ reader thread reads
+    // after a failed round still lands in a live object.
+    std::array<MsgOp, 4> ops_;
+
+    void open(fi_threading threading) {
+        InfoPtr hints = alloc_hints();
+        hints->fabric_attr->prov_name = strdup(provider_name());
+        hints->ep_attr->type = FI_EP_MSG;
+        hints->caps = FI_MSG;
+        hints->mode = FI_CONTEXT | FI_CONTEXT2;
+        hints->addr_format = FI_SOCKADDR_IN;
+        hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
+        hints->domain_attr->threading = threading;
+        ASSERT_FI_OK(getinfo_own("127.0.0.1", nullptr, FI_SOURCE, hints.get(), &info));
+        ASSERT_EQ(info->domain_attr->threading, threading);
+        ASSERT_FI_OK(fi_fabric(info->fabric_attr, fabric.out(), nullptr));
+        ASSERT_FI_OK(fi_domain(fabric, info.get(), domain.out(), nullptr));
+        fi_eq_attr eattr{};
+        eattr.size = 64;
+        eattr.wait_obj = FI_WAIT_UNSPEC;
+        ASSERT_FI_OK(fi_eq_open(fabric, &eattr, srv_eq.out(), nullptr));
+        ASSERT_FI_OK(fi_eq_open(fabric, &eattr, cli_eq.out(), nullptr));
+        fi_cq_attr cattr{};
+        cattr.format = FI_CQ_FORMAT_CONTEXT;
+        cattr.size = 256;
+        ASSERT_FI_OK(fi_cq_open(domain, &cattr, cq.out(), nullptr));
+    }
+
+    void listen() {
+        ASSERT_FI_OK(fi_passive_ep(fabric, info.get(), pep.out(), nullptr));
+        ASSERT_FI_OK(fi_pep_bind(pep, &srv_eq->fid, 0));
+        ASSERT_FI_OK(fi_listen(pep));
+        sockaddr_in sin{};
+        size_t len = sizeof sin;
+        ASSERT_FI_OK(fi_getname(&pep->fid, &sin, &len));
+        InfoPtr hints(fi_dupinfo(info.get()));
+        std::free(hints->src_addr);
+        hints->src_addr = nullptr;
+        hints->src_addrlen = 0;
+        const std::string port = std::to_string(ntohs(sin.sin_port));
+        ASSERT_FI_OK(getinfo_own("127.0.0.1", port.c_str(), 0, hints.get(), &client_info));
+    }
+
+    // Reader threads: joined before anything they use goes away, also when a test fails early.
+    std::vector<std::thread> workers_;
+    template <class F>
+    void spawn(F &&f) {
+        workers_.emplace_back(std::forward<F>(f));
+    }
+    void stop_workers() {
+        stop = true;
+        for (auto &t : workers_) t.join();
+        workers_.clear();
+    }
+
+    void TearDown() override {
+        stop_workers();
+        pep.reset();
+        wait_set.reset();
+        cq.reset();
+        srv_eq.reset();
+        cli_eq.reset();
+        domain.reset();
+        fabric.reset();
+    }
+
+    std::string problems() {
+        std::string s;
+        for (auto &p : st.problems) s += "\n  " + p;
+        return s;
+    }
+
+    // Reads `eq` until `stop`: with fi_eq_sread, or with fi_eq_read and, between reads that
+    // find nothing, fi_trywait and FI_GETWAIT (the calls that collect the sources' sockets).
+    void read_eq(fid_eq *eq, bool blocking, Mailbox &box) {
+        alignas(fi_eq_cm_entry) uint8_t raw[sizeof(fi_eq_cm_entry) + 256];
+        while (!stop) {
+            uint32_t ev = 0;
+            ssize_t n = blocking ? fi_eq_sread(eq, &ev, raw, sizeof raw, 20, 0)
+                                 : fi_eq_read(eq, &ev, raw, sizeof raw, 0);
+            if (n == -FI_EAGAIN) {
+                if (!blocking) {
+                    fid_t f = &eq->fid;
+                    int ret = fi_trywait(fabric, &f, 1);
+                    if (ret && ret != -FI_EAGAIN) st.problem("fi_trywait: " + fi_err_str(ret));
+                    int fd = -1;
+                    ret = fi_control(&eq->fid, FI_GETWAIT, &fd);
+                    if (ret) st.problem("FI_GETWAIT: " + fi_err_str(ret));
+                }
+                continue;
+            }
+            if (n == -FI_EAVAIL) {
+                fi_eq_err_entry err{};
+                if (fi_eq_readerr(eq, &err, 0) > 0)
+                    st.problem(std::string("EQ error event: ") + fi_strerror(err.err));
+                continue;
+            }
+            if (n < ssize_t(sizeof(fi_eq_cm_entry))) {
+                st.problem("fi_eq_read: " + fi_err_str(n));
+                continue;
+            }
+            fi_eq_cm_entry cm{};
+            std::memcpy(&cm, raw, sizeof cm);
+            box.put(CmEvent{ev, cm.fid, InfoPtr(ev == FI_CONNREQ ? cm.info : nullptr)});
+        }
+    }
+
+    // Reads the CQ once and marks the operations it reports.
+    void read_cq() {
+        fi_cq_entry e[8];
+        ssize_t n = fi_cq_read(cq, e, 8);
+        if (n == -FI_EAGAIN) return;
+        if (n == -FI_EAVAIL) {
+            fi_cq_err_entry err{};
+            if (fi_cq_readerr(cq, &err, 0) == 1) {
+                st.problem(std::string("error completion: ") + fi_strerror(err.err));
+                if (err.op_context) static_cast<MsgOp *>(err.op_context)->state = 3;
+            }
+            return;
+        }
+        if (n < 0) {
+            st.problem("fi_cq_read: " + fi_err_str(n));
+            return;
+        }
+        for (ssize_t i = 0; i < n; ++i) static_cast<MsgOp *>(e[i].op_context)->state = 2;
+    }
+
+    // Waits until `done()`; reads the CQ meanwhile when this thread is the domain's
+    // (`drive_cq`), else another thread's reads make the progress. False after a generous
+    // deadline (a guard against hanging, not a timing requirement).
+    bool wait_for(const std::function<bool()> &done, bool drive_cq) {
+        return ::tandem_test::poll_until([&] {
+            if (drive_cq) read_cq();
+            return done();
+        });
+    }
+
+    // `rounds` times: a client connects, the server accepts, each sends the other a message,
+    // the client shuts down, the server sees FI_SHUTDOWN, both close. Every wait is on events
+    // and completions other threads read (the EQs always; the CQ unless `drive_cq`).
+    void connect_exchange_close(int rounds, Mailbox &srv_box, Mailbox &cli_box, bool drive_cq) {
+        AlignedBuf sbuf(256), rbuf(256), sbuf2(256), rbuf2(256);
+        for (int round = 0; round < rounds && !HasFailure(); ++round) {
+            Fid<fid_ep> cli, srv;
+            ASSERT_FI_OK(fi_endpoint(domain, client_info.get(), cli.out(), nullptr));
+            ASSERT_FI_OK(fi_ep_bind(cli, &cli_eq->fid, 0));
+            ASSERT_FI_OK(fi_ep_bind(cli, &cq->fid, FI_TRANSMIT | FI_RECV));
+            ASSERT_FI_OK(fi_enable(cli));
+            ASSERT_FI_OK(fi_connect(cli, client_info->dest_addr, nullptr, 0));
+            std::optional<CmEvent> req;
+            ASSERT_TRUE(
+                wait_for([&] { return (req = srv_box.take(FI_CONNREQ)).has_value(); }, drive_cq))
+                << "round " << round << ": no FI_CONNREQ" << problems();
+            ASSERT_FI_OK(fi_endpoint(domain, req->info.get(), srv.out(), nullptr));
+            ASSERT_FI_OK(fi_ep_bind(srv, &srv_eq->fid, 0));
+            ASSERT_FI_OK(fi_ep_bind(srv, &cq->fid, FI_TRANSMIT | FI_RECV));
+            ASSERT_FI_OK(fi_enable(srv));
+            auto &[recv_srv, recv_cli, send_cli, send_srv] = ops_;
+            for (MsgOp &op : ops_) op.state = 1;
+            ASSERT_FI_OK(fi_recv(srv, rbuf.data(), 256, nullptr, 0, &recv_srv.fctx));
+            ASSERT_FI_OK(fi_recv(cli, rbuf2.data(), 256, nullptr, 0, &recv_cli.fctx));
+            ASSERT_FI_OK(fi_accept(srv, nullptr, 0));
+            ASSERT_TRUE(wait_for([&] { return cli_box.take(FI_CONNECTED, &cli->fid).has_value(); },
+                                 drive_cq))
+                << "round " << round << ": client not connected" << problems();
+            ASSERT_TRUE(wait_for([&] { return srv_box.take(FI_CONNECTED, &srv->fid).has_value(); },
+                                 drive_cq))
+                << "round " << round << ": server not connected" << problems();
+            fill_pattern(sbuf.data(), 256, round);
+            fill_pattern(sbuf2.data(), 256, round + 1000);
+            ASSERT_FI_OK(fi_send(cli, sbuf.data(), 256, nullptr, 0, &send_cli.fctx));
+            ASSERT_FI_OK(fi_send(srv, sbuf2.data(), 256, nullptr, 0, &send_srv.fctx));
+            ASSERT_TRUE(wait_for(
+                [&] {
+                    return recv_srv.state != 1 && recv_cli.state != 1 && send_cli.state != 1 &&
+                           send_srv.state != 1;
+                },
+                drive_cq))
+                << "round " << round << ": messages not completed" << problems();
+            EXPECT_EQ(recv_srv.state.load(), 2);
+            EXPECT_EQ(recv_cli.state.load(), 2);
+            EXPECT_EQ(check_pattern(rbuf.data(), 256, round), -1) << "round " << round;
+            EXPECT_EQ(check_pattern(rbuf2.data(), 256, round + 1000), -1) << "round " << round;
+            ASSERT_FI_OK(fi_shutdown(cli, 0));
+            ASSERT_TRUE(wait_for([&] { return srv_box.take(FI_SHUTDOWN, &srv->fid).has_value(); },
+                                 drive_cq))
+                << "round " << round << ": no FI_SHUTDOWN at the server" << problems();
+            // The fids are closed while the EQ readers go on reading.
+        }
+    }
+};
+
+// Two EQ readers (fi_eq_sread on the server's EQ; fi_eq_read, fi_trywait and FI_GETWAIT on the
+// client's) and a CQ reader, each on its own thread, while the main thread connects, exchanges
+// messages, shuts down and closes MSG endpoints. The EQ readers drive the endpoints'
+// connection progress and the CQ reader their data progress, so each lock of tandem is taken
+// from both sides: CQ progress holds the domain lock and posts to an EQ, and an EQ collecting
+// its sources' sockets must not hold its own lock meanwhile (it did: lock-order inversion,
+// and a deadlock when the two met).
+TEST_F(MsgThreadsTest, EqAndCqReadersWhileConnectionsComeAndGo) {
+    ASSERT_NO_FATAL_FAILURE(open(FI_THREAD_SAFE));
+    ASSERT_NO_FATAL_FAILURE(listen());
+    Watchdog dog(50s, "EqAndCqReadersWhileConnectionsComeAndGo");
+    spawn([this] { read_eq(srv_eq, true, srv_box); });
+    spawn([this] { read_eq(cli_eq, false, cli_box); });
+    spawn([this] {
+        while (!stop) read_cq();
+    });
+    connect_exchange_close(40, srv_box, cli_box, false);
+    stop_workers();
+    EXPECT_TRUE(st.problems.empty()) << problems();
+}
+
+// fi_close of passive and active endpoints while other threads read the EQ they are bound to
+// (fi_eq_read, fi_eq_sread, fi_trywait, FI_GETWAIT): each read drives the connection progress
+// of the EQ's endpoints, and a close must wait for a read that is inside its endpoint rather
+// than free it under the reader.
+TEST_F(MsgThreadsTest, EndpointsCloseWhileOtherThreadsReadTheirEq) {
+    ASSERT_NO_FATAL_FAILURE(open(FI_THREAD_SAFE));
+    Watchdog dog(50s, "EndpointsCloseWhileOtherThreadsReadTheirEq");
+    spawn([this] { read_eq(srv_eq, false, srv_box); });
+    spawn([this] { read_eq(srv_eq, true, srv_box); });
+    for (int i = 0; i < 300 && !HasFailure(); ++i) {
+        Fid<fid_pep> p;
+        ASSERT_FI_OK(fi_passive_ep(fabric, info.get(), p.out(), nullptr));
+        ASSERT_FI_OK(fi_pep_bind(p, &srv_eq->fid, 0));
+        ASSERT_FI_OK(fi_listen(p));
+        Fid<fid_ep> ep;
+        ASSERT_FI_OK(fi_endpoint(domain, info.get(), ep.out(), nullptr));
+        ASSERT_FI_OK(fi_ep_bind(ep, &srv_eq->fid, 0));
+        ASSERT_FI_OK(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV));
+        ASSERT_FI_OK(fi_enable(ep));
+        EXPECT_FI_OK(fi_close(&ep.release()->fid));
+        EXPECT_FI_OK(fi_close(&p.release()->fid));
+    }
+    stop_workers();
+    EXPECT_TRUE(st.problems.empty()) << problems();
+}
+
+// FI_THREAD_DOMAIN: the application serialises its calls on the domain's objects (here: the
+// main thread makes them all, CQ reads included), but EQs belong to the fabric (fi_domain(3)),
+// so other threads read them meanwhile. Those reads drive the progress of the same endpoints
+// the CQ reads drive, which must therefore not run at once (ThreadSanitizer reported the race
+// when the domain lock was skipped).
+TEST_F(MsgThreadsTest, ThreadDomainEqReadersBesideTheCqReader) {
+    ASSERT_NO_FATAL_FAILURE(open(FI_THREAD_DOMAIN));
+    ASSERT_NO_FATAL_FAILURE(listen());
+    Watchdog dog(50s, "ThreadDomainEqReadersBesideTheCqReader");
+    spawn([this] { read_eq(srv_eq, true, srv_box); });
+    spawn([this] { read_eq(cli_eq, false, cli_box); });
+    connect_exchange_close(20, srv_box, cli_box, true);
+    stop_workers();
+    EXPECT_TRUE(st.problems.empty()) << problems();
+}
+
+// CQs, counters and EQs opened on a wait set, then closed, while another thread waits on the
+// set: fi_wait asks each member (fi_trywait) without the set's mutex, and a close must wait
+// for a wait that is inside its object rather than free it under the waiter.
+TEST_F(MsgThreadsTest, WaitSetMembersCloseWhileAnotherThreadWaits) {
+    ASSERT_NO_FATAL_FAILURE(open(FI_THREAD_SAFE));
+    fi_wait_attr wattr{};
+    wattr.wait_obj = FI_WAIT_UNSPEC;
+    ASSERT_FI_OK(fi_wait_open(fabric, &wattr, wait_set.out()));
+    fid_wait *set = wait_set;
+    Watchdog dog(50s, "WaitSetMembersCloseWhileAnotherThreadWaits");
+    spawn([this, set] {
+        while (!stop) {
+            int ret = fi_wait(set, 0);
+            if (ret && ret != -FI_ETIMEDOUT) st.problem("fi_wait: " + fi_err_str(ret));
+        }
+    });
+    for (int i = 0; i < 300 && !HasFailure(); ++i) {
+        fi_cq_attr cattr{};
+        cattr.format = FI_CQ_FORMAT_CONTEXT;
+        cattr.wait_obj = FI_WAIT_SET;
+        cattr.wait_set = set;
+        Fid<fid_cq> c;
+        ASSERT_FI_OK(fi_cq_open(domain, &cattr, c.out(), nullptr));
+        fi_cntr_attr nattr{};
+        nattr.events = FI_CNTR_EVENTS_COMP;
+        nattr.wait_obj = FI_WAIT_SET;
+        nattr.wait_set = set;
+        Fid<fid_cntr> n;
+        ASSERT_FI_OK(fi_cntr_open(domain, &nattr, n.out(), nullptr));
+        fi_eq_attr eattr{};
+        eattr.wait_obj = FI_WAIT_SET;
+        eattr.wait_set = set;
+        Fid<fid_eq> e;
+        ASSERT_FI_OK(fi_eq_open(fabric, &eattr, e.out(), nullptr));
+        EXPECT_FI_OK(fi_close(&c.release()->fid));
+        EXPECT_FI_OK(fi_close(&n.release()->fid));
+        EXPECT_FI_OK(fi_close(&e.release()->fid));
+    }
+    stop_workers();
+    EXPECT_TRUE(st.problems.empty()) << problems();
 }
 
 }  // namespace

@@ -1,0 +1,150 @@
+// The lock order of the main provider (docs/architecture.md, "Threads and progress"):
+//
+//     domain lock (DomainLock)    ─┐
+//                                  ├─>  EQ mutex (EqMutex)
+//     passive endpoint's mutex    ─┘
+//
+// CQ and counter progress holds the domain lock and posts connection events to an EQ; a
+// passive endpoint's progress holds its mutex and posts FI_CONNREQ. So a thread that holds an
+// EQ's mutex takes no other lock of tandem's and calls into no endpoint (an EQ walks its
+// sources without its mutex: Eq::for_each_source).
+//
+// With TANDEM_LOCK_CHECKS (every sanitizer build) the order is checked on each acquisition
+// and a violation aborts at once with a message, where the deadlock it allows would need an
+// unlucky schedule. Without it the checks compile to nothing.
+#pragma once
+
+#include <atomic>
+#include <mutex>
+
+#ifndef TANDEM_LOCK_CHECKS
+#define TANDEM_LOCK_CHECKS 0
+#endif
+
+#if TANDEM_LOCK_CHECKS
+#include <thread>
+#endif
+
+namespace tandem {
+
+#if TANDEM_LOCK_CHECKS
+namespace lock_order {
+// EQ mutexes the calling thread holds.
+inline thread_local int eq_mutexes_held = 0;
+[[noreturn]] void violated(const char *what) noexcept;
+}  // namespace lock_order
+#define TANDEM_LOCK_ASSERT(cond, what)                     \
+    do {                                                   \
+        if (!(cond)) ::tandem::lock_order::violated(what); \
+    } while (0)
+#else
+#define TANDEM_LOCK_ASSERT(cond, what) ((void)0)
+#endif
+
+// Called before taking a lock that comes before the EQ's in the order.
+inline void lock_order_before_eq([[maybe_unused]] const char *lock_name) noexcept {
+    TANDEM_LOCK_ASSERT(lock_order::eq_mutexes_held == 0, lock_name);
+}
+
+// An EQ's mutex: the last lock of the order.
+class EqMutex {
+  public:
+    void lock() {
+        mutex_.lock();
+#if TANDEM_LOCK_CHECKS
+        owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+        ++lock_order::eq_mutexes_held;
+#endif
+    }
+    void unlock() {
+#if TANDEM_LOCK_CHECKS
+        --lock_order::eq_mutexes_held;
+        owner_.store(std::thread::id(), std::memory_order_relaxed);
+#endif
+        mutex_.unlock();
+    }
+#if TANDEM_LOCK_CHECKS
+    // Whether the calling thread holds it (for TANDEM_LOCK_ASSERT only).
+    bool held() const noexcept {
+        return owner_.load(std::memory_order_relaxed) == std::this_thread::get_id();
+    }
+#endif
+
+  private:
+    std::mutex mutex_;
+#if TANDEM_LOCK_CHECKS
+    std::atomic<std::thread::id> owner_{};
+#endif
+};
+
+// A domain's lock, first in the order: CQ and counter progress holds it and posts connection
+// events to EQs. Recursive: the offload twin calls back into its owner (peer CQ writes, SRX
+// gets) from inside calls that hold it.
+// Under FI_THREAD_DOMAIN the application serialises every call on the domain's objects
+// (fi_domain(3)), so the lock is skipped, until an endpoint of the domain is bound to an EQ:
+// an EQ is the fabric's, any thread may read it while another reads a CQ, and its reads drive
+// that endpoint's progress. From then on the lock is taken (require()).
+class DomainLock {
+  public:
+    explicit DomainLock(bool needed) : needed_(needed) {}
+    void lock() {
+        lock_order_before_eq("the domain lock taken under an EQ's mutex");
+        if (!needed_.load(std::memory_order_relaxed)) return;
+        mutex_.lock();
+#if TANDEM_LOCK_CHECKS
+        if (depth_++ == 0) owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+#endif
+    }
+    void unlock() {
+        if (!needed_.load(std::memory_order_relaxed)) return;
+        TANDEM_LOCK_ASSERT(held(),
+                           "the domain lock released by a thread that does not hold it "
+                           "(turned on inside one of its guards?)");
+#if TANDEM_LOCK_CHECKS
+        if (--depth_ == 0) owner_.store(std::thread::id(), std::memory_order_relaxed);
+#endif
+        mutex_.unlock();
+    }
+    // Takes the lock from now on, for good. The caller holds no guard of it (a guard taken
+    // while it was skipped would release a mutex it never locked), and no other thread is
+    // inside the domain: under FI_THREAD_DOMAIN the application serialises the call that turns
+    // it on (fi_ep_bind to an EQ) with every other call on the domain's objects, and no EQ
+    // reaches the domain's endpoints before one of them is bound.
+    void require() noexcept {
+        needed_.store(true, std::memory_order_relaxed);
+    }
+#if TANDEM_LOCK_CHECKS
+    // Whether the calling thread may touch the domain's objects: it holds the lock, or the
+    // lock is skipped (the application serialises).
+    bool held() const noexcept {
+        return !needed_.load(std::memory_order_relaxed) ||
+               owner_.load(std::memory_order_relaxed) == std::this_thread::get_id();
+    }
+#endif
+
+  private:
+    // Relaxed: it only goes from false to true, before the domain's first EQ binding, and a
+    // thread that reads it afterwards learned of that binding through the EQ's mutex or the
+    // application's own ordering of its calls.
+    std::atomic<bool> needed_;
+    std::recursive_mutex mutex_;
+#if TANDEM_LOCK_CHECKS
+    std::atomic<std::thread::id> owner_{};
+    int depth_ = 0;  // guarded by mutex_
+#endif
+};
+
+// A passive endpoint's mutex: before the EQ's in the order (its progress posts FI_CONNREQ).
+class PepMutex {
+  public:
+    void lock() {
+        lock_order_before_eq("a passive endpoint's mutex taken under an EQ's mutex");
+        mutex_.lock();
+    }
+    void unlock() { mutex_.unlock(); }
+
+  private:
+    std::mutex mutex_;
+};
+
+}  // namespace tandem
