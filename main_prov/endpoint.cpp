@@ -234,8 +234,15 @@ Endpoint::Endpoint(Domain *domain, fi_info *info, void *context)
         if (ret) fail(-ret, "cannot listen on the source address");
     }
     if (info_->handle) {
-        if (type_ != FI_EP_MSG || info_->handle->fclass != FI_CLASS_CONNREQ)
-            fail(FI_EINVAL, "connection request handle on a non-MSG endpoint");
+        if (type_ != FI_EP_MSG) fail(FI_EINVAL, "a handle in the info of a non-MSG endpoint");
+        if (info_->handle->fclass == FI_CLASS_PEP) {
+            // fi_endpoint(3): the active endpoint acquires the passive endpoint's address,
+            // and its connection leaves from it.
+            src_name_ = PassiveEndpoint::of(info_->handle)->surrender_address();
+            info_->handle = nullptr;
+        } else if (info_->handle->fclass != FI_CLASS_CONNREQ) {
+            fail(FI_EINVAL, "the handle is neither a connection request nor a passive endpoint");
+        }
     }
     domain_->hold();
 }
@@ -625,7 +632,12 @@ int Endpoint::connect(const void *addr, const void *param, size_t paramlen) {
     if (paramlen) memcpy(priv.data() + sizeof hello, param, paramlen);
     auto peer = std::make_unique<Peer>();
     peer->name = dst;
-    peer->conn = transport_->connect(dst.sa(), dst.length(), priv.data(), priv.size());
+    // An address the application reserved (setname, or a passive endpoint's) is the
+    // connection's own; with port 0 the system picks one, as for any client socket.
+    bool reserved = src_name_.port() != 0;
+    peer->conn =
+        transport_->connect(dst.sa(), dst.length(), priv.data(), priv.size(),
+                            reserved ? src_name_.sa() : nullptr, reserved ? src_name_.length() : 0);
     peer->conn->context = peer.get();
     msg_peer_ = peer.get();
     peers_[dst.key()] = std::move(peer);

@@ -134,7 +134,7 @@ int PassiveEndpoint::setopt(int level, int optname, const void *optval, size_t o
 
 int PassiveEndpoint::setname(void *addr, size_t addrlen) {
     std::lock_guard guard(mutex_);
-    if (listening_) return -FI_EOPBADSTATE;
+    if (listening_ || surrendered_) return -FI_EOPBADSTATE;
     if (!addr || !EndpointName::from_bytes(addr, addrlen, name_)) return -FI_EINVAL;
     return 0;
 }
@@ -153,9 +153,21 @@ int PassiveEndpoint::getname(void *addr, size_t *addrlen) {
     return 0;
 }
 
+EndpointName PassiveEndpoint::surrender_address() {
+    std::lock_guard guard(mutex_);
+    EndpointName name = name_;
+    if (listening_) name.ss = transport_->name();
+    substitute_interface_address(info_->domain_attr ? info_->domain_attr->name : nullptr, name);
+    // Its listener (and any request not yet read) goes: the address is the new endpoint's.
+    transport_ = std::make_unique<TcpTransport>(this, Config::get().link_settings());
+    listening_ = false;
+    surrendered_ = true;
+    return name;
+}
+
 int PassiveEndpoint::listen() {
     std::lock_guard guard(mutex_);
-    if (listening_) return -FI_EOPBADSTATE;
+    if (listening_ || surrendered_) return -FI_EOPBADSTATE;
     if (!eq_) return -FI_ENOEQ;
     int ret = transport_->listen(name_.sa(), name_.length(), 512);
     if (ret) return ret;

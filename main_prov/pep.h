@@ -45,6 +45,10 @@ class PassiveEndpoint : public FidObject<PassiveEndpoint, fid_pep>,
     int getname(void *addr, size_t *addrlen);
     int listen();
     int reject(fid_t handle, const void *param, size_t paramlen);
+    // An active endpoint takes this one's address (fi_endpoint(3): info->handle set to a
+    // passive endpoint). It stops listening and has no fabric resources left after; the
+    // application closes it. Returns the address (the interface's in place of a wildcard).
+    EndpointName surrender_address();
 
     void progress_cm() override;
     void cm_watch(WaitSet &set) override;
@@ -62,6 +66,7 @@ class PassiveEndpoint : public FidObject<PassiveEndpoint, fid_pep>,
     EndpointName name_;
     Eq *eq_ = nullptr;
     bool listening_ = false;
+    bool surrendered_ = false;  // its address went to an active endpoint
     size_t cm_data_size_;
 };
 

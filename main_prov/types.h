@@ -28,6 +28,8 @@ struct EndpointName {
     // A key that identifies the name (family, address, port), for maps.
     std::string key() const { return std::string(reinterpret_cast<const char *>(&ss), length()); }
     std::string to_string() const;
+    // The port, in host order (sin_port and sin6_port sit at the same offset).
+    uint16_t port() const { return ntohs(reinterpret_cast<const sockaddr_in *>(&ss)->sin_port); }
     static bool from_bytes(const void *bytes, size_t len, EndpointName &out);
 };
 

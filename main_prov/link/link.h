@@ -153,9 +153,12 @@ class LinkTransport {
     virtual sockaddr_storage name() const = 0;
 
     // Starts a connection; completion is reported as a CmEvent (Established / Rejected /
-    // Unreachable). The private data reaches the peer's ConnectRequest.
+    // Unreachable). The private data reaches the peer's ConnectRequest. src, when given, is
+    // the connection's own address (one the application reserved: rdma_bind_addr before
+    // rdma_resolve_addr on verbs, bind before connect on TCP); otherwise the system picks.
     virtual LinkConnection *connect(const sockaddr *dst, socklen_t len, const void *priv,
-                                    size_t priv_len) = 0;
+                                    size_t priv_len, const sockaddr *src = nullptr,
+                                    socklen_t src_len = 0) = 0;
     // Adopts a connection created by another transport's listener (a passive endpoint's
     // connection request accepted on an active endpoint). Ownership moves here.
     virtual void adopt(std::unique_ptr<LinkConnection> conn) = 0;

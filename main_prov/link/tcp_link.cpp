@@ -1174,11 +1174,22 @@ sockaddr_storage TcpTransport::name() const {
 }
 
 LinkConnection *TcpTransport::connect(const sockaddr *dst, socklen_t len, const void *priv,
-                                      size_t priv_len) {
+                                      size_t priv_len, const sockaddr *src, socklen_t src_len) {
     if (priv_len > wire::kMaxCmPrivate + 64) fail(FI_EINVAL, "connection data too large");
     int fd = socket(dst->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) fail(errno, "socket");
     set_socket_options(fd, config_.socket_buffer);
+    if (src) {
+        // The address was reserved by the application (a passive endpoint's, or setname):
+        // SO_REUSEADDR lets the connection take it while a socket that held it lingers.
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(fd, src, src_len) != 0) {
+            int err = errno;
+            ::close(fd);
+            fail(err, "cannot bind the connection to its source address");
+        }
+    }
     auto conn = std::make_unique<TcpConnection>(this, fd, TcpConnection::State::Connecting);
     if (::connect(fd, dst, len) < 0 && errno != EINPROGRESS) {
         int err = errno;

@@ -219,8 +219,8 @@ class TcpTransport final : public LinkTransport {
     const LinkCaps &caps() const override { return caps_; }
     int listen(const sockaddr *addr, socklen_t len, int backlog) override;
     sockaddr_storage name() const override;
-    LinkConnection *connect(const sockaddr *dst, socklen_t len, const void *priv,
-                            size_t priv_len) override;
+    LinkConnection *connect(const sockaddr *dst, socklen_t len, const void *priv, size_t priv_len,
+                            const sockaddr *src = nullptr, socklen_t src_len = 0) override;
     void adopt(std::unique_ptr<LinkConnection> conn) override;
     void destroy(LinkConnection *conn) override;
     int post_recv(void *buf, size_t len, uint64_t wr_id) override;

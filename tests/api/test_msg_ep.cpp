@@ -390,6 +390,53 @@ TEST_F(MsgEpTest, GetpeerNamesTheOtherSide) {
     EXPECT_EQ(cli_name.sin_addr.s_addr, srv_peer.sin_addr.s_addr);
 }
 
+// fi_endpoint(3): an active endpoint opened with info->handle set to a passive endpoint
+// acquires its address: fi_getname says so before and after the connection, the connection
+// leaves from it (the server sees it as the peer), and the passive endpoint no longer listens.
+TEST_F(MsgEpTest, ActiveEndpointTakesThePassiveEndpointsAddress) {
+    Fid<fid_eq> eq2;
+    fi_eq_attr eq_attr{};
+    ASSERT_FI_OK(fi_eq_open(fabric, &eq_attr, eq2.out(), nullptr));
+    Fid<fid_pep> reserved;
+    ASSERT_FI_OK(fi_passive_ep(fabric, info.get(), reserved.out(), nullptr));
+    ASSERT_FI_OK(fi_pep_bind(reserved, &eq2->fid, 0));
+    ASSERT_FI_OK(fi_listen(reserved));  // a port of its own
+    sockaddr_in bound{};
+    size_t len = sizeof bound;
+    ASSERT_FI_OK(fi_getname(&reserved->fid, &bound, &len));
+    ASSERT_NE(bound.sin_port, 0);
+
+    InfoPtr hints(fi_dupinfo(info.get()));
+    hints->handle = &reserved->fid;
+    const std::string svc = std::to_string(pep_port());
+    fi_info *raw = nullptr;
+    ASSERT_FI_OK(fi_getinfo(kApiVersion, "127.0.0.1", svc.c_str(), 0, hints.get(), &raw));
+    hints->handle = nullptr;
+    InfoPtr cinfo(raw);
+    ASSERT_EQ(cinfo->handle, &reserved->fid);
+    Conn &cli = new_conn(cinfo.get(), cli_eq);
+    ASSERT_TRUE(cli.ep);
+    EXPECT_FI_RET(fi_listen(reserved), -FI_EOPBADSTATE);  // its address is the endpoint's now
+    reserved.reset();
+    auto name_of = [](fid_t fid) {
+        sockaddr_in sin{};
+        size_t l = sizeof sin;
+        EXPECT_FI_OK(fi_getname(fid, &sin, &l));
+        return sin;
+    };
+    EXPECT_EQ(name_of(&cli.ep->fid).sin_port, bound.sin_port);
+    ASSERT_FI_OK(fi_connect(cli.ep, cinfo->dest_addr, nullptr, 0));
+    auto req = next_connreq();
+    ASSERT_TRUE(req) << srv_log.summary();
+    auto *peer = static_cast<const sockaddr_in *>(req->info->dest_addr);
+    EXPECT_EQ(peer->sin_port, bound.sin_port) << "the connection did not leave from it";
+    Conn *srv = accept(*req, nullptr, 0);
+    ASSERT_TRUE(srv);
+    ASSERT_TRUE(connected(cli, cli_log)) << cli_log.summary();
+    EXPECT_EQ(name_of(&cli.ep->fid).sin_port, bound.sin_port);
+    exchange(cli, *srv, 64, 41);
+}
+
 TEST_F(MsgEpTest, DataFlowsBothWaysAfterConnect) {
     auto [cli, srv] = establish();
     ASSERT_TRUE(cli && srv);
