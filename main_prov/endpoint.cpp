@@ -670,6 +670,13 @@ int Endpoint::accept(const void *param, size_t paramlen) {
     transport_->adopt(std::move(pending_request_));
     int ret = conn->accept(param, paramlen);
     if (ret) return ret;
+    // The connection is up once accepted: FI_CONNECTED goes to the EQ now, before the
+    // application reads it for the next request. Left to this endpoint's next progress, it
+    // came after the passive endpoint's next FI_CONNREQ whenever an EQ read progressed the
+    // listener first (fabtests' fi_multi_ep waits for FI_CONNECTED of the endpoint it just
+    // accepted).
+    CmEvent ev;
+    while (transport_->poll_cm(ev)) handle_cm_event(ev);
     return 0;
 }
 
@@ -682,6 +689,16 @@ int Endpoint::shutdown(uint64_t flags) {
     msg_state_ = MsgState::Shutdown;
     msg_peer_->established = false;
     msg_peer_->conn->disconnect();
+    // The endpoint that shuts down gets its FI_SHUTDOWN too, at once (verbs' rdma_disconnect
+    // produces a local DISCONNECTED event, libfabric's tcp provider writes the event): an
+    // application may wait for it before closing, as fabtests' fi_cm_data does on both
+    // sides. The peer's disconnect that follows adds none (the state is no longer
+    // Connected).
+    if (eq_) {
+        fi_eq_cm_entry entry{};
+        entry.fid = base_fid();
+        eq_->post(FI_SHUTDOWN, &entry, sizeof entry);
+    }
     return 0;
 }
 

@@ -568,6 +568,54 @@ TEST_F(MsgEpTest, ShutdownNotifiesPeer) {
     }
 }
 
+// The endpoint that calls fi_shutdown gets FI_SHUTDOWN as well (as on verbs and libfabric's
+// tcp provider), once, and so does its peer when it shuts down in turn: fabtests' fi_cm_data
+// has both sides call fi_shutdown and wait for the event.
+TEST_F(MsgEpTest, EachSideThatShutsDownGetsOneFiShutdown) {
+    auto [cli, srv] = establish();
+    ASSERT_TRUE(cli && srv);
+    ASSERT_FI_OK(fi_shutdown(cli->ep, 0));
+    ASSERT_TRUE(poll_until([&] { return cli_log.find(FI_SHUTDOWN, &cli->ep->fid) != nullptr; }))
+        << "no FI_SHUTDOWN on the endpoint that shut down: " << cli_log.summary();
+    ASSERT_TRUE(poll_until([&] { return srv_log.find(FI_SHUTDOWN, &srv->ep->fid) != nullptr; }))
+        << srv_log.summary();
+    ASSERT_FI_OK(fi_shutdown(srv->ep, 0));
+    for (int i = 0; i < 100; ++i) progress();
+    auto count = [](const EqLog &log, fid_t fid) {
+        return std::count_if(log.events.begin(), log.events.end(), [&](const EqEvent &e) {
+            return e.event == FI_SHUTDOWN && e.fid == fid;
+        });
+    };
+    EXPECT_EQ(count(cli_log, &cli->ep->fid), 1) << cli_log.summary();
+    EXPECT_EQ(count(srv_log, &srv->ep->fid), 1) << srv_log.summary();
+}
+
+// FI_CONNECTED of an accepted endpoint is on the EQ when fi_accept returns: an application
+// that accepts and then reads the EQ must not find the listener's next FI_CONNREQ first
+// (fabtests' fi_multi_ep). Seen without reading the EQ (a read progresses the listener): the
+// EQ's descriptor is readable at once.
+TEST_F(MsgEpTest, FiConnectedIsOnTheEqWhenAcceptReturns) {
+    Conn *cli = connect("x", 1);
+    ASSERT_TRUE(cli);
+    auto req = next_connreq();
+    ASSERT_TRUE(req) << srv_log.summary();
+    int fd = -1;
+    ASSERT_FI_OK(fi_control(&srv_eq->fid, FI_GETWAIT, &fd));
+    ASSERT_GE(fd, 0);
+    Conn *srv = accept(*req, nullptr, 0);
+    ASSERT_TRUE(srv);
+    pollfd pfd{fd, POLLIN, 0};
+    EXPECT_EQ(poll(&pfd, 1, 0), 1) << "nothing on the EQ when fi_accept returned";
+    alignas(16) uint8_t raw[sizeof(fi_eq_cm_entry) + 64];
+    uint32_t event = 0;
+    ASSERT_GE(fi_eq_read(srv_eq, &event, raw, sizeof raw, 0), ssize_t(sizeof(fi_eq_cm_entry)));
+    EXPECT_EQ(event, uint32_t(FI_CONNECTED));
+    fi_eq_cm_entry entry{};
+    std::memcpy(&entry, raw, sizeof entry);
+    EXPECT_EQ(entry.fid, &srv->ep->fid);
+    EXPECT_TRUE(connected(*cli, cli_log)) << cli_log.summary();
+}
+
 TEST_F(MsgEpTest, ClosingPeerEndpointNotifiesShutdown) {
     auto [cli, srv] = establish();
     ASSERT_TRUE(cli && srv);
