@@ -178,19 +178,6 @@ fi_ops_rma ep_rma_ops = {
 
 fi_ops_ep alias_ep_ops = fid_ep_ops();
 
-fi_ops_cm alias_cm_ops = {
-    .size = sizeof(fi_ops_cm),
-    .setname = enosys<decltype(fi_ops_cm::setname)>,
-    .getname = enosys<decltype(fi_ops_cm::getname)>,
-    .getpeer = enosys<decltype(fi_ops_cm::getpeer)>,
-    .connect = enosys<decltype(fi_ops_cm::connect)>,
-    .listen = enosys<decltype(fi_ops_cm::listen)>,
-    .accept = enosys<decltype(fi_ops_cm::accept)>,
-    .reject = enosys<decltype(fi_ops_cm::reject)>,
-    .shutdown = enosys<decltype(fi_ops_cm::shutdown)>,
-    .join = enosys<decltype(fi_ops_cm::join)>,
-};
-
 }  // namespace
 
 Endpoint::Endpoint(Domain *domain, fi_info *info, void *context)
@@ -407,11 +394,10 @@ int Endpoint::control(int command, void *arg) {
             auto *a = new EndpointAlias(this, d);
             a->init_fid(FI_CLASS_EP, base_fid()->context, &alias_fi_ops);
             a->fid()->ops = &alias_ep_ops;
-            a->fid()->cm = &alias_cm_ops;
             a->fid()->msg = &ep_msg_ops;
             a->fid()->tagged = &ep_tagged_ops;
             a->fid()->rma = &ep_rma_ops;
-            complete_ep_tables(*a->fid());
+            complete_ep_tables(*a->fid());  // no connection management of its own
             *alias->fid = a->base_fid();
             return 0;
         }

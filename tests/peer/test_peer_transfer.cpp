@@ -3,6 +3,7 @@
 // endpoints. Their traffic must never reach the application: a wildcard receive posted by the
 // application gets the application's message only, and no twin completion lands on its CQ.
 #include "peer/peer_abi.h"
+#include "tests/common/rdm_endpoint.h"
 
 #include <gtest/gtest.h>
 
@@ -24,58 +25,15 @@ namespace {
 // introduction: this test is about the network path. Read when the provider loads.
 const int g_env = setenv("FI_TANDEM_LOCAL", "0", 1);
 
-struct Rdm {
-    fi_info *info = nullptr;
-    fid_fabric *fabric = nullptr;
-    fid_domain *domain = nullptr;
-    fid_cq *cq = nullptr;
-    fid_av *av = nullptr;
-    fid_ep *ep = nullptr;
+// The endpoint and the diagnostics tandem reports about its offload twin.
+struct Rdm : tandem_test::RdmEndpoint {
     tandem::peer::EpDiagOps *diag = nullptr;
 
     void open(uint64_t caps = FI_MSG | FI_TAGGED) {
-        fi_info *hints = fi_allocinfo();
-        hints->ep_attr->type = FI_EP_RDM;
-        hints->caps = caps;
-        hints->fabric_attr->prov_name = strdup("tandem");
-        fi_info *all = nullptr;
-        ASSERT_EQ(fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", nullptr, 0, hints, &all), 0);
-        fi_freeinfo(hints);
-        for (fi_info *fi = all; fi && !info; fi = fi->next)
-            if (strcmp(fi->fabric_attr->prov_name, "tandem") == 0) info = fi_dupinfo(fi);
-        fi_freeinfo(all);
-        ASSERT_NE(info, nullptr);
-        fi_cq_attr cq_attr{};
-        cq_attr.format = FI_CQ_FORMAT_TAGGED;
-        fi_av_attr av_attr{};
-        av_attr.type = FI_AV_TABLE;
-        ASSERT_EQ(fi_fabric(info->fabric_attr, &fabric, nullptr), 0);
-        ASSERT_EQ(fi_domain(fabric, info, &domain, nullptr), 0);
-        ASSERT_EQ(fi_cq_open(domain, &cq_attr, &cq, nullptr), 0);
-        ASSERT_EQ(fi_av_open(domain, &av_attr, &av, nullptr), 0);
-        ASSERT_EQ(fi_endpoint(domain, info, &ep, nullptr), 0);
-        ASSERT_EQ(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV), 0);
-        ASSERT_EQ(fi_ep_bind(ep, &av->fid, 0), 0);
-        ASSERT_EQ(fi_enable(ep), 0);
+        ASSERT_NO_FATAL_FAILURE(RdmEndpoint::open(caps));
         void *ops = nullptr;
         ASSERT_EQ(fi_open_ops(&ep->fid, tandem::peer::kEpDiagOpsName, 0, &ops, nullptr), 0);
         diag = static_cast<tandem::peer::EpDiagOps *>(ops);
-    }
-    fi_addr_t insert(const Rdm &other) {
-        char name[64];
-        size_t len = sizeof name;
-        EXPECT_EQ(fi_getname(&other.ep->fid, name, &len), 0);
-        fi_addr_t addr = FI_ADDR_NOTAVAIL;
-        EXPECT_EQ(fi_av_insert(av, name, 1, &addr, 0, nullptr), 1);
-        return addr;
-    }
-    void close() {
-        if (ep) fi_close(&ep->fid);
-        if (av) fi_close(&av->fid);
-        if (cq) fi_close(&cq->fid);
-        if (domain) fi_close(&domain->fid);
-        if (fabric) fi_close(&fabric->fid);
-        fi_freeinfo(info);
     }
 };
 

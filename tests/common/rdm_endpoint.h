@@ -1,0 +1,81 @@
+// One tandem RDM endpoint on 127.0.0.1 with its fabric, domain, CQ and AV, opened through the
+// libfabric ABI only: the set-up the peer tests share (each asks for the capabilities it
+// needs; the environment, set before the provider loads, picks the path).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+
+#include <cstring>
+#include <vector>
+
+namespace tandem_test {
+
+struct RdmEndpoint {
+    fi_info *info = nullptr;
+    fid_fabric *fabric = nullptr;
+    fid_domain *domain = nullptr;
+    fid_cq *cq = nullptr;
+    fid_av *av = nullptr;
+    fid_ep *ep = nullptr;
+
+    void open(uint64_t caps = FI_MSG | FI_TAGGED) {
+        fi_info *hints = fi_allocinfo();
+        hints->ep_attr->type = FI_EP_RDM;
+        hints->caps = caps;
+        hints->fabric_attr->prov_name = strdup("tandem");
+        fi_info *all = nullptr;
+        ASSERT_EQ(fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", nullptr, 0, hints, &all), 0);
+        fi_freeinfo(hints);
+        for (fi_info *fi = all; fi && !info; fi = fi->next)
+            if (strcmp(fi->fabric_attr->prov_name, "tandem") == 0) info = fi_dupinfo(fi);
+        fi_freeinfo(all);
+        ASSERT_NE(info, nullptr);
+        fi_cq_attr cq_attr{};
+        cq_attr.format = FI_CQ_FORMAT_TAGGED;
+        fi_av_attr av_attr{};
+        av_attr.type = FI_AV_TABLE;
+        ASSERT_EQ(fi_fabric(info->fabric_attr, &fabric, nullptr), 0);
+        ASSERT_EQ(fi_domain(fabric, info, &domain, nullptr), 0);
+        ASSERT_EQ(fi_cq_open(domain, &cq_attr, &cq, nullptr), 0);
+        ASSERT_EQ(fi_av_open(domain, &av_attr, &av, nullptr), 0);
+        ASSERT_EQ(fi_endpoint(domain, info, &ep, nullptr), 0);
+        ASSERT_EQ(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV), 0);
+        ASSERT_EQ(fi_ep_bind(ep, &av->fid, 0), 0);
+        ASSERT_EQ(fi_enable(ep), 0);
+    }
+    // other's address in this endpoint's AV.
+    fi_addr_t insert(const RdmEndpoint &other) {
+        char name[64];
+        size_t len = sizeof name;
+        EXPECT_EQ(fi_getname(&other.ep->fid, name, &len), 0);
+        fi_addr_t addr = FI_ADDR_NOTAVAIL;
+        EXPECT_EQ(fi_av_insert(av, name, 1, &addr, 0, nullptr), 1);
+        return addr;
+    }
+    // Drives progress; appends the contexts of successful completions, counts errors.
+    void poll(std::vector<void *> &done, size_t &errors) {
+        fi_cq_tagged_entry e[8];
+        ssize_t n = fi_cq_read(cq, e, 8);
+        for (ssize_t i = 0; i < n; ++i) done.push_back(e[i].op_context);
+        if (n == -FI_EAVAIL) {
+            fi_cq_err_entry err{};
+            if (fi_cq_readerr(cq, &err, 0) == 1) ++errors;
+        }
+    }
+    void close() {
+        if (ep) fi_close(&ep->fid);
+        if (av) fi_close(&av->fid);
+        if (cq) fi_close(&cq->fid);
+        if (domain) fi_close(&domain->fid);
+        if (fabric) fi_close(&fabric->fid);
+        fi_freeinfo(info);
+    }
+};
+
+}  // namespace tandem_test
