@@ -235,10 +235,6 @@ Endpoint::Endpoint(Domain *domain, fi_info *info, void *context)
 }
 
 Endpoint::~Endpoint() {
-    for (auto &[id, op] : await_remote_) delete op;
-    for (auto *op : tx_free_) delete op;
-    for (auto &[name, peer] : peers_)
-        for (auto *op : peer->waiting) delete op;
     transport_.reset();
     fi_freeinfo(info_);
     domain_->release();

@@ -384,6 +384,10 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     struct fid *srx_ = nullptr;
     struct fid *stx_ = nullptr;
     std::unordered_map<uint64_t, TxOp *> await_remote_;
+    // Every TxOp this endpoint made, whatever holds it now (the link, the offload twin, a
+    // peer's waiting list, the free list): all go with the endpoint, so closing it while
+    // operations are still out loses none. As many as were ever outstanding at once.
+    std::vector<std::unique_ptr<TxOp>> tx_ops_;
     std::vector<TxOp *> tx_free_;  // free list: no allocation per send in steady state
     uint64_t next_op_id_ = 1;
     size_t tx_outstanding_ = 0;

@@ -675,7 +675,7 @@ void Endpoint::fail_tx(TxOp *op, int err) {
 }
 
 TxOp *Endpoint::alloc_tx() {
-    if (tx_free_.empty()) return new TxOp;
+    if (tx_free_.empty()) return tx_ops_.emplace_back(std::make_unique<TxOp>()).get();
     TxOp *op = tx_free_.back();
     tx_free_.pop_back();
     return op;
@@ -684,10 +684,7 @@ TxOp *Endpoint::alloc_tx() {
 // Back to the free list, reset but keeping its buffers' capacity for the next send.
 void Endpoint::free_tx(TxOp *op) {
     op->reset();
-    if (tx_free_.size() < 1024)
-        tx_free_.push_back(op);
-    else
-        delete op;
+    tx_free_.push_back(op);
 }
 
 void Endpoint::send_control(LinkConnection *conn, wire::ProtoOp op, const void *body, size_t len,
@@ -1236,11 +1233,10 @@ void Endpoint::discard_link_work() {
             }
         }
     }
+    // (An op the link never flushed stays out: it goes with the endpoint, its keys with the
+    // domain.)
     for (auto &[id, op] : await_remote_)
-        if (op->link_wrs == 0)
-            retire_tx(op);
-        else
-            delete op;  // (a link that never flushed it: its keys go with the domain)
+        if (op->link_wrs == 0) retire_tx(op);
     await_remote_.clear();
 }
 
