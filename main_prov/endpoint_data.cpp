@@ -283,7 +283,8 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
     // operation to allocate or complete later. Not while earlier operations through the twin
     // are pending (their completions come first), nor for FI_DELIVERY_COMPLETE (the receiver
     // answers) or device memory (the twin's P2P policy decides). When the ring has no room
-    // now, the ordinary path below queues the message behind what waits for room.
+    // now, the ordinary path below posts it to the twin, which answers -FI_EAGAIN while the
+    // ring is full (back-pressure: nothing is queued without bound).
     if (!peer_transfer && !device && !(a.flags & FI_DELIVERY_COMPLETE) && local_ &&
         local_tx_pending_ == 0 && len <= local_->inject_limit() && goes_local(peer, a.dest) &&
         local_->inject(a.iov, a.count, a.dest, a.tag, a.data,
