@@ -229,6 +229,8 @@ bool Av::create_shared(size_t capacity) {
     const std::string path = std::string(kShmDir) + shared_name_;
     int ret = linkat(AT_FDCWD, proc.c_str(), AT_FDCWD, path.c_str(), AT_SYMLINK_FOLLOW);
     int err = errno;
+    struct stat st {};
+    if (ret == 0 && fstat(fd, &st) == 0) shared_file_ = {st.st_dev, st.st_ino};
     ::close(fd);
     if (ret != 0) {
         munmap(mem, size);
@@ -293,7 +295,13 @@ FabricAddr Av::append(const EndpointName &name) {
 Av::~Av() {
     if (shared_) {
         munmap(shared_, shared_size_);
-        if (shared_owner_) shm_unlink(shared_name_.c_str());
+        // Only the AV this process published: the name may have been removed and given to a
+        // new AV since (by another process), which must stay.
+        struct stat st {};
+        const std::string path = std::string(kShmDir) + shared_name_;
+        if (shared_owner_ && stat(path.c_str(), &st) == 0 && st.st_dev == shared_file_.first &&
+            st.st_ino == shared_file_.second)
+            shm_unlink(shared_name_.c_str());
     }
     domain_->release();
 }

@@ -9,10 +9,13 @@
 
 #include <rdma/fi_domain.h>
 
+#include <sys/types.h>
+
 #include <memory>
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace tandem {
@@ -93,6 +96,7 @@ class Av final : public FidObject<Av, fid_av>, public peer::AvOwner {
     size_t shared_size_ = 0;
     std::string shared_name_;
     bool shared_owner_ = false;
+    std::pair<dev_t, ino_t> shared_file_{};  // the file this process published under the name
     bool read_only_ = false;
     mutable uint64_t shared_seen_ = 0;
     int refs_ = 0;

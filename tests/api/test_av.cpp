@@ -3,6 +3,7 @@
 
 #include <poll.h>
 #include <signal.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -359,6 +360,23 @@ TEST_F(AsyncAvTest, InsertsOfAnAvOpenedWithFiEventCompleteOnTheEq) {
     EXPECT_EQ(entry.context, ctx(1));
     EXPECT_EQ(entry.data, 0u);
     av.reset();
+}
+
+// Closing the AV a process published removes its name only while the name is still that AV:
+// once it was removed and given to a new AV, the new one stays.
+TEST_F(AvTest, ClosingAReplacedNamedAvLeavesItsSuccessor) {
+    const std::string name = "/tandem-api-av-succ-" + std::to_string(getpid());
+    Fid<fid_av> first;
+    ASSERT_NO_FATAL_FAILURE(open_typed_av(first, FI_AV_TABLE, name.c_str()));
+    ASSERT_EQ(shm_unlink(name.c_str()), 0);  // someone removed the name ...
+    Fid<fid_av> second;                      // ... and a new AV took it
+    ASSERT_NO_FATAL_FAILURE(open_typed_av(second, FI_AV_TABLE, name.c_str()));
+    first.reset();
+    int fd = shm_open(name.c_str(), O_RDONLY, 0);
+    EXPECT_GE(fd, 0) << "closing the first AV removed its successor's name";
+    if (fd >= 0) close(fd);
+    Fid<fid_av> third;
+    ASSERT_NO_FATAL_FAILURE(open_typed_av(third, FI_AV_TABLE, name.c_str(), FI_READ));
 }
 
 TEST_F(AvTest, ReadOnlyOpenOfUnknownNameFails) {
