@@ -37,9 +37,16 @@ enum TcpFlags : uint16_t {
     kTcpMore = 1u << 1,
 };
 
-// SourceFault: the target could not copy the memory it was to send (a device copy failed);
-// it ends a ReadResp, with no payload.
-enum class TcpStatus : uint8_t { Ok = 0, RemoteAccess = 1, RemoteInvalid = 2, SourceFault = 3 };
+// SourceFault: the sender could not copy the memory it was to send (a device copy failed);
+// it ends a ReadResp or a Write, with no payload. TargetFault: the target of a Write could not
+// copy the payload into its device memory; it answers the write with a Nak.
+enum class TcpStatus : uint8_t {
+    Ok = 0,
+    RemoteAccess = 1,
+    RemoteInvalid = 2,
+    SourceFault = 3,
+    TargetFault = 4
+};
 
 struct TcpFrame {
     uint8_t op;      // TcpOp

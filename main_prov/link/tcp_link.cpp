@@ -101,6 +101,7 @@ WcStatus status_from_wire(uint8_t status) {
         case wire::TcpStatus::RemoteAccess:
             return WcStatus::RemoteAccessError;
         case wire::TcpStatus::SourceFault:
+        case wire::TcpStatus::TargetFault:
             return WcStatus::RemoteOpError;
         default:
             return WcStatus::RemoteInvalid;
@@ -618,8 +619,16 @@ bool TcpConnection::receive_staged(size_t remaining) {
     }
     if (got && hmem::scatter(dst_iov_.data(), dst_mem_.data(), dst_iov_.size(), payload_done_,
                              stage_rx_.data(), got) != static_cast<ssize_t>(got)) {
-        fail_connection("received data could not be copied to device memory", EIO);
-        return false;
+        if (cur_.op != static_cast<uint8_t>(wire::TcpOp::Write)) {
+            fail_connection("received data could not be copied to device memory", EIO);
+            return false;
+        }
+        // A write into our device memory whose copy failed: the rest of it is read and
+        // dropped, and the initiator is answered with a Nak (its write fails with FI_EIO,
+        // as IBV_WC_REM_OP_ERR); the connection stays up.
+        TANDEM_WARN(FI_LOG_EP_DATA, "a write could not be copied to device memory\n");
+        cur_status_ = wire::TcpStatus::TargetFault;
+        dst_discard_ = true;
     }
     payload_done_ += got;
     return got == want;
