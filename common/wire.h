@@ -35,6 +35,10 @@ enum TcpFlags : uint16_t {
     // ReadResp: more frames of this response follow (a response from device memory comes in
     // chunks, each copied to the host before its header leaves).
     kTcpMore = 1u << 1,
+    // Send: deliver it only if the Write received just before it on this connection
+    // succeeded; otherwise the target drops it (it still counts as received). What a verbs QP
+    // does by itself: a failed RDMA write moves it to error and the send behind it is flushed.
+    kTcpIfWriteOk = 1u << 2,
 };
 
 // SourceFault: the sender could not copy the memory it was to send (a device copy failed);

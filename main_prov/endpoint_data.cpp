@@ -517,8 +517,10 @@ void Endpoint::issue_tx(TxOp *op) {
             if (ret) break;
             ++op->link_wrs;
             if (op->hdr.op == static_cast<uint8_t>(wire::ProtoOp::WriteNotify)) {
+                // Delivered only if the write succeeded: a refused write reports no remote CQ
+                // data at the target.
                 iovec iov[2] = {{&op->hdr, sizeof op->hdr}, {&op->notify, sizeof op->notify}};
-                ret = conn->post_send(iov, 2, nullptr, wr_id(op, kWrTx));
+                ret = conn->post_send(iov, 2, nullptr, wr_id(op, kWrTx), true);
                 if (!ret) ++op->link_wrs;
             }
             break;

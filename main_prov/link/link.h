@@ -117,7 +117,12 @@ class LinkConnection {
     // WorkCompletion will name its wr_id (Flushed when the connection fails, even when it
     // fails inside that very post); a post that returns an error took nothing and nothing will
     // ever name it. The caller's state behind wr_id lives until that completion, not longer.
-    virtual int post_send(const iovec *iov, size_t count, const uint32_t *imm, uint64_t wr_id) = 0;
+    // if_write_ok: the send is delivered only if the write posted just before it on this
+    // connection succeeded (the protocol's WriteNotify, fi_writedata's remote CQ data; on a
+    // verbs QP a failed write flushes what follows it anyway). Otherwise it completes here as
+    // sent and the peer drops it.
+    virtual int post_send(const iovec *iov, size_t count, const uint32_t *imm, uint64_t wr_id,
+                          bool if_write_ok = false) = 0;
     // `mem` says where each local iovec lives (null: all host memory); sends always come
     // from host memory (the protocol's own buffers).
     virtual int post_write(const iovec *iov, const hmem::MemRef *mem, size_t count,

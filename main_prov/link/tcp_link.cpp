@@ -212,7 +212,8 @@ int TcpConnection::queue_wr(FramePtr frame, uint64_t wr_id, WcOpcode opcode,
     return FI_SUCCESS;
 }
 
-int TcpConnection::post_send(const iovec *iov, size_t count, const uint32_t *imm, uint64_t wr_id) {
+int TcpConnection::post_send(const iovec *iov, size_t count, const uint32_t *imm, uint64_t wr_id,
+                             bool if_write_ok) {
     size_t len = iov_length(iov, count);
     if (len > transport_->caps().max_send_size || count > transport_->caps().max_sge)
         return count > transport_->caps().max_sge ? -FI_EINVAL : -FI_EMSGSIZE;
@@ -222,6 +223,7 @@ int TcpConnection::post_send(const iovec *iov, size_t count, const uint32_t *imm
         f->hdr.flags |= wire::kTcpHasImm;
         f->hdr.imm = *imm;
     }
+    if (if_write_ok) f->hdr.flags |= wire::kTcpIfWriteOk;
     return queue_wr(std::move(f), wr_id, WcOpcode::Send, {}, {}, len);
 }
 
@@ -675,6 +677,11 @@ bool TcpConnection::begin_frame() {
     cur_status_ = wire::TcpStatus::Ok;
     switch (op) {
         case wire::TcpOp::Send: {
+            dropping_send_ = (cur_.flags & wire::kTcpIfWriteOk) && !last_write_ok_;
+            if (dropping_send_) {
+                dst_discard_ = true;  // read and dropped: it belonged to the failed write
+                return true;
+            }
             TcpTransport::PostedRecv posted;
             if (!transport_->take_posted(posted)) return false;
             if (cur_.length > posted.len) {
@@ -865,6 +872,10 @@ void TcpConnection::finish_frame() {
     auto op = static_cast<wire::TcpOp>(cur_.op);
     switch (op) {
         case wire::TcpOp::Send: {
+            if (dropping_send_) {
+                dropping_send_ = false;
+                break;
+            }
             WorkCompletion wc{posted_wr_id_,
                               this,
                               WcOpcode::Recv,
@@ -888,6 +899,7 @@ void TcpConnection::finish_frame() {
             }
             cur_status_ = write_status_;
             write_status_ = wire::TcpStatus::Ok;
+            last_write_ok_ = cur_status_ == wire::TcpStatus::Ok;
             if (cur_status_ == wire::TcpStatus::SourceFault) {
                 // The initiator could not copy the rest of its source and knows it failed:
                 // nothing to answer, nothing to report here.

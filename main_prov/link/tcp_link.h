@@ -46,7 +46,8 @@ class TcpConnection final : public LinkConnection {
     TcpConnection(TcpTransport *transport, int fd, State state);
     ~TcpConnection() override;
 
-    int post_send(const iovec *iov, size_t count, const uint32_t *imm, uint64_t wr_id) override;
+    int post_send(const iovec *iov, size_t count, const uint32_t *imm, uint64_t wr_id,
+                  bool if_write_ok = false) override;
     int post_write(const iovec *iov, const hmem::MemRef *mem, size_t count, RemoteRegion dst,
                    const uint32_t *imm, uint64_t wr_id) override;
     int post_read(const iovec *iov, const hmem::MemRef *mem, size_t count, RemoteRegion src,
@@ -208,6 +209,9 @@ class TcpConnection final : public LinkConnection {
     // far, and the first refusal or fault among them.
     uint64_t write_bytes_ = 0;
     wire::TcpStatus write_status_ = wire::TcpStatus::Ok;
+    // Whether the last write received on this connection succeeded (kTcpIfWriteOk sends).
+    bool last_write_ok_ = true;
+    bool dropping_send_ = false;         // the Send arriving follows a failed write: dropped
     bool pending_ext_consumed_ = false;  // stalled frame: header and extension already read
 };
 

@@ -343,6 +343,32 @@ TEST_P(RmaTest, WriteWithBadKeyFailsAndWritesNothing) {
     EXPECT_EQ(eventually_pattern(target->data(), 64, 341), -1);
 }
 
+// A refused fi_writedata delivers no remote CQ data: the target's first completion is the
+// data of the good writedata that follows it. (Over the TCP link the WriteNotify that carries
+// the data used to arrive anyway, after the write's Nak.)
+TEST_P(RmaTest, RefusedWritedataDeliversNoCqData) {
+    auto target = buf(64, 0xAA, true);
+    auto local = buf(64);
+    fill_pattern(local->data(), 64, 342);
+    b().log.clear();
+    ASSERT_FI_OK(post([&] {
+        return fi_writedata(a().ep, local->data(), 64, local->desc, 0xBAD, a().peer[1],
+                            rma_addr(*target), target->key ^ 0x5A5A5A00ull, ctx(1));
+    }));
+    auto refused = wait_err(a(), ctx(1));
+    ASSERT_TRUE(refused) << "the bad-key writedata did not fail: " << a().log.summary();
+    ASSERT_FI_OK(post([&] {
+        return fi_writedata(a().ep, local->data(), 64, local->desc, 0x600D, a().peer[1],
+                            rma_addr(*target), target->key, ctx(2));
+    }));
+    ASSERT_TRUE(wait_comp(a(), ctx(2))) << a().log.summary();
+    ASSERT_TRUE(poll_until([&] { return !b().log.comps.empty(); })) << b().log.summary();
+    EXPECT_EQ(b().log.comps[0].data, 0x600Du) << "the refused write's CQ data was delivered";
+    poll_for(kQuiet);
+    EXPECT_EQ(b().log.comps.size(), 1u) << b().log.summary();
+    EXPECT_EQ(check_pattern(target->data(), 64, 342), -1);
+}
+
 TEST_P(RmaTest, ReadWithBadKeyFailsAndFetchesNothing) {
     for (size_t len : {size_t{64}, size_t{1} << 20}) {
         auto target = buf(len, 0x77, true);
