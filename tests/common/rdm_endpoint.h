@@ -12,6 +12,7 @@
 #include <rdma/fi_errno.h>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace tandem_test {
@@ -24,30 +25,37 @@ struct RdmEndpoint {
     fid_av *av = nullptr;
     fid_ep *ep = nullptr;
 
-    void open(uint64_t caps = FI_MSG | FI_TAGGED) {
+    // Returns false, with the step that failed in `why`, instead of asserting: usable in a
+    // forked child, which reports through its exit status.
+    bool try_open(std::string &why, uint64_t caps = FI_MSG | FI_TAGGED) {
         fi_info *hints = fi_allocinfo();
         hints->ep_attr->type = FI_EP_RDM;
         hints->caps = caps;
         hints->fabric_attr->prov_name = strdup("tandem");
         fi_info *all = nullptr;
-        ASSERT_EQ(fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", nullptr, 0, hints, &all), 0);
+        int ret = fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", nullptr, 0, hints, &all);
         fi_freeinfo(hints);
+        if (ret) return why = "fi_getinfo", false;
         for (fi_info *fi = all; fi && !info; fi = fi->next)
             if (strcmp(fi->fabric_attr->prov_name, "tandem") == 0) info = fi_dupinfo(fi);
         fi_freeinfo(all);
-        ASSERT_NE(info, nullptr);
+        if (!info) return why = "no plain tandem entry", false;
         fi_cq_attr cq_attr{};
         cq_attr.format = FI_CQ_FORMAT_TAGGED;
         fi_av_attr av_attr{};
         av_attr.type = FI_AV_TABLE;
-        ASSERT_EQ(fi_fabric(info->fabric_attr, &fabric, nullptr), 0);
-        ASSERT_EQ(fi_domain(fabric, info, &domain, nullptr), 0);
-        ASSERT_EQ(fi_cq_open(domain, &cq_attr, &cq, nullptr), 0);
-        ASSERT_EQ(fi_av_open(domain, &av_attr, &av, nullptr), 0);
-        ASSERT_EQ(fi_endpoint(domain, info, &ep, nullptr), 0);
-        ASSERT_EQ(fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV), 0);
-        ASSERT_EQ(fi_ep_bind(ep, &av->fid, 0), 0);
-        ASSERT_EQ(fi_enable(ep), 0);
+        if (fi_fabric(info->fabric_attr, &fabric, nullptr) ||
+            fi_domain(fabric, info, &domain, nullptr) ||
+            fi_cq_open(domain, &cq_attr, &cq, nullptr) ||
+            fi_av_open(domain, &av_attr, &av, nullptr) || fi_endpoint(domain, info, &ep, nullptr) ||
+            fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV) || fi_ep_bind(ep, &av->fid, 0) ||
+            fi_enable(ep))
+            return why = "opening the endpoint", false;
+        return true;
+    }
+    void open(uint64_t caps = FI_MSG | FI_TAGGED) {
+        std::string why;
+        ASSERT_TRUE(try_open(why, caps)) << why;
     }
     // other's address in this endpoint's AV.
     fi_addr_t insert(const RdmEndpoint &other) {
@@ -75,6 +83,7 @@ struct RdmEndpoint {
         if (domain) fi_close(&domain->fid);
         if (fabric) fi_close(&fabric->fid);
         fi_freeinfo(info);
+        *this = RdmEndpoint{};
     }
 };
 

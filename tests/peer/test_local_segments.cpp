@@ -3,6 +3,7 @@
 // without closing, by the next endpoint created.
 #include "offload_prov/shm/shm_ring.h"
 #include "offload_prov/shm/shm_segment.h"
+#include "tests/common/rdm_endpoint.h"
 
 #include <gtest/gtest.h>
 
@@ -43,65 +44,13 @@ std::set<std::string> tandem_segments() {
     return out;
 }
 
-struct Rdm {
-    fi_info *info = nullptr;
-    fid_fabric *fabric = nullptr;
-    fid_domain *domain = nullptr;
-    fid_cq *cq = nullptr;
-    fid_av *av = nullptr;
-    fid_ep *ep = nullptr;
-
-    // Returns false (with the reason in `why`) when a step fails.
-    bool open(std::string &why) {
-        fi_info *hints = fi_allocinfo();
-        hints->ep_attr->type = FI_EP_RDM;
-        hints->caps = FI_MSG | FI_TAGGED;
-        hints->fabric_attr->prov_name = strdup("tandem");
-        fi_info *all = nullptr;
-        int ret = fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", nullptr, 0, hints, &all);
-        fi_freeinfo(hints);
-        if (ret) return why = "fi_getinfo", false;
-        for (fi_info *fi = all; fi && !info; fi = fi->next)
-            if (strcmp(fi->fabric_attr->prov_name, "tandem") == 0) info = fi_dupinfo(fi);
-        fi_freeinfo(all);
-        if (!info) return why = "no plain tandem entry", false;
-        fi_cq_attr cq_attr{};
-        cq_attr.format = FI_CQ_FORMAT_TAGGED;
-        fi_av_attr av_attr{};
-        av_attr.type = FI_AV_TABLE;
-        if (fi_fabric(info->fabric_attr, &fabric, nullptr) ||
-            fi_domain(fabric, info, &domain, nullptr) ||
-            fi_cq_open(domain, &cq_attr, &cq, nullptr) ||
-            fi_av_open(domain, &av_attr, &av, nullptr) || fi_endpoint(domain, info, &ep, nullptr) ||
-            fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV) || fi_ep_bind(ep, &av->fid, 0) ||
-            fi_enable(ep))
-            return why = "opening the endpoint", false;
-        return true;
-    }
-    fi_addr_t insert(const Rdm &other) {
-        char name[64];
-        size_t len = sizeof name;
-        EXPECT_EQ(fi_getname(&other.ep->fid, name, &len), 0);
-        fi_addr_t addr = FI_ADDR_NOTAVAIL;
-        EXPECT_EQ(fi_av_insert(av, name, 1, &addr, 0, nullptr), 1);
-        return addr;
-    }
-    void close() {
-        if (ep) fi_close(&ep->fid);
-        if (av) fi_close(&av->fid);
-        if (cq) fi_close(&cq->fid);
-        if (domain) fi_close(&domain->fid);
-        if (fabric) fi_close(&fabric->fid);
-        fi_freeinfo(info);
-        *this = Rdm{};
-    }
-};
+using Rdm = tandem_test::RdmEndpoint;
 
 TEST(LocalSegments, PrivateToTheUserAndRemovedOnClose) {
     auto before = tandem_segments();
     Rdm rdm;
     std::string why;
-    ASSERT_TRUE(rdm.open(why)) << why;
+    ASSERT_TRUE(rdm.try_open(why)) << why;
     auto during = tandem_segments();
     // This endpoint's files are named for its address; other tests running at the same time
     // (ctest -j) create theirs too, so only names ending in our port count.
@@ -140,7 +89,7 @@ TEST(LocalSegments, ADeadProcessesSegmentsAreReapedByTheNextEndpoint) {
     if (pid == 0) {
         Rdm rdm;
         std::string why;
-        if (!rdm.open(why)) _exit(2);
+        if (!rdm.try_open(why)) _exit(2);
         sockaddr_in name{};
         size_t len = sizeof name;
         if (fi_getname(&rdm.ep->fid, &name, &len) != 0) _exit(3);
@@ -165,7 +114,7 @@ TEST(LocalSegments, ADeadProcessesSegmentsAreReapedByTheNextEndpoint) {
 
     Rdm rdm;
     std::string why;
-    ASSERT_TRUE(rdm.open(why)) << why;
+    ASSERT_TRUE(rdm.try_open(why)) << why;
     auto now = tandem_segments();
     for (const auto &n : orphans) EXPECT_EQ(now.count(n), 0u) << n << " of a dead process kept";
     rdm.close();
@@ -189,8 +138,8 @@ constexpr size_t kInboxRingOffset = 64;
 TEST(LocalSegments, AProducerKilledBeforePublishingDoesNotStallTheInbox) {
     Rdm a, b;
     std::string why;
-    ASSERT_TRUE(a.open(why)) << why;
-    ASSERT_TRUE(b.open(why)) << why;
+    ASSERT_TRUE(a.try_open(why)) << why;
+    ASSERT_TRUE(b.try_open(why)) << why;
     fi_addr_t a_at_b = b.insert(a);
     const std::string inbox = inbox_name(a);
     ASSERT_FALSE(inbox.empty());
