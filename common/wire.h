@@ -93,6 +93,8 @@ enum class ProtoOp : uint8_t {
     Fin = 3,          // rendezvous done: FinBody
     DeliveryAck = 4,  // an eager message asking for delivery completion was processed
     WriteNotify = 5,  // an RMA write with remote CQ data just landed: WriteNotifyBody
+    AtomicReq = 6,    // an atomic operation for the target to execute: AtomicBody + operands
+    AtomicResp = 7,   // its answer (msg_id of the request): AtomicRespBody + fetched values
 };
 
 enum ProtoFlags : uint8_t {
@@ -146,6 +148,37 @@ struct WriteNotifyBody {
 };
 static_assert(sizeof(WriteNotifyBody) == 24);
 
+// ---------------------------------------------------------------------------------------
+// Atomic operations (fi_atomic(3)). The target executes them in its progress engine, so
+// the request is the same on the link (after a ProtoHeader, ProtoOp::AtomicReq) and on the
+// node-local path (the body of a LocalOp::Atomic cell): an AtomicBody, then `count` operand
+// elements (none for FI_ATOMIC_READ), then, for the compare kind, `count` compare elements.
+// The answer carries the target's previous values for the fetch and compare kinds.
+
+enum class AtomicKind : uint8_t { Base = 0, Fetch = 1, Compare = 2 };
+
+struct AtomicBody {
+    uint8_t op;        // enum fi_op
+    uint8_t datatype;  // enum fi_datatype (point-to-point types only: < 16)
+    uint8_t kind;      // AtomicKind
+    uint8_t reserved;
+    uint32_t count;  // elements, 1..atomic::max_count(datatype)
+    uint64_t addr;   // the target address as the initiator named it
+    uint64_t key;
+};
+static_assert(sizeof(AtomicBody) == 24 && std::is_trivially_copyable_v<AtomicBody>);
+
+// Link answer to an AtomicReq: status 0 or a positive FI_* error (FI_EACCES: key, bounds or
+// access refused; FI_EINVAL: a misaligned target or a malformed request; FI_EIO: the target's
+// device memory could not be copied), then `length` bytes of fetched values (0 on error and
+// for the base kind).
+struct AtomicRespBody {
+    int32_t status;
+    uint32_t reserved;
+    uint64_t length;
+};
+static_assert(sizeof(AtomicRespBody) == 16);
+
 // Private data of a connection request (after the link's own hello).
 enum class ConnKind : uint8_t { Msg = 1, Rdm = 2 };
 
@@ -169,20 +202,23 @@ inline constexpr uint32_t kLocalCellSize = 8192;  // ring cell payload, header i
 inline constexpr size_t kLocalNameRoom = 32;      // a sockaddr_in6 fits
 
 enum class LocalOp : uint8_t {
-    Eager = 1,       // whole message inline
-    Rts = 2,         // the receiver reads the sender's LocalIov list (CMA), then answers Fin
-    Frag = 3,        // staged message (no CMA): `size` bytes at `offset` of a `total`-byte message
-    Fin = 4,         // msg_id done: status in `status` (receive side of Rts, or RMA done)
-    Write = 5,       // RMA write: inline data, or LocalIov list to read (CMA); target answers Fin
-    Read = 6,        // RMA read: LocalIov list the target writes into (CMA); target answers Fin
-    WriteFrag = 7,   // staged RMA write: `size` bytes for rma_addr + offset
-    ReadData = 8,    // staged RMA read answer: `size` bytes at `offset` of read msg_id
-    Cts = 9,         // receiver to sender of Rts msg_id: write your bytes from `offset`, `total`
-                     // of them, into my LocalIov list (process `pid`), while I read the rest
-    WriteDone = 10,  // sender to receiver: the Cts part of msg_id is written (`status`)
-    IpcRts = 11,     // device memory peer to peer: the receiver maps the sender's LocalIpc
-                     // handles and copies with its device's engine, then answers Fin
-    Short = 12,      // an Eager message nobody waits a Fin for, under a LocalShortHeader
+    Eager = 1,        // whole message inline
+    Rts = 2,          // the receiver reads the sender's LocalIov list (CMA), then answers Fin
+    Frag = 3,         // staged message (no CMA): `size` bytes at `offset` of a `total`-byte message
+    Fin = 4,          // msg_id done: status in `status` (receive side of Rts, or RMA done)
+    Write = 5,        // RMA write: inline data, or LocalIov list to read (CMA); target answers Fin
+    Read = 6,         // RMA read: LocalIov list the target writes into (CMA); target answers Fin
+    WriteFrag = 7,    // staged RMA write: `size` bytes for rma_addr + offset
+    ReadData = 8,     // staged RMA read answer: `size` bytes at `offset` of read msg_id
+    Cts = 9,          // receiver to sender of Rts msg_id: write your bytes from `offset`, `total`
+                      // of them, into my LocalIov list (process `pid`), while I read the rest
+    WriteDone = 10,   // sender to receiver: the Cts part of msg_id is written (`status`)
+    IpcRts = 11,      // device memory peer to peer: the receiver maps the sender's LocalIpc
+                      // handles and copies with its device's engine, then answers Fin
+    Short = 12,       // an Eager message nobody waits a Fin for, under a LocalShortHeader
+    Atomic = 13,      // an atomic operation: AtomicBody + operands inline (`size` bytes); the
+                      // target executes it and answers AtomicResp
+    AtomicResp = 14,  // answer to Atomic msg_id: `status`, and the fetched values inline
 };
 
 // Rts messages of at least this size are copied by both sides at once (Cts / WriteDone):

@@ -149,8 +149,22 @@ int Domain::srx_ctx(fi_rx_attr *attr, fid_ep **rx_ep, void *context) {
     return 0;
 }
 
-int Domain::query_atomic(enum fi_datatype, enum fi_op, fi_atomic_attr *, uint64_t) {
-    return -FI_EOPNOTSUPP;
+// What the endpoints' *valid calls answer (Endpoint::atomic_valid), per kind of call.
+int Domain::query_atomic(enum fi_datatype datatype, enum fi_op op, fi_atomic_attr *attr,
+                         uint64_t flags) {
+    if (!attr) return -FI_EINVAL;
+    if ((flags & FI_FETCH_ATOMIC) && (flags & FI_COMPARE_ATOMIC)) return -FI_EINVAL;
+    // Reductions of collectives (FI_COLLECTIVE) are for the collective engine; atomics whose
+    // target is a tagged receive buffer (FI_TAGGED) are not offered.
+    if (flags & (FI_COLLECTIVE | FI_TAGGED)) return -FI_EOPNOTSUPP;
+    atomic::Kind kind = (flags & FI_FETCH_ATOMIC)     ? atomic::Kind::Fetch
+                        : (flags & FI_COMPARE_ATOMIC) ? atomic::Kind::Compare
+                                                      : atomic::Kind::Base;
+    size_t count = 0;
+    if (int ret = Endpoint::atomic_valid(kind, datatype, op, &count)) return ret;
+    attr->count = count;
+    attr->size = atomic::datatype_size(datatype);
+    return 0;
 }
 
 int Domain::query_collective(enum fi_collective_op, fi_collective_attr *, uint64_t) {

@@ -163,6 +163,23 @@ fi_ops_tagged ep_tagged_ops = {
     .injectdata = &DataCall<&Endpoint::tag_injectdata>::call,
 };
 
+fi_ops_atomic ep_atomic_ops = {
+    .size = sizeof(fi_ops_atomic),
+    .write = &DataCall<&Endpoint::atomic_write>::call,
+    .writev = &DataCall<&Endpoint::atomic_writev>::call,
+    .writemsg = &DataCall<&Endpoint::atomic_writemsg>::call,
+    .inject = &DataCall<&Endpoint::atomic_inject>::call,
+    .readwrite = &DataCall<&Endpoint::atomic_readwrite>::call,
+    .readwritev = &DataCall<&Endpoint::atomic_readwritev>::call,
+    .readwritemsg = &DataCall<&Endpoint::atomic_readwritemsg>::call,
+    .compwrite = &DataCall<&Endpoint::atomic_compwrite>::call,
+    .compwritev = &DataCall<&Endpoint::atomic_compwritev>::call,
+    .compwritemsg = &DataCall<&Endpoint::atomic_compwritemsg>::call,
+    .writevalid = &DataCall<&Endpoint::atomic_writevalid>::call,
+    .readwritevalid = &DataCall<&Endpoint::atomic_readwritevalid>::call,
+    .compwritevalid = &DataCall<&Endpoint::atomic_compwritevalid>::call,
+};
+
 fi_ops_rma ep_rma_ops = {
     .size = sizeof(fi_ops_rma),
     .read = &DataCall<&Endpoint::rma_read>::call,
@@ -193,7 +210,11 @@ Endpoint::Endpoint(Domain *domain, fi_info *info, void *context)
     const Config &cfg = Config::get();
     eager_limit_ = cfg.eager_limit;
     inject_size_ = cfg.inject_size;
-    rx_buf_size_ = sizeof(wire::ProtoHeader) + std::max(eager_limit_, sizeof(wire::RtsBody));
+    // A posted buffer takes any protocol message: an eager one, a rendezvous request, the
+    // largest atomic request (whatever the eager limit was set to).
+    rx_buf_size_ =
+        sizeof(wire::ProtoHeader) + std::max({eager_limit_, sizeof(wire::RtsBody),
+                                              sizeof(wire::AtomicBody) + 2 * atomic::kMaxBytes});
     TcpLinkConfig link = cfg.link_settings();
     link.max_send_size = rx_buf_size_;
     // The protocol keeps every buffer it posts until the link completes it (eager payloads
@@ -207,7 +228,8 @@ Endpoint::Endpoint(Domain *domain, fi_info *info, void *context)
     fid()->msg = &ep_msg_ops;
     fid()->tagged = &ep_tagged_ops;
     fid()->rma = &ep_rma_ops;
-    complete_ep_tables(*fid());  // atomics and collectives: -FI_EOPNOTSUPP
+    fid()->atomic = &ep_atomic_ops;
+    complete_ep_tables(*fid());  // collectives: -FI_EOPNOTSUPP
 
     if (info_->src_addr) {
         if (!EndpointName::from_bytes(info_->src_addr, info_->src_addrlen, src_name_))
@@ -393,6 +415,7 @@ int Endpoint::control(int command, void *arg) {
             a->fid()->msg = &ep_msg_ops;
             a->fid()->tagged = &ep_tagged_ops;
             a->fid()->rma = &ep_rma_ops;
+            a->fid()->atomic = &ep_atomic_ops;
             complete_ep_tables(*a->fid());  // no connection management of its own
             *alias->fid = a->base_fid();
             return 0;

@@ -14,6 +14,9 @@
 #include "common/wire.h"
 #include "hmem/p2p_policy.h"
 
+#include "hmem/atomic.h"
+
+#include <rdma/fi_atomic.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_rma.h>
@@ -37,6 +40,20 @@ class LocalPath;
 // which generate no completion entry.
 inline constexpr uint64_t kNoCompletion = 1ull << 63;
 
+// An atomic call of any form (fi_atomic(3)): the message (its rma_iov_count is 1), and for
+// the fetch and compare kinds the result list, for the compare kind the compare list.
+struct AtomicCall {
+    fi_msg_atomic msg;
+    atomic::Kind kind;
+    uint64_t flags;
+    const fi_ioc *compare = nullptr;
+    void **compare_desc = nullptr;
+    size_t compare_count = 0;
+    fi_ioc *result = nullptr;  // (the API takes the result list as non-const)
+    void **result_desc = nullptr;
+    size_t result_count = 0;
+};
+
 struct TxOp;
 
 struct Peer {
@@ -53,7 +70,9 @@ struct Peer {
 };
 
 struct TxOp {
-    enum class Kind : uint8_t { Send, Write, Read } kind = Kind::Send;
+    // Atomic: inject_copy holds the request (wire::AtomicBody + operands), iov / mem the
+    // result buffers of a fetch or compare operation; it completes at the target's answer.
+    enum class Kind : uint8_t { Send, Write, Read, Atomic } kind = Kind::Send;
     void *context = nullptr;
     uint64_t cq_flags = 0;      // flags of the completion entry
     uint64_t op_flags = 0;      // FI_* flags the operation was posted with
@@ -194,6 +213,47 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
                           void *context);
     ssize_t rma_injectdata(const OpDefaults &d, const void *buf, size_t len, uint64_t data,
                            fi_addr_t dest, uint64_t addr, uint64_t key);
+    // fi_ops_atomic (endpoint_atomic.cpp)
+    ssize_t atomic_write(const OpDefaults &d, const void *buf, size_t count, void *desc,
+                         fi_addr_t dest, uint64_t addr, uint64_t key, enum fi_datatype datatype,
+                         enum fi_op op, void *context);
+    ssize_t atomic_writev(const OpDefaults &d, const fi_ioc *iov, void **desc, size_t count,
+                          fi_addr_t dest, uint64_t addr, uint64_t key, enum fi_datatype datatype,
+                          enum fi_op op, void *context);
+    ssize_t atomic_writemsg(const OpDefaults &d, const fi_msg_atomic *msg, uint64_t flags);
+    ssize_t atomic_inject(const OpDefaults &d, const void *buf, size_t count, fi_addr_t dest,
+                          uint64_t addr, uint64_t key, enum fi_datatype datatype, enum fi_op op);
+    ssize_t atomic_readwrite(const OpDefaults &d, const void *buf, size_t count, void *desc,
+                             void *result, void *result_desc, fi_addr_t dest, uint64_t addr,
+                             uint64_t key, enum fi_datatype datatype, enum fi_op op, void *context);
+    ssize_t atomic_readwritev(const OpDefaults &d, const fi_ioc *iov, void **desc, size_t count,
+                              fi_ioc *resultv, void **result_desc, size_t result_count,
+                              fi_addr_t dest, uint64_t addr, uint64_t key,
+                              enum fi_datatype datatype, enum fi_op op, void *context);
+    ssize_t atomic_readwritemsg(const OpDefaults &d, const fi_msg_atomic *msg, fi_ioc *resultv,
+                                void **result_desc, size_t result_count, uint64_t flags);
+    ssize_t atomic_compwrite(const OpDefaults &d, const void *buf, size_t count, void *desc,
+                             const void *compare, void *compare_desc, void *result,
+                             void *result_desc, fi_addr_t dest, uint64_t addr, uint64_t key,
+                             enum fi_datatype datatype, enum fi_op op, void *context);
+    ssize_t atomic_compwritev(const OpDefaults &d, const fi_ioc *iov, void **desc, size_t count,
+                              const fi_ioc *comparev, void **compare_desc, size_t compare_count,
+                              fi_ioc *resultv, void **result_desc, size_t result_count,
+                              fi_addr_t dest, uint64_t addr, uint64_t key,
+                              enum fi_datatype datatype, enum fi_op op, void *context);
+    ssize_t atomic_compwritemsg(const OpDefaults &d, const fi_msg_atomic *msg,
+                                const fi_ioc *comparev, void **compare_desc, size_t compare_count,
+                                fi_ioc *resultv, void **result_desc, size_t result_count,
+                                uint64_t flags);
+    int atomic_writevalid(const OpDefaults &d, enum fi_datatype datatype, enum fi_op op,
+                          size_t *count);
+    int atomic_readwritevalid(const OpDefaults &d, enum fi_datatype datatype, enum fi_op op,
+                              size_t *count);
+    int atomic_compwritevalid(const OpDefaults &d, enum fi_datatype datatype, enum fi_op op,
+                              size_t *count);
+    // What fi_query_atomic and the *valid calls answer for one kind of call: 0 with the
+    // element limit, or a negative fabric errno.
+    static int atomic_valid(atomic::Kind kind, int datatype, int op, size_t *count);
 
     // CmSource
     void progress_cm() override;
@@ -264,6 +324,11 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     ssize_t post_send(const SendArgs &a);
     ssize_t post_recv(const RecvArgs &a);
     ssize_t post_rma(const RmaArgs &a);
+    ssize_t post_atomic(const AtomicCall &a);
+    // The target's side of an atomic that came over a link, and the initiator's of its answer.
+    void serve_atomic(LinkConnection *conn, const wire::ProtoHeader &hdr, const uint8_t *body,
+                      size_t len);
+    bool finish_atomic(const wire::ProtoHeader &hdr, const uint8_t *body, size_t len);
     void deliver_unexpected(RxOp *rx, Unexpected &ux);
     static void deliver_unexpected_any(RxOp *rx, Unexpected &ux);
     void check_tx_ready(uint64_t cap) const;

@@ -8,6 +8,7 @@
 // the receiver for a message nobody asked for.
 #include "common/iov.h"
 #include "common/log.h"
+#include "hmem/atomic.h"
 #include "main_prov/av.h"
 #include "main_prov/cntr.h"
 #include "main_prov/config.h"
@@ -38,9 +39,10 @@ T *wr_ptr(uint64_t id) {
     return reinterpret_cast<T *>(id & ~kWrKindMask);
 }
 
+// A protocol message of our own (Fin, DeliveryAck, an atomic's answer with its values).
 struct ControlMsg {
     wire::ProtoHeader hdr;
-    uint8_t body[sizeof(wire::RtsBody)];
+    uint8_t body[std::max(sizeof(wire::RtsBody), sizeof(wire::AtomicRespBody) + atomic::kMaxBytes)];
 };
 
 int error_of(WcStatus s) {
@@ -529,6 +531,14 @@ void Endpoint::issue_tx(TxOp *op) {
                                   op->iov.size(), op->remote, wr_id(op, kWrTx));
             if (!ret) ++op->link_wrs;
             break;
+        case TxOp::Kind::Atomic: {
+            iovec iov[2] = {{&op->hdr, sizeof op->hdr},
+                            {op->inject_copy.data(), op->inject_copy.size()}};
+            await_remote_[op->id] = op;
+            ret = conn->post_send(iov, 2, nullptr, wr_id(op, kWrTx));
+            if (!ret) ++op->link_wrs;
+            break;
+        }
     }
     if (!ret && op->inject_level && !op->completed_early) {
         op->completed_early = true;
@@ -551,6 +561,8 @@ Cntr *Endpoint::counter_for(const TxOp &op) const {
             return write_cntr_;
         case TxOp::Kind::Read:
             return read_cntr_;
+        case TxOp::Kind::Atomic:  // the fetch and compare kinds return data: reads
+            return (op.cq_flags & FI_READ) ? read_cntr_ : write_cntr_;
     }
     return nullptr;
 }
@@ -1166,6 +1178,13 @@ void Endpoint::handle_message(LinkConnection *conn, const uint8_t *buf, size_t l
                             src);
             return;
         }
+        case wire::ProtoOp::AtomicReq:
+            if (hdr.size != body_len) break;
+            serve_atomic(conn, hdr, body, body_len);
+            return;
+        case wire::ProtoOp::AtomicResp:
+            if (hdr.size != body_len || !finish_atomic(hdr, body, body_len)) break;
+            return;
     }
     TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed message (op %u, %zu bytes)\n", hdr.op, len);
 }

@@ -18,7 +18,7 @@ std::unique_ptr<OffloadDomain> OffloadDomain::open(Domain &owner) {
     fi_info *hints = fi_allocinfo();
     if (!hints) return nullptr;
     hints->mode = FI_PEER_TRANSFER;
-    hints->caps = FI_MSG | FI_TAGGED | FI_RMA | (owner.info()->caps & FI_HMEM);
+    hints->caps = FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | (owner.info()->caps & FI_HMEM);
     hints->ep_attr->type = FI_EP_RDM;
     hints->addr_format = owner.info()->addr_format;
     hints->domain_attr->mr_mode = owner.info()->domain_attr->mr_mode;
@@ -163,6 +163,24 @@ int LocalPath::rma(TxOp *op, const iovec *iov, void **desc, size_t count, fi_add
                                   : fi_readmsg(twin_, &msg, flags));
 }
 
+int LocalPath::atomic(TxOp *op, const AtomicCall &a) {
+    fi_msg_atomic msg = a.msg;
+    msg.context = op;
+    uint64_t flags = (a.flags & FI_REMOTE_CQ_DATA) | FI_COMPLETION;
+    switch (a.kind) {
+        case atomic::Kind::Base:
+            return static_cast<int>(fi_atomicmsg(twin_, &msg, flags));
+        case atomic::Kind::Fetch:
+            return static_cast<int>(
+                fi_fetch_atomicmsg(twin_, &msg, a.result, a.result_desc, a.result_count, flags));
+        case atomic::Kind::Compare:
+            return static_cast<int>(fi_compare_atomicmsg(twin_, &msg, a.compare, a.compare_desc,
+                                                         a.compare_count, a.result, a.result_desc,
+                                                         a.result_count, flags));
+    }
+    return -FI_EINVAL;
+}
+
 void LocalPath::set_p2p(int mode) {
     int ret = fi_setopt(&twin_->fid, FI_OPT_ENDPOINT, FI_OPT_FI_HMEM_P2P, &mode, sizeof mode);
     if (ret)
@@ -227,8 +245,9 @@ ssize_t LocalPath::peer_write(void *context, uint64_t flags, size_t len, void *,
                         0);
         return 0;
     }
-    if (flags & FI_REMOTE_WRITE) {
-        // Remote CQ data of an RMA write into one of our regions (no operation of ours).
+    if (flags & (FI_REMOTE_WRITE | FI_REMOTE_READ)) {
+        // Remote CQ data of an RMA write or an atomic into one of our regions (no operation
+        // of ours).
         ep_.write_rx_cq({nullptr, flags, len, nullptr, data, 0, src}, src);
         return 0;
     }

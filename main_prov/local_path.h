@@ -30,6 +30,7 @@ class Av;
 class Domain;
 class Endpoint;
 struct TxOp;
+struct AtomicCall;
 
 class OffloadDomain {
   public:
@@ -73,6 +74,9 @@ class LocalPath final : public peer::CqOwner {
     size_t inject_limit() const { return inject_limit_; }
     int rma(TxOp *op, const iovec *iov, void **desc, size_t count, fi_addr_t peer, uint64_t addr,
             uint64_t key, uint64_t flags, uint64_t data, bool write);
+    // An atomic operation for the twin to carry to the peer's twin, which executes it; the
+    // previous values land in the call's result buffers before the completion.
+    int atomic(TxOp *op, const AtomicCall &a);
     // fi_peer(3): the owner drives the peer's progress with fi_cq_read(cq, NULL, 0).
     void progress();
     // The endpoint's FI_OPT_FI_HMEM_P2P, which the twin applies to its transfers.

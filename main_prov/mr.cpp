@@ -182,7 +182,7 @@ bool MrTable::resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access,
         return true;
     }
     MemoryRegion *mr = find(key);
-    if (!mr || !(mr->access() & access)) return false;
+    if (!mr || (mr->access() & access) != access) return false;  // every access asked for
     return mr->translate(addr, len, out);
 }
 

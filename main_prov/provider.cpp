@@ -32,16 +32,18 @@ constexpr uint32_t kApiVersion = FI_VERSION(1, 17);
 constexpr uint64_t kMaxMsgSize = 1ull << 31;
 constexpr size_t kMaxCqData = 8;
 
-constexpr uint64_t kRdmCaps = FI_MSG | FI_TAGGED | FI_RMA | FI_SEND | FI_RECV | FI_READ | FI_WRITE |
-                              FI_REMOTE_READ | FI_REMOTE_WRITE | FI_MULTI_RECV | FI_SOURCE |
-                              FI_DIRECTED_RECV | FI_RMA_EVENT | FI_LOCAL_COMM | FI_REMOTE_COMM |
-                              FI_SHARED_AV;
-constexpr uint64_t kMsgCaps = FI_MSG | FI_TAGGED | FI_RMA | FI_SEND | FI_RECV | FI_READ | FI_WRITE |
-                              FI_REMOTE_READ | FI_REMOTE_WRITE | FI_MULTI_RECV | FI_RMA_EVENT |
-                              FI_LOCAL_COMM | FI_REMOTE_COMM;
-// Every operation of one endpoint towards one peer rides one in-order connection.
+constexpr uint64_t kRdmCaps = FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_SEND | FI_RECV |
+                              FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE |
+                              FI_MULTI_RECV | FI_SOURCE | FI_DIRECTED_RECV | FI_RMA_EVENT |
+                              FI_LOCAL_COMM | FI_REMOTE_COMM | FI_SHARED_AV;
+constexpr uint64_t kMsgCaps = FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_SEND | FI_RECV |
+                              FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE |
+                              FI_MULTI_RECV | FI_RMA_EVENT | FI_LOCAL_COMM | FI_REMOTE_COMM;
+// Every operation of one endpoint towards one peer rides one in-order path (a connection, or
+// the peer's node-local ring), and the target executes atomics in arrival order.
 constexpr uint64_t kMsgOrder = FI_ORDER_SAS | FI_ORDER_RAR | FI_ORDER_RAW | FI_ORDER_WAR |
-                               FI_ORDER_WAW | FI_ORDER_SAR | FI_ORDER_SAW;
+                               FI_ORDER_WAW | FI_ORDER_SAR | FI_ORDER_SAW | FI_ORDER_ATOMIC_RAR |
+                               FI_ORDER_ATOMIC_RAW | FI_ORDER_ATOMIC_WAR | FI_ORDER_ATOMIC_WAW;
 constexpr uint64_t kMrModeSupported = FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_HMEM;
 
 // FI_HMEM only where a device exists, and only with FI_MR_HMEM: device buffers then come

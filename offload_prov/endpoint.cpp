@@ -242,6 +242,7 @@ Endpoint::Endpoint(Domain *domain, const fi_info *info, fi_peer_transfer_context
     fid()->msg = &msg_ops;
     fid()->tagged = &tagged_ops;
     fid()->rma = &rma_ops;
+    fid()->atomic = atomic_ops();
     complete_ep_tables(*fid());
     transfer->peer_ops = &transfer_ops;
     void *ops = nullptr;
@@ -1192,6 +1193,12 @@ void Endpoint::handle_cell(const uint8_t *cell) {
             return;
         case LocalOp::WriteDone:
             handle_write_done(hdr, sender);
+            return;
+        case LocalOp::Atomic:
+            serve_atomic(hdr, sender, body);
+            return;
+        case LocalOp::AtomicResp:
+            finish_atomic(hdr, body);
             return;
         case LocalOp::Short:
             return;  // handled above, before the long header is read

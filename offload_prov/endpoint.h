@@ -24,6 +24,7 @@
 #include "common/fid_adaptor.h"
 #include "common/ring_queue.h"
 #include "common/wire.h"
+#include "hmem/atomic.h"
 #include "hmem/ipc_cache.h"
 #include "hmem/p2p_policy.h"
 #include "offload_prov/shm/shm_ring.h"
@@ -31,6 +32,7 @@
 #include "peer/peer_abi.h"
 #include "peer/peer_cq.h"
 
+#include <rdma/fi_atomic.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
@@ -92,6 +94,14 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     int getopt(int level, int optname, void *optval, size_t *optlen);
     ssize_t writemsg(const fi_msg_rma *msg, uint64_t flags);
     ssize_t readmsg(const fi_msg_rma *msg, uint64_t flags);
+    // Atomics (endpoint_atomic.cpp): the owner posts the *msg forms.
+    ssize_t atomicmsg(const fi_msg_atomic *msg, uint64_t flags);
+    ssize_t fetch_atomicmsg(const fi_msg_atomic *msg, fi_ioc *resultv, void **result_desc,
+                            size_t result_count, uint64_t flags);
+    ssize_t compare_atomicmsg(const fi_msg_atomic *msg, const fi_ioc *comparev, void **compare_desc,
+                              size_t compare_count, fi_ioc *resultv, void **result_desc,
+                              size_t result_count, uint64_t flags);
+    static fi_ops_atomic *atomic_ops();
 
     // Called by the owner, under its serialisation.
     void progress();
@@ -221,6 +231,12 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     static int cma_read_staged(pid_t pid, const iovec *local, const hmem::MemRef *mem,
                                size_t nlocal, const iovec *remote, size_t nremote, size_t n);
     void handle_rma(const wire::LocalHeader &hdr, std::string_view sender, const uint8_t *body);
+    ssize_t post_atomic(atomic::Kind kind, const fi_msg_atomic &msg, const fi_ioc *compare,
+                        void **compare_desc, size_t ncompare, const fi_ioc *result,
+                        void **result_desc, size_t nresult, uint64_t flags);
+    // The target's side of an Atomic cell, and the initiator's of its AtomicResp.
+    void serve_atomic(const wire::LocalHeader &hdr, std::string_view sender, const uint8_t *body);
+    void finish_atomic(const wire::LocalHeader &hdr, const uint8_t *body);
     void finish_pending(uint64_t msg_id, int status);
     void complete_rx(fi_peer_rx_entry *entry, const wire::LocalHeader &hdr, size_t n, int err,
                      fi_addr_t src);

@@ -206,11 +206,21 @@ TEST(GetInfo, MsgEndpointOffersMsgAndRma) {
     for (fi_info *i = list.get(); i; i = i->next) EXPECT_EQ(i->caps & want, want);
 }
 
-TEST(GetInfo, AtomicsAreNotOffered) {
-    InfoPtr hints = base_hints(FI_EP_RDM);
-    hints->caps = FI_MSG | FI_ATOMIC;
-    InfoPtr list;
-    EXPECT_EQ(getinfo(hints.get(), &list), -FI_ENODATA);
+TEST(GetInfo, AtomicsAreOfferedWithTheirOrdering) {
+    for (fi_ep_type type : {FI_EP_RDM, FI_EP_MSG}) {
+        InfoPtr hints = base_hints(type);
+        hints->caps = FI_MSG | FI_ATOMIC;
+        hints->tx_attr->msg_order = FI_ORDER_ATOMIC_RAW | FI_ORDER_ATOMIC_WAW;
+        InfoPtr list;
+        ASSERT_FI_OK(getinfo(hints.get(), &list)) << fi_tostr(&type, FI_TYPE_EP_TYPE);
+        for (fi_info *i = list.get(); i; i = i->next) {
+            EXPECT_EQ(i->caps & FI_ATOMIC, uint64_t{FI_ATOMIC});
+            EXPECT_EQ(i->tx_attr->caps & FI_ATOMIC, uint64_t{FI_ATOMIC});
+            constexpr uint64_t kAtomicOrder = FI_ORDER_ATOMIC_RAR | FI_ORDER_ATOMIC_RAW |
+                                              FI_ORDER_ATOMIC_WAR | FI_ORDER_ATOMIC_WAW;
+            EXPECT_EQ(i->tx_attr->msg_order & kAtomicOrder, kAtomicOrder);
+        }
+    }
 }
 
 TEST(GetInfo, OnlyRequestedPrimaryCapabilitiesAreReturned) {

@@ -1,0 +1,77 @@
+// Atomic operations as both providers carry them: the request an initiator builds (the wire
+// format is wire::AtomicBody, common/wire.h) and its execution at the target, on host or
+// device memory. The arithmetic is the reduction engine's (atomic.h, reduce_ops.h); this file
+// adds what a remote request needs around it: validation of what arrived, the access it
+// needs, device copies, and atomicity.
+//
+// Atomicity: every execution in a process takes one gate (a mutex, the innermost lock of
+// tandem: nothing is called under it but the engine and device copies). Operations arriving
+// over any link, over the node-local path, from any number of peers and through any domain
+// of the process are therefore atomic with respect to each other, for every datatype,
+// including those no CPU instruction covers (long double complex, 128-bit integers) and
+// regions in device memory, which are copied to the host, updated and copied back under it.
+// fi_atomic(3) asks no more: another actor (the application's own CPU atomics, a GPU kernel)
+// writing the region at the same time is undefined there.
+#pragma once
+
+#include "hmem/atomic.h"
+#include "hmem/hmem.h"
+
+#include <sys/uio.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace tandem::atomic {
+
+// A request as it arrived, checked against itself: op and datatype valid for its kind, a
+// count within the limit, and exactly the operand bytes that count implies.
+struct Request {
+    int op = 0;
+    int datatype = 0;
+    Kind kind = Kind::Base;
+    size_t count = 0;
+    size_t elem = 0;  // bytes of one element
+    uint64_t addr = 0;
+    uint64_t key = 0;
+    const uint8_t *operand = nullptr;  // count elements, or nullptr (FI_ATOMIC_READ)
+    const uint8_t *compare = nullptr;  // count elements (compare kind), else nullptr
+    size_t bytes() const { return count * elem; }
+};
+
+// Whether calls of `kind` with this op carry operand elements (all but FI_ATOMIC_READ).
+bool has_operand(int op) noexcept;
+
+// Bytes of a request body: the AtomicBody and its operands.
+size_t request_size(Kind kind, int op, int datatype, size_t count) noexcept;
+
+// Builds a request body into out: the header, then the operand and compare elements gathered
+// from the caller's lists (entry i of a list lives in mem[i]; a null mem is host memory).
+// 0, or a negative fabric errno when a device copy failed.
+int build_request(Kind kind, int op, int datatype, size_t count, uint64_t addr, uint64_t key,
+                  const iovec *operand, const hmem::MemRef *operand_mem, size_t noperand,
+                  const iovec *compare, const hmem::MemRef *compare_mem, size_t ncompare,
+                  std::vector<uint8_t> &out);
+
+// Parses a request body of len bytes (unaligned is fine). False when it is malformed.
+bool parse(const void *body, size_t len, Request &out) noexcept;
+
+// The remote access the target region must allow: FI_REMOTE_WRITE for the base kind,
+// FI_REMOTE_READ for FI_ATOMIC_READ, both for the other fetch and compare operations.
+uint64_t access_needed(Kind kind, int op) noexcept;
+
+// The access an operation counts as at the target (FI_RMA_EVENT counters, and the flags of a
+// remote CQ data completion): FI_REMOTE_WRITE for the base kind, FI_REMOTE_READ for the fetch
+// and compare kinds, as they return data to the initiator.
+uint64_t access_event(Kind kind) noexcept;
+
+// Executes a request at the target on the memory its key resolved to (pieces, each in mem[i];
+// mem may be null: all host), atomically with respect to every other execute() in the
+// process. For the fetch and compare kinds, fetched receives the previous values (bytes()).
+// 0, or a positive FI_* error: FI_EINVAL for a target element that is not naturally aligned,
+// FI_EIO when device memory could not be copied.
+int execute(const Request &r, const iovec *pieces, const hmem::MemRef *mem, size_t npieces,
+            void *fetched) noexcept;
+
+}  // namespace tandem::atomic

@@ -1,0 +1,374 @@
+// Atomic operations of the endpoint (fi_atomic(3)): the twelve calls and the three *valid
+// queries, and both ends of an atomic that travels over a link.
+//
+// The target executes every atomic itself, in its progress engine: the initiator sends an
+// AtomicReq (the operation, the target address and key, the operand and compare elements),
+// the target checks key, bounds and access as for RMA, executes through the one engine
+// (hmem/atomic_target.h, which makes it atomic against every other execution in the process)
+// and answers AtomicResp with a status and, for the fetch and compare kinds, the previous
+// values. The initiator's operation completes at that answer, for every kind, so an atomic
+// completion always means the target was updated. A peer on this node gets the same request
+// through the offload twin (LocalPath::atomic), whose twin at the target executes it.
+#include "common/iov.h"
+#include "common/log.h"
+#include "hmem/atomic_target.h"
+#include "main_prov/av.h"
+#include "main_prov/cntr.h"
+#include "main_prov/domain.h"
+#include "main_prov/endpoint.h"
+#include "main_prov/local_path.h"
+#include "peer/peer_abi.h"
+
+#include <cstring>
+
+namespace tandem {
+
+namespace {
+
+size_t ioc_count(const fi_ioc *ioc, size_t n) {
+    size_t total = 0;
+    for (size_t i = 0; i < n; ++i) total += ioc[i].count;
+    return total;
+}
+
+// An fi_ioc list as byte ranges: element counts times the element size.
+void ioc_bytes(const fi_ioc *ioc, size_t n, size_t elem, iovec *out) {
+    for (size_t i = 0; i < n; ++i) out[i] = {ioc[i].addr, ioc[i].count * elem};
+}
+
+fi_msg_atomic one_msg(const fi_ioc &ioc, void **desc, fi_addr_t dest, const fi_rma_ioc &rma,
+                      enum fi_datatype datatype, enum fi_op op, void *context) {
+    fi_msg_atomic m{};
+    m.msg_iov = &ioc;
+    m.desc = desc;
+    m.iov_count = 1;
+    m.addr = dest;
+    m.rma_iov = &rma;
+    m.rma_iov_count = 1;
+    m.datatype = datatype;
+    m.op = op;
+    m.context = context;
+    return m;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------
+// Entry points: every form maps onto post_atomic.
+
+ssize_t Endpoint::atomic_write(const OpDefaults &d, const void *buf, size_t count, void *desc,
+                               fi_addr_t dest, uint64_t addr, uint64_t key,
+                               enum fi_datatype datatype, enum fi_op op, void *context) {
+    fi_ioc ioc{const_cast<void *>(buf), count};
+    fi_rma_ioc rma{addr, count, key};
+    return post_atomic(
+        {one_msg(ioc, &desc, dest, rma, datatype, op, context), atomic::Kind::Base, d.tx});
+}
+ssize_t Endpoint::atomic_writev(const OpDefaults &d, const fi_ioc *iov, void **desc, size_t count,
+                                fi_addr_t dest, uint64_t addr, uint64_t key,
+                                enum fi_datatype datatype, enum fi_op op, void *context) {
+    fi_rma_ioc rma{addr, iov ? ioc_count(iov, count) : 0, key};
+    fi_msg_atomic m{iov, desc, count, dest, &rma, 1, datatype, op, context, 0};
+    return post_atomic({m, atomic::Kind::Base, d.tx});
+}
+ssize_t Endpoint::atomic_writemsg(const OpDefaults &, const fi_msg_atomic *msg, uint64_t flags) {
+    if (!msg) return -FI_EINVAL;
+    return post_atomic({*msg, atomic::Kind::Base, flags & ~kNoCompletion});
+}
+ssize_t Endpoint::atomic_inject(const OpDefaults &, const void *buf, size_t count, fi_addr_t dest,
+                                uint64_t addr, uint64_t key, enum fi_datatype datatype,
+                                enum fi_op op) {
+    fi_ioc ioc{const_cast<void *>(buf), count};
+    fi_rma_ioc rma{addr, count, key};
+    return post_atomic({one_msg(ioc, nullptr, dest, rma, datatype, op, nullptr), atomic::Kind::Base,
+                        FI_INJECT | kNoCompletion});
+}
+ssize_t Endpoint::atomic_readwrite(const OpDefaults &d, const void *buf, size_t count, void *desc,
+                                   void *result, void *result_desc, fi_addr_t dest, uint64_t addr,
+                                   uint64_t key, enum fi_datatype datatype, enum fi_op op,
+                                   void *context) {
+    fi_ioc ioc{const_cast<void *>(buf), count};
+    fi_ioc res{result, count};
+    fi_rma_ioc rma{addr, count, key};
+    AtomicCall a{one_msg(ioc, &desc, dest, rma, datatype, op, context), atomic::Kind::Fetch, d.tx};
+    a.result = &res;
+    a.result_desc = &result_desc;
+    a.result_count = 1;
+    return post_atomic(a);
+}
+ssize_t Endpoint::atomic_readwritev(const OpDefaults &d, const fi_ioc *iov, void **desc,
+                                    size_t count, fi_ioc *resultv, void **result_desc,
+                                    size_t result_count, fi_addr_t dest, uint64_t addr,
+                                    uint64_t key, enum fi_datatype datatype, enum fi_op op,
+                                    void *context) {
+    fi_rma_ioc rma{addr, iov ? ioc_count(iov, count) : 0, key};
+    AtomicCall a{
+        {iov, desc, count, dest, &rma, 1, datatype, op, context, 0}, atomic::Kind::Fetch, d.tx};
+    a.result = resultv;
+    a.result_desc = result_desc;
+    a.result_count = result_count;
+    return post_atomic(a);
+}
+ssize_t Endpoint::atomic_readwritemsg(const OpDefaults &, const fi_msg_atomic *msg, fi_ioc *resultv,
+                                      void **result_desc, size_t result_count, uint64_t flags) {
+    if (!msg) return -FI_EINVAL;
+    AtomicCall a{*msg, atomic::Kind::Fetch, flags & ~kNoCompletion};
+    a.result = resultv;
+    a.result_desc = result_desc;
+    a.result_count = result_count;
+    return post_atomic(a);
+}
+ssize_t Endpoint::atomic_compwrite(const OpDefaults &d, const void *buf, size_t count, void *desc,
+                                   const void *compare, void *compare_desc, void *result,
+                                   void *result_desc, fi_addr_t dest, uint64_t addr, uint64_t key,
+                                   enum fi_datatype datatype, enum fi_op op, void *context) {
+    fi_ioc ioc{const_cast<void *>(buf), count};
+    fi_ioc cmp{const_cast<void *>(compare), count};
+    fi_ioc res{result, count};
+    fi_rma_ioc rma{addr, count, key};
+    AtomicCall a{one_msg(ioc, &desc, dest, rma, datatype, op, context), atomic::Kind::Compare,
+                 d.tx};
+    a.compare = &cmp;
+    a.compare_desc = &compare_desc;
+    a.compare_count = 1;
+    a.result = &res;
+    a.result_desc = &result_desc;
+    a.result_count = 1;
+    return post_atomic(a);
+}
+ssize_t Endpoint::atomic_compwritev(const OpDefaults &d, const fi_ioc *iov, void **desc,
+                                    size_t count, const fi_ioc *comparev, void **compare_desc,
+                                    size_t compare_count, fi_ioc *resultv, void **result_desc,
+                                    size_t result_count, fi_addr_t dest, uint64_t addr,
+                                    uint64_t key, enum fi_datatype datatype, enum fi_op op,
+                                    void *context) {
+    fi_rma_ioc rma{addr, iov ? ioc_count(iov, count) : 0, key};
+    AtomicCall a{
+        {iov, desc, count, dest, &rma, 1, datatype, op, context, 0}, atomic::Kind::Compare, d.tx};
+    a.compare = comparev;
+    a.compare_desc = compare_desc;
+    a.compare_count = compare_count;
+    a.result = resultv;
+    a.result_desc = result_desc;
+    a.result_count = result_count;
+    return post_atomic(a);
+}
+ssize_t Endpoint::atomic_compwritemsg(const OpDefaults &, const fi_msg_atomic *msg,
+                                      const fi_ioc *comparev, void **compare_desc,
+                                      size_t compare_count, fi_ioc *resultv, void **result_desc,
+                                      size_t result_count, uint64_t flags) {
+    if (!msg) return -FI_EINVAL;
+    AtomicCall a{*msg, atomic::Kind::Compare, flags & ~kNoCompletion};
+    a.compare = comparev;
+    a.compare_desc = compare_desc;
+    a.compare_count = compare_count;
+    a.result = resultv;
+    a.result_desc = result_desc;
+    a.result_count = result_count;
+    return post_atomic(a);
+}
+
+int Endpoint::atomic_valid(atomic::Kind kind, int datatype, int op, size_t *count) {
+    if (!count) return -FI_EINVAL;
+    if (!atomic::datatype_size(datatype) || op < 0 || op >= FI_ATOMIC_OP_LAST) return -FI_EINVAL;
+    if (!atomic::valid(kind, op, datatype)) return -FI_EOPNOTSUPP;
+    *count = atomic::max_count(datatype);
+    return 0;
+}
+int Endpoint::atomic_writevalid(const OpDefaults &, enum fi_datatype datatype, enum fi_op op,
+                                size_t *count) {
+    if (!(caps_ & FI_ATOMIC)) return -FI_EOPNOTSUPP;
+    return atomic_valid(atomic::Kind::Base, datatype, op, count);
+}
+int Endpoint::atomic_readwritevalid(const OpDefaults &, enum fi_datatype datatype, enum fi_op op,
+                                    size_t *count) {
+    if (!(caps_ & FI_ATOMIC)) return -FI_EOPNOTSUPP;
+    return atomic_valid(atomic::Kind::Fetch, datatype, op, count);
+}
+int Endpoint::atomic_compwritevalid(const OpDefaults &, enum fi_datatype datatype, enum fi_op op,
+                                    size_t *count) {
+    if (!(caps_ & FI_ATOMIC)) return -FI_EOPNOTSUPP;
+    return atomic_valid(atomic::Kind::Compare, datatype, op, count);
+}
+
+// ------------------------------------------------------------------------------------------
+// Initiator
+
+ssize_t Endpoint::post_atomic(const AtomicCall &a) {
+    // An endpoint opened without FI_ATOMIC has none, whatever its state.
+    if (!(caps_ & FI_ATOMIC)) return -FI_EOPNOTSUPP;
+    const fi_msg_atomic &m = a.msg;
+    const bool fetches = a.kind != atomic::Kind::Base;
+    const bool compares = a.kind == atomic::Kind::Compare;
+    // The shape of the call, before anything else: a list without entries, too many entries,
+    // the remote side in more than one piece (rma_iov_limit is 1).
+    if ((m.iov_count && !m.msg_iov) || m.iov_count > kMaxIov) return -FI_EINVAL;
+    if (m.rma_iov_count != 1 || !m.rma_iov) return -FI_EINVAL;
+    if (fetches && (!a.result || !a.result_count || a.result_count > kMaxIov)) return -FI_EINVAL;
+    if (compares && (!a.compare || !a.compare_count || a.compare_count > kMaxIov))
+        return -FI_EINVAL;
+    size_t limit = 0;
+    if (int ret = atomic_valid(a.kind, m.datatype, m.op, &limit)) return ret;
+    const size_t elem = atomic::datatype_size(m.datatype);
+    const size_t count = ioc_count(m.msg_iov, m.iov_count);
+    if (count == 0 || m.rma_iov[0].count != count) return -FI_EINVAL;
+    if (fetches && ioc_count(a.result, a.result_count) != count) return -FI_EINVAL;
+    if (compares && ioc_count(a.compare, a.compare_count) != count) return -FI_EINVAL;
+    if (count > limit) return -FI_EMSGSIZE;  // fi_atomic(3): more elements than *valid said
+    const size_t bytes = count * elem;
+    if ((a.flags & FI_INJECT) && (fetches || bytes > inject_size_)) return -FI_EMSGSIZE;
+    const uint64_t addr = m.rma_iov[0].addr, key = m.rma_iov[0].key;
+    // With virtual addresses, the initiator sees a misaligned target at once; with offsets the
+    // target checks the address the key resolves to (an FI_EINVAL error completion).
+    if ((domain_->mr_mode() & FI_MR_VIRT_ADDR) && addr % atomic::datatype_align(m.datatype))
+        return -FI_EINVAL;
+
+    std::lock_guard guard(domain_->lock());
+    check_tx_ready(FI_ATOMIC);
+    // fi_getinfo(3): an endpoint that named no direction has both.
+    const uint64_t directions = caps_ & (FI_READ | FI_WRITE);
+    if (directions && !(directions & (fetches ? FI_READ : FI_WRITE))) return -FI_EOPNOTSUPP;
+    if (tx_outstanding_ >= info_->tx_attr->size) {
+        progress();
+        if (tx_outstanding_ >= info_->tx_attr->size) return -FI_EAGAIN;
+    }
+    iovec operand[kMaxIov], compare[kMaxIov], result[kMaxIov];
+    hmem::MemRef operand_mem[kMaxIov], compare_mem[kMaxIov], result_mem[kMaxIov];
+    ioc_bytes(m.msg_iov, m.iov_count, elem, operand);
+    bool device = memory_of(operand, m.desc, m.iov_count, a.flags, operand_mem);
+    if (compares) {
+        ioc_bytes(a.compare, a.compare_count, elem, compare);
+        device |= memory_of(compare, a.compare_desc, a.compare_count, a.flags, compare_mem);
+    }
+    if (fetches) {
+        ioc_bytes(a.result, a.result_count, elem, result);
+        device |= memory_of(result, a.result_desc, a.result_count, 0, result_mem);
+    }
+    if (device && (a.flags & FI_INJECT) && p2p_.mode() == FI_HMEM_P2P_REQUIRED)
+        return -FI_EOPNOTSUPP;
+    Peer *peer = peer_for(m.addr);
+    TxOp *op = alloc_tx();
+    op->kind = TxOp::Kind::Atomic;
+    op->context = m.context;
+    op->op_flags = a.flags;
+    op->cq_flags = FI_ATOMIC | (fetches ? FI_READ : FI_WRITE);
+    op->report = tx_reports(a.flags);
+    op->len = bytes;
+    op->peer = peer;
+    op->id = next_op_id_++;
+    if (goes_local(peer, m.addr)) {
+        // The twin copies the operands into its request before this returns (an inject's
+        // buffer is free at once) and writes the previous values into the result buffers.
+        ++tx_outstanding_;
+        ++local_tx_pending_;
+        op->local = true;
+        int ret = local_->atomic(op, a);
+        if (ret) {
+            --tx_outstanding_;
+            --local_tx_pending_;
+            free_tx(op);
+        }
+        return ret;
+    }
+    op->remote = {addr, key};
+    if (device && link_decision(bytes) == hmem::P2pDecision::Fail) {
+        ++tx_outstanding_;
+        fail_tx(op, FI_EOPNOTSUPP);  // FI_HMEM_P2P_REQUIRED, and the link can only stage
+        return 0;
+    }
+    // The request is our own copy of the operands: the application's buffers are free once
+    // this returns; only the result buffers are written later.
+    int ret = atomic::build_request(a.kind, m.op, m.datatype, count, addr, key, operand,
+                                    operand_mem, m.iov_count, compare, compare_mem,
+                                    compares ? a.compare_count : 0, op->inject_copy);
+    if (ret) {
+        free_tx(op);
+        return ret;
+    }
+    if (fetches) {
+        for (size_t i = 0; i < a.result_count; ++i) {
+            if (!result[i].iov_len) continue;
+            op->iov.push_back(result[i]);
+            op->mem.push_back(result_mem[i]);
+        }
+    }
+    op->hdr.op = static_cast<uint8_t>(wire::ProtoOp::AtomicReq);
+    op->hdr.flags = (a.flags & FI_REMOTE_CQ_DATA) ? wire::kProtoCqData : 0;
+    op->hdr.cq_data = m.data;
+    op->hdr.size = op->inject_copy.size();
+    op->hdr.msg_id = op->id;
+    op->await_remote = true;
+    ++tx_outstanding_;
+    start_tx(op);
+    return 0;
+}
+
+// The answer to one of our AtomicReqs: the previous values go into the result buffers, and
+// the operation is done. False when the message does not answer an atomic of ours.
+bool Endpoint::finish_atomic(const wire::ProtoHeader &hdr, const uint8_t *body, size_t len) {
+    wire::AtomicRespBody resp;
+    if (len < sizeof resp) return false;
+    memcpy(&resp, body, sizeof resp);
+    if (resp.length != len - sizeof resp) return false;
+    auto it = await_remote_.find(hdr.msg_id);
+    if (it == await_remote_.end() || it->second->kind != TxOp::Kind::Atomic) return false;
+    TxOp *op = it->second;
+    await_remote_.erase(it);
+    op->await_remote = false;
+    if (resp.status) {
+        op->error = resp.status;
+    } else if (!op->iov.empty()) {
+        const uint8_t *values = body + sizeof resp;
+        if (resp.length != op->len) {
+            op->error = FI_EIO;
+        } else if (hmem::all_host(op->mem.data(), op->mem.size())) {
+            iov_scatter(op->iov.data(), op->iov.size(), 0, values, op->len);
+        } else if (hmem::scatter(op->iov.data(), op->mem.data(), op->iov.size(), 0, values,
+                                 op->len) != ssize_t(op->len)) {
+            op->error = FI_EIO;
+        }
+    }
+    if (op->link_wrs == 0) finish_tx(op);
+    return true;
+}
+
+// ------------------------------------------------------------------------------------------
+// Target
+
+void Endpoint::serve_atomic(LinkConnection *conn, const wire::ProtoHeader &hdr, const uint8_t *body,
+                            size_t len) {
+    atomic::Request r;
+    wire::AtomicRespBody resp{};
+    uint8_t fetched[atomic::kMaxBytes];
+    if (!atomic::parse(body, len, r)) {
+        TANDEM_WARN(FI_LOG_EP_DATA, "refusing a malformed atomic request (%zu bytes)\n", len);
+        resp.status = FI_EINVAL;
+    } else {
+        LocalPieces pieces;
+        if (!resolve(r.key, r.addr, r.bytes(), atomic::access_needed(r.kind, r.op), pieces) ||
+            !pieces.application) {
+            resp.status = FI_EACCES;
+        } else {
+            resp.status = atomic::execute(r, pieces.iov, pieces.mem, pieces.count, fetched);
+        }
+        TANDEM_DEBUG(FI_LOG_EP_DATA, "atomic op %d type %d x%zu at %#lx: status %d\n", r.op,
+                     r.datatype, r.count, static_cast<unsigned long>(r.addr), resp.status);
+    }
+    if (!resp.status) {
+        uint64_t event = atomic::access_event(r.kind);
+        remote_access_done(r.key, event);
+        if ((hdr.flags & wire::kProtoCqData) && rx_cq_) {
+            fi_addr_t src = source_of(conn);
+            write_rx_cq({nullptr, FI_ATOMIC | event | FI_REMOTE_CQ_DATA, r.bytes(), nullptr,
+                         hdr.cq_data, 0, src},
+                        src);
+        }
+        if (r.kind != atomic::Kind::Base) resp.length = r.bytes();
+    }
+    uint8_t answer[sizeof resp + atomic::kMaxBytes];
+    memcpy(answer, &resp, sizeof resp);
+    memcpy(answer + sizeof resp, fetched, resp.length);
+    send_control(conn, wire::ProtoOp::AtomicResp, answer, sizeof resp + resp.length, hdr.msg_id);
+}
+
+}  // namespace tandem

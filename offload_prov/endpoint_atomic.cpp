@@ -1,0 +1,212 @@
+// Atomics on the node-local path, as libfabric's shm provider does them: the initiator's twin
+// puts the request (wire::AtomicBody and the operands, hmem/atomic_target.h) in an Atomic
+// cell of the target's inbox; the target's twin checks the key through its owner, executes
+// the operation in its progress (atomic against every other execution in its process, link
+// or local) and answers with an AtomicResp cell carrying the status and, for the fetch and
+// compare kinds, the previous values, which the initiator's twin writes into the result
+// buffers before it completes the operation. Device memory on either side is copied by its
+// device: the operands into the cell, the values out of it, the target through the host.
+#include "common/iov.h"
+#include "common/log.h"
+#include "hmem/atomic_target.h"
+#include "offload_prov/endpoint.h"
+
+#include <cstring>
+
+namespace tandem::off {
+
+using wire::LocalHeader;
+using wire::LocalOp;
+
+namespace {
+
+size_t ioc_count(const fi_ioc *ioc, size_t n) {
+    size_t total = 0;
+    for (size_t i = 0; i < n; ++i) total += ioc[i].count;
+    return total;
+}
+
+// An fi_ioc list as byte ranges, and where each lives (false: all host memory).
+bool ioc_bytes(const fi_ioc *ioc, void **desc, size_t n, size_t elem, iovec *out,
+               hmem::MemRef *mem) {
+    for (size_t i = 0; i < n; ++i) out[i] = {ioc[i].addr, ioc[i].count * elem};
+    if (desc) return peer::mems_of(desc, n, mem);
+    std::fill(mem, mem + n, hmem::kHost);
+    return false;
+}
+
+fi_ops_atomic twin_atomic_ops = {
+    .size = sizeof(fi_ops_atomic),
+    .write = enosys<decltype(fi_ops_atomic::write)>,
+    .writev = enosys<decltype(fi_ops_atomic::writev)>,
+    .writemsg = &Trampoline<&Endpoint::atomicmsg>::call<fid_ep>,
+    .inject = enosys<decltype(fi_ops_atomic::inject)>,
+    .readwrite = enosys<decltype(fi_ops_atomic::readwrite)>,
+    .readwritev = enosys<decltype(fi_ops_atomic::readwritev)>,
+    .readwritemsg = &Trampoline<&Endpoint::fetch_atomicmsg>::call<fid_ep>,
+    .compwrite = enosys<decltype(fi_ops_atomic::compwrite)>,
+    .compwritev = enosys<decltype(fi_ops_atomic::compwritev)>,
+    .compwritemsg = &Trampoline<&Endpoint::compare_atomicmsg>::call<fid_ep>,
+    .writevalid = enosys<decltype(fi_ops_atomic::writevalid)>,
+    .readwritevalid = enosys<decltype(fi_ops_atomic::readwritevalid)>,
+    .compwritevalid = enosys<decltype(fi_ops_atomic::compwritevalid)>,
+};
+
+}  // namespace
+
+fi_ops_atomic *Endpoint::atomic_ops() {
+    return &twin_atomic_ops;
+}
+
+ssize_t Endpoint::atomicmsg(const fi_msg_atomic *msg, uint64_t flags) {
+    if (!msg) return -FI_EINVAL;
+    return post_atomic(atomic::Kind::Base, *msg, nullptr, nullptr, 0, nullptr, nullptr, 0, flags);
+}
+
+ssize_t Endpoint::fetch_atomicmsg(const fi_msg_atomic *msg, fi_ioc *resultv, void **result_desc,
+                                  size_t result_count, uint64_t flags) {
+    if (!msg) return -FI_EINVAL;
+    return post_atomic(atomic::Kind::Fetch, *msg, nullptr, nullptr, 0, resultv, result_desc,
+                       result_count, flags);
+}
+
+ssize_t Endpoint::compare_atomicmsg(const fi_msg_atomic *msg, const fi_ioc *comparev,
+                                    void **compare_desc, size_t compare_count, fi_ioc *resultv,
+                                    void **result_desc, size_t result_count, uint64_t flags) {
+    if (!msg) return -FI_EINVAL;
+    return post_atomic(atomic::Kind::Compare, *msg, comparev, compare_desc, compare_count, resultv,
+                       result_desc, result_count, flags);
+}
+
+ssize_t Endpoint::post_atomic(atomic::Kind kind, const fi_msg_atomic &m, const fi_ioc *compare,
+                              void **compare_desc, size_t ncompare, const fi_ioc *result,
+                              void **result_desc, size_t nresult, uint64_t flags) {
+    if (!enabled_) return -FI_EOPBADSTATE;
+    const bool fetches = kind != atomic::Kind::Base;
+    const bool compares = kind == atomic::Kind::Compare;
+    constexpr size_t kMax = wire::kLocalMaxIov;
+    if ((m.iov_count && !m.msg_iov) || m.iov_count > kMax || m.rma_iov_count != 1 || !m.rma_iov)
+        return -FI_EINVAL;
+    if (fetches && (!result || !nresult || nresult > kMax)) return -FI_EINVAL;
+    if (compares && (!compare || !ncompare || ncompare > kMax)) return -FI_EINVAL;
+    if (!atomic::valid(kind, m.op, m.datatype)) return -FI_EOPNOTSUPP;
+    const size_t elem = atomic::datatype_size(m.datatype);
+    const size_t count = ioc_count(m.msg_iov, m.iov_count);
+    if (count == 0 || count != m.rma_iov[0].count) return -FI_EINVAL;
+    if ((fetches && ioc_count(result, nresult) != count) ||
+        (compares && ioc_count(compare, ncompare) != count))
+        return -FI_EINVAL;
+    if (count > atomic::max_count(m.datatype)) return -FI_EMSGSIZE;
+    PeerLink *link = link_for(m.addr);
+    if (!link) return -FI_EHOSTUNREACH;
+    const size_t bytes = count * elem;
+    const uint64_t cq_flags = FI_ATOMIC | (fetches ? FI_READ : FI_WRITE);
+    if (link->dead) {
+        complete_tx(m.context, cq_flags, bytes, FI_ECONNRESET);
+        return 0;
+    }
+    if (!admits(*link)) return -FI_EAGAIN;
+
+    iovec operand[kMax], cmp[kMax], res[kMax];
+    hmem::MemRef operand_mem[kMax], cmp_mem[kMax], res_mem[kMax];
+    bool device = ioc_bytes(m.msg_iov, m.desc, m.iov_count, elem, operand, operand_mem);
+    if (compares) device |= ioc_bytes(compare, compare_desc, ncompare, elem, cmp, cmp_mem);
+    bool device_result = fetches && ioc_bytes(result, result_desc, nresult, elem, res, res_mem);
+    if (device || device_result) {
+        // Node-local atomics on device memory are staged by its device (copied into and out of
+        // the cells): FI_HMEM_P2P_REQUIRED refuses them, as it refuses node-local RMA.
+        if (p2p_.decide(false, bytes, 0) == hmem::P2pDecision::Fail) {
+            hmem::counters().refused_transfers.fetch_add(1, std::memory_order_relaxed);
+            complete_tx(m.context, cq_flags, bytes, FI_EOPNOTSUPP);
+            return 0;
+        }
+        hmem::counters().staged_transfers.fetch_add(1, std::memory_order_relaxed);
+    }
+    // The operands are copied into the request now: the application's buffers (an inject's
+    // included) are free when this returns.
+    thread_local std::vector<uint8_t> request;
+    if (int ret = atomic::build_request(kind, m.op, m.datatype, count, m.rma_iov[0].addr,
+                                        m.rma_iov[0].key, operand, operand_mem, m.iov_count, cmp,
+                                        cmp_mem, compares ? ncompare : 0, request))
+        return ret;
+    LocalHeader hdr = proto_;
+    hdr.op = static_cast<uint8_t>(LocalOp::Atomic);
+    hdr.flags = (flags & FI_REMOTE_CQ_DATA) ? wire::kLocalCqData : 0;
+    hdr.cq_data = m.data;
+    hdr.size = static_cast<uint32_t>(request.size());
+    hdr.total = bytes;
+    hdr.rma_addr = m.rma_iov[0].addr;
+    hdr.rma_key = m.rma_iov[0].key;
+    hdr.msg_id = next_id_++;
+    Pending p{.context = m.context, .flags = cq_flags, .len = bytes, .link = link};
+    if (fetches) {
+        p.iov.assign(res, res + nresult);
+        if (device_result) p.mem.assign(res_mem, res_mem + nresult);
+    }
+    pending_[hdr.msg_id] = std::move(p);
+    TANDEM_DEBUG(FI_LOG_EP_DATA, "atomic op %d type %d x%zu to %s\n", m.op, m.datatype, count,
+                 link->key.c_str());
+    push(*link, hdr, request.data(), request.size());
+    return 0;
+}
+
+void Endpoint::serve_atomic(const LocalHeader &hdr, std::string_view sender, const uint8_t *body) {
+    atomic::Request r;
+    int status = 0;
+    uint8_t fetched[atomic::kMaxBytes];
+    if (!atomic::parse(body, hdr.size, r)) {
+        TANDEM_WARN(FI_LOG_EP_DATA, "refusing a malformed atomic request\n");
+        status = FI_EINVAL;
+    } else {
+        iovec pieces[kMaxRmaPieces];
+        hmem::MemRef pmem[kMaxRmaPieces];
+        size_t npieces = kMaxRmaPieces;
+        int ret = resolve(r.key, r.addr, r.bytes(), atomic::access_needed(r.kind, r.op), pieces,
+                          pmem, &npieces);
+        if (ret)
+            status = ret == -FI_ENOSYS ? FI_EOPNOTSUPP : FI_EACCES;
+        else
+            status = atomic::execute(r, pieces, pmem, npieces, fetched);
+    }
+    TANDEM_DEBUG(FI_LOG_EP_DATA, "atomic %lu from a local peer: status %d\n",
+                 static_cast<unsigned long>(hdr.msg_id), status);
+    if (!status) {
+        uint64_t event = atomic::access_event(r.kind);
+        if (owner_ep_ops_) owner_ep_ops_->access_done(owner_ep_, r.key, event);
+        if (hdr.flags & wire::kLocalCqData) {
+            CqWrite w{.kind = CqWrite::Kind::Entry, .src = source_of(sender)};
+            w.e.flags = FI_ATOMIC | event | FI_REMOTE_CQ_DATA;
+            w.e.len = r.bytes();
+            w.e.data = hdr.cq_data;
+            write_cq(w);
+        }
+    }
+    PeerLink *link = link_to(sender);
+    if (!link) return;  // the initiator is gone: nobody waits for the answer
+    LocalHeader out = proto_;
+    out.op = static_cast<uint8_t>(LocalOp::AtomicResp);
+    out.msg_id = hdr.msg_id;
+    out.status = status;
+    size_t len = (!status && r.kind != atomic::Kind::Base) ? r.bytes() : 0;
+    out.size = static_cast<uint32_t>(len);
+    push(*link, out, fetched, len);
+}
+
+void Endpoint::finish_atomic(const LocalHeader &hdr, const uint8_t *body) {
+    auto it = pending_.find(hdr.msg_id);
+    if (it == pending_.end()) return;  // failed already (the peer was found dead)
+    Pending &p = it->second;
+    int status = hdr.status;
+    if (!status && !p.iov.empty()) {
+        if (hdr.size != p.len)
+            status = FI_EIO;
+        else if (p.mem.empty())
+            iov_scatter(p.iov.data(), p.iov.size(), 0, body, hdr.size);
+        else if (hmem::scatter(p.iov.data(), p.mem.data(), p.iov.size(), 0, body, hdr.size) !=
+                 ssize_t(hdr.size))
+            status = FI_EIO;
+    }
+    finish_pending(hdr.msg_id, status);
+}
+
+}  // namespace tandem::off
