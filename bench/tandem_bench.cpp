@@ -3,7 +3,13 @@
 // Measures, for any provider string libfabric accepts (-p tandem, -p "tcp;ofi_rxm", -p shm):
 //   - tagged-send ping-pong latency (half round trip),
 //   - unidirectional tagged-send bandwidth with a window of sends in flight,
-//   - unidirectional RMA write bandwidth (fi_write into the target's registered buffer).
+//   - unidirectional RMA write bandwidth (fi_write into the target's registered buffer),
+//   - 8-byte atomics (FI_UINT64 on one word of the target's registered buffer): latency of
+//     fi_fetch_atomic FI_SUM, fi_atomic FI_SUM (plain, and with FI_DELIVERY_COMPLETE) and
+//     fi_compare_atomic FI_CSWAP (post one, wait for its completion, repeat; the median), and
+//     the rate of fi_atomic FI_SUM with a window of operations in flight. An operation the
+//     provider does not offer (fi_*atomicvalid, or refused when posted) is reported as n/a
+//     with the reason.
 //
 // One binary, three ways to start it:
 //   tandem_bench -s [HOST:]PORT [options]   server: waits for a client on a TCP control port
@@ -18,6 +24,7 @@
 // otherwise from the client's.
 
 #include <rdma/fabric.h>
+#include <rdma/fi_atomic.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
@@ -135,10 +142,18 @@ bool parse_size(const std::string &s, uint64_t *out) {
 // ---------------------------------------------------------------------------------------------
 // Options and the configuration the client sends to the server
 
-enum TestBits : uint32_t { kTestLat = 1, kTestBw = 2, kTestRma = 4 };
+enum TestBits : uint32_t {
+    kTestLat = 1,
+    kTestBw = 2,
+    kTestRma = 4,
+    kTestAtomicLat = 8,
+    kTestAtomicRate = 16,
+};
+constexpr uint32_t kSizeTests = kTestLat | kTestBw | kTestRma;
+constexpr uint32_t kAtomicTests = kTestAtomicLat | kTestAtomicRate;
 constexpr uint32_t kMaxSizes = 64;
 constexpr uint32_t kMagic = 0x74616e64;  // "tand"
-constexpr uint32_t kWireVersion = 1;
+constexpr uint32_t kWireVersion = 2;
 
 struct Options {
     std::string prov;  // empty: let libfabric choose
@@ -149,7 +164,7 @@ struct Options {
     std::string host = "0.0.0.0";
     std::string port = "47990";
     std::vector<uint64_t> sizes;
-    uint32_t tests = kTestLat | kTestBw | kTestRma;
+    uint32_t tests = kSizeTests;
     uint32_t window = 64;
     uint32_t iters = 0;  // 0: automatic per size
     unsigned timeout_s = 300;
@@ -176,7 +191,7 @@ struct WireInfo {
     uint32_t addr_format;
     uint32_t tagged;
     uint32_t rma;
-    uint32_t pad;
+    uint32_t atomic;
     uint64_t max_msg_size;
 };
 
@@ -198,15 +213,22 @@ void usage(FILE *f) {
         "  -e rdm|msg      endpoint type (default rdm)\n"
         "  -S SIZES        comma list (8,4k,1m) and/or ranges of powers of two (8:4m);\n"
         "                  default 8:4m\n"
-        "  -t TESTS        comma list of lat,bw,rma (default all)\n"
-        "  -w WINDOW       operations in flight for the bandwidth tests (default 64)\n"
-        "  -i N            fixed iteration count (ping-pongs, or windows for bandwidth);\n"
-        "                  default: chosen per size\n"
+        "  -t TESTS        comma list of lat,bw,rma (per size) and alat,arate (8-byte\n"
+        "                  atomics, independent of -S); atomic = alat,arate; all = every\n"
+        "                  one (default lat,bw,rma)\n"
+        "  -w WINDOW       operations in flight for the bandwidth and atomic-rate tests\n"
+        "                  (default 64)\n"
+        "  -i N            fixed iteration count (ping-pongs, windows for bandwidth,\n"
+        "                  operations for atomic latency, windows' worth of operations for\n"
+        "                  the atomic rate); default: chosen per size\n"
         "  -T SECONDS      watchdog: abort after this long (default 300, 0 disables)\n"
         "  -v              print the selected fi_info, and each test as it starts (stderr)\n"
         "  -h              this help\n"
         "Output (client): size, tagged ping-pong latency in us (half round trip),\n"
-        "tagged-send bandwidth and RMA-write bandwidth in MB/s (1 MB = 10^6 bytes).\n");
+        "tagged-send bandwidth and RMA-write bandwidth in MB/s (1 MB = 10^6 bytes);\n"
+        "then lines \"atomic KEY VALUE UNIT ...\": fetch_sum_lat, sum_lat, sum_dc_lat,\n"
+        "cswap_lat in us (post to completion, median), sum_rate in operations per second;\n"
+        "VALUE n/a (reason) when the provider does not offer the operation.\n");
 }
 
 bool parse_sizes(const char *arg, std::vector<uint64_t> *out) {
@@ -250,8 +272,14 @@ bool parse_tests(const char *arg, uint32_t *out) {
             *out |= kTestBw;
         else if (t == "rma")
             *out |= kTestRma;
+        else if (t == "alat")
+            *out |= kTestAtomicLat;
+        else if (t == "arate")
+            *out |= kTestAtomicRate;
+        else if (t == "atomic")
+            *out |= kAtomicTests;
         else if (t == "all")
-            *out |= kTestLat | kTestBw | kTestRma;
+            *out |= kSizeTests | kAtomicTests;
         else
             return false;
         if (comma == std::string::npos) break;
@@ -305,7 +333,8 @@ Options parse_options(int argc, char **argv) {
                 if (!parse_sizes(optarg, &o.sizes)) die("bad -S %s", optarg);
                 break;
             case 't':
-                if (!parse_tests(optarg, &o.tests)) die("bad -t %s (lat,bw,rma)", optarg);
+                if (!parse_tests(optarg, &o.tests))
+                    die("bad -t %s (lat,bw,rma,alat,arate)", optarg);
                 break;
             case 'w':
                 o.window = static_cast<uint32_t>(std::atoi(optarg));
@@ -458,6 +487,11 @@ int connect_retry(const std::string &host, const std::string &port) {
 
 enum class OpKind : int { kTx, kRx };
 
+// The atomic operations measured, all on FI_UINT64. kSumDelivery is fi_atomicmsg FI_SUM with
+// FI_DELIVERY_COMPLETE: a round trip on every provider (some complete a plain fi_atomic as soon
+// as it is queued).
+enum class AtomicKind : int { kSum, kSumDelivery, kFetchSum, kCswap };
+
 // One per posted operation: the fi_context2 must stay untouched until the completion.
 struct Op {
     fi_context2 ctx;  // first member: the completion's op_context points here
@@ -477,16 +511,20 @@ class Fabric {
     ~Fabric() { teardown(); }
 
     // fi_getinfo with the wanted capabilities, falling back step by step: tagged sends matter
-    // most, then RMA; untagged sends are the last resort (some MSG endpoints lack FI_TAGGED).
-    void select(bool want_rma) {
+    // most, then RMA, then atomics; untagged sends are the last resort (some MSG endpoints lack
+    // FI_TAGGED).
+    void select(bool want_rma, bool want_atomic) {
         const uint64_t msg_caps[] = {FI_TAGGED, FI_MSG};
         for (uint64_t base : msg_caps) {
             for (int r = want_rma ? 1 : 0; r >= 0 && !info_; --r) {
-                fi_info *got = try_getinfo(base | (r ? FI_RMA : 0));
-                if (got) {
-                    info_ = got;
-                    tagged_ = base == FI_TAGGED;
-                    rma_ = r != 0;
+                for (int a = want_atomic ? 1 : 0; a >= 0 && !info_; --a) {
+                    fi_info *got = try_getinfo(base | (r ? FI_RMA : 0) | (a ? FI_ATOMIC : 0));
+                    if (got) {
+                        info_ = got;
+                        tagged_ = base == FI_TAGGED;
+                        rma_ = r != 0;
+                        atomic_ = a != 0;
+                    }
                 }
             }
             if (info_) break;
@@ -508,6 +546,7 @@ class Fabric {
         mine.addr_format = info_->addr_format;
         mine.tagged = tagged_;
         mine.rma = rma_;
+        mine.atomic = atomic_;
         mine.max_msg_size = info_->ep_attr->max_msg_size;
         ctrl_.send_blob(&mine, sizeof mine);
         std::vector<uint8_t> b = ctrl_.recv_blob();
@@ -522,6 +561,7 @@ class Fabric {
             die("the two sides use different address formats");
         if (peer.tagged != mine.tagged) die("one side has FI_TAGGED, the other not");
         rma_ = rma_ && peer.rma;
+        atomic_ = atomic_ && peer.atomic;
         max_msg_ = std::min(mine.max_msg_size, peer.max_msg_size);
     }
 
@@ -539,7 +579,7 @@ class Fabric {
             open_msg();
     }
 
-    // Registers the buffers and exchanges the RMA target (addr, key) with the peer.
+    // Registers the buffers and exchanges the RMA and atomic target (addr, key) with the peer.
     void register_buffers(size_t max_size) {
         mr_local_ = (info_->domain_attr->mr_mode & FI_MR_LOCAL) != 0;
         size_t len = std::max<size_t>(max_size, 64);
@@ -554,7 +594,7 @@ class Fabric {
         reg(&ctl_tx_, key++);
         reg(&ctl_rx_, key++);
 
-        if (rma_) {
+        if (rma_ || atomic_) {
             WireRmaTarget mine{};
             const uint64_t mr_mode = info_->domain_attr->mr_mode;
             mine.addr = (mr_mode & (FI_MR_VIRT_ADDR | FI_MR_BASIC))
@@ -634,6 +674,105 @@ class Fabric {
         return true;
     }
 
+    // One FI_UINT64 atomic on the first word of the peer's target buffer. The operand, compare
+    // and result pointers must lie in tx() (its descriptor goes with them) and stay untouched
+    // until the completion.
+    void post_atomic(AtomicKind kind, const uint64_t *operand, const uint64_t *compare,
+                     uint64_t *result) {
+        check_fi(try_post_atomic(kind, operand, compare, result), atomic_call(kind));
+    }
+
+    // The same, but returns the provider's refusal (anything but -FI_EAGAIN, which it retries)
+    // instead of dying on it.
+    ssize_t try_post_atomic(AtomicKind kind, const uint64_t *operand, const uint64_t *compare,
+                            uint64_t *result) {
+        Op *op = next_op(OpKind::kTx);
+        void *desc = mr_local_ ? tx_.desc : nullptr;
+        const uint64_t addr = peer_rma_.addr, key = peer_rma_.key;
+        fi_ioc ioc{const_cast<uint64_t *>(operand), 1};
+        fi_rma_ioc rma_ioc{addr, 1, key};
+        fi_msg_atomic msg{};
+        msg.msg_iov = &ioc;
+        msg.desc = &desc;
+        msg.iov_count = 1;
+        msg.addr = peer_;
+        msg.rma_iov = &rma_ioc;
+        msg.rma_iov_count = 1;
+        msg.datatype = FI_UINT64;
+        msg.op = FI_SUM;
+        msg.context = &op->ctx;
+        auto post = [&]() -> ssize_t {
+            switch (kind) {
+                case AtomicKind::kSum:
+                    return fi_atomic(ep_, operand, 1, desc, peer_, addr, key, FI_UINT64, FI_SUM,
+                                     &op->ctx);
+                case AtomicKind::kSumDelivery:
+                    return fi_atomicmsg(ep_, &msg, FI_DELIVERY_COMPLETE | FI_COMPLETION);
+                case AtomicKind::kFetchSum:
+                    return fi_fetch_atomic(ep_, operand, 1, desc, result, desc, peer_, addr, key,
+                                           FI_UINT64, FI_SUM, &op->ctx);
+                case AtomicKind::kCswap:
+                    return fi_compare_atomic(ep_, operand, 1, desc, compare, desc, result, desc,
+                                             peer_, addr, key, FI_UINT64, FI_CSWAP, &op->ctx);
+            }
+            return -FI_EINVAL;
+        };
+        for (uint64_t spins = 0;; ++spins) {
+            ssize_t rc = post();
+            if (rc == 0) break;
+            if (rc != -FI_EAGAIN) return rc;
+            poll_cq();
+            if ((spins & 0xffff) == 0xffff && ctrl_.peer_gone()) die("peer went away");
+        }
+        ++tx_posted_;
+        return 0;
+    }
+
+    static const char *atomic_call(AtomicKind kind) {
+        switch (kind) {
+            case AtomicKind::kSum:
+                return "fi_atomic";
+            case AtomicKind::kSumDelivery:
+                return "fi_atomicmsg(FI_DELIVERY_COMPLETE)";
+            case AtomicKind::kFetchSum:
+                return "fi_fetch_atomic";
+            case AtomicKind::kCswap:
+                return "fi_compare_atomic";
+        }
+        return "?";
+    }
+
+    // Empty if the endpoint offers this atomic on one FI_UINT64, else why not.
+    std::string atomic_unsupported(AtomicKind kind) {
+        if (!atomic_) return "provider does not offer FI_ATOMIC";
+        size_t count = 0;
+        int rc = 0;
+        const char *what = "";
+        switch (kind) {
+            case AtomicKind::kSum:
+            case AtomicKind::kSumDelivery:
+                rc = fi_atomicvalid(ep_, FI_UINT64, FI_SUM, &count);
+                what = "fi_atomicvalid(FI_UINT64, FI_SUM)";
+                break;
+            case AtomicKind::kFetchSum:
+                rc = fi_fetch_atomicvalid(ep_, FI_UINT64, FI_SUM, &count);
+                what = "fi_fetch_atomicvalid(FI_UINT64, FI_SUM)";
+                break;
+            case AtomicKind::kCswap:
+                rc = fi_compare_atomicvalid(ep_, FI_UINT64, FI_CSWAP, &count);
+                what = "fi_compare_atomicvalid(FI_UINT64, FI_CSWAP)";
+                break;
+        }
+        char buf[160];
+        if (rc < 0)
+            std::snprintf(buf, sizeof buf, "%s: %s", what, fi_strerror(-rc));
+        else if (count < 1)
+            std::snprintf(buf, sizeof buf, "%s: count 0", what);
+        else
+            return "";
+        return buf;
+    }
+
     // Polls until every posted operation has completed.
     void wait_all() {
         uint64_t spins = 0;
@@ -663,12 +802,21 @@ class Fabric {
         while (!ctrl_.readable()) poll_cq();
         ctrl_.recv_all(peer, sizeof *peer);
     }
+    void sync_u64(uint64_t mine, uint64_t *peer) {
+        ctrl_.send_all(&mine, sizeof mine);
+        while (!ctrl_.readable()) poll_cq();
+        ctrl_.recv_all(peer, sizeof *peer);
+    }
+
+    void poll() { poll_cq(); }
 
     uint64_t tx_posted() const { return tx_posted_; }
     uint64_t rx_posted() const { return rx_posted_; }
     uint64_t rx_done() const { return rx_done_; }
+    uint64_t tx_done() const { return tx_done_; }
     bool tagged() const { return tagged_; }
     bool rma() const { return rma_; }
+    bool atomic() const { return atomic_; }
     uint64_t max_msg() const { return max_msg_; }
     const fi_info *info() const { return info_; }
     Buffer &tx() { return tx_; }
@@ -801,9 +949,9 @@ class Fabric {
     }
 
     void reg(Buffer *b, uint64_t requested_key) {
-        if (!mr_local_ && !rma_) return;  // nothing asks for registration
+        if (!mr_local_ && !rma_ && !atomic_) return;  // nothing asks for registration
         uint64_t access = FI_SEND | FI_RECV;
-        if (rma_) access |= FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+        if (rma_ || atomic_) access |= FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
         check_fi(fi_mr_reg(domain_, b->ptr, b->len, access, 0, requested_key, 0, &b->mr, nullptr),
                  "fi_mr_reg");
         if (info_->domain_attr->mr_mode & FI_MR_ENDPOINT) {
@@ -885,7 +1033,7 @@ class Fabric {
     bool server_;
     Ctrl &ctrl_;
     fi_info *info_ = nullptr;
-    bool tagged_ = false, rma_ = false, mr_local_ = false;
+    bool tagged_ = false, rma_ = false, atomic_ = false, mr_local_ = false;
     uint64_t max_msg_ = 0;
     fid_fabric *fabric_ = nullptr;
     fid_domain *domain_ = nullptr;
@@ -1081,6 +1229,226 @@ double run_rma_bw(Fabric &f, bool initiator, size_t size, uint32_t window, uint3
     return 0;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Atomics: FI_UINT64 on the first word of the responder's rx buffer, which the responder zeroes
+// before each test. The initiator's operands, compare values and results live in its tx buffer.
+// Completions are the provider's default ones except for sum_dc_lat: a provider may complete a
+// non-fetching atomic before the target executed it (shm does), so the rate test ends only when
+// a fetch shows every operation applied, and the responder checks the final value every time.
+
+enum AtomicSlot { kSlotOne, kSlotZero, kSlotSwap, kSlotCompare, kSlotResult };
+
+uint64_t *atomic_slot(Fabric &f, AtomicSlot s) {
+    return reinterpret_cast<uint64_t *>(f.tx().ptr) + s;
+}
+
+uint64_t target_word(Fabric &f) {
+    return __atomic_load_n(reinterpret_cast<uint64_t *>(f.rx().ptr), __ATOMIC_ACQUIRE);
+}
+
+// Polls (fetch-add of 0) until the target holds `expected`; false after 5 s.
+bool atomic_drain(Fabric &f, uint64_t expected, uint64_t *seen) {
+    uint64_t *zero = atomic_slot(f, kSlotZero), *result = atomic_slot(f, kSlotResult);
+    *zero = 0;
+    const double start = now_us();
+    for (;;) {
+        *result = ~0ull;
+        f.post_atomic(AtomicKind::kFetchSum, zero, nullptr, result);
+        f.wait_tx(f.tx_posted());
+        *seen = *result;
+        if (*result == expected) return true;
+        if (now_us() - start > 5e6) return false;
+    }
+}
+
+// Initiator: one operation at a time, each timed from post to completion. Returns the median in
+// microseconds (a busy-polling pair on a busy host loses whole time slices now and then; the
+// median ignores them) and the mean in *mean, and sets the value the target must end with;
+// returns -1 with the reason in *why if the provider refuses the first operation.
+double atomic_latency(Fabric &f, AtomicKind kind, uint32_t fixed, int *errors, uint64_t *expected,
+                      double *mean, std::string *why) {
+    const Counts c = fixed ? Counts{std::max<uint32_t>(1, fixed / 10), fixed} : Counts{500, 5000};
+    const uint32_t total = c.warmup + c.iters;
+    uint64_t *one = atomic_slot(f, kSlotOne), *swap = atomic_slot(f, kSlotSwap);
+    uint64_t *compare = atomic_slot(f, kSlotCompare), *result = atomic_slot(f, kSlotResult);
+    *one = 1;
+    std::vector<double> times;
+    times.reserve(c.iters);
+    for (uint32_t it = 0; it < total; ++it) {
+        const double t0 = now_us();
+        *compare = it;
+        *swap = it + 1;
+        *result = ~0ull;
+        ssize_t rc =
+            f.try_post_atomic(kind, kind == AtomicKind::kCswap ? swap : one, compare, result);
+        if (rc < 0 && it == 0) {
+            *why = std::string(Fabric::atomic_call(kind)) + ": " + fi_strerror(int(-rc));
+            *expected = 0;
+            return -1;
+        }
+        check_fi(rc, Fabric::atomic_call(kind));
+        f.wait_tx(f.tx_posted());
+        if (it >= c.warmup) times.push_back(now_us() - t0);
+        if ((kind == AtomicKind::kFetchSum || kind == AtomicKind::kCswap) && *result != it) {
+            if (*errors < 5)
+                std::fprintf(stderr, "%s: operation %u fetched %" PRIu64 ", expected %u\n",
+                             Fabric::atomic_call(kind), it, *result, it);
+            ++*errors;
+        }
+    }
+    *expected = total;
+    double sum = 0;
+    for (double t : times) sum += t;
+    *mean = sum / static_cast<double>(times.size());
+    const size_t mid = times.size() / 2;
+    std::nth_element(times.begin(), times.begin() + mid, times.end());
+    double median = times[mid];
+    if (times.size() % 2 == 0)
+        median = (median + *std::max_element(times.begin(), times.begin() + mid)) / 2;
+    return median;
+}
+
+// Initiator: fi_atomic FI_SUM with `window` in flight (a new one as soon as one completes).
+// Returns operations per second, timed until a fetch shows them all applied at the target
+// (when the provider can fetch; otherwise until the last completion).
+double atomic_rate(Fabric &f, uint32_t window, uint32_t fixed, bool can_fetch, int *errors,
+                   uint64_t *expected, double *overall) {
+    const uint64_t ops = fixed ? uint64_t{fixed} * window : 30000;
+    const uint64_t warmup = std::max<uint64_t>(window, ops / 10);
+    uint64_t *one = atomic_slot(f, kSlotOne);
+    *one = 1;
+    auto stream = [&](uint64_t n) {
+        for (uint64_t i = 0; i < n; ++i) {
+            if (f.tx_posted() - f.tx_done() >= window) f.wait_tx(f.tx_posted() - window + 1);
+            f.post_atomic(AtomicKind::kSum, one, nullptr, nullptr);
+        }
+        f.wait_tx(f.tx_posted());
+    };
+    auto drain = [&](uint64_t want) {
+        uint64_t seen = 0;
+        if (can_fetch && !atomic_drain(f, want, &seen)) {
+            std::fprintf(stderr,
+                         "atomic rate: the target holds %" PRIu64 ", expected %" PRIu64 "\n", seen,
+                         want);
+            ++*errors;
+        }
+    };
+    stream(warmup);
+    drain(warmup);
+    // Timed in chunks (the last one ends with the drain); the median chunk rate is what a time
+    // slice lost to another process does not move.
+    const uint64_t chunks = std::min<uint64_t>(10, ops);
+    std::vector<double> rates;
+    const double t0 = now_us();
+    double t = t0;
+    for (uint64_t k = 0; k < chunks; ++k) {
+        const uint64_t n = k + 1 < chunks ? ops / chunks : ops - (chunks - 1) * (ops / chunks);
+        stream(n);
+        if (k + 1 == chunks) drain(warmup + ops);
+        const double now = now_us();
+        rates.push_back(static_cast<double>(n) / ((now - t) / 1e6));
+        t = now;
+    }
+    *expected = warmup + ops;
+    *overall = static_cast<double>(ops) / ((t - t0) / 1e6);
+    std::sort(rates.begin(), rates.end());
+    const size_t mid = rates.size() / 2;
+    return rates.size() % 2 ? rates[mid] : (rates[mid - 1] + rates[mid]) / 2;
+}
+
+// Both sides: the atomic tests the configuration asks for, each framed by barriers; the client
+// prints one "atomic KEY VALUE UNIT" line per test.
+void run_atomics(Fabric &f, bool is_server, const Options &o, int *errors) {
+    struct Test {
+        const char *key;
+        AtomicKind kind;
+        bool rate;
+    };
+    const Test tests[] = {{"fetch_sum_lat", AtomicKind::kFetchSum, false},
+                          {"sum_lat", AtomicKind::kSum, false},
+                          {"sum_dc_lat", AtomicKind::kSumDelivery, false},
+                          {"cswap_lat", AtomicKind::kCswap, false},
+                          {"sum_rate", AtomicKind::kSum, true}};
+    if (!is_server) {
+        std::printf(
+            "# atomics on one FI_UINT64 word of the peer's registered memory:\n"
+            "#   *_lat: us from post to completion, one at a time; median of the operations\n"
+            "#          (their mean after it); lower is better. sum_lat is plain fi_atomic,\n"
+            "#          which a provider may complete once queued; sum_dc_lat asks for\n"
+            "#          FI_DELIVERY_COMPLETE, a round trip on every provider.\n"
+            "#   sum_rate: fi_atomic FI_SUM per second, %u in flight; median of 10 chunks\n"
+            "#          (overall after it, until a fetch shows all applied); higher is better\n",
+            o.window);
+        std::fflush(stdout);
+    }
+    const bool can_fetch = !is_server && f.atomic_unsupported(AtomicKind::kFetchSum).empty();
+    for (const Test &t : tests) {
+        if (!(o.tests & (t.rate ? kTestAtomicRate : kTestAtomicLat))) continue;
+        if (o.verbose) std::fprintf(stderr, "tandem_bench[%s]: atomic %s\n", g_role, t.key);
+        const int before = *errors;
+        // 1. The responder clears the target word; the initiator says whether it can go.
+        std::string why;
+        uint64_t go = 0;
+        if (is_server) {
+            __atomic_store_n(reinterpret_cast<uint64_t *>(f.rx().ptr), 0, __ATOMIC_RELEASE);
+            f.sync_u64(0, &go);
+        } else {
+            why = f.atomic_unsupported(t.kind);
+            uint64_t ignored;
+            f.sync_u64(why.empty() ? 1 : 0, &ignored);
+            go = why.empty();
+        }
+        if (!go) {
+            if (!is_server)
+                std::printf("  atomic %-14s %12s %-6s (%s)\n", t.key, "n/a",
+                            t.rate ? "ops/s" : "us", why.c_str());
+            continue;
+        }
+        // 2. The initiator measures; the responder only progresses (inside the barrier).
+        double value = 0, mean = 0;
+        uint64_t expected = 0;
+        if (is_server) {
+            f.sync_u64(0, &expected);
+            uint64_t seen = target_word(f);
+            const double start = now_us();
+            while (seen != expected && now_us() - start < 5e6) {
+                f.poll();
+                seen = target_word(f);
+            }
+            if (seen != expected) {
+                std::fprintf(stderr,
+                             "atomic %s: the target holds %" PRIu64 ", expected %" PRIu64 "\n",
+                             t.key, seen, expected);
+                ++*errors;
+            }
+        } else {
+            value = t.rate ? atomic_rate(f, o.window, o.iters, can_fetch, errors, &expected, &mean)
+                           : atomic_latency(f, t.kind, o.iters, errors, &expected, &mean, &why);
+            uint64_t ignored;
+            f.sync_u64(expected, &ignored);
+        }
+        // 3. The responder's verdict.
+        int32_t peer_err = 0;
+        f.sync_int(*errors - before, &peer_err);
+        if (!is_server) {
+            *errors += peer_err;
+            if (value < 0) {
+                std::printf("  atomic %-14s %12s %-6s (%s)\n", t.key, "n/a",
+                            t.rate ? "ops/s" : "us", why.c_str());
+                continue;
+            }
+            char extra[48] = "";
+            if (t.rate)
+                std::snprintf(extra, sizeof extra, " overall %.0f", mean);
+            else
+                std::snprintf(extra, sizeof extra, " mean %.2f", mean);
+            std::printf("  atomic %-14s %12.*f %-6s%s%s\n", t.key, t.rate ? 0 : 2, value,
+                        t.rate ? "ops/s" : "us", extra, *errors != before ? "   DATA ERROR" : "");
+            std::fflush(stdout);
+        }
+    }
+}
+
 int run(const Options &o, bool is_server, int ctrl_fd) {
     if (o.timeout_s) {  // per process: a forked child does not inherit the parent's alarm
         signal(SIGALRM, on_alarm);
@@ -1121,10 +1489,11 @@ int run(const Options &o, bool is_server, int ctrl_fd) {
     }
 
     Fabric f(eff, is_server, ctrl);
-    f.select((eff.tests & kTestRma) != 0);
+    f.select((eff.tests & kTestRma) != 0, (eff.tests & kAtomicTests) != 0);
     f.agree_with_peer();
     f.open();
-    uint64_t max_size = *std::max_element(eff.sizes.begin(), eff.sizes.end());
+    const bool size_tests = (eff.tests & kSizeTests) != 0;
+    uint64_t max_size = size_tests ? *std::max_element(eff.sizes.begin(), eff.sizes.end()) : 64;
     max_size = std::min<uint64_t>(max_size, f.max_msg());
     f.register_buffers(max_size);
 
@@ -1134,7 +1503,7 @@ int run(const Options &o, bool is_server, int ctrl_fd) {
                     info->fabric_attr->prov_name, info->fabric_attr->name, info->domain_attr->name,
                     info->ep_attr->type == FI_EP_MSG ? "msg" : "rdm",
                     f.tagged() ? "tagged sends" : "untagged sends (no FI_TAGGED)", eff.window);
-        std::printf("# mr_mode%s%s%s%s%s, progress %s; RMA %s\n",
+        std::printf("# mr_mode%s%s%s%s%s, progress %s; RMA %s; atomics %s\n",
                     (info->domain_attr->mr_mode & FI_MR_LOCAL) ? " LOCAL" : "",
                     (info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) ? " VIRT_ADDR" : "",
                     (info->domain_attr->mr_mode & FI_MR_PROV_KEY) ? " PROV_KEY" : "",
@@ -1143,15 +1512,20 @@ int run(const Options &o, bool is_server, int ctrl_fd) {
                     info->domain_attr->data_progress == FI_PROGRESS_MANUAL ? "manual" : "auto",
                     !(eff.tests & kTestRma) ? "not tested"
                     : f.rma()               ? "yes"
-                                            : "not offered");
-        std::printf("# %10s %12s %14s %14s\n", "size", "lat_us",
-                    f.tagged() ? "tag_bw_MB/s" : "msg_bw_MB/s", "rma_bw_MB/s");
+                                            : "not offered",
+                    !(eff.tests & kAtomicTests) ? "not tested"
+                    : f.atomic()                ? "yes"
+                                                : "not offered");
+        if (size_tests)
+            std::printf("# %10s %12s %14s %14s\n", "size", "lat_us",
+                        f.tagged() ? "tag_bw_MB/s" : "msg_bw_MB/s", "rma_bw_MB/s");
         std::fflush(stdout);
     }
 
     int errors = 0;
     bool delivery_complete = true;
     for (uint64_t size : eff.sizes) {
+        if (!size_tests) break;
         if (size > f.max_msg()) {
             if (!is_server)
                 std::printf("  %10" PRIu64 " %12s %14s %14s   (above max_msg_size)\n", size, "-",
@@ -1200,6 +1574,7 @@ int run(const Options &o, bool is_server, int ctrl_fd) {
             std::fflush(stdout);
         }
     }
+    if (eff.tests & kAtomicTests) run_atomics(f, is_server, eff, &errors);
     int32_t peer_total = 0;
     f.sync_int(errors, &peer_total);
     if (!is_server) {

@@ -216,7 +216,9 @@ ssize_t Endpoint::post_atomic(const AtomicCall &a) {
     if (compares && ioc_count(a.compare, a.compare_count) != count) return -FI_EINVAL;
     if (count > limit) return -FI_EMSGSIZE;  // fi_atomic(3): more elements than *valid said
     const size_t bytes = count * elem;
-    if ((a.flags & FI_INJECT) && (fetches || bytes > inject_size_)) return -FI_EMSGSIZE;
+    // FI_INJECT frees the constant buffers at once, which every atomic does (the operands are
+    // copied into the request); it only limits the size.
+    if ((a.flags & FI_INJECT) && bytes > inject_size_) return -FI_EMSGSIZE;
     const uint64_t addr = m.rma_iov[0].addr, key = m.rma_iov[0].key;
     // With virtual addresses, the initiator sees a misaligned target at once; with offsets the
     // target checks the address the key resolves to (an FI_EINVAL error completion).

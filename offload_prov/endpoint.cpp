@@ -1552,7 +1552,8 @@ bool Endpoint::defer_if_held(const uint8_t *cell) {
         memcpy(&hdr, cell, sizeof hdr);
         auto op = static_cast<LocalOp>(hdr.op);
         if (op == LocalOp::Fin || op == LocalOp::Cts || op == LocalOp::WriteDone ||
-            op == LocalOp::ReadData || hdr.name_len > wire::kLocalNameRoom)
+            op == LocalOp::ReadData || op == LocalOp::AtomicResp ||
+            hdr.name_len > wire::kLocalNameRoom)
             return false;
         sender = {reinterpret_cast<const char *>(cell + sizeof hdr), hdr.name_len};
     }

@@ -4,6 +4,7 @@
 #
 #   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] [-p "PROV,PROV,..."] [--local] [--no-ucx]
 #   scripts/bench.sh [-b BUILD_DIR] --hmem
+#   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --atomic [--local]
 #
 #   -b BUILD_DIR  the CMake build directory (default: <repo>/build); needs
 #                 BUILD_DIR/bench/tandem_bench and, for tandem, BUILD_DIR/lib/libtandem-fi.so
@@ -19,6 +20,14 @@
 #                 under each FI_OPT_FI_HMEM_P2P policy, node-local and over the network path.
 #                 With a real CUDA driver it measures the GPU; without one it runs on the
 #                 tests' emulated driver (BUILD_DIR/tests/emucuda) and labels the figures so.
+#   --atomic      8-byte (FI_UINT64) atomics instead (tandem_bench -t alat,arate): latency of
+#                 fi_fetch_atomic FI_SUM, fi_atomic FI_SUM (plain, and with
+#                 FI_DELIVERY_COMPLETE) and fi_compare_atomic FI_CSWAP, one at a time, and the
+#                 rate of fi_atomic FI_SUM with 64 in flight. tandem node-local against shm and
+#                 tandem over its link (FI_TANDEM_LOCAL=0) against tcp;ofi_rxm, the order
+#                 reversed every other run; ratios tandem / system of the medians. With --local
+#                 only the node-local pair. No UCX; -p does not apply. An operation a provider
+#                 does not offer shows as n/a, its reason below the table.
 #
 # Each run is one tandem_bench process pair (fork mode: server and client on this host, both
 # busy-polling, nothing pinned) measuring 8 B tagged ping-pong latency and 1 MiB tagged-send
@@ -35,6 +44,7 @@ providers=""
 use_ucx=1
 local=0
 hmem=0
+atomic=0
 while [ $# -gt 0 ]; do
     case $1 in
         -b) build=$2; shift 2 ;;
@@ -43,7 +53,8 @@ while [ $# -gt 0 ]; do
         --no-ucx) use_ucx=0; shift ;;
         --local) local=1; shift ;;
         --hmem) hmem=1; shift ;;
-        -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --atomic) atomic=1; shift ;;
+        -h|--help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench.sh: unknown option $1 (see -h)" >&2; exit 1 ;;
     esac
 done
@@ -65,6 +76,10 @@ if [ "$hmem" = 1 ]; then
 fi
 bench=$build/bench/tandem_bench
 [ -x "$bench" ] || { echo "bench.sh: $bench not built (cmake --build $build --target tandem_bench)" >&2; exit 1; }
+if [ "$atomic" = 1 ]; then
+    [ -z "$providers" ] || { echo "bench.sh: -p does not apply to --atomic (see -h)" >&2; exit 1; }
+    use_ucx=0
+fi
 
 if [ "$local" = 1 ]; then
     [ -n "$providers" ] || providers="tandem,shm"
@@ -83,6 +98,101 @@ results=$(mktemp)
 tmp=$(mktemp -d)
 trap 'rm -rf "$results" "$tmp"' EXIT
 failed=0
+
+median() {  # median PROV METRIC
+    awk -v p="$1" -v m="$2" '$1 == p && $2 == m { print $3 }' "$results" |
+        sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print "n/a"; else if (NR % 2) print a[(NR + 1) / 2];
+                                            else printf "%.2f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
+}
+ratio() {
+    awk -v a="$1" -v b="$2" 'BEGIN { if (a == "n/a" || b == "n/a" || b + 0 == 0) print "n/a"; else printf "%.2f\n", a / b }'
+}
+
+# run_atomic LABEL PROV TANDEM_LOCAL: one tandem_bench atomic run; appends "LABEL key value"
+# lines to the results and "LABEL: key n/a: reason" lines to the notes.
+run_atomic() {
+    local label=$1 prov=$2 loc=$3 out=$tmp/out
+    local -a envs=(env -u FI_PROVIDER)
+    case $prov in
+        tandem|tandem\;*) envs+=(FI_PROVIDER_PATH="$build/lib" FI_TANDEM_LOCAL="$loc") ;;
+        *) envs+=(-u FI_PROVIDER_PATH) ;;
+    esac
+    if ! timeout 150 "${envs[@]}" "$bench" -p "$prov" -t alat,arate -T 140 >"$out" 2>&1; then
+        echo "  $label: FAILED:"
+        sed 's/^/    /' "$out"
+        echo "$label failed 1" >>"$results"
+        failed=1
+        return
+    fi
+    # "  atomic KEY VALUE UNIT [mean M | overall R]", or "  atomic KEY n/a UNIT (reason)"
+    awk -v p="$label" '$1 == "atomic" && $3 != "n/a" { print p, $2, $3 }' "$out" >>"$results"
+    awk -v p="$label" '$1 == "atomic" && $3 == "n/a" {
+                           r = $0; sub(/^[^(]*\(/, "", r); sub(/\)[^)]*$/, "", r)
+                           print p ": " $2 " n/a: " r }' "$out" >>"$tmp/notes"
+    printf '  %-14s' "$label"
+    awk '$1 == "atomic" { k = $2; sub(/_lat$/, "", k); printf " %s %s%s", k, $3, $4 == "us" ? "us" : " " $4 }' "$out"
+    echo
+}
+
+if [ "$atomic" = 1 ]; then
+    # label:provider:FI_TANDEM_LOCAL, in pairs (tandem, then the system provider it is held to)
+    configs=("tandem(local):tandem:1" "shm:shm:")
+    [ "$local" = 1 ] || configs+=("tandem(link):tandem:0" "tcp;ofi_rxm:tcp;ofi_rxm:")
+    : >"$tmp/notes"
+    echo "bench.sh --atomic: $runs runs of: $(for c in "${configs[@]}"; do printf '%s ' "${c%%:*}"; done)"
+    [ "$local" = 1 ] || echo "          tandem(link) is tandem with FI_TANDEM_LOCAL=0"
+    echo "          order reversed every other run"
+    echo "          build $build; load average now: $(cut -d' ' -f1-3 /proc/loadavg)"
+    for r in $(seq 1 "$runs"); do
+        echo "run $r/$runs"
+        order=("${configs[@]}")
+        if [ $((r % 2)) = 0 ]; then
+            order=()
+            for ((i = ${#configs[@]} - 1; i >= 0; i--)); do order+=("${configs[i]}"); done
+        fi
+        for c in "${order[@]}"; do
+            IFS=: read -r label prov loc <<<"$c"
+            run_atomic "$label" "$prov" "$loc"
+        done
+    done
+    echo
+    echo "medians over $runs runs; ratio = tandem / system (latency: below 1 is better,"
+    echo "rate: above 1 is better)"
+    printf '%-30s' "metric"
+    for ((i = 0; i < ${#configs[@]}; i += 2)); do
+        printf ' %14s %14s %6s' "${configs[i]%%:*}" "${configs[i + 1]%%:*}" "ratio"
+    done
+    echo
+    for m in "fetch_sum_lat:fetch-add latency (us)" "sum_lat:add latency (us)" \
+             "sum_dc_lat:add, delivery complete (us)" "cswap_lat:cswap latency (us)" \
+             "sum_rate:add rate, 64 in flight (op/s)"; do
+        key=${m%%:*}
+        printf '%-30s' "${m#*:}"
+        for ((i = 0; i < ${#configs[@]}; i += 2)); do
+            a=$(median "${configs[i]%%:*}" "$key") b=$(median "${configs[i + 1]%%:*}" "$key")
+            printf ' %14s %14s %6s' "$a" "$b" "$(ratio "$a" "$b")"
+        done
+        echo
+    done
+    if [ -s "$tmp/notes" ]; then
+        echo
+        sort -u "$tmp/notes"
+    fi
+    echo
+    echo "target: 8 B fetch-add latency at most 1.0x the system provider's:"
+    for ((i = 0; i < ${#configs[@]}; i += 2)); do
+        a=${configs[i]%%:*} b=${configs[i + 1]%%:*}
+        q=$(ratio "$(median "$a" fetch_sum_lat)" "$(median "$b" fetch_sum_lat)")
+        verdict=$(awk -v q="$q" 'BEGIN { if (q == "n/a") print "not measured"; else if (q + 0 <= 1.0) print "met"; else print "NOT met" }')
+        printf '  %-14s / %-12s %6s   %s\n' "$a" "$b" "$q" "$verdict"
+    done
+    if [ "$failed" != 0 ]; then
+        echo
+        echo "bench.sh: some runs FAILED (see above)"
+        exit 1
+    fi
+    exit 0
+fi
 
 # run_libfabric PROV: one tandem_bench run; appends "PROV metric value" lines.
 run_libfabric() {
@@ -147,15 +257,6 @@ for r in $(seq 1 "$runs"); do
         [ -n "$lat" ] && [ -n "$bw" ] || failed=1
     fi
 done
-
-median() {  # median PROV METRIC
-    awk -v p="$1" -v m="$2" '$1 == p && $2 == m { print $3 }' "$results" |
-        sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print "n/a"; else if (NR % 2) print a[(NR + 1) / 2];
-                                            else printf "%.2f\n", (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
-}
-ratio() {
-    awk -v a="$1" -v b="$2" 'BEGIN { if (a == "n/a" || b == "n/a" || b + 0 == 0) print "n/a"; else printf "%.2f\n", a / b }'
-}
 
 names=("${provs[@]}")
 [ "$use_ucx" = 1 ] && names+=("$ucx_name")
