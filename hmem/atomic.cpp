@@ -20,18 +20,47 @@ constexpr bool kind_allows(Kind kind, int op) {
     return false;
 }
 
+// The answers of the engine's lookups, computed once by the compiler: the providers ask them
+// several times per operation, and a table read costs less than the engine's folds over the
+// type list (which device code keeps: it has no tables in host memory to read).
+struct Tables {
+    uint8_t size[reduce::kNumDatatypes] = {};
+    uint8_t align[reduce::kNumDatatypes] = {};
+    bool valid[3][reduce::kNumOps][reduce::kNumDatatypes] = {};
+};
+
+constexpr Tables make_tables() {
+    Tables t;
+    for (int d = 0; d < reduce::kNumDatatypes; ++d) {
+        t.size[d] = static_cast<uint8_t>(reduce::datatype_size(d));
+        t.align[d] = static_cast<uint8_t>(reduce::datatype_align(d));
+        for (int op = 0; op < reduce::kNumOps; ++op)
+            for (Kind k : {Kind::Base, Kind::Fetch, Kind::Compare})
+                t.valid[int(k)][op][d] = kind_allows(k, op) && reduce::valid(op, d);
+    }
+    return t;
+}
+
+constexpr Tables kTables = make_tables();
+
+bool known_datatype(int datatype) {
+    return datatype >= 0 && datatype < reduce::kNumDatatypes;
+}
+
 }  // namespace
 
 size_t datatype_size(int datatype) noexcept {
-    return reduce::datatype_size(datatype);
+    return known_datatype(datatype) ? kTables.size[datatype] : 0;
 }
 
 size_t datatype_align(int datatype) noexcept {
-    return reduce::datatype_align(datatype);
+    return known_datatype(datatype) ? kTables.align[datatype] : 0;
 }
 
 bool valid(Kind kind, int op, int datatype) noexcept {
-    return kind_allows(kind, op) && reduce::valid(op, datatype);
+    if (static_cast<unsigned>(kind) > static_cast<unsigned>(Kind::Compare)) return false;
+    if (op < 0 || op >= reduce::kNumOps || !known_datatype(datatype)) return false;
+    return kTables.valid[static_cast<int>(kind)][op][datatype];
 }
 
 size_t max_count(int datatype) noexcept {
@@ -41,7 +70,8 @@ size_t max_count(int datatype) noexcept {
 
 int apply(int op, int datatype, void *target, const void *operand, const void *compare,
           void *result, size_t count) noexcept {
-    if (!reduce::valid(op, datatype)) return -FI_EINVAL;
+    // Valid for some kind: fetch calls take every op but the compare ones, which are compare's.
+    if (!valid(Kind::Fetch, op, datatype) && !valid(Kind::Compare, op, datatype)) return -FI_EINVAL;
     if (count == 0) return 0;
     if (!target || (!operand && reduce::reads_operand(op)) ||
         (!compare && reduce::reads_compare(op)))

@@ -644,8 +644,14 @@ int Endpoint::arm() {
 
 // The inbox of the endpoint that sent a cell (named by its address bytes), if it lives.
 Endpoint::PeerLink *Endpoint::link_to(std::string_view sender) {
+    if (last_sender_link_ && sender == last_sender_)
+        return last_sender_link_->dead ? nullptr : last_sender_link_;
     auto key = local_key(sender.data(), sender.size());
     PeerLink *link = key ? link_for_key(*key) : nullptr;
+    if (link) {
+        last_sender_.assign(sender);
+        last_sender_link_ = link;
+    }
     return link && !link->dead ? link : nullptr;
 }
 
@@ -1000,7 +1006,8 @@ void Endpoint::progress() {
     }
     // Peers' liveness every 200 ms; the clock itself only every 1024 passes (reading it on
     // every poll showed up as a tenth of a ping-pong's time).
-    if (++passes_ % 1024 == 0 || !pending_.empty() || !splits_.empty() || !restaging_.empty()) {
+    if (++passes_ % 1024 == 0 || !pending_.empty() || atomics_pending_ || !splits_.empty() ||
+        !restaging_.empty()) {
         auto now = std::chrono::steady_clock::now();
         if (now >= next_check_) {
             next_check_ = now + std::chrono::milliseconds(200);
@@ -1035,6 +1042,8 @@ void Endpoint::check_peers() {
             complete_tx(it->second.context, it->second.flags, it->second.len, FI_ECONNRESET);
             it = pending_.erase(it);
         }
+        for (AtomicSlot &slot : atomics_)
+            if (slot.link == link.get()) finish_atomic_slot(slot, FI_ECONNRESET);
         // Receives whose sender was still to write its half.
         for (auto it = splits_.begin(); it != splits_.end();) {
             auto sender = local_key(it->first.first.data(), it->first.first.size());

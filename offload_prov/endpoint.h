@@ -234,6 +234,22 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     ssize_t post_atomic(atomic::Kind kind, const fi_msg_atomic &msg, const fi_ioc *compare,
                         void **compare_desc, size_t ncompare, const fi_ioc *result,
                         void **result_desc, size_t nresult, uint64_t flags);
+    // An atomic waiting for its AtomicResp: in a slot of atomics_ (no allocation per
+    // operation), named on the wire by slot and generation (AtomicSlot::id).
+    struct AtomicSlot {
+        void *context = nullptr;
+        uint64_t flags = 0;
+        size_t len = 0;
+        PeerLink *link = nullptr;  // nullptr: the slot is free
+        uint32_t generation = 0;
+        uint32_t nresult = 0;
+        bool device = false;  // result buffers in device memory (mem says where)
+        iovec result[wire::kLocalMaxIov]{};
+        hmem::MemRef mem[wire::kLocalMaxIov]{};
+        uint64_t id(uint32_t slot) const { return uint64_t(generation) << 32 | slot; }
+    };
+    AtomicSlot *atomic_slot(uint64_t id);
+    void finish_atomic_slot(AtomicSlot &slot, int status);
     // The target's side of an Atomic cell, and the initiator's of its AtomicResp.
     void serve_atomic(const wire::LocalHeader &hdr, std::string_view sender, const uint8_t *body);
     void finish_atomic(const wire::LocalHeader &hdr, const uint8_t *body);
@@ -287,6 +303,13 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     std::vector<std::pair<std::string, fi_addr_t>> sources_;  // sender address -> fi_addr
     uint64_t sources_version_ = ~0ull;
     std::unordered_map<uint64_t, Pending> pending_;
+    std::vector<AtomicSlot> atomics_;
+    std::vector<uint32_t> free_atomics_;
+    size_t atomics_pending_ = 0;
+    // The last sender link_to() found (links live as long as the endpoint): a run of cells
+    // from one peer that need answers skips building its key.
+    std::string last_sender_;
+    PeerLink *last_sender_link_ = nullptr;
     std::map<std::pair<std::string, uint64_t>, Staged> staged_;
     // IpcRts messages we could not map: the receive waits for the sender's staged copy.
     std::map<std::pair<std::string, uint64_t>, fi_peer_rx_entry *> restaging_;

@@ -137,13 +137,25 @@ ssize_t Endpoint::post_atomic(atomic::Kind kind, const fi_msg_atomic &m, const f
     hdr.total = bytes;
     hdr.rma_addr = m.rma_iov[0].addr;
     hdr.rma_key = m.rma_iov[0].key;
-    hdr.msg_id = next_id_++;
-    Pending p{.context = m.context, .flags = cq_flags, .len = bytes, .link = link};
-    if (fetches) {
-        p.iov.assign(res, res + nresult);
-        if (device_result) p.mem.assign(res_mem, res_mem + nresult);
+    uint32_t index;
+    if (free_atomics_.empty()) {
+        index = static_cast<uint32_t>(atomics_.size());
+        atomics_.emplace_back();
+    } else {
+        index = free_atomics_.back();
+        free_atomics_.pop_back();
     }
-    pending_[hdr.msg_id] = std::move(p);
+    AtomicSlot &slot = atomics_[index];
+    slot.context = m.context;
+    slot.flags = cq_flags;
+    slot.len = bytes;
+    slot.link = link;
+    slot.nresult = fetches ? static_cast<uint32_t>(nresult) : 0;
+    slot.device = device_result;
+    std::copy(res, res + slot.nresult, slot.result);
+    std::copy(res_mem, res_mem + slot.nresult, slot.mem);
+    ++atomics_pending_;
+    hdr.msg_id = slot.id(index);
     TANDEM_DEBUG(FI_LOG_EP_DATA, "atomic op %d type %d x%zu to %s\n", m.op, m.datatype, count,
                  link->key.c_str());
     push(*link, hdr, request.data(), request.size());
@@ -192,21 +204,38 @@ void Endpoint::serve_atomic(const LocalHeader &hdr, std::string_view sender, con
     push(*link, out, fetched, len);
 }
 
+// The slot an AtomicResp names, if it still waits (it was failed already when its peer was
+// found dead, and may hold a newer operation since: the generation tells).
+Endpoint::AtomicSlot *Endpoint::atomic_slot(uint64_t id) {
+    uint32_t index = static_cast<uint32_t>(id);
+    if (index >= atomics_.size()) return nullptr;
+    AtomicSlot &slot = atomics_[index];
+    if (!slot.link || slot.id(index) != id) return nullptr;
+    return &slot;
+}
+
+void Endpoint::finish_atomic_slot(AtomicSlot &slot, int status) {
+    complete_tx(slot.context, slot.flags, slot.len, status);
+    slot.link = nullptr;
+    ++slot.generation;
+    free_atomics_.push_back(static_cast<uint32_t>(&slot - atomics_.data()));
+    --atomics_pending_;
+}
+
 void Endpoint::finish_atomic(const LocalHeader &hdr, const uint8_t *body) {
-    auto it = pending_.find(hdr.msg_id);
-    if (it == pending_.end()) return;  // failed already (the peer was found dead)
-    Pending &p = it->second;
+    AtomicSlot *slot = atomic_slot(hdr.msg_id);
+    if (!slot) return;
     int status = hdr.status;
-    if (!status && !p.iov.empty()) {
-        if (hdr.size != p.len)
+    if (!status && slot->nresult) {
+        if (hdr.size != slot->len)
             status = FI_EIO;
-        else if (p.mem.empty())
-            iov_scatter(p.iov.data(), p.iov.size(), 0, body, hdr.size);
-        else if (hmem::scatter(p.iov.data(), p.mem.data(), p.iov.size(), 0, body, hdr.size) !=
+        else if (!slot->device)
+            iov_scatter(slot->result, slot->nresult, 0, body, hdr.size);
+        else if (hmem::scatter(slot->result, slot->mem, slot->nresult, 0, body, hdr.size) !=
                  ssize_t(hdr.size))
             status = FI_EIO;
     }
-    finish_pending(hdr.msg_id, status);
+    finish_atomic_slot(*slot, status);
 }
 
 }  // namespace tandem::off
