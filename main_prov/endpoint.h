@@ -67,6 +67,10 @@ struct Peer {
     // RDM: how operations to this peer travel, decided at the first one and then kept, so
     // that the order of one peer's operations is one path's order.
     enum class Route : uint8_t { Undecided, Link, Local } route = Route::Undecided;
+    // Over a link, atomics sent whose answer has not come, and the operations posted behind
+    // one that must not overtake it (see Endpoint::submit), in order.
+    uint32_t atomics_out = 0;
+    std::deque<TxOp *> held;
 };
 
 struct TxOp {
@@ -94,6 +98,7 @@ struct TxOp {
     uint64_t data = 0;
     bool peer_transfer = false;  // the offload twin's (FI_PEER_TRANSFER): reported to it
     bool local = false;          // posted through the offload twin (counted in local_tx_pending_)
+    bool fenced = false;         // an atomic counted in its peer's atomics_out
     int link_wrs = 0;            // link work requests not completed yet
     bool await_remote = false;   // rendezvous Fin or DeliveryAck pending
     int error = 0;
@@ -121,6 +126,7 @@ struct TxOp {
         data = 0;
         peer_transfer = false;
         local = false;
+        fenced = false;
         link_wrs = 0;
         await_remote = false;
         error = 0;
@@ -334,6 +340,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     void check_tx_ready(uint64_t cap) const;
     void check_rx_ready(uint64_t cap) const;
     Peer *peer_for(fi_addr_t addr);
+    void submit(TxOp *op);
+    void release_held(Peer *peer);
     void start_tx(TxOp *op);
     void issue_tx(TxOp *op);
     void finish_tx(TxOp *op);

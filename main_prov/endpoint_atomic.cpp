@@ -301,7 +301,7 @@ ssize_t Endpoint::post_atomic(const AtomicCall &a) {
     op->hdr.msg_id = op->id;
     op->await_remote = true;
     ++tx_outstanding_;
-    start_tx(op);
+    submit(op);
     return 0;
 }
 

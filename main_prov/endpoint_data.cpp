@@ -374,7 +374,7 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
         }
     }
     ++tx_outstanding_;
-    start_tx(op);
+    submit(op);
     return 0;
 }
 
@@ -455,8 +455,46 @@ ssize_t Endpoint::post_rma(const RmaArgs &a) {
         op->notify = {a.addr, len, a.key};
     }
     ++tx_outstanding_;
-    start_tx(op);
+    submit(op);
     return 0;
+}
+
+// Order between atomics and RMA over a link. The link applies an RMA write or read as its
+// frames arrive (as a NIC does), while an atomic is executed by the target's protocol when it
+// processes the message carrying it, later: an RMA posted behind an atomic to the same peer
+// could overtake it, and FI_ORDER_RAW, WAR and WAW hold between atomics and RMA alike. So
+// while a peer has atomics out, an RMA to it waits here (Peer::held) until their answers have
+// come, and whatever is posted after a held operation waits behind it. Messages and atomics
+// are delivered in the order they were sent, and RMA before an atomic lands before it, so
+// nothing else waits.
+void Endpoint::submit(TxOp *op) {
+    Peer *peer = op->peer;
+    const bool rma = op->kind == TxOp::Kind::Write || op->kind == TxOp::Kind::Read;
+    if (!peer->held.empty() || (rma && peer->atomics_out)) {
+        peer->held.push_back(op);
+        return;
+    }
+    if (op->kind == TxOp::Kind::Atomic) {
+        ++peer->atomics_out;
+        op->fenced = true;
+    }
+    start_tx(op);
+}
+
+// A peer's atomics were answered: what waited behind them goes, up to the next RMA that
+// must wait for an atomic released here.
+void Endpoint::release_held(Peer *peer) {
+    while (!peer->held.empty()) {
+        TxOp *op = peer->held.front();
+        const bool rma = op->kind == TxOp::Kind::Write || op->kind == TxOp::Kind::Read;
+        if (rma && peer->atomics_out) return;
+        peer->held.pop_front();
+        if (op->kind == TxOp::Kind::Atomic) {
+            ++peer->atomics_out;
+            op->fenced = true;
+        }
+        start_tx(op);
+    }
 }
 
 void Endpoint::start_tx(TxOp *op) {
@@ -572,7 +610,10 @@ void Endpoint::retire_tx(TxOp *op) {
     for (uint64_t key : op->internal_keys) domain_->mr_table().erase_internal(key);
     --tx_outstanding_;
     if (op->local) --local_tx_pending_;
+    Peer *released = nullptr;
+    if (op->fenced && --op->peer->atomics_out == 0 && !closing_) released = op->peer;
     free_tx(op);
+    if (released) release_held(released);
 }
 
 // The payload an operation transmits: copied into its own bounce buffer (so the application
@@ -1266,6 +1307,11 @@ void Endpoint::fail_peer(Peer *peer, int err) {
     while (!peer->waiting.empty()) {
         TxOp *op = peer->waiting.front();
         peer->waiting.pop_front();
+        fail_tx(op, err);
+    }
+    while (!peer->held.empty()) {
+        TxOp *op = peer->held.front();
+        peer->held.pop_front();
         fail_tx(op, err);
     }
     // Operations waiting for a Fin or an ack from this peer will never get one.
