@@ -79,7 +79,7 @@ static void *xmalloc(size_t n) {
 }
 
 /* The byte at offset i of a message from src with tag (or any two small integers). */
-static unsigned char pattern(size_t i, int src, int tag) {
+static inline unsigned char pattern(size_t i, int src, int tag) {
     uint32_t x = (uint32_t)i * 2654435761u + (uint32_t)src * 97u + (uint32_t)tag * 40503u;
     return (unsigned char)((x >> 24) ^ (x >> 9) ^ (uint32_t)(i >> 16));
 }
