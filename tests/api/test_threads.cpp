@@ -4,6 +4,8 @@
 // under FI_THREAD_SAFE and FI_THREAD_DOMAIN (docs/architecture.md, "Threads and progress").
 #include "fabric_fixture.h"
 
+#include <rdma/fi_atomic.h>
+
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -295,6 +297,60 @@ TEST_F(ThreadsTest, ConcurrentRegistrationAndAddressInsertion) {
         }
     }
     EXPECT_EQ(all.size(), static_cast<size_t>(kThreads * kIters)) << "duplicate fi_addr values";
+}
+
+// Atomics from several threads of one process through one endpoint, into one counter of the
+// peer, with every thread also driving progress (the target executes atomics in it): the
+// counter ends at the sum of all adds and every fetched value is seen exactly once.
+class AtomicThreadsTest : public ThreadsTest {
+    void configure(FabricOptions &o) override { o.caps |= FI_ATOMIC; }
+};
+
+TEST_F(AtomicThreadsTest, FetchAddsFromFourThreadsOnOneEndpoint) {
+    constexpr int kThreads = 4;
+    constexpr uint64_t kAdds = 500;
+    auto counter = buf(sizeof(uint64_t), 0, true);
+    std::vector<std::vector<uint64_t>> fetched(kThreads);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] {
+            Op op;
+            uint64_t one = 1, old = 0;
+            const auto deadline = Clock::now() + kStressDeadline;
+            for (uint64_t i = 0; i < kAdds && !abort_ && Clock::now() < deadline; ++i) {
+                op.state = 1;
+                ssize_t ret;
+                while ((ret = fi_fetch_atomic(a().ep, &one, 1, nullptr, &old, nullptr, a().peer[1],
+                                              rma_addr(*counter), counter->key, FI_UINT64, FI_SUM,
+                                              &op.fctx)) == -FI_EAGAIN)
+                    poll_all();
+                if (ret) {
+                    st.problem("fi_fetch_atomic: " + fi_err_str(ret));
+                    abort_ = true;
+                    break;
+                }
+                while (op.state.load() == 1 && !abort_ && Clock::now() < deadline) poll_all();
+                if (op.state.load() != 2) {
+                    st.problem("a fetch-add did not complete");
+                    abort_ = true;
+                    break;
+                }
+                fetched[t].push_back(old);
+            }
+        });
+    }
+    for (auto &th : threads) th.join();
+    EXPECT_TRUE(st.problems.empty()) << problems();
+    uint64_t total = 0;
+    std::memcpy(&total, counter->data(), sizeof total);
+    EXPECT_EQ(total, kThreads * kAdds);
+    std::set<uint64_t> seen;
+    for (auto &v : fetched) {
+        EXPECT_EQ(v.size(), kAdds);
+        seen.insert(v.begin(), v.end());
+    }
+    EXPECT_EQ(seen.size(), kThreads * kAdds) << "a value was fetched twice";
+    EXPECT_EQ(seen.empty() ? 0 : *seen.rbegin(), kThreads * kAdds - 1);
 }
 
 // ---------------------------------------------------------------------------------------------
