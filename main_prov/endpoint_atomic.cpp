@@ -261,10 +261,22 @@ ssize_t Endpoint::post_atomic(const AtomicCall &a) {
     if (goes_local(peer, m.addr)) {
         // The twin copies the operands into its request before this returns (an inject's
         // buffer is free at once) and writes the previous values into the result buffers.
+        // An inject carries no descriptors: what memory_of found out about its operands goes
+        // to the twin as descriptors of ours, so that it copies device memory with the device.
+        AtomicCall call = a;
+        peer::MrDesc found[kMaxIov];
+        void *found_desc[kMaxIov];
+        if (!m.desc && !hmem::all_host(operand_mem, m.iov_count)) {
+            for (size_t i = 0; i < m.iov_count; ++i) {
+                found[i].mem = operand_mem[i];
+                found_desc[i] = &found[i];
+            }
+            call.msg.desc = found_desc;
+        }
         ++tx_outstanding_;
         ++local_tx_pending_;
         op->local = true;
-        int ret = local_->atomic(op, a);
+        int ret = local_->atomic(op, call);
         if (ret) {
             --tx_outstanding_;
             --local_tx_pending_;

@@ -446,6 +446,71 @@ TEST(Placement, EverythingInDeviceMemory) {
     run_placement(p);
 }
 
+// fi_inject_atomic carries no descriptor: the provider finds out itself that the operand is
+// device memory (and copies it with the device, never the CPU, which would fault on the
+// emulated driver's memory). Ten injects of {1, 2, 3, 4}, then an FI_ATOMIC_READ posted behind
+// them (FI_ORDER_ATOMIC_RAW) must read ten times that.
+void inject_initiator(Report &r, Shared &sh) {
+    const Lib &lf = lib();
+    AP_REQUIRE(r, lf.ok(), "libfabric could not be loaded");
+    const Memory dev = device_memory(), host = host_memory();
+    std::string err = dev.init();
+    AP_REQUIRE(r, err.empty(), err);
+    Node n(lf, r);
+    AP_TRY(n.open(kCaps, kMrMode, false));
+    RoleBuf operand(dev), result(host);
+    AP_TRY(operand.make(r, n, 1024) && result.make(r, n, 1024));
+    fi_addr_t peer;
+    AP_TRY(connect_to_target(r, sh, n, &peer));
+    const uint64_t adds[4] = {1, 2, 3, 4};
+    uint64_t zero[4] = {};
+    AP_TRY(target_request(r, sh, kCmdSet, kTargetOff, zero, sizeof zero));
+    AP_REQUIRE(r, operand.m.put(operand.p, adds, sizeof adds).empty());
+    const uint64_t addr = sh.region_addr + kTargetOff;
+    for (int i = 0; i < 10; ++i) {
+        ssize_t ret;
+        while ((ret = fi_inject_atomic(n.ep, operand.p, 4, peer, addr, sh.region_key, FI_UINT64,
+                                       FI_SUM)) == -FI_EAGAIN)
+            n.progress();
+        AP_REQUIRE(r, ret == 0, "fi_inject_atomic from device memory returned ", ret);
+    }
+    fi_context2 ctx{};
+    AP_TRY(n.run("an FI_ATOMIC_READ behind the injects", &ctx, [&] {
+        return fi_fetch_atomic(n.ep, nullptr, 4, nullptr, result.p, result.desc(), peer, addr,
+                               sh.region_key, FI_UINT64, FI_ATOMIC_READ, &ctx);
+    }));
+    uint64_t got[4] = {};
+    AP_REQUIRE(r, result.m.get(got, result.p, sizeof got).empty());
+    for (int i = 0; i < 4; ++i)
+        AP_CHECK(r, got[i] == 10 * adds[i], "element ", i, ": ", got[i], ", expected ",
+                 10 * adds[i]);
+}
+
+TEST(Inject, OperandInDeviceMemoryWithoutADescriptor) {
+    REQUIRE_DEVICE();
+    SharedBlock block;
+    ASSERT_NE(block.get(), nullptr);
+    Shared &sh = *block.get();
+    TargetConfig t;
+    t.lib = lazy_libfabric();
+    t.mem = host_memory();
+    t.caps = kCaps;
+    t.mr_mode = kMrMode;
+    t.sleep = false;
+    printf("[atomic] inject from device memory, path: %s\n", path_name());
+    fflush(stdout);
+    RunResult r = run_roles({{cat("target (host memory, ", path_name(), ")"),
+                              "at-target",
+                              [t, &sh](Report &rep) { target_role(rep, sh, t); },
+                              {}},
+                             {"initiator (inject from device memory)",
+                              "at-init-1",
+                              [&sh](Report &rep) { inject_initiator(rep, sh); },
+                              {}}},
+                            sh, 30s);
+    report(r);
+}
+
 // ---- Processes: contention for device memory -------------------------------------------------
 
 void run_contention_on_device(Workload w, size_t ops, const char *what) {
