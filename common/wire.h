@@ -216,9 +216,9 @@ enum class LocalOp : uint8_t {
     IpcRts = 11,      // device memory peer to peer: the receiver maps the sender's LocalIpc
                       // handles and copies with its device's engine, then answers Fin
     Short = 12,       // an Eager message nobody waits a Fin for, under a LocalShortHeader
-    Atomic = 13,      // an atomic operation: AtomicBody + operands inline (`size` bytes); the
+    Atomic = 13,      // an atomic operation, under a LocalShortHeader (see below); the
                       // target executes it and answers AtomicResp
-    AtomicResp = 14,  // answer to Atomic msg_id: `status`, and the fetched values inline
+    AtomicResp = 14,  // its answer, under a LocalShortHeader without a name (see below)
 };
 
 // Rts messages of at least this size are copied by both sides at once (Cts / WriteDone):
@@ -269,6 +269,13 @@ static_assert(sizeof(LocalShortHeader) == 24 && std::is_trivially_copyable_v<Loc
 inline constexpr size_t local_short_body_offset(size_t name_len) {
     return sizeof(LocalShortHeader) + (name_len + 7) / 8 * 8;
 }
+
+// Atomic and AtomicResp cells use the same compact header, so that a small atomic's request
+// takes two cache lines of the ring and its answer one (the long header would take three and
+// two): Atomic: `size` = bytes of the request (AtomicBody + operands) after the name, `tag` =
+// the initiator's operation id, `cq_data` = the remote CQ data (flag kLocalCqData).
+// AtomicResp: no name (name_len 0; the id finds the operation), `size` = bytes of previous
+// values that follow, `tag` = the id, `cq_data` = the status (0 or a positive FI_* error).
 
 inline constexpr size_t kLocalMaxIov = 4;
 

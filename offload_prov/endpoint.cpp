@@ -1101,9 +1101,18 @@ fi_addr_t Endpoint::source_of(std::string_view sender) {
 
 void Endpoint::handle_cell(const uint8_t *cell) {
     if (!deferred_.empty() && defer_if_held(cell)) return;
-    if (cell[0] == static_cast<uint8_t>(LocalOp::Short)) {
-        handle_short(cell);
-        return;
+    switch (static_cast<LocalOp>(cell[0])) {
+        case LocalOp::Short:
+            handle_short(cell);
+            return;
+        case LocalOp::Atomic:
+            serve_atomic(cell);
+            return;
+        case LocalOp::AtomicResp:
+            finish_atomic(cell);
+            return;
+        default:
+            break;
     }
     LocalHeader hdr;
     memcpy(&hdr, cell, sizeof hdr);
@@ -1203,13 +1212,9 @@ void Endpoint::handle_cell(const uint8_t *cell) {
         case LocalOp::WriteDone:
             handle_write_done(hdr, sender);
             return;
-        case LocalOp::Atomic:
-            serve_atomic(hdr, sender, body);
-            return;
-        case LocalOp::AtomicResp:
-            finish_atomic(hdr, body);
-            return;
         case LocalOp::Short:
+        case LocalOp::Atomic:
+        case LocalOp::AtomicResp:
             return;  // handled above, before the long header is read
     }
     TANDEM_WARN(FI_LOG_EP_DATA, "dropping a cell with unknown op %u\n", hdr.op);
@@ -1551,7 +1556,9 @@ bool Endpoint::send_cts(PeerLink &link, uint64_t msg_id, const iovec *dst, size_
 // answers to our own operations (Fin, Cts, WriteDone, ReadData) do not.
 bool Endpoint::defer_if_held(const uint8_t *cell) {
     std::string_view sender;
-    if (cell[0] == static_cast<uint8_t>(LocalOp::Short)) {
+    if (cell[0] == static_cast<uint8_t>(LocalOp::AtomicResp)) return false;  // an answer
+    if (cell[0] == static_cast<uint8_t>(LocalOp::Short) ||
+        cell[0] == static_cast<uint8_t>(LocalOp::Atomic)) {
         wire::LocalShortHeader s;
         memcpy(&s, cell, sizeof s);
         if (s.name_len > wire::kLocalNameRoom) return false;
@@ -1561,8 +1568,7 @@ bool Endpoint::defer_if_held(const uint8_t *cell) {
         memcpy(&hdr, cell, sizeof hdr);
         auto op = static_cast<LocalOp>(hdr.op);
         if (op == LocalOp::Fin || op == LocalOp::Cts || op == LocalOp::WriteDone ||
-            op == LocalOp::ReadData || op == LocalOp::AtomicResp ||
-            hdr.name_len > wire::kLocalNameRoom)
+            op == LocalOp::ReadData || hdr.name_len > wire::kLocalNameRoom)
             return false;
         sender = {reinterpret_cast<const char *>(cell + sizeof hdr), hdr.name_len};
     }

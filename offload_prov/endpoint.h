@@ -251,8 +251,12 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     AtomicSlot *atomic_slot(uint64_t id);
     void finish_atomic_slot(AtomicSlot &slot, int status);
     // The target's side of an Atomic cell, and the initiator's of its AtomicResp.
-    void serve_atomic(const wire::LocalHeader &hdr, std::string_view sender, const uint8_t *body);
-    void finish_atomic(const wire::LocalHeader &hdr, const uint8_t *body);
+    void serve_atomic(const uint8_t *cell);
+    void finish_atomic(const uint8_t *cell);
+    // A cell under a LocalShortHeader: the header, our name when h.name_len says so, then len
+    // bytes of body; into the ring now, or kept in order for the next progress call.
+    void push_compact(PeerLink &link, const wire::LocalShortHeader &h, const void *body,
+                      size_t len);
     void finish_pending(uint64_t msg_id, int status);
     void complete_rx(fi_peer_rx_entry *entry, const wire::LocalHeader &hdr, size_t n, int err,
                      fi_addr_t src);

@@ -15,7 +15,6 @@
 
 namespace tandem::off {
 
-using wire::LocalHeader;
 using wire::LocalOp;
 
 namespace {
@@ -129,14 +128,6 @@ ssize_t Endpoint::post_atomic(atomic::Kind kind, const fi_msg_atomic &m, const f
                                         m.rma_iov[0].key, operand, operand_mem, m.iov_count, cmp,
                                         cmp_mem, compares ? ncompare : 0, request))
         return ret;
-    LocalHeader hdr = proto_;
-    hdr.op = static_cast<uint8_t>(LocalOp::Atomic);
-    hdr.flags = (flags & FI_REMOTE_CQ_DATA) ? wire::kLocalCqData : 0;
-    hdr.cq_data = m.data;
-    hdr.size = static_cast<uint32_t>(request.size());
-    hdr.total = bytes;
-    hdr.rma_addr = m.rma_iov[0].addr;
-    hdr.rma_key = m.rma_iov[0].key;
     uint32_t index;
     if (free_atomics_.empty()) {
         index = static_cast<uint32_t>(atomics_.size());
@@ -155,18 +146,53 @@ ssize_t Endpoint::post_atomic(atomic::Kind kind, const fi_msg_atomic &m, const f
     std::copy(res, res + slot.nresult, slot.result);
     std::copy(res_mem, res_mem + slot.nresult, slot.mem);
     ++atomics_pending_;
-    hdr.msg_id = slot.id(index);
+    wire::LocalShortHeader h{};
+    h.op = static_cast<uint8_t>(LocalOp::Atomic);
+    h.flags = (flags & FI_REMOTE_CQ_DATA) ? wire::kLocalCqData : 0;
+    h.name_len = proto_.name_len;
+    h.size = static_cast<uint32_t>(request.size());
+    h.tag = slot.id(index);
+    h.cq_data = m.data;
     TANDEM_DEBUG(FI_LOG_EP_DATA, "atomic op %d type %d x%zu to %s\n", m.op, m.datatype, count,
                  link->key.c_str());
-    push(*link, hdr, request.data(), request.size());
+    push_compact(*link, h, request.data(), request.size());
     return 0;
 }
 
-void Endpoint::serve_atomic(const LocalHeader &hdr, std::string_view sender, const uint8_t *body) {
+void Endpoint::push_compact(PeerLink &link, const wire::LocalShortHeader &h, const void *body,
+                            size_t len) {
+    const size_t at = wire::local_short_body_offset(h.name_len);
+    uint8_t cell[wire::kLocalCellSize];
+    memcpy(cell, &h, sizeof h);
+    memcpy(cell + sizeof h, name_, at - sizeof h);  // name_ is zero-padded
+    memcpy(cell + at, body, len);
+    const size_t n = at + len;
+    if (link.backlog.empty()) {
+        if (void *slot = link.ring->try_reserve(proto_.pid)) {
+            // (A small cell is the one line the receiver polls: one copy, one burst.)
+            memcpy(slot, cell, n);
+            link.ring->publish(slot);
+            notify(link);
+            return;
+        }
+    }
+    if (link.backlog.empty()) ++backlogged_;
+    link.backlog.push_back(Outgoing{std::vector<uint8_t>(cell, cell + n), nullptr});
+}
+
+void Endpoint::serve_atomic(const uint8_t *cell) {
+    wire::LocalShortHeader h;
+    memcpy(&h, cell, sizeof h);
+    if (h.name_len > wire::kLocalNameRoom || h.size > wire::kLocalBodyRoom) {
+        TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed atomic cell\n");
+        return;
+    }
+    std::string_view sender(reinterpret_cast<const char *>(cell + sizeof h), h.name_len);
+    const uint8_t *body = cell + wire::local_short_body_offset(h.name_len);
     atomic::Request r;
     int status = 0;
     uint8_t fetched[atomic::kMaxBytes];
-    if (!atomic::parse(body, hdr.size, r)) {
+    if (!atomic::parse(body, h.size, r)) {
         TANDEM_WARN(FI_LOG_EP_DATA, "refusing a malformed atomic request\n");
         status = FI_EINVAL;
     } else {
@@ -181,27 +207,27 @@ void Endpoint::serve_atomic(const LocalHeader &hdr, std::string_view sender, con
             status = atomic::execute(r, pieces, pmem, npieces, fetched);
     }
     TANDEM_DEBUG(FI_LOG_EP_DATA, "atomic %lu from a local peer: status %d\n",
-                 static_cast<unsigned long>(hdr.msg_id), status);
+                 static_cast<unsigned long>(h.tag), status);
     if (!status) {
         uint64_t event = atomic::access_event(r.kind);
         if (owner_ep_ops_) owner_ep_ops_->access_done(owner_ep_, r.key, event);
-        if (hdr.flags & wire::kLocalCqData) {
+        if (h.flags & wire::kLocalCqData) {
             CqWrite w{.kind = CqWrite::Kind::Entry, .src = source_of(sender)};
             w.e.flags = FI_ATOMIC | event | FI_REMOTE_CQ_DATA;
             w.e.len = r.bytes();
-            w.e.data = hdr.cq_data;
+            w.e.data = h.cq_data;
             write_cq(w);
         }
     }
     PeerLink *link = link_to(sender);
     if (!link) return;  // the initiator is gone: nobody waits for the answer
-    LocalHeader out = proto_;
+    const size_t len = (!status && r.kind != atomic::Kind::Base) ? r.bytes() : 0;
+    wire::LocalShortHeader out{};
     out.op = static_cast<uint8_t>(LocalOp::AtomicResp);
-    out.msg_id = hdr.msg_id;
-    out.status = status;
-    size_t len = (!status && r.kind != atomic::Kind::Base) ? r.bytes() : 0;
     out.size = static_cast<uint32_t>(len);
-    push(*link, out, fetched, len);
+    out.tag = h.tag;
+    out.cq_data = static_cast<uint32_t>(status);
+    push_compact(*link, out, fetched, len);
 }
 
 // The slot an AtomicResp names, if it still waits (it was failed already when its peer was
@@ -222,17 +248,20 @@ void Endpoint::finish_atomic_slot(AtomicSlot &slot, int status) {
     --atomics_pending_;
 }
 
-void Endpoint::finish_atomic(const LocalHeader &hdr, const uint8_t *body) {
-    AtomicSlot *slot = atomic_slot(hdr.msg_id);
+void Endpoint::finish_atomic(const uint8_t *cell) {
+    wire::LocalShortHeader h;
+    memcpy(&h, cell, sizeof h);
+    AtomicSlot *slot = atomic_slot(h.tag);
     if (!slot) return;
-    int status = hdr.status;
+    const uint8_t *values = cell + wire::local_short_body_offset(h.name_len);
+    int status = static_cast<int>(h.cq_data);
     if (!status && slot->nresult) {
-        if (hdr.size != slot->len)
+        if (h.size != slot->len || h.name_len > wire::kLocalNameRoom)
             status = FI_EIO;
         else if (!slot->device)
-            iov_scatter(slot->result, slot->nresult, 0, body, hdr.size);
-        else if (hmem::scatter(slot->result, slot->mem, slot->nresult, 0, body, hdr.size) !=
-                 ssize_t(hdr.size))
+            iov_scatter(slot->result, slot->nresult, 0, values, h.size);
+        else if (hmem::scatter(slot->result, slot->mem, slot->nresult, 0, values, h.size) !=
+                 ssize_t(h.size))
             status = FI_EIO;
     }
     finish_atomic_slot(*slot, status);
