@@ -23,6 +23,16 @@ bool kind_ok(uint8_t kind) {
 
 }  // namespace
 
+size_t element_count(const fi_ioc *ioc, size_t n) noexcept {
+    size_t total = 0;
+    for (size_t i = 0; i < n; ++i) total += ioc[i].count;
+    return total;
+}
+
+void byte_ranges(const fi_ioc *ioc, size_t n, size_t elem, iovec *out) noexcept {
+    for (size_t i = 0; i < n; ++i) out[i] = {ioc[i].addr, ioc[i].count * elem};
+}
+
 bool has_operand(int op) noexcept {
     return op != FI_ATOMIC_READ;
 }

@@ -17,6 +17,7 @@
 #include "hmem/atomic.h"
 #include "hmem/hmem.h"
 
+#include <rdma/fi_atomic.h>
 #include <sys/uio.h>
 
 #include <cstddef>
@@ -39,6 +40,10 @@ struct Request {
     const uint8_t *compare = nullptr;  // count elements (compare kind), else nullptr
     size_t bytes() const { return count * elem; }
 };
+
+// Elements in an fi_ioc list, and the list as byte ranges (each count times elem).
+size_t element_count(const fi_ioc *ioc, size_t n) noexcept;
+void byte_ranges(const fi_ioc *ioc, size_t n, size_t elem, iovec *out) noexcept;
 
 // Whether calls of `kind` with this op carry operand elements (all but FI_ATOMIC_READ).
 bool has_operand(int op) noexcept;

@@ -52,6 +52,19 @@ struct AtomicCall {
     fi_ioc *result = nullptr;  // (the API takes the result list as non-const)
     void **result_desc = nullptr;
     size_t result_count = 0;
+
+    AtomicCall &with_compare(const fi_ioc *ioc, void **desc, size_t count) {
+        compare = ioc;
+        compare_desc = desc;
+        compare_count = count;
+        return *this;
+    }
+    AtomicCall &with_result(fi_ioc *ioc, void **desc, size_t count) {
+        result = ioc;
+        result_desc = desc;
+        result_count = count;
+        return *this;
+    }
 };
 
 struct TxOp;

@@ -25,16 +25,8 @@ namespace tandem {
 
 namespace {
 
-size_t ioc_count(const fi_ioc *ioc, size_t n) {
-    size_t total = 0;
-    for (size_t i = 0; i < n; ++i) total += ioc[i].count;
-    return total;
-}
-
-// An fi_ioc list as byte ranges: element counts times the element size.
-void ioc_bytes(const fi_ioc *ioc, size_t n, size_t elem, iovec *out) {
-    for (size_t i = 0; i < n; ++i) out[i] = {ioc[i].addr, ioc[i].count * elem};
-}
+using atomic::byte_ranges;
+using atomic::element_count;
 
 fi_msg_atomic one_msg(const fi_ioc &ioc, void **desc, fi_addr_t dest, const fi_rma_ioc &rma,
                       enum fi_datatype datatype, enum fi_op op, void *context) {
@@ -67,7 +59,7 @@ ssize_t Endpoint::atomic_write(const OpDefaults &d, const void *buf, size_t coun
 ssize_t Endpoint::atomic_writev(const OpDefaults &d, const fi_ioc *iov, void **desc, size_t count,
                                 fi_addr_t dest, uint64_t addr, uint64_t key,
                                 enum fi_datatype datatype, enum fi_op op, void *context) {
-    fi_rma_ioc rma{addr, iov ? ioc_count(iov, count) : 0, key};
+    fi_rma_ioc rma{addr, iov ? element_count(iov, count) : 0, key};
     fi_msg_atomic m{iov, desc, count, dest, &rma, 1, datatype, op, context, 0};
     return post_atomic({m, atomic::Kind::Base, d.tx});
 }
@@ -91,32 +83,23 @@ ssize_t Endpoint::atomic_readwrite(const OpDefaults &d, const void *buf, size_t 
     fi_ioc res{result, count};
     fi_rma_ioc rma{addr, count, key};
     AtomicCall a{one_msg(ioc, &desc, dest, rma, datatype, op, context), atomic::Kind::Fetch, d.tx};
-    a.result = &res;
-    a.result_desc = &result_desc;
-    a.result_count = 1;
-    return post_atomic(a);
+    return post_atomic(a.with_result(&res, &result_desc, 1));
 }
 ssize_t Endpoint::atomic_readwritev(const OpDefaults &d, const fi_ioc *iov, void **desc,
                                     size_t count, fi_ioc *resultv, void **result_desc,
                                     size_t result_count, fi_addr_t dest, uint64_t addr,
                                     uint64_t key, enum fi_datatype datatype, enum fi_op op,
                                     void *context) {
-    fi_rma_ioc rma{addr, iov ? ioc_count(iov, count) : 0, key};
+    fi_rma_ioc rma{addr, iov ? element_count(iov, count) : 0, key};
     AtomicCall a{
         {iov, desc, count, dest, &rma, 1, datatype, op, context, 0}, atomic::Kind::Fetch, d.tx};
-    a.result = resultv;
-    a.result_desc = result_desc;
-    a.result_count = result_count;
-    return post_atomic(a);
+    return post_atomic(a.with_result(resultv, result_desc, result_count));
 }
 ssize_t Endpoint::atomic_readwritemsg(const OpDefaults &, const fi_msg_atomic *msg, fi_ioc *resultv,
                                       void **result_desc, size_t result_count, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
     AtomicCall a{*msg, atomic::Kind::Fetch, flags & ~kNoCompletion};
-    a.result = resultv;
-    a.result_desc = result_desc;
-    a.result_count = result_count;
-    return post_atomic(a);
+    return post_atomic(a.with_result(resultv, result_desc, result_count));
 }
 ssize_t Endpoint::atomic_compwrite(const OpDefaults &d, const void *buf, size_t count, void *desc,
                                    const void *compare, void *compare_desc, void *result,
@@ -131,10 +114,7 @@ ssize_t Endpoint::atomic_compwrite(const OpDefaults &d, const void *buf, size_t 
     a.compare = &cmp;
     a.compare_desc = &compare_desc;
     a.compare_count = 1;
-    a.result = &res;
-    a.result_desc = &result_desc;
-    a.result_count = 1;
-    return post_atomic(a);
+    return post_atomic(a.with_result(&res, &result_desc, 1));
 }
 ssize_t Endpoint::atomic_compwritev(const OpDefaults &d, const fi_ioc *iov, void **desc,
                                     size_t count, const fi_ioc *comparev, void **compare_desc,
@@ -142,16 +122,13 @@ ssize_t Endpoint::atomic_compwritev(const OpDefaults &d, const fi_ioc *iov, void
                                     size_t result_count, fi_addr_t dest, uint64_t addr,
                                     uint64_t key, enum fi_datatype datatype, enum fi_op op,
                                     void *context) {
-    fi_rma_ioc rma{addr, iov ? ioc_count(iov, count) : 0, key};
+    fi_rma_ioc rma{addr, iov ? element_count(iov, count) : 0, key};
     AtomicCall a{
         {iov, desc, count, dest, &rma, 1, datatype, op, context, 0}, atomic::Kind::Compare, d.tx};
     a.compare = comparev;
     a.compare_desc = compare_desc;
     a.compare_count = compare_count;
-    a.result = resultv;
-    a.result_desc = result_desc;
-    a.result_count = result_count;
-    return post_atomic(a);
+    return post_atomic(a.with_result(resultv, result_desc, result_count));
 }
 ssize_t Endpoint::atomic_compwritemsg(const OpDefaults &, const fi_msg_atomic *msg,
                                       const fi_ioc *comparev, void **compare_desc,
@@ -162,10 +139,7 @@ ssize_t Endpoint::atomic_compwritemsg(const OpDefaults &, const fi_msg_atomic *m
     a.compare = comparev;
     a.compare_desc = compare_desc;
     a.compare_count = compare_count;
-    a.result = resultv;
-    a.result_desc = result_desc;
-    a.result_count = result_count;
-    return post_atomic(a);
+    return post_atomic(a.with_result(resultv, result_desc, result_count));
 }
 
 int Endpoint::atomic_valid(atomic::Kind kind, int datatype, int op, size_t *count) {
@@ -210,10 +184,10 @@ ssize_t Endpoint::post_atomic(const AtomicCall &a) {
     size_t limit = 0;
     if (int ret = atomic_valid(a.kind, m.datatype, m.op, &limit)) return ret;
     const size_t elem = atomic::datatype_size(m.datatype);
-    const size_t count = ioc_count(m.msg_iov, m.iov_count);
+    const size_t count = element_count(m.msg_iov, m.iov_count);
     if (count == 0 || m.rma_iov[0].count != count) return -FI_EINVAL;
-    if (fetches && ioc_count(a.result, a.result_count) != count) return -FI_EINVAL;
-    if (compares && ioc_count(a.compare, a.compare_count) != count) return -FI_EINVAL;
+    if (fetches && element_count(a.result, a.result_count) != count) return -FI_EINVAL;
+    if (compares && element_count(a.compare, a.compare_count) != count) return -FI_EINVAL;
     if (count > limit) return -FI_EMSGSIZE;  // fi_atomic(3): more elements than *valid said
     const size_t bytes = count * elem;
     // FI_INJECT frees the constant buffers at once, which every atomic does (the operands are
@@ -236,14 +210,14 @@ ssize_t Endpoint::post_atomic(const AtomicCall &a) {
     }
     iovec operand[kMaxIov], compare[kMaxIov], result[kMaxIov];
     hmem::MemRef operand_mem[kMaxIov], compare_mem[kMaxIov], result_mem[kMaxIov];
-    ioc_bytes(m.msg_iov, m.iov_count, elem, operand);
+    byte_ranges(m.msg_iov, m.iov_count, elem, operand);
     bool device = memory_of(operand, m.desc, m.iov_count, a.flags, operand_mem);
     if (compares) {
-        ioc_bytes(a.compare, a.compare_count, elem, compare);
+        byte_ranges(a.compare, a.compare_count, elem, compare);
         device |= memory_of(compare, a.compare_desc, a.compare_count, a.flags, compare_mem);
     }
     if (fetches) {
-        ioc_bytes(a.result, a.result_count, elem, result);
+        byte_ranges(a.result, a.result_count, elem, result);
         device |= memory_of(result, a.result_desc, a.result_count, 0, result_mem);
     }
     if (device && (a.flags & FI_INJECT) && p2p_.mode() == FI_HMEM_P2P_REQUIRED)

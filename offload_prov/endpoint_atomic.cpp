@@ -19,16 +19,12 @@ using wire::LocalOp;
 
 namespace {
 
-size_t ioc_count(const fi_ioc *ioc, size_t n) {
-    size_t total = 0;
-    for (size_t i = 0; i < n; ++i) total += ioc[i].count;
-    return total;
-}
+using atomic::element_count;
 
 // An fi_ioc list as byte ranges, and where each lives (false: all host memory).
 bool ioc_bytes(const fi_ioc *ioc, void **desc, size_t n, size_t elem, iovec *out,
                hmem::MemRef *mem) {
-    for (size_t i = 0; i < n; ++i) out[i] = {ioc[i].addr, ioc[i].count * elem};
+    atomic::byte_ranges(ioc, n, elem, out);
     if (desc) return peer::mems_of(desc, n, mem);
     std::fill(mem, mem + n, hmem::kHost);
     return false;
@@ -90,10 +86,10 @@ ssize_t Endpoint::post_atomic(atomic::Kind kind, const fi_msg_atomic &m, const f
     if (compares && (!compare || !ncompare || ncompare > kMax)) return -FI_EINVAL;
     if (!atomic::valid(kind, m.op, m.datatype)) return -FI_EOPNOTSUPP;
     const size_t elem = atomic::datatype_size(m.datatype);
-    const size_t count = ioc_count(m.msg_iov, m.iov_count);
+    const size_t count = element_count(m.msg_iov, m.iov_count);
     if (count == 0 || count != m.rma_iov[0].count) return -FI_EINVAL;
-    if ((fetches && ioc_count(result, nresult) != count) ||
-        (compares && ioc_count(compare, ncompare) != count))
+    if ((fetches && element_count(result, nresult) != count) ||
+        (compares && element_count(compare, ncompare) != count))
         return -FI_EINVAL;
     if (count > atomic::max_count(m.datatype)) return -FI_EMSGSIZE;
     PeerLink *link = link_for(m.addr);
