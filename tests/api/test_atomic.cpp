@@ -41,12 +41,6 @@ std::string hex_flags(uint64_t f) {
     return b;
 }
 
-// Which call of a kind is used: fi_atomic / fi_atomicv (two-entry ioc lists) / fi_atomicmsg.
-enum class Form { Short, Vec, Msg };
-const char *form_name(Form f) {
-    return f == Form::Short ? "short form" : f == Form::Vec ? "v form" : "msg form";
-}
-
 // The flags of an initiator's completion that say what it was.
 constexpr uint64_t kWhatFlags = FI_ATOMIC | FI_RMA | FI_MSG | FI_TAGGED | FI_READ | FI_WRITE |
                                 FI_SEND | FI_RECV | FI_REMOTE_READ | FI_REMOTE_WRITE;
@@ -54,18 +48,7 @@ uint64_t initiator_flags(Kind k) {
     return FI_ATOMIC | (k == Kind::Base ? FI_WRITE : FI_READ);
 }
 
-struct AtomicOp {
-    Kind kind = Kind::Base;
-    int op = FI_SUM;
-    int dt = FI_UINT64;
-    size_t count = kCount;
-    Form form = Form::Short;
-    void *operand = nullptr, *compare = nullptr, *result = nullptr;
-    void *desc = nullptr;  // of all three local buffers
-    uint64_t addr = 0, key = 0;
-    uint64_t msg_flags = 0, data = 0;            // msg form only
-    size_t compare_count = 0, result_count = 0;  // 0: count (the v and msg forms)
-
+struct AtomicOp : Call {
     std::string str() const {
         return std::string(kind_name(kind)) + " (" + form_name(form) + ") " + op_name(op) + " " +
                datatype_name(dt) + " x" + std::to_string(count);
@@ -85,14 +68,6 @@ struct Outcome {
     }
 };
 
-// `total` elements of `size` bytes at p as an ioc list: two entries (the first `first`
-// elements, then the rest) when 0 < first < total, else one.
-std::vector<fi_ioc> iocs(void *p, size_t size, size_t total, size_t first) {
-    auto *b = static_cast<uint8_t *>(p);
-    if (first == 0 || first >= total) return {fi_ioc{b, total}};
-    return {fi_ioc{b, first}, fi_ioc{b ? b + first * size : nullptr, total - first}};
-}
-
 class AtomicFixture : public FabricTest {
   protected:
     virtual int mode() const { return kAllModes; }
@@ -101,70 +76,27 @@ class AtomicFixture : public FabricTest {
         o.mr_mode = mode();
     }
 
-    ssize_t issue(const AtomicOp &o, void *c) {
-        Endpoint &e = a();
-        const fi_addr_t to = e.peer[1];
-        const auto dt = static_cast<fi_datatype>(o.dt);
-        const auto op = static_cast<fi_op>(o.op);
-        const size_t s = o.dt >= 0 && o.dt < kNumDatatypes ? element_size(o.dt) : 8;
-        const size_t ccount = o.compare_count ? o.compare_count : o.count;
-        const size_t rcount = o.result_count ? o.result_count : o.count;
-        if (o.form == Form::Short) {
-            switch (o.kind) {
-                case Kind::Base:
-                    return fi_atomic(e.ep, o.operand, o.count, o.desc, to, o.addr, o.key, dt, op,
-                                     c);
-                case Kind::Fetch:
-                    return fi_fetch_atomic(e.ep, o.operand, o.count, o.desc, o.result, o.desc, to,
-                                           o.addr, o.key, dt, op, c);
-                case Kind::Compare:
-                    return fi_compare_atomic(e.ep, o.operand, o.count, o.desc, o.compare, o.desc,
-                                             o.result, o.desc, to, o.addr, o.key, dt, op, c);
-            }
-        }
-        // The v form splits the operand 1 + rest, the compare values rest + 1 and the results
-        // in halves; the msg form uses one entry each.
-        const bool vec = o.form == Form::Vec;
-        std::vector<fi_ioc> ov = iocs(o.operand, s, o.count, vec ? 1 : 0);
-        std::vector<fi_ioc> cv = iocs(o.compare, s, ccount, vec ? ccount - 1 : 0);
-        std::vector<fi_ioc> rv = iocs(o.result, s, rcount, vec ? rcount / 2 : 0);
-        void *od[2] = {o.desc, o.desc}, *cd[2] = {o.desc, o.desc}, *rd[2] = {o.desc, o.desc};
-        if (vec) {
-            switch (o.kind) {
-                case Kind::Base:
-                    return fi_atomicv(e.ep, ov.data(), od, ov.size(), to, o.addr, o.key, dt, op, c);
-                case Kind::Fetch:
-                    return fi_fetch_atomicv(e.ep, ov.data(), od, ov.size(), rv.data(), rd,
-                                            rv.size(), to, o.addr, o.key, dt, op, c);
-                case Kind::Compare:
-                    return fi_compare_atomicv(e.ep, ov.data(), od, ov.size(), cv.data(), cd,
-                                              cv.size(), rv.data(), rd, rv.size(), to, o.addr,
-                                              o.key, dt, op, c);
-            }
-        }
-        fi_rma_ioc rioc{o.addr, o.count, o.key};
-        fi_msg_atomic m{};
-        m.msg_iov = ov.data();
-        m.desc = od;
-        m.iov_count = ov.size();
-        m.addr = to;
-        m.rma_iov = &rioc;
-        m.rma_iov_count = 1;
-        m.datatype = dt;
-        m.op = op;
-        m.context = c;
-        m.data = o.data;
-        switch (o.kind) {
-            case Kind::Base:
-                return fi_atomicmsg(e.ep, &m, o.msg_flags);
-            case Kind::Fetch:
-                return fi_fetch_atomicmsg(e.ep, &m, rv.data(), rd, rv.size(), o.msg_flags);
-            case Kind::Compare:
-                return fi_compare_atomicmsg(e.ep, &m, cv.data(), cd, cv.size(), rv.data(), rd,
-                                            rv.size(), o.msg_flags);
-        }
-        return -FI_ENOSYS;
+    // An operation (fi_atomic FI_SUM of kCount FI_UINT64 in the short form unless changed) from
+    // `local` to `target` at `target_off`: the operand at local's start, the compare values at
+    // `compare_off`, the results at `result_off`, all with local's descriptor.
+    static AtomicOp atomic_op(const DataBuf &local, const DataBuf &target, size_t target_off = 0,
+                              size_t compare_off = 1024, size_t result_off = 2048) {
+        return atomic_op(local, rma_addr(target, target_off), target.key, compare_off, result_off);
     }
+    // The same on the target address `addr` with `key`.
+    static AtomicOp atomic_op(const DataBuf &local, uint64_t addr, uint64_t key,
+                              size_t compare_off = 1024, size_t result_off = 2048) {
+        AtomicOp o;
+        o.operand = local.data();
+        o.compare = local.data() + compare_off;
+        o.result = local.data() + result_off;
+        o.odesc = o.cdesc = o.rdesc = local.desc;
+        o.addr = addr;
+        o.key = key;
+        return o;
+    }
+
+    ssize_t issue(const AtomicOp &o, void *c) { return issue_call(a().ep, a().peer[1], o, c); }
 
     // Posts (retrying -FI_EAGAIN) and waits for the operation's completion.
     Outcome run(const AtomicOp &o, void *c) {
@@ -322,17 +254,11 @@ TEST_P(AtomicTest, EveryOpAndDatatypeMatchesAHostReference) {
                     std::memcpy(operand, cs.operand.data(), len);
                     std::memcpy(compare, cs.compare.data(), len);
                     std::memset(result, 0xCD, 1024);
-                    AtomicOp o;
+                    AtomicOp o = atomic_op(*local, *target, kTargetOff, kCompareOff, kResultOff);
                     o.kind = k;
                     o.op = op;
                     o.dt = dt;
                     o.form = static_cast<Form>(form++ % 3);
-                    o.operand = operand;
-                    o.compare = compare;
-                    o.result = result;
-                    o.desc = local->desc;
-                    o.addr = rma_addr(*target, kTargetOff);
-                    o.key = target->key;
                     const std::string what = o.str() + " [" + cs.name + "]: ";
                     ++runs;
                     a().log.clear();
@@ -385,14 +311,8 @@ TEST_P(AtomicTest, TheValidCountItselfIsAccepted) {
         ones[i] = 1;
         cmp[i] = 1001 + i;  // CSWAP below: equal to the target after the SUM
     }
-    AtomicOp o;
+    AtomicOp o = atomic_op(*local, *target, 0, n * 8, 2 * n * 8);  // ones, cmp, res
     o.count = n;
-    o.operand = ones;
-    o.compare = cmp;
-    o.result = res;
-    o.desc = local->desc;
-    o.addr = rma_addr(*target);
-    o.key = target->key;
     auto r = run(o, ctx(0));
     ASSERT_TRUE(r.ok()) << o.str() << ": " << r.str();
     o.kind = Kind::Fetch;
@@ -414,15 +334,10 @@ TEST_P(AtomicTest, BadKeyFailsWithEaccesAndLeavesTheTargetUnchanged) {
     auto local = buf(4096, 1);
     int i = 0;
     for (Kind k : kKinds) {
-        AtomicOp o;
+        AtomicOp o = atomic_op(*local, *target, 64);
         o.kind = k;
         o.op = k == Kind::Compare ? FI_CSWAP : FI_SUM;
-        o.operand = local->data();
-        o.compare = local->data() + 1024;
-        o.result = local->data() + 2048;
-        o.desc = local->desc;
-        o.addr = rma_addr(*target, 64);
-        o.key = target->key ^ 0x5A5A5A00ull;
+        o.key ^= 0x5A5A5A00ull;
         std::memset(o.compare, 0x5A, 64);  // would match the target
         auto r = run(o, ctx(i++));
         ASSERT_TRUE(r.err) << o.str() << " with a bad key: " << r.str();
@@ -432,11 +347,7 @@ TEST_P(AtomicTest, BadKeyFailsWithEaccesAndLeavesTheTargetUnchanged) {
         EXPECT_EQ(check_fill(target->data(), 4096, 0x5A), -1) << o.str() << ": target written";
     }
     // The endpoint still works.
-    AtomicOp o;
-    o.operand = local->data();
-    o.desc = local->desc;
-    o.addr = rma_addr(*target, 64);
-    o.key = target->key;
+    AtomicOp o = atomic_op(*local, *target, 64);
     auto r = run(o, ctx(9));
     ASSERT_TRUE(r.ok()) << r.str();
     EXPECT_EQ(target->data()[64], 0x5A + 1);
@@ -457,15 +368,9 @@ TEST_P(AtomicTest, OutOfBoundsFailsWithEaccesAndWritesNothing) {
     int i = 0;
     for (const Oob &c : cases) {
         for (Kind k : kKinds) {
-            AtomicOp o;
+            AtomicOp o = atomic_op(*local, g.base + static_cast<uint64_t>(c.offset), g.key);
             o.kind = k;
             o.op = k == Kind::Compare ? FI_CSWAP_NE : FI_SUM;
-            o.operand = local->data();
-            o.compare = local->data() + 1024;
-            o.result = local->data() + 2048;
-            o.desc = local->desc;
-            o.addr = g.base + static_cast<uint64_t>(c.offset);
-            o.key = g.key;
             auto r = run(o, ctx(i++));
             ASSERT_TRUE(r.err) << c.name << ", " << o.str() << ": " << r.str();
             EXPECT_EQ(r.err->e.err, FI_EACCES)
@@ -512,15 +417,9 @@ TEST_P(AtomicTest, TheRegionsAccessDecidesWhichAtomicsAreAllowed) {
             ops[128 + e] = 40 + e;  // compare: equal to the target
             ops[256 + e] = 0;       // results
         }
-        AtomicOp o;
+        AtomicOp o = atomic_op(*local, *target);  // ops, ops + 128, ops + 256
         o.kind = row.kind;
         o.op = row.op;
-        o.operand = ops;
-        o.compare = ops + 128;
-        o.result = ops + 256;
-        o.desc = local->desc;
-        o.addr = rma_addr(*target);
-        o.key = target->key;
         const std::string what = o.str() + " on a region with" +
                                  (row.access & FI_REMOTE_READ ? " FI_REMOTE_READ" : "") +
                                  (row.access & FI_REMOTE_WRITE ? " FI_REMOTE_WRITE" : "");
@@ -566,17 +465,11 @@ TEST_P(AtomicTest, InvalidPairIsRefusedAtPostWithEopnotsupp) {
     int i = 0;
     for (const Pair &p : pairs) {
         for (Form f : {Form::Short, Form::Msg}) {
-            AtomicOp o;
+            AtomicOp o = atomic_op(*local, *target, 256);
             o.kind = p.kind;
             o.op = p.op;
             o.dt = p.dt;
             o.form = f;
-            o.operand = local->data();
-            o.compare = local->data() + 1024;
-            o.result = local->data() + 2048;
-            o.desc = local->desc;
-            o.addr = rma_addr(*target, 256);
-            o.key = target->key;
             expect_refused_at_post(o, -FI_EOPNOTSUPP, ctx(i++));
         }
     }
@@ -590,17 +483,11 @@ TEST_P(AtomicTest, OutOfRangeOpOrDatatypeIsRefusedAtPostWithEinval) {
     for (Kind k : kKinds) {
         for (auto [op, dt] :
              {std::pair{FI_MSWAP + 1, int(FI_UINT64)}, std::pair{int(FI_SUM), FI_UINT128 + 1}}) {
-            AtomicOp o;
+            AtomicOp o = atomic_op(*local, *target, 256);
             o.kind = k;
             o.op = op;
             o.dt = dt;
             o.count = 1;
-            o.operand = local->data();
-            o.compare = local->data() + 1024;
-            o.result = local->data() + 2048;
-            o.desc = local->desc;
-            o.addr = rma_addr(*target, 256);
-            o.key = target->key;
             expect_refused_at_post(o, -FI_EINVAL, ctx(i++));
         }
     }
@@ -613,17 +500,11 @@ TEST_P(AtomicTest, CountAboveTheValidCountIsEmsgsize) {
     int i = 0;
     for (Kind k : kKinds) {
         for (int dt : {int(FI_INT8), int(FI_UINT64), int(FI_LONG_DOUBLE_COMPLEX)}) {
-            AtomicOp o;
+            AtomicOp o = atomic_op(*local, *target, 0, 4096, 8192);
             o.kind = k;
             o.op = k == Kind::Compare ? FI_CSWAP : FI_SUM;
             o.dt = dt;
             o.count = expected_count(dt) + 1;
-            o.operand = local->data();
-            o.compare = local->data() + 4096;
-            o.result = local->data() + 8192;
-            o.desc = local->desc;
-            o.addr = rma_addr(*target);
-            o.key = target->key;
             expect_refused_at_post(o, -FI_EMSGSIZE, ctx(i++));
         }
     }
@@ -636,17 +517,11 @@ TEST_P(AtomicTest, ZeroCountIsEinval) {
     int i = 0;
     for (Kind k : kKinds) {
         for (Form f : {Form::Short, Form::Vec}) {
-            AtomicOp o;
+            AtomicOp o = atomic_op(*local, *target);
             o.kind = k;
             o.op = k == Kind::Compare ? FI_CSWAP : FI_SUM;
             o.form = f;
             o.count = 0;
-            o.operand = local->data();
-            o.compare = local->data() + 1024;
-            o.result = local->data() + 2048;
-            o.desc = local->desc;
-            o.addr = rma_addr(*target);
-            o.key = target->key;
             expect_refused_at_post(o, -FI_EINVAL, ctx(i++));
         }
     }
@@ -664,15 +539,9 @@ TEST_P(AtomicTest, ResultOrCompareCountMismatchIsEinval) {
     auto local = buf(4096, 0x11);
     int i = 0;
     for (Form f : {Form::Vec, Form::Msg}) {
-        AtomicOp o;
+        AtomicOp o = atomic_op(*local, *target);
         o.kind = Kind::Fetch;
         o.form = f;
-        o.operand = local->data();
-        o.compare = local->data() + 1024;
-        o.result = local->data() + 2048;
-        o.desc = local->desc;
-        o.addr = rma_addr(*target);
-        o.key = target->key;
         o.result_count = kCount - 1;
         expect_refused_at_post(o, -FI_EINVAL, ctx(i++));
         o.result_count = kCount + 1;
@@ -701,15 +570,11 @@ TEST_P(AtomicTest, AtomicReadTakesANullOperand) {
             t[e] = 0x1111 * (e + 1) + i;
             res[e] = 0;
         }
-        AtomicOp o;
+        AtomicOp o = atomic_op(*local, *target, 0, 1024, 0);  // the results in res
         o.kind = Kind::Fetch;
         o.op = FI_ATOMIC_READ;
         o.form = f;
         o.operand = nullptr;
-        o.result = res;
-        o.desc = local->desc;
-        o.addr = rma_addr(*target);
-        o.key = target->key;
         auto r = run(o, ctx(i++));
         ASSERT_TRUE(r.ok()) << o.str() << " without an operand: " << r.str();
         for (size_t e = 0; e < kCount; ++e)
@@ -724,8 +589,7 @@ TEST_P(AtomicTest, InjectFlagFreesTheOperandsWhenTheCallReturns) {
     auto local = buf(4096);
     auto *t = reinterpret_cast<uint64_t *>(target->data());
     auto *operand = reinterpret_cast<uint64_t *>(local->data());
-    auto *compare = operand + 128;
-    auto *res = operand + 256;
+    auto *compare = operand + 128;  // the results at operand + 256
     int i = 0;
     for (Kind k : kKinds) {
         for (size_t e = 0; e < kCount; ++e) {
@@ -733,17 +597,11 @@ TEST_P(AtomicTest, InjectFlagFreesTheOperandsWhenTheCallReturns) {
             operand[e] = 5;
             compare[e] = 10 + e;  // equal: CSWAP swaps
         }
-        AtomicOp o;
+        AtomicOp o = atomic_op(*local, *target);  // operand, compare
         o.kind = k;
         o.op = k == Kind::Compare ? FI_CSWAP : FI_SUM;
         o.form = Form::Msg;
         o.msg_flags = FI_INJECT;
-        o.operand = operand;
-        o.compare = compare;
-        o.result = res;
-        o.desc = local->desc;
-        o.addr = rma_addr(*target);
-        o.key = target->key;
         void *c = ctx(i++);
         ASSERT_FI_OK(post([&] { return issue(o, c); })) << o.str();
         for (size_t e = 0; e < kCount; ++e) operand[e] = compare[e] = 0xBAD;
@@ -811,19 +669,13 @@ TEST_P(AtomicTest, RemoteCqDataReportsTheAtomicAtTheTarget) {
         t[0] = 0;
         auto *op = reinterpret_cast<uint32_t *>(local->data());
         op[0] = 7;
-        AtomicOp o;
+        AtomicOp o = atomic_op(*local, *target);
         o.kind = row.kind;
         o.op = row.op;
         o.dt = row.dt;
         o.form = Form::Msg;
         o.msg_flags = FI_REMOTE_CQ_DATA;
         o.data = row.data;
-        o.operand = local->data();
-        o.compare = local->data() + 1024;
-        o.result = local->data() + 2048;
-        o.desc = local->desc;
-        o.addr = rma_addr(*target);
-        o.key = target->key;
         auto r = run(o, ctx(i++));
         ASSERT_TRUE(r.ok()) << o.str() << ": " << r.str();
         ASSERT_TRUE(poll_until([&] { return !b().log.comps.empty() || !b().log.errs.empty(); }))
@@ -844,29 +696,20 @@ TEST_P(AtomicTest, RefusedAtomicDeliversNoRemoteCqData) {
     auto local = buf(4096);
     int i = 0;
     for (Kind k : kKinds) {
-        AtomicOp o;
+        AtomicOp o = atomic_op(*local, *target);
         o.kind = k;
         o.op = k == Kind::Compare ? FI_CSWAP : FI_SUM;
         o.form = Form::Msg;
         o.msg_flags = FI_REMOTE_CQ_DATA;
         o.data = 0xBAD0 + i;
-        o.operand = local->data();
-        o.compare = local->data() + 1024;
-        o.result = local->data() + 2048;
-        o.desc = local->desc;
-        o.addr = rma_addr(*target);
-        o.key = target->key ^ 0x5A5A5A00ull;
+        o.key ^= 0x5A5A5A00ull;
         auto r = run(o, ctx(i++));
         ASSERT_TRUE(r.err) << o.str() << " with a bad key: " << r.str();
     }
-    AtomicOp o;
+    AtomicOp o = atomic_op(*local, *target);
     o.form = Form::Msg;
     o.msg_flags = FI_REMOTE_CQ_DATA;
     o.data = 0x600D;
-    o.operand = local->data();
-    o.desc = local->desc;
-    o.addr = rma_addr(*target);
-    o.key = target->key;
     auto r = run(o, ctx(9));
     ASSERT_TRUE(r.ok()) << r.str();
     ASSERT_TRUE(poll_until([&] { return !b().log.comps.empty(); })) << b().log.summary();
@@ -904,16 +747,10 @@ TEST_F(AtomicCounterTest, InitiatorAndRemoteCountersCountAtomics) {
     auto local = buf(4096);
     int i = 0;
     auto go = [&](Kind k, int op, Form f) {
-        AtomicOp o;
+        AtomicOp o = atomic_op(*local, *target);
         o.kind = k;
         o.op = op;
         o.form = f;
-        o.operand = local->data();
-        o.compare = local->data() + 1024;
-        o.result = local->data() + 2048;
-        o.desc = local->desc;
-        o.addr = rma_addr(*target);
-        o.key = target->key;
         auto r = run(o, ctx(i++));
         EXPECT_TRUE(r.ok()) << o.str() << ": " << r.str();
     };
@@ -944,13 +781,8 @@ TEST_F(AtomicCounterTest, InitiatorAndRemoteCountersCountAtomics) {
 TEST_F(AtomicCounterTest, RefusedAtomicsCountAsErrorsAndNotAtTheTarget) {
     auto target = buf(4096, 0, true);
     auto local = buf(4096);
-    AtomicOp o;
-    o.operand = local->data();
-    o.compare = local->data() + 1024;
-    o.result = local->data() + 2048;
-    o.desc = local->desc;
-    o.addr = rma_addr(*target);
-    o.key = target->key + 0x5151;
+    AtomicOp o = atomic_op(*local, *target);
+    o.key += 0x5151;  // a bad key
     auto r = run(o, ctx(0));
     EXPECT_TRUE(r.err) << o.str() << " with a bad key: " << r.str();
     o.kind = Kind::Fetch;
@@ -981,16 +813,10 @@ TEST_F(AtomicVirtAddrTest, MisalignedTargetIsRefusedAtPost) {
     int i = 0;
     for (Kind k : kKinds) {
         for (Form f : {Form::Short, Form::Vec, Form::Msg}) {
-            AtomicOp o;
+            AtomicOp o = atomic_op(*local, *target, 64 + 1);
             o.kind = k;
             o.op = k == Kind::Compare ? FI_CSWAP : FI_SUM;
             o.form = f;
-            o.operand = local->data();
-            o.compare = local->data() + 1024;
-            o.result = local->data() + 2048;
-            o.desc = local->desc;
-            o.addr = rma_addr(*target, 64) + 1;
-            o.key = target->key;
             expect_refused_at_post(o, -FI_EINVAL, ctx(i++));
         }
     }
@@ -998,12 +824,8 @@ TEST_F(AtomicVirtAddrTest, MisalignedTargetIsRefusedAtPost) {
                                target->key, FI_UINT64, FI_SUM),
               -FI_EINVAL);
     // 16-byte types need 16-byte alignment.
-    AtomicOp o;
+    AtomicOp o = atomic_op(*local, *target, 64 + 8);
     o.dt = FI_LONG_DOUBLE;
-    o.operand = local->data();
-    o.desc = local->desc;
-    o.addr = rma_addr(*target, 64) + 8;
-    o.key = target->key;
     expect_refused_at_post(o, -FI_EINVAL, ctx(i++));
     poll_for(kQuiet);
     EXPECT_EQ(check_fill(target->data(), 4096, 0x33), -1) << "target written";
@@ -1022,15 +844,9 @@ TEST_F(AtomicOffsetTest, MisalignedTargetFailsWithAnEinvalCompletion) {
     auto local = buf(4096, 0x11);
     int i = 0;
     for (Kind k : kKinds) {
-        AtomicOp o;
+        AtomicOp o = atomic_op(*local, *target, 64 + 1);
         o.kind = k;
         o.op = k == Kind::Compare ? FI_CSWAP : FI_SUM;
-        o.operand = local->data();
-        o.compare = local->data() + 1024;
-        o.result = local->data() + 2048;
-        o.desc = local->desc;
-        o.addr = rma_addr(*target, 64) + 1;
-        o.key = target->key;
         auto r = run(o, ctx(i++));
         ASSERT_TRUE(r.err) << o.str() << " at a misaligned offset: " << r.str();
         EXPECT_EQ(r.err->e.err, FI_EINVAL) << o.str() << ": " << describe(*r.err);
@@ -1176,16 +992,12 @@ class AtomicRmaOrderTest : public AtomicTest {
         AtomicTest::TearDown();
     }
     ssize_t atomic(Kind k, int op, uint64_t *operand, uint64_t *result, void *c) {
-        AtomicOp o;
+        AtomicOp o = atomic_op(*local, *target);
         o.kind = k;
         o.op = op;
         o.count = 1;
-        o.operand = operand;
-        o.compare = operand;
+        o.operand = o.compare = operand;
         o.result = result;
-        o.desc = local->desc;
-        o.addr = rma_addr(*target);
-        o.key = target->key;
         return post([&] { return issue(o, c); });
     }
     ssize_t rma(bool write, uint64_t *p, void *c) {

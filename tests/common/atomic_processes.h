@@ -817,61 +817,12 @@ struct RoleBuf {
     void *desc() const { return fi_mr_desc(mr); }
 };
 
-// Fetch-add of 1 to the target's counter, `ops` times with up to `window` in flight, each into
-// a slot of its own of the result buffer; the fetched values go to sh.values[index].
-inline void fetch_add_initiator(Report &r, Shared &sh, const Contention &cfg, int index) {
-    AP_REQUIRE(r, cfg.lib.ok(), "libfabric could not be loaded");
-    AP_REQUIRE(r, cfg.ops <= kMaxValues && index < kMaxInitiators);
-    std::string err = cfg.result_mem.init();
-    AP_REQUIRE(r, err.empty(), err);
-    Memory host;
-    Node n(cfg.lib, r);
-    AP_TRY(n.open(cfg.caps, cfg.mr_mode, cfg.initiators_sleep));
-    RoleBuf results(cfg.result_mem), one(host);
-    AP_TRY(results.make(r, n, cfg.ops * sizeof(uint64_t)));
-    AP_TRY(one.make(r, n, 64));
-    const uint64_t v1 = 1;
-    AP_TRY(host.put(one.p, &v1, sizeof v1).empty());
-    fi_addr_t peer;
-    AP_TRY(connect_to_target(r, sh, n, &peer));
-    const size_t window = std::max<size_t>(1, std::min<size_t>(cfg.window, n.info->tx_attr->size));
-    std::vector<fi_context2> ctx(cfg.ops);
-    AP_TRY(start_line(r, sh, cfg.initiators));
-    size_t posted = 0, done = 0;
-    auto *res = static_cast<uint64_t *>(results.p);
-    const auto deadline = Clock::now() + cfg.deadline - 5s;
-    while (done < cfg.ops) {
-        while (posted < cfg.ops && posted - done < window) {
-            ssize_t ret = fi_fetch_atomic(n.ep, one.p, 1, one.desc(), res + posted, results.desc(),
-                                          peer, sh.region_addr + kCounterOff, sh.region_key,
-                                          FI_UINT64, FI_SUM, &ctx[posted]);
-            if (ret == -FI_EAGAIN) break;
-            AP_REQUIRE(r, ret == 0, "fi_fetch_atomic #", posted, " -> ", n.str(ret));
-            ++posted;
-        }
-        n.progress(cfg.initiators_sleep && posted - done >= window ? 2 : 0);
-        Comp c;
-        while (n.take_any(c)) {
-            AP_REQUIRE(r, !c.err, "fetch-add: ", n.show(c));
-            AP_CHECK(r, (c.e.flags & (FI_ATOMIC | FI_READ)) == (FI_ATOMIC | FI_READ),
-                     "completion flags 0x", std::hex, c.e.flags);
-            ++done;
-        }
-        AP_REQUIRE(r, Clock::now() < deadline, "only ", done, " of ", cfg.ops,
-                   " fetch-adds completed in time");
-    }
-    std::vector<uint64_t> got(cfg.ops);
-    err = cfg.result_mem.get(got.data(), results.p, cfg.ops * sizeof(uint64_t));
-    AP_REQUIRE(r, err.empty(), "reading the results: ", err);
-    std::memcpy(sh.values[index], got.data(), cfg.ops * sizeof(uint64_t));
-    sh.nvalues[index] = cfg.ops;
-}
-
-// `ops` increments of the plain counter at kCounterOff under a spin lock at kLockOff: taken
-// with FI_CSWAP 0 -> 1 (fetched into device or host memory), the counter read with a fetch
-// FI_ATOMIC_READ and written back plus one with FI_ATOMIC_WRITE, the lock released with
-// FI_ATOMIC_WRITE 0. Each value read under the lock goes to sh.values[index].
-inline void lock_initiator(Report &r, Shared &sh, const Contention &cfg, int index) {
+// What every initiator of a workload does first: checks, an endpoint, `result_len` bytes of
+// cfg.result_mem and 64 of host memory (both registered, filled with 0xA5), the target's
+// address; then work(node, result buffer, host buffer, target address).
+template <typename Work>
+void contention_initiator(Report &r, Shared &sh, const Contention &cfg, int index,
+                          size_t result_len, Work &&work) {
     AP_REQUIRE(r, cfg.lib.ok(), "libfabric could not be loaded");
     AP_REQUIRE(r, cfg.ops <= kMaxValues && index < kMaxInitiators);
     std::string err = cfg.result_mem.init();
@@ -880,69 +831,128 @@ inline void lock_initiator(Report &r, Shared &sh, const Contention &cfg, int ind
     Node n(cfg.lib, r);
     AP_TRY(n.open(cfg.caps, cfg.mr_mode, cfg.initiators_sleep));
     RoleBuf result(cfg.result_mem), local(host);
-    AP_TRY(result.make(r, n, 64));
+    AP_TRY(result.make(r, n, result_len));
     AP_TRY(local.make(r, n, 64));
-    auto *l = static_cast<uint64_t *>(local.p);  // [0] 1, [1] 0, [2] the new counter value
-    l[0] = 1;
-    l[1] = 0;
-    auto *res = static_cast<uint64_t *>(result.p);  // [0] the lock's old value, [1] the counter
     fi_addr_t peer;
     AP_TRY(connect_to_target(r, sh, n, &peer));
-    AP_TRY(start_line(r, sh, cfg.initiators));
-    const uint64_t lock = sh.region_addr + kLockOff, counter = sh.region_addr + kCounterOff;
-    const uint64_t key = sh.region_key;
-    const int sleep_ms = cfg.initiators_sleep ? 2 : 0;
-    fi_context2 ctx{};
-    uint64_t busy = 0;
-    const auto deadline = Clock::now() + cfg.deadline - 5s;
-    for (size_t i = 0; i < cfg.ops; ++i) {
-        for (;;) {
-            AP_TRY(n.run(
-                "fi_compare_atomic(FI_CSWAP 0 -> 1) on the lock", &ctx,
-                [&] {
-                    return fi_compare_atomic(n.ep, &l[0], 1, local.desc(), &l[1], local.desc(),
-                                             &res[0], result.desc(), peer, lock, key, FI_UINT64,
-                                             FI_CSWAP, &ctx);
-                },
-                sleep_ms));
-            uint64_t old = ~0ull;
-            err = cfg.result_mem.get(&old, &res[0], sizeof old);
-            AP_REQUIRE(r, err.empty(), "reading the CSWAP's result: ", err);
-            if (old == 0) break;
-            AP_REQUIRE(r, old == 1, "the lock word is ", old, " (only 0 and 1 are ever written)");
-            ++busy;
-            AP_REQUIRE(r, Clock::now() < deadline, "increment ", i, ": the lock stayed taken");
-            sched_yield();
-        }
-        AP_TRY(n.run(
-            "fi_fetch_atomic(FI_ATOMIC_READ) of the counter", &ctx,
-            [&] {
-                return fi_fetch_atomic(n.ep, &l[0], 1, local.desc(), &res[1], result.desc(), peer,
-                                       counter, key, FI_UINT64, FI_ATOMIC_READ, &ctx);
-            },
-            sleep_ms));
-        uint64_t v = 0;
-        err = cfg.result_mem.get(&v, &res[1], sizeof v);
-        AP_REQUIRE(r, err.empty(), "reading the counter's value: ", err);
-        sh.values[index][i] = v;
-        l[2] = v + 1;
-        AP_TRY(n.run(
-            "fi_atomic(FI_ATOMIC_WRITE) of the counter", &ctx,
-            [&] {
-                return fi_atomic(n.ep, &l[2], 1, local.desc(), peer, counter, key, FI_UINT64,
-                                 FI_ATOMIC_WRITE, &ctx);
-            },
-            sleep_ms));
-        AP_TRY(n.run(
-            "fi_atomic(FI_ATOMIC_WRITE 0) releasing the lock", &ctx,
-            [&] {
-                return fi_atomic(n.ep, &l[1], 1, local.desc(), peer, lock, key, FI_UINT64,
-                                 FI_ATOMIC_WRITE, &ctx);
-            },
-            sleep_ms));
-    }
-    sh.nvalues[index] = cfg.ops;
-    sh.busy[index] = busy;
+    work(n, result, local, peer);
+}
+
+// Fetch-add of 1 to the target's counter, `ops` times with up to `window` in flight, each into
+// a slot of its own of the result buffer; the fetched values go to sh.values[index].
+inline void fetch_add_initiator(Report &r, Shared &sh, const Contention &cfg, int index) {
+    contention_initiator(
+        r, sh, cfg, index, cfg.ops * sizeof(uint64_t),
+        [&](Node &n, RoleBuf &results, RoleBuf &one, fi_addr_t peer) {
+            const uint64_t v1 = 1;
+            AP_TRY(one.m.put(one.p, &v1, sizeof v1).empty());
+            const size_t window =
+                std::max<size_t>(1, std::min<size_t>(cfg.window, n.info->tx_attr->size));
+            std::vector<fi_context2> ctx(cfg.ops);
+            AP_TRY(start_line(r, sh, cfg.initiators));
+            size_t posted = 0, done = 0;
+            auto *res = static_cast<uint64_t *>(results.p);
+            const auto deadline = Clock::now() + cfg.deadline - 5s;
+            while (done < cfg.ops) {
+                while (posted < cfg.ops && posted - done < window) {
+                    ssize_t ret =
+                        fi_fetch_atomic(n.ep, one.p, 1, one.desc(), res + posted, results.desc(),
+                                        peer, sh.region_addr + kCounterOff, sh.region_key,
+                                        FI_UINT64, FI_SUM, &ctx[posted]);
+                    if (ret == -FI_EAGAIN) break;
+                    AP_REQUIRE(r, ret == 0, "fi_fetch_atomic #", posted, " -> ", n.str(ret));
+                    ++posted;
+                }
+                n.progress(cfg.initiators_sleep && posted - done >= window ? 2 : 0);
+                Comp c;
+                while (n.take_any(c)) {
+                    AP_REQUIRE(r, !c.err, "fetch-add: ", n.show(c));
+                    AP_CHECK(r, (c.e.flags & (FI_ATOMIC | FI_READ)) == (FI_ATOMIC | FI_READ),
+                             "completion flags 0x", std::hex, c.e.flags);
+                    ++done;
+                }
+                AP_REQUIRE(r, Clock::now() < deadline, "only ", done, " of ", cfg.ops,
+                           " fetch-adds completed in time");
+            }
+            std::vector<uint64_t> got(cfg.ops);
+            std::string err = cfg.result_mem.get(got.data(), results.p, cfg.ops * sizeof(uint64_t));
+            AP_REQUIRE(r, err.empty(), "reading the results: ", err);
+            std::memcpy(sh.values[index], got.data(), cfg.ops * sizeof(uint64_t));
+            sh.nvalues[index] = cfg.ops;
+        });
+}
+
+// `ops` increments of the plain counter at kCounterOff under a spin lock at kLockOff: taken
+// with FI_CSWAP 0 -> 1 (fetched into device or host memory), the counter read with a fetch
+// FI_ATOMIC_READ and written back plus one with FI_ATOMIC_WRITE, the lock released with
+// FI_ATOMIC_WRITE 0. Each value read under the lock goes to sh.values[index].
+inline void lock_initiator(Report &r, Shared &sh, const Contention &cfg, int index) {
+    contention_initiator(
+        r, sh, cfg, index, 64, [&](Node &n, RoleBuf &result, RoleBuf &local, fi_addr_t peer) {
+            auto *l = static_cast<uint64_t *>(local.p);  // [0] 1, [1] 0, [2] the new counter value
+            l[0] = 1;
+            l[1] = 0;
+            auto *res =
+                static_cast<uint64_t *>(result.p);  // [0] the lock's old value, [1] the counter
+            AP_TRY(start_line(r, sh, cfg.initiators));
+            const uint64_t lock = sh.region_addr + kLockOff, counter = sh.region_addr + kCounterOff;
+            const uint64_t key = sh.region_key;
+            const int sleep_ms = cfg.initiators_sleep ? 2 : 0;
+            fi_context2 ctx{};
+            uint64_t busy = 0;
+            std::string err;
+            const auto deadline = Clock::now() + cfg.deadline - 5s;
+            for (size_t i = 0; i < cfg.ops; ++i) {
+                for (;;) {
+                    AP_TRY(n.run(
+                        "fi_compare_atomic(FI_CSWAP 0 -> 1) on the lock", &ctx,
+                        [&] {
+                            return fi_compare_atomic(n.ep, &l[0], 1, local.desc(), &l[1],
+                                                     local.desc(), &res[0], result.desc(), peer,
+                                                     lock, key, FI_UINT64, FI_CSWAP, &ctx);
+                        },
+                        sleep_ms));
+                    uint64_t old = ~0ull;
+                    err = cfg.result_mem.get(&old, &res[0], sizeof old);
+                    AP_REQUIRE(r, err.empty(), "reading the CSWAP's result: ", err);
+                    if (old == 0) break;
+                    AP_REQUIRE(r, old == 1, "the lock word is ", old,
+                               " (only 0 and 1 are ever written)");
+                    ++busy;
+                    AP_REQUIRE(r, Clock::now() < deadline, "increment ", i,
+                               ": the lock stayed taken");
+                    sched_yield();
+                }
+                AP_TRY(n.run(
+                    "fi_fetch_atomic(FI_ATOMIC_READ) of the counter", &ctx,
+                    [&] {
+                        return fi_fetch_atomic(n.ep, &l[0], 1, local.desc(), &res[1], result.desc(),
+                                               peer, counter, key, FI_UINT64, FI_ATOMIC_READ, &ctx);
+                    },
+                    sleep_ms));
+                uint64_t v = 0;
+                err = cfg.result_mem.get(&v, &res[1], sizeof v);
+                AP_REQUIRE(r, err.empty(), "reading the counter's value: ", err);
+                sh.values[index][i] = v;
+                l[2] = v + 1;
+                AP_TRY(n.run(
+                    "fi_atomic(FI_ATOMIC_WRITE) of the counter", &ctx,
+                    [&] {
+                        return fi_atomic(n.ep, &l[2], 1, local.desc(), peer, counter, key,
+                                         FI_UINT64, FI_ATOMIC_WRITE, &ctx);
+                    },
+                    sleep_ms));
+                AP_TRY(n.run(
+                    "fi_atomic(FI_ATOMIC_WRITE 0) releasing the lock", &ctx,
+                    [&] {
+                        return fi_atomic(n.ep, &l[1], 1, local.desc(), peer, lock, key, FI_UINT64,
+                                         FI_ATOMIC_WRITE, &ctx);
+                    },
+                    sleep_ms));
+            }
+            sh.nvalues[index] = cfg.ops;
+            sh.busy[index] = busy;
+        });
 }
 
 enum class Workload { FetchAdd, SpinLock };
@@ -1029,6 +1039,32 @@ inline std::vector<std::string> check_contention(const Contention &cfg, Workload
     }
     (void)w;
     return bad;
+}
+
+// Runs a workload in `block` and checks what it left: says on stdout what runs, how long it took,
+// how often the lock was found taken (the spin lock), the roles' processes and notes. Returns
+// the roles' failures, or else what check_contention found (empty: all is well).
+inline std::vector<std::string> run_and_check_contention(const Contention &cfg, Workload w,
+                                                         const char *what, SharedBlock &block) {
+    printf(
+        "[atomic] %s: %d initiator processes x %zu, counter%s in the target's %s memory, "
+        "results in %s memory, path: %s\n",
+        what, cfg.initiators, cfg.ops, w == Workload::SpinLock ? " and lock" : "",
+        cfg.target_mem.name.c_str(), cfg.result_mem.name.c_str(),
+        cfg.initiator_env.empty() ? path_name(cfg.env) : "mixed");
+    fflush(stdout);
+    RunResult r = run_contention(cfg, w, block);
+    printf("[atomic] %s: %.2f s\n", what, r.seconds);
+    if (w == Workload::SpinLock) {
+        uint64_t busy = 0;
+        for (int i = 0; i < cfg.initiators; ++i) busy += block->busy[i];
+        printf("[atomic] the lock was found taken %llu times\n",
+               static_cast<unsigned long long>(busy));
+    }
+    for (const auto &n : r.roles) printf("[atomic]   %s\n", n.c_str());
+    for (const auto &n : r.notes) printf("%s\n", n.c_str());
+    if (!r.failures.empty()) return r.failures;
+    return check_contention(cfg, w, *block.get());
 }
 
 }  // namespace tandem_test::atomic_procs

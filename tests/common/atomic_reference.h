@@ -17,6 +17,8 @@
 //     C comparisons (a NaN operand never replaces, a NaN target is never replaced by MIN/MAX,
 //     -0.0 and +0.0 compare equal).
 //
+// Last, issue_call(): one operation in any of the three forms of its kind, for the tests to post.
+//
 // Byte comparisons skip what is not part of a value: the 6 padding bytes after each 10-byte
 // x87 long double (sizeof 16 on x86-64), which neither the C language nor fi_atomic defines.
 #pragma once
@@ -502,6 +504,98 @@ inline std::string diff(int dt, const uint8_t *got, const uint8_t *want, size_t 
         }
     }
     return out;
+}
+
+// ---- issuing an operation ---------------------------------------------------------------------
+
+// Which call of a kind is used: fi_atomic / fi_atomicv (two-entry ioc lists) / fi_atomicmsg.
+enum class Form { Short, Vec, Msg };
+inline const char *form_name(Form f) {
+    return f == Form::Short ? "short form" : f == Form::Vec ? "v form" : "msg form";
+}
+
+// One operation's arguments.
+struct Call {
+    Kind kind = Kind::Base;
+    int op = FI_SUM;
+    int dt = FI_UINT64;
+    size_t count = kCount;
+    Form form = Form::Short;
+    void *operand = nullptr, *compare = nullptr, *result = nullptr;
+    void *odesc = nullptr, *cdesc = nullptr, *rdesc = nullptr;  // their descriptors
+    uint64_t addr = 0, key = 0;
+    uint64_t msg_flags = 0, data = 0;            // msg form only
+    size_t compare_count = 0, result_count = 0;  // 0: count (the v and msg forms)
+};
+
+// `total` elements of `size` bytes at p as an ioc list: two entries (the first `first`
+// elements, then the rest) when 0 < first < total, else one.
+inline std::vector<fi_ioc> iocs(void *p, size_t size, size_t total, size_t first) {
+    auto *b = static_cast<uint8_t *>(p);
+    if (first == 0 || first >= total) return {fi_ioc{b, total}};
+    return {fi_ioc{b, first}, fi_ioc{b ? b + first * size : nullptr, total - first}};
+}
+
+// Posts `c` once from `ep` to `to` (what the call returns, -FI_EAGAIN included). The v form
+// splits the operand 1 + rest, the compare values rest + 1 and the results in halves; the msg
+// form uses one entry each.
+inline ssize_t issue_call(fid_ep *ep, fi_addr_t to, const Call &c, void *ctx) {
+    const auto dt = static_cast<fi_datatype>(c.dt);
+    const auto op = static_cast<fi_op>(c.op);
+    const size_t s = c.dt >= 0 && c.dt < kNumDatatypes ? element_size(c.dt) : 8;
+    const size_t ccount = c.compare_count ? c.compare_count : c.count;
+    const size_t rcount = c.result_count ? c.result_count : c.count;
+    if (c.form == Form::Short) {
+        switch (c.kind) {
+            case Kind::Base:
+                return fi_atomic(ep, c.operand, c.count, c.odesc, to, c.addr, c.key, dt, op, ctx);
+            case Kind::Fetch:
+                return fi_fetch_atomic(ep, c.operand, c.count, c.odesc, c.result, c.rdesc, to,
+                                       c.addr, c.key, dt, op, ctx);
+            case Kind::Compare:
+                return fi_compare_atomic(ep, c.operand, c.count, c.odesc, c.compare, c.cdesc,
+                                         c.result, c.rdesc, to, c.addr, c.key, dt, op, ctx);
+        }
+    }
+    const bool vec = c.form == Form::Vec;
+    std::vector<fi_ioc> ov = iocs(c.operand, s, c.count, vec ? 1 : 0);
+    std::vector<fi_ioc> cv = iocs(c.compare, s, ccount, vec ? ccount - 1 : 0);
+    std::vector<fi_ioc> rv = iocs(c.result, s, rcount, vec ? rcount / 2 : 0);
+    void *od[2] = {c.odesc, c.odesc}, *cd[2] = {c.cdesc, c.cdesc}, *rd[2] = {c.rdesc, c.rdesc};
+    if (vec) {
+        switch (c.kind) {
+            case Kind::Base:
+                return fi_atomicv(ep, ov.data(), od, ov.size(), to, c.addr, c.key, dt, op, ctx);
+            case Kind::Fetch:
+                return fi_fetch_atomicv(ep, ov.data(), od, ov.size(), rv.data(), rd, rv.size(), to,
+                                        c.addr, c.key, dt, op, ctx);
+            case Kind::Compare:
+                return fi_compare_atomicv(ep, ov.data(), od, ov.size(), cv.data(), cd, cv.size(),
+                                          rv.data(), rd, rv.size(), to, c.addr, c.key, dt, op, ctx);
+        }
+    }
+    fi_rma_ioc rioc{c.addr, c.count, c.key};
+    fi_msg_atomic m{};
+    m.msg_iov = ov.data();
+    m.desc = od;
+    m.iov_count = ov.size();
+    m.addr = to;
+    m.rma_iov = &rioc;
+    m.rma_iov_count = 1;
+    m.datatype = dt;
+    m.op = op;
+    m.context = ctx;
+    m.data = c.data;
+    switch (c.kind) {
+        case Kind::Base:
+            return fi_atomicmsg(ep, &m, c.msg_flags);
+        case Kind::Fetch:
+            return fi_fetch_atomicmsg(ep, &m, rv.data(), rd, rv.size(), c.msg_flags);
+        case Kind::Compare:
+            return fi_compare_atomicmsg(ep, &m, cv.data(), cd, cv.size(), rv.data(), rd, rv.size(),
+                                        c.msg_flags);
+    }
+    return -FI_ENOSYS;
 }
 
 }  // namespace tandem_test::atomic_ref

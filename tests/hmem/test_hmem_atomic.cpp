@@ -228,6 +228,46 @@ void report(const RunResult &r) {
     for (const auto &f : r.failures) ADD_FAILURE() << f;
 }
 
+// ---- one target, one initiator ----------------------------------------------------------------
+
+// The initiator's part, in its process: the device's driver initialised, an endpoint open.
+using InitiatorWork =
+    std::function<void(Report &, Shared &, Node &, const Memory &dev, const Memory &host)>;
+
+// Runs a target, its region in `target_mem`, and one initiator doing `work`; `what` says what the
+// initiator does.
+void run_one_initiator(const Memory &target_mem, const std::string &what, InitiatorWork work) {
+    SharedBlock block;
+    ASSERT_NE(block.get(), nullptr);
+    Shared &sh = *block.get();
+    TargetConfig t;
+    t.lib = lazy_libfabric();
+    t.mem = target_mem;
+    t.caps = kCaps;
+    t.mr_mode = kMrMode;
+    t.sleep = false;
+    auto initiator = [&sh, work](Report &r) {
+        const Lib &lf = lib();
+        AP_REQUIRE(r, lf.ok(), "libfabric could not be loaded");
+        const Memory dev = device_memory(), host = host_memory();
+        std::string err = dev.init();
+        AP_REQUIRE(r, err.empty(), err);
+        Node n(lf, r);
+        AP_TRY(n.open(kCaps, kMrMode, false));
+        work(r, sh, n, dev, host);
+    };
+    printf("[atomic] %s, path: %s\n", what.c_str(), path_name());
+    fflush(stdout);
+    RunResult r = run_roles({{cat("target (", t.mem.name, " memory, ", path_name(), ")"),
+                              "at-target",
+                              [t, &sh](Report &rep) { target_role(rep, sh, t); },
+                              {}},
+                             {cat("initiator (", what, ")"), "at-init-1", initiator, {}}},
+                            sh, 30s);
+    printf("[atomic] %.2f s\n", r.seconds);
+    report(r);
+}
+
 // ---- Placement: one initiator, operations checked against the host model ---------------------
 
 struct Placement {
@@ -239,74 +279,6 @@ struct Placement {
     }
 };
 
-enum class Form { Short, Vec, Msg };
-
-std::vector<fi_ioc> iocs(void *p, size_t size, size_t total, size_t first) {
-    auto *b = static_cast<uint8_t *>(p);
-    if (first == 0 || first >= total) return {fi_ioc{b, total}};
-    return {fi_ioc{b, first}, fi_ioc{b + first * size, total - first}};
-}
-
-// One operation of kCount elements in one of the three forms (the v form with two-entry ioc
-// lists).
-ssize_t issue(fid_ep *ep, ref::Kind k, Form f, int dt, int op, void *operand, void *odesc,
-              void *compare, void *cdesc, void *result, void *rdesc, fi_addr_t to, uint64_t addr,
-              uint64_t key, void *ctx) {
-    const auto d = static_cast<fi_datatype>(dt);
-    const auto o = static_cast<fi_op>(op);
-    const size_t n = ref::kCount, s = ref::element_size(dt);
-    if (f == Form::Short) {
-        switch (k) {
-            case ref::Kind::Base:
-                return fi_atomic(ep, operand, n, odesc, to, addr, key, d, o, ctx);
-            case ref::Kind::Fetch:
-                return fi_fetch_atomic(ep, operand, n, odesc, result, rdesc, to, addr, key, d, o,
-                                       ctx);
-            case ref::Kind::Compare:
-                return fi_compare_atomic(ep, operand, n, odesc, compare, cdesc, result, rdesc, to,
-                                         addr, key, d, o, ctx);
-        }
-    }
-    const bool vec = f == Form::Vec;
-    std::vector<fi_ioc> ov = iocs(operand, s, n, vec ? 1 : 0);
-    std::vector<fi_ioc> cv = iocs(compare, s, n, vec ? n - 1 : 0);
-    std::vector<fi_ioc> rv = iocs(result, s, n, vec ? n / 2 : 0);
-    void *od[2] = {odesc, odesc}, *cd[2] = {cdesc, cdesc}, *rd[2] = {rdesc, rdesc};
-    if (vec) {
-        switch (k) {
-            case ref::Kind::Base:
-                return fi_atomicv(ep, ov.data(), od, ov.size(), to, addr, key, d, o, ctx);
-            case ref::Kind::Fetch:
-                return fi_fetch_atomicv(ep, ov.data(), od, ov.size(), rv.data(), rd, rv.size(), to,
-                                        addr, key, d, o, ctx);
-            case ref::Kind::Compare:
-                return fi_compare_atomicv(ep, ov.data(), od, ov.size(), cv.data(), cd, cv.size(),
-                                          rv.data(), rd, rv.size(), to, addr, key, d, o, ctx);
-        }
-    }
-    fi_rma_ioc rioc{addr, n, key};
-    fi_msg_atomic m{};
-    m.msg_iov = ov.data();
-    m.desc = od;
-    m.iov_count = ov.size();
-    m.addr = to;
-    m.rma_iov = &rioc;
-    m.rma_iov_count = 1;
-    m.datatype = d;
-    m.op = o;
-    m.context = ctx;
-    switch (k) {
-        case ref::Kind::Base:
-            return fi_atomicmsg(ep, &m, 0);
-        case ref::Kind::Fetch:
-            return fi_fetch_atomicmsg(ep, &m, rv.data(), rd, rv.size(), 0);
-        case ref::Kind::Compare:
-            return fi_compare_atomicmsg(ep, &m, cv.data(), cd, cv.size(), rv.data(), rd, rv.size(),
-                                        0);
-    }
-    return -FI_ENOSYS;
-}
-
 // The datatypes a placement test runs every valid operation of (one of each width and kind).
 constexpr int kPlacementTypes[] = {FI_INT8,          FI_UINT16,      FI_INT32,
                                    FI_UINT64,        FI_FLOAT,       FI_DOUBLE,
@@ -315,19 +287,22 @@ constexpr int kPlacementTypes[] = {FI_INT8,          FI_UINT16,      FI_INT32,
 
 constexpr uint64_t kTargetOff = 256;  // of the elements in the target's region
 
-void placement_initiator(Report &r, Shared &sh, const Placement &p) {
-    const Lib &lf = lib();
-    AP_REQUIRE(r, lf.ok(), "libfabric could not be loaded");
-    const Memory dev = device_memory(), host = host_memory();
-    std::string err = dev.init();
-    AP_REQUIRE(r, err.empty(), err);
-    Node n(lf, r);
-    AP_TRY(n.open(kCaps, kMrMode, false));
+void placement_initiator(Report &r, Shared &sh, Node &n, const Memory &dev, const Memory &host,
+                         const Placement &p) {
     RoleBuf operand(p.operand ? dev : host), compare(p.compare ? dev : host),
         result(p.result ? dev : host);
     AP_TRY(operand.make(r, n, 1024) && compare.make(r, n, 1024) && result.make(r, n, 1024));
     fi_addr_t peer;
     AP_TRY(connect_to_target(r, sh, n, &peer));
+    ref::Call c;  // the buffers, the same for every operation
+    c.operand = operand.p;
+    c.odesc = operand.desc();
+    c.compare = compare.p;
+    c.cdesc = compare.desc();
+    c.result = result.p;
+    c.rdesc = result.desc();
+    c.addr = sh.region_addr + kTargetOff;
+    c.key = sh.region_key;
     int form = 0, ops = 0, failures = 0;
     fi_context2 ctx{};
     for (ref::Kind k : ref::kKinds) {
@@ -341,21 +316,21 @@ void placement_initiator(Report &r, Shared &sh, const Placement &p) {
                 const size_t len = ref::element_size(dt) * ref::kCount;
                 for (const ref::Case &cs : ref::cases(dt)) {
                     if (!ref::case_applies(dt, op, cs)) continue;
-                    const Form f = static_cast<Form>(form++ % 3);
+                    c.kind = k;
+                    c.op = op;
+                    c.dt = dt;
+                    c.form = static_cast<ref::Form>(form++ % 3);
                     const std::string what =
-                        cat(ref::kind_name(k), " (form ", int(f), ") ", ref::op_name(op), " ",
-                            ref::datatype_name(dt), " [", cs.name, "]: ");
+                        cat(ref::kind_name(k), " (", ref::form_name(c.form), ") ", ref::op_name(op),
+                            " ", ref::datatype_name(dt), " [", cs.name, "]: ");
                     std::vector<uint8_t> t = cs.target;
                     AP_TRY(target_request(r, sh, kCmdSet, kTargetOff, t.data(), len));
                     AP_REQUIRE(r, operand.m.put(operand.p, cs.operand.data(), len).empty());
                     AP_REQUIRE(r, compare.m.put(compare.p, cs.compare.data(), len).empty());
                     std::vector<uint8_t> stale(1024, 0xCD);
                     AP_REQUIRE(r, result.m.put(result.p, stale.data(), stale.size()).empty());
-                    AP_TRY(n.run(what.c_str(), &ctx, [&] {
-                        return issue(n.ep, k, f, dt, op, operand.p, operand.desc(), compare.p,
-                                     compare.desc(), result.p, result.desc(), peer,
-                                     sh.region_addr + kTargetOff, sh.region_key, &ctx);
-                    }));
+                    AP_TRY(n.run(what.c_str(), &ctx,
+                                 [&] { return ref::issue_call(n.ep, peer, c, &ctx); }));
                     ++ops;
                     std::vector<uint8_t> want_t = cs.target;
                     std::vector<uint8_t> want_r =
@@ -364,7 +339,7 @@ void placement_initiator(Report &r, Shared &sh, const Placement &p) {
                     AP_TRY(target_request(r, sh, kCmdGet, kTargetOff, got_t.data(), len));
                     std::string d = ref::diff(dt, got_t.data(), want_t.data(), ref::kCount);
                     if (!d.empty() && ++failures <= 30) AP_FAIL(r, what, "target: ", d);
-                    err = result.m.get(got_r.data(), result.p, got_r.size());
+                    std::string err = result.m.get(got_r.data(), result.p, got_r.size());
                     AP_REQUIRE(r, err.empty(), "reading the results back: ", err);
                     if (k != ref::Kind::Base) {
                         d = ref::diff(dt, got_r.data(), want_r.data(), ref::kCount);
@@ -387,77 +362,34 @@ void placement_initiator(Report &r, Shared &sh, const Placement &p) {
 }
 
 void run_placement(const Placement &p) {
-    SharedBlock block;
-    ASSERT_NE(block.get(), nullptr);
-    Shared &sh = *block.get();
-    TargetConfig t;
-    t.lib = lazy_libfabric();
-    t.mem = p.target ? device_memory() : host_memory();
-    t.caps = kCaps;
-    t.mr_mode = kMrMode;
-    t.sleep = false;
-    printf("[atomic] %s, path: %s\n", p.str().c_str(), path_name());
-    fflush(stdout);
-    RunResult r = run_roles({{cat("target (", t.mem.name, " memory, ", path_name(), ")"),
-                              "at-target",
-                              [t, &sh](Report &rep) { target_role(rep, sh, t); },
-                              {}},
-                             {cat("initiator (", p.str(), ")"),
-                              "at-init-1",
-                              [p, &sh](Report &rep) { placement_initiator(rep, sh, p); },
-                              {}}},
-                            sh, 30s);
-    printf("[atomic] %.2f s\n", r.seconds);
-    report(r);
+    REQUIRE_DEVICE();
+    run_one_initiator(p.target ? device_memory() : host_memory(), p.str(),
+                      [p](Report &r, Shared &sh, Node &n, const Memory &dev, const Memory &host) {
+                          placement_initiator(r, sh, n, dev, host, p);
+                      });
 }
 
 TEST(Placement, OperandInDeviceMemory) {
-    REQUIRE_DEVICE();
-    Placement p;
-    p.operand = true;
-    run_placement(p);
+    run_placement({.operand = true});
 }
-
 TEST(Placement, CompareValuesInDeviceMemory) {
-    REQUIRE_DEVICE();
-    Placement p;
-    p.compare = true;
-    run_placement(p);
+    run_placement({.compare = true});
 }
-
 TEST(Placement, FetchResultsInDeviceMemory) {
-    REQUIRE_DEVICE();
-    Placement p;
-    p.result = true;
-    run_placement(p);
+    run_placement({.result = true});
 }
-
 TEST(Placement, TargetInDeviceMemory) {
-    REQUIRE_DEVICE();
-    Placement p;
-    p.target = true;
-    run_placement(p);
+    run_placement({.target = true});
 }
-
 TEST(Placement, EverythingInDeviceMemory) {
-    REQUIRE_DEVICE();
-    Placement p;
-    p.operand = p.compare = p.result = p.target = true;
-    run_placement(p);
+    run_placement({true, true, true, true});
 }
 
 // fi_inject_atomic carries no descriptor: the provider finds out itself that the operand is
 // device memory (and copies it with the device, never the CPU, which would fault on the
 // emulated driver's memory). Ten injects of {1, 2, 3, 4}, then an FI_ATOMIC_READ posted behind
 // them (FI_ORDER_ATOMIC_RAW) must read ten times that.
-void inject_initiator(Report &r, Shared &sh) {
-    const Lib &lf = lib();
-    AP_REQUIRE(r, lf.ok(), "libfabric could not be loaded");
-    const Memory dev = device_memory(), host = host_memory();
-    std::string err = dev.init();
-    AP_REQUIRE(r, err.empty(), err);
-    Node n(lf, r);
-    AP_TRY(n.open(kCaps, kMrMode, false));
+void inject_initiator(Report &r, Shared &sh, Node &n, const Memory &dev, const Memory &host) {
     RoleBuf operand(dev), result(host);
     AP_TRY(operand.make(r, n, 1024) && result.make(r, n, 1024));
     fi_addr_t peer;
@@ -488,27 +420,7 @@ void inject_initiator(Report &r, Shared &sh) {
 
 TEST(Inject, OperandInDeviceMemoryWithoutADescriptor) {
     REQUIRE_DEVICE();
-    SharedBlock block;
-    ASSERT_NE(block.get(), nullptr);
-    Shared &sh = *block.get();
-    TargetConfig t;
-    t.lib = lazy_libfabric();
-    t.mem = host_memory();
-    t.caps = kCaps;
-    t.mr_mode = kMrMode;
-    t.sleep = false;
-    printf("[atomic] inject from device memory, path: %s\n", path_name());
-    fflush(stdout);
-    RunResult r = run_roles({{cat("target (host memory, ", path_name(), ")"),
-                              "at-target",
-                              [t, &sh](Report &rep) { target_role(rep, sh, t); },
-                              {}},
-                             {"initiator (inject from device memory)",
-                              "at-init-1",
-                              [&sh](Report &rep) { inject_initiator(rep, sh); },
-                              {}}},
-                            sh, 30s);
-    report(r);
+    run_one_initiator(host_memory(), "inject from device memory", inject_initiator);
 }
 
 // ---- Processes: contention for device memory -------------------------------------------------
@@ -523,22 +435,7 @@ void run_contention_on_device(Workload w, size_t ops, const char *what) {
     cfg.ops = ops;
     SharedBlock block;
     ASSERT_NE(block.get(), nullptr);
-    printf(
-        "[atomic] %s: %d initiator processes x %zu, counter%s in the target's device memory, "
-        "results in device memory, path: %s\n",
-        what, cfg.initiators, cfg.ops, w == Workload::SpinLock ? " and lock" : "", path_name());
-    fflush(stdout);
-    RunResult r = run_contention(cfg, w, block);
-    printf("[atomic] %s: %.2f s\n", what, r.seconds);
-    if (w == Workload::SpinLock) {
-        uint64_t busy = 0;
-        for (int i = 0; i < cfg.initiators; ++i) busy += block->busy[i];
-        printf("[atomic] the lock was found taken %llu times\n",
-               static_cast<unsigned long long>(busy));
-    }
-    report(r);
-    if (!r.failures.empty()) return;
-    for (const auto &b : check_contention(cfg, w, *block.get())) ADD_FAILURE() << b;
+    for (const auto &f : run_and_check_contention(cfg, w, what, block)) ADD_FAILURE() << f;
 }
 
 TEST(Processes, FourProcessesFetchAddADeviceCounter10000TimesEach) {

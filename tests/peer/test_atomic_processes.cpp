@@ -25,65 +25,36 @@ Lib linked_libfabric() {
     return l;
 }
 
-void run_and_check(Contention &cfg, Workload w, const char *what) {
+// A workload in host memory. `local`: each initiator's FI_TANDEM_LOCAL in turn, the target's
+// "1"; empty: every process on the variant's path.
+void run_and_check(Workload w, size_t ops, const char *what,
+                   const std::vector<const char *> &local = {}) {
+    Contention cfg;
+    cfg.lib = linked_libfabric();
+    cfg.ops = ops;
+    if (!local.empty()) cfg.target_env = {{"FI_TANDEM_LOCAL", "1"}};
+    for (const char *v : local) cfg.initiator_env.push_back({{"FI_TANDEM_LOCAL", v}});
     SharedBlock block;
     ASSERT_NE(block.get(), nullptr) << "mmap of the shared block failed";
-    printf("[atomic] %s: %d initiator processes x %zu, host memory, path: %s\n", what,
-           cfg.initiators, cfg.ops, cfg.initiator_env.empty() ? path_name() : "mixed");
-    fflush(stdout);
-    RunResult r = run_contention(cfg, w, block);
-    printf("[atomic] %s: %.2f s\n", what, r.seconds);
-    if (w == Workload::SpinLock) {
-        uint64_t busy = 0;
-        for (int i = 0; i < cfg.initiators; ++i) busy += block->busy[i];
-        printf("[atomic] the lock was found taken %llu times\n",
-               static_cast<unsigned long long>(busy));
-    }
-    for (const auto &n : r.notes) printf("%s\n", n.c_str());
-    for (const auto &n : r.roles) printf("[atomic]   %s\n", n.c_str());
-    for (const auto &f : r.failures) ADD_FAILURE() << f;
-    if (!r.failures.empty()) return;
-    for (const auto &b : check_contention(cfg, w, *block.get())) ADD_FAILURE() << b;
+    for (const auto &f : run_and_check_contention(cfg, w, what, block)) ADD_FAILURE() << f;
 }
 
 TEST(AtomicProcesses, FourProcessesFetchAddOneCounter10000TimesEach) {
-    Contention cfg;
-    cfg.lib = linked_libfabric();
-    cfg.ops = 10000;
-    run_and_check(cfg, Workload::FetchAdd, "fetch-add");
+    run_and_check(Workload::FetchAdd, 10000, "fetch-add");
 }
 
 TEST(AtomicProcesses, CswapSpinLockGuardsAPlainCounter) {
-    Contention cfg;
-    cfg.lib = linked_libfabric();
-    cfg.ops = 2000;
-    run_and_check(cfg, Workload::SpinLock, "spin lock");
+    run_and_check(Workload::SpinLock, 2000, "spin lock");
 }
 
 // Two initiators on the node-local path and two over the TCP link at once, whatever the
 // variant: the target applies both kinds of requests to one counter, atomically.
 TEST(AtomicProcesses, FetchAddFromBothPathsAtOnce) {
-    Contention cfg;
-    cfg.lib = linked_libfabric();
-    cfg.ops = 10000;
-    cfg.target_env = {{"FI_TANDEM_LOCAL", "1"}};
-    cfg.initiator_env = {{{"FI_TANDEM_LOCAL", "1"}},
-                         {{"FI_TANDEM_LOCAL", "0"}},
-                         {{"FI_TANDEM_LOCAL", "1"}},
-                         {{"FI_TANDEM_LOCAL", "0"}}};
-    run_and_check(cfg, Workload::FetchAdd, "fetch-add over both paths");
+    run_and_check(Workload::FetchAdd, 10000, "fetch-add over both paths", {"1", "0", "1", "0"});
 }
 
 TEST(AtomicProcesses, CswapSpinLockFromBothPathsAtOnce) {
-    Contention cfg;
-    cfg.lib = linked_libfabric();
-    cfg.ops = 2000;
-    cfg.target_env = {{"FI_TANDEM_LOCAL", "1"}};
-    cfg.initiator_env = {{{"FI_TANDEM_LOCAL", "0"}},
-                         {{"FI_TANDEM_LOCAL", "1"}},
-                         {{"FI_TANDEM_LOCAL", "0"}},
-                         {{"FI_TANDEM_LOCAL", "1"}}};
-    run_and_check(cfg, Workload::SpinLock, "spin lock over both paths");
+    run_and_check(Workload::SpinLock, 2000, "spin lock over both paths", {"0", "1", "0", "1"});
 }
 
 }  // namespace
