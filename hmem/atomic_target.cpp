@@ -23,6 +23,14 @@ bool kind_ok(uint8_t kind) {
 
 }  // namespace
 
+int query(Kind kind, int datatype, int op, size_t *count) noexcept {
+    if (!count) return -FI_EINVAL;
+    if (!datatype_size(datatype) || op < 0 || op >= FI_ATOMIC_OP_LAST) return -FI_EINVAL;
+    if (!valid(kind, op, datatype)) return -FI_EOPNOTSUPP;
+    *count = max_count(datatype);
+    return 0;
+}
+
 size_t element_count(const fi_ioc *ioc, size_t n) noexcept {
     size_t total = 0;
     for (size_t i = 0; i < n; ++i) total += ioc[i].count;

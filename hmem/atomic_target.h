@@ -41,6 +41,11 @@ struct Request {
     size_t bytes() const { return count * elem; }
 };
 
+// What fi_query_atomic and the *valid calls answer for one kind of call: 0 with the element
+// limit in *count, -FI_EOPNOTSUPP for an operation the kind does not define on the datatype,
+// -FI_EINVAL for a value that is no operation or datatype (or a null count).
+int query(Kind kind, int datatype, int op, size_t *count) noexcept;
+
 // Elements in an fi_ioc list, and the list as byte ranges (each count times elem).
 size_t element_count(const fi_ioc *ioc, size_t n) noexcept;
 void byte_ranges(const fi_ioc *ioc, size_t n, size_t elem, iovec *out) noexcept;

@@ -1,5 +1,7 @@
 #include "main_prov/domain.h"
 
+#include "hmem/atomic_target.h"
+
 #include "main_prov/av.h"
 #include "main_prov/cntr.h"
 #include "main_prov/cq.h"
@@ -149,7 +151,7 @@ int Domain::srx_ctx(fi_rx_attr *attr, fid_ep **rx_ep, void *context) {
     return 0;
 }
 
-// What the endpoints' *valid calls answer (Endpoint::atomic_valid), per kind of call.
+// What the endpoints' *valid calls answer (atomic::query), per kind of call.
 int Domain::query_atomic(enum fi_datatype datatype, enum fi_op op, fi_atomic_attr *attr,
                          uint64_t flags) {
     if (!attr) return -FI_EINVAL;
@@ -161,7 +163,7 @@ int Domain::query_atomic(enum fi_datatype datatype, enum fi_op op, fi_atomic_att
                         : (flags & FI_COMPARE_ATOMIC) ? atomic::Kind::Compare
                                                       : atomic::Kind::Base;
     size_t count = 0;
-    if (int ret = Endpoint::atomic_valid(kind, datatype, op, &count)) return ret;
+    if (int ret = atomic::query(kind, datatype, op, &count)) return ret;
     attr->count = count;
     attr->size = atomic::datatype_size(datatype);
     return 0;

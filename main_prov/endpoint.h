@@ -270,9 +270,6 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
                               size_t *count);
     int atomic_compwritevalid(const OpDefaults &d, enum fi_datatype datatype, enum fi_op op,
                               size_t *count);
-    // What fi_query_atomic and the *valid calls answer for one kind of call: 0 with the
-    // element limit, or a negative fabric errno.
-    static int atomic_valid(atomic::Kind kind, int datatype, int op, size_t *count);
 
     // CmSource
     void progress_cm() override;

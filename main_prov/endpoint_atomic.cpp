@@ -142,27 +142,20 @@ ssize_t Endpoint::atomic_compwritemsg(const OpDefaults &, const fi_msg_atomic *m
     return post_atomic(a.with_result(resultv, result_desc, result_count));
 }
 
-int Endpoint::atomic_valid(atomic::Kind kind, int datatype, int op, size_t *count) {
-    if (!count) return -FI_EINVAL;
-    if (!atomic::datatype_size(datatype) || op < 0 || op >= FI_ATOMIC_OP_LAST) return -FI_EINVAL;
-    if (!atomic::valid(kind, op, datatype)) return -FI_EOPNOTSUPP;
-    *count = atomic::max_count(datatype);
-    return 0;
-}
 int Endpoint::atomic_writevalid(const OpDefaults &, enum fi_datatype datatype, enum fi_op op,
                                 size_t *count) {
     if (!(caps_ & FI_ATOMIC)) return -FI_EOPNOTSUPP;
-    return atomic_valid(atomic::Kind::Base, datatype, op, count);
+    return atomic::query(atomic::Kind::Base, datatype, op, count);
 }
 int Endpoint::atomic_readwritevalid(const OpDefaults &, enum fi_datatype datatype, enum fi_op op,
                                     size_t *count) {
     if (!(caps_ & FI_ATOMIC)) return -FI_EOPNOTSUPP;
-    return atomic_valid(atomic::Kind::Fetch, datatype, op, count);
+    return atomic::query(atomic::Kind::Fetch, datatype, op, count);
 }
 int Endpoint::atomic_compwritevalid(const OpDefaults &, enum fi_datatype datatype, enum fi_op op,
                                     size_t *count) {
     if (!(caps_ & FI_ATOMIC)) return -FI_EOPNOTSUPP;
-    return atomic_valid(atomic::Kind::Compare, datatype, op, count);
+    return atomic::query(atomic::Kind::Compare, datatype, op, count);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -182,7 +175,7 @@ ssize_t Endpoint::post_atomic(const AtomicCall &a) {
     if (compares && (!a.compare || !a.compare_count || a.compare_count > kMaxIov))
         return -FI_EINVAL;
     size_t limit = 0;
-    if (int ret = atomic_valid(a.kind, m.datatype, m.op, &limit)) return ret;
+    if (int ret = atomic::query(a.kind, m.datatype, m.op, &limit)) return ret;
     const size_t elem = atomic::datatype_size(m.datatype);
     const size_t count = element_count(m.msg_iov, m.iov_count);
     if (count == 0 || m.rma_iov[0].count != count) return -FI_EINVAL;

@@ -30,6 +30,12 @@ bool ioc_bytes(const fi_ioc *ioc, void **desc, size_t n, size_t elem, iovec *out
     return false;
 }
 
+// The *valid queries answer what the twin carries: what the owner's do.
+template <atomic::Kind K>
+int valid_query(fid_ep *, enum fi_datatype datatype, enum fi_op op, size_t *count) noexcept {
+    return atomic::query(K, datatype, op, count);
+}
+
 fi_ops_atomic twin_atomic_ops = {
     .size = sizeof(fi_ops_atomic),
     .write = enosys<decltype(fi_ops_atomic::write)>,
@@ -42,9 +48,9 @@ fi_ops_atomic twin_atomic_ops = {
     .compwrite = enosys<decltype(fi_ops_atomic::compwrite)>,
     .compwritev = enosys<decltype(fi_ops_atomic::compwritev)>,
     .compwritemsg = &Trampoline<&Endpoint::compare_atomicmsg>::call<fid_ep>,
-    .writevalid = enosys<decltype(fi_ops_atomic::writevalid)>,
-    .readwritevalid = enosys<decltype(fi_ops_atomic::readwritevalid)>,
-    .compwritevalid = enosys<decltype(fi_ops_atomic::compwritevalid)>,
+    .writevalid = valid_query<atomic::Kind::Base>,
+    .readwritevalid = valid_query<atomic::Kind::Fetch>,
+    .compwritevalid = valid_query<atomic::Kind::Compare>,
 };
 
 }  // namespace

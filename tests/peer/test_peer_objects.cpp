@@ -322,7 +322,12 @@ TEST_F(PeerObjects, OffloadEndpointHasCompleteTables) {
     ASSERT_EQ(fi_endpoint2(odom_, oinfo_, &oep, FI_PEER_TRANSFER, &ctx), 0);
     tandem_test::expect_complete_ep("off_tandem endpoint", oep);
     tandem_test::expect_complete_table("off_tandem transfer peer ops", ctx.peer_ops);
-    EXPECT_EQ(fi_atomicvalid(oep, FI_INT32, FI_SUM, nullptr), -FI_EOPNOTSUPP);
+    // It carries the owner's node-local atomics, and answers the queries as the owner does.
+    size_t count = 0;
+    EXPECT_EQ(fi_atomicvalid(oep, FI_INT32, FI_SUM, &count), 0);
+    EXPECT_EQ(count, 512u);
+    EXPECT_EQ(fi_compare_atomicvalid(oep, FI_DOUBLE, FI_MSWAP, &count), -FI_EOPNOTSUPP);
+    EXPECT_EQ(fi_fetch_atomicvalid(oep, FI_INT32, FI_SUM, nullptr), -FI_EINVAL);
     EXPECT_EQ(fi_barrier(oep, 0, nullptr), -FI_EOPNOTSUPP);
     EXPECT_EQ(fi_close(&oep->fid), 0);
     EXPECT_EQ(fi_close(&tep->fid), 0);
