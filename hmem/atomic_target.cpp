@@ -56,9 +56,8 @@ size_t request_size(Kind kind, int op, int datatype, size_t count) noexcept {
 int build_request(Kind kind, int op, int datatype, size_t count, uint64_t addr, uint64_t key,
                   const iovec *operand, const hmem::MemRef *operand_mem, size_t noperand,
                   const iovec *compare, const hmem::MemRef *compare_mem, size_t ncompare,
-                  std::vector<uint8_t> &out) {
+                  uint8_t *out) {
     const size_t bytes = count * datatype_size(datatype);
-    out.resize(request_size(kind, op, datatype, count));
     wire::AtomicBody body{};
     body.op = static_cast<uint8_t>(op);
     body.datatype = static_cast<uint8_t>(datatype);
@@ -66,8 +65,8 @@ int build_request(Kind kind, int op, int datatype, size_t count, uint64_t addr, 
     body.count = static_cast<uint32_t>(count);
     body.addr = addr;
     body.key = key;
-    memcpy(out.data(), &body, sizeof body);
-    uint8_t *at = out.data() + sizeof body;
+    memcpy(out, &body, sizeof body);
+    uint8_t *at = out + sizeof body;
     auto take = [&](const iovec *iov, const hmem::MemRef *mem, size_t n) -> int {
         if (hmem::all_host(mem, n)) {
             iov_gather(at, iov, n, 0, bytes);

@@ -22,7 +22,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 
 namespace tandem::atomic {
 
@@ -56,13 +55,13 @@ bool has_operand(int op) noexcept;
 // Bytes of a request body: the AtomicBody and its operands.
 size_t request_size(Kind kind, int op, int datatype, size_t count) noexcept;
 
-// Builds a request body into out: the header, then the operand and compare elements gathered
-// from the caller's lists (entry i of a list lives in mem[i]; a null mem is host memory).
-// 0, or a negative fabric errno when a device copy failed.
+// Builds a request body at out (request_size bytes): the header, then the operand and compare
+// elements gathered from the caller's lists (entry i of a list lives in mem[i]; a null mem is
+// host memory). 0, or a negative fabric errno when a device copy failed.
 int build_request(Kind kind, int op, int datatype, size_t count, uint64_t addr, uint64_t key,
                   const iovec *operand, const hmem::MemRef *operand_mem, size_t noperand,
                   const iovec *compare, const hmem::MemRef *compare_mem, size_t ncompare,
-                  std::vector<uint8_t> &out);
+                  uint8_t *out);
 
 // Parses a request body of len bytes (unaligned is fine). False when it is malformed.
 bool parse(const void *body, size_t len, Request &out) noexcept;

@@ -259,9 +259,10 @@ ssize_t Endpoint::post_atomic(const AtomicCall &a) {
     }
     // The request is our own copy of the operands: the application's buffers are free once
     // this returns; only the result buffers are written later.
+    op->inject_copy.resize(atomic::request_size(a.kind, m.op, m.datatype, count));
     int ret = atomic::build_request(a.kind, m.op, m.datatype, count, addr, key, operand,
                                     operand_mem, m.iov_count, compare, compare_mem,
-                                    compares ? a.compare_count : 0, op->inject_copy);
+                                    compares ? a.compare_count : 0, op->inject_copy.data());
     if (ret) {
         free_tx(op);
         return ret;

@@ -1005,9 +1005,12 @@ void Endpoint::progress() {
         write_cq(w);
     }
     // Peers' liveness every 200 ms; the clock itself only every 1024 passes (reading it on
-    // every poll showed up as a tenth of a ping-pong's time).
-    if (++passes_ % 1024 == 0 || !pending_.empty() || atomics_pending_ || !splits_.empty() ||
-        !restaging_.empty()) {
+    // every poll showed up as a tenth of a ping-pong's time), every 32 while atomics wait for
+    // answers (a small atomic's round trip is a few passes: a clock read each would be a
+    // tenth of it), and on every pass while other operations wait on a peer.
+    ++passes_;
+    if (passes_ % 1024 == 0 || (atomics_pending_ && passes_ % 32 == 0) || !pending_.empty() ||
+        !splits_.empty() || !restaging_.empty()) {
         auto now = std::chrono::steady_clock::now();
         if (now >= next_check_) {
             next_check_ = now + std::chrono::milliseconds(200);

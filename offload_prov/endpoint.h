@@ -257,6 +257,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // bytes of body; into the ring now, or kept in order for the next progress call.
     void push_compact(PeerLink &link, const wire::LocalShortHeader &h, const void *body,
                       size_t len);
+    // A built cell of n bytes, into the ring now or into the backlog.
+    void push_cell(PeerLink &link, const uint8_t *cell, size_t n);
     void finish_pending(uint64_t msg_id, int status);
     void complete_rx(fi_peer_rx_entry *entry, const wire::LocalHeader &hdr, size_t n, int err,
                      fi_addr_t src);

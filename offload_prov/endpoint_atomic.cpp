@@ -123,12 +123,14 @@ ssize_t Endpoint::post_atomic(atomic::Kind kind, const fi_msg_atomic &m, const f
         }
         hmem::counters().staged_transfers.fetch_add(1, std::memory_order_relaxed);
     }
-    // The operands are copied into the request now: the application's buffers (an inject's
+    // The operands are copied into the cell now: the application's buffers (an inject's
     // included) are free when this returns.
-    thread_local std::vector<uint8_t> request;
+    uint8_t cell[wire::kLocalCellSize];
+    const size_t at = wire::local_short_body_offset(proto_.name_len);
+    const size_t len = atomic::request_size(kind, m.op, m.datatype, count);
     if (int ret = atomic::build_request(kind, m.op, m.datatype, count, m.rma_iov[0].addr,
                                         m.rma_iov[0].key, operand, operand_mem, m.iov_count, cmp,
-                                        cmp_mem, compares ? ncompare : 0, request))
+                                        cmp_mem, compares ? ncompare : 0, cell + at))
         return ret;
     uint32_t index;
     if (free_atomics_.empty()) {
@@ -152,12 +154,14 @@ ssize_t Endpoint::post_atomic(atomic::Kind kind, const fi_msg_atomic &m, const f
     h.op = static_cast<uint8_t>(LocalOp::Atomic);
     h.flags = (flags & FI_REMOTE_CQ_DATA) ? wire::kLocalCqData : 0;
     h.name_len = proto_.name_len;
-    h.size = static_cast<uint32_t>(request.size());
+    h.size = static_cast<uint32_t>(len);
     h.tag = slot.id(index);
     h.cq_data = m.data;
+    memcpy(cell, &h, sizeof h);
+    memcpy(cell + sizeof h, name_, at - sizeof h);  // name_ is zero-padded
     TANDEM_DEBUG(FI_LOG_EP_DATA, "atomic op %d type %d x%zu to %s\n", m.op, m.datatype, count,
                  link->key.c_str());
-    push_compact(*link, h, request.data(), request.size());
+    push_cell(*link, cell, at + len);
     return 0;
 }
 
@@ -168,7 +172,10 @@ void Endpoint::push_compact(PeerLink &link, const wire::LocalShortHeader &h, con
     memcpy(cell, &h, sizeof h);
     memcpy(cell + sizeof h, name_, at - sizeof h);  // name_ is zero-padded
     memcpy(cell + at, body, len);
-    const size_t n = at + len;
+    push_cell(link, cell, at + len);
+}
+
+void Endpoint::push_cell(PeerLink &link, const uint8_t *cell, size_t n) {
     if (link.backlog.empty()) {
         if (void *slot = link.ring->try_reserve(proto_.pid)) {
             // (A small cell is the one line the receiver polls: one copy, one burst.)
