@@ -249,12 +249,20 @@ Endpoint::AtomicSlot *Endpoint::atomic_slot(uint64_t id) {
     return &slot;
 }
 
+// Called from progress only (an answer, or a peer found dead), never from inside a call of
+// the owner's: the completion goes to the owner's CQ at once, not through tx_done_.
 void Endpoint::finish_atomic_slot(AtomicSlot &slot, int status) {
-    complete_tx(slot.context, slot.flags, slot.len, status);
+    CqWrite w{.kind = status ? CqWrite::Kind::Error : CqWrite::Kind::Entry};
+    w.e.op_context = slot.context;
+    w.e.flags = slot.flags;
+    w.e.len = slot.len;
+    w.e.err = status;
+    w.e.prov_errno = status;
     slot.link = nullptr;
     ++slot.generation;
     free_atomics_.push_back(static_cast<uint32_t>(&slot - atomics_.data()));
     --atomics_pending_;
+    write_cq(w);
 }
 
 void Endpoint::finish_atomic(const uint8_t *cell) {
