@@ -20,53 +20,23 @@ constexpr bool kind_allows(Kind kind, int op) {
     return false;
 }
 
-// The answers of the engine's lookups, computed once by the compiler: the providers ask them
-// several times per operation, and a table read costs less than the engine's folds over the
-// type list (which device code keeps: it has no tables in host memory to read).
-struct Tables {
-    uint8_t size[reduce::kNumDatatypes] = {};
-    uint8_t align[reduce::kNumDatatypes] = {};
-    bool valid[3][reduce::kNumOps][reduce::kNumDatatypes] = {};
-};
+static_assert(kDatatypes == reduce::kNumDatatypes && kOps == reduce::kNumOps);
 
 constexpr Tables make_tables() {
-    Tables t;
-    for (int d = 0; d < reduce::kNumDatatypes; ++d) {
+    Tables t{};
+    for (int d = 0; d < kDatatypes; ++d) {
         t.size[d] = static_cast<uint8_t>(reduce::datatype_size(d));
         t.align[d] = static_cast<uint8_t>(reduce::datatype_align(d));
-        for (int op = 0; op < reduce::kNumOps; ++op)
+        for (int op = 0; op < kOps; ++op)
             for (Kind k : {Kind::Base, Kind::Fetch, Kind::Compare})
                 t.valid[int(k)][op][d] = kind_allows(k, op) && reduce::valid(op, d);
     }
     return t;
 }
 
-constexpr Tables kTables = make_tables();
-
-bool known_datatype(int datatype) {
-    return datatype >= 0 && datatype < reduce::kNumDatatypes;
-}
-
 }  // namespace
 
-size_t datatype_size(int datatype) noexcept {
-    return known_datatype(datatype) ? kTables.size[datatype] : 0;
-}
-
-size_t datatype_align(int datatype) noexcept {
-    return known_datatype(datatype) ? kTables.align[datatype] : 0;
-}
-
-bool valid(Kind kind, int op, int datatype) noexcept {
-    if (static_cast<unsigned>(kind) > static_cast<unsigned>(Kind::Compare)) return false;
-    if (op < 0 || op >= reduce::kNumOps || !known_datatype(datatype)) return false;
-    return kTables.valid[static_cast<int>(kind)][op][datatype];
-}
-
-size_t max_count(int datatype) noexcept {
-    const size_t size = datatype_size(datatype);
-    return size ? kMaxBytes / size : 0;
-}
+constexpr Tables kTables = make_tables();
 
 int apply(int op, int datatype, void *target, const void *operand, const void *compare,
           void *result, size_t count) noexcept {

@@ -14,10 +14,12 @@
 // writing the region at the same time is undefined there.
 #pragma once
 
+#include "common/wire.h"
 #include "hmem/atomic.h"
 #include "hmem/hmem.h"
 
 #include <rdma/fi_atomic.h>
+#include <rdma/fi_errno.h>
 #include <sys/uio.h>
 
 #include <cstddef>
@@ -43,17 +45,35 @@ struct Request {
 // What fi_query_atomic and the *valid calls answer for one kind of call: 0 with the element
 // limit in *count, -FI_EOPNOTSUPP for an operation the kind does not define on the datatype,
 // -FI_EINVAL for a value that is no operation or datatype (or a null count).
-int query(Kind kind, int datatype, int op, size_t *count) noexcept;
+inline int query(Kind kind, int datatype, int op, size_t *count) noexcept {
+    if (!count) return -FI_EINVAL;
+    if (!known_datatype(datatype) || op < 0 || op >= kOps) return -FI_EINVAL;
+    if (!valid(kind, op, datatype)) return -FI_EOPNOTSUPP;
+    *count = max_count(datatype);
+    return 0;
+}
 
 // Elements in an fi_ioc list, and the list as byte ranges (each count times elem).
-size_t element_count(const fi_ioc *ioc, size_t n) noexcept;
-void byte_ranges(const fi_ioc *ioc, size_t n, size_t elem, iovec *out) noexcept;
+inline size_t element_count(const fi_ioc *ioc, size_t n) noexcept {
+    size_t total = 0;
+    for (size_t i = 0; i < n; ++i) total += ioc[i].count;
+    return total;
+}
+inline void byte_ranges(const fi_ioc *ioc, size_t n, size_t elem, iovec *out) noexcept {
+    for (size_t i = 0; i < n; ++i) out[i] = {ioc[i].addr, ioc[i].count * elem};
+}
 
 // Whether calls of `kind` with this op carry operand elements (all but FI_ATOMIC_READ).
-bool has_operand(int op) noexcept;
+inline bool has_operand(int op) noexcept {
+    return op != FI_ATOMIC_READ;
+}
 
 // Bytes of a request body: the AtomicBody and its operands.
-size_t request_size(Kind kind, int op, int datatype, size_t count) noexcept;
+inline size_t request_size(Kind kind, int op, int datatype, size_t count) noexcept {
+    const size_t bytes = count * datatype_size(datatype);
+    return sizeof(wire::AtomicBody) + (has_operand(op) ? bytes : 0) +
+           (kind == Kind::Compare ? bytes : 0);
+}
 
 // Builds a request body at out (request_size bytes): the header, then the operand and compare
 // elements gathered from the caller's lists (entry i of a list lives in mem[i]; a null mem is

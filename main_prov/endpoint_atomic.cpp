@@ -209,10 +209,7 @@ ssize_t Endpoint::post_atomic(const AtomicCall &a) {
         byte_ranges(a.compare, a.compare_count, elem, compare);
         device |= memory_of(compare, a.compare_desc, a.compare_count, a.flags, compare_mem);
     }
-    if (fetches) {
-        byte_ranges(a.result, a.result_count, elem, result);
-        device |= memory_of(result, a.result_desc, a.result_count, 0, result_mem);
-    }
+    // (The result buffers are never an inject's copy: they are looked at below, for a link.)
     if (device && (a.flags & FI_INJECT) && p2p_.mode() == FI_HMEM_P2P_REQUIRED)
         return -FI_EOPNOTSUPP;
     Peer *peer = peer_for(m.addr);
@@ -230,20 +227,23 @@ ssize_t Endpoint::post_atomic(const AtomicCall &a) {
         // buffer is free at once) and writes the previous values into the result buffers.
         // An inject carries no descriptors: what memory_of found out about its operands goes
         // to the twin as descriptors of ours, so that it copies device memory with the device.
-        AtomicCall call = a;
-        peer::MrDesc found[kMaxIov];
-        void *found_desc[kMaxIov];
+        ++tx_outstanding_;
+        ++local_tx_pending_;
+        op->local = true;
+        int ret;
         if (!m.desc && !hmem::all_host(operand_mem, m.iov_count)) {
+            AtomicCall call = a;
+            peer::MrDesc found[kMaxIov];
+            void *found_desc[kMaxIov];
             for (size_t i = 0; i < m.iov_count; ++i) {
                 found[i].mem = operand_mem[i];
                 found_desc[i] = &found[i];
             }
             call.msg.desc = found_desc;
+            ret = local_->atomic(op, call);
+        } else {
+            ret = local_->atomic(op, a);
         }
-        ++tx_outstanding_;
-        ++local_tx_pending_;
-        op->local = true;
-        int ret = local_->atomic(op, call);
         if (ret) {
             --tx_outstanding_;
             --local_tx_pending_;
@@ -252,6 +252,10 @@ ssize_t Endpoint::post_atomic(const AtomicCall &a) {
         return ret;
     }
     op->remote = {addr, key};
+    if (fetches) {
+        byte_ranges(a.result, a.result_count, elem, result);
+        device |= memory_of(result, a.result_desc, a.result_count, 0, result_mem);
+    }
     if (device && link_decision(bytes) == hmem::P2pDecision::Fail) {
         ++tx_outstanding_;
         fail_tx(op, FI_EOPNOTSUPP);  // FI_HMEM_P2P_REQUIRED, and the link can only stage
