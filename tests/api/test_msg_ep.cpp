@@ -3,6 +3,8 @@
 // transfer over the resulting connections.
 #include "fabric_fixture.h"
 
+#include <rdma/fi_atomic.h>
+
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -118,7 +120,7 @@ class MsgEpTest : public ::testing::Test {
         InfoPtr hints = alloc_hints();
         hints->fabric_attr->prov_name = strdup(provider_name());
         hints->ep_attr->type = FI_EP_MSG;
-        hints->caps = FI_MSG | FI_RMA;
+        hints->caps = FI_MSG | FI_RMA | FI_ATOMIC;
         hints->mode = FI_CONTEXT | FI_CONTEXT2;
         hints->addr_format = FI_SOCKADDR_IN;
         hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY;
@@ -491,6 +493,45 @@ TEST_F(MsgEpTest, RmaOverConnection) {
     ASSERT_TRUE(poll_until([&] { return cli->log.has(ctx(1)) || cli->log.has_err(ctx(1)); }));
     ASSERT_TRUE(cli->log.has(ctx(1))) << cli->log.summary();
     EXPECT_EQ(check_pattern(local.data(), 4096, 406, 4096), -1);
+}
+
+// A connected endpoint runs atomics like an RDM one: fetch-adds from the client into the
+// server's memory, each fetching the value the one before it left, then a compare-and-swap.
+TEST_F(MsgEpTest, AtomicsOverConnection) {
+    auto [cli, srv] = establish();
+    ASSERT_TRUE(cli && srv);
+    alignas(8) static uint64_t counter;
+    counter = 0;
+    Fid<fid_mr> mr;
+    ASSERT_FI_OK(fi_mr_reg(domain, &counter, sizeof counter, FI_REMOTE_READ | FI_REMOTE_WRITE, 0,
+                           56, 0, mr.out(), nullptr));
+    const uint64_t addr =
+        (info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) ? reinterpret_cast<uintptr_t>(&counter) : 0;
+    constexpr uint64_t kAdds = 200;
+    for (uint64_t i = 0; i < kAdds; ++i) {
+        uint64_t two = 2, old = ~0ull;
+        void *c = ctx(i % 32);
+        cli->log.clear();
+        ASSERT_FI_OK(post([&] {
+            return fi_fetch_atomic(cli->ep, &two, 1, nullptr, &old, nullptr, 0, addr, fi_mr_key(mr),
+                                   FI_UINT64, FI_SUM, c);
+        }));
+        ASSERT_TRUE(poll_until([&] { return cli->log.has(c) || cli->log.has_err(c); }));
+        ASSERT_TRUE(cli->log.has(c)) << cli->log.summary();
+        EXPECT_EQ(cli->log.find(c)->flags & (FI_ATOMIC | FI_READ), uint64_t(FI_ATOMIC | FI_READ));
+        ASSERT_EQ(old, 2 * i) << "fetch-add " << i;
+    }
+    EXPECT_EQ(counter, 2 * kAdds);
+    uint64_t desired = 7, expected = 2 * kAdds, old = 0;
+    cli->log.clear();
+    ASSERT_FI_OK(post([&] {
+        return fi_compare_atomic(cli->ep, &desired, 1, nullptr, &expected, nullptr, &old, nullptr,
+                                 0, addr, fi_mr_key(mr), FI_UINT64, FI_CSWAP, ctx(40));
+    }));
+    ASSERT_TRUE(poll_until([&] { return cli->log.has(ctx(40)) || cli->log.has_err(ctx(40)); }));
+    ASSERT_TRUE(cli->log.has(ctx(40))) << cli->log.summary();
+    EXPECT_EQ(old, 2 * kAdds);
+    EXPECT_EQ(counter, 7u);
 }
 
 TEST_F(MsgEpTest, RejectDeliversEconnrefusedWithData) {
