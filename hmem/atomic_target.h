@@ -4,7 +4,7 @@
 // adds what a remote request needs around it: validation of what arrived, the access it
 // needs, device copies, and atomicity.
 //
-// Atomicity: every execution in a process takes one gate (a mutex, the innermost lock of
+// Atomicity: every execution in a process takes one gate (a spin lock, the innermost lock of
 // tandem: nothing is called under it but the engine and device copies). Operations arriving
 // over any link, over the node-local path, from any number of peers and through any domain
 // of the process are therefore atomic with respect to each other, for every datatype,
