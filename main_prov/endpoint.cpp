@@ -99,7 +99,12 @@ void peer_ep_access_done(fid_ep *fid, uint64_t key, uint64_t access) noexcept {
     ep->remote_access_done(key, access);
 }
 
-peer::PeerEpOps peer_ep_ops = {sizeof(peer::PeerEpOps), peer_ep_resolve, peer_ep_access_done};
+const std::atomic<uint64_t> *peer_ep_mr_generation(fid_ep *fid) noexcept {
+    return Endpoint::of(fid)->domain()->mr_table().generation();
+}
+
+peer::PeerEpOps peer_ep_ops = {sizeof(peer::PeerEpOps), peer_ep_resolve, peer_ep_access_done,
+                               peer_ep_mr_generation};
 
 int diag_remote_twin(fid_ep *fid, fi_addr_t addr, uint64_t *caps) noexcept try {
     return Endpoint::of(fid)->remote_twin(addr, caps);

@@ -145,6 +145,7 @@ int MrTable::insert(MemoryRegion *mr, uint64_t requested_key, bool prov_key) {
 void MrTable::erase(MemoryRegion *mr) {
     auto it = regions_.find(mr->key_);
     if (it != regions_.end() && it->second == mr) regions_.erase(it);
+    generation_.fetch_add(1, std::memory_order_release);
 }
 
 MemoryRegion *MrTable::find(uint64_t key) const {
@@ -165,6 +166,7 @@ uint64_t MrTable::insert_internal(const iovec &iov, hmem::MemRef mem) {
 
 void MrTable::erase_internal(uint64_t key) {
     internal_.erase(key);
+    generation_.fetch_add(1, std::memory_order_release);
 }
 
 bool MrTable::resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access,

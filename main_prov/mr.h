@@ -9,6 +9,7 @@
 
 #include <rdma/fi_domain.h>
 
+#include <atomic>
 #include <cstdint>
 #include <unordered_map>
 #include <vector>
@@ -66,6 +67,10 @@ class MrTable {
     // Resolves a remote access (addr, len) under key with the given access bit.
     bool resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access, LocalPieces &out) const;
 
+    // Counts the keys that stopped resolving as they did (a region closed, a rendezvous
+    // source released): who keeps a resolution may use it while this has not moved.
+    const std::atomic<uint64_t> *generation() const { return &generation_; }
+
   private:
     static constexpr uint64_t kInternalBit = 1ull << 63;
     std::unordered_map<uint64_t, MemoryRegion *> regions_;
@@ -76,6 +81,7 @@ class MrTable {
     std::unordered_map<uint64_t, Internal> internal_;
     uint64_t next_prov_key_ = 1;
     uint64_t next_internal_ = 1;
+    std::atomic<uint64_t> generation_{0};
 };
 
 }  // namespace tandem

@@ -250,6 +250,9 @@ Endpoint::Endpoint(Domain *domain, const fi_info *info, fi_peer_transfer_context
     if (owner->ops->ops_open &&
         owner->ops->ops_open(owner, peer::kPeerEpOpsName, 0, &ops, nullptr) == 0)
         owner_ep_ops_ = static_cast<peer::PeerEpOps *>(ops);
+    if (owner_ep_ops_ && owner_ep_ops_->size >= sizeof(peer::PeerEpOps) &&
+        owner_ep_ops_->mr_generation)
+        mr_generation_ = owner_ep_ops_->mr_generation(owner_ep_);
     domain_->hold();
 }
 

@@ -310,6 +310,18 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     uint64_t sources_version_ = ~0ull;
     std::unordered_map<uint64_t, Pending> pending_;
     std::vector<AtomicSlot> atomics_;
+    // The last target an atomic resolved to through the owner (one piece), kept while the
+    // owner's MR generation has not moved: a run of atomics on one word (a counter, a lock)
+    // asks the owner once.
+    struct ResolvedTarget {
+        uint64_t generation = 0, key = 0, addr = 0, access = 0;
+        size_t len = 0;
+        iovec piece{};
+        hmem::MemRef mem{};
+        bool valid = false;
+    };
+    ResolvedTarget resolved_;
+    const std::atomic<uint64_t> *mr_generation_ = nullptr;
     std::vector<uint32_t> free_atomics_;
     size_t atomics_pending_ = 0;
     // The last sender link_to() found (links live as long as the endpoint): a run of cells

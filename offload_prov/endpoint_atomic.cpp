@@ -208,8 +208,23 @@ void Endpoint::serve_atomic(const uint8_t *cell) {
         iovec pieces[kMaxRmaPieces];
         hmem::MemRef pmem[kMaxRmaPieces];
         size_t npieces = kMaxRmaPieces;
-        int ret = resolve(r.key, r.addr, r.bytes(), atomic::access_needed(r.kind, r.op), pieces,
-                          pmem, &npieces);
+        const uint64_t access = atomic::access_needed(r.kind, r.op);
+        // (Read before asking the owner: a region closed meanwhile leaves a stale answer.)
+        const uint64_t generation =
+            mr_generation_ ? mr_generation_->load(std::memory_order_acquire) : 0;
+        ResolvedTarget &c = resolved_;
+        int ret = 0;
+        if (mr_generation_ && c.valid && c.generation == generation && c.key == r.key &&
+            c.addr == r.addr && c.len == r.bytes() && c.access == access) {
+            pieces[0] = c.piece;
+            pmem[0] = c.mem;
+            npieces = 1;
+        } else {
+            ret = resolve(r.key, r.addr, r.bytes(), access, pieces, pmem, &npieces);
+            c.valid = mr_generation_ && !ret && npieces == 1;
+            if (c.valid)
+                c = {generation, r.key, r.addr, access, r.bytes(), pieces[0], pmem[0], true};
+        }
         if (ret)
             status = ret == -FI_ENOSYS ? FI_EOPNOTSUPP : FI_EACCES;
         else

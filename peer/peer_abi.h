@@ -93,6 +93,9 @@ struct PeerEpOps {
     int (*resolve)(fid_ep *ep, uint64_t key, uint64_t addr, size_t len, uint64_t access, iovec *iov,
                    hmem::MemRef *mem, size_t *count);
     void (*access_done)(fid_ep *ep, uint64_t key, uint64_t access);
+    // A word that moves whenever a key of the owner's domain stops resolving as it did (a
+    // region closed): a resolution kept while it has not moved is still the owner's answer.
+    const std::atomic<uint64_t> *(*mr_generation)(fid_ep *ep);
 };
 
 // fi_open_ops name of off_tandem's endpoint extension: whether a peer (an fi_addr of the

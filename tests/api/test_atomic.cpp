@@ -353,6 +353,31 @@ TEST_P(AtomicTest, BadKeyFailsWithEaccesAndLeavesTheTargetUnchanged) {
     EXPECT_EQ(target->data()[64], 0x5A + 1);
 }
 
+// A region closed after atomics hit it refuses the next one: nothing at the target may keep
+// resolving its key (the node-local target keeps the last resolution while the owner's
+// regions stay as they were).
+TEST_P(AtomicTest, ClosedRegionRefusesTheNextAtomic) {
+    auto target = buf(4096, 0, true);
+    auto local = buf(4096, 1);
+    for (int i = 0; i < 3; ++i) {
+        AtomicOp o = atomic_op(*local, *target, 64);
+        o.kind = Kind::Fetch;
+        o.op = FI_SUM;
+        auto r = run(o, ctx(i));
+        ASSERT_TRUE(r.ok()) << r.str();
+    }
+    EXPECT_EQ(target->data()[64], 3);
+    AtomicOp o = atomic_op(*local, *target, 64);
+    o.kind = Kind::Fetch;
+    o.op = FI_SUM;
+    ASSERT_FI_OK(fi_close(&target->mr.release()->fid));
+    auto r = run(o, ctx(9));
+    ASSERT_TRUE(r.err) << "an atomic on a closed region: " << r.str();
+    EXPECT_EQ(r.err->e.err, FI_EACCES) << describe(*r.err);
+    poll_for(Ms(20));
+    EXPECT_EQ(target->data()[64], 3) << "a closed region was written";
+}
+
 TEST_P(AtomicTest, OutOfBoundsFailsWithEaccesAndWritesNothing) {
     constexpr size_t kLen = 4096;
     GuardedRegion g;
