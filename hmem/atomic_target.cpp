@@ -58,6 +58,25 @@ bool kind_ok(uint8_t kind) {
 
 }  // namespace
 
+int check_call(Kind kind, const fi_msg_atomic &m, const fi_ioc *compare, size_t ncompare,
+               const fi_ioc *result, size_t nresult, size_t max_iov, size_t *count) noexcept {
+    const bool fetches = kind != Kind::Base;
+    const bool compares = kind == Kind::Compare;
+    if ((m.iov_count && !m.msg_iov) || m.iov_count > max_iov) return -FI_EINVAL;
+    if (m.rma_iov_count != 1 || !m.rma_iov) return -FI_EINVAL;  // rma_iov_limit is 1
+    if (fetches && (!result || !nresult || nresult > max_iov)) return -FI_EINVAL;
+    if (compares && (!compare || !ncompare || ncompare > max_iov)) return -FI_EINVAL;
+    size_t limit = 0;
+    if (int ret = query(kind, m.datatype, m.op, &limit)) return ret;
+    const size_t n = element_count(m.msg_iov, m.iov_count);
+    if (n == 0 || m.rma_iov[0].count != n) return -FI_EINVAL;
+    if (fetches && element_count(result, nresult) != n) return -FI_EINVAL;
+    if (compares && element_count(compare, ncompare) != n) return -FI_EINVAL;
+    if (n > limit) return -FI_EMSGSIZE;  // fi_atomic(3): more elements than *valid said
+    *count = n;
+    return 0;
+}
+
 int build_request(Kind kind, int op, int datatype, size_t count, uint64_t addr, uint64_t key,
                   const iovec *operand, const hmem::MemRef *operand_mem, size_t noperand,
                   const iovec *compare, const hmem::MemRef *compare_mem, size_t ncompare,

@@ -63,6 +63,14 @@ inline void byte_ranges(const fi_ioc *ioc, size_t n, size_t elem, iovec *out) no
     for (size_t i = 0; i < n; ++i) out[i] = {ioc[i].addr, ioc[i].count * elem};
 }
 
+// The shape of an atomic call as fi_atomic(3) asks it, for both providers: lists that have
+// entries (at most max_iov each), one remote piece covering the operands' element count,
+// result (fetch, compare) and compare (compare) lists of that count, an op the kind defines
+// on the datatype, and no more elements than the *valid calls report. 0 with the element
+// count in *count; -FI_EINVAL, -FI_EOPNOTSUPP or -FI_EMSGSIZE (too many elements).
+int check_call(Kind kind, const fi_msg_atomic &m, const fi_ioc *compare, size_t ncompare,
+               const fi_ioc *result, size_t nresult, size_t max_iov, size_t *count) noexcept;
+
 // Whether calls of `kind` with this op carry operand elements (all but FI_ATOMIC_READ).
 inline bool has_operand(int op) noexcept {
     return op != FI_ATOMIC_READ;

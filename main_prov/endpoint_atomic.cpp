@@ -167,21 +167,11 @@ ssize_t Endpoint::post_atomic(const AtomicCall &a) {
     const fi_msg_atomic &m = a.msg;
     const bool fetches = a.kind != atomic::Kind::Base;
     const bool compares = a.kind == atomic::Kind::Compare;
-    // The shape of the call, before anything else: a list without entries, too many entries,
-    // the remote side in more than one piece (rma_iov_limit is 1).
-    if ((m.iov_count && !m.msg_iov) || m.iov_count > kMaxIov) return -FI_EINVAL;
-    if (m.rma_iov_count != 1 || !m.rma_iov) return -FI_EINVAL;
-    if (fetches && (!a.result || !a.result_count || a.result_count > kMaxIov)) return -FI_EINVAL;
-    if (compares && (!a.compare || !a.compare_count || a.compare_count > kMaxIov))
-        return -FI_EINVAL;
-    size_t limit = 0;
-    if (int ret = atomic::query(a.kind, m.datatype, m.op, &limit)) return ret;
+    size_t count = 0;
+    if (int ret = atomic::check_call(a.kind, m, a.compare, a.compare_count, a.result,
+                                     a.result_count, kMaxIov, &count))
+        return ret;
     const size_t elem = atomic::datatype_size(m.datatype);
-    const size_t count = element_count(m.msg_iov, m.iov_count);
-    if (count == 0 || m.rma_iov[0].count != count) return -FI_EINVAL;
-    if (fetches && element_count(a.result, a.result_count) != count) return -FI_EINVAL;
-    if (compares && element_count(a.compare, a.compare_count) != count) return -FI_EINVAL;
-    if (count > limit) return -FI_EMSGSIZE;  // fi_atomic(3): more elements than *valid said
     const size_t bytes = count * elem;
     // FI_INJECT frees the constant buffers at once, which every atomic does (the operands are
     // copied into the request); it only limits the size.

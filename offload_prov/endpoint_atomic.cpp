@@ -19,8 +19,6 @@ using wire::LocalOp;
 
 namespace {
 
-using atomic::element_count;
-
 // An fi_ioc list as byte ranges, and where each lives (false: all host memory).
 bool ioc_bytes(const fi_ioc *ioc, void **desc, size_t n, size_t elem, iovec *out,
                hmem::MemRef *mem) {
@@ -86,18 +84,10 @@ ssize_t Endpoint::post_atomic(atomic::Kind kind, const fi_msg_atomic &m, const f
     const bool fetches = kind != atomic::Kind::Base;
     const bool compares = kind == atomic::Kind::Compare;
     constexpr size_t kMax = wire::kLocalMaxIov;
-    if ((m.iov_count && !m.msg_iov) || m.iov_count > kMax || m.rma_iov_count != 1 || !m.rma_iov)
-        return -FI_EINVAL;
-    if (fetches && (!result || !nresult || nresult > kMax)) return -FI_EINVAL;
-    if (compares && (!compare || !ncompare || ncompare > kMax)) return -FI_EINVAL;
-    if (!atomic::valid(kind, m.op, m.datatype)) return -FI_EOPNOTSUPP;
+    size_t count = 0;
+    if (int ret = atomic::check_call(kind, m, compare, ncompare, result, nresult, kMax, &count))
+        return ret;
     const size_t elem = atomic::datatype_size(m.datatype);
-    const size_t count = element_count(m.msg_iov, m.iov_count);
-    if (count == 0 || count != m.rma_iov[0].count) return -FI_EINVAL;
-    if ((fetches && element_count(result, nresult) != count) ||
-        (compares && element_count(compare, ncompare) != count))
-        return -FI_EINVAL;
-    if (count > atomic::max_count(m.datatype)) return -FI_EMSGSIZE;
     PeerLink *link = link_for(m.addr);
     if (!link) return -FI_EHOSTUNREACH;
     const size_t bytes = count * elem;
