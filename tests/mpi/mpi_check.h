@@ -69,6 +69,22 @@ static void start_watchdog(void) {
         }                                                                                       \
     } while (0)
 
+/* The end of every program: the failed checks of all ranks, one PASS or FAIL line from rank
+ * 0 (run_mpi.sh looks for it), MPI_Finalize; the exit code. */
+static int finish(int nprocs) {
+    long total = 0;
+    MPI_OK(MPI_Allreduce(&failures, &total, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD));
+    if (rank == 0) {
+        if (total)
+            printf("%s: FAIL (%ld failed checks over %d ranks)\n", PROGRAM, total, nprocs);
+        else
+            printf("%s: PASS (%d ranks)\n", PROGRAM, nprocs);
+        fflush(stdout);
+    }
+    MPI_Finalize();
+    return total ? 1 : 0;
+}
+
 static void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
     if (!p) {

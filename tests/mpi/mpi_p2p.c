@@ -369,15 +369,5 @@ int main(int argc, char **argv) {
         phase_done(phases[i].name);
     }
 
-    long total = 0;
-    MPI_OK(MPI_Allreduce(&failures, &total, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD));
-    if (rank == 0) {
-        if (total)
-            printf("mpi_p2p: FAIL (%ld failed checks over %d ranks)\n", total, nprocs);
-        else
-            printf("mpi_p2p: PASS (%d ranks)\n", nprocs);
-        fflush(stdout);
-    }
-    MPI_Finalize();
-    return total ? 1 : 0;
+    return finish(nprocs);
 }
