@@ -2,6 +2,9 @@
 
 #include "main_prov/domain.h"
 #include "main_prov/wait.h"
+#include "peer/peer_trigger.h"
+
+#include <cstring>
 
 namespace tandem {
 
@@ -12,7 +15,7 @@ fi_ops cntr_fi_ops = {
     .close = &Trampoline<&Cntr::close>::call<fid>,
     .bind = enosys<decltype(fi_ops::bind)>,
     .control = &Trampoline<&Cntr::control>::call<fid>,
-    .ops_open = enosys<decltype(fi_ops::ops_open)>,
+    .ops_open = &Trampoline<&Cntr::ops_open>::call<fid>,
     .tostr = enosys<decltype(fi_ops::tostr)>,
     .ops_set = enosys<decltype(fi_ops::ops_set)>,
 };
@@ -28,6 +31,12 @@ fi_ops_cntr cntr_ops = {
     .seterr = &Trampoline<&Cntr::seterr>::call<fid_cntr>,
 };
 
+peer::PeerCntrOps peer_cntr_ops = {
+    .size = sizeof(peer::PeerCntrOps),
+    .success_word = [](fid_cntr *c) noexcept { return &Cntr::of(c)->success_word(); },
+    .error_word = [](fid_cntr *c) noexcept { return &Cntr::of(c)->error_word(); },
+};
+
 }  // namespace
 
 Cntr::Cntr(Domain *domain, const fi_cntr_attr &attr, void *context)
@@ -37,6 +46,10 @@ Cntr::Cntr(Domain *domain, const fi_cntr_attr &attr, void *context)
     init_fid(FI_CLASS_CNTR, context, &cntr_fi_ops);
     fid()->ops = &cntr_ops;
     domain_->hold();
+    {
+        std::lock_guard guard(domain_->lock());
+        domain_->add_counter(this);
+    }
     wait_.join();  // last: fi_wait on the set may ask this counter from now on
 }
 
@@ -48,9 +61,19 @@ int Cntr::close() {
     {
         std::lock_guard guard(domain_->lock());
         if (refs_) return -FI_EBUSY;
+        // Work that waits on this counter, counts into it or sets it can never run now: it
+        // is discarded (a triggered operation reports FI_ECANCELED).
+        domain_->remove_counter(this);
     }
     wait_.leave();  // waits for an fi_wait inside this counter: not under the domain lock
     delete this;
+    return 0;
+}
+
+int Cntr::ops_open(const char *name, uint64_t, void **ops, void *) {
+    if (!name || !ops) return -FI_EINVAL;
+    if (strcmp(name, peer::kPeerCntrOpsName) != 0) return -FI_ENOSYS;
+    *ops = &peer_cntr_ops;
     return 0;
 }
 
@@ -86,24 +109,36 @@ uint64_t Cntr::readerr() {
 
 int Cntr::add(uint64_t value) {
     bump(value_, value);
+    changed_by_application();
     return 0;
 }
 
 int Cntr::set(uint64_t value) {
     value_.store(value, std::memory_order_release);
     wake();
+    changed_by_application();
     return 0;
 }
 
 int Cntr::adderr(uint64_t value) {
     bump(errors_, value);
+    changed_by_application();
     return 0;
 }
 
 int Cntr::seterr(uint64_t value) {
     errors_.store(value, std::memory_order_release);
     wake();
+    changed_by_application();
     return 0;
+}
+
+// Triggered work starts from here rather than at the application's next progress call: a
+// counter the application moves is often the signal that data is ready to go.
+void Cntr::changed_by_application() {
+    if (!domain_->triggers_waiting()) return;  // (one relaxed load when nothing waits)
+    std::lock_guard guard(domain_->lock());
+    domain_->start_triggers();
 }
 
 int Cntr::wait(uint64_t threshold, int timeout) {

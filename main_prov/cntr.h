@@ -22,6 +22,7 @@ class Cntr : public FidObject<Cntr, fid_cntr> {
 
     int close();
     int control(int command, void *arg);
+    int ops_open(const char *name, uint64_t flags, void **ops, void *context);
     uint64_t read();
     uint64_t readerr();
     int add(uint64_t value);
@@ -36,10 +37,16 @@ class Cntr : public FidObject<Cntr, fid_cntr> {
     int trywait();
     void hold() { ++refs_; }
     void release() { --refs_; }
+    Domain *domain() const { return domain_; }
+    // What a trigger queue reads (peer::PeerCntrOps).
+    const std::atomic<uint64_t> &success_word() const { return value_; }
+    const std::atomic<uint64_t> &error_word() const { return errors_; }
 
   private:
     void bump(std::atomic<uint64_t> &which, uint64_t n);
     void wake();
+    // The application moved the counter: work triggered by it may be due now.
+    void changed_by_application();
 
     Domain *domain_;
     std::atomic<uint64_t> value_{0};

@@ -89,8 +89,17 @@ int Domain::close() {
 int Domain::bind(struct fid *, uint64_t) {
     return -FI_ENOSYS;
 }
-int Domain::control(int, void *) {
-    return -FI_ENOSYS;
+int Domain::control(int command, void *arg) {
+    switch (command) {
+        case FI_QUEUE_WORK:
+            return queue_work(static_cast<const fi_deferred_work *>(arg));
+        case FI_CANCEL_WORK:
+            return cancel_work(static_cast<const fi_deferred_work *>(arg));
+        case FI_FLUSH_WORK:
+            return flush_work(static_cast<const fi_deferred_work *>(arg));
+        default:
+            return -FI_ENOSYS;
+    }
 }
 int Domain::ops_open(const char *, uint64_t, void **, void *) {
     return -FI_ENOSYS;
@@ -205,6 +214,8 @@ void Domain::progress() {
     TANDEM_LOCK_ASSERT(mutex_.held(), "Domain::progress without the domain lock");
     // Index loop: progress never opens or closes endpoints.
     for (size_t i = 0; i < endpoints_.size(); ++i) endpoints_[i]->progress();
+    // Completions of this pass may have brought counters to their thresholds.
+    if (triggers_waiting()) start_triggers();
 }
 
 void Domain::add_endpoint(Endpoint *ep) {

@@ -9,9 +9,11 @@
 #include "main_prov/mr.h"
 
 #include <rdma/fi_domain.h>
+#include <rdma/fi_trigger.h>
 
 #include <atomic>
 #include <memory>
+#include <unordered_set>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -20,6 +22,7 @@ namespace tandem {
 
 class Fabric;
 class Endpoint;
+class Cntr;
 class OffloadDomain;
 
 class Domain : public FidObject<Domain, fid_domain> {
@@ -67,6 +70,17 @@ class Domain : public FidObject<Domain, fid_domain> {
     // local path is turned off. The caller holds lock().
     OffloadDomain *offload();
     fi_threading threading() const { return threading_; }
+
+    // Counters open on this domain, by fid: a trigger or deferred work names only these
+    // (a counter of another domain, or one closed, is -FI_EINVAL). The caller holds lock().
+    void add_counter(Cntr *cntr);
+    void remove_counter(Cntr *cntr);
+    Cntr *counter_of(fid_cntr *cntr) const;
+    // Triggered operations and deferred work (main_prov/trigger.cpp): held by off_tandem's
+    // trigger queue, started from progress. The caller holds lock().
+    bool triggers_waiting() const { return triggers_waiting_.load(std::memory_order_relaxed); }
+    void start_triggers();
+    void note_triggers();  // after work was queued or discarded: refresh triggers_waiting()
     void hold() { ++refs_; }
     void release() { --refs_; }
 
@@ -81,6 +95,12 @@ class Domain : public FidObject<Domain, fid_domain> {
     std::atomic<int> refs_{0};  // objects opened on this domain and not closed yet
     std::unique_ptr<OffloadDomain> offload_;
     bool offload_tried_ = false;
+    std::unordered_set<fid_cntr *> counters_;
+    std::atomic<bool> triggers_waiting_{false};
+    // FI_QUEUE_WORK, FI_CANCEL_WORK, FI_FLUSH_WORK (trigger.cpp).
+    int queue_work(const fi_deferred_work *work);
+    int cancel_work(const fi_deferred_work *work);
+    int flush_work(const fi_deferred_work *work);
 };
 
 }  // namespace tandem

@@ -267,6 +267,13 @@ Endpoint::~Endpoint() {
     domain_->release();
 }
 
+Endpoint *Endpoint::from_fid(fid_ep *ep) {
+    if (!ep) return nullptr;
+    if (ep->fid.ops == &alias_fi_ops) return EndpointAlias::of(ep)->parent;
+    if (ep->fid.ops == &ep_fi_ops) return Endpoint::of(ep);
+    return nullptr;
+}
+
 int Endpoint::close() {
     {
         std::lock_guard guard(domain_->lock());
@@ -281,6 +288,15 @@ int Endpoint::close() {
     {
         std::lock_guard guard(domain_->lock());
         if (enabled_) domain_->remove_endpoint(this);
+        // Triggered operations and deferred work that never started go with the endpoint,
+        // unreported (the application closes what they would have reported on).
+        if (OffloadDomain *off = tx_triggered_ + rx_triggered_ ? domain_->offload() : nullptr) {
+            if (off->triggers()) {
+                off->triggers()->discard_group(off->domain(), this);
+                off->triggers()->discard_group(off->domain(), work_group());
+                domain_->note_triggers();
+            }
+        }
         local_.reset();  // the twin first: it holds entries of rx_ until it is closed
         rx_->forget_endpoint(this);
         if (srx_) SharedRxContext::of(srx_)->detach(this);

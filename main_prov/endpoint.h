@@ -10,6 +10,9 @@
 #include "main_prov/eq.h"
 #include "main_prov/link/tcp_link.h"
 #include "main_prov/rx_matcher.h"
+#include "main_prov/trigger.h"
+#include "peer/peer_trigger.h"
+#include "main_prov/tx_request.h"
 #include "main_prov/types.h"
 #include "common/wire.h"
 #include "hmem/p2p_policy.h"
@@ -21,6 +24,7 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
+#include <rdma/fi_trigger.h>
 
 #include <chrono>
 #include <deque>
@@ -36,38 +40,8 @@ class Av;
 class Cntr;
 class LocalPath;
 
-// Operation flag internal to tandem (bit 63 is no FI_* operation flag): fi_inject and friends,
-// which generate no completion entry.
-inline constexpr uint64_t kNoCompletion = 1ull << 63;
-
-// An atomic call of any form (fi_atomic(3)): the message (its rma_iov_count is 1), and for
-// the fetch and compare kinds the result list, for the compare kind the compare list.
-struct AtomicCall {
-    fi_msg_atomic msg;
-    atomic::Kind kind;
-    uint64_t flags;
-    const fi_ioc *compare = nullptr;
-    void **compare_desc = nullptr;
-    size_t compare_count = 0;
-    fi_ioc *result = nullptr;  // (the API takes the result list as non-const)
-    void **result_desc = nullptr;
-    size_t result_count = 0;
-
-    AtomicCall &with_compare(const fi_ioc *ioc, void **desc, size_t count) {
-        compare = ioc;
-        compare_desc = desc;
-        compare_count = count;
-        return *this;
-    }
-    AtomicCall &with_result(fi_ioc *ioc, void **desc, size_t count) {
-        result = ioc;
-        result_desc = desc;
-        result_count = count;
-        return *this;
-    }
-};
-
 struct TxOp;
+struct TriggeredOp;
 
 struct Peer {
     EndpointName name;               // RDM: the peer's listening address
@@ -112,8 +86,10 @@ struct TxOp {
     bool peer_transfer = false;  // the offload twin's (FI_PEER_TRANSFER): reported to it
     bool local = false;          // posted through the offload twin (counted in local_tx_pending_)
     bool fenced = false;         // an atomic counted in its peer's atomics_out
-    int link_wrs = 0;            // link work requests not completed yet
-    bool await_remote = false;   // rendezvous Fin or DeliveryAck pending
+    bool deferred = false;       // deferred work: completes on work_cntr (DeferredDone)
+    Cntr *work_cntr = nullptr;
+    int link_wrs = 0;           // link work requests not completed yet
+    bool await_remote = false;  // rendezvous Fin or DeliveryAck pending
     int error = 0;
 
     // Back to the state of a new op, keeping the vectors' capacity: ops are recycled, and
@@ -140,13 +116,15 @@ struct TxOp {
         peer_transfer = false;
         local = false;
         fenced = false;
+        deferred = false;
+        work_cntr = nullptr;
         link_wrs = 0;
         await_remote = false;
         error = 0;
     }
 };
 // A new field must be reset above: this fails when the layout changes.
-static_assert(sizeof(TxOp) == 376, "TxOp changed: update TxOp::reset()");
+static_assert(sizeof(TxOp) == 392, "TxOp changed: update TxOp::reset()");
 
 // Default operation flags of the fid a data call came through: the endpoint's own, or those
 // of an alias (fi_ep_alias) of it.
@@ -299,8 +277,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     };
     // The receive operations, on any matcher; completions that belong to no arrived message
     // (FI_ENOMSG, cancel) are reported on report_ep. The caller holds the domain lock.
-    static ssize_t post_recv_on(RxMatcher &m, Endpoint *report_ep, uint64_t caps,
-                                const RecvArgs &a);
+    static ssize_t post_recv_on(RxMatcher &m, Endpoint *report_ep, uint64_t caps, const RecvArgs &a,
+                                const DeferredDone &done = {});
     static ssize_t peek_or_claim_on(RxMatcher &m, Endpoint *report_ep, uint64_t caps,
                                     const RecvArgs &a);
     static ssize_t cancel_on(RxMatcher &m, Endpoint *report_ep, void *context);
@@ -309,9 +287,23 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     void alias_opened() { ++aliases_; }
     void alias_closed() { --aliases_; }
 
+    // Triggered operations and deferred work (trigger.cpp). The caller holds the domain lock.
+    // An FI_TRIGGER operation, prepared: handed to off_tandem's trigger queue.
+    ssize_t queue_triggered(TriggeredRequest &&r);
+    // Deferred work on this endpoint (the domain's FI_QUEUE_WORK).
+    int queue_deferred(TriggeredRequest &&r, Cntr *trigger, uint64_t threshold, const void *match);
+    int start_triggered(TriggeredOp &op);
+    void discard_triggered(TriggeredOp &op, int err, bool report);
+    // The queue's group of this endpoint's deferred work (FI_FLUSH_WORK flushes it), apart
+    // from its FI_TRIGGER operations (group: the endpoint itself).
+    const void *work_group() const { return &work_group_; }
+    // The endpoint behind a fid_ep of tandem's (an endpoint or an alias of one), else nullptr.
+    static Endpoint *from_fid(fid_ep *ep);
+
   private:
     friend class LocalPath;
     friend class PeerRxQueue;
+    friend class Domain;  // prepares deferred work (FI_QUEUE_WORK) for its endpoints
 
     struct SendArgs {
         const iovec *iov;
@@ -337,10 +329,24 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
         bool write;
     };
 
+    // Each transmit is prepared (checked, its lists copied into a request: tx_request.h) and
+    // then issued, at once or, with FI_TRIGGER, when off_tandem's trigger queue starts it.
     ssize_t post_send(const SendArgs &a);
     ssize_t post_recv(const RecvArgs &a);
     ssize_t post_rma(const RmaArgs &a);
     ssize_t post_atomic(const AtomicCall &a);
+    int prepare_send(const SendArgs &a, SendRequest &r) const;
+    int prepare_rma(const RmaArgs &a, RmaRequest &r) const;
+    int prepare_atomic(const AtomicCall &a, AtomicRequest &r) const;
+    bool make_tx_room();
+    ssize_t issue_send(SendRequest &r);
+    ssize_t issue_rma(RmaRequest &r);
+    ssize_t issue_atomic(AtomicRequest &r);
+    ssize_t issue_recv(RecvRequest &r);
+    int hand_over(TriggeredRequest &&r, peer::TriggerWork &work, const void *match);
+    ssize_t queue_xpu(TriggeredRequest &&r, fi_triggered_context *ctx, peer::TriggerWork &work);
+    int own_inject_payload(TriggeredOp &op);
+    void report_unstarted(const TriggeredOp &op, int err);
     // The target's side of an atomic that came over a link, and the initiator's of its answer.
     void serve_atomic(LinkConnection *conn, const wire::ProtoHeader &hdr, const uint8_t *body,
                       size_t len);
@@ -357,11 +363,13 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     void finish_tx(TxOp *op);
     void fail_tx(TxOp *op, int err);
     void tx_report(TxOp *op);
-    void complete_injected(const SendArgs &a);
+    void complete_injected(const SendRequest &r);
     // Whether a transmit posted with these flags writes a CQ entry (fi_inject and friends
-    // never do; under FI_SELECTIVE_COMPLETION only those asking for FI_COMPLETION).
-    bool tx_reports(uint64_t flags) const {
-        return !(flags & kNoCompletion) && (!tx_selective_ || (flags & FI_COMPLETION));
+    // never do; under FI_SELECTIVE_COMPLETION, or as deferred work, only those asking for
+    // FI_COMPLETION).
+    bool tx_reports(uint64_t flags, const DeferredDone &done = {}) const {
+        return !(flags & kNoCompletion) &&
+               (!(tx_selective_ || done.deferred) || (flags & FI_COMPLETION));
     }
     TxOp *alloc_tx();
     void retire_tx(TxOp *op);
@@ -474,6 +482,11 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     std::vector<TxOp *> tx_free_;  // free list: no allocation per send in steady state
     uint64_t next_op_id_ = 1;
     size_t tx_outstanding_ = 0;
+    // Triggered transmits and receives waiting in off_tandem's queue: they count against the
+    // queue depths (tx_attr->size, rx_attr->size) as posted operations do.
+    size_t tx_triggered_ = 0;
+    size_t rx_triggered_ = 0;
+    char work_group_ = 0;          // (its address names work_group())
     size_t local_tx_pending_ = 0;  // of tx_outstanding_, the operations posted to the twin
 };
 

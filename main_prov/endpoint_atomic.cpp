@@ -161,36 +161,93 @@ int Endpoint::atomic_compwritevalid(const OpDefaults &, enum fi_datatype datatyp
 // ------------------------------------------------------------------------------------------
 // Initiator
 
-ssize_t Endpoint::post_atomic(const AtomicCall &a) {
+int AtomicRequest::capture(const AtomicCall &a) {
+    const fi_msg_atomic &m = a.msg;
+    if (m.iov_count > kMaxIov || a.compare_count > kMaxIov || a.result_count > kMaxIov ||
+        m.rma_iov_count != 1 || !m.rma_iov)
+        return -FI_EINVAL;
+    kind = a.kind;
+    flags = a.flags;
+    msg = m;
+    rma = m.rma_iov[0];
+    has_desc = m.desc != nullptr;
+    for (size_t i = 0; i < m.iov_count; ++i) {
+        operand[i] = m.msg_iov[i];
+        desc[i] = has_desc ? m.desc[i] : nullptr;
+    }
+    compare_count = a.compare_count;
+    has_compare_desc = a.compare_desc != nullptr;
+    for (size_t i = 0; i < compare_count; ++i) {
+        compare[i] = a.compare[i];
+        compare_desc[i] = has_compare_desc ? a.compare_desc[i] : nullptr;
+    }
+    result_count = a.result_count;
+    has_result_desc = a.result_desc != nullptr;
+    for (size_t i = 0; i < result_count; ++i) {
+        result[i] = a.result[i];
+        result_desc[i] = has_result_desc ? a.result_desc[i] : nullptr;
+    }
+    return 0;
+}
+
+AtomicCall AtomicRequest::view() {
+    AtomicCall a{msg, kind, flags};
+    a.msg.msg_iov = operand;
+    a.msg.desc = has_desc ? desc : nullptr;
+    a.msg.rma_iov = &rma;
+    a.msg.rma_iov_count = 1;
+    if (kind == atomic::Kind::Compare)
+        a.with_compare(compare, has_compare_desc ? compare_desc : nullptr, compare_count);
+    if (kind != atomic::Kind::Base)
+        a.with_result(result, has_result_desc ? result_desc : nullptr, result_count);
+    return a;
+}
+
+// Prepare: the call's shape checked (atomic::check_call) and its lists copied.
+int Endpoint::prepare_atomic(const AtomicCall &a, AtomicRequest &r) const {
     // An endpoint opened without FI_ATOMIC has none, whatever its state.
     if (!(caps_ & FI_ATOMIC)) return -FI_EOPNOTSUPP;
     const fi_msg_atomic &m = a.msg;
-    const bool fetches = a.kind != atomic::Kind::Base;
-    const bool compares = a.kind == atomic::Kind::Compare;
     size_t count = 0;
     if (int ret = atomic::check_call(a.kind, m, a.compare, a.compare_count, a.result,
                                      a.result_count, kMaxIov, &count))
         return ret;
-    const size_t elem = atomic::datatype_size(m.datatype);
-    const size_t bytes = count * elem;
     // FI_INJECT frees the constant buffers at once, which every atomic does (the operands are
     // copied into the request); it only limits the size.
-    if ((a.flags & FI_INJECT) && bytes > inject_size_) return -FI_EMSGSIZE;
-    const uint64_t addr = m.rma_iov[0].addr, key = m.rma_iov[0].key;
+    if ((a.flags & FI_INJECT) && count * atomic::datatype_size(m.datatype) > inject_size_)
+        return -FI_EMSGSIZE;
     // With virtual addresses, the initiator sees a misaligned target at once; with offsets the
     // target checks the address the key resolves to (an FI_EINVAL error completion).
-    if ((domain_->mr_mode() & FI_MR_VIRT_ADDR) && addr % atomic::datatype_align(m.datatype))
+    if ((domain_->mr_mode() & FI_MR_VIRT_ADDR) &&
+        m.rma_iov[0].addr % atomic::datatype_align(m.datatype))
         return -FI_EINVAL;
+    return r.capture(a);
+}
 
+ssize_t Endpoint::post_atomic(const AtomicCall &a) {
+    AtomicRequest r;
+    if (int ret = prepare_atomic(a, r)) return ret;
     std::lock_guard guard(domain_->lock());
     check_tx_ready(FI_ATOMIC);
     // fi_getinfo(3): an endpoint that named no direction has both.
     const uint64_t directions = caps_ & (FI_READ | FI_WRITE);
-    if (directions && !(directions & (fetches ? FI_READ : FI_WRITE))) return -FI_EOPNOTSUPP;
-    if (tx_outstanding_ >= info_->tx_attr->size) {
-        progress();
-        if (tx_outstanding_ >= info_->tx_attr->size) return -FI_EAGAIN;
-    }
+    if (directions && !(directions & (a.kind != atomic::Kind::Base ? FI_READ : FI_WRITE)))
+        return -FI_EOPNOTSUPP;
+    if (r.flags & FI_TRIGGER) return queue_triggered(std::move(r));
+    if (!make_tx_room()) return -FI_EAGAIN;
+    return issue_atomic(r);
+}
+
+// Issue: the request becomes an AtomicReq over a link or a cell through the offload twin.
+ssize_t Endpoint::issue_atomic(AtomicRequest &r) {
+    const AtomicCall a = r.view();
+    const fi_msg_atomic &m = a.msg;
+    const bool fetches = a.kind != atomic::Kind::Base;
+    const bool compares = a.kind == atomic::Kind::Compare;
+    const size_t count = element_count(m.msg_iov, m.iov_count);
+    const size_t elem = atomic::datatype_size(m.datatype);
+    const size_t bytes = count * elem;
+    const uint64_t addr = m.rma_iov[0].addr, key = m.rma_iov[0].key;
     iovec operand[kMaxIov], compare[kMaxIov], result[kMaxIov];
     hmem::MemRef operand_mem[kMaxIov], compare_mem[kMaxIov], result_mem[kMaxIov];
     byte_ranges(m.msg_iov, m.iov_count, elem, operand);
@@ -208,7 +265,9 @@ ssize_t Endpoint::post_atomic(const AtomicCall &a) {
     op->context = m.context;
     op->op_flags = a.flags;
     op->cq_flags = FI_ATOMIC | (fetches ? FI_READ : FI_WRITE);
-    op->report = tx_reports(a.flags);
+    op->report = tx_reports(a.flags, r.done);
+    op->deferred = r.done.deferred;
+    op->work_cntr = r.done.cntr;
     op->len = bytes;
     op->peer = peer;
     op->id = next_op_id_++;

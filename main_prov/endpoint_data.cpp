@@ -259,25 +259,51 @@ Peer *Endpoint::peer_for(fi_addr_t addr) {
     return peer;
 }
 
+// Prepare: the call's checks that need no endpoint state, and its lists copied.
+int Endpoint::prepare_send(const SendArgs &a, SendRequest &r) const {
+    if (int ret = r.payload.capture(a.iov, a.desc, a.count)) return ret;
+    if (r.payload.len > info_->ep_attr->max_msg_size) return -FI_EMSGSIZE;
+    if ((a.flags & FI_INJECT) && r.payload.len > inject_size_) return -FI_EMSGSIZE;
+    r.dest = a.dest;
+    r.context = a.context;
+    r.flags = a.flags;
+    r.tag = a.tag;
+    r.data = a.data;
+    r.tagged = a.tagged;
+    return 0;
+}
+
 ssize_t Endpoint::post_send(const SendArgs &a) {
-    if (a.count && !a.iov) return -FI_EINVAL;
-    if (a.count > kMaxIov) return -FI_EINVAL;
+    SendRequest r;
+    if (int ret = prepare_send(a, r)) return ret;
     std::lock_guard guard(domain_->lock());
     check_tx_ready(a.flags & FI_PEER_TRANSFER ? 0 : a.tagged ? FI_TAGGED : FI_MSG);
-    size_t len = iov_length(a.iov, a.count);
-    if (len > info_->ep_attr->max_msg_size) return -FI_EMSGSIZE;
-    if ((a.flags & FI_INJECT) && len > inject_size_) return -FI_EMSGSIZE;
-    if (tx_outstanding_ >= info_->tx_attr->size) {
-        progress();
-        if (tx_outstanding_ >= info_->tx_attr->size) return -FI_EAGAIN;
-    }
+    if (r.flags & FI_TRIGGER) return queue_triggered(TriggeredRequest(std::move(r)));
+    if (!make_tx_room()) return -FI_EAGAIN;
+    return issue_send(r);
+}
+
+// Room for one more transmit in the queue (tx_attr->size), after a progress pass if needed.
+bool Endpoint::make_tx_room() {
+    if (tx_outstanding_ + tx_triggered_ < info_->tx_attr->size) return true;
+    progress();
+    return tx_outstanding_ + tx_triggered_ < info_->tx_attr->size;
+}
+
+// Issue: start a prepared send, now (from the call) or later (from the trigger queue). The
+// caller holds the domain lock and made room for it in the transmit queue.
+ssize_t Endpoint::issue_send(SendRequest &r) {
+    const iovec *const iov = r.payload.iov;
+    void **const desc = r.payload.descs();
+    const size_t count = r.payload.count;
+    const size_t len = r.payload.len;
     hmem::MemRef mem[kMaxIov];
-    bool device = memory_of(a.iov, a.desc, a.count, a.flags, mem);
+    bool device = memory_of(iov, desc, count, r.flags, mem);
     // An inject's payload is copied before the call returns: never peer to peer.
-    if (device && (a.flags & FI_INJECT) && p2p_.mode() == FI_HMEM_P2P_REQUIRED)
+    if (device && (r.flags & FI_INJECT) && p2p_.mode() == FI_HMEM_P2P_REQUIRED)
         return -FI_EOPNOTSUPP;
-    Peer *peer = peer_for(a.dest);
-    bool peer_transfer = a.flags & FI_PEER_TRANSFER;
+    Peer *peer = peer_for(r.dest);
+    bool peer_transfer = r.flags & FI_PEER_TRANSFER;
     if (peer_transfer && !local_) return -FI_EINVAL;  // only our offload twin posts these
 
     // A small node-local message goes straight into the peer's ring and is complete once
@@ -287,47 +313,50 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
     // answers) or device memory (the twin's P2P policy decides). When the ring has no room
     // now, the ordinary path below posts it to the twin, which answers -FI_EAGAIN while the
     // ring is full (back-pressure: nothing is queued without bound).
-    if (!peer_transfer && !device && !(a.flags & FI_DELIVERY_COMPLETE) && local_ &&
-        local_tx_pending_ == 0 && len <= local_->inject_limit() && goes_local(peer, a.dest) &&
-        local_->inject(a.iov, a.count, a.dest, a.tag, a.data,
-                       (a.tagged ? FI_TAGGED : 0) | (a.flags & FI_REMOTE_CQ_DATA)) == 0) {
-        complete_injected(a);
+    if (!peer_transfer && !device && !(r.flags & FI_DELIVERY_COMPLETE) && local_ &&
+        local_tx_pending_ == 0 && len <= local_->inject_limit() && goes_local(peer, r.dest) &&
+        local_->inject(iov, count, r.dest, r.tag, r.data,
+                       (r.tagged ? FI_TAGGED : 0) | (r.flags & FI_REMOTE_CQ_DATA)) == 0) {
+        complete_injected(r);
         return 0;
     }
 
     TxOp *op = alloc_tx();
     op->kind = TxOp::Kind::Send;
-    op->context = a.context;
-    op->op_flags = a.flags;
-    op->cq_flags = FI_SEND | (a.tagged ? FI_TAGGED : FI_MSG);
-    op->report = tx_reports(a.flags);
+    op->context = r.context;
+    op->op_flags = r.flags;
+    op->cq_flags = FI_SEND | (r.tagged ? FI_TAGGED : FI_MSG);
+    op->report = tx_reports(r.flags, r.done);
+    op->deferred = r.done.deferred;
+    op->work_cntr = r.done.cntr;
     op->len = len;
     op->peer = peer;
     op->id = next_op_id_++;
     op->peer_transfer = peer_transfer;
     if (peer_transfer) op->report = true;  // the twin always hears of its own operations
     // The twin's traffic crosses the link (node-local twins talk over their own rings).
-    if (!peer_transfer && goes_local(peer, a.dest)) {
+    if (!peer_transfer && goes_local(peer, r.dest)) {
         // The offload twin copies (or has the receiver read) the payload itself, except
         // that an inject's buffer is the application's again when we return: hand the twin
         // our copy of it.
-        const iovec *iov = a.iov;
-        void **desc = a.desc;
-        size_t count = a.count;
-        if (a.flags & FI_INJECT) {
-            int ret = take_payload(op, a.iov, device ? mem : nullptr, a.count, len, true);
+        const iovec *twin_iov = iov;
+        void **twin_desc = desc;
+        size_t twin_count = count;
+        if (r.flags & FI_INJECT) {
+            int ret = take_payload(op, iov, device ? mem : nullptr, count, len, true);
             if (ret) {
                 free_tx(op);
                 return ret;
             }
-            iov = op->iov.data();
-            desc = nullptr;  // our copy is host memory
-            count = op->iov.size();
+            twin_iov = op->iov.data();
+            twin_desc = nullptr;  // our copy is host memory
+            twin_count = op->iov.size();
         }
         ++tx_outstanding_;
         ++local_tx_pending_;
         op->local = true;
-        int ret = local_->send(op, iov, desc, count, a.dest, a.flags, a.tag, a.data, a.tagged);
+        int ret = local_->send(op, twin_iov, twin_desc, twin_count, r.dest, r.flags, r.tag, r.data,
+                               r.tagged);
         if (ret) {
             --tx_outstanding_;
             --local_tx_pending_;
@@ -335,11 +364,11 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
         }
         return ret;
     }
-    op->hdr.flags = (a.tagged ? wire::kProtoTagged : 0) |
-                    ((a.flags & FI_REMOTE_CQ_DATA) ? wire::kProtoCqData : 0) |
+    op->hdr.flags = (r.tagged ? wire::kProtoTagged : 0) |
+                    ((r.flags & FI_REMOTE_CQ_DATA) ? wire::kProtoCqData : 0) |
                     (peer_transfer ? wire::kProtoPeer : 0);
-    op->hdr.tag = a.tag;
-    op->hdr.cq_data = a.data;
+    op->hdr.tag = r.tag;
+    op->hdr.cq_data = r.data;
     op->hdr.size = len;
     op->hdr.msg_id = op->id;
     if (device && link_decision(len) == hmem::P2pDecision::Fail) {
@@ -349,28 +378,28 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
     }
     if (len <= eager_limit_) {
         op->hdr.op = static_cast<uint8_t>(wire::ProtoOp::Eager);
-        if (a.flags & FI_DELIVERY_COMPLETE) {
+        if (r.flags & FI_DELIVERY_COMPLETE) {
             op->hdr.flags |= wire::kProtoAckReq;
             op->await_remote = true;
         }
         // Own the bytes now (the link's bounce copy): the application may reuse its buffer
         // when we return, and unless it asked for a stronger level the send is complete as
         // soon as it is posted on an established connection (FI_INJECT_COMPLETE).
-        int ret = take_payload(op, a.iov, device ? mem : nullptr, a.count, len, true);
+        int ret = take_payload(op, iov, device ? mem : nullptr, count, len, true);
         if (ret) {
             free_tx(op);
             return ret;
         }
-        op->inject_level = !(a.flags & (FI_TRANSMIT_COMPLETE | FI_DELIVERY_COMPLETE));
+        op->inject_level = !(r.flags & (FI_TRANSMIT_COMPLETE | FI_DELIVERY_COMPLETE));
     } else {
         op->hdr.op = static_cast<uint8_t>(wire::ProtoOp::Rts);
         op->await_remote = true;
-        for (size_t i = 0; i < a.count; ++i) {
-            if (!a.iov[i].iov_len) continue;
-            uint64_t key = domain_->mr_table().insert_internal(a.iov[i], mem[i]);
+        for (size_t i = 0; i < count; ++i) {
+            if (!iov[i].iov_len) continue;
+            uint64_t key = domain_->mr_table().insert_internal(iov[i], mem[i]);
             op->internal_keys.push_back(key);
             auto &e = op->rts.iov[op->rts.iov_count++];
-            e = {reinterpret_cast<uint64_t>(a.iov[i].iov_base), a.iov[i].iov_len, key};
+            e = {reinterpret_cast<uint64_t>(iov[i].iov_base), iov[i].iov_len, key};
         }
     }
     ++tx_outstanding_;
@@ -378,53 +407,72 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
     return 0;
 }
 
+int Endpoint::prepare_rma(const RmaArgs &a, RmaRequest &r) const {
+    if (int ret = r.local.capture(a.iov, a.desc, a.count)) return ret;
+    if (r.local.len > info_->ep_attr->max_msg_size) return -FI_EMSGSIZE;
+    if ((a.flags & FI_INJECT) && r.local.len > inject_size_) return -FI_EMSGSIZE;
+    r.peer = a.peer;
+    r.addr = a.addr;
+    r.key = a.key;
+    r.context = a.context;
+    r.flags = a.flags;
+    r.data = a.data;
+    r.write = a.write;
+    return 0;
+}
+
 ssize_t Endpoint::post_rma(const RmaArgs &a) {
-    if (a.count && !a.iov) return -FI_EINVAL;
-    if (a.count > kMaxIov) return -FI_EINVAL;
+    RmaRequest r;
+    if (int ret = prepare_rma(a, r)) return ret;
     std::lock_guard guard(domain_->lock());
     check_tx_ready(a.write ? (FI_RMA | FI_WRITE) : (FI_RMA | FI_READ));
     if (!(caps_ & FI_RMA)) return -FI_EOPNOTSUPP;
-    size_t len = iov_length(a.iov, a.count);
-    if (len > info_->ep_attr->max_msg_size) return -FI_EMSGSIZE;
-    if ((a.flags & FI_INJECT) && len > inject_size_) return -FI_EMSGSIZE;
-    if (tx_outstanding_ >= info_->tx_attr->size) {
-        progress();
-        if (tx_outstanding_ >= info_->tx_attr->size) return -FI_EAGAIN;
-    }
+    if (r.flags & FI_TRIGGER) return queue_triggered(TriggeredRequest(std::move(r)));
+    if (!make_tx_room()) return -FI_EAGAIN;
+    return issue_rma(r);
+}
+
+ssize_t Endpoint::issue_rma(RmaRequest &r) {
+    const iovec *const iov = r.local.iov;
+    void **const desc = r.local.descs();
+    const size_t count = r.local.count;
+    const size_t len = r.local.len;
     hmem::MemRef mem[kMaxIov];
-    bool device = memory_of(a.iov, a.desc, a.count, a.flags, mem);
+    bool device = memory_of(iov, desc, count, r.flags, mem);
     // An inject's payload is copied before the call returns: never peer to peer.
-    if (device && (a.flags & FI_INJECT) && p2p_.mode() == FI_HMEM_P2P_REQUIRED)
+    if (device && (r.flags & FI_INJECT) && p2p_.mode() == FI_HMEM_P2P_REQUIRED)
         return -FI_EOPNOTSUPP;
-    Peer *peer = peer_for(a.peer);
+    Peer *peer = peer_for(r.peer);
     TxOp *op = alloc_tx();
-    op->kind = a.write ? TxOp::Kind::Write : TxOp::Kind::Read;
-    op->context = a.context;
-    op->op_flags = a.flags;
-    op->cq_flags = FI_RMA | (a.write ? FI_WRITE : FI_READ);
-    op->report = tx_reports(a.flags);
+    op->kind = r.write ? TxOp::Kind::Write : TxOp::Kind::Read;
+    op->context = r.context;
+    op->op_flags = r.flags;
+    op->cq_flags = FI_RMA | (r.write ? FI_WRITE : FI_READ);
+    op->report = tx_reports(r.flags, r.done);
+    op->deferred = r.done.deferred;
+    op->work_cntr = r.done.cntr;
     op->len = len;
     op->peer = peer;
     op->id = next_op_id_++;
-    if (goes_local(peer, a.peer)) {
-        const iovec *iov = a.iov;
-        void **desc = a.desc;
-        size_t count = a.count;
-        if (a.write && (a.flags & FI_INJECT)) {
-            int ret = take_payload(op, a.iov, device ? mem : nullptr, a.count, len, true);
+    if (goes_local(peer, r.peer)) {
+        const iovec *twin_iov = iov;
+        void **twin_desc = desc;
+        size_t twin_count = count;
+        if (r.write && (r.flags & FI_INJECT)) {
+            int ret = take_payload(op, iov, device ? mem : nullptr, count, len, true);
             if (ret) {
                 free_tx(op);
                 return ret;
             }
-            iov = op->iov.data();
-            desc = nullptr;
-            count = op->iov.size();
+            twin_iov = op->iov.data();
+            twin_desc = nullptr;
+            twin_count = op->iov.size();
         }
         ++tx_outstanding_;
         ++local_tx_pending_;
         op->local = true;
-        int ret =
-            local_->rma(op, iov, desc, count, a.peer, a.addr, a.key, a.flags, a.data, a.write);
+        int ret = local_->rma(op, twin_iov, twin_desc, twin_count, r.peer, r.addr, r.key, r.flags,
+                              r.data, r.write);
         if (ret) {
             --tx_outstanding_;
             --local_tx_pending_;
@@ -432,7 +480,7 @@ ssize_t Endpoint::post_rma(const RmaArgs &a) {
         }
         return ret;
     }
-    op->remote = {a.addr, a.key};
+    op->remote = {r.addr, r.key};
     if (device && link_decision(len) == hmem::P2pDecision::Fail) {
         ++tx_outstanding_;
         fail_tx(op, FI_EOPNOTSUPP);
@@ -440,19 +488,19 @@ ssize_t Endpoint::post_rma(const RmaArgs &a) {
     }
     // Small writes are copied (the buffer is free at once); larger ones and reads use the
     // application's buffers until the link completes them.
-    int ret = take_payload(op, a.iov, device ? mem : nullptr, a.count, len,
-                           a.write && ((a.flags & FI_INJECT) || len <= inject_size_));
+    int ret = take_payload(op, iov, device ? mem : nullptr, count, len,
+                           r.write && ((r.flags & FI_INJECT) || len <= inject_size_));
     if (ret) {
         free_tx(op);
         return ret;
     }
-    if (a.write && (a.flags & FI_REMOTE_CQ_DATA)) {
+    if (r.write && (r.flags & FI_REMOTE_CQ_DATA)) {
         op->hdr.op = static_cast<uint8_t>(wire::ProtoOp::WriteNotify);
         op->hdr.flags = wire::kProtoCqData;
-        op->hdr.cq_data = a.data;
+        op->hdr.cq_data = r.data;
         op->hdr.size = sizeof op->notify;
         op->hdr.msg_id = op->id;
-        op->notify = {a.addr, len, a.key};
+        op->notify = {r.addr, len, r.key};
     }
     ++tx_outstanding_;
     submit(op);
@@ -592,6 +640,7 @@ void Endpoint::issue_tx(TxOp *op) {
 }
 
 Cntr *Endpoint::counter_for(const TxOp &op) const {
+    if (op.deferred) return op.work_cntr;  // deferred work counts on its own counter only
     switch (op.kind) {
         case TxOp::Kind::Send:
             return send_cntr_;
@@ -694,10 +743,10 @@ void Endpoint::tx_report(TxOp *op) {
 
 // A send post_send put straight into a node-local peer's ring: what tx_report does for an
 // operation (counter, and the CQ entry unless fi_inject or selective completion omit it).
-void Endpoint::complete_injected(const SendArgs &a) {
-    if (send_cntr_) send_cntr_->inc();
-    if (tx_cq_ && tx_reports(a.flags))
-        tx_cq_->write({a.context, FI_SEND | (a.tagged ? FI_TAGGED : FI_MSG), 0, nullptr, 0, 0,
+void Endpoint::complete_injected(const SendRequest &r) {
+    if (Cntr *cntr = r.done.deferred ? r.done.cntr : send_cntr_) cntr->inc();
+    if (tx_cq_ && tx_reports(r.flags, r.done))
+        tx_cq_->write({r.context, FI_SEND | (r.tagged ? FI_TAGGED : FI_MSG), 0, nullptr, 0, 0,
                        FI_ADDR_NOTAVAIL});
 }
 
@@ -726,7 +775,8 @@ void Endpoint::fail_tx(TxOp *op, int err) {
         return;
     }
     if (Cntr *cntr = counter_for(*op)) cntr->inc_err();
-    write_tx_err(op->context, op->cq_flags, err, op->len);
+    if (!op->deferred || (op->op_flags & FI_COMPLETION))
+        write_tx_err(op->context, op->cq_flags, err, op->len);
     retire_tx(op);
 }
 
@@ -772,8 +822,8 @@ void Endpoint::write_tx_err(void *context, uint64_t flags, int err, size_t len) 
 
 void Endpoint::write_rx_err(const RxOp *rx, uint64_t flags, int err, size_t len, size_t olen,
                             uint64_t tag, uint64_t data) {
-    if (recv_cntr_) recv_cntr_->inc_err();
-    if (!rx_cq_) return;
+    if (Cntr *cntr = rx->deferred ? rx->work_cntr : recv_cntr_) cntr->inc_err();
+    if (!rx_cq_ || (rx->deferred && !(rx->op_flags & FI_COMPLETION))) return;
     CompletionError e{};
     e.entry.op_context = rx->context;
     e.entry.flags = flags;
@@ -809,14 +859,35 @@ ssize_t Endpoint::post_recv(const RecvArgs &a) {
         if (a.flags & (FI_MULTI_RECV | FI_PEEK | FI_CLAIM)) return -FI_EINVAL;
         return post_recv_on(peer_rx_, this, caps_, a);
     }
-    if (rx_->outstanding >= info_->rx_attr->size) return -FI_EAGAIN;
+    if (a.flags & FI_TRIGGER) {
+        RecvRequest r;
+        if (int ret = r.buffers.capture(a.iov, a.desc, a.count)) return ret;
+        r.src = a.src;
+        r.context = a.context;
+        r.flags = a.flags;
+        r.tag = a.tag;
+        r.ignore = a.ignore;
+        r.tagged = a.tagged;
+        return queue_triggered(std::move(r));
+    }
+    if (rx_->outstanding + rx_triggered_ >= info_->rx_attr->size) return -FI_EAGAIN;
     RecvArgs args = a;
     if (!(caps_ & FI_DIRECTED_RECV) || type_ != FI_EP_RDM) args.src = FI_ADDR_UNSPEC;
     return post_recv_on(*rx_, this, caps_, args);
 }
 
-ssize_t Endpoint::post_recv_on(RxMatcher &m, Endpoint *report_ep, uint64_t caps,
-                               const RecvArgs &a) {
+// A receive a trigger started (or deferred work): posted as fi_recvmsg would post it, but
+// completing as its request says.
+ssize_t Endpoint::issue_recv(RecvRequest &r) {
+    if (rx_->outstanding + rx_triggered_ >= info_->rx_attr->size) return -FI_EAGAIN;
+    RecvArgs args{r.buffers.iov, r.buffers.descs(), r.buffers.count, r.src, r.context, r.flags,
+                  r.tag,         r.ignore,          r.tagged};
+    if (!(caps_ & FI_DIRECTED_RECV) || type_ != FI_EP_RDM) args.src = FI_ADDR_UNSPEC;
+    return post_recv_on(*rx_, this, caps_, args, r.done);
+}
+
+ssize_t Endpoint::post_recv_on(RxMatcher &m, Endpoint *report_ep, uint64_t caps, const RecvArgs &a,
+                               const DeferredDone &done) {
     (void)report_ep;
     if (a.count && !a.iov) return -FI_EINVAL;
     if (a.count > kMaxIov) return -FI_EINVAL;
@@ -837,6 +908,8 @@ ssize_t Endpoint::post_recv_on(RxMatcher &m, Endpoint *report_ep, uint64_t caps,
     rx->ignore = a.ignore;
     rx->tagged = a.tagged;
     rx->multi = a.flags & FI_MULTI_RECV;
+    rx->deferred = done.deferred;
+    rx->work_cntr = done.cntr;
     ++m.outstanding;
     m.post(rx);
     if (!m.has_unexpected(rx->tagged)) return 0;  // the usual case: no Unexpected to build
@@ -983,6 +1056,8 @@ RxOp *Endpoint::slice_for(RxMatcher &m, RxOp *rx, size_t len) {
     slice->device = rx->device;
     slice->total = take;
     slice->parent = rx;
+    slice->deferred = rx->deferred;
+    slice->work_cntr = rx->work_cntr;
     rx->consumed += take;
     rx->children++;
     if (rx->total - rx->consumed < m.min_multi_recv || rx->total == rx->consumed) {
@@ -1051,10 +1126,12 @@ void Endpoint::report_rx(RxOp *rx) {
         write_rx_err(rx, flags, rx->done_err, rx->done_len, rx->done_olen, rx->done_tag,
                      rx->done_data);
     } else {
-        if (recv_cntr_) recv_cntr_->inc();
+        if (Cntr *cntr = rx->deferred ? rx->work_cntr : recv_cntr_) cntr->inc();
         // The release of a multi-receive buffer is reported even under selective
-        // completion (fi_msg(3)): it hands the buffer back.
-        if (!rx_selective_ || (rx->op_flags & FI_COMPLETION) || (flags & FI_MULTI_RECV))
+        // completion (fi_msg(3)): it hands the buffer back. Deferred work reports only
+        // what asked for FI_COMPLETION (fi_trigger(3)).
+        const bool selective = rx_selective_ || rx->deferred;
+        if (!selective || (rx->op_flags & FI_COMPLETION) || (flags & FI_MULTI_RECV))
             write_rx_cq(
                 {rx->context, flags, rx->done_len, buf, rx->done_data, rx->done_tag, rx->done_src},
                 rx->done_src);
@@ -1356,6 +1433,16 @@ void Endpoint::progress() {
 
 ssize_t Endpoint::cancel(void *context) {
     std::lock_guard guard(domain_->lock());
+    // A triggered operation that has not started is cancelled in off_tandem's queue (its
+    // FI_ECANCELED completion written by the discard); one that started is an ordinary
+    // operation from then on.
+    if (tx_triggered_ + rx_triggered_) {
+        OffloadDomain *off = domain_->offload();
+        if (off && off->triggers() && off->triggers()->cancel(off->domain(), this, context) == 0) {
+            domain_->note_triggers();
+            return 0;
+        }
+    }
     return cancel_on(*rx_, this, context);
 }
 

@@ -42,6 +42,9 @@ std::unique_ptr<OffloadDomain> OffloadDomain::open(Domain &owner) {
                     fi_strerror(-ret));
         return nullptr;
     }
+    void *ops = nullptr;
+    if (fi_open_ops(&off->domain_->fid, peer::kTriggerOpsName, 0, &ops, nullptr) == 0)
+        off->triggers_ = static_cast<peer::TriggerOps *>(ops);
     return off;
 }
 

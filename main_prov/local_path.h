@@ -18,6 +18,7 @@
 #include "main_prov/peer_rx_queue.h"
 #include "peer/peer_abi.h"
 #include "peer/peer_cq.h"
+#include "peer/peer_trigger.h"
 
 #include <rdma/fi_endpoint.h>
 
@@ -40,9 +41,12 @@ class OffloadDomain {
     fid_domain *domain() const { return domain_; }
     fid_fabric *fabric() const { return fabric_; }
     fi_info *info() const { return info_; }
+    // off_tandem's trigger queue (peer/peer_trigger.h); nullptr when it has none.
+    const peer::TriggerOps *triggers() const { return triggers_; }
 
   private:
     OffloadDomain() = default;
+    peer::TriggerOps *triggers_ = nullptr;
     fi_info *info_ = nullptr;
     fid_fabric *fabric_ = nullptr;
     fid_domain *domain_ = nullptr;

@@ -23,6 +23,7 @@ namespace peer {
 struct OwnerRxEntry;
 }
 class Endpoint;
+class Cntr;
 class LinkConnection;
 
 inline constexpr size_t kMaxIov = 4;
@@ -47,6 +48,8 @@ struct RxOp : RxBuffers {
     fi_addr_t src = FI_ADDR_UNSPEC;
     uint64_t tag = 0, ignore = 0;
     bool tagged = false;
+    bool deferred = false;  // deferred work: completes on work_cntr (DeferredDone)
+    Cntr *work_cntr = nullptr;
     // FI_MULTI_RECV
     bool multi = false;
     size_t consumed = 0;

@@ -6,11 +6,55 @@
 #include "offload_prov/fabric.h"
 #include "offload_prov/srx.h"
 
+#include <cstring>
+
 namespace tandem::off {
 
 namespace {
 
-fi_ops domain_fi_ops = fid_ops(&Trampoline<&Domain::close>::call<fid>);
+fi_ops domain_fi_ops =
+    fid_ops(&Trampoline<&Domain::close>::call<fid>, enosys<decltype(fi_ops::bind)>,
+            enosys<decltype(fi_ops::control)>, &Trampoline<&Domain::ops_open>::call<fid>);
+
+// peer::TriggerOps: thin shims onto the domain's TriggerQueue.
+TriggerQueue &queue_of(fid_domain *d) {
+    return Domain::of(d)->triggers();
+}
+
+peer::TriggerOps trigger_ops = {
+    .size = sizeof(peer::TriggerOps),
+    .queue = [](fid_domain *d, const peer::TriggerWork *w) noexcept -> int {
+        try {
+            return queue_of(d).queue(*w);
+        } catch (...) {
+            return -FI_ENOMEM;
+        }
+    },
+    .progress = [](fid_domain *d) noexcept { return queue_of(d).progress(); },
+    .pending = [](fid_domain *d) noexcept { return queue_of(d).pending(); },
+    .cancel = [](fid_domain *d, const void *group,
+                 const void *match) noexcept { return queue_of(d).cancel(group, match); },
+    .flush = [](fid_domain *d, const void *group,
+                fid_cntr *cntr) noexcept { return queue_of(d).flush(group, cntr); },
+    .flush_counter = [](fid_domain *d,
+                        fid_cntr *cntr) noexcept { return queue_of(d).flush_counter(cntr); },
+    .discard_group = [](fid_domain *d,
+                        const void *group) noexcept { return queue_of(d).discard_group(group); },
+    .xpu_variable = [](fid_domain *d, const void *group, int iface, int device, uint64_t *var,
+                       void **addr, uint64_t *value) noexcept -> int {
+        return Domain::of(d)->xpu_variable(group, iface, device, var, addr, value);
+    },
+};
+
+// A tandem counter's words (peer::PeerCntrOps), asked once per counter that gets work.
+TriggerQueue::CounterWords words_of(fid_cntr *cntr) {
+    void *ops = nullptr;
+    if (!cntr || !cntr->fid.ops || !cntr->fid.ops->ops_open ||
+        cntr->fid.ops->ops_open(&cntr->fid, peer::kPeerCntrOpsName, 0, &ops, nullptr) != 0)
+        return {};
+    auto *c = static_cast<peer::PeerCntrOps *>(ops);
+    return {c->success_word(cntr), c->error_word(cntr)};
+}
 
 fi_ops_domain domain_ops = {
     .size = sizeof(fi_ops_domain),
@@ -37,7 +81,7 @@ fi_ops_mr domain_mr_ops = {
 }  // namespace
 
 Domain::Domain(Fabric *fabric, const fi_info *info, fid_domain *owner)
-    : fabric_(fabric), info_(fi_dupinfo(info)), owner_(owner) {
+    : fabric_(fabric), info_(fi_dupinfo(info)), owner_(owner), triggers_(words_of) {
     if (!info_) fail(FI_ENOMEM, "fi_dupinfo");
     init_fid(FI_CLASS_DOMAIN, nullptr, &domain_fi_ops);
     fid()->ops = &domain_ops;
@@ -94,6 +138,19 @@ int Domain::endpoint2(fi_info *info, fid_ep **ep, uint64_t flags, void *context)
     if (!ctx || ctx->size < sizeof *ctx || !ctx->ep) return -FI_EINVAL;
     *ep = (new Endpoint(this, info, ctx))->fid();
     return 0;
+}
+
+int Domain::ops_open(const char *name, uint64_t, void **ops, void *) {
+    if (!name || !ops) return -FI_EINVAL;
+    if (strcmp(name, peer::kTriggerOpsName) == 0) {
+        *ops = &trigger_ops;
+        return 0;
+    }
+    return -FI_ENOSYS;
+}
+
+int Domain::xpu_variable(const void *, int, int, uint64_t *, void **, uint64_t *) {
+    return -FI_EOPNOTSUPP;
 }
 
 int Domain::mr_reg(const void *buf, size_t len, uint64_t access, uint64_t offset, uint64_t key,

@@ -1,9 +1,10 @@
 // off_tandem's fid_domain: always the peer of an owner's domain (fi_domain2 with FI_PEER).
 // Memory is registered through the owner's domain, so a key means the same region in both
-// providers.
+// providers. It holds the owner's triggered operations and deferred work (trigger/).
 #pragma once
 
 #include "common/fid_adaptor.h"
+#include "offload_prov/trigger/trigger_queue.h"
 
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
@@ -30,6 +31,12 @@ class Domain : public FidObject<Domain, fid_domain> {
     int mr_regv(const iovec *iov, size_t count, uint64_t access, uint64_t offset, uint64_t key,
                 uint64_t flags, fid_mr **mr, void *context);
     int mr_regattr(const fi_mr_attr *attr, uint64_t flags, fid_mr **mr);
+    int ops_open(const char *name, uint64_t flags, void **ops, void *context);
+
+    // Triggered operations and deferred work of the owner's domain (peer::TriggerOps).
+    TriggerQueue &triggers() { return triggers_; }
+    int xpu_variable(const void *group, int iface, int device, uint64_t *var, void **addr,
+                     uint64_t *value);
 
     fid_domain *owner() const { return owner_; }
     const fi_info *info() const { return info_; }
@@ -41,6 +48,7 @@ class Domain : public FidObject<Domain, fid_domain> {
     fi_info *info_;
     fid_domain *owner_;
     std::atomic<int> refs_{0};
+    TriggerQueue triggers_;
 };
 
 }  // namespace tandem::off

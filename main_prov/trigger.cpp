@@ -1,0 +1,512 @@
+// Triggered operations and deferred work, tandem's half (trigger.h): preparing the work,
+// handing it to off_tandem's queue, and issuing or discarding it when the queue says so.
+#include "main_prov/trigger.h"
+
+#include "common/iov.h"
+#include "common/log.h"
+#include "main_prov/cntr.h"
+#include "main_prov/domain.h"
+#include "main_prov/endpoint.h"
+#include "main_prov/local_path.h"
+#include "peer/peer_trigger.h"
+
+#include <rdma/fi_trigger.h>
+
+#include <optional>
+
+namespace tandem {
+
+namespace {
+
+template <class... F>
+struct Overload : F... {
+    using F::operator()...;
+};
+
+// The completion flags of an operation that never started (its error completion).
+uint64_t cq_flags_of(const TriggeredRequest &r) {
+    return std::visit(
+        Overload{
+            [](const SendRequest &s) -> uint64_t {
+                return FI_SEND | (s.tagged ? FI_TAGGED : FI_MSG);
+            },
+            [](const RecvRequest &s) -> uint64_t {
+                return FI_RECV | (s.tagged ? FI_TAGGED : FI_MSG);
+            },
+            [](const RmaRequest &s) -> uint64_t { return FI_RMA | (s.write ? FI_WRITE : FI_READ); },
+            [](const AtomicRequest &s) -> uint64_t {
+                return FI_ATOMIC | (s.kind == atomic::Kind::Base ? FI_WRITE : FI_READ);
+            },
+            [](const CounterOpRequest &) -> uint64_t { return 0; },
+        },
+        r);
+}
+
+}  // namespace
+
+void *context_of(const TriggeredRequest &r) {
+    return std::visit(Overload{
+                          [](const AtomicRequest &s) { return s.msg.context; },
+                          [](const CounterOpRequest &) { return static_cast<void *>(nullptr); },
+                          [](const auto &s) { return s.context; },
+                      },
+                      r);
+}
+
+uint64_t flags_of(const TriggeredRequest &r) {
+    return std::visit(Overload{
+                          [](const CounterOpRequest &) -> uint64_t { return 0; },
+                          [](const auto &s) -> uint64_t { return s.flags; },
+                      },
+                      r);
+}
+
+const DeferredDone &done_of(const TriggeredRequest &r) {
+    static const DeferredDone none{};
+    return std::visit(Overload{
+                          [](const CounterOpRequest &) -> const DeferredDone & { return none; },
+                          [](const auto &s) -> const DeferredDone & { return s.done; },
+                      },
+                      r);
+}
+
+// ------------------------------------------------------------------------------------------
+// The queue's callbacks
+
+int TriggeredOp::start(void *arg) {
+    auto *op = static_cast<TriggeredOp *>(arg);
+    if (auto *c = std::get_if<CounterOpRequest>(&op->request)) {
+        c->add ? c->cntr->add(c->value) : c->cntr->set(c->value);
+        delete op;
+        return 0;
+    }
+    if (op->ep->start_triggered(*op) == -FI_EAGAIN) return -FI_EAGAIN;
+    delete op;
+    return 0;
+}
+
+void TriggeredOp::discard(void *arg, int err, bool report) {
+    auto *op = static_cast<TriggeredOp *>(arg);
+    if (op->ep) op->ep->discard_triggered(*op, err, report);
+    delete op;
+}
+
+// ------------------------------------------------------------------------------------------
+// Endpoint: FI_TRIGGER operations and deferred work
+
+ssize_t Endpoint::queue_triggered(TriggeredRequest &&r) {
+    if (!(caps_ & FI_TRIGGER)) return -FI_EOPNOTSUPP;
+    void *context = context_of(r);
+    if (!context) return -FI_EINVAL;  // the fi_triggered_context is the operation's context
+    const auto *ctx = static_cast<const fi_triggered_context *>(context);
+    peer::TriggerWork work;
+    switch (ctx->event_type) {
+        case FI_TRIGGER_THRESHOLD: {
+            fid_cntr *cntr = ctx->trigger.threshold.cntr;
+            if (!domain_->counter_of(cntr)) {
+                TANDEM_WARN(FI_LOG_EP_DATA,
+                            "FI_TRIGGER: the threshold counter is not an open counter of this "
+                            "endpoint's domain\n");
+                return -FI_EINVAL;
+            }
+            work.kind = peer::TriggerWork::Kind::Threshold;
+            work.cntr = cntr;
+            work.threshold = ctx->trigger.threshold.threshold;
+            work.names[0] = cntr;
+            break;
+        }
+        case FI_TRIGGER_XPU:
+            return queue_xpu(std::move(r), const_cast<fi_triggered_context *>(ctx), work);
+        default:
+            return -FI_EINVAL;
+    }
+    return hand_over(std::move(r), work, context);
+}
+
+int Endpoint::queue_deferred(TriggeredRequest &&r, Cntr *trigger, uint64_t threshold,
+                             const void *match) {
+    peer::TriggerWork work;
+    work.group = work_group();
+    work.kind = peer::TriggerWork::Kind::Threshold;
+    work.cntr = trigger->fid();
+    work.threshold = threshold;
+    work.with_errors = true;  // fi_trigger(3): deferred work counts successes and errors
+    work.names[0] = trigger->fid();
+    if (Cntr *done = done_of(r).cntr) work.names[1] = done->fid();
+    return hand_over(std::move(r), work, match);
+}
+
+// The request joins the queue, counted against the endpoint's queue depth; the condition may
+// hold already, in which case it starts before this returns.
+int Endpoint::hand_over(TriggeredRequest &&r, peer::TriggerWork &work, const void *match) {
+    const bool rx = is_receive(r);
+    if (rx ? rx_->outstanding + rx_triggered_ >= info_->rx_attr->size
+           : tx_outstanding_ + tx_triggered_ >= info_->tx_attr->size)
+        return -FI_EAGAIN;
+    OffloadDomain *off = domain_->offload();
+    if (!off || !off->triggers()) {
+        TANDEM_WARN(FI_LOG_EP_DATA, "triggered operations need %s, which is not available\n",
+                    peer::kOffloadProvName);
+        return -FI_EOPNOTSUPP;
+    }
+    auto op = std::make_unique<TriggeredOp>();
+    op->domain = domain_;
+    op->ep = this;
+    op->request = std::move(r);
+    op->match = match;
+    if (int ret = own_inject_payload(*op)) return ret;
+    work.arg = op.get();
+    work.match = match;
+    if (!work.group) work.group = this;
+    work.start = &TriggeredOp::start;
+    work.discard = &TriggeredOp::discard;
+    if (int ret = off->triggers()->queue(off->domain(), &work)) return ret;
+    op.release();  // the queue's now
+    ++(rx ? rx_triggered_ : tx_triggered_);
+    domain_->note_triggers();
+    domain_->start_triggers();
+    return 0;
+}
+
+// FI_INJECT: the buffer is the application's again when the call returns, so a deferred
+// inject keeps a copy of its payload (read now, with the device's copy for device memory).
+int Endpoint::own_inject_payload(TriggeredOp &op) {
+    auto own = [&](IovList &list) -> int {
+        hmem::MemRef mem[kMaxIov];
+        bool device = memory_of(list.iov, list.descs(), list.count, FI_INJECT, mem);
+        op.owned.bytes.resize(list.len);
+        ssize_t got = hmem::gather(op.owned.bytes.data(), list.iov, device ? mem : nullptr,
+                                   list.count, 0, list.len);
+        if (got < 0) return static_cast<int>(got);
+        op.owned.device = device;
+        iovec whole{op.owned.bytes.data(), list.len};
+        return list.capture(&whole, nullptr, list.len ? 1 : 0);
+    };
+    return std::visit(
+        Overload{
+            [&](SendRequest &s) { return (s.flags & FI_INJECT) ? own(s.payload) : 0; },
+            [&](RmaRequest &s) { return (s.write && (s.flags & FI_INJECT)) ? own(s.local) : 0; },
+            [&](AtomicRequest &s) -> int {
+                if (!(s.flags & FI_INJECT)) return 0;
+                // The operands, one list of bytes the request then names.
+                IovList list;
+                const size_t elem = atomic::datatype_size(s.msg.datatype);
+                iovec bytes[kMaxIov];
+                for (size_t i = 0; i < s.msg.iov_count; ++i)
+                    bytes[i] = {s.operand[i].addr, s.operand[i].count * elem};
+                if (int ret = list.capture(bytes, s.has_desc ? s.desc : nullptr, s.msg.iov_count))
+                    return ret;
+                if (int ret = own(list)) return ret;
+                s.msg.iov_count = 1;
+                s.operand[0] = {list.iov[0].iov_base, list.len / elem};
+                s.has_desc = false;
+                return 0;
+            },
+            [](auto &) { return 0; },
+        },
+        op.request);
+}
+
+int Endpoint::start_triggered(TriggeredOp &op) {
+    const bool rx = is_receive(op.request);
+    --(rx ? rx_triggered_ : tx_triggered_);
+    ssize_t ret;
+    if (!rx && tx_outstanding_ + tx_triggered_ >= info_->tx_attr->size) {
+        ret = -FI_EAGAIN;
+    } else {
+        try {
+            ret = std::visit(Overload{
+                                 [&](SendRequest &s) {
+                                     s.flags &= ~FI_TRIGGER;
+                                     return issue_send(s);
+                                 },
+                                 [&](RecvRequest &s) {
+                                     s.flags &= ~FI_TRIGGER;
+                                     return issue_recv(s);
+                                 },
+                                 [&](RmaRequest &s) {
+                                     s.flags &= ~FI_TRIGGER;
+                                     return issue_rma(s);
+                                 },
+                                 [&](AtomicRequest &s) {
+                                     s.flags &= ~FI_TRIGGER;
+                                     return issue_atomic(s);
+                                 },
+                                 [](CounterOpRequest &) { return ssize_t(-FI_EINVAL); },
+                             },
+                             op.request);
+        } catch (...) {
+            ret = current_exception_errno();
+        }
+    }
+    if (ret == -FI_EAGAIN) {
+        ++(rx ? rx_triggered_ : tx_triggered_);
+        return -FI_EAGAIN;
+    }
+    if (ret) {
+        TANDEM_INFO(FI_LOG_EP_DATA, "a triggered operation failed to start: %s\n",
+                    fi_strerror(static_cast<int>(-ret)));
+        report_unstarted(op, static_cast<int>(-ret));
+    }
+    return 0;
+}
+
+void Endpoint::discard_triggered(TriggeredOp &op, int err, bool report) {
+    --(is_receive(op.request) ? rx_triggered_ : tx_triggered_);
+    if (report) report_unstarted(op, err);
+}
+
+// What fi_cancel reports for an operation that never started: an error completion with its
+// context (deferred work only when it asked for FI_COMPLETION), and an error count on the
+// counter it would have counted on.
+void Endpoint::report_unstarted(const TriggeredOp &op, int err) {
+    const TriggeredRequest &r = op.request;
+    const DeferredDone &done = done_of(r);
+    const uint64_t flags = cq_flags_of(r);
+    const bool rx = is_receive(r);
+    Cntr *cntr = done.deferred        ? done.cntr
+                 : rx                 ? recv_cntr_
+                 : (flags & FI_SEND)  ? send_cntr_
+                 : (flags & FI_WRITE) ? write_cntr_
+                                      : read_cntr_;
+    if (cntr) cntr->inc_err();
+    if (done.deferred && !(flags_of(r) & FI_COMPLETION)) return;
+    if (!rx) {
+        write_tx_err(context_of(r), flags, err, 0);
+        return;
+    }
+    if (!rx_cq_) return;
+    CompletionError e{};
+    e.entry.op_context = context_of(r);
+    e.entry.flags = flags;
+    e.entry.err = err;
+    e.entry.prov_errno = err;
+    e.src = FI_ADDR_NOTAVAIL;
+    e.owner = &rx_completions_;
+    rx_cq_->write_error(e);
+}
+
+// XPU triggers: not offered by this build's endpoints yet.
+ssize_t Endpoint::queue_xpu(TriggeredRequest &&, fi_triggered_context *, peer::TriggerWork &) {
+    if (!(caps_ & FI_XPU_TRIGGER)) return -FI_EINVAL;
+    return -FI_EOPNOTSUPP;
+}
+
+// ------------------------------------------------------------------------------------------
+// Domain: the queue's driver, and deferred work (FI_QUEUE_WORK and friends)
+
+void Domain::add_counter(Cntr *cntr) {
+    counters_.insert(cntr->fid());
+}
+
+void Domain::remove_counter(Cntr *cntr) {
+    counters_.erase(cntr->fid());
+    if (offload_ && offload_->triggers() && triggers_waiting()) {
+        size_t n = offload_->triggers()->flush_counter(offload_->domain(), cntr->fid());
+        if (n)
+            TANDEM_WARN(FI_LOG_DOMAIN,
+                        "counter closed with %zu triggered operations or work requests naming "
+                        "it: discarded (FI_ECANCELED)\n",
+                        n);
+        note_triggers();
+    }
+}
+
+Cntr *Domain::counter_of(fid_cntr *cntr) const {
+    return cntr && counters_.count(cntr) ? Cntr::of(cntr) : nullptr;
+}
+
+void Domain::note_triggers() {
+    bool waiting =
+        offload_ && offload_->triggers() && offload_->triggers()->pending(offload_->domain()) > 0;
+    triggers_waiting_.store(waiting, std::memory_order_relaxed);
+}
+
+void Domain::start_triggers() {
+    if (!offload_ || !offload_->triggers()) return;
+    offload_->triggers()->progress(offload_->domain());
+    note_triggers();
+}
+
+namespace {
+
+// The endpoint of a deferred work request's operation (an alias names its endpoint), when it
+// is one of this domain's.
+Endpoint *work_endpoint(Domain &domain, fid_ep *ep) {
+    Endpoint *e = Endpoint::from_fid(ep);
+    return e && e->domain() == &domain ? e : nullptr;
+}
+
+}  // namespace
+
+int Domain::queue_work(const fi_deferred_work *work) {
+    if (!work) return -FI_EINVAL;
+    std::lock_guard guard(lock());
+    Cntr *trigger = counter_of(work->triggering_cntr);
+    if (!trigger) return -FI_EINVAL;
+    DeferredDone done{true, nullptr};
+    if (work->completion_cntr && !(done.cntr = counter_of(work->completion_cntr)))
+        return -FI_EINVAL;
+    const void *match = work;
+    Endpoint *ep = nullptr;
+    TriggeredRequest r;
+    switch (work->op_type) {
+        case FI_OP_CNTR_SET:
+        case FI_OP_CNTR_ADD: {
+            // fi_trigger(3): the completion counter must be NULL for counter operations.
+            if (!work->op.cntr || work->completion_cntr) return -FI_EINVAL;
+            Cntr *target = counter_of(work->op.cntr->cntr);
+            if (!target) return -FI_EINVAL;
+            OffloadDomain *off = offload();
+            if (!off || !off->triggers()) return -FI_EOPNOTSUPP;
+            auto op = std::make_unique<TriggeredOp>();
+            op->domain = this;
+            op->request =
+                CounterOpRequest{target, work->op.cntr->value, work->op_type == FI_OP_CNTR_ADD};
+            op->match = match;
+            peer::TriggerWork w;
+            w.kind = peer::TriggerWork::Kind::Threshold;
+            w.cntr = trigger->fid();
+            w.threshold = work->threshold;
+            w.with_errors = true;
+            w.names[0] = trigger->fid();
+            w.names[1] = target->fid();
+            w.arg = op.get();
+            w.match = match;
+            w.group = this;
+            w.start = &TriggeredOp::start;
+            w.discard = &TriggeredOp::discard;
+            if (int ret = off->triggers()->queue(off->domain(), &w)) return ret;
+            op.release();
+            note_triggers();
+            start_triggers();
+            return 0;
+        }
+        case FI_OP_RECV:
+        case FI_OP_SEND: {
+            const fi_op_msg *m = work->op.msg;
+            if (!m || !(ep = work_endpoint(*this, m->ep))) return -FI_EINVAL;
+            if (work->op_type == FI_OP_SEND) {
+                SendRequest s;
+                if (int ret = ep->prepare_send(
+                        {m->msg.msg_iov, m->msg.desc, m->msg.iov_count, m->msg.addr, m->msg.context,
+                         m->flags, 0, m->msg.data, false},
+                        s))
+                    return ret;
+                r = std::move(s);
+            } else {
+                RecvRequest s;
+                if (int ret = s.buffers.capture(m->msg.msg_iov, m->msg.desc, m->msg.iov_count))
+                    return ret;
+                s.src = m->msg.addr;
+                s.context = m->msg.context;
+                s.flags = m->flags;
+                r = std::move(s);
+            }
+            break;
+        }
+        case FI_OP_TRECV:
+        case FI_OP_TSEND: {
+            const fi_op_tagged *m = work->op.tagged;
+            if (!m || !(ep = work_endpoint(*this, m->ep))) return -FI_EINVAL;
+            if (work->op_type == FI_OP_TSEND) {
+                SendRequest s;
+                if (int ret = ep->prepare_send(
+                        {m->msg.msg_iov, m->msg.desc, m->msg.iov_count, m->msg.addr, m->msg.context,
+                         m->flags, m->msg.tag, m->msg.data, true},
+                        s))
+                    return ret;
+                r = std::move(s);
+            } else {
+                RecvRequest s;
+                if (int ret = s.buffers.capture(m->msg.msg_iov, m->msg.desc, m->msg.iov_count))
+                    return ret;
+                s.src = m->msg.addr;
+                s.context = m->msg.context;
+                s.flags = m->flags;
+                s.tag = m->msg.tag;
+                s.ignore = m->msg.ignore;
+                s.tagged = true;
+                r = std::move(s);
+            }
+            break;
+        }
+        case FI_OP_READ:
+        case FI_OP_WRITE: {
+            const fi_op_rma *m = work->op.rma;
+            if (!m || !(ep = work_endpoint(*this, m->ep))) return -FI_EINVAL;
+            if (m->msg.rma_iov_count != 1 || !m->msg.rma_iov) return -FI_EINVAL;
+            RmaRequest s;
+            if (int ret =
+                    ep->prepare_rma({m->msg.msg_iov, m->msg.desc, m->msg.iov_count, m->msg.addr,
+                                     m->msg.rma_iov[0].addr, m->msg.rma_iov[0].key, m->msg.context,
+                                     m->flags, m->msg.data, work->op_type == FI_OP_WRITE},
+                                    s))
+                return ret;
+            r = std::move(s);
+            break;
+        }
+        case FI_OP_ATOMIC:
+        case FI_OP_FETCH_ATOMIC:
+        case FI_OP_COMPARE_ATOMIC: {
+            std::optional<AtomicCall> call;
+            fid_ep *fep = nullptr;
+            if (work->op_type == FI_OP_ATOMIC && work->op.atomic) {
+                fep = work->op.atomic->ep;
+                call.emplace(
+                    AtomicCall{work->op.atomic->msg, atomic::Kind::Base, work->op.atomic->flags});
+            } else if (work->op_type == FI_OP_FETCH_ATOMIC && work->op.fetch_atomic) {
+                const fi_op_fetch_atomic *m = work->op.fetch_atomic;
+                fep = m->ep;
+                call.emplace(AtomicCall{m->msg, atomic::Kind::Fetch, m->flags});
+                call->with_result(m->fetch.msg_iov, m->fetch.desc, m->fetch.iov_count);
+            } else if (work->op_type == FI_OP_COMPARE_ATOMIC && work->op.compare_atomic) {
+                const fi_op_compare_atomic *m = work->op.compare_atomic;
+                fep = m->ep;
+                call.emplace(AtomicCall{m->msg, atomic::Kind::Compare, m->flags});
+                call->with_result(m->fetch.msg_iov, m->fetch.desc, m->fetch.iov_count);
+                call->with_compare(m->compare.msg_iov, m->compare.desc, m->compare.iov_count);
+            }
+            if (!call || !(ep = work_endpoint(*this, fep))) return -FI_EINVAL;
+            AtomicRequest s;
+            if (int ret = ep->prepare_atomic(*call, s)) return ret;
+            r = std::move(s);
+            break;
+        }
+        default:
+            return -FI_ENOSYS;  // fi_trigger(3): an operation the provider does not support
+    }
+    std::visit(Overload{
+                   [](CounterOpRequest &) {},
+                   [&](auto &s) { s.done = done; },
+               },
+               r);
+    return ep->queue_deferred(std::move(r), trigger, work->threshold, match);
+}
+
+int Domain::cancel_work(const fi_deferred_work *work) {
+    if (!work) return -FI_EINVAL;
+    std::lock_guard guard(lock());
+    if (!offload_ || !offload_->triggers()) return -FI_ENOENT;
+    // The group is the endpoint of the request's operation (or this domain for a counter
+    // operation), which it may no longer name validly: try the domain's endpoints.
+    const peer::TriggerOps *t = offload_->triggers();
+    int ret = t->cancel(offload_->domain(), this, work);
+    for (size_t i = 0; ret == -FI_ENOENT && i < endpoints_.size(); ++i)
+        ret = t->cancel(offload_->domain(), endpoints_[i]->work_group(), work);
+    note_triggers();
+    return ret;
+}
+
+int Domain::flush_work(const fi_deferred_work *work) {
+    std::lock_guard guard(lock());
+    if (!offload_ || !offload_->triggers()) return 0;
+    fid_cntr *cntr = work ? work->triggering_cntr : nullptr;
+    const peer::TriggerOps *t = offload_->triggers();
+    t->flush(offload_->domain(), this, cntr);
+    for (Endpoint *ep : endpoints_) t->flush(offload_->domain(), ep->work_group(), cntr);
+    note_triggers();
+    return 0;
+}
+
+}  // namespace tandem
