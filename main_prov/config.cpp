@@ -52,6 +52,12 @@ void Config::load(fi_provider *prov) {
         p.text("iface", "Comma-separated interfaces to offer as domains (empty: all)", "");
     g_config.include_loopback =
         p.flag("loopback", "Offer the loopback interface as a domain", true);
+    g_config.mr_virt_addr =
+        p.flag("mr_virt_addr",
+               "Address remote memory by virtual address (FI_MR_VIRT_ADDR) when the application "
+               "offers it; off (the default): by offset into the region, which every link of "
+               "tandem supports, so tandem does not ask applications for FI_MR_VIRT_ADDR",
+               false);
     g_config.local_path = p.flag("local",
                                  "Send to endpoints on the same node through the offload "
                                  "provider's shared memory (off: over the network path, as "

@@ -23,6 +23,7 @@ struct Config {
     std::string iface;       // restrict domains to these interfaces (comma separated)
     bool include_loopback;   // offer the loopback interface as a domain
     bool local_path;         // node-local peers through off_tandem (shared memory)
+    bool mr_virt_addr;       // take FI_MR_VIRT_ADDR when the application offers it
 
     static const Config &get();
     static void load(fi_provider *prov);

@@ -60,6 +60,7 @@ LocalPath::LocalPath(Endpoint &ep, RxMatcher &rx)
 std::unique_ptr<LocalPath> LocalPath::open(Endpoint &ep, OffloadDomain &off, Av &av, RxMatcher &rx,
                                            fid_eq *eq) {
     std::unique_ptr<LocalPath> lp(new LocalPath(ep, rx));
+    lp->hmem_ = ep.caps_ & FI_HMEM;
     const char *step = "fi_cq_open";
     fi_cq_attr cq_attr{};
     cq_attr.format = FI_CQ_FORMAT_TAGGED;
@@ -142,7 +143,10 @@ bool LocalPath::reaches(fi_addr_t addr) {
 int LocalPath::send(TxOp *op, const iovec *iov, void **desc, size_t count, fi_addr_t dest,
                     uint64_t flags, uint64_t tag, uint64_t data, bool tagged) {
     // The application's descriptors go to the twin as they are (peer::MrDesc): it learns
-    // where device buffers live from them.
+    // where device buffers live from them. Without FI_HMEM they name host memory only and
+    // are not looked at (an application may pass anything there, even a descriptor where
+    // fi_msg_fetch wants a list of them).
+    desc = descs(desc);
     fi_msg_tagged msg{};
     msg.msg_iov = iov;
     msg.desc = desc;
@@ -160,7 +164,7 @@ int LocalPath::send(TxOp *op, const iovec *iov, void **desc, size_t count, fi_ad
 int LocalPath::rma(TxOp *op, const iovec *iov, void **desc, size_t count, fi_addr_t peer,
                    uint64_t addr, uint64_t key, uint64_t flags, uint64_t data, bool write) {
     fi_rma_iov rma{addr, iov_length(iov, count), key};
-    fi_msg_rma msg{iov, desc, count, peer, &rma, 1, op, data};
+    fi_msg_rma msg{iov, descs(desc), count, peer, &rma, 1, op, data};
     flags = (flags & FI_REMOTE_CQ_DATA) | FI_COMPLETION;
     return static_cast<int>(write ? fi_writemsg(twin_, &msg, flags)
                                   : fi_readmsg(twin_, &msg, flags));
@@ -169,17 +173,18 @@ int LocalPath::rma(TxOp *op, const iovec *iov, void **desc, size_t count, fi_add
 int LocalPath::atomic(TxOp *op, const AtomicCall &a) {
     fi_msg_atomic msg = a.msg;
     msg.context = op;
+    msg.desc = descs(msg.desc);
     uint64_t flags = (a.flags & FI_REMOTE_CQ_DATA) | FI_COMPLETION;
     switch (a.kind) {
         case atomic::Kind::Base:
             return static_cast<int>(fi_atomicmsg(twin_, &msg, flags));
         case atomic::Kind::Fetch:
-            return static_cast<int>(
-                fi_fetch_atomicmsg(twin_, &msg, a.result, a.result_desc, a.result_count, flags));
+            return static_cast<int>(fi_fetch_atomicmsg(twin_, &msg, a.result, descs(a.result_desc),
+                                                       a.result_count, flags));
         case atomic::Kind::Compare:
-            return static_cast<int>(fi_compare_atomicmsg(twin_, &msg, a.compare, a.compare_desc,
-                                                         a.compare_count, a.result, a.result_desc,
-                                                         a.result_count, flags));
+            return static_cast<int>(
+                fi_compare_atomicmsg(twin_, &msg, a.compare, descs(a.compare_desc), a.compare_count,
+                                     a.result, descs(a.result_desc), a.result_count, flags));
     }
     return -FI_EINVAL;
 }

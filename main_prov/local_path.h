@@ -104,7 +104,10 @@ class LocalPath final : public peer::CqOwner {
   private:
     explicit LocalPath(Endpoint &ep, RxMatcher &rx);
     void flush_transfers_now();
+    // The descriptors the twin gets: the application's with FI_HMEM, none without.
+    void **descs(void **desc) const { return hmem_ ? desc : nullptr; }
     Endpoint &ep_;
+    bool hmem_ = false;
     peer::ExportedCq cq_export_{*this};
     PeerRxQueue rx_queue_;
     fi_peer_transfer_context transfer_{};

@@ -207,7 +207,8 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
     if (want_mr == FI_MR_BASIC || want_mr == FI_MR_SCALABLE)
         d.mr_mode = static_cast<int>(want_mr);  // the pre-1.5 enumeration
     else
-        d.mr_mode = static_cast<int>(want_mr & kMrModeSupported);
+        d.mr_mode = static_cast<int>(want_mr & kMrModeSupported &
+                                     (cfg.mr_virt_addr ? ~0ull : ~uint64_t(FI_MR_VIRT_ADDR)));
     if (out_caps & FI_HMEM)
         d.mr_mode |= FI_MR_HMEM;
     else

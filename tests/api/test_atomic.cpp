@@ -832,7 +832,9 @@ TEST_F(AtomicCounterTest, RefusedAtomicsCountAsErrorsAndNotAtTheTarget) {
 class AtomicVirtAddrTest : public AtomicFixture {};
 
 TEST_F(AtomicVirtAddrTest, MisalignedTargetIsRefusedAtPost) {
-    ASSERT_TRUE(virt_addr());
+    if (!virt_addr())
+        GTEST_SKIP() << "tandem addresses by offset unless FI_TANDEM_MR_VIRT_ADDR=1 (the "
+                        "api_virt.atomic run)";
     auto target = buf(4096, 0x33, true);
     auto local = buf(4096, 0x11);
     int i = 0;
