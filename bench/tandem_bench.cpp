@@ -9,7 +9,10 @@
 //     fi_compare_atomic FI_CSWAP (post one, wait for its completion, repeat; the median), and
 //     the rate of fi_atomic FI_SUM with a window of operations in flight. An operation the
 //     provider does not offer (fi_*atomicvalid, or refused when posted) is reported as n/a
-//     with the reason.
+//     with the reason,
+//   - triggered sends (fi_trigger(3)): 8-byte ping-pong latency with the initiator's send
+//     posted at t0, and posted beforehand with FI_TRIGGER on a counter whose fi_cntr_add at t0
+//     starts it; n/a where the provider does not offer FI_TRIGGER.
 //
 // One binary, three ways to start it:
 //   tandem_bench -s [HOST:]PORT [options]   server: waits for a client on a TCP control port
@@ -32,6 +35,7 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
+#include <rdma/fi_trigger.h>
 
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -148,6 +152,7 @@ enum TestBits : uint32_t {
     kTestRma = 4,
     kTestAtomicLat = 8,
     kTestAtomicRate = 16,
+    kTestTrigger = 32,
 };
 constexpr uint32_t kSizeTests = kTestLat | kTestBw | kTestRma;
 constexpr uint32_t kAtomicTests = kTestAtomicLat | kTestAtomicRate;
@@ -213,9 +218,10 @@ void usage(FILE *f) {
         "  -e rdm|msg      endpoint type (default rdm)\n"
         "  -S SIZES        comma list (8,4k,1m) and/or ranges of powers of two (8:4m);\n"
         "                  default 8:4m\n"
-        "  -t TESTS        comma list of lat,bw,rma (per size) and alat,arate (8-byte\n"
-        "                  atomics, independent of -S); atomic = alat,arate; all = every\n"
-        "                  one (default lat,bw,rma)\n"
+        "  -t TESTS        comma list of lat,bw,rma (per size), alat,arate (8-byte\n"
+        "                  atomics, independent of -S) and trig (8-byte sends, direct and\n"
+        "                  triggered); atomic = alat,arate; all = every one (default\n"
+        "                  lat,bw,rma)\n"
         "  -w WINDOW       operations in flight for the bandwidth and atomic-rate tests\n"
         "                  (default 64)\n"
         "  -i N            fixed iteration count (ping-pongs, windows for bandwidth,\n"
@@ -228,7 +234,9 @@ void usage(FILE *f) {
         "tagged-send bandwidth and RMA-write bandwidth in MB/s (1 MB = 10^6 bytes);\n"
         "then lines \"atomic KEY VALUE UNIT ...\": fetch_sum_lat, sum_lat, sum_dc_lat,\n"
         "cswap_lat in us (post to completion, median), sum_rate in operations per second;\n"
-        "VALUE n/a (reason) when the provider does not offer the operation.\n");
+        "then lines \"trigger KEY VALUE us mean M\": send_direct_lat, send_trig_lat (half\n"
+        "round trip, median); VALUE n/a (reason) when the provider does not offer the\n"
+        "operation.\n");
 }
 
 bool parse_sizes(const char *arg, std::vector<uint64_t> *out) {
@@ -278,8 +286,10 @@ bool parse_tests(const char *arg, uint32_t *out) {
             *out |= kTestAtomicRate;
         else if (t == "atomic")
             *out |= kAtomicTests;
+        else if (t == "trig")
+            *out |= kTestTrigger;
         else if (t == "all")
-            *out |= kSizeTests | kAtomicTests;
+            *out |= kSizeTests | kAtomicTests | kTestTrigger;
         else
             return false;
         if (comma == std::string::npos) break;
@@ -334,7 +344,7 @@ Options parse_options(int argc, char **argv) {
                 break;
             case 't':
                 if (!parse_tests(optarg, &o.tests))
-                    die("bad -t %s (lat,bw,rma,alat,arate)", optarg);
+                    die("bad -t %s (lat,bw,rma,alat,arate,trig)", optarg);
                 break;
             case 'w':
                 o.window = static_cast<uint32_t>(std::atoi(optarg));
@@ -492,11 +502,16 @@ enum class OpKind : int { kTx, kRx };
 // as it is queued).
 enum class AtomicKind : int { kSum, kSumDelivery, kFetchSum, kCswap };
 
-// One per posted operation: the fi_context2 must stay untouched until the completion.
+// One per posted operation: the fi_context2 must stay untouched until the completion. An
+// FI_TRIGGER operation takes the fi_triggered_context2 in the same place as its context.
 struct Op {
-    fi_context2 ctx;  // first member: the completion's op_context points here
+    union {
+        fi_context2 ctx;  // first member: the completion's op_context points here
+        fi_triggered_context2 tctx;
+    };
     OpKind kind;
 };
+static_assert(sizeof(fi_triggered_context2) == sizeof(fi_context2));
 
 struct Buffer {
     uint8_t *ptr = nullptr;
@@ -511,19 +526,23 @@ class Fabric {
     ~Fabric() { teardown(); }
 
     // fi_getinfo with the wanted capabilities, falling back step by step: tagged sends matter
-    // most, then RMA, then atomics; untagged sends are the last resort (some MSG endpoints lack
-    // FI_TAGGED).
-    void select(bool want_rma, bool want_atomic) {
+    // most, then RMA, then atomics, then triggered operations; untagged sends are the last
+    // resort (some MSG endpoints lack FI_TAGGED).
+    void select(bool want_rma, bool want_atomic, bool want_trigger) {
         const uint64_t msg_caps[] = {FI_TAGGED, FI_MSG};
         for (uint64_t base : msg_caps) {
             for (int r = want_rma ? 1 : 0; r >= 0 && !info_; --r) {
                 for (int a = want_atomic ? 1 : 0; a >= 0 && !info_; --a) {
-                    fi_info *got = try_getinfo(base | (r ? FI_RMA : 0) | (a ? FI_ATOMIC : 0));
-                    if (got) {
-                        info_ = got;
-                        tagged_ = base == FI_TAGGED;
-                        rma_ = r != 0;
-                        atomic_ = a != 0;
+                    for (int t = want_trigger ? 1 : 0; t >= 0 && !info_; --t) {
+                        fi_info *got = try_getinfo(base | (r ? FI_RMA : 0) | (a ? FI_ATOMIC : 0) |
+                                                   (t ? FI_TRIGGER : 0));
+                        if (got) {
+                            info_ = got;
+                            tagged_ = base == FI_TAGGED;
+                            rma_ = r != 0;
+                            atomic_ = a != 0;
+                            trigger_ = t != 0;
+                        }
                     }
                 }
             }
@@ -647,6 +666,44 @@ class Fabric {
             },
             "fi_write");
         ++tx_posted_;
+    }
+
+    // fi_tsendmsg (fi_sendmsg without FI_TAGGED) of `len` bytes of b. With a counter, the send
+    // is an FI_TRIGGER one that starts when the counter's success value reaches `threshold`;
+    // without one, it starts now, through the same call.
+    void post_send_msg(Buffer &b, size_t len, uint64_t tag, fid_cntr *cntr = nullptr,
+                       uint64_t threshold = 0) {
+        Op *op = next_op(OpKind::kTx);
+        void *desc = mr_local_ ? b.desc : nullptr;
+        uint64_t flags = FI_COMPLETION;
+        if (cntr) {
+            op->tctx = fi_triggered_context2{};
+            op->tctx.event_type = FI_TRIGGER_THRESHOLD;
+            op->tctx.trigger.threshold.cntr = cntr;
+            op->tctx.trigger.threshold.threshold = threshold;
+            flags |= FI_TRIGGER;
+        }
+        iovec iov{b.ptr, len};
+        fi_msg_tagged tmsg{&iov, &desc, 1, peer_, tag, 0, &op->ctx, 0};
+        fi_msg msg{&iov, &desc, 1, peer_, &op->ctx, 0};
+        const char *what = tagged_ ? (cntr ? "fi_tsendmsg(FI_TRIGGER)" : "fi_tsendmsg")
+                                   : (cntr ? "fi_sendmsg(FI_TRIGGER)" : "fi_sendmsg");
+        retry(
+            [&] { return tagged_ ? fi_tsendmsg(ep_, &tmsg, flags) : fi_sendmsg(ep_, &msg, flags); },
+            what);
+        ++tx_posted_;
+    }
+
+    // The counter FI_TRIGGER sends wait on: opened once, bound to nothing (only fi_cntr_add
+    // moves it).
+    fid_cntr *trigger_cntr() {
+        if (!trigger_cntr_) {
+            fi_cntr_attr attr{};
+            attr.events = FI_CNTR_EVENTS_COMP;
+            attr.wait_obj = FI_WAIT_NONE;
+            check_fi(fi_cntr_open(domain_, &attr, &trigger_cntr_, nullptr), "fi_cntr_open");
+        }
+        return trigger_cntr_;
     }
 
     // fi_writemsg with FI_DELIVERY_COMPLETE; returns false (nothing posted) if the provider
@@ -795,6 +852,20 @@ class Fabric {
             if ((++spins & 0xffff) == 0 && ctrl_.peer_gone()) die("peer went away");
         }
     }
+    // wait_rx with a limit: false if `count` receives have not completed after timeout_us
+    // (looks at the clock only every 1024 polls).
+    bool wait_rx_for(uint64_t count, double timeout_us) {
+        const double start = now_us();
+        uint64_t spins = 0;
+        while (rx_done_ < count) {
+            poll_cq();
+            if ((++spins & 0x3ff) == 0) {
+                if (now_us() - start > timeout_us) return false;
+                if ((spins & 0xffff) == 0 && ctrl_.peer_gone()) die("peer went away");
+            }
+        }
+        return true;
+    }
 
     // A barrier over the control socket that keeps the fabric progressing meanwhile.
     void sync_int(int32_t mine, int32_t *peer) {
@@ -817,6 +888,7 @@ class Fabric {
     bool tagged() const { return tagged_; }
     bool rma() const { return rma_; }
     bool atomic() const { return atomic_; }
+    bool trigger() const { return trigger_; }
     uint64_t max_msg() const { return max_msg_; }
     const fi_info *info() const { return info_; }
     Buffer &tx() { return tx_; }
@@ -1012,6 +1084,7 @@ class Fabric {
             b->ptr = nullptr;
         }
         if (ep_) fi_close(&ep_->fid);
+        if (trigger_cntr_) fi_close(&trigger_cntr_->fid);
         if (pep_) fi_close(&pep_->fid);
         if (av_) fi_close(&av_->fid);
         if (cq_) fi_close(&cq_->fid);
@@ -1020,6 +1093,7 @@ class Fabric {
         if (fabric_) fi_close(&fabric_->fid);
         if (info_) fi_freeinfo(info_);
         ep_ = nullptr;
+        trigger_cntr_ = nullptr;
         pep_ = nullptr;
         av_ = nullptr;
         cq_ = nullptr;
@@ -1033,7 +1107,7 @@ class Fabric {
     bool server_;
     Ctrl &ctrl_;
     fi_info *info_ = nullptr;
-    bool tagged_ = false, rma_ = false, atomic_ = false, mr_local_ = false;
+    bool tagged_ = false, rma_ = false, atomic_ = false, trigger_ = false, mr_local_ = false;
     uint64_t max_msg_ = 0;
     fid_fabric *fabric_ = nullptr;
     fid_domain *domain_ = nullptr;
@@ -1042,6 +1116,7 @@ class Fabric {
     fid_av *av_ = nullptr;
     fid_ep *ep_ = nullptr;
     fid_pep *pep_ = nullptr;
+    fid_cntr *trigger_cntr_ = nullptr;
     fi_addr_t peer_ = FI_ADDR_UNSPEC;
     WireRmaTarget peer_rma_{};
     Buffer tx_, rx_, ctl_tx_, ctl_rx_;
@@ -1449,6 +1524,136 @@ void run_atomics(Fabric &f, bool is_server, const Options &o, int *errors) {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Triggered sends: an 8-byte ping-pong whose initiator sends either directly at t0 or through
+// an FI_TRIGGER send posted beforehand and started at t0 by fi_cntr_add on its counter. The
+// iterations alternate between the two, so that what the machine does meanwhile hits both.
+
+double median_and_mean(std::vector<double> v, double *mean) {
+    double sum = 0;
+    for (double t : v) sum += t;
+    *mean = sum / static_cast<double>(v.size());
+    const size_t mid = v.size() / 2;
+    std::nth_element(v.begin(), v.begin() + mid, v.end());
+    double median = v[mid];
+    if (v.size() % 2 == 0) median = (median + *std::max_element(v.begin(), v.begin() + mid)) / 2;
+    return median;
+}
+
+// Both sides; the client prints "trigger KEY VALUE us mean M" for send_direct_lat and
+// send_trig_lat, or n/a for both where the endpoint has no FI_TRIGGER.
+void run_trigger(Fabric &f, bool is_server, const Options &o, int *errors) {
+    constexpr size_t kSize = 8;
+    constexpr double kReplyTimeoutUs = 10e6;
+    const Counts c =
+        o.iters ? Counts{std::max<uint32_t>(1, o.iters / 10), o.iters} : Counts{500, 5000};
+    const uint32_t total = 2 * (c.warmup + c.iters);  // direct and triggered, alternating
+    if (!is_server) {
+        std::printf(
+            "# trigger: 8 B %s ping-pong, half round trip in us; median of %u iterations each\n"
+            "#          (their mean after it), direct and triggered alternating.\n"
+            "#          send_direct_lat: the send is posted at t0; send_trig_lat: it was posted\n"
+            "#          beforehand with FI_TRIGGER on a counter (threshold k in the k-th\n"
+            "#          triggered iteration) and fi_cntr_add(cntr, 1) at t0 starts it. The\n"
+            "#          difference is the time from the counter reaching its threshold to the\n"
+            "#          send leaving: trigger overhead on the path to the peer.\n",
+            f.tagged() ? "tagged" : "untagged", c.iters);
+        std::fflush(stdout);
+    }
+    if (o.verbose) std::fprintf(stderr, "tandem_bench[%s]: trigger\n", g_role);
+    const char *keys[] = {"send_direct_lat", "send_trig_lat"};
+    // The initiator says whether it can go.
+    uint64_t go = 0;
+    if (is_server) {
+        f.sync_u64(0, &go);
+    } else {
+        uint64_t ignored;
+        go = f.trigger() ? 1 : 0;
+        f.sync_u64(go, &ignored);
+    }
+    if (!go) {
+        if (!is_server)
+            for (const char *key : keys)
+                std::printf("  trigger %-15s %12s %-6s (%s)\n", key, "n/a", "us", "no FI_TRIGGER");
+        return;
+    }
+    const int before = *errors;
+    auto check = [&](uint32_t it) {
+        if (!seq_ok(f.rx().ptr, kSize, it)) {
+            if (*errors - before < 5)
+                std::fprintf(stderr, "trigger: iteration %u carried a wrong sequence number\n", it);
+            ++*errors;
+        }
+    };
+    if (is_server) {
+        f.post_recv(f.rx(), kSize, kTagData);
+        for (uint32_t it = 0; it < total; ++it) {
+            f.wait_rx(f.rx_posted());
+            check(it);
+            if (it + 1 < total) f.post_recv(f.rx(), kSize, kTagData);
+            put_seq(f.tx().ptr, kSize, it);
+            f.post_send(f.tx(), kSize, kTagData);
+            f.wait_tx(f.tx_posted());
+        }
+        int32_t ignored;
+        f.sync_int(*errors - before, &ignored);
+        return;
+    }
+    fid_cntr *cntr = f.trigger_cntr();
+    uint64_t threshold = fi_cntr_read(cntr);
+    std::vector<double> times[2];
+    times[0].reserve(c.iters);
+    times[1].reserve(c.iters);
+    for (uint32_t it = 0; it < total; ++it) {
+        const bool triggered = it % 2 == 1;
+        f.post_recv(f.rx(), kSize, kTagData);
+        put_seq(f.tx().ptr, kSize, it);
+        double t0;
+        if (triggered) {
+            f.post_send_msg(f.tx(), kSize, kTagData, cntr, ++threshold);
+            // The first few times, make sure the send really waits for its threshold (a
+            // provider that started it at once would show no reply yet less overhead).
+            if (it < 8) {
+                const uint64_t rx_before = f.rx_done(), tx_before = f.tx_done();
+                const double start = now_us();
+                while (now_us() - start < 1000) f.poll();
+                if (f.rx_done() != rx_before || f.tx_done() != tx_before) {
+                    std::fprintf(stderr,
+                                 "trigger: iteration %u: the send completed before its counter "
+                                 "reached the threshold %" PRIu64 "\n",
+                                 it, threshold);
+                    ++*errors;
+                }
+            }
+            t0 = now_us();
+            check_fi(fi_cntr_add(cntr, 1), "fi_cntr_add");
+        } else {
+            t0 = now_us();
+            f.post_send_msg(f.tx(), kSize, kTagData);
+        }
+        if (!f.wait_rx_for(f.rx_posted(), kReplyTimeoutUs))
+            die("trigger: iteration %u (%s send): no reply after %.0f s; counter %" PRIu64
+                " (threshold %" PRIu64 "), sends completed %" PRIu64 " of %" PRIu64
+                ", receives %" PRIu64 " of %" PRIu64,
+                it, triggered ? "triggered" : "direct", kReplyTimeoutUs / 1e6, fi_cntr_read(cntr),
+                threshold, f.tx_done(), f.tx_posted(), f.rx_done(), f.rx_posted());
+        const double t1 = now_us();
+        f.wait_tx(f.tx_posted());
+        check(it);
+        if (it >= 2 * c.warmup) times[triggered].push_back((t1 - t0) / 2);
+    }
+    int32_t peer_err = 0;
+    f.sync_int(*errors - before, &peer_err);
+    *errors += peer_err;
+    for (int k = 0; k < 2; ++k) {
+        double mean = 0;
+        const double median = median_and_mean(times[k], &mean);
+        std::printf("  trigger %-15s %12.2f %-6s mean %.2f%s\n", keys[k], median, "us", mean,
+                    *errors != before ? "   DATA ERROR" : "");
+    }
+    std::fflush(stdout);
+}
+
 int run(const Options &o, bool is_server, int ctrl_fd) {
     if (o.timeout_s) {  // per process: a forked child does not inherit the parent's alarm
         signal(SIGALRM, on_alarm);
@@ -1489,7 +1694,8 @@ int run(const Options &o, bool is_server, int ctrl_fd) {
     }
 
     Fabric f(eff, is_server, ctrl);
-    f.select((eff.tests & kTestRma) != 0, (eff.tests & kAtomicTests) != 0);
+    f.select((eff.tests & kTestRma) != 0, (eff.tests & kAtomicTests) != 0,
+             (eff.tests & kTestTrigger) != 0);
     f.agree_with_peer();
     f.open();
     const bool size_tests = (eff.tests & kSizeTests) != 0;
@@ -1575,6 +1781,7 @@ int run(const Options &o, bool is_server, int ctrl_fd) {
         }
     }
     if (eff.tests & kAtomicTests) run_atomics(f, is_server, eff, &errors);
+    if (eff.tests & kTestTrigger) run_trigger(f, is_server, eff, &errors);
     int32_t peer_total = 0;
     f.sync_int(errors, &peer_total);
     if (!is_server) {

@@ -5,6 +5,7 @@
 #   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] [-p "PROV,PROV,..."] [--local] [--no-ucx]
 #   scripts/bench.sh [-b BUILD_DIR] --hmem
 #   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --atomic [--local]
+#   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --trigger [--local]
 #
 #   -b BUILD_DIR  the CMake build directory (default: <repo>/build); needs
 #                 BUILD_DIR/bench/tandem_bench and, for tandem, BUILD_DIR/lib/libtandem-fi.so
@@ -28,6 +29,13 @@
 #                 reversed every other run; ratios tandem / system of the medians. With --local
 #                 only the node-local pair. No UCX; -p does not apply. An operation a provider
 #                 does not offer shows as n/a, its reason below the table.
+#   --trigger     triggered operations instead (tandem_bench -t trig): 8 B ping-pong latency
+#                 with the send posted at t0 (direct) and posted beforehand with FI_TRIGGER on
+#                 a counter that fi_cntr_add starts at t0 (trig), iterations alternating. The
+#                 same pairs and order as --atomic (system providers without FI_TRIGGER show
+#                 n/a); prints tandem's ratio trig / direct of the medians and their
+#                 difference, the trigger's overhead on the path to the peer. With --local
+#                 only the node-local pair. No UCX; -p does not apply.
 #
 # Each run is one tandem_bench process pair (fork mode: server and client on this host, both
 # busy-polling, nothing pinned) measuring 8 B tagged ping-pong latency and 1 MiB tagged-send
@@ -45,6 +53,7 @@ use_ucx=1
 local=0
 hmem=0
 atomic=0
+trigger=0
 while [ $# -gt 0 ]; do
     case $1 in
         -b) build=$2; shift 2 ;;
@@ -54,7 +63,8 @@ while [ $# -gt 0 ]; do
         --local) local=1; shift ;;
         --hmem) hmem=1; shift ;;
         --atomic) atomic=1; shift ;;
-        -h|--help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --trigger) trigger=1; shift ;;
+        -h|--help) sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "bench.sh: unknown option $1 (see -h)" >&2; exit 1 ;;
     esac
 done
@@ -76,8 +86,15 @@ if [ "$hmem" = 1 ]; then
 fi
 bench=$build/bench/tandem_bench
 [ -x "$bench" ] || { echo "bench.sh: $bench not built (cmake --build $build --target tandem_bench)" >&2; exit 1; }
-if [ "$atomic" = 1 ]; then
-    [ -z "$providers" ] || { echo "bench.sh: -p does not apply to --atomic (see -h)" >&2; exit 1; }
+if [ "$atomic" = 1 ] && [ "$trigger" = 1 ]; then
+    echo "bench.sh: --atomic and --trigger exclude each other (see -h)" >&2
+    exit 1
+fi
+if [ "$atomic" = 1 ] || [ "$trigger" = 1 ]; then
+    [ -z "$providers" ] || {
+        echo "bench.sh: -p does not apply to --$([ "$atomic" = 1 ] && echo atomic || echo trigger) (see -h)" >&2
+        exit 1
+    }
     use_ucx=0
 fi
 
@@ -108,53 +125,63 @@ ratio() {
     awk -v a="$1" -v b="$2" 'BEGIN { if (a == "n/a" || b == "n/a" || b + 0 == 0) print "n/a"; else printf "%.2f\n", a / b }'
 }
 
-# run_atomic LABEL PROV TANDEM_LOCAL: one tandem_bench atomic run; appends "LABEL key value"
-# lines to the results and "LABEL: key n/a: reason" lines to the notes.
-run_atomic() {
-    local label=$1 prov=$2 loc=$3 out=$tmp/out
+# run_keyed LABEL PROV TANDEM_LOCAL TESTS WORD: one tandem_bench run of -t TESTS (alat,arate:
+# lines "  atomic KEY ...", WORD atomic; trig: "  trigger KEY ...", WORD trigger); appends
+# "LABEL key value" lines to the results and "LABEL: key n/a: reason" lines to the notes.
+run_keyed() {
+    local label=$1 prov=$2 loc=$3 tests=$4 word=$5 out=$tmp/out
     local -a envs=(env -u FI_PROVIDER)
     case $prov in
         tandem|tandem\;*) envs+=(FI_PROVIDER_PATH="$build/lib" FI_TANDEM_LOCAL="$loc") ;;
         *) envs+=(-u FI_PROVIDER_PATH) ;;
     esac
-    if ! timeout 150 "${envs[@]}" "$bench" -p "$prov" -t alat,arate -T 140 >"$out" 2>&1; then
+    if ! timeout 150 "${envs[@]}" "$bench" -p "$prov" -t "$tests" -T 140 >"$out" 2>&1; then
         echo "  $label: FAILED:"
         sed 's/^/    /' "$out"
         echo "$label failed 1" >>"$results"
         failed=1
         return
     fi
-    # "  atomic KEY VALUE UNIT [mean M | overall R]", or "  atomic KEY n/a UNIT (reason)"
-    awk -v p="$label" '$1 == "atomic" && $3 != "n/a" { print p, $2, $3 }' "$out" >>"$results"
-    awk -v p="$label" '$1 == "atomic" && $3 == "n/a" {
+    # "  WORD KEY VALUE UNIT [mean M | overall R]", or "  WORD KEY n/a UNIT (reason)"
+    awk -v p="$label" -v w="$word" '$1 == w && $3 != "n/a" { print p, $2, $3 }' "$out" >>"$results"
+    awk -v p="$label" -v w="$word" '$1 == w && $3 == "n/a" {
                            r = $0; sub(/^[^(]*\(/, "", r); sub(/\)[^)]*$/, "", r)
                            print p ": " $2 " n/a: " r }' "$out" >>"$tmp/notes"
     printf '  %-14s' "$label"
-    awk '$1 == "atomic" { k = $2; sub(/_lat$/, "", k); printf " %s %s%s", k, $3, $4 == "us" ? "us" : " " $4 }' "$out"
+    awk -v w="$word" '$1 == w { k = $2; sub(/^send_/, "", k); sub(/_lat$/, "", k)
+                                printf " %s %s%s", k, $3, $3 == "n/a" ? "" : $4 == "us" ? "us" : " " $4 }' "$out"
     echo
 }
 
-if [ "$atomic" = 1 ]; then
+# The keyed runs (--atomic, --trigger): tandem and the system provider next to it, node-local
+# and (without --local) over the link, $runs times, the order reversed every other run.
+# keyed_rounds OPTION TESTS WORD
+keyed_rounds() {
+    local option=$1 tests=$2 word=$3 r c i label prov loc
     # label:provider:FI_TANDEM_LOCAL, in pairs (tandem, then the system provider it is held to)
     configs=("tandem(local):tandem:1" "shm:shm:")
     [ "$local" = 1 ] || configs+=("tandem(link):tandem:0" "tcp;ofi_rxm:tcp;ofi_rxm:")
     : >"$tmp/notes"
-    echo "bench.sh --atomic: $runs runs of: $(for c in "${configs[@]}"; do printf '%s ' "${c%%:*}"; done)"
+    echo "bench.sh $option: $runs runs of: $(for c in "${configs[@]}"; do printf '%s ' "${c%%:*}"; done)"
     [ "$local" = 1 ] || echo "          tandem(link) is tandem with FI_TANDEM_LOCAL=0"
     echo "          order reversed every other run"
     echo "          build $build; load average now: $(cut -d' ' -f1-3 /proc/loadavg)"
     for r in $(seq 1 "$runs"); do
         echo "run $r/$runs"
-        order=("${configs[@]}")
+        local order=("${configs[@]}")
         if [ $((r % 2)) = 0 ]; then
             order=()
             for ((i = ${#configs[@]} - 1; i >= 0; i--)); do order+=("${configs[i]}"); done
         fi
         for c in "${order[@]}"; do
             IFS=: read -r label prov loc <<<"$c"
-            run_atomic "$label" "$prov" "$loc"
+            run_keyed "$label" "$prov" "$loc" "$tests" "$word"
         done
     done
+}
+
+if [ "$atomic" = 1 ]; then
+    keyed_rounds --atomic alat,arate atomic
     echo
     echo "medians over $runs runs; ratio = tandem / system (latency: below 1 is better,"
     echo "rate: above 1 is better)"
@@ -185,6 +212,44 @@ if [ "$atomic" = 1 ]; then
         q=$(ratio "$(median "$a" fetch_sum_lat)" "$(median "$b" fetch_sum_lat)")
         verdict=$(awk -v q="$q" 'BEGIN { if (q == "n/a") print "not measured"; else if (q + 0 <= 1.0) print "met"; else print "NOT met" }')
         printf '  %-14s / %-12s %6s   %s\n' "$a" "$b" "$q" "$verdict"
+    done
+    if [ "$failed" != 0 ]; then
+        echo
+        echo "bench.sh: some runs FAILED (see above)"
+        exit 1
+    fi
+    exit 0
+fi
+
+if [ "$trigger" = 1 ]; then
+    keyed_rounds --trigger trig trigger
+    echo
+    echo "medians over $runs runs (8 B ping-pong, half round trip, us; lower is better)"
+    printf '%-30s' "metric"
+    for ((i = 0; i < ${#configs[@]}; i += 2)); do
+        printf ' %14s %14s' "${configs[i]%%:*}" "${configs[i + 1]%%:*}"
+    done
+    echo
+    for m in "send_direct_lat:send posted at t0 (us)" "send_trig_lat:triggered at t0 (us)"; do
+        key=${m%%:*}
+        printf '%-30s' "${m#*:}"
+        for ((i = 0; i < ${#configs[@]}; i += 2)); do
+            printf ' %14s %14s' "$(median "${configs[i]%%:*}" "$key")" "$(median "${configs[i + 1]%%:*}" "$key")"
+        done
+        echo
+    done
+    if [ -s "$tmp/notes" ]; then
+        echo
+        sort -u "$tmp/notes"
+    fi
+    echo
+    echo "tandem, trig / direct (medians); the difference is the time from the counter reaching"
+    echo "its threshold to the send leaving, the trigger's overhead on the path to the peer:"
+    for ((i = 0; i < ${#configs[@]}; i += 2)); do
+        a=${configs[i]%%:*}
+        d=$(median "$a" send_direct_lat) t=$(median "$a" send_trig_lat)
+        diff=$(awk -v d="$d" -v t="$t" 'BEGIN { if (d == "n/a" || t == "n/a") print "n/a"; else printf "%+.2f us\n", t - d }')
+        printf '  %-14s %6s   (%s)\n' "$a" "$(ratio "$t" "$d")" "$diff"
     done
     if [ "$failed" != 0 ]; then
         echo
