@@ -123,6 +123,10 @@ inline constexpr int CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 0x1;
       (CUstream stream, CUdeviceptr addr, std::uint32_t value, unsigned flags))                    \
     X(stream_wait_value32, cuStreamWaitValue32_v2, CUresult,                                       \
       (CUstream stream, CUdeviceptr addr, std::uint32_t value, unsigned flags))                    \
+    X(stream_write_value64, cuStreamWriteValue64_v2, CUresult,                                     \
+      (CUstream stream, CUdeviceptr addr, std::uint64_t value, unsigned flags))                    \
+    X(stream_wait_value64, cuStreamWaitValue64_v2, CUresult,                                       \
+      (CUstream stream, CUdeviceptr addr, std::uint64_t value, unsigned flags))                    \
     X(event_create, cuEventCreate, CUresult, (CUevent * event, unsigned flags))                    \
     X(event_record, cuEventRecord, CUresult, (CUevent event, CUstream stream))                     \
     X(event_query, cuEventQuery, CUresult, (CUevent event))                                        \

@@ -240,11 +240,77 @@ int synchronize(uint64_t device) {
     return check(g_cu.stream_synchronize(g_dev[device].stream), "cuStreamSynchronize");
 }
 
+// A trigger variable: its word in device memory, and an asynchronous read of it into `seen`
+// on a stream of its own, whose end an event marks. The device writes the word from the
+// application's streams; the read is never ordered after them, so it sees what has landed.
+struct Signal {
+    uint64_t device;
+    CUdeviceptr word = 0;
+    CUstream stream = nullptr;
+    CUevent event = nullptr;
+    uint64_t seen = 0;
+    bool reading = false;
+};
+
+void signal_close(void *state) {
+    auto *sig = static_cast<Signal *>(state);
+    if (!sig) return;
+    Enter in(sig->device);
+    if (!in.status()) {
+        if (sig->stream) g_cu.stream_synchronize(sig->stream);  // (the read writes `seen`)
+        if (sig->event) g_cu.event_destroy(sig->event);
+        if (sig->stream) g_cu.stream_destroy(sig->stream);
+        if (sig->word) g_cu.mem_free(sig->word);
+    }
+    delete sig;
+}
+
+int signal_open(uint64_t device, void **word, void **state) {
+    Enter in(device);
+    if (int ret = in.status()) return ret;
+    auto *sig = new Signal{device};
+    const uint64_t zero = 0;
+    int ret = check(g_cu.mem_alloc(&sig->word, sizeof zero), "cuMemAlloc");
+    if (!ret) ret = check(g_cu.memcpy_htod(sig->word, &zero, sizeof zero), "cuMemcpyHtoD");
+    if (!ret)
+        ret = check(g_cu.stream_create(&sig->stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+    if (!ret) ret = check(g_cu.event_create(&sig->event, CU_EVENT_DISABLE_TIMING), "cuEventCreate");
+    if (ret) {
+        signal_close(sig);
+        return ret;
+    }
+    *word = reinterpret_cast<void *>(sig->word);
+    *state = sig;
+    return 0;
+}
+
+int signal_poll(void *state, uint64_t *value) {
+    auto *sig = static_cast<Signal *>(state);
+    Enter in(sig->device);
+    if (int ret = in.status()) return ret;
+    int done = 0;
+    if (sig->reading) {
+        CUresult r = g_cu.event_query(sig->event);
+        if (r == CUDA_ERROR_NOT_READY) return 0;
+        if (int ret = check(r, "cuEventQuery")) return ret;
+        sig->reading = false;
+        *value = sig->seen;
+        done = 1;
+    }
+    int ret = check(g_cu.memcpy_async(dptr(&sig->seen), sig->word, sizeof sig->seen, sig->stream),
+                    "cuMemcpyAsync");
+    if (!ret) ret = check(g_cu.event_record(sig->event, sig->stream), "cuEventRecord");
+    if (ret) return ret;
+    sig->reading = true;
+    return done;
+}
+
 }  // namespace
 
 const IfaceOps kCudaOps = {
-    FI_HMEM_CUDA, "cuda",   query,     copy_to_host, copy_from_host,  copy_device,
-    ipc_get,      ipc_open, ipc_close, dmabuf,       can_access_peer, synchronize,
+    FI_HMEM_CUDA,    "cuda",      query,       copy_to_host, copy_from_host,
+    copy_device,     ipc_get,     ipc_open,    ipc_close,    dmabuf,
+    can_access_peer, synchronize, signal_open, signal_poll,  signal_close,
 };
 
 bool cuda_load(int *devices, const char **why) {

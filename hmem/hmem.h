@@ -58,6 +58,14 @@ struct IfaceOps {
     // Ordering: every copy is issued on the interface's own stream of the device and waited
     // for, so copies of one device complete in issue order.
     int (*synchronize)(uint64_t device);
+    // XPU triggers (fi_trigger(3)): a 64-bit word of the device's memory that the device writes
+    // (cuStreamWriteValue64 on a stream, or a kernel's store) and the host watches.
+    // signal_open allocates one on `device`, zeroed, and what watching it takes (*state).
+    // signal_poll never waits: 1 with *value set when a read of the word has finished since
+    // the last call (the next one is started then), 0 while one is under way.
+    int (*signal_open)(uint64_t device, void **word, void **state);
+    int (*signal_poll)(void *state, uint64_t *value);
+    void (*signal_close)(void *state);
 };
 
 // How often each mechanism moved data in this process: tests assert on these, and

@@ -39,11 +39,21 @@ int synchronize(uint64_t) {
     return 0;
 }
 
+// The host needs no trigger variable: it has its own calls (fi_cntr_add).
+int signal_open(uint64_t, void **, void **) {
+    return -FI_EOPNOTSUPP;
+}
+int signal_poll(void *, uint64_t *) {
+    return -FI_EOPNOTSUPP;
+}
+void signal_close(void *) {}
+
 }  // namespace
 
 const IfaceOps kSystemOps = {
-    FI_HMEM_SYSTEM, "system", query,     copy_host, copy_host,       copy_device,
-    ipc_get,        ipc_open, ipc_close, dmabuf,    can_access_peer, synchronize,
+    FI_HMEM_SYSTEM,  "system",    query,       copy_host,   copy_host,
+    copy_device,     ipc_get,     ipc_open,    ipc_close,   dmabuf,
+    can_access_peer, synchronize, signal_open, signal_poll, signal_close,
 };
 
 }  // namespace tandem::hmem

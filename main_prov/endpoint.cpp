@@ -518,6 +518,8 @@ int Endpoint::getopt(int level, int optname, void *optval, size_t *optlen) {
             *static_cast<int *>(optval) = p2p_.mode();
             *optlen = sizeof(int);
             return 0;
+        case FI_OPT_XPU_TRIGGER:
+            return xpu_trigger_shape(static_cast<fi_trigger_xpu *>(optval), optlen);
         default:
             return -FI_ENOPROTOOPT;
     }

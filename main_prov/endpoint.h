@@ -346,6 +346,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     int hand_over(TriggeredRequest &&r, peer::TriggerWork &work, const void *match);
     ssize_t queue_xpu(TriggeredRequest &&r, fi_triggered_context *ctx, peer::TriggerWork &work);
     int own_inject_payload(TriggeredOp &op);
+    // fi_getopt(FI_OPT_XPU_TRIGGER): how many variables an XPU trigger of that device needs.
+    int xpu_trigger_shape(fi_trigger_xpu *xpu, size_t *optlen);
     void report_unstarted(const TriggeredOp &op, int err);
     // The target's side of an atomic that came over a link, and the initiator's of its answer.
     void serve_atomic(LinkConnection *conn, const wire::ProtoHeader &hdr, const uint8_t *body,

@@ -93,6 +93,8 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
                fi_info *fi) {
     const Config &cfg = Config::get();
     uint64_t caps = (type == FI_EP_RDM ? kRdmCaps : kMsgCaps) | hmem_caps(hints);
+    // XPU triggers: an RDM endpoint's triggered operations started by a device's write.
+    if (type == FI_EP_RDM && (caps & FI_HMEM)) caps |= FI_XPU_TRIGGER;
     if (hints) {
         if (hints->caps && !subset(hints->caps, caps)) return false;
         if (hints->ep_attr) {

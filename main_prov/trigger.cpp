@@ -286,10 +286,51 @@ void Endpoint::report_unstarted(const TriggeredOp &op, int err) {
     rx_cq_->write_error(e);
 }
 
-// XPU triggers: not offered by this build's endpoints yet.
-ssize_t Endpoint::queue_xpu(TriggeredRequest &&, fi_triggered_context *, peer::TriggerWork &) {
-    if (!(caps_ & FI_XPU_TRIGGER)) return -FI_EINVAL;
-    return -FI_EOPNOTSUPP;
+// XPU triggers: one 64-bit variable in the named device's memory per endpoint and device
+// (off_tandem's), which the device writes with a count; the operation is the count-th queued
+// on it. The variable and value go back through the context's fi_trigger_var.
+ssize_t Endpoint::queue_xpu(TriggeredRequest &&r, fi_triggered_context *ctx,
+                            peer::TriggerWork &work) {
+    if (!(caps_ & FI_XPU_TRIGGER)) {
+        TANDEM_WARN(FI_LOG_EP_DATA, "FI_TRIGGER_XPU on an endpoint without FI_XPU_TRIGGER\n");
+        return -FI_EINVAL;
+    }
+    fi_trigger_xpu &xpu = ctx->trigger.xpu;
+    if (xpu.count < 1 || !xpu.var) return -FI_EINVAL;
+    OffloadDomain *off = domain_->offload();
+    if (!off || !off->triggers()) return -FI_EOPNOTSUPP;
+    uint64_t var = 0, value = 0;
+    void *addr = nullptr;
+    if (int ret = off->triggers()->xpu_variable(off->domain(), this, xpu.iface, xpu.device.cuda,
+                                                &var, &addr, &value))
+        return ret;
+    work.kind = peer::TriggerWork::Kind::Xpu;
+    work.xpu_var = var;
+    work.xpu_value = value;
+    int ret = hand_over(std::move(r), work, ctx);
+    if (ret) return ret;
+    // (The operation may have started already: the device may have written the value.)
+    xpu.count = 1;
+    xpu.var[0].datatype = FI_UINT64;
+    xpu.var[0].count = 1;
+    xpu.var[0].addr = addr;
+    xpu.var[0].value.val64 = value;
+    return 0;
+}
+
+int Endpoint::xpu_trigger_shape(fi_trigger_xpu *xpu, size_t *optlen) {
+    if (*optlen < sizeof *xpu) return -FI_ETOOSMALL;
+    if (!(caps_ & FI_XPU_TRIGGER) || xpu->iface != FI_HMEM_CUDA || xpu->device.cuda < 0 ||
+        xpu->device.cuda >= hmem::Registry::instance().device_count(FI_HMEM_CUDA))
+        return -FI_EOPNOTSUPP;
+    if (xpu->count > 0) {
+        if (!xpu->var) return -FI_EINVAL;
+        xpu->var[0].datatype = FI_UINT64;
+        xpu->var[0].count = 1;
+    }
+    xpu->count = 1;
+    *optlen = sizeof *xpu;
+    return 0;
 }
 
 // ------------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ peer::TriggerOps trigger_ops = {
     .flush_counter = [](fid_domain *d,
                         fid_cntr *cntr) noexcept { return queue_of(d).flush_counter(cntr); },
     .discard_group = [](fid_domain *d,
-                        const void *group) noexcept { return queue_of(d).discard_group(group); },
+                        const void *group) noexcept { return Domain::of(d)->discard_group(group); },
     .xpu_variable = [](fid_domain *d, const void *group, int iface, int device, uint64_t *var,
                        void **addr, uint64_t *value) noexcept -> int {
         return Domain::of(d)->xpu_variable(group, iface, device, var, addr, value);
@@ -81,7 +81,10 @@ fi_ops_mr domain_mr_ops = {
 }  // namespace
 
 Domain::Domain(Fabric *fabric, const fi_info *info, fid_domain *owner)
-    : fabric_(fabric), info_(fi_dupinfo(info)), owner_(owner), triggers_(words_of) {
+    : fabric_(fabric),
+      info_(fi_dupinfo(info)),
+      owner_(owner),
+      triggers_(words_of, [this](uint64_t var, uint64_t *value) { return xpu_read(var, value); }) {
     if (!info_) fail(FI_ENOMEM, "fi_dupinfo");
     init_fid(FI_CLASS_DOMAIN, nullptr, &domain_fi_ops);
     fid()->ops = &domain_ops;
@@ -90,6 +93,8 @@ Domain::Domain(Fabric *fabric, const fi_info *info, fid_domain *owner)
 }
 
 Domain::~Domain() {
+    triggers_.discard_all();  // before the variables its work waits on
+    for (auto &[handle, v] : xpu_vars_) v.ops->signal_close(v.state);
     fi_freeinfo(info_);
     fabric_->release();
 }
@@ -149,8 +154,65 @@ int Domain::ops_open(const char *name, uint64_t, void **ops, void *) {
     return -FI_ENOSYS;
 }
 
-int Domain::xpu_variable(const void *, int, int, uint64_t *, void **, uint64_t *) {
-    return -FI_EOPNOTSUPP;
+// One variable per owner endpoint and device, as fi_trigger(3) allows ("providers may return
+// the same trigger variable for multiple data transfer requests"): the device writes a count,
+// and the n-th work queued on the variable starts once the word holds n or more. Work on it
+// therefore starts in the order it was queued, as the man page asks users to trigger it.
+int Domain::xpu_variable(const void *group, int iface, int device, uint64_t *var, void **addr,
+                         uint64_t *value) {
+    if (iface != FI_HMEM_CUDA || device < 0) return -FI_EOPNOTSUPP;
+    const hmem::IfaceOps *ops = hmem::Registry::instance().ops(FI_HMEM_CUDA);
+    if (!ops || device >= hmem::Registry::instance().device_count(FI_HMEM_CUDA))
+        return -FI_EOPNOTSUPP;
+    auto key = std::make_pair(group, std::make_pair(iface, device));
+    auto it = xpu_by_owner_.find(key);
+    if (it == xpu_by_owner_.end()) {
+        XpuVariable v;
+        v.group = group;
+        v.ops = ops;
+        if (int ret = ops->signal_open(static_cast<uint64_t>(device), &v.word, &v.state))
+            return ret;
+        uint64_t handle = next_xpu_var_++;
+        xpu_vars_.emplace(handle, v);
+        it = xpu_by_owner_.emplace(key, handle).first;
+    }
+    XpuVariable &v = xpu_vars_.at(it->second);
+    *var = it->second;
+    *addr = v.word;
+    *value = ++v.next;
+    return 0;
+}
+
+// The value the device has written so far, as last read; each call moves the read on.
+bool Domain::xpu_read(uint64_t var, uint64_t *value) {
+    auto it = xpu_vars_.find(var);
+    if (it == xpu_vars_.end()) return false;
+    XpuVariable &v = it->second;
+    uint64_t now = 0;
+    if (v.ops->signal_poll(v.state, &now) == 1) v.seen = now;
+    *value = v.seen;
+    return true;
+}
+
+size_t Domain::discard_group(const void *group) {
+    size_t n = triggers_.discard_group(group);
+    close_variables(group);
+    return n;
+}
+
+void Domain::close_variables(const void *group) {
+    for (auto it = xpu_by_owner_.begin(); it != xpu_by_owner_.end();) {
+        if (it->first.first != group) {
+            ++it;
+            continue;
+        }
+        auto v = xpu_vars_.find(it->second);
+        if (v != xpu_vars_.end()) {
+            v->second.ops->signal_close(v->second.state);
+            xpu_vars_.erase(v);
+        }
+        it = xpu_by_owner_.erase(it);
+    }
 }
 
 int Domain::mr_reg(const void *buf, size_t len, uint64_t access, uint64_t offset, uint64_t key,

@@ -4,12 +4,15 @@
 #pragma once
 
 #include "common/fid_adaptor.h"
+#include "hmem/hmem.h"
 #include "offload_prov/trigger/trigger_queue.h"
 
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 
 #include <atomic>
+#include <map>
+#include <utility>
 
 namespace tandem::off {
 
@@ -37,6 +40,8 @@ class Domain : public FidObject<Domain, fid_domain> {
     TriggerQueue &triggers() { return triggers_; }
     int xpu_variable(const void *group, int iface, int device, uint64_t *var, void **addr,
                      uint64_t *value);
+    // Discards a group's work and frees its trigger variables (its endpoint closes).
+    size_t discard_group(const void *group);
 
     fid_domain *owner() const { return owner_; }
     const fi_info *info() const { return info_; }
@@ -44,11 +49,27 @@ class Domain : public FidObject<Domain, fid_domain> {
     void release() { --refs_; }
 
   private:
+    // The XPU trigger variable of one group (an owner endpoint) on one device: hmem's signal,
+    // the last value read from it, and the value the next work queued on it waits for.
+    struct XpuVariable {
+        const void *group = nullptr;
+        const hmem::IfaceOps *ops = nullptr;
+        void *state = nullptr;
+        void *word = nullptr;
+        uint64_t seen = 0;
+        uint64_t next = 0;
+    };
+    bool xpu_read(uint64_t var, uint64_t *value);
+    void close_variables(const void *group);
+
     Fabric *fabric_;
     fi_info *info_;
     fid_domain *owner_;
     std::atomic<int> refs_{0};
-    TriggerQueue triggers_;
+    std::map<uint64_t, XpuVariable> xpu_vars_;  // by handle
+    std::map<std::pair<const void *, std::pair<int, int>>, uint64_t> xpu_by_owner_;
+    uint64_t next_xpu_var_ = 1;
+    TriggerQueue triggers_;  // last: its destructor discards work, whose variables are above
 };
 
 }  // namespace tandem::off

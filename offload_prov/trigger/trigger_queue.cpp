@@ -5,7 +5,11 @@
 namespace tandem::off {
 
 TriggerQueue::~TriggerQueue() {
-    discard_if([](const peer::TriggerWork &) { return true; }, false);
+    discard_all();
+}
+
+size_t TriggerQueue::discard_all() {
+    return discard_if([](const peer::TriggerWork &) { return true; }, false);
 }
 
 int TriggerQueue::queue(const peer::TriggerWork &work) {

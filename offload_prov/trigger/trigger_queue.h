@@ -48,6 +48,7 @@ class TriggerQueue {
     size_t flush(const void *group, fid_cntr *cntr);
     size_t flush_counter(fid_cntr *cntr);
     size_t discard_group(const void *group);
+    size_t discard_all();  // without reports
 
   private:
     using Key = std::pair<uint64_t, uint64_t>;  // (threshold or XPU value, order queued)

@@ -122,7 +122,7 @@ struct Mapping {
     }
 };
 
-enum class OpKind : std::uint8_t { kCopy, kWrite32, kWait32, kRecord };
+enum class OpKind : std::uint8_t { kCopy, kWrite32, kWait32, kWrite64, kWait64, kRecord };
 
 // "Done once that stream has completed the operation with that sequence number"; a stream that
 // no longer exists has nothing left to do.
@@ -142,9 +142,10 @@ struct Op {
     void *dst = nullptr;
     const void *src = nullptr;
     std::size_t size = 0;
-    // kWrite32, kWait32
+    // kWrite32, kWait32, kWrite64, kWait64 (a 64-bit word: word64)
     std::uint32_t *word = nullptr;
-    std::uint32_t value = 0;
+    std::uint64_t *word64 = nullptr;
+    std::uint64_t value = 0;
     unsigned cond = 0;
     // kRecord
     std::weak_ptr<CUevent_st> event;
@@ -385,23 +386,34 @@ bool deps_done(const std::vector<Dep> &deps) {
     return true;
 }
 
-bool wait_satisfied(const Op &op) {
-    std::uint32_t v = __atomic_load_n(op.word, __ATOMIC_ACQUIRE);
-    switch (op.cond) {
+// The driver's wait-value conditions, on a word of 32 or 64 bits (GEQ compares the way the
+// driver documents it: (int)(value - ref) >= 0, wrap-around included).
+template <class U, class S>
+bool condition_holds(U v, U ref, unsigned cond) {
+    switch (cond) {
         case CU_STREAM_WAIT_VALUE_GEQ:
-            return static_cast<std::int32_t>(v - op.value) >= 0;
+            return static_cast<S>(v - ref) >= 0;
         case CU_STREAM_WAIT_VALUE_EQ:
-            return v == op.value;
+            return v == ref;
         case 2:  // CU_STREAM_WAIT_VALUE_AND
-            return (v & op.value) != 0;
+            return (v & ref) != 0;
         default:  // 3: CU_STREAM_WAIT_VALUE_NOR
-            return ~(v | op.value) != 0;
+            return static_cast<U>(~(v | ref)) != 0;
     }
+}
+
+bool wait_satisfied(const Op &op) {
+    if (op.kind == OpKind::kWait64)
+        return condition_holds<std::uint64_t, std::int64_t>(
+            __atomic_load_n(op.word64, __ATOMIC_ACQUIRE), op.value, op.cond);
+    return condition_holds<std::uint32_t, std::int32_t>(
+        __atomic_load_n(op.word, __ATOMIC_ACQUIRE), static_cast<std::uint32_t>(op.value), op.cond);
 }
 
 bool ready(const Op &op) {
     if (!deps_done(op.deps)) return false;
-    return op.kind != OpKind::kWait32 || op.cancelled || wait_satisfied(op);
+    const bool waits = op.kind == OpKind::kWait32 || op.kind == OpKind::kWait64;
+    return !waits || op.cancelled || wait_satisfied(op);
 }
 
 void run(Op &op) {
@@ -411,9 +423,13 @@ void run(Op &op) {
             std::memmove(op.dst, op.src, op.size);
             break;
         case OpKind::kWrite32:
-            __atomic_store_n(op.word, op.value, __ATOMIC_RELEASE);
+            __atomic_store_n(op.word, static_cast<std::uint32_t>(op.value), __ATOMIC_RELEASE);
+            break;
+        case OpKind::kWrite64:
+            __atomic_store_n(op.word64, op.value, __ATOMIC_RELEASE);
             break;
         case OpKind::kWait32:
+        case OpKind::kWait64:
             break;
         case OpKind::kRecord:
             if (auto e = op.event.lock(); e && e->recorded == op.record) e->done = op.record;
@@ -989,19 +1005,25 @@ CUresult cuStreamDestroy_v2(CUstream stream) {
 
 namespace emucuda {
 namespace {
-CUresult stream_mem_op(OpKind kind, CUstream stream, CUdeviceptr addr, std::uint32_t value,
+CUresult stream_mem_op(OpKind kind, CUstream stream, CUdeviceptr addr, std::uint64_t value,
                        unsigned cond, bool flags_valid) {
+    const bool wide = kind == OpKind::kWrite64 || kind == OpKind::kWait64;
+    const std::size_t width = wide ? sizeof(std::uint64_t) : sizeof(std::uint32_t);
     return api([&](State &s) -> CUresult {
         if (!flags_valid) return CUDA_ERROR_INVALID_VALUE;
         std::lock_guard lk(s.mu);
         std::shared_ptr<CUstream_st> q;
         if (CUresult rc = resolve_stream(s, stream, q); rc != CUDA_SUCCESS) return rc;
-        if (addr % sizeof(std::uint32_t)) return CUDA_ERROR_INVALID_VALUE;
+        if (addr % width) return CUDA_ERROR_INVALID_VALUE;
         Op op;
         op.kind = kind;
-        op.keep[0] = find_range(s, addr, sizeof(std::uint32_t));
+        op.keep[0] = find_range(s, addr, width);
         if (!op.keep[0]) return CUDA_ERROR_INVALID_VALUE;
-        op.word = reinterpret_cast<std::uint32_t *>(alias_of(*op.keep[0], addr));
+        void *alias = alias_of(*op.keep[0], addr);
+        if (wide)
+            op.word64 = static_cast<std::uint64_t *>(alias);
+        else
+            op.word = static_cast<std::uint32_t *>(alias);
         op.value = value;
         op.cond = cond;
         s.n.stream_mem_ops++;
@@ -1024,6 +1046,20 @@ CUresult cuStreamWaitValue32_v2(CUstream stream, CUdeviceptr addr, std::uint32_t
     constexpr unsigned kFlush = 1u << 30;  // CU_STREAM_WAIT_VALUE_FLUSH
     unsigned cond = flags & ~kFlush;       // GEQ, EQ, AND or NOR
     return emucuda::stream_mem_op(emucuda::OpKind::kWait32, stream, addr, value, cond, cond <= 3);
+}
+
+CUresult cuStreamWriteValue64_v2(CUstream stream, CUdeviceptr addr, std::uint64_t value,
+                                 unsigned flags) {
+    constexpr unsigned kNoMemoryBarrier = 0x1;
+    return emucuda::stream_mem_op(emucuda::OpKind::kWrite64, stream, addr, value, 0,
+                                  !(flags & ~kNoMemoryBarrier));
+}
+
+CUresult cuStreamWaitValue64_v2(CUstream stream, CUdeviceptr addr, std::uint64_t value,
+                                unsigned flags) {
+    constexpr unsigned kFlush = 1u << 30;
+    unsigned cond = flags & ~kFlush;
+    return emucuda::stream_mem_op(emucuda::OpKind::kWait64, stream, addr, value, cond, cond <= 3);
 }
 
 CUresult cuEventCreate(CUevent *event, unsigned flags) {
