@@ -289,8 +289,9 @@ int Endpoint::close() {
         std::lock_guard guard(domain_->lock());
         if (enabled_) domain_->remove_endpoint(this);
         // Triggered operations and deferred work that never started go with the endpoint,
-        // unreported (the application closes what they would have reported on).
-        if (OffloadDomain *off = tx_triggered_ + rx_triggered_ ? domain_->offload() : nullptr) {
+        // unreported (the application closes what they would have reported on), and so do
+        // its XPU trigger variables.
+        if (OffloadDomain *off = used_triggers_ ? domain_->offload() : nullptr) {
             if (off->triggers()) {
                 off->triggers()->discard_group(off->domain(), this);
                 off->triggers()->discard_group(off->domain(), work_group());

@@ -489,6 +489,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     size_t tx_triggered_ = 0;
     size_t rx_triggered_ = 0;
     char work_group_ = 0;          // (its address names work_group())
+    bool used_triggers_ = false;   // handed work to off_tandem's queue (discarded at close)
     size_t local_tx_pending_ = 0;  // of tx_outstanding_, the operations posted to the twin
 };
 

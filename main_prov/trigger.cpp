@@ -162,6 +162,7 @@ int Endpoint::hand_over(TriggeredRequest &&r, peer::TriggerWork &work, const voi
     work.discard = &TriggeredOp::discard;
     if (int ret = off->triggers()->queue(off->domain(), &work)) return ret;
     op.release();  // the queue's now
+    used_triggers_ = true;
     ++(rx ? rx_triggered_ : tx_triggered_);
     domain_->note_triggers();
     domain_->start_triggers();
@@ -304,6 +305,7 @@ ssize_t Endpoint::queue_xpu(TriggeredRequest &&r, fi_triggered_context *ctx,
     if (int ret = off->triggers()->xpu_variable(off->domain(), this, xpu.iface, xpu.device.cuda,
                                                 &var, &addr, &value))
         return ret;
+    used_triggers_ = true;  // its variable goes at close
     work.kind = peer::TriggerWork::Kind::Xpu;
     work.xpu_var = var;
     work.xpu_value = value;
