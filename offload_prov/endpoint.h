@@ -94,7 +94,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     int getopt(int level, int optname, void *optval, size_t *optlen);
     ssize_t writemsg(const fi_msg_rma *msg, uint64_t flags);
     ssize_t readmsg(const fi_msg_rma *msg, uint64_t flags);
-    // Atomics (endpoint_atomic.cpp): the owner posts the *msg forms.
+    // Atomics (ep/atomic.cpp): the owner posts the *msg forms.
     ssize_t atomicmsg(const fi_msg_atomic *msg, uint64_t flags);
     ssize_t fetch_atomicmsg(const fi_msg_atomic *msg, fi_ioc *resultv, void **result_desc,
                             size_t result_count, uint64_t flags);
@@ -120,6 +120,12 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     static int discard_held(fi_peer_rx_entry *entry);
 
   private:
+    // The public calls above live with their job: sendmsg, tsendmsg, inject in ep/send.cpp;
+    // writemsg, readmsg in ep/rma.cpp; the atomics in ep/atomic.cpp; progress in
+    // ep/progress.cpp; reachable in ep/peer_links.cpp; arm in ep/cell_send.cpp; start_held,
+    // discard_held in ep/receive.cpp; transfer_*, remote_twin in ep/twin_hello.cpp; the rest
+    // in endpoint.cpp.
+
     // What happens when the last cell of a Stream is in the ring (status 0), when a device
     // copy failed (FI_EIO: an empty last cell with that status ended the payload instead), or
     // when the peer died first (FI_ECONNRESET).
@@ -184,42 +190,77 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         size_t received = 0;
     };
 
-    ssize_t post_send(const iovec *iov, void **desc, size_t count, fi_addr_t dest, uint64_t tag,
-                      uint64_t data, void *context, uint64_t flags, bool tagged);
-    void send_rts(PeerLink &link, wire::LocalHeader hdr, Pending p);
-    bool post_ipc(PeerLink &link, wire::LocalHeader hdr, const iovec *iov, const hmem::MemRef *mem,
-                  size_t count, Pending p);
-    ssize_t post_rma(const iovec *iov, void **desc, size_t count, const fi_rma_iov &rma,
-                     fi_addr_t peer, uint64_t data, void *context, uint64_t flags, bool write);
+    // endpoint.cpp: the rest of the lifecycle.
+    void enable();
+
+    // ep/peer_links.cpp: peers' inboxes by fi_addr_t or by sender, and their liveness.
     PeerLink *link_for(fi_addr_t addr);
     PeerLink *link_for_key(const std::string &key);
+    PeerLink *link_to(std::string_view sender);
+    fi_addr_t source_of(std::string_view sender);
+    void check_peers();
+
+    // ep/cell_send.cpp: cells into a peer's ring or its link's backlog, and wake-ups.
     void push(PeerLink &link, const wire::LocalHeader &hdr, const void *body, size_t len);
     bool push_gather(PeerLink &link, const wire::LocalHeader &hdr, const iovec *iov, size_t count,
                      size_t offset, size_t len, const hmem::MemRef *mem = nullptr);
+    // (Defined in ep/endpoint_internal.h: inject inlines it too.)
     bool try_push(PeerLink &link, const wire::LocalHeader &hdr, const iovec *iov, size_t count,
                   size_t offset, size_t len, const uint8_t *staged);
-    wire::LocalHeader message_header(size_t len, uint64_t tag, uint64_t data, uint64_t flags,
-                                     bool tagged);
     // A cell's bytes: hdr, our name, then len bytes of the list from offset (or of staged).
     void fill_cell(uint8_t *cell, const wire::LocalHeader &hdr, const iovec *iov, size_t count,
                    size_t offset, size_t len, const uint8_t *staged) const;
     void push_staged(PeerLink &link, wire::LocalHeader hdr, const iovec *iov, size_t count,
                      size_t len, const hmem::MemRef *mem, StreamEnd end);
     bool pump(PeerLink &link, Stream &stream, int *status);
-    // A staged send's end: at the receiver's Fin (FI_DELIVERY_COMPLETE), else when sent.
-    static StreamEnd send_end(bool ack, void *context, uint64_t flags) {
-        if (ack) return {.kind = StreamEnd::Kind::FailPending};
-        return {.kind = StreamEnd::Kind::CompleteTx, .context = context, .flags = flags};
-    }
     void finish_stream(const Stream &stream, int status);
     bool admits(const PeerLink &link) const {
         return link.backlog.empty() && link.ring->has_room();
     }
     bool flush(PeerLink &link);
-    PeerLink *link_to(std::string_view sender);
     void notify(PeerLink &link);
-    void handle_cell(const uint8_t *cell);
-    void handle_short(const uint8_t *cell);
+    void answer(std::string_view sender, uint64_t msg_id, int status);
+    // A cell under a LocalShortHeader: the header, our name when h.name_len says so, then len
+    // bytes of body; into the ring now, or kept in order for the next progress call.
+    void push_compact(PeerLink &link, const wire::LocalShortHeader &h, const void *body,
+                      size_t len);
+    // A built cell of n bytes, into the ring now or into the backlog.
+    void push_cell(PeerLink &link, const uint8_t *cell, size_t n);
+
+    // ep/send.cpp: messages (Eager, Rts, Frag, IpcRts), and the end of a pending operation.
+    ssize_t post_send(const iovec *iov, void **desc, size_t count, fi_addr_t dest, uint64_t tag,
+                      uint64_t data, void *context, uint64_t flags, bool tagged);
+    wire::LocalHeader message_header(size_t len, uint64_t tag, uint64_t data, uint64_t flags,
+                                     bool tagged);
+    void send_rts(PeerLink &link, wire::LocalHeader hdr, Pending p);
+    bool post_ipc(PeerLink &link, wire::LocalHeader hdr, const iovec *iov, const hmem::MemRef *mem,
+                  size_t count, Pending p);
+    // A staged send's end: at the receiver's Fin (FI_DELIVERY_COMPLETE), else when sent.
+    static StreamEnd send_end(bool ack, void *context, uint64_t flags) {
+        if (ack) return {.kind = StreamEnd::Kind::FailPending};
+        return {.kind = StreamEnd::Kind::CompleteTx, .context = context, .flags = flags};
+    }
+    void finish_pending(uint64_t msg_id, int status);
+
+    // ep/rma.cpp: RMA at the initiator.
+    ssize_t post_rma(const iovec *iov, void **desc, size_t count, const fi_rma_iov &rma,
+                     fi_addr_t peer, uint64_t data, void *context, uint64_t flags, bool write);
+
+    // ep/rma_target.cpp: RMA at the target.
+    int resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access, iovec *iov,
+                hmem::MemRef *mem, size_t *count);
+    void handle_rma(const wire::LocalHeader &hdr, std::string_view sender, const uint8_t *body);
+    void finish_rma(const wire::LocalHeader &hdr, std::string_view sender, int status);
+
+    // ep/split_copy.cpp: copies by both sides (Cts, WriteDone), and the cells held behind them.
+    bool send_cts(PeerLink &link, uint64_t msg_id, const iovec *dst, size_t ndst, size_t half,
+                  size_t n);
+    void handle_cts(const wire::LocalHeader &hdr, std::string_view sender, const uint8_t *body);
+    void handle_write_done(const wire::LocalHeader &hdr, std::string_view sender);
+    bool defer_if_held(const uint8_t *cell);
+    void replay_deferred(const std::string &sender);
+
+    // ep/receive.cpp: a message into the owner's receive buffer, or held for one.
     void handle_message(const wire::LocalHeader &hdr, std::string_view sender, fi_addr_t src,
                         const uint8_t *data, const wire::LocalIov *rts_iov,
                         std::vector<uint8_t> *owned, const wire::LocalIpc *ipc = nullptr);
@@ -230,7 +271,18 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
                     const wire::LocalIpc *ipc, size_t n);
     static int cma_read_staged(pid_t pid, const iovec *local, const hmem::MemRef *mem,
                                size_t nlocal, const iovec *remote, size_t nremote, size_t n);
-    void handle_rma(const wire::LocalHeader &hdr, std::string_view sender, const uint8_t *body);
+    void complete_rx(fi_peer_rx_entry *entry, const wire::LocalHeader &hdr, size_t n, int err,
+                     fi_addr_t src);
+
+    // ep/progress.cpp: cells dispatched by op, and completions to the owner's CQ.
+    void complete_tx(void *context, uint64_t flags, size_t len, int err);
+    void handle_cell(const uint8_t *cell);
+    void handle_short(const uint8_t *cell);
+    struct CqWrite;
+    void write_cq(const CqWrite &w);
+    bool try_write_cq(const CqWrite &w);
+
+    // ep/atomic.cpp: node-local atomics, at the initiator and at the target.
     ssize_t post_atomic(atomic::Kind kind, const fi_msg_atomic &msg, const fi_ioc *compare,
                         void **compare_desc, size_t ncompare, const fi_ioc *result,
                         void **result_desc, size_t nresult, uint64_t flags);
@@ -253,35 +305,12 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // The target's side of an Atomic cell, and the initiator's of its AtomicResp.
     void serve_atomic(const uint8_t *cell);
     void finish_atomic(const uint8_t *cell);
-    // A cell under a LocalShortHeader: the header, our name when h.name_len says so, then len
-    // bytes of body; into the ring now, or kept in order for the next progress call.
-    void push_compact(PeerLink &link, const wire::LocalShortHeader &h, const void *body,
-                      size_t len);
-    // A built cell of n bytes, into the ring now or into the backlog.
-    void push_cell(PeerLink &link, const uint8_t *cell, size_t n);
-    void finish_pending(uint64_t msg_id, int status);
-    void complete_rx(fi_peer_rx_entry *entry, const wire::LocalHeader &hdr, size_t n, int err,
-                     fi_addr_t src);
-    void handle_cts(const wire::LocalHeader &hdr, std::string_view sender, const uint8_t *body);
-    void handle_write_done(const wire::LocalHeader &hdr, std::string_view sender);
-    bool send_cts(PeerLink &link, uint64_t msg_id, const iovec *dst, size_t ndst, size_t half,
-                  size_t n);
-    void finish_rma(const wire::LocalHeader &hdr, std::string_view sender, int status);
-    bool defer_if_held(const uint8_t *cell);
-    void replay_deferred(const std::string &sender);
-    void answer(std::string_view sender, uint64_t msg_id, int status);
-    fi_addr_t source_of(std::string_view sender);
-    void check_peers();
-    void complete_tx(void *context, uint64_t flags, size_t len, int err);
-    struct CqWrite;
-    void write_cq(const CqWrite &w);
-    bool try_write_cq(const CqWrite &w);
-    int resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access, iovec *iov,
-                hmem::MemRef *mem, size_t *count);
-    void enable();
+
+    // ep/twin_hello.cpp: introductions to remote twins over the owner's endpoint.
     void post_hello_receive();
     void send_hellos();
 
+    // endpoint.cpp: what we are bound to, and our own inbox.
     Domain *domain_;
     fi_info *info_;
     fid_ep *owner_ep_;
@@ -299,6 +328,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     std::string wake_path_;  // FIFO next to the segment: wakes us when we sleep
     int wake_rd_ = -1, wake_wr_ = -1;
 
+    // ep/peer_links.cpp
     std::unordered_map<std::string, std::unique_ptr<PeerLink>> links_;
     std::unordered_map<fi_addr_t, PeerLink *> link_by_addr_;
     // The last answer of link_for (links live as long as the endpoint): a run of sends to one
@@ -308,7 +338,20 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     uint64_t links_version_ = ~0ull;
     std::vector<std::pair<std::string, fi_addr_t>> sources_;  // sender address -> fi_addr
     uint64_t sources_version_ = ~0ull;
+    // The last sender link_to() found (links live as long as the endpoint): a run of cells
+    // from one peer that need answers skips building its key.
+    std::string last_sender_;
+    PeerLink *last_sender_link_ = nullptr;
+    std::chrono::steady_clock::time_point next_check_{};
+
+    // ep/cell_send.cpp
+    size_t backlogged_ = 0;  // links with cells waiting for room in their peer's ring
+
+    // ep/send.cpp, ep/rma.cpp
     std::unordered_map<uint64_t, Pending> pending_;
+    uint64_t next_id_ = 1;
+
+    // ep/atomic.cpp
     std::vector<AtomicSlot> atomics_;
     // The last target an atomic resolved to through the owner (one piece), kept while the
     // owner's MR generation has not moved: a run of atomics on one word (a counter, a lock)
@@ -324,10 +367,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     const std::atomic<uint64_t> *mr_generation_ = nullptr;
     std::vector<uint32_t> free_atomics_;
     size_t atomics_pending_ = 0;
-    // The last sender link_to() found (links live as long as the endpoint): a run of cells
-    // from one peer that need answers skips building its key.
-    std::string last_sender_;
-    PeerLink *last_sender_link_ = nullptr;
+
+    // ep/receive.cpp (staged_: Frag cells, assembled in ep/progress.cpp)
     std::map<std::pair<std::string, uint64_t>, Staged> staged_;
     // IpcRts messages we could not map: the receive waits for the sender's staged copy.
     std::map<std::pair<std::string, uint64_t>, fi_peer_rx_entry *> restaging_;
@@ -335,6 +376,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     hmem::IpcExportCache ipc_export_;
     hmem::IpcImportCache ipc_import_;
     std::set<HeldMessage *> held_;
+
+    // ep/rma_target.cpp, ep/split_copy.cpp
     // Pieces an RMA key resolves to through the owner, at most (its LocalPieces::kMax).
     static constexpr size_t kMaxRmaPieces = 16;
     // Rts messages and RMA writes copied by both sides: the receiver's (target's) half is
@@ -363,6 +406,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     using CellCopy = std::unique_ptr<uint8_t[]>;
     std::map<std::string, std::deque<CellCopy>, std::less<>> deferred_;
     std::vector<CellCopy> spare_cells_;
+
+    // ep/progress.cpp
     struct TxCompletion {
         void *context;
         uint64_t flags;
@@ -378,16 +423,15 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         fi_peer_rx_entry *entry = nullptr;
     };
     RingQueue<CqWrite> cq_backlog_;  // refused by the owner's CQ (-FI_EAGAIN), in order
-    uint64_t next_id_ = 1;
     uint64_t passes_ = 0;
-    // Peer transfers with remote twins (wire::TwinHello over the owner's endpoint).
+
+    // ep/twin_hello.cpp: peer transfers with remote twins (wire::TwinHello over the owner's
+    // endpoint).
     wire::TwinHello hello_in_{};
     int hello_rx_ctx_ = 0;  // its address is the receive's context
     bool hello_posted_ = false;
     std::vector<fi_addr_t> introductions_;
     std::unordered_map<fi_addr_t, uint64_t> remote_twins_;
-    size_t backlogged_ = 0;  // links with cells waiting for room in their peer's ring
-    std::chrono::steady_clock::time_point next_check_{};
 };
 
 }  // namespace tandem::off

@@ -155,30 +155,6 @@ ssize_t Endpoint::post_atomic(atomic::Kind kind, const fi_msg_atomic &m, const f
     return 0;
 }
 
-void Endpoint::push_compact(PeerLink &link, const wire::LocalShortHeader &h, const void *body,
-                            size_t len) {
-    const size_t at = wire::local_short_body_offset(h.name_len);
-    uint8_t cell[wire::kLocalCellSize];
-    memcpy(cell, &h, sizeof h);
-    memcpy(cell + sizeof h, name_, at - sizeof h);  // name_ is zero-padded
-    memcpy(cell + at, body, len);
-    push_cell(link, cell, at + len);
-}
-
-void Endpoint::push_cell(PeerLink &link, const uint8_t *cell, size_t n) {
-    if (link.backlog.empty()) {
-        if (void *slot = link.ring->try_reserve(proto_.pid)) {
-            // (A small cell is the one line the receiver polls: one copy, one burst.)
-            memcpy(slot, cell, n);
-            link.ring->publish(slot);
-            notify(link);
-            return;
-        }
-    }
-    if (link.backlog.empty()) ++backlogged_;
-    link.backlog.push_back(Outgoing{std::vector<uint8_t>(cell, cell + n), nullptr});
-}
-
 void Endpoint::serve_atomic(const uint8_t *cell) {
     wire::LocalShortHeader h;
     memcpy(&h, cell, sizeof h);

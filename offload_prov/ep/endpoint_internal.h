@@ -1,0 +1,53 @@
+// Private to off_tandem's endpoint (offload_prov/endpoint.cpp and offload_prov/ep/): what
+// more than one of its files needs and nobody else should see. The layout every inbox
+// segment starts with, the names beside the segment, and try_push, defined here so that the
+// owner's inject (ep/send.cpp) inlines it as the cell path (ep/cell_send.cpp) does.
+#pragma once
+
+#include "offload_prov/endpoint.h"
+#include "offload_prov/shm/shm_segment.h"
+
+#include <cstdint>
+#include <string>
+
+namespace tandem::off {
+
+namespace detail {
+
+// The start of every segment's data: who owns it and where a CMA probe may read.
+struct SegmentInfo {
+    static constexpr uint64_t kMagic = 0x6f66665f746e6431ull;  // "off_tnd1"
+    uint64_t magic;
+    int32_t pid;
+    uint32_t cell_size;
+    uint64_t probe_addr;  // an address in the owner's memory a peer may read 8 bytes from
+    uint32_t armed;       // the owner may sleep: the next sender writes its wake FIFO
+    uint8_t reserved[36];
+};
+static_assert(sizeof(SegmentInfo) == 64);
+
+inline SegmentInfo *info_of(const ShmSegment &segment) {
+    return static_cast<SegmentInfo *>(segment.data());
+}
+
+// The wake FIFO of the endpoint with that key, beside its segment in /dev/shm.
+std::string wake_path(const std::string &key);
+// Removes what processes that died without closing left in /dev/shm.
+void reap_stale();
+
+}  // namespace detail
+
+// The cell straight into the peer's inbox, if it can go now: nothing waits for room before
+// it (order) and the ring has a free cell. False, with nothing written, otherwise.
+inline bool Endpoint::try_push(PeerLink &link, const wire::LocalHeader &hdr, const iovec *iov,
+                               size_t count, size_t offset, size_t len, const uint8_t *staged) {
+    if (!link.backlog.empty()) return false;
+    void *cell = link.ring->try_reserve(proto_.pid);
+    if (!cell) return false;
+    fill_cell(static_cast<uint8_t *>(cell), hdr, iov, count, offset, len, staged);
+    link.ring->publish(cell);
+    notify(link);
+    return true;
+}
+
+}  // namespace tandem::off

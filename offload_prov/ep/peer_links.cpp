@@ -1,0 +1,170 @@
+// Peers' inboxes: the link to a destination (by fi_addr_t) or to a sender (by its address
+// bytes), opened on first use and cached per AV version; a sender's fi_addr_t; and the
+// liveness check that fails, rather than leaves hanging, what waited on a peer that died.
+#include "offload_prov/endpoint.h"
+
+#include "common/log.h"
+#include "offload_prov/av.h"
+#include "offload_prov/config.h"
+#include "offload_prov/ep/endpoint_internal.h"
+#include "offload_prov/shm/cma.h"
+
+namespace tandem::off {
+
+using detail::SegmentInfo;
+using wire::LocalHeader;
+
+int Endpoint::reachable(fi_addr_t addr) {
+    if (!enabled_) return 0;
+    PeerLink *link = link_for(addr);
+    return link && !link->dead;
+}
+
+// The link of a destination, remembered per fi_addr_t until the AV changes (an address
+// removed and another inserted may reuse the fi_addr_t).
+Endpoint::PeerLink *Endpoint::link_for(fi_addr_t addr) {
+    uint64_t version = av_->owner().version();
+    if (version != links_version_) {
+        link_by_addr_.clear();
+        last_link_ = nullptr;
+        links_version_ = version;
+    }
+    if (addr == last_addr_ && last_link_) return last_link_;
+    auto it = link_by_addr_.find(addr);
+    if (it != link_by_addr_.end()) {
+        last_addr_ = addr;
+        last_link_ = it->second;
+        return it->second;
+    }
+    uint8_t name[128];
+    size_t len = sizeof name;
+    if (av_->owner().lookup(addr, name, &len) != 0 || len > sizeof name) return nullptr;
+    auto key = local_key(name, len);
+    if (!key) return nullptr;
+    PeerLink *link = link_for_key(*key);
+    if (link) link_by_addr_[addr] = link;
+    return link;
+}
+
+Endpoint::PeerLink *Endpoint::link_for_key(const std::string &key) {
+    auto it = links_.find(key);
+    if (it != links_.end()) return it->second.get();
+    std::optional<ShmSegment> seg;
+    try {
+        seg.emplace(ShmSegment::open(segment_name(key)));
+    } catch (const FabricError &) {
+        return nullptr;  // no endpoint of this address on this node (or not ours to open)
+    }
+    if (seg->data_size() < sizeof(SegmentInfo)) return nullptr;
+    auto *info = static_cast<SegmentInfo *>(seg->data());
+    if (__atomic_load_n(&info->magic, __ATOMIC_ACQUIRE) != SegmentInfo::kMagic ||
+        info->cell_size != wire::kLocalCellSize || !seg->owner_alive())
+        return nullptr;
+    ShmRing *ring = ShmRing::attach(static_cast<uint8_t *>(seg->data()) + sizeof(SegmentInfo),
+                                    seg->data_size() - sizeof(SegmentInfo));
+    if (!ring) return nullptr;
+    // Named members: PeerLink grows, and a positional {} once landed in wake_fd (0: stdin).
+    auto link = std::make_unique<PeerLink>(
+        PeerLink{.key = key, .segment = std::move(*seg), .ring = ring, .pid = info->pid});
+    link->cma =
+        Config::get().cma && cma_probe(link->pid, reinterpret_cast<const void *>(info->probe_addr));
+    TANDEM_INFO(FI_LOG_EP_CTRL, "node-local peer %s (pid %d), single copy by CMA: %s\n",
+                key.c_str(), link->pid, link->cma ? "yes" : "no");
+    PeerLink *raw = link.get();
+    links_.emplace(key, std::move(link));
+    return raw;
+}
+
+// The inbox of the endpoint that sent a cell (named by its address bytes), if it lives.
+Endpoint::PeerLink *Endpoint::link_to(std::string_view sender) {
+    if (last_sender_link_ && sender == last_sender_)
+        return last_sender_link_->dead ? nullptr : last_sender_link_;
+    auto key = local_key(sender.data(), sender.size());
+    PeerLink *link = key ? link_for_key(*key) : nullptr;
+    if (link) {
+        last_sender_.assign(sender);
+        last_sender_link_ = link;
+    }
+    return link && !link->dead ? link : nullptr;
+}
+
+// The sender's fi_addr_t in the shared AV. Looked up through the owner once per sender and
+// AV version: a receive completion must not pay a reverse lookup.
+fi_addr_t Endpoint::source_of(std::string_view sender) {
+    uint64_t version = av_->owner().version();
+    if (version != sources_version_) {
+        sources_.clear();
+        sources_version_ = version;
+    }
+    for (const auto &[name, addr] : sources_)
+        if (name == sender) return addr;
+    fi_addr_t addr = av_->owner().addr_of(sender.data(), sender.size());
+    if (sources_.size() >= 64) sources_.clear();
+    sources_.emplace_back(std::string(sender), addr);
+    return addr;
+}
+
+// A peer that died leaves our operations waiting on it with errors, not a hang, and no
+// cell it had claimed in our inbox without publishing it stops the cells behind.
+void Endpoint::check_peers() {
+    if (uint32_t n = inbox_->reclaim_dead(process_running))
+        TANDEM_INFO(FI_LOG_EP_DATA, "skipped %u inbox cells claimed by dead processes\n", n);
+    for (auto &[key, link] : links_) {
+        if (link->dead || link->segment.owner_alive()) continue;
+        link->dead = true;
+        if (!link->backlog.empty()) --backlogged_;
+        std::deque<Outgoing> unsent = std::move(link->backlog);
+        link->backlog.clear();
+        for (const Outgoing &o : unsent)
+            if (o.stream) finish_stream(*o.stream, FI_ECONNRESET);
+        TANDEM_INFO(FI_LOG_EP_DATA, "node-local peer %s died\n", key.c_str());
+        for (auto it = pending_.begin(); it != pending_.end();) {
+            if (it->second.link != link.get()) {
+                ++it;
+                continue;
+            }
+            complete_tx(it->second.context, it->second.flags, it->second.len, FI_ECONNRESET);
+            it = pending_.erase(it);
+        }
+        for (AtomicSlot &slot : atomics_)
+            if (slot.link == link.get()) finish_atomic_slot(slot, FI_ECONNRESET);
+        // Receives whose sender was still to write its half.
+        for (auto it = splits_.begin(); it != splits_.end();) {
+            auto sender = local_key(it->first.first.data(), it->first.first.size());
+            if (!sender || *sender != key) {
+                ++it;
+                continue;
+            }
+            Split split = it->second;
+            it = splits_.erase(it);
+            if (split.entry) complete_rx(split.entry, split.hdr, split.n, FI_ECONNRESET, split.src);
+        }
+        // Its staged writes that failed here, and what it sent behind a split write of its:
+        // nobody waits for any of it now.
+        std::erase_if(failed_writes_, [&](const auto &f) {
+            auto sender = local_key(f.first.first.data(), f.first.first.size());
+            return sender && *sender == key;
+        });
+        std::erase_if(deferred_, [&](const auto &d) {
+            auto sender = local_key(d.first.data(), d.first.size());
+            return sender && *sender == key;
+        });
+        // Receives waiting for a staged copy it will never send, and its memory we mapped.
+        for (auto it = restaging_.begin(); it != restaging_.end();) {
+            auto sender = local_key(it->first.first.data(), it->first.first.size());
+            if (!sender || *sender != key) {
+                ++it;
+                continue;
+            }
+            fi_peer_rx_entry *entry = it->second;
+            LocalHeader hdr{};
+            hdr.total = entry->size;
+            hdr.tag = entry->tag;
+            it = restaging_.erase(it);
+            complete_rx(entry, hdr, 0, FI_ECONNRESET, entry->addr);
+        }
+        ipc_import_.forget_peer(static_cast<uint64_t>(link->pid));
+    }
+}
+
+}  // namespace tandem::off

@@ -1,0 +1,243 @@
+// The owner's progress call: our inbox drained and each cell dispatched by its op, the links'
+// backlogs flushed, the peers' liveness checked now and then, and completions written to the
+// owner's CQ, kept in order for the next call when it has no room.
+#include "offload_prov/endpoint.h"
+
+#include "common/iov.h"
+#include "common/log.h"
+#include "offload_prov/cq.h"
+#include "offload_prov/srx.h"
+
+#include <chrono>
+#include <cstring>
+
+namespace tandem::off {
+
+using wire::LocalHeader;
+using wire::LocalIov;
+using wire::LocalOp;
+
+namespace {
+
+const uint8_t *body_of(const uint8_t *cell) {
+    return cell + sizeof(LocalHeader) + wire::kLocalNameRoom;
+}
+
+}  // namespace
+
+void Endpoint::progress() {
+    if (!enabled_) return;
+    if (!hello_posted_) post_hello_receive();
+    if (!introductions_.empty()) send_hellos();
+    // A bounded batch: a sender that never stops must not starve the rest of the owner.
+    for (int i = 0; i < 64; ++i) {
+        const void *cell = inbox_->peek();
+        if (!cell) break;
+        handle_cell(static_cast<const uint8_t *>(cell));
+        inbox_->release();
+    }
+    if (backlogged_)
+        for (auto &[key, link] : links_)
+            if (!link->dead) flush(*link);
+    // Completions the owner's CQ refused earlier go first, in order.
+    while (!cq_backlog_.empty() && try_write_cq(cq_backlog_.front())) cq_backlog_.pop_front();
+    while (!tx_done_.empty()) {
+        TxCompletion c = tx_done_.front();
+        tx_done_.pop_front();
+        CqWrite w{.kind = c.err ? CqWrite::Kind::Error : CqWrite::Kind::Entry};
+        w.e.op_context = c.context;
+        w.e.flags = c.flags;
+        w.e.len = c.len;
+        w.e.err = c.err;
+        w.e.prov_errno = c.err;
+        write_cq(w);
+    }
+    // Peers' liveness every 200 ms; the clock itself only every 1024 passes (reading it on
+    // every poll showed up as a tenth of a ping-pong's time), every 32 while atomics wait for
+    // answers (a small atomic's round trip is a few passes: a clock read each would be a
+    // tenth of it), and on every pass while other operations wait on a peer.
+    ++passes_;
+    if (passes_ % 1024 == 0 || (atomics_pending_ && passes_ % 32 == 0) || !pending_.empty() ||
+        !splits_.empty() || !restaging_.empty()) {
+        auto now = std::chrono::steady_clock::now();
+        if (now >= next_check_) {
+            next_check_ = now + std::chrono::milliseconds(200);
+            check_peers();
+        }
+    }
+}
+
+void Endpoint::complete_tx(void *context, uint64_t flags, size_t len, int err) {
+    tx_done_.push_back({context, flags, len, err});
+}
+
+void Endpoint::handle_cell(const uint8_t *cell) {
+    if (!deferred_.empty() && defer_if_held(cell)) return;
+    switch (static_cast<LocalOp>(cell[0])) {
+        case LocalOp::Short:
+            handle_short(cell);
+            return;
+        case LocalOp::Atomic:
+            serve_atomic(cell);
+            return;
+        case LocalOp::AtomicResp:
+            finish_atomic(cell);
+            return;
+        default:
+            break;
+    }
+    LocalHeader hdr;
+    memcpy(&hdr, cell, sizeof hdr);
+    if (hdr.name_len > wire::kLocalNameRoom) {
+        TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed cell\n");
+        return;
+    }
+    // The sender's address bytes: mapped to an fi_addr_t (cached), and to the key of its
+    // inbox only when we answer it.
+    std::string_view sender(reinterpret_cast<const char *>(cell + sizeof hdr), hdr.name_len);
+    const uint8_t *body = body_of(cell);
+    if (hdr.size > wire::kLocalBodyRoom || hdr.iov_count > wire::kLocalMaxIov) {
+        TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed cell (op %u)\n", hdr.op);
+        return;
+    }
+    switch (static_cast<LocalOp>(hdr.op)) {
+        case LocalOp::Eager:
+            handle_message(hdr, sender, source_of(sender), body, nullptr, nullptr);
+            return;
+        case LocalOp::Rts:
+            handle_message(hdr, sender, source_of(sender), nullptr,
+                           reinterpret_cast<const LocalIov *>(body), nullptr);
+            return;
+        case LocalOp::IpcRts: {
+            wire::LocalIpc ipc[wire::kLocalMaxIov];  // (copied: the cell body is unaligned)
+            memcpy(ipc, body, hdr.iov_count * sizeof(wire::LocalIpc));
+            handle_message(hdr, sender, source_of(sender), nullptr, nullptr, nullptr, ipc);
+            return;
+        }
+        case LocalOp::Frag: {
+            std::pair<std::string, uint64_t> id{std::string(sender), hdr.msg_id};
+            if (hdr.status) {
+                // The sender gave up on a message whose receive we hold (see finish_pending).
+                if (auto r = restaging_.find(id); r != restaging_.end()) {
+                    fi_peer_rx_entry *entry = r->second;
+                    restaging_.erase(r);
+                    complete_rx(entry, hdr, 0, hdr.status, source_of(sender));
+                }
+                staged_.erase(id);
+                return;
+            }
+            auto &st = staged_[id];
+            if (st.data.empty() && hdr.total) {
+                st.hdr = hdr;
+                st.data.resize(hdr.total);
+            }
+            if (hdr.offset + hdr.size > st.data.size()) {
+                staged_.erase(id);
+                TANDEM_WARN(FI_LOG_EP_DATA, "dropping a fragment out of its message\n");
+                return;
+            }
+            memcpy(st.data.data() + hdr.offset, body, hdr.size);
+            st.received += hdr.size;
+            if (st.received < st.data.size()) return;
+            Staged whole = std::move(st);
+            staged_.erase(id);
+            // The staged copy of an IpcRts we could not map already has its receive.
+            if (auto r = restaging_.find(id); r != restaging_.end()) {
+                fi_peer_rx_entry *entry = r->second;
+                restaging_.erase(r);
+                deliver(entry, whole.hdr, sender, whole.data.data(), nullptr, source_of(sender));
+                return;
+            }
+            handle_message(whole.hdr, sender, source_of(sender), whole.data.data(), nullptr,
+                           &whole.data);
+            return;
+        }
+        case LocalOp::Fin:
+            finish_pending(hdr.msg_id, hdr.status);
+            return;
+        case LocalOp::ReadData: {
+            auto it = pending_.find(hdr.msg_id);
+            if (it == pending_.end()) return;
+            Pending &p = it->second;
+            if (hdr.status) {  // the target could not copy its memory
+                finish_pending(hdr.msg_id, hdr.status);
+                return;
+            }
+            if (p.mem.empty())
+                iov_scatter(p.iov.data(), p.iov.size(), hdr.offset, body, hdr.size);
+            else if (hmem::scatter(p.iov.data(), p.mem.data(), p.iov.size(), hdr.offset, body,
+                                   hdr.size) < 0)
+                p.received = SIZE_MAX / 2;  // reported as an error when the last one came
+            p.received += hdr.size;
+            if (hdr.flags & wire::kLocalLast)
+                finish_pending(hdr.msg_id, p.received > p.len ? FI_EIO : 0);
+            return;
+        }
+        case LocalOp::Write:
+        case LocalOp::Read:
+        case LocalOp::WriteFrag:
+            handle_rma(hdr, sender, body);
+            return;
+        case LocalOp::Cts:
+            handle_cts(hdr, sender, body);
+            return;
+        case LocalOp::WriteDone:
+            handle_write_done(hdr, sender);
+            return;
+        case LocalOp::Short:
+        case LocalOp::Atomic:
+        case LocalOp::AtomicResp:
+            return;  // handled above, before the long header is read
+    }
+    TANDEM_WARN(FI_LOG_EP_DATA, "dropping a cell with unknown op %u\n", hdr.op);
+}
+
+// A Short cell is an Eager message with the fields it leaves out implied.
+void Endpoint::handle_short(const uint8_t *cell) {
+    wire::LocalShortHeader s;
+    memcpy(&s, cell, sizeof s);
+    if (s.name_len > wire::kLocalNameRoom || s.size > wire::kLocalBodyRoom) {
+        TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed cell\n");
+        return;
+    }
+    LocalHeader hdr{};
+    hdr.op = static_cast<uint8_t>(LocalOp::Eager);
+    hdr.flags = s.flags;
+    hdr.name_len = s.name_len;
+    hdr.size = s.size;
+    hdr.total = s.size;
+    hdr.tag = s.tag;
+    hdr.cq_data = s.cq_data;
+    std::string_view sender(reinterpret_cast<const char *>(cell + sizeof s), s.name_len);
+    handle_message(hdr, sender, source_of(sender), cell + wire::local_short_body_offset(s.name_len),
+                   nullptr, nullptr);
+}
+
+// A completion to the owner's CQ, behind those it refused before (kept, in order, and
+// written again at the next progress: the owner handles its CQ's overflow, fi_peer(3)).
+void Endpoint::write_cq(const CqWrite &w) {
+    if (cq_backlog_.empty() && try_write_cq(w)) return;
+    if (cq_backlog_.empty())
+        TANDEM_DEBUG(FI_LOG_CQ, "the owner's CQ is full: completions wait for room\n");
+    cq_backlog_.push_back(w);
+}
+
+// False when the owner's CQ has no room now (-FI_EAGAIN); the entry of a receive goes back
+// to the owner once its completion is written. Any other refusal is final for that
+// completion: reported in the log, not retried for ever ahead of all the others.
+bool Endpoint::try_write_cq(const CqWrite &w) {
+    ssize_t ret = 0;
+    if (w.kind == CqWrite::Kind::Error)
+        ret = cq_->owner().writeerr(w.e);
+    else if (w.kind == CqWrite::Kind::Entry)
+        ret = cq_->owner().write(w.e.op_context, w.e.flags, w.e.len, w.e.buf, w.e.data, w.e.tag,
+                                 w.src);
+    if (ret == -FI_EAGAIN) return false;
+    if (ret)
+        TANDEM_WARN(FI_LOG_CQ, "the owner's CQ refused a completion (context %p, flags %#lx): %s\n",
+                    w.e.op_context, (unsigned long)w.e.flags, fi_strerror(int(-ret)));
+    if (w.entry) srx_->owner().free_entry(w.entry);
+    return true;
+}
+
+}  // namespace tandem::off

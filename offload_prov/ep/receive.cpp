@@ -1,0 +1,260 @@
+// Receives, which are the owner's: a whole message asks the owner's SRX for a buffer and is
+// delivered into it (its bytes, a CMA read, a mapping of the sender's device memory, or a
+// staged read), or is held here until the owner starts or discards it.
+#include "offload_prov/endpoint.h"
+
+#include "common/iov.h"
+#include "common/log.h"
+#include "offload_prov/shm/cma.h"
+#include "offload_prov/srx.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+namespace tandem::off {
+
+using wire::LocalHeader;
+using wire::LocalIov;
+using wire::LocalOp;
+
+// A whole message (inline, assembled from fragments, or an Rts naming the sender's buffers)
+// asks the owner for a receive buffer.
+void Endpoint::handle_message(const LocalHeader &hdr, std::string_view sender, fi_addr_t src,
+                              const uint8_t *data, const LocalIov *rts_iov,
+                              std::vector<uint8_t> *owned, const wire::LocalIpc *ipc) {
+    bool tagged = hdr.flags & wire::kLocalTagged;
+    fi_peer_rx_entry *entry = nullptr;
+    const peer::ImportedSrx &srx = srx_->owner();
+    int ret = tagged ? srx.get_tag(src, hdr.tag, &entry) : srx.get_msg(src, hdr.total, &entry);
+    if (ret == 0 && entry) {
+        deliver(entry, hdr, sender, data, rts_iov, src, ipc);
+        return;
+    }
+    if (ret != -FI_ENOENT || !entry) {
+        TANDEM_WARN(FI_LOG_EP_DATA, "owner refused a receive buffer: %s\n", fi_strerror(-ret));
+        if (rts_iov || ipc) answer(sender, hdr.msg_id, FI_ENOMEM);
+        return;
+    }
+    // No receive yet: hold the message (its bytes, or only the sender's buffer list of an
+    // Rts) and let the owner queue it until one is posted.
+    auto *held = new HeldMessage;
+    held->ep = this;
+    held->hdr = hdr;
+    held->sender.assign(sender);
+    held->src = src;
+    if (rts_iov)
+        memcpy(held->iov, rts_iov, hdr.iov_count * sizeof(LocalIov));
+    else if (ipc)
+        memcpy(held->ipc, ipc, hdr.iov_count * sizeof(wire::LocalIpc));
+    else if (owned)
+        held->data = std::move(*owned);
+    else
+        held->data.assign(data, data + hdr.total);
+    entry->peer_context = held;
+    entry->size = hdr.total;
+    entry->tag = hdr.tag;
+    entry->addr = src;
+    if (hdr.flags & wire::kLocalCqData) entry->flags |= FI_REMOTE_CQ_DATA;
+    held_.insert(held);
+    srx.queue(entry, tagged);
+}
+
+// Copies a message into the receive buffer the owner gave, writes its completion to the
+// owner's CQ and hands the entry back.
+void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::string_view sender,
+                       const uint8_t *data, const LocalIov *rts_iov, fi_addr_t src,
+                       const wire::LocalIpc *ipc) {
+    size_t room = iov_length(entry->iov, entry->count);
+    size_t n = std::min<size_t>(hdr.total, room);
+    int err = 0;
+    // Where the receive buffer lives: the owner passes the application's descriptors.
+    hmem::MemRef mem[peer::kMaxEntryIov];
+    size_t count = std::min(entry->count, peer::kMaxEntryIov);
+    bool device = entry->desc && peer::mems_of(entry->desc, count, mem);
+    // This endpoint's own policy holds for what it receives: DISABLED opens no handle (the
+    // sender stages instead); REQUIRED refuses device memory that arrives staged.
+    int mode = p2p_.mode();
+    if (ipc) {
+        if (mode == FI_HMEM_P2P_DISABLED)
+            err = FI_EOPNOTSUPP;
+        else if (n)
+            err = deliver_ipc(entry, device ? mem : nullptr, hdr, ipc, n);
+        if (err == FI_EOPNOTSUPP) {
+            // We cannot map the sender's memory (IPC or peer access refused here): the sender
+            // sends it again through cells, into this same receive.
+            restaging_[std::make_pair(std::string(sender), hdr.msg_id)] = entry;
+            answer(sender, hdr.msg_id, FI_EOPNOTSUPP);
+            return;
+        }
+    } else if (device && n && mode == FI_HMEM_P2P_REQUIRED) {
+        hmem::counters().refused_transfers.fetch_add(1, std::memory_order_relaxed);
+        err = FI_EOPNOTSUPP;
+    } else if (data && device) {
+        if (hmem::scatter(entry->iov, mem, count, 0, data, n) < 0) err = FI_EIO;
+    } else if (data) {
+        iov_scatter(entry->iov, entry->count, 0, data, n);
+    } else if (n) {
+        iovec remote[wire::kLocalMaxIov];
+        size_t nremote = 0, left = n;
+        for (size_t i = 0; i < hdr.iov_count && left; ++i) {
+            size_t take = std::min<size_t>(rts_iov[i].length, left);
+            remote[nremote++] = {reinterpret_cast<void *>(rts_iov[i].addr), take};
+            left -= take;
+        }
+        if (device) {
+            // Cross-memory attach cannot reach device memory: through a host bounce buffer.
+            err = cma_read_staged(hdr.pid, entry->iov, mem, count, remote, nremote, n);
+        } else {
+            // A large message is copied by both sides at once: the sender writes the second
+            // half into our buffer while we read the first (two cores, twice the copy rate).
+            size_t half = (n / 2) & ~size_t(4095);
+            PeerLink *link = n >= wire::kLocalSplitMin ? link_to(sender) : nullptr;
+            if (link && link->cma &&
+                send_cts(*link, hdr.msg_id, entry->iov, entry->count, half, n)) {
+                iovec local[wire::kLocalMaxIov * 4], first[wire::kLocalMaxIov];
+                size_t nlocal =
+                    iov_slice(entry->iov, entry->count, 0, half, local, std::size(local));
+                size_t nfirst = iov_slice(remote, nremote, 0, half, first, std::size(first));
+                ssize_t got = cma_read(hdr.pid, local, nlocal, first, nfirst);
+                Split split{entry, hdr, n, half, {}, nremote, 0, src, {}, 0};
+                for (size_t i = 0; i < nremote; ++i) split.remote[i] = remote[i];
+                if (got < 0 || size_t(got) != half)
+                    split.err = got == -ESRCH ? FI_ECONNRESET : FI_EIO;
+                splits_.emplace(std::make_pair(std::string(sender), hdr.msg_id), split);
+                return;  // completed by the sender's WriteDone
+            }
+            iovec local[wire::kLocalMaxIov * 4];
+            size_t nlocal = iov_slice(entry->iov, entry->count, 0, n, local, std::size(local));
+            ssize_t got = cma_read(hdr.pid, local, nlocal, remote, nremote);
+            if (got < 0 || size_t(got) != n) err = got == -ESRCH ? FI_ECONNRESET : FI_EIO;
+        }
+    }
+    if (hdr.op == static_cast<uint8_t>(LocalOp::Rts) ||
+        hdr.op == static_cast<uint8_t>(LocalOp::IpcRts) || (hdr.flags & wire::kLocalAckReq))
+        answer(sender, hdr.msg_id, err);
+    complete_rx(entry, hdr, n, err, src);
+}
+
+// IpcRts: map the sender's device buffers (cached) and copy them into the receive with the
+// device's engine: device to device, or device to host for a host buffer. FI_EOPNOTSUPP
+// when a buffer cannot be mapped here; another FI_* code when a copy fails.
+int Endpoint::deliver_ipc(fi_peer_rx_entry *entry, const hmem::MemRef *mem, const LocalHeader &hdr,
+                          const wire::LocalIpc *ipc, size_t n) {
+    hmem::Registry &reg = hmem::Registry::instance();
+    iovec remote[wire::kLocalMaxIov];
+    hmem::MemRef rmem[wire::kLocalMaxIov];
+    for (size_t i = 0; i < hdr.iov_count; ++i) {
+        const wire::LocalIpc &e = ipc[i];
+        auto iface = static_cast<fi_hmem_iface>(e.iface);
+        if (!reg.available(iface) || iface == FI_HMEM_SYSTEM || e.offset > e.alloc_len ||
+            e.length > e.alloc_len - e.offset)
+            return FI_EINVAL;
+        if (hdr.pid == getpid()) {  // a peer in our own process: its memory is ours
+            remote[i] = {reinterpret_cast<void *>(e.addr), e.length};
+            rmem[i] = {iface, e.device};
+            continue;
+        }
+        // Mapped on our receive buffer's device, or on the sender's device number for a
+        // host buffer (its copy engine then reads the peer's memory into ours).
+        uint64_t device = mem && !mem[0].on_host() ? mem[0].device : e.device;
+        if (device >= static_cast<uint64_t>(reg.device_count(iface))) device = 0;
+        hmem::IpcExport ex;
+        memcpy(ex.handle.bytes, e.handle, sizeof ex.handle.bytes);
+        ex.mem = {iface, e.device};
+        ex.buffer_id = e.buffer_id;
+        ex.offset = e.offset;
+        ex.alloc_len = e.alloc_len;
+        void *addr = nullptr;
+        if (ipc_import_.map(static_cast<uint64_t>(hdr.pid), device, ex, &addr))
+            return FI_EOPNOTSUPP;
+        remote[i] = {addr, e.length};
+        rmem[i] = {iface, device};
+    }
+    // Walk both lists; one copy per overlapping piece.
+    size_t count = std::min(entry->count, peer::kMaxEntryIov);
+    size_t done =
+        iov_walk2(entry->iov, count, remote, hdr.iov_count, n,
+                  [&](size_t i, uint8_t *dst, size_t j, uint8_t *src, size_t k) {
+                      return hmem::copy(mem ? mem[i] : hmem::kHost, dst, rmem[j], src, k) == 0;
+                  });
+    return done == n ? 0 : FI_EIO;
+}
+
+// Cross-memory attach into buffers that may be device memory: a chunk at a time through a
+// host bounce buffer, then the device's copy. 0 or an FI_* code.
+int Endpoint::cma_read_staged(pid_t pid, const iovec *local, const hmem::MemRef *mem, size_t nlocal,
+                              const iovec *remote, size_t nremote, size_t n) {
+    constexpr size_t kChunk = 1 << 20;
+    std::vector<uint8_t> bounce(std::min(n, kChunk));
+    for (size_t off = 0; off < n;) {
+        size_t k = std::min(kChunk, n - off);
+        iovec from[wire::kLocalMaxIov * 4];
+        size_t nfrom = iov_slice(remote, nremote, off, k, from, std::size(from));
+        iovec to{bounce.data(), k};
+        ssize_t got = cma_read(pid, &to, 1, from, nfrom);
+        if (got < 0 || size_t(got) != k) return got == -ESRCH ? FI_ECONNRESET : FI_EIO;
+        if (hmem::scatter(local, mem, nlocal, off, bounce.data(), k) != ssize_t(k)) return FI_EIO;
+        off += k;
+    }
+    return 0;
+}
+
+// The receive's completion to the owner's CQ, and its entry back to the owner.
+void Endpoint::complete_rx(fi_peer_rx_entry *entry, const LocalHeader &hdr, size_t n, int err,
+                           fi_addr_t src) {
+    size_t room = iov_length(entry->iov, entry->count);
+    if (!err && hdr.total > room) err = FI_ETRUNC;
+    uint64_t flags = FI_RECV | ((hdr.flags & wire::kLocalTagged) ? FI_TAGGED : FI_MSG) |
+                     ((hdr.flags & wire::kLocalCqData) ? FI_REMOTE_CQ_DATA : 0) |
+                     (entry->flags & FI_MULTI_RECV);
+    CqWrite w{.kind = err                              ? CqWrite::Kind::Error
+                      : (entry->flags & FI_COMPLETION) ? CqWrite::Kind::Entry
+                                                       : CqWrite::Kind::None,
+              .src = src,
+              .entry = entry};
+    w.e.op_context = entry->context;
+    w.e.flags = flags;
+    w.e.len = n;
+    w.e.buf = entry->count ? entry->iov[0].iov_base : nullptr;
+    w.e.data = hdr.cq_data;
+    w.e.tag = hdr.tag;
+    if (err) {
+        w.e.olen = hdr.total - n;
+        w.e.err = err;
+        w.e.prov_errno = err;
+    }
+    write_cq(w);
+}
+
+int Endpoint::start_held(fi_peer_rx_entry *entry) {
+    auto *held = static_cast<HeldMessage *>(entry->peer_context);
+    if (!held) return -FI_EINVAL;
+    Endpoint *ep = held->ep;
+    ep->held_.erase(held);
+    bool rts = held->hdr.op == static_cast<uint8_t>(LocalOp::Rts);
+    bool ipc = held->hdr.op == static_cast<uint8_t>(LocalOp::IpcRts);
+    ep->deliver(entry, held->hdr, held->sender, rts || ipc ? nullptr : held->data.data(),
+                rts ? held->iov : nullptr, held->src, ipc ? held->ipc : nullptr);
+    delete held;
+    return 0;
+}
+
+int Endpoint::discard_held(fi_peer_rx_entry *entry) {
+    auto *held = static_cast<HeldMessage *>(entry->peer_context);
+    if (!held) return -FI_EINVAL;
+    Endpoint *ep = held->ep;
+    ep->held_.erase(held);
+    // The receiver dropped it: a sender waiting to have its buffers read is done with them.
+    if (held->hdr.op == static_cast<uint8_t>(LocalOp::Rts) ||
+        held->hdr.op == static_cast<uint8_t>(LocalOp::IpcRts) ||
+        (held->hdr.flags & wire::kLocalAckReq))
+        ep->answer(held->sender, held->hdr.msg_id, 0);
+    delete held;
+    ep->srx_->owner().free_entry(entry);
+    return 0;
+}
+
+}  // namespace tandem::off

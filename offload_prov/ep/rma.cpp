@@ -1,0 +1,101 @@
+// RMA at the initiator (fi_writemsg, fi_readmsg): one Write, WriteFrag or Read cell (or a
+// stream of them) to the target, which checks the key and copies (ep/rma_target.cpp); the
+// operation ends at the target's Fin, or with the ReadData cells of a staged read.
+#include "offload_prov/endpoint.h"
+
+#include "common/iov.h"
+#include "offload_prov/config.h"
+
+#include <atomic>
+
+namespace tandem::off {
+
+using wire::LocalHeader;
+using wire::LocalIov;
+using wire::LocalOp;
+
+ssize_t Endpoint::writemsg(const fi_msg_rma *msg, uint64_t flags) {
+    if (!msg || msg->rma_iov_count != 1 || !msg->rma_iov) return -FI_EINVAL;
+    return post_rma(msg->msg_iov, msg->desc, msg->iov_count, msg->rma_iov[0], msg->addr, msg->data,
+                    msg->context, flags, true);
+}
+
+ssize_t Endpoint::readmsg(const fi_msg_rma *msg, uint64_t flags) {
+    if (!msg || msg->rma_iov_count != 1 || !msg->rma_iov) return -FI_EINVAL;
+    return post_rma(msg->msg_iov, msg->desc, msg->iov_count, msg->rma_iov[0], msg->addr, 0,
+                    msg->context, flags, false);
+}
+
+ssize_t Endpoint::post_rma(const iovec *iov, void **desc, size_t count, const fi_rma_iov &rma,
+                           fi_addr_t dest, uint64_t data, void *context, uint64_t flags,
+                           bool write) {
+    if (!enabled_) return -FI_EOPBADSTATE;
+    if ((count && !iov) || count > wire::kLocalMaxIov) return -FI_EINVAL;
+    PeerLink *link = link_for(dest);
+    if (!link) return -FI_EHOSTUNREACH;
+    size_t len = iov_length(iov, count);
+    uint64_t cq_flags = FI_RMA | (write ? FI_WRITE : FI_READ);
+    if (link->dead) {
+        complete_tx(context, cq_flags, len, FI_ECONNRESET);
+        return 0;
+    }
+    if (!admits(*link)) return -FI_EAGAIN;
+    LocalHeader hdr = proto_;
+    hdr.flags = (write && (flags & FI_REMOTE_CQ_DATA)) ? wire::kLocalCqData : 0;
+    hdr.cq_data = data;
+    hdr.total = len;
+    hdr.rma_addr = rma.addr;
+    hdr.rma_key = rma.key;
+    hdr.msg_id = next_id_++;
+    Pending p{.context = context, .flags = cq_flags, .len = len, .link = link};
+    // Device memory is staged (its device copies it into and out of cells): node-local RMA
+    // has no peer-to-peer form, so FI_HMEM_P2P_REQUIRED refuses it.
+    hmem::MemRef mem[wire::kLocalMaxIov];
+    bool device = desc && peer::mems_of(desc, count, mem);
+    if (device) {
+        if (p2p_.decide(false, len, 0) == hmem::P2pDecision::Fail) {
+            hmem::counters().refused_transfers.fetch_add(1, std::memory_order_relaxed);
+            complete_tx(context, cq_flags, len, FI_EOPNOTSUPP);
+            return 0;
+        }
+        hmem::counters().staged_transfers.fetch_add(1, std::memory_order_relaxed);
+        p.mem.assign(mem, mem + count);
+    }
+    bool cma = link->cma && !device;
+    LocalIov body[wire::kLocalMaxIov];
+    size_t n = 0;
+    for (size_t i = 0; i < count; ++i)
+        if (iov[i].iov_len)
+            body[n++] = {reinterpret_cast<uint64_t>(iov[i].iov_base), iov[i].iov_len};
+    if (!write) {
+        // The target writes into our buffers (CMA) or answers with ReadData cells.
+        p.iov.assign(iov, iov + count);
+        hdr.op = static_cast<uint8_t>(LocalOp::Read);
+        hdr.iov_count = static_cast<uint8_t>(cma ? n : 0);
+        pending_[hdr.msg_id] = std::move(p);
+        push(*link, hdr, body, hdr.iov_count * sizeof(LocalIov));
+        return 0;
+    }
+    // A large write read with CMA: the target may ask us (Cts) to write part of it ourselves.
+    if (cma && len >= wire::kLocalSplitMin) p.iov.assign(iov, iov + count);
+    pending_[hdr.msg_id] = std::move(p);
+    bool sent = true;
+    if (len <= Config::get().eager_limit) {
+        hdr.op = static_cast<uint8_t>(LocalOp::Write);
+        hdr.size = static_cast<uint32_t>(len);
+        sent = push_gather(*link, hdr, iov, count, 0, len, device ? mem : nullptr);
+    } else if (cma) {
+        hdr.op = static_cast<uint8_t>(LocalOp::Write);
+        hdr.iov_count = static_cast<uint8_t>(n);
+        push(*link, hdr, body, n * sizeof(LocalIov));
+    } else {
+        hdr.op = static_cast<uint8_t>(LocalOp::WriteFrag);
+        // A failed device copy fails the write (a later Fin finds nothing to finish).
+        push_staged(*link, hdr, iov, count, len, device ? mem : nullptr,
+                    {.kind = StreamEnd::Kind::FailPending});
+    }
+    if (!sent) finish_pending(hdr.msg_id, FI_EIO);  // (a later Fin finds nothing to finish)
+    return 0;
+}
+
+}  // namespace tandem::off

@@ -1,0 +1,275 @@
+// Messages (fi_sendmsg, fi_tsendmsg, the owner's inject): an Eager cell, an Rts whose buffers
+// the receiver reads with CMA, Frag cells, or device memory peer to peer (IpcRts) or staged;
+// and the end of an operation waiting for the peer's Fin, where an IpcRts the receiver could
+// not map is sent again, staged.
+#include "offload_prov/endpoint.h"
+
+#include "common/iov.h"
+#include "offload_prov/config.h"
+#include "offload_prov/ep/endpoint_internal.h"
+
+#include <atomic>
+#include <cstring>
+
+namespace tandem::off {
+
+using wire::LocalHeader;
+using wire::LocalIov;
+using wire::LocalOp;
+
+ssize_t Endpoint::sendmsg(const fi_msg *msg, uint64_t flags) {
+    if (!msg) return -FI_EINVAL;
+    return post_send(msg->msg_iov, msg->desc, msg->iov_count, msg->addr, 0, msg->data, msg->context,
+                     flags, false);
+}
+
+ssize_t Endpoint::tsendmsg(const fi_msg_tagged *msg, uint64_t flags) {
+    if (!msg) return -FI_EINVAL;
+    return post_send(msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->tag, msg->data,
+                     msg->context, flags, true);
+}
+
+ssize_t Endpoint::post_send(const iovec *iov, void **desc, size_t count, fi_addr_t dest,
+                            uint64_t tag, uint64_t data, void *context, uint64_t flags,
+                            bool tagged) {
+    if (!enabled_) return -FI_EOPBADSTATE;
+    if ((count && !iov) || count > wire::kLocalMaxIov) return -FI_EINVAL;
+    PeerLink *link = link_for(dest);
+    if (!link) return -FI_EHOSTUNREACH;
+    size_t len = iov_length(iov, count);
+    uint64_t cq_flags = FI_SEND | (tagged ? FI_TAGGED : FI_MSG);
+    if (link->dead) {
+        complete_tx(context, cq_flags, len, FI_ECONNRESET);
+        return 0;
+    }
+    // Back-pressure: the peer's ring is full, or cells wait for room already.
+    if (!admits(*link)) return -FI_EAGAIN;
+    LocalHeader hdr = message_header(len, tag, data, flags, tagged);
+    // FI_DELIVERY_COMPLETE: complete when the receiver placed the data (its Fin), not when
+    // the cells are written.
+    bool ack = flags & FI_DELIVERY_COMPLETE;
+    hmem::MemRef mem[wire::kLocalMaxIov];
+    bool device = desc && peer::mems_of(desc, count, mem);
+    if (device) {
+        // Device memory: peer to peer through IPC handles where the policy and the driver
+        // allow, else staged through cells by the device's copies (never by the CPU).
+        auto &c = hmem::counters();
+        switch (p2p_.decide(true, len, Config::get().eager_limit)) {
+            case hmem::P2pDecision::PeerToPeer: {
+                Pending p{.context = context,
+                          .flags = cq_flags,
+                          .len = len,
+                          .link = link,
+                          .iov = {iov, iov + count},
+                          .mem = {mem, mem + count},
+                          .ipc = true,
+                          .ack = ack,
+                          .tag = tag,
+                          .data = data,
+                          .hdr_flags = hdr.flags};
+                if (post_ipc(*link, hdr, iov, mem, count, std::move(p))) {
+                    c.p2p_transfers.fetch_add(1, std::memory_order_relaxed);
+                    return 0;
+                }
+                if (p2p_.mode() == FI_HMEM_P2P_REQUIRED) {
+                    c.refused_transfers.fetch_add(1, std::memory_order_relaxed);
+                    complete_tx(context, cq_flags, len, FI_EOPNOTSUPP);
+                    return 0;
+                }
+                break;  // no IPC handle for this memory: staged
+            }
+            case hmem::P2pDecision::Fail:
+                c.refused_transfers.fetch_add(1, std::memory_order_relaxed);
+                complete_tx(context, cq_flags, len, FI_EOPNOTSUPP);
+                return 0;
+            case hmem::P2pDecision::Stage:
+                break;
+        }
+        c.staged_transfers.fetch_add(1, std::memory_order_relaxed);
+        if (len > Config::get().eager_limit && link->cma && len <= kStagedRtsMax) {
+            // Large: our device copies it once into a host bounce that the receiver reads
+            // like any host message (single copy by CMA), instead of cell by cell.
+            Pending p{.context = context, .flags = cq_flags, .len = len, .link = link};
+            p.bounce.resize(len);
+            if (hmem::gather(p.bounce.data(), iov, mem, count, 0, len) != ssize_t(len)) {
+                complete_tx(context, cq_flags, len, FI_EIO);
+                return 0;
+            }
+            send_rts(*link, hdr, std::move(p));
+            return 0;
+        }
+        if (ack) {
+            hdr.flags |= wire::kLocalAckReq;
+            pending_[hdr.msg_id] =
+                Pending{.context = context, .flags = cq_flags, .len = len, .link = link};
+        }
+        hdr.op =
+            static_cast<uint8_t>(len <= Config::get().eager_limit ? LocalOp::Eager : LocalOp::Frag);
+        if (hdr.op == static_cast<uint8_t>(LocalOp::Frag)) {
+            push_staged(*link, hdr, iov, count, len, mem, send_end(ack, context, cq_flags));
+            return 0;
+        }
+        hdr.size = static_cast<uint32_t>(len);
+        if (!push_gather(*link, hdr, iov, count, 0, len, mem)) {
+            // The device could not copy it: an error completion, and nothing delivered.
+            pending_.erase(hdr.msg_id);
+            complete_tx(context, cq_flags, len, FI_EIO);
+        } else if (!ack) {
+            complete_tx(context, cq_flags, len, 0);
+        }
+        return 0;
+    }
+    if (ack) {
+        hdr.flags |= wire::kLocalAckReq;
+        pending_[hdr.msg_id] =
+            Pending{.context = context, .flags = cq_flags, .len = len, .link = link};
+    }
+    if (len <= Config::get().eager_limit) {
+        hdr.op = static_cast<uint8_t>(LocalOp::Eager);
+        hdr.size = static_cast<uint32_t>(len);
+        push_gather(*link, hdr, iov, count, 0, len);
+        if (!ack) complete_tx(context, cq_flags, len, 0);
+        return 0;
+    }
+    if (link->cma) {
+        send_rts(*link, hdr,
+                 Pending{.context = context,
+                         .flags = cq_flags,
+                         .len = len,
+                         .link = link,
+                         .iov = {iov, iov + count}});
+        return 0;
+    }
+    // No cross-memory attach: stage the message through the ring, a cell at a time.
+    hdr.op = static_cast<uint8_t>(LocalOp::Frag);
+    push_staged(*link, hdr, iov, count, len, nullptr, send_end(ack, context, cq_flags));
+    return 0;
+}
+
+// The owner's fast path for small messages: the same Eager cell post_send would write, but
+// only when it can go into the ring at once, and without a completion (the owner reports the
+// send itself). A link with a backlog refuses: the cell must queue behind the backlog, which
+// post_send does.
+ssize_t Endpoint::inject(const iovec *iov, size_t count, fi_addr_t dest, uint64_t tag,
+                         uint64_t data, uint64_t flags) {
+    if (!enabled_) return -FI_EOPBADSTATE;
+    if ((count && !iov) || count > wire::kLocalMaxIov) return -FI_EINVAL;
+    PeerLink *link = link_for(dest);
+    if (!link) return -FI_EHOSTUNREACH;
+    if (link->dead) return -FI_ECONNRESET;
+    size_t len = iov_length(iov, count);
+    if (len > Config::get().eager_limit) return -FI_EMSGSIZE;
+    LocalHeader hdr = message_header(len, tag, data, flags, flags & FI_TAGGED);
+    hdr.op = static_cast<uint8_t>(LocalOp::Eager);
+    hdr.size = static_cast<uint32_t>(len);
+    // (An id not sent is skipped: ids only name operations, they need not be consecutive.)
+    return try_push(*link, hdr, iov, count, 0, len, nullptr) ? 0 : -FI_EAGAIN;
+}
+
+// The header of a message's first (or only) cell, with a fresh id; op and size are the
+// caller's.
+LocalHeader Endpoint::message_header(size_t len, uint64_t tag, uint64_t data, uint64_t flags,
+                                     bool tagged) {
+    LocalHeader hdr = proto_;
+    hdr.flags =
+        (tagged ? wire::kLocalTagged : 0) | ((flags & FI_REMOTE_CQ_DATA) ? wire::kLocalCqData : 0);
+    hdr.tag = tag;
+    hdr.cq_data = data;
+    hdr.total = len;
+    hdr.msg_id = next_id_++;
+    return hdr;
+}
+
+// Single copy: the receiver reads the buffers of p.iov (or p.bounce) with CMA; they stay ours
+// until its Fin.
+void Endpoint::send_rts(PeerLink &link, LocalHeader hdr, Pending p) {
+    if (!p.bounce.empty()) p.iov.assign(1, iovec{p.bounce.data(), p.bounce.size()});
+    hdr.op = static_cast<uint8_t>(LocalOp::Rts);
+    LocalIov body[wire::kLocalMaxIov];
+    size_t n = 0;
+    for (const iovec &v : p.iov)
+        if (v.iov_len) body[n++] = {reinterpret_cast<uint64_t>(v.iov_base), v.iov_len};
+    hdr.iov_count = static_cast<uint8_t>(n);
+    hdr.flags &= ~uint8_t(wire::kLocalAckReq);  // Fin comes anyway, after delivery
+    pending_[hdr.msg_id] = std::move(p);
+    push(link, hdr, body, n * sizeof(LocalIov));
+}
+
+// An IpcRts naming the sender's device buffers; false when some buffer has no IPC handle
+// (the driver refuses, or the memory is not device memory), and nothing was sent.
+bool Endpoint::post_ipc(PeerLink &link, LocalHeader hdr, const iovec *iov, const hmem::MemRef *mem,
+                        size_t count, Pending p) {
+    wire::LocalIpc body[wire::kLocalMaxIov];
+    size_t n = 0;
+    for (size_t i = 0; i < count; ++i) {
+        if (!iov[i].iov_len) continue;
+        hmem::IpcExport ex;
+        if (mem[i].on_host() || ipc_export_.get(mem[i], iov[i].iov_base, iov[i].iov_len, &ex))
+            return false;
+        wire::LocalIpc &e = body[n++];
+        memcpy(e.handle, ex.handle.bytes, sizeof e.handle);
+        e.buffer_id = ex.buffer_id;
+        e.alloc_len = ex.alloc_len;
+        e.offset = ex.offset;
+        e.length = iov[i].iov_len;
+        e.addr = reinterpret_cast<uint64_t>(iov[i].iov_base);
+        e.iface = static_cast<uint32_t>(ex.mem.iface);
+        e.device = static_cast<uint32_t>(ex.mem.device);
+    }
+    hdr.op = static_cast<uint8_t>(LocalOp::IpcRts);
+    hdr.iov_count = static_cast<uint8_t>(n);
+    hdr.flags &= ~uint8_t(wire::kLocalAckReq);  // Fin comes anyway, after delivery
+    pending_[hdr.msg_id] = std::move(p);
+    push(link, hdr, body, n * sizeof(wire::LocalIpc));
+    return true;
+}
+
+void Endpoint::finish_pending(uint64_t msg_id, int status) {
+    auto it = pending_.find(msg_id);
+    if (it == pending_.end()) return;  // already failed (a dead peer) or a duplicate answer
+    Pending p = std::move(it->second);
+    pending_.erase(it);
+    if (p.ipc && status == FI_EOPNOTSUPP && p2p_.mode() != FI_HMEM_P2P_REQUIRED && !p.link->dead) {
+        // The receiver could not map our memory: the same message again, staged by our
+        // device's copies into cells, for the receive it is holding.
+        auto &c = hmem::counters();
+        c.p2p_transfers.fetch_sub(1, std::memory_order_relaxed);
+        c.staged_transfers.fetch_add(1, std::memory_order_relaxed);
+        LocalHeader hdr = proto_;
+        hdr.op = static_cast<uint8_t>(LocalOp::Frag);
+        hdr.flags = p.hdr_flags;
+        hdr.tag = p.tag;
+        hdr.cq_data = p.data;
+        hdr.total = p.len;
+        hdr.msg_id = msg_id;
+        // FI_DELIVERY_COMPLETE: complete at the receiver's Fin for the staged copy.
+        if (p.ack) hdr.flags |= wire::kLocalAckReq;
+        PeerLink &link = *p.link;
+        std::vector<iovec> iov = p.iov;
+        std::vector<hmem::MemRef> mem = p.mem;
+        StreamEnd end = send_end(p.ack, p.context, p.flags);
+        if (p.ack) {
+            p.ipc = false;
+            pending_[msg_id] = std::move(p);
+        }
+        push_staged(link, hdr, iov.data(), iov.size(), hdr.total, mem.data(), end);
+        return;
+    } else if (p.ipc && status == FI_EOPNOTSUPP) {
+        // FI_HMEM_P2P_REQUIRED: no staged copy. The receiver is holding its receive for
+        // one: an empty last fragment carrying the error releases it.
+        hmem::counters().refused_transfers.fetch_add(1, std::memory_order_relaxed);
+        if (!p.link->dead) {
+            LocalHeader hdr = proto_;
+            hdr.op = static_cast<uint8_t>(LocalOp::Frag);
+            hdr.flags = p.hdr_flags | wire::kLocalLast;
+            hdr.tag = p.tag;
+            hdr.total = p.len;
+            hdr.msg_id = msg_id;
+            hdr.status = FI_EOPNOTSUPP;
+            push(*p.link, hdr, nullptr, 0);
+        }
+    }
+    complete_tx(p.context, p.flags, p.len, status);
+}
+
+}  // namespace tandem::off

@@ -1,0 +1,146 @@
+// Split copies: a large Rts message or RMA write read with CMA is copied by both sides at
+// once (the receiver reads the first half while the sender writes the second: Cts, then
+// WriteDone), and what keeps an initiator's later cells behind its split write (ordering).
+#include "offload_prov/endpoint.h"
+
+#include "common/iov.h"
+#include "offload_prov/config.h"
+#include "offload_prov/shm/cma.h"
+
+#include <cstring>
+
+namespace tandem::off {
+
+using wire::LocalHeader;
+using wire::LocalIov;
+using wire::LocalOp;
+
+// Asks the sender of msg_id to write bytes [half, n) of its buffers into ours (`dst` holds
+// all n): false, with nothing sent, when that part does not fit one Cts (we copy it all then).
+bool Endpoint::send_cts(PeerLink &link, uint64_t msg_id, const iovec *dst, size_t ndst, size_t half,
+                        size_t n) {
+    iovec mine[wire::kLocalMaxIov];
+    size_t nmine = iov_slice(dst, ndst, half, n - half, mine, wire::kLocalMaxIov);
+    if (!nmine || iov_length(mine, nmine) != n - half) return false;
+    LocalHeader cts = proto_;
+    cts.op = static_cast<uint8_t>(LocalOp::Cts);
+    cts.msg_id = msg_id;
+    cts.offset = half;
+    cts.total = n - half;
+    cts.iov_count = static_cast<uint8_t>(nmine);
+    LocalIov body[wire::kLocalMaxIov];
+    for (size_t i = 0; i < nmine; ++i)
+        body[i] = {reinterpret_cast<uint64_t>(mine[i].iov_base), mine[i].iov_len};
+    push(link, cts, body, nmine * sizeof(LocalIov));
+    return true;
+}
+
+// Sender side of a split copy: write our part into the receiver's buffer.
+void Endpoint::handle_cts(const LocalHeader &hdr, std::string_view sender, const uint8_t *body) {
+    int status = FI_EIO;
+    auto it = pending_.find(hdr.msg_id);
+    if (it != pending_.end() && !it->second.iov.empty()) {
+        Pending &p = it->second;
+        iovec local[wire::kLocalMaxIov];
+        size_t nlocal =
+            iov_slice(p.iov.data(), p.iov.size(), hdr.offset, hdr.total, local, wire::kLocalMaxIov);
+        bool whole = iov_length(local, nlocal) == hdr.total;
+        auto *dst = reinterpret_cast<const LocalIov *>(body);
+        iovec remote[wire::kLocalMaxIov];
+        for (size_t i = 0; i < hdr.iov_count; ++i)
+            remote[i] = {reinterpret_cast<void *>(dst[i].addr), dst[i].length};
+        ssize_t put = whole ? cma_write(hdr.pid, local, nlocal, remote, hdr.iov_count) : -EINVAL;
+        status = (put >= 0 && uint64_t(put) == hdr.total) ? 0 : FI_EIO;
+    }
+    PeerLink *link = link_to(sender);
+    if (!link) return;
+    LocalHeader done = proto_;
+    done.op = static_cast<uint8_t>(LocalOp::WriteDone);
+    done.msg_id = hdr.msg_id;
+    done.status = status;
+    push(*link, done, nullptr, 0);
+}
+
+// Receiver side: the sender wrote its part (or could not: then we read it ourselves).
+void Endpoint::handle_write_done(const LocalHeader &hdr, std::string_view sender) {
+    auto it = splits_.find(std::make_pair(std::string(sender), hdr.msg_id));
+    if (it == splits_.end()) return;
+    Split split = it->second;
+    splits_.erase(it);
+    int err = split.err;
+    if (!err && hdr.status != 0) {
+        // Our buffer and the sender's, both from `half` to `n`.
+        iovec local[wire::kLocalMaxIov * 4], rest[wire::kLocalMaxIov];
+        size_t nlocal = split.entry ? iov_slice(split.entry->iov, split.entry->count, split.half,
+                                                split.n - split.half, local, std::size(local))
+                                    : iov_slice(split.target, split.ntarget, split.half,
+                                                split.n - split.half, local, std::size(local));
+        size_t nrest = iov_slice(split.remote, split.nremote, split.half, split.n - split.half,
+                                 rest, wire::kLocalMaxIov);
+        ssize_t got = cma_read(split.hdr.pid, local, nlocal, rest, nrest);
+        if (got < 0 || size_t(got) != split.n - split.half)
+            err = got == -ESRCH ? FI_ECONNRESET : FI_EIO;
+    }
+    if (!split.entry) {
+        finish_rma(split.hdr, sender, err);
+        replay_deferred(std::string(sender));
+        return;
+    }
+    answer(sender, split.hdr.msg_id, err);
+    complete_rx(split.entry, split.hdr, split.n, err, split.src);
+}
+
+// A cell from an initiator whose RMA write is split (see deferred_) waits for its WriteDone;
+// answers to our own operations (Fin, Cts, WriteDone, ReadData) do not.
+bool Endpoint::defer_if_held(const uint8_t *cell) {
+    std::string_view sender;
+    if (cell[0] == static_cast<uint8_t>(LocalOp::AtomicResp)) return false;  // an answer
+    if (cell[0] == static_cast<uint8_t>(LocalOp::Short) ||
+        cell[0] == static_cast<uint8_t>(LocalOp::Atomic)) {
+        wire::LocalShortHeader s;
+        memcpy(&s, cell, sizeof s);
+        if (s.name_len > wire::kLocalNameRoom) return false;
+        sender = {reinterpret_cast<const char *>(cell + sizeof s), s.name_len};
+    } else {
+        LocalHeader hdr;
+        memcpy(&hdr, cell, sizeof hdr);
+        auto op = static_cast<LocalOp>(hdr.op);
+        if (op == LocalOp::Fin || op == LocalOp::Cts || op == LocalOp::WriteDone ||
+            op == LocalOp::ReadData || hdr.name_len > wire::kLocalNameRoom)
+            return false;
+        sender = {reinterpret_cast<const char *>(cell + sizeof hdr), hdr.name_len};
+    }
+    auto it = deferred_.find(sender);
+    if (it == deferred_.end()) return false;
+    CellCopy copy;
+    if (spare_cells_.empty()) {
+        copy = std::make_unique_for_overwrite<uint8_t[]>(wire::kLocalCellSize);
+    } else {
+        copy = std::move(spare_cells_.back());
+        spare_cells_.pop_back();
+    }
+    memcpy(copy.get(), cell, wire::kLocalCellSize);
+    it->second.push_back(std::move(copy));
+    return true;
+}
+
+// The initiator's split write is done: what it sent meanwhile is handled now, in order, up
+// to the next write of its that splits.
+void Endpoint::replay_deferred(const std::string &sender) {
+    auto it = deferred_.find(sender);
+    if (it == deferred_.end()) return;
+    std::deque<CellCopy> cells = std::move(it->second);
+    deferred_.erase(it);
+    while (!cells.empty()) {
+        CellCopy cell = std::move(cells.front());
+        cells.pop_front();
+        handle_cell(cell.get());
+        if (spare_cells_.size() < Config::get().ring_cells) spare_cells_.push_back(std::move(cell));
+        if (auto again = deferred_.find(sender); again != deferred_.end()) {
+            for (auto &rest : cells) again->second.push_back(std::move(rest));
+            return;
+        }
+    }
+}
+
+}  // namespace tandem::off

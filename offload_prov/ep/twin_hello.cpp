@@ -1,0 +1,78 @@
+// Peer transfers: twins on different nodes introduce themselves over the owner's endpoint
+// (wire::TwinHello, posted with FI_PEER_TRANSFER), and the owner asks which peers have one.
+#include "offload_prov/endpoint.h"
+
+#include "common/log.h"
+#include "offload_prov/config.h"
+
+namespace tandem::off {
+
+// Posted at the first progress, not at enable: the owner accepts peer transfers only once
+// its twin is in place.
+void Endpoint::post_hello_receive() {
+    iovec iov{&hello_in_, sizeof hello_in_};
+    fi_msg_tagged msg{&iov, nullptr, 1, FI_ADDR_UNSPEC, wire::kTwinHelloTag, 0, &hello_rx_ctx_, 0};
+    ssize_t ret = fi_trecvmsg(owner_ep_, &msg, FI_PEER_TRANSFER);
+    if (ret == -FI_EAGAIN) return;  // try again at the next pass
+    hello_posted_ = true;           // (on another error: no introductions, logged)
+    if (ret)
+        TANDEM_WARN(FI_LOG_EP_CTRL, "owner refused a peer transfer receive: %s\n",
+                    fi_strerror(int(-ret)));
+}
+
+void Endpoint::send_hellos() {
+    std::vector<fi_addr_t> todo;
+    todo.swap(introductions_);
+    for (fi_addr_t addr : todo) {
+        auto *hello = new wire::TwinHello{
+            wire::kTwinMagic, 1, 0,
+            wire::kTwinNodeLocal | (Config::get().cma ? uint64_t(wire::kTwinCma) : 0)};
+        iovec iov{hello, sizeof *hello};
+        fi_msg_tagged msg{&iov, nullptr, 1, addr, wire::kTwinHelloTag, 0, hello, 0};
+        ssize_t ret = fi_tsendmsg(owner_ep_, &msg, FI_PEER_TRANSFER);
+        if (ret == 0) continue;
+        delete hello;
+        if (ret == -FI_EAGAIN)
+            introductions_.push_back(addr);
+        else
+            TANDEM_INFO(FI_LOG_EP_CTRL, "could not introduce ourselves to fi_addr %lu: %s\n",
+                        (unsigned long)addr, fi_strerror(int(-ret)));
+    }
+}
+
+void Endpoint::transfer_complete(const fi_cq_tagged_entry &entry, fi_addr_t src) {
+    if (entry.op_context == &hello_rx_ctx_) {
+        if (entry.len == sizeof hello_in_ && hello_in_.magic == wire::kTwinMagic &&
+            src != FI_ADDR_NOTAVAIL) {
+            remote_twins_[src] = hello_in_.caps;
+            TANDEM_INFO(FI_LOG_EP_CTRL,
+                        "remote twin at fi_addr %lu introduced itself (caps %#lx)\n",
+                        (unsigned long)src, (unsigned long)hello_in_.caps);
+        } else {
+            TANDEM_WARN(FI_LOG_EP_CTRL, "dropping a malformed twin hello (%zu bytes)\n", entry.len);
+        }
+        hello_posted_ = false;  // repost at the next pass
+        return;
+    }
+    // One of our hellos went out.
+    delete static_cast<wire::TwinHello *>(entry.op_context);
+}
+
+void Endpoint::transfer_error(const fi_cq_err_entry &err) {
+    if (err.op_context == &hello_rx_ctx_) {
+        TANDEM_INFO(FI_LOG_EP_CTRL, "twin hello receive failed: %s\n", fi_strerror(err.err));
+        hello_posted_ = err.err == FI_ECANCELED;  // repost, unless it was cancelled
+        return;
+    }
+    TANDEM_INFO(FI_LOG_EP_CTRL, "twin hello not delivered: %s\n", fi_strerror(err.err));
+    delete static_cast<wire::TwinHello *>(err.op_context);
+}
+
+int Endpoint::remote_twin(fi_addr_t addr, uint64_t *caps) const {
+    auto it = remote_twins_.find(addr);
+    if (it == remote_twins_.end()) return 0;
+    if (caps) *caps = it->second;
+    return 1;
+}
+
+}  // namespace tandem::off
