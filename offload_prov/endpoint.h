@@ -65,6 +65,24 @@ std::string segment_prefix();
 
 class Endpoint;
 
+// A send or RMA captured from the owner's call (the prepare step): checked, with its lists and
+// where each buffer lives copied, so that issuing it does not depend on the caller's arrays.
+struct LocalRequest {
+    iovec iov[wire::kLocalMaxIov];
+    hmem::MemRef mem[wire::kLocalMaxIov];  // valid when device
+    size_t count = 0;
+    size_t len = 0;
+    bool device = false;
+    fi_addr_t peer = FI_ADDR_UNSPEC;
+    void *context = nullptr;
+    uint64_t flags = 0;
+    uint64_t data = 0;
+    uint64_t tag = 0;  // sends
+    bool tagged = false;
+    fi_rma_iov rma{};  // RMA
+    bool write = false;
+};
+
 // What an endpoint holds for a message the owner queued (fi_peer_rx_entry::peer_context).
 struct HeldMessage {
     Endpoint *ep = nullptr;
@@ -228,8 +246,11 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     void push_cell(PeerLink &link, const uint8_t *cell, size_t n);
 
     // ep/send.cpp: messages (Eager, Rts, Frag, IpcRts), and the end of a pending operation.
-    ssize_t post_send(const iovec *iov, void **desc, size_t count, fi_addr_t dest, uint64_t tag,
-                      uint64_t data, void *context, uint64_t flags, bool tagged);
+    // Sends and RMA are prepared (checked, their lists copied into a LocalRequest) and then
+    // issued.
+    int prepare(const iovec *iov, void **desc, size_t count, fi_addr_t peer, void *context,
+                uint64_t flags, uint64_t data, LocalRequest &r) const;
+    ssize_t issue_send(LocalRequest &r);
     wire::LocalHeader message_header(size_t len, uint64_t tag, uint64_t data, uint64_t flags,
                                      bool tagged);
     void send_rts(PeerLink &link, wire::LocalHeader hdr, Pending p);
@@ -243,8 +264,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     void finish_pending(uint64_t msg_id, int status);
 
     // ep/rma.cpp: RMA at the initiator.
-    ssize_t post_rma(const iovec *iov, void **desc, size_t count, const fi_rma_iov &rma,
-                     fi_addr_t peer, uint64_t data, void *context, uint64_t flags, bool write);
+    ssize_t issue_rma(LocalRequest &r);
 
     // ep/rma_target.cpp: RMA at the target.
     int resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access, iovec *iov,

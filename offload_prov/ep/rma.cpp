@@ -16,24 +16,35 @@ using wire::LocalOp;
 
 ssize_t Endpoint::writemsg(const fi_msg_rma *msg, uint64_t flags) {
     if (!msg || msg->rma_iov_count != 1 || !msg->rma_iov) return -FI_EINVAL;
-    return post_rma(msg->msg_iov, msg->desc, msg->iov_count, msg->rma_iov[0], msg->addr, msg->data,
-                    msg->context, flags, true);
+    LocalRequest r;
+    if (int ret = prepare(msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context, flags,
+                          msg->data, r))
+        return ret;
+    r.rma = msg->rma_iov[0];
+    r.write = true;
+    return issue_rma(r);
 }
 
 ssize_t Endpoint::readmsg(const fi_msg_rma *msg, uint64_t flags) {
     if (!msg || msg->rma_iov_count != 1 || !msg->rma_iov) return -FI_EINVAL;
-    return post_rma(msg->msg_iov, msg->desc, msg->iov_count, msg->rma_iov[0], msg->addr, 0,
-                    msg->context, flags, false);
+    LocalRequest r;
+    if (int ret =
+            prepare(msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context, flags, 0, r))
+        return ret;
+    r.rma = msg->rma_iov[0];
+    return issue_rma(r);
 }
 
-ssize_t Endpoint::post_rma(const iovec *iov, void **desc, size_t count, const fi_rma_iov &rma,
-                           fi_addr_t dest, uint64_t data, void *context, uint64_t flags,
-                           bool write) {
-    if (!enabled_) return -FI_EOPBADSTATE;
-    if ((count && !iov) || count > wire::kLocalMaxIov) return -FI_EINVAL;
-    PeerLink *link = link_for(dest);
+ssize_t Endpoint::issue_rma(LocalRequest &r) {
+    const iovec *const iov = r.iov;
+    const size_t count = r.count;
+    const size_t len = r.len;
+    const uint64_t flags = r.flags, data = r.data;
+    void *const context = r.context;
+    const bool write = r.write;
+    const fi_rma_iov &rma = r.rma;
+    PeerLink *link = link_for(r.peer);
     if (!link) return -FI_EHOSTUNREACH;
-    size_t len = iov_length(iov, count);
     uint64_t cq_flags = FI_RMA | (write ? FI_WRITE : FI_READ);
     if (link->dead) {
         complete_tx(context, cq_flags, len, FI_ECONNRESET);
@@ -50,8 +61,8 @@ ssize_t Endpoint::post_rma(const iovec *iov, void **desc, size_t count, const fi
     Pending p{.context = context, .flags = cq_flags, .len = len, .link = link};
     // Device memory is staged (its device copies it into and out of cells): node-local RMA
     // has no peer-to-peer form, so FI_HMEM_P2P_REQUIRED refuses it.
-    hmem::MemRef mem[wire::kLocalMaxIov];
-    bool device = desc && peer::mems_of(desc, count, mem);
+    const hmem::MemRef *const mem = r.mem;
+    const bool device = r.device;
     if (device) {
         if (p2p_.decide(false, len, 0) == hmem::P2pDecision::Fail) {
             hmem::counters().refused_transfers.fetch_add(1, std::memory_order_relaxed);

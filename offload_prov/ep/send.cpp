@@ -19,24 +19,53 @@ using wire::LocalOp;
 
 ssize_t Endpoint::sendmsg(const fi_msg *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
-    return post_send(msg->msg_iov, msg->desc, msg->iov_count, msg->addr, 0, msg->data, msg->context,
-                     flags, false);
+    LocalRequest r;
+    if (int ret = prepare(msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context, flags,
+                          msg->data, r))
+        return ret;
+    return issue_send(r);
 }
 
 ssize_t Endpoint::tsendmsg(const fi_msg_tagged *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
-    return post_send(msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->tag, msg->data,
-                     msg->context, flags, true);
+    LocalRequest r;
+    if (int ret = prepare(msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context, flags,
+                          msg->data, r))
+        return ret;
+    r.tag = msg->tag;
+    r.tagged = true;
+    return issue_send(r);
 }
 
-ssize_t Endpoint::post_send(const iovec *iov, void **desc, size_t count, fi_addr_t dest,
-                            uint64_t tag, uint64_t data, void *context, uint64_t flags,
-                            bool tagged) {
+// Prepare (sends and RMA): the call checked, its lists and where they live copied.
+int Endpoint::prepare(const iovec *iov, void **desc, size_t count, fi_addr_t peer, void *context,
+                      uint64_t flags, uint64_t data, LocalRequest &r) const {
     if (!enabled_) return -FI_EOPBADSTATE;
     if ((count && !iov) || count > wire::kLocalMaxIov) return -FI_EINVAL;
-    PeerLink *link = link_for(dest);
+    r.count = count;
+    r.len = 0;
+    for (size_t i = 0; i < count; ++i) {
+        r.iov[i] = iov[i];
+        r.len += iov[i].iov_len;
+    }
+    r.device = desc && peer::mems_of(desc, count, r.mem);
+    r.peer = peer;
+    r.context = context;
+    r.flags = flags;
+    r.data = data;
+    return 0;
+}
+
+// Issue: the message goes out as the peer's ring and the memory allow.
+ssize_t Endpoint::issue_send(LocalRequest &r) {
+    const iovec *const iov = r.iov;
+    const size_t count = r.count;
+    const size_t len = r.len;
+    const uint64_t tag = r.tag, data = r.data, flags = r.flags;
+    void *const context = r.context;
+    const bool tagged = r.tagged;
+    PeerLink *link = link_for(r.peer);
     if (!link) return -FI_EHOSTUNREACH;
-    size_t len = iov_length(iov, count);
     uint64_t cq_flags = FI_SEND | (tagged ? FI_TAGGED : FI_MSG);
     if (link->dead) {
         complete_tx(context, cq_flags, len, FI_ECONNRESET);
@@ -48,9 +77,8 @@ ssize_t Endpoint::post_send(const iovec *iov, void **desc, size_t count, fi_addr
     // FI_DELIVERY_COMPLETE: complete when the receiver placed the data (its Fin), not when
     // the cells are written.
     bool ack = flags & FI_DELIVERY_COMPLETE;
-    hmem::MemRef mem[wire::kLocalMaxIov];
-    bool device = desc && peer::mems_of(desc, count, mem);
-    if (device) {
+    const hmem::MemRef *const mem = r.mem;
+    if (r.device) {
         // Device memory: peer to peer through IPC handles where the policy and the driver
         // allow, else staged through cells by the device's copies (never by the CPU).
         auto &c = hmem::counters();
@@ -146,10 +174,10 @@ ssize_t Endpoint::post_send(const iovec *iov, void **desc, size_t count, fi_addr
     return 0;
 }
 
-// The owner's fast path for small messages: the same Eager cell post_send would write, but
+// The owner's fast path for small messages: the same Eager cell issue_send would write, but
 // only when it can go into the ring at once, and without a completion (the owner reports the
 // send itself). A link with a backlog refuses: the cell must queue behind the backlog, which
-// post_send does.
+// issue_send does.
 ssize_t Endpoint::inject(const iovec *iov, size_t count, fi_addr_t dest, uint64_t tag,
                          uint64_t data, uint64_t flags) {
     if (!enabled_) return -FI_EOPBADSTATE;
