@@ -20,7 +20,9 @@ int TriggerQueue::queue(const peer::TriggerWork &work) {
     if (work.kind == peer::TriggerWork::Kind::Threshold) {
         if (!work.cntr) return -FI_EINVAL;
         lists = &by_counter_;
-        id = reinterpret_cast<uintptr_t>(work.cntr);
+        // Work counting errors too (deferred work) waits in a list of its own: it must not
+        // queue behind work of the same counter that waits for successes alone.
+        id = reinterpret_cast<uintptr_t>(work.cntr) | (work.with_errors ? 1 : 0);
         at = work.threshold;
     } else {
         if (!xpu_read_) return -FI_EINVAL;

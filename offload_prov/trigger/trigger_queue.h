@@ -2,7 +2,8 @@
 // until their condition is met and then started by calling their owner back
 // (peer/peer_trigger.h says what the owner hands over and when it is called).
 //
-// Work waits in one ordered list per counter, keyed by (threshold, order queued), so a pass
+// Work waits in one ordered list per counter (two: successes alone for FI_TRIGGER, successes
+// and errors for deferred work), keyed by (threshold, order queued), so a pass
 // looks at the head of each list only: one load of the counter's words per counter that has
 // work waiting, whatever the number of operations. Work started by a pass can move counters
 // (a counter operation, an operation that completes at once), so a pass runs until nothing
