@@ -5,6 +5,7 @@
 #include "fabric_fixture.h"
 
 #include <rdma/fi_atomic.h>
+#include <rdma/fi_trigger.h>
 
 #include <condition_variable>
 #include <cstdio>
@@ -351,6 +352,96 @@ TEST_F(AtomicThreadsTest, FetchAddsFromFourThreadsOnOneEndpoint) {
     }
     EXPECT_EQ(seen.size(), kThreads * kAdds) << "a value was fetched twice";
     EXPECT_EQ(seen.empty() ? 0 : *seen.rbegin(), kThreads * kAdds - 1);
+}
+
+// Triggered sends from several threads of one process, each thread with its own counter and
+// the receiver's thread posting receives, all driving progress: each thread queues a window of
+// sends on its counter, then starts them one fi_cntr_add at a time. Every message arrives
+// intact once, and every send completes with its own context.
+class TriggerThreadsTest : public ThreadsTest {
+    void configure(FabricOptions &o) override { o.caps |= FI_TRIGGER; }
+};
+
+TEST_F(TriggerThreadsTest, TriggeredSendsFromFourThreadsEachOnItsCounter) {
+    constexpr int kThreads = 4;
+    constexpr uint64_t kSends = 200;
+    constexpr size_t kQueued = 8;  // triggered sends each thread keeps queued
+    std::vector<std::unique_ptr<DataBuf>> mem;
+    for (int i = 0; i < 2 * kThreads; ++i) mem.push_back(buf(kWindow * kMaxLen));
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+        threads.emplace_back([&, t] { receiver(b(), t, kSends, *mem[2 * t]); });
+        threads.emplace_back([&, t] {
+            fid_cntr *cntr = nullptr;
+            fi_cntr_attr attr{};
+            attr.events = FI_CNTR_EVENTS_COMP;
+            if (fi_cntr_open(domain, &attr, &cntr, nullptr)) {
+                st.problem("fi_cntr_open");
+                abort_ = true;
+                return;
+            }
+            std::vector<Op> ops(kQueued);
+            uint8_t *base = mem[2 * t + 1]->data();
+            uint64_t posted = 0, started = 0;
+            const auto deadline = Clock::now() + kStressDeadline;
+            while (started < kSends && !abort_ && Clock::now() < deadline) {
+                // Keep kQueued sends queued, each on the next threshold of this counter.
+                for (auto &op : ops) {
+                    int s = op.state.load();
+                    if (s == 3) st.problem("triggered send failed");
+                    if ((s == 2 || s == 3) || (s == 0 && posted < kSends)) {
+                        if (posted == kSends) {
+                            op.state = 0;
+                            continue;
+                        }
+                        const size_t slot = static_cast<size_t>(&op - ops.data());
+                        op.buf = base + slot * kMaxLen;
+                        const uint64_t tag = (uint64_t(t) << 32) | posted;
+                        op.len = msg_len(posted);
+                        std::memcpy(op.buf, &tag, 8);
+                        fill_pattern(op.buf + 8, op.len - 8, static_cast<uint32_t>(tag));
+                        auto *tctx = reinterpret_cast<fi_triggered_context *>(&op.fctx);
+                        static_assert(sizeof(fi_triggered_context) <= sizeof op.fctx);
+                        *tctx = {};
+                        tctx->event_type = FI_TRIGGER_THRESHOLD;
+                        tctx->trigger.threshold.cntr = cntr;
+                        tctx->trigger.threshold.threshold = posted + 1;
+                        iovec iov{op.buf, op.len};
+                        void *desc = mem[2 * t + 1]->desc;
+                        fi_msg_tagged msg{&iov, &desc, 1, a().peer[1], tag, 0, &op.fctx, 0};
+                        op.state = 1;
+                        ssize_t ret = fi_tsendmsg(a().ep, &msg, FI_TRIGGER);
+                        if (ret == -FI_EAGAIN) {
+                            op.state = 0;
+                        } else if (ret) {
+                            st.problem("fi_tsendmsg(FI_TRIGGER): " + fi_err_str(ret));
+                            abort_ = true;
+                        } else {
+                            ++posted;
+                        }
+                    }
+                }
+                if (started < posted) {
+                    fi_cntr_add(cntr, 1);  // starts the send with the next threshold
+                    ++started;
+                }
+                poll_all();
+            }
+            while (Clock::now() < deadline + 5s) {  // the contexts outlive their operations
+                bool busy = false;
+                for (auto &op : ops) busy |= op.state.load() == 1;
+                if (!busy) break;
+                poll_all();
+            }
+            if (fi_cntr_read(cntr) != kSends) st.problem("the counter did not reach its sends");
+            fi_close(&cntr->fid);
+        });
+    }
+    for (auto &th : threads) th.join();
+    EXPECT_TRUE(st.problems.empty()) << problems();
+    EXPECT_EQ(st.errors.load(), 0u);
+    EXPECT_EQ(st.unknown.load(), 0u);
+    EXPECT_EQ(st.completions.load(), 2 * kThreads * kSends) << "sends + receives";
 }
 
 // ---------------------------------------------------------------------------------------------
