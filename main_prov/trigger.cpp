@@ -426,50 +426,42 @@ int Domain::queue_work(const fi_deferred_work *work) {
             return 0;
         }
         case FI_OP_RECV:
-        case FI_OP_SEND: {
-            const fi_op_msg *m = work->op.msg;
-            if (!m || !(ep = work_endpoint(*this, m->ep))) return -FI_EINVAL;
-            if (work->op_type == FI_OP_SEND) {
-                SendRequest s;
-                if (int ret = ep->prepare_send(
-                        {m->msg.msg_iov, m->msg.desc, m->msg.iov_count, m->msg.addr, m->msg.context,
-                         m->flags, 0, m->msg.data, false},
-                        s))
-                    return ret;
-                r = std::move(s);
-            } else {
-                RecvRequest s;
-                if (int ret = s.buffers.capture(m->msg.msg_iov, m->msg.desc, m->msg.iov_count))
-                    return ret;
-                s.src = m->msg.addr;
-                s.context = m->msg.context;
-                s.flags = m->flags;
-                r = std::move(s);
-            }
-            break;
-        }
+        case FI_OP_SEND:
         case FI_OP_TRECV:
         case FI_OP_TSEND: {
-            const fi_op_tagged *m = work->op.tagged;
-            if (!m || !(ep = work_endpoint(*this, m->ep))) return -FI_EINVAL;
-            if (work->op_type == FI_OP_TSEND) {
+            // One form for both: an fi_msg is an fi_msg_tagged without tag.
+            const bool tagged = work->op_type == FI_OP_TRECV || work->op_type == FI_OP_TSEND;
+            const bool send = work->op_type == FI_OP_SEND || work->op_type == FI_OP_TSEND;
+            fi_msg_tagged m{};
+            uint64_t flags = 0;
+            fid_ep *fep = nullptr;
+            if (tagged && work->op.tagged) {
+                m = work->op.tagged->msg;
+                flags = work->op.tagged->flags;
+                fep = work->op.tagged->ep;
+            } else if (!tagged && work->op.msg) {
+                const fi_msg &u = work->op.msg->msg;
+                m = {u.msg_iov, u.desc, u.iov_count, u.addr, 0, 0, u.context, u.data};
+                flags = work->op.msg->flags;
+                fep = work->op.msg->ep;
+            }
+            if (!(ep = work_endpoint(*this, fep))) return -FI_EINVAL;
+            if (send) {
                 SendRequest s;
-                if (int ret = ep->prepare_send(
-                        {m->msg.msg_iov, m->msg.desc, m->msg.iov_count, m->msg.addr, m->msg.context,
-                         m->flags, m->msg.tag, m->msg.data, true},
-                        s))
+                if (int ret = ep->prepare_send({m.msg_iov, m.desc, m.iov_count, m.addr, m.context,
+                                                flags, m.tag, m.data, tagged},
+                                               s))
                     return ret;
                 r = std::move(s);
             } else {
                 RecvRequest s;
-                if (int ret = s.buffers.capture(m->msg.msg_iov, m->msg.desc, m->msg.iov_count))
-                    return ret;
-                s.src = m->msg.addr;
-                s.context = m->msg.context;
-                s.flags = m->flags;
-                s.tag = m->msg.tag;
-                s.ignore = m->msg.ignore;
-                s.tagged = true;
+                if (int ret = s.buffers.capture(m.msg_iov, m.desc, m.iov_count)) return ret;
+                s.src = m.addr;
+                s.context = m.context;
+                s.flags = flags;
+                s.tag = m.tag;
+                s.ignore = m.ignore;
+                s.tagged = tagged;
                 r = std::move(s);
             }
             break;

@@ -180,6 +180,22 @@ keyed_rounds() {
     done
 }
 
+# After the keyed tables: why a provider answered n/a, then the exit status of the runs.
+keyed_notes() {
+    if [ -s "$tmp/notes" ]; then
+        echo
+        sort -u "$tmp/notes"
+    fi
+}
+keyed_exit() {
+    if [ "$failed" != 0 ]; then
+        echo
+        echo "bench.sh: some runs FAILED (see above)"
+        exit 1
+    fi
+    exit 0
+}
+
 if [ "$atomic" = 1 ]; then
     keyed_rounds --atomic alat,arate atomic
     echo
@@ -201,10 +217,7 @@ if [ "$atomic" = 1 ]; then
         done
         echo
     done
-    if [ -s "$tmp/notes" ]; then
-        echo
-        sort -u "$tmp/notes"
-    fi
+    keyed_notes
     echo
     echo "target: 8 B fetch-add latency at most 1.0x the system provider's:"
     for ((i = 0; i < ${#configs[@]}; i += 2)); do
@@ -213,12 +226,7 @@ if [ "$atomic" = 1 ]; then
         verdict=$(awk -v q="$q" 'BEGIN { if (q == "n/a") print "not measured"; else if (q + 0 <= 1.0) print "met"; else print "NOT met" }')
         printf '  %-14s / %-12s %6s   %s\n' "$a" "$b" "$q" "$verdict"
     done
-    if [ "$failed" != 0 ]; then
-        echo
-        echo "bench.sh: some runs FAILED (see above)"
-        exit 1
-    fi
-    exit 0
+    keyed_exit
 fi
 
 if [ "$trigger" = 1 ]; then
@@ -238,10 +246,7 @@ if [ "$trigger" = 1 ]; then
         done
         echo
     done
-    if [ -s "$tmp/notes" ]; then
-        echo
-        sort -u "$tmp/notes"
-    fi
+    keyed_notes
     echo
     echo "tandem, trig / direct (medians); the difference is the time from the counter reaching"
     echo "its threshold to the send leaving, the trigger's overhead on the path to the peer:"
@@ -251,12 +256,7 @@ if [ "$trigger" = 1 ]; then
         diff=$(awk -v d="$d" -v t="$t" 'BEGIN { if (d == "n/a" || t == "n/a") print "n/a"; else printf "%+.2f us\n", t - d }')
         printf '  %-14s %6s   (%s)\n' "$a" "$(ratio "$t" "$d")" "$diff"
     done
-    if [ "$failed" != 0 ]; then
-        echo
-        echo "bench.sh: some runs FAILED (see above)"
-        exit 1
-    fi
-    exit 0
+    keyed_exit
 fi
 
 # run_libfabric PROV: one tandem_bench run; appends "PROV metric value" lines.
