@@ -9,156 +9,23 @@
 // (the emulator's device memory is PROT_NONE: the CPU touching it kills the process, which the
 // test then reports with the address).
 //
-// Black-box as test_hmem_transfer.cpp: libfabric and the CUDA driver are loaded with dlopen in
-// the role processes only (tests/common/atomic_processes.h forks them before any call), never
-// in the gtest process. ctest variants: hmem.emu.atomic.* (the emulated driver, node-local
-// path), hmem.emu_net.atomic.* (the same over the TCP link, FI_TANDEM_LOCAL=0),
-// hmem.gpu.atomic.* (the real driver: without a GPU every test skips with the reason).
-#include "hmem/cuda_abi.h"
+// Black-box as test_hmem_transfer.cpp: libfabric and the CUDA driver are loaded with dlopen
+// (tests/common/hmem_driver.h) in the role processes only (tests/common/atomic_processes.h forks
+// them before any call), never in the gtest process. ctest variants: hmem.emu.atomic.* (the
+// emulated driver, node-local path), hmem.emu_net.atomic.* (the same over the TCP link,
+// FI_TANDEM_LOCAL=0), hmem.gpu.atomic.* (the real driver: without a GPU every test skips with the
+// reason).
 #include "tests/common/atomic_processes.h"
 #include "tests/common/atomic_reference.h"
+#include "tests/common/hmem_driver.h"
 
-#include <dlfcn.h>
 #include <gtest/gtest.h>
 
 namespace {
 
+using namespace tandem_test;
 using namespace tandem_test::atomic_procs;
 namespace ref = tandem_test::atomic_ref;
-
-// ---- libfabric and the driver, loaded in the role processes -------------------------------------
-
-Lib load_libfabric() {
-    Lib l;
-    // Global, as if linked: the providers resolve their libfabric symbols against it.
-    void *h = dlopen("libfabric.so.1", RTLD_NOW | RTLD_GLOBAL);
-    if (!h) return l;
-    l.getinfo = reinterpret_cast<decltype(l.getinfo)>(dlsym(h, "fi_getinfo"));
-    l.freeinfo = reinterpret_cast<decltype(l.freeinfo)>(dlsym(h, "fi_freeinfo"));
-    l.dupinfo = reinterpret_cast<decltype(l.dupinfo)>(dlsym(h, "fi_dupinfo"));
-    l.fabric = reinterpret_cast<decltype(l.fabric)>(dlsym(h, "fi_fabric"));
-    l.strerror = reinterpret_cast<decltype(l.strerror)>(dlsym(h, "fi_strerror"));
-    return l;
-}
-
-// The libfabric calls of a role process: resolved at the first call (in the child).
-Lib &lib() {
-    static Lib l = load_libfabric();
-    return l;
-}
-// Trampolines, so that a Lib can be made in the gtest process without loading anything.
-int lf_getinfo(uint32_t v, const char *node, const char *service, uint64_t flags,
-               const fi_info *hints, fi_info **info) {
-    return lib().getinfo ? lib().getinfo(v, node, service, flags, hints, info) : -FI_ENOSYS;
-}
-void lf_freeinfo(fi_info *i) {
-    if (lib().freeinfo) lib().freeinfo(i);
-}
-fi_info *lf_dupinfo(const fi_info *i) {
-    return lib().dupinfo ? lib().dupinfo(i) : nullptr;
-}
-int lf_fabric(fi_fabric_attr *a, fid_fabric **f, void *c) {
-    return lib().fabric ? lib().fabric(a, f, c) : -FI_ENOSYS;
-}
-const char *lf_strerror(int e) {
-    return lib().strerror ? lib().strerror(e) : "(libfabric.so.1 could not be loaded)";
-}
-Lib lazy_libfabric() {
-    Lib l;
-    l.getinfo = lf_getinfo;
-    l.freeinfo = lf_freeinfo;
-    l.dupinfo = lf_dupinfo;
-    l.fabric = lf_fabric;
-    l.strerror = lf_strerror;
-    return l;
-}
-
-struct Driver : tandem::hmem::CudaDriverCalls {
-    bool usable = false;
-    bool emulated = false;
-    std::string why;  // why not usable
-    CUcontext ctx = nullptr;
-};
-
-Driver load_driver() {
-    Driver d;
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        const char *e = dlerror();
-        d.why = cat("no CUDA driver (libcuda.so.1 not found: ", e ? e : "?", ")");
-        return d;
-    }
-    std::string missing;
-    if (!d.resolve(h, &missing)) {
-        d.why = cat("the CUDA driver lacks calls tandem uses:", missing);
-        return d;
-    }
-    d.emulated = dlsym(h, "emucuda_get_stats") != nullptr;
-    if (CUresult rc = d.init(0); rc != CUDA_SUCCESS) {
-        d.why = cat("no usable CUDA driver (cuInit gives ", rc, ")");
-        return d;
-    }
-    int devices = 0;
-    if (CUresult rc = d.device_get_count(&devices); rc != CUDA_SUCCESS || devices <= 0) {
-        d.why = cat("no CUDA device (cuDeviceGetCount gives ", rc, ", ", devices, " devices)");
-        return d;
-    }
-    CUdevice dev;
-    if (CUresult rc = d.device_get(&dev, 0); rc != CUDA_SUCCESS) {
-        d.why = cat("cuDeviceGet(0) gives ", rc);
-        return d;
-    }
-    if (CUresult rc = d.primary_ctx_retain(&d.ctx, dev); rc != CUDA_SUCCESS) {
-        d.why = cat("cuDevicePrimaryCtxRetain gives ", rc);
-        return d;
-    }
-    d.usable = true;
-    return d;
-}
-
-Driver &driver() {
-    static Driver d = load_driver();
-    return d;
-}
-
-// Device memory of device 0, moved only by the driver's copies.
-Memory device_memory() {
-    Memory m;
-    m.name = "device";
-    m.iface = FI_HMEM_CUDA;
-    m.device = 0;
-    m.init = [] {
-        Driver &d = driver();
-        if (!d.usable) return d.why;
-        if (CUresult rc = d.ctx_set_current(d.ctx); rc != CUDA_SUCCESS)
-            return cat("cuCtxSetCurrent gives ", rc);
-        return std::string();
-    };
-    m.alloc = [](size_t len, void **p) {
-        CUdeviceptr d = 0;
-        if (CUresult rc = driver().mem_alloc(&d, len); rc != CUDA_SUCCESS)
-            return cat("cuMemAlloc(", len, ") gives ", rc);
-        *p = reinterpret_cast<void *>(d);
-        std::vector<uint8_t> zero(len, 0);
-        if (CUresult rc = driver().memcpy_htod(d, zero.data(), len); rc != CUDA_SUCCESS)
-            return cat("cuMemcpyHtoD gives ", rc);
-        return std::string();
-    };
-    m.release = [](void *p) { driver().mem_free(reinterpret_cast<CUdeviceptr>(p)); };
-    m.put = [](void *dst, const void *src, size_t n) {
-        if (CUresult rc = driver().memcpy_htod(reinterpret_cast<CUdeviceptr>(dst), src, n);
-            rc != CUDA_SUCCESS)
-            return cat("cuMemcpyHtoD(", n, " B) gives ", rc);
-        return std::string();
-    };
-    m.get = [](void *dst, const void *src, size_t n) {
-        if (CUresult rc = driver().memcpy_dtoh(dst, reinterpret_cast<CUdeviceptr>(src), n);
-            rc != CUDA_SUCCESS)
-            return cat("cuMemcpyDtoH(", n, " B) gives ", rc);
-        return std::string();
-    };
-    return m;
-}
 
 // Host memory for a process that also uses the device (the driver loaded all the same).
 Memory host_memory() {
@@ -169,58 +36,8 @@ constexpr uint64_t kCaps =
     FI_ATOMIC | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_HMEM;
 constexpr int kMrMode = FI_MR_HMEM | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED;
 
-// ---- does this machine have a device (asked in a child) ----------------------------------------
-
-struct Probe {
-    bool usable = false;
-    bool emulated = false;
-    std::string why;
-};
-
-const Probe &probe() {
-    static const Probe p = [] {
-        Probe out;
-        int fds[2];
-        if (pipe2(fds, O_CLOEXEC) != 0) {
-            out.why = "pipe failed";
-            return out;
-        }
-        fflush(stdout);
-        fflush(stderr);
-        pid_t pid = fork();
-        if (pid == 0) {
-            ::close(fds[0]);
-            Driver &d = driver();
-            std::string msg = cat(d.usable ? 1 : 0, ' ', d.emulated ? 1 : 0, ' ', d.why);
-            if (::write(fds[1], msg.data(), msg.size()) < 0) _exit(2);
-            _exit(0);
-        }
-        ::close(fds[1]);
-        std::string msg;
-        char buf[512];
-        ssize_t n;
-        while ((n = ::read(fds[0], buf, sizeof buf)) > 0) msg.append(buf, size_t(n));
-        ::close(fds[0]);
-        int st = 0;
-        waitpid(pid, &st, 0);
-        std::istringstream in(msg);
-        int usable = 0, emulated = 0;
-        if (!(in >> usable >> emulated)) {
-            out.why = "the driver probe process failed";
-            return out;
-        }
-        out.usable = usable;
-        out.emulated = emulated;
-        std::getline(in >> std::ws, out.why);
-        return out;
-    }();
-    return p;
-}
-
-#define REQUIRE_DEVICE()                                  \
-    do {                                                  \
-        if (!probe().usable) GTEST_SKIP() << probe().why; \
-    } while (0)
+// Device 0's memory is the device memory of every test here.
+#define REQUIRE_DEVICE() HMEM_REQUIRE_DEVICE(device_probe<DeviceNeed::kDevice0Context>())
 
 void report(const RunResult &r) {
     for (const auto &n : r.roles) printf("[atomic]   %s\n", n.c_str());
@@ -241,15 +58,15 @@ void run_one_initiator(const Memory &target_mem, const std::string &what, Initia
     ASSERT_NE(block.get(), nullptr);
     Shared &sh = *block.get();
     TargetConfig t;
-    t.lib = lazy_libfabric();
+    t.lib = lazy_libfabric_table<Lib>();
     t.mem = target_mem;
     t.caps = kCaps;
     t.mr_mode = kMrMode;
     t.sleep = false;
     auto initiator = [&sh, work](Report &r) {
-        const Lib &lf = lib();
+        const Lib &lf = libfabric_table<Lib>();
         AP_REQUIRE(r, lf.ok(), "libfabric could not be loaded");
-        const Memory dev = device_memory(), host = host_memory();
+        const Memory dev = device0_memory<Memory>(), host = host_memory();
         std::string err = dev.init();
         AP_REQUIRE(r, err.empty(), err);
         Node n(lf, r);
@@ -363,7 +180,7 @@ void placement_initiator(Report &r, Shared &sh, Node &n, const Memory &dev, cons
 
 void run_placement(const Placement &p) {
     REQUIRE_DEVICE();
-    run_one_initiator(p.target ? device_memory() : host_memory(), p.str(),
+    run_one_initiator(p.target ? device0_memory<Memory>() : host_memory(), p.str(),
                       [p](Report &r, Shared &sh, Node &n, const Memory &dev, const Memory &host) {
                           placement_initiator(r, sh, n, dev, host, p);
                       });
@@ -427,9 +244,9 @@ TEST(Inject, OperandInDeviceMemoryWithoutADescriptor) {
 
 void run_contention_on_device(Workload w, size_t ops, const char *what) {
     Contention cfg;
-    cfg.lib = lazy_libfabric();
-    cfg.target_mem = device_memory();
-    cfg.result_mem = device_memory();
+    cfg.lib = lazy_libfabric_table<Lib>();
+    cfg.target_mem = device0_memory<Memory>();
+    cfg.result_mem = device0_memory<Memory>();
     cfg.caps |= FI_HMEM;
     cfg.mr_mode |= FI_MR_HMEM;
     cfg.ops = ops;

@@ -19,8 +19,7 @@
 //
 // FI_TANDEM_LOCAL=0 (ctest's hmem.emu_net.*) turns tandem's node-local path off: the two
 // processes then talk over the TCP link, which stages all device memory and can do no P2P.
-#include "hmem/cuda_abi.h"
-#include "tests/emucuda/emucuda_control.h"
+#include "tests/common/hmem_driver.h"
 
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
@@ -59,6 +58,7 @@
 
 namespace {
 
+using namespace tandem_test;
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
 
@@ -83,59 +83,6 @@ constexpr uint32_t kSeedData = 0xda7a, kSeedStale = 0x57a1e;
 bool net_variant() {
     const char *v = getenv("FI_TANDEM_LOCAL");
     return v && strcmp(v, "0") == 0;
-}
-
-// libfabric, loaded (dlopen) in the processes that use it: never in the gtest process, where
-// a skipped test then costs nothing (loading the system libfabric takes 0.2 s here: a library
-// it depends on, libinfinipath, sleeps in its constructor). The other fi_* calls are inline
-// wrappers of the ops tables and need no symbol.
-struct Libfabric {
-    decltype(&fi_getinfo) getinfo = nullptr;
-    decltype(&fi_freeinfo) freeinfo = nullptr;
-    decltype(&fi_dupinfo) dupinfo = nullptr;
-    decltype(&fi_fabric) fabric = nullptr;
-    decltype(&fi_strerror) strerror = nullptr;
-};
-
-const Libfabric &libfabric() {
-    static const Libfabric lf = [] {
-        Libfabric l;
-        // Global, as if linked: providers resolve their libfabric symbols against it.
-        void *h = dlopen("libfabric.so.1", RTLD_NOW | RTLD_GLOBAL);
-        if (!h) {
-            fprintf(stderr, "dlopen(libfabric.so.1): %s\n", dlerror());
-            return l;
-        }
-        l.getinfo = reinterpret_cast<decltype(l.getinfo)>(dlsym(h, "fi_getinfo"));
-        l.freeinfo = reinterpret_cast<decltype(l.freeinfo)>(dlsym(h, "fi_freeinfo"));
-        l.dupinfo = reinterpret_cast<decltype(l.dupinfo)>(dlsym(h, "fi_dupinfo"));
-        l.fabric = reinterpret_cast<decltype(l.fabric)>(dlsym(h, "fi_fabric"));
-        l.strerror = reinterpret_cast<decltype(l.strerror)>(dlsym(h, "fi_strerror"));
-        if (!l.getinfo || !l.freeinfo || !l.dupinfo || !l.fabric || !l.strerror) l = {};
-        return l;
-    }();
-    return lf;
-}
-
-int lf_getinfo(uint32_t version, const char *node, const char *service, uint64_t flags,
-               const fi_info *hints, fi_info **info) {
-    auto f = libfabric().getinfo;
-    return f ? f(version, node, service, flags, hints, info) : -FI_ENOSYS;
-}
-void lf_freeinfo(fi_info *info) {
-    if (auto f = libfabric().freeinfo) f(info);
-}
-fi_info *lf_dupinfo(const fi_info *info) {
-    auto f = libfabric().dupinfo;
-    return f ? f(info) : nullptr;
-}
-int lf_fabric(fi_fabric_attr *attr, fid_fabric **fabric, void *context) {
-    auto f = libfabric().fabric;
-    return f ? f(attr, fabric, context) : -FI_ENOSYS;
-}
-const char *lf_strerror(int err) {
-    auto f = libfabric().strerror;
-    return f ? f(err) : "(libfabric.so.1 could not be loaded)";
 }
 
 template <typename... A>
@@ -163,12 +110,6 @@ const char *p2p_name(int mode) {
         default:
             return "(not a mode)";
     }
-}
-
-uint8_t pattern(size_t i, uint32_t seed) {
-    uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull + seed * 0x632BE5ABull;
-    x ^= x >> 29;
-    return static_cast<uint8_t>(x ^ (x >> 11) ^ (i >> 8));
 }
 
 // ---- one role of a test, in its own process ---------------------------------------------------
@@ -262,58 +203,7 @@ class Role {
     } while (0)
 
 // ---- the CUDA driver of this process ----------------------------------------------------------
-
-struct Driver : tandem::hmem::CudaDriverCalls {
-    // The emulator's test control; null with a real driver.
-    decltype(&emucuda_get_stats) get_stats = nullptr;
-    decltype(&emucuda_reset_stats) reset_stats = nullptr;
-    decltype(&emucuda_set_ipc_enabled) set_ipc_enabled = nullptr;
-    decltype(&emucuda_set_peer_access) set_peer_access = nullptr;
-
-    bool usable = false;
-    int devices = 0;
-    std::string why;  // why not usable
-    CUcontext ctx[16] = {};
-    bool emulated() const { return get_stats != nullptr; }
-};
-
-Driver load_driver() {
-    Driver d;
-    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        const char *e = dlerror();
-        d.why = cat("no CUDA driver (libcuda.so.1 not found: ", e ? e : "?", ")");
-        return d;
-    }
-    std::string missing;
-    if (!d.resolve(h, &missing)) {
-        d.why = cat("the CUDA driver lacks calls tandem uses:", missing);
-        return d;
-    }
-    d.get_stats = reinterpret_cast<decltype(d.get_stats)>(dlsym(h, "emucuda_get_stats"));
-    d.reset_stats = reinterpret_cast<decltype(d.reset_stats)>(dlsym(h, "emucuda_reset_stats"));
-    d.set_ipc_enabled =
-        reinterpret_cast<decltype(d.set_ipc_enabled)>(dlsym(h, "emucuda_set_ipc_enabled"));
-    d.set_peer_access =
-        reinterpret_cast<decltype(d.set_peer_access)>(dlsym(h, "emucuda_set_peer_access"));
-    if (!d.reset_stats || !d.set_ipc_enabled || !d.set_peer_access) d.get_stats = nullptr;
-    if (CUresult rc = d.init(0); rc != CUDA_SUCCESS) {
-        d.why = cat("no usable CUDA driver (cuInit gives ", rc, ")");
-        return d;
-    }
-    if (CUresult rc = d.device_get_count(&d.devices); rc != CUDA_SUCCESS || d.devices <= 0) {
-        d.why = cat("no CUDA device (cuDeviceGetCount gives ", rc, ", ", d.devices, " devices)");
-        return d;
-    }
-    d.usable = true;
-    return d;
-}
-
-// Loaded at the first use in a role's process (never in the gtest process itself).
-Driver &driver() {
-    static Driver d = load_driver();
-    return d;
-}
+// cuda_driver() (tests/common/hmem_driver.h): loaded at the first use in a role's process.
 
 #define CU_CHECK(r, call, ...)                                                      \
     do {                                                                            \
@@ -326,7 +216,7 @@ Driver &driver() {
 
 // Makes the primary context of `device` current on this thread.
 bool use_device(Role &r, int device) {
-    Driver &cu = driver();
+    CudaDriver &cu = cuda_driver();
     if (device < 0 || device >= cu.devices || device >= 16) {
         r.fail(__FILE__, __LINE__, cat("device ", device, " does not exist"));
         return false;
@@ -342,7 +232,7 @@ bool use_device(Role &r, int device) {
 
 // The driver for a device test: loaded, device 0 current.
 bool cuda_up(Role &r) {
-    Driver &cu = driver();
+    CudaDriver &cu = cuda_driver();
     if (!cu.usable) {
         r.fail(__FILE__, __LINE__, cu.why);
         return false;
@@ -357,15 +247,15 @@ struct Stats {
 
 Stats read_stats() {
     Stats st;
-    if (driver().emulated()) {
-        driver().get_stats(&st.s);
+    if (cuda_driver().emulated()) {
+        cuda_driver().get_stats(&st.s);
         st.valid = true;
     }
     return st;
 }
 
 void reset_stats() {
-    if (driver().emulated()) driver().reset_stats();
+    if (cuda_driver().emulated()) cuda_driver().reset_stats();
 }
 
 std::string show(const emucuda_stats &s) {
@@ -401,12 +291,12 @@ class Buf {
             return true;
         }
         if (!use_device(r, ordinal)) return false;
-        CU_CHECK(r, driver().mem_alloc(&base_, len + offset), false);
+        CU_CHECK(r, cuda_driver().mem_alloc(&base_, len + offset), false);
         return true;
     }
     void release() {
         if (base_) {
-            Driver &cu = driver();
+            CudaDriver &cu = cuda_driver();
             if (ordinal_ < 16 && cu.ctx[ordinal_]) cu.ctx_set_current(cu.ctx[ordinal_]);
             cu.mem_free(base_);
             base_ = 0;
@@ -435,7 +325,7 @@ class Buf {
             return true;
         }
         if (!use_device(r, ordinal_)) return false;
-        CU_CHECK(r, driver().memcpy_htod(base_ + offset_ + off, v.data(), v.size()), false);
+        CU_CHECK(r, cuda_driver().memcpy_htod(base_ + offset_ + off, v.data(), v.size()), false);
         return true;
     }
     bool read(Role &r, size_t off, size_t n, std::vector<uint8_t> &v) {
@@ -445,7 +335,7 @@ class Buf {
             return true;
         }
         if (!use_device(r, ordinal_)) return false;
-        CU_CHECK(r, driver().memcpy_dtoh(v.data(), base_ + offset_ + off, n), false);
+        CU_CHECK(r, cuda_driver().memcpy_dtoh(v.data(), base_ + offset_ + off, n), false);
         return true;
     }
     // Does [off, off+n) hold pattern(seed) (from its index `first`)? A failure names the first
@@ -938,58 +828,13 @@ void run_roles(std::vector<RoleDef> defs) {
 
 // ---- what the gtest process knows about the driver (asked in a child) ---------------------
 
-struct Probe {
-    bool usable = false;
-    bool emulated = false;
-    int devices = 0;
-    std::string why;
-};
-
-const Probe &probe() {
-    static const Probe p = [] {
-        Probe out;
-        int fds[2];
-        if (pipe2(fds, O_CLOEXEC) != 0) {
-            out.why = "pipe failed";
-            return out;
-        }
-        fflush(stdout);
-        fflush(stderr);
-        pid_t pid = fork();
-        if (pid == 0) {
-            ::close(fds[0]);
-            Driver &d = driver();
-            std::string msg =
-                cat(d.usable ? 1 : 0, ' ', d.emulated() ? 1 : 0, ' ', d.devices, ' ', d.why);
-            if (::write(fds[1], msg.data(), msg.size()) < 0) _exit(2);
-            _exit(0);
-        }
-        ::close(fds[1]);
-        std::string msg;
-        char buf[512];
-        ssize_t n;
-        while ((n = ::read(fds[0], buf, sizeof buf)) > 0) msg.append(buf, size_t(n));
-        ::close(fds[0]);
-        int st = 0;
-        waitpid(pid, &st, 0);
-        std::istringstream in(msg);
-        int usable = 0, emulated = 0;
-        if (!(in >> usable >> emulated >> out.devices)) {
-            out.why = "the driver probe process failed";
-            return out;
-        }
-        out.usable = usable;
-        out.emulated = emulated;
-        std::getline(in >> std::ws, out.why);
-        return out;
-    }();
-    return p;
+// A device is usable here once the driver counts one: the roles retain the contexts they use
+// (use_device).
+const DeviceProbe &probe() {
+    return device_probe<DeviceNeed::kAny>();
 }
 
-#define REQUIRE_DEVICE()                                  \
-    do {                                                  \
-        if (!probe().usable) GTEST_SKIP() << probe().why; \
-    } while (0)
+#define REQUIRE_DEVICE() HMEM_REQUIRE_DEVICE(probe())
 #define REQUIRE_EMULATOR(what)                                      \
     do {                                                            \
         REQUIRE_DEVICE();                                           \
@@ -1169,7 +1014,7 @@ bool fail_next(Role &r, int what, CUresult error, int pass = 0) {
 
 void xfer_sender(Role &r, const Xfer &x) {
     R_TRY(cuda_up(r));
-    if (x.sender_ipc_off && driver().emulated()) driver().set_ipc_enabled(0);
+    if (x.sender_ipc_off && cuda_driver().emulated()) cuda_driver().set_ipc_enabled(0);
     Buf src;
     R_TRY(src.alloc(r, x.len, x.src_dev, x.src_ordinal, x.src_off));
     R_TRY(src.fill(r, kSeedData));
@@ -1202,7 +1047,7 @@ void xfer_sender(Role &r, const Xfer &x) {
 
 void xfer_receiver(Role &r, const Xfer &x) {
     R_TRY(cuda_up(r));
-    if (x.receiver_ipc_off && driver().emulated()) driver().set_ipc_enabled(0);
+    if (x.receiver_ipc_off && cuda_driver().emulated()) cuda_driver().set_ipc_enabled(0);
     if (x.receiver_open_oom && !fail_next(r, EMUCUDA_FAIL_IPC_OPEN, CUDA_ERROR_OUT_OF_MEMORY))
         return;
     Buf dst;
@@ -2244,7 +2089,7 @@ void delivery_sender(Role &r, const Delivery &x) {
 void delivery_receiver(Role &r, const Delivery &x) {
     constexpr size_t kLen = MiB;
     R_TRY(cuda_up(r));
-    if (x.receiver_ipc_off && driver().emulated()) driver().set_ipc_enabled(0);
+    if (x.receiver_ipc_off && cuda_driver().emulated()) cuda_driver().set_ipc_enabled(0);
     Buf dst;
     R_TRY(dst.alloc(r, kLen, true));
     R_TRY(dst.fill(r, kSeedStale));
@@ -2350,7 +2195,7 @@ TEST(Context, ApplicationContextIsKept) {
     };
     auto receiver = [mode](Role &r) {
         R_TRY(cuda_up(r));
-        Driver &cu = driver();
+        CudaDriver &cu = cuda_driver();
         Buf dst, other;
         R_TRY(dst.alloc(r, MiB, true, 0));     // the receive buffer: device 0
         R_TRY(other.alloc(r, 4096, true, 1));  // the application works on device 1
@@ -2399,7 +2244,7 @@ TEST(Mr, RegisterDeviceMemory) {
         {{"process",
           [](Role &r) {
               R_TRY(cuda_up(r));
-              const int devices = driver().devices;
+              const int devices = cuda_driver().devices;
               Buf dev, host;
               R_TRY(dev.alloc(r, 64 * KiB, true) && host.alloc(r, 64 * KiB, false));
               Node n(r);
