@@ -100,6 +100,8 @@ ssize_t Endpoint::queue_triggered(TriggeredRequest &&r) {
     if (!context) return -FI_EINVAL;  // the fi_triggered_context is the operation's context
     const auto *ctx = static_cast<const fi_triggered_context *>(context);
     peer::TriggerWork work;
+    const int event = raw_enum(ctx->event_type);
+    if (event != FI_TRIGGER_THRESHOLD && event != FI_TRIGGER_XPU) return -FI_EINVAL;
     switch (ctx->event_type) {
         case FI_TRIGGER_THRESHOLD: {
             fid_cntr *cntr = ctx->trigger.threshold.cntr;
@@ -393,6 +395,10 @@ int Domain::queue_work(const fi_deferred_work *work) {
     const void *match = work;
     Endpoint *ep = nullptr;
     TriggeredRequest r;
+    // (Read as a number first: a value no fi_op_type names is the caller's, and no enum's.)
+    const int op_type = raw_enum(work->op_type);
+    if (op_type < FI_OP_RECV || op_type > FI_OP_CNTR_ADD)
+        return -FI_ENOSYS;  // fi_trigger(3): an operation the provider does not support
     switch (work->op_type) {
         case FI_OP_CNTR_SET:
         case FI_OP_CNTR_ADD: {
