@@ -986,6 +986,35 @@ TEST_F(EmuCuda, StreamWaitValueHoldsLaterOperationsUntilSatisfied) {
     EXPECT_EQ(cu().mem_free(data), CUDA_SUCCESS);
 }
 
+// The 64-bit forms (what an XPU trigger variable is written with): the whole word is compared
+// and written, and the word must be 8-aligned.
+TEST_F(EmuCuda, StreamWriteAndWaitValue64UseTheWholeWord) {
+    CUdeviceptr word = alloc(64);
+    CUstream s = stream(), t = stream();
+    const uint64_t zero = 0;
+    ASSERT_EQ(cu().memcpy_htod(word, &zero, sizeof zero), CUDA_SUCCESS);
+    cu().reset_stats();
+    // A value above 32 bits: a 32-bit comparison of the low half (0) would already hold.
+    const uint64_t big = 0x100000000ull;
+    ASSERT_EQ(cu().stream_wait_value64(s, word, big, CU_STREAM_WAIT_VALUE_GEQ), CUDA_SUCCESS);
+    EXPECT_EQ(cu().stream_query(s), CUDA_ERROR_NOT_READY);
+    ASSERT_EQ(cu().stream_write_value64(t, word, big + 1, 0), CUDA_SUCCESS);
+    EXPECT_EQ(cu().stream_query(s), CUDA_SUCCESS);
+    uint64_t out = 0;
+    ASSERT_EQ(cu().memcpy_dtoh(&out, word, sizeof out), CUDA_SUCCESS);
+    EXPECT_EQ(out, big + 1);
+    ASSERT_EQ(cu().stream_wait_value64(s, word, big, CU_STREAM_WAIT_VALUE_EQ), CUDA_SUCCESS);
+    EXPECT_EQ(cu().stream_query(s), CUDA_ERROR_NOT_READY);
+    ASSERT_EQ(cu().stream_write_value64(t, word, big, 0), CUDA_SUCCESS);
+    EXPECT_EQ(cu().stream_query(s), CUDA_SUCCESS);
+    EXPECT_EQ(cu().stream_write_value64(t, word + 4, 1, 0), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(cu().stream_wait_value64(t, word, 1, 7), CUDA_ERROR_INVALID_VALUE);
+    EXPECT_EQ(stats().stream_mem_ops, 4u);
+    EXPECT_EQ(cu().stream_destroy(s), CUDA_SUCCESS);
+    EXPECT_EQ(cu().stream_destroy(t), CUDA_SUCCESS);
+    EXPECT_EQ(cu().mem_free(word), CUDA_SUCCESS);
+}
+
 TEST_F(EmuCuda, SynchronizeGivesUpOnAWaitNeverSatisfied) {
     cu().set_sync_timeout_ms(200);
     CUdeviceptr flag = alloc(4);
