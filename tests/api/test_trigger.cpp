@@ -216,6 +216,25 @@ TEST_F(TriggerTest, TriggeredSendCompletesWithTheTriggeredContext) {
     EXPECT_TRUE(got->flags & FI_SEND) << std::hex << got->flags;
 }
 
+// An application in FI_CONTEXT2 mode passes fi_triggered_context2: its trigger union starts
+// where fi_triggered_context's does, and the completion names it.
+TEST_F(TriggerTest, TriggeredContext2WorksAsTheContext) {
+    auto c = cntr();
+    auto s = buf(kLen), r = buf(kLen);
+    fill_pattern(s->data(), kLen, 5);
+    post_recv(r->data(), kLen, r->desc, ctx(1));
+    fi_triggered_context2 t{};
+    t.event_type = FI_TRIGGER_THRESHOLD;
+    t.trigger.threshold.cntr = c;
+    t.trigger.threshold.threshold = 1;
+    ASSERT_FI_OK(sendmsg(a().ep, s->data(), kLen, s->desc, a().peer[1], &t));
+    ASSERT_FALSE(shows_up_within_hold(b(), ctx(1))) << "arrived before the threshold";
+    ASSERT_FI_OK(fi_cntr_add(c, 1));
+    ASSERT_TRUE(wait_comp(b(), ctx(1))) << b().log.summary();
+    EXPECT_EQ(check_pattern(r->data(), kLen, 5), -1);
+    ASSERT_TRUE(wait_comp(a(), &t)) << "no completion naming the fi_triggered_context2";
+}
+
 TEST_F(TriggerTest, TriggeredSendWhoseThresholdIsMetAtPostStarts) {
     auto c = cntr();
     auto s = buf(kLen), r = buf(kLen);
