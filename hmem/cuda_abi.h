@@ -108,6 +108,8 @@ inline constexpr int CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 0x1;
       (CUdeviceptr * base, std::size_t * size, CUdeviceptr ptr))                                   \
     X(mem_alloc, cuMemAlloc_v2, CUresult, (CUdeviceptr * ptr, std::size_t size))                   \
     X(mem_free, cuMemFree_v2, CUresult, (CUdeviceptr ptr))                                         \
+    X(mem_host_alloc, cuMemHostAlloc, CUresult, (void **ptr, std::size_t size, unsigned flags))    \
+    X(mem_free_host, cuMemFreeHost, CUresult, (void *ptr))                                         \
     X(memcpy_htod, cuMemcpyHtoD_v2, CUresult,                                                      \
       (CUdeviceptr dst, const void *src, std::size_t size))                                        \
     X(memcpy_dtoh, cuMemcpyDtoH_v2, CUresult, (void *dst, CUdeviceptr src, std::size_t size))      \

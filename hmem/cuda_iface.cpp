@@ -243,12 +243,14 @@ int synchronize(uint64_t device) {
 // A trigger variable: its word in device memory, and an asynchronous read of it into `seen`
 // on a stream of its own, whose end an event marks. The device writes the word from the
 // application's streams; the read is never ordered after them, so it sees what has landed.
+// `seen` is page-locked host memory: a copy into pageable memory would return only once done,
+// which is the stall the watch exists to avoid.
 struct Signal {
     uint64_t device;
     CUdeviceptr word = 0;
     CUstream stream = nullptr;
     CUevent event = nullptr;
-    uint64_t seen = 0;
+    uint64_t *seen = nullptr;
     bool reading = false;
 };
 
@@ -261,6 +263,7 @@ void signal_close(void *state) {
         if (sig->event) g_cu.event_destroy(sig->event);
         if (sig->stream) g_cu.stream_destroy(sig->stream);
         if (sig->word) g_cu.mem_free(sig->word);
+        if (sig->seen) g_cu.mem_free_host(sig->seen);
     }
     delete sig;
 }
@@ -270,7 +273,10 @@ int signal_open(uint64_t device, void **word, void **state) {
     if (int ret = in.status()) return ret;
     auto *sig = new Signal{device};
     const uint64_t zero = 0;
+    void *seen = nullptr;
     int ret = check(g_cu.mem_alloc(&sig->word, sizeof zero), "cuMemAlloc");
+    if (!ret) ret = check(g_cu.mem_host_alloc(&seen, sizeof zero, 0), "cuMemHostAlloc");
+    sig->seen = static_cast<uint64_t *>(seen);
     if (!ret) ret = check(g_cu.memcpy_htod(sig->word, &zero, sizeof zero), "cuMemcpyHtoD");
     if (!ret)
         ret = check(g_cu.stream_create(&sig->stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
@@ -294,10 +300,10 @@ int signal_poll(void *state, uint64_t *value) {
         if (r == CUDA_ERROR_NOT_READY) return 0;
         if (int ret = check(r, "cuEventQuery")) return ret;
         sig->reading = false;
-        *value = sig->seen;
+        *value = __atomic_load_n(sig->seen, __ATOMIC_ACQUIRE);
         done = 1;
     }
-    int ret = check(g_cu.memcpy_async(dptr(&sig->seen), sig->word, sizeof sig->seen, sig->stream),
+    int ret = check(g_cu.memcpy_async(dptr(sig->seen), sig->word, sizeof *sig->seen, sig->stream),
                     "cuMemcpyAsync");
     if (!ret) ret = check(g_cu.event_record(sig->event, sig->stream), "cuEventRecord");
     if (ret) return ret;

@@ -63,6 +63,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -238,6 +239,7 @@ struct State {
     std::uint64_t next_buffer_id = 1;
     std::uint64_t next_shm = 0;
     std::uint64_t live_bytes = 0, live_allocs = 0;
+    std::set<void *> host_allocs;  // cuMemHostAlloc's (page-locked host memory)
 
     Counters n;
 };
@@ -928,6 +930,35 @@ CUresult cuMemFree_v2(CUdeviceptr ptr) {
         s.live_bytes -= m.size;
         s.live_allocs--;
         s.mappings.erase(it);  // unmapped now, or when the last queued operation on it has run
+        s.n.frees++;
+        return CUDA_SUCCESS;
+    });
+}
+
+// Page-locked host memory: plain host memory here (nothing to lock without a device), counted
+// with the allocations so that a leak shows in live_allocs.
+CUresult cuMemHostAlloc(void **ptr, std::size_t size, unsigned flags) {
+    return api([&](State &s) -> CUresult {
+        constexpr unsigned kKnown = 0x1 | 0x2 | 0x4;  // PORTABLE, DEVICEMAP, WRITECOMBINED
+        if (!ptr || size == 0 || (flags & ~kKnown)) return CUDA_ERROR_INVALID_VALUE;
+        std::lock_guard lk(s.mu);
+        if (!emucuda::current(s)) return CUDA_ERROR_INVALID_CONTEXT;
+        void *p = std::calloc(1, size);
+        if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
+        s.host_allocs.insert(p);
+        s.live_allocs++;
+        s.n.allocs++;
+        *ptr = p;
+        return CUDA_SUCCESS;
+    });
+}
+
+CUresult cuMemFreeHost(void *ptr) {
+    return api([&](State &s) -> CUresult {
+        std::lock_guard lk(s.mu);
+        if (!s.host_allocs.erase(ptr)) return CUDA_ERROR_INVALID_VALUE;
+        std::free(ptr);
+        s.live_allocs--;
         s.n.frees++;
         return CUDA_SUCCESS;
     });
