@@ -24,6 +24,10 @@ class Fabric;
 class Endpoint;
 class Cntr;
 class OffloadDomain;
+struct TriggeredOp;
+namespace peer {
+struct TriggerWork;
+}
 
 class Domain : public FidObject<Domain, fid_domain> {
   public:
@@ -81,6 +85,7 @@ class Domain : public FidObject<Domain, fid_domain> {
     bool triggers_waiting() const { return triggers_waiting_.load(std::memory_order_relaxed); }
     void start_triggers();
     void note_triggers();  // after work was queued or discarded: refresh triggers_waiting()
+    int queue_trigger(std::unique_ptr<TriggeredOp> op, peer::TriggerWork &work);
     void hold() { ++refs_; }
     void release() { --refs_; }
 

@@ -376,6 +376,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     TxOp *alloc_tx();
     void retire_tx(TxOp *op);
     Cntr *counter_for(const TxOp &op) const;
+    Cntr *tx_counter(uint64_t cq_flags) const;
     static int take_payload(TxOp *op, const iovec *iov, const hmem::MemRef *mem, size_t count,
                             size_t len, bool copy);
     bool memory_of(const iovec *iov, void **desc, size_t count, uint64_t flags,
@@ -420,6 +421,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     void write_tx_err(void *context, uint64_t flags, int err, size_t len);
     void write_rx_err(const RxOp *rx, uint64_t flags, int err, size_t len, size_t olen,
                       uint64_t tag, uint64_t data);
+    // An error entry on the receive CQ (nothing else: the callers count it).
+    void write_rx_error_entry(void *context, void *buf, uint64_t flags, int err, size_t len,
+                              size_t olen, uint64_t tag, uint64_t data);
 
     Domain *domain_;
     fi_info *info_;

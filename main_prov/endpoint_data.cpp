@@ -641,17 +641,15 @@ void Endpoint::issue_tx(TxOp *op) {
 
 Cntr *Endpoint::counter_for(const TxOp &op) const {
     if (op.deferred) return op.work_cntr;  // deferred work counts on its own counter only
-    switch (op.kind) {
-        case TxOp::Kind::Send:
-            return send_cntr_;
-        case TxOp::Kind::Write:
-            return write_cntr_;
-        case TxOp::Kind::Read:
-            return read_cntr_;
-        case TxOp::Kind::Atomic:  // the fetch and compare kinds return data: reads
-            return (op.cq_flags & FI_READ) ? read_cntr_ : write_cntr_;
-    }
-    return nullptr;
+    return tx_counter(op.cq_flags);
+}
+
+// The endpoint's counter of a transmit with these completion flags: sends, writes (atomics
+// that return nothing among them), reads (and the fetch and compare atomics, which return
+// data).
+Cntr *Endpoint::tx_counter(uint64_t cq_flags) const {
+    if (cq_flags & FI_SEND) return send_cntr_;
+    return (cq_flags & FI_WRITE) ? write_cntr_ : read_cntr_;
 }
 
 // The operation is over (reported or failed): its keys, its queue slot and the op itself go.
@@ -823,12 +821,19 @@ void Endpoint::write_tx_err(void *context, uint64_t flags, int err, size_t len) 
 void Endpoint::write_rx_err(const RxOp *rx, uint64_t flags, int err, size_t len, size_t olen,
                             uint64_t tag, uint64_t data) {
     if (Cntr *cntr = rx->deferred ? rx->work_cntr : recv_cntr_) cntr->inc_err();
-    if (!rx_cq_ || (rx->deferred && !(rx->op_flags & FI_COMPLETION))) return;
+    if (rx->deferred && !(rx->op_flags & FI_COMPLETION)) return;
+    write_rx_error_entry(rx->context, rx->count ? rx->iov[0].iov_base : nullptr, flags, err, len,
+                         olen, tag, data);
+}
+
+void Endpoint::write_rx_error_entry(void *context, void *buf, uint64_t flags, int err, size_t len,
+                                    size_t olen, uint64_t tag, uint64_t data) {
+    if (!rx_cq_) return;
     CompletionError e{};
-    e.entry.op_context = rx->context;
+    e.entry.op_context = context;
     e.entry.flags = flags;
     e.entry.len = len;
-    e.entry.buf = rx->count ? rx->iov[0].iov_base : nullptr;
+    e.entry.buf = buf;
     e.entry.data = data;
     e.entry.tag = tag;
     e.entry.olen = olen;

@@ -42,6 +42,18 @@ uint64_t cq_flags_of(const TriggeredRequest &r) {
         r);
 }
 
+// The condition of deferred work (fi_trigger(3)): its triggering counter's successes plus
+// errors at the threshold.
+peer::TriggerWork deferred_condition(Cntr *trigger, uint64_t threshold) {
+    peer::TriggerWork work;
+    work.kind = peer::TriggerWork::Kind::Threshold;
+    work.cntr = trigger->fid();
+    work.threshold = threshold;
+    work.with_errors = true;
+    work.names[0] = trigger->fid();
+    return work;
+}
+
 }  // namespace
 
 void *context_of(const TriggeredRequest &r) {
@@ -127,13 +139,8 @@ ssize_t Endpoint::queue_triggered(TriggeredRequest &&r) {
 
 int Endpoint::queue_deferred(TriggeredRequest &&r, Cntr *trigger, uint64_t threshold,
                              const void *match) {
-    peer::TriggerWork work;
+    peer::TriggerWork work = deferred_condition(trigger, threshold);
     work.group = work_group();
-    work.kind = peer::TriggerWork::Kind::Threshold;
-    work.cntr = trigger->fid();
-    work.threshold = threshold;
-    work.with_errors = true;  // fi_trigger(3): deferred work counts successes and errors
-    work.names[0] = trigger->fid();
     if (Cntr *done = done_of(r).cntr) work.names[1] = done->fid();
     return hand_over(std::move(r), work, match);
 }
@@ -145,29 +152,21 @@ int Endpoint::hand_over(TriggeredRequest &&r, peer::TriggerWork &work, const voi
     if (rx ? rx_->outstanding + rx_triggered_ >= info_->rx_attr->size
            : tx_outstanding_ + tx_triggered_ >= info_->tx_attr->size)
         return -FI_EAGAIN;
-    OffloadDomain *off = domain_->offload();
-    if (!off || !off->triggers()) {
-        TANDEM_WARN(FI_LOG_EP_DATA, "triggered operations need %s, which is not available\n",
-                    peer::kOffloadProvName);
-        return -FI_EOPNOTSUPP;
-    }
     auto op = std::make_unique<TriggeredOp>();
     op->domain = domain_;
     op->ep = this;
     op->request = std::move(r);
     op->match = match;
     if (int ret = own_inject_payload(*op)) return ret;
-    work.arg = op.get();
-    work.match = match;
     if (!work.group) work.group = this;
-    work.start = &TriggeredOp::start;
-    work.discard = &TriggeredOp::discard;
-    if (int ret = off->triggers()->queue(off->domain(), &work)) return ret;
-    op.release();  // the queue's now
+    // Counted before it is queued: it may start (and be uncounted) inside queue_trigger.
+    size_t &pending = rx ? rx_triggered_ : tx_triggered_;
+    ++pending;
+    if (int ret = domain_->queue_trigger(std::move(op), work)) {
+        --pending;
+        return ret;
+    }
     used_triggers_ = true;
-    ++(rx ? rx_triggered_ : tx_triggered_);
-    domain_->note_triggers();
-    domain_->start_triggers();
     return 0;
 }
 
@@ -267,26 +266,13 @@ void Endpoint::report_unstarted(const TriggeredOp &op, int err) {
     const DeferredDone &done = done_of(r);
     const uint64_t flags = cq_flags_of(r);
     const bool rx = is_receive(r);
-    Cntr *cntr = done.deferred        ? done.cntr
-                 : rx                 ? recv_cntr_
-                 : (flags & FI_SEND)  ? send_cntr_
-                 : (flags & FI_WRITE) ? write_cntr_
-                                      : read_cntr_;
+    Cntr *cntr = done.deferred ? done.cntr : rx ? recv_cntr_ : tx_counter(flags);
     if (cntr) cntr->inc_err();
     if (done.deferred && !(flags_of(r) & FI_COMPLETION)) return;
-    if (!rx) {
+    if (rx)
+        write_rx_error_entry(context_of(r), nullptr, flags, err, 0, 0, 0, 0);
+    else
         write_tx_err(context_of(r), flags, err, 0);
-        return;
-    }
-    if (!rx_cq_) return;
-    CompletionError e{};
-    e.entry.op_context = context_of(r);
-    e.entry.flags = flags;
-    e.entry.err = err;
-    e.entry.prov_errno = err;
-    e.src = FI_ADDR_NOTAVAIL;
-    e.owner = &rx_completions_;
-    rx_cq_->write_error(e);
 }
 
 // XPU triggers: one 64-bit variable in the named device's memory per endpoint and device
@@ -373,6 +359,26 @@ void Domain::start_triggers() {
     note_triggers();
 }
 
+// Hands a prepared operation to off_tandem's queue (work says when it starts, and its group);
+// the condition may hold already, in which case it starts before this returns.
+int Domain::queue_trigger(std::unique_ptr<TriggeredOp> op, peer::TriggerWork &work) {
+    OffloadDomain *off = offload();
+    if (!off || !off->triggers()) {
+        TANDEM_WARN(FI_LOG_DOMAIN, "triggered operations need %s, which is not available\n",
+                    peer::kOffloadProvName);
+        return -FI_EOPNOTSUPP;
+    }
+    work.arg = op.get();
+    work.match = op->match;
+    work.start = &TriggeredOp::start;
+    work.discard = &TriggeredOp::discard;
+    if (int ret = off->triggers()->queue(off->domain(), &work)) return ret;
+    op.release();  // the queue's now
+    note_triggers();
+    start_triggers();
+    return 0;
+}
+
 namespace {
 
 // The endpoint of a deferred work request's operation (an alias names its endpoint), when it
@@ -406,30 +412,15 @@ int Domain::queue_work(const fi_deferred_work *work) {
             if (!work->op.cntr || work->completion_cntr) return -FI_EINVAL;
             Cntr *target = counter_of(work->op.cntr->cntr);
             if (!target) return -FI_EINVAL;
-            OffloadDomain *off = offload();
-            if (!off || !off->triggers()) return -FI_EOPNOTSUPP;
             auto op = std::make_unique<TriggeredOp>();
             op->domain = this;
             op->request =
                 CounterOpRequest{target, work->op.cntr->value, work->op_type == FI_OP_CNTR_ADD};
             op->match = match;
-            peer::TriggerWork w;
-            w.kind = peer::TriggerWork::Kind::Threshold;
-            w.cntr = trigger->fid();
-            w.threshold = work->threshold;
-            w.with_errors = true;
-            w.names[0] = trigger->fid();
+            peer::TriggerWork w = deferred_condition(trigger, work->threshold);
             w.names[1] = target->fid();
-            w.arg = op.get();
-            w.match = match;
             w.group = this;
-            w.start = &TriggeredOp::start;
-            w.discard = &TriggeredOp::discard;
-            if (int ret = off->triggers()->queue(off->domain(), &w)) return ret;
-            op.release();
-            note_triggers();
-            start_triggers();
-            return 0;
+            return queue_trigger(std::move(op), w);
         }
         case FI_OP_RECV:
         case FI_OP_SEND:
