@@ -307,6 +307,18 @@ static_assert(kLocalBodyRoom >= kLocalMaxIov * sizeof(LocalIpc));
 // (FI_PEER_TRANSFER) over tandem's endpoint with kProtoPeer: tagged messages on tag
 // kTwinHelloTag.
 
+// Collectives (offload_prov/coll/) travel as peer transfers between twins too, tagged
+//   bits 60-63: 0xC, collective traffic (kTwinHelloTag's top nibble is 0x7)
+//   bits 28-59: the group (a hash both ends compute from its members and join number)
+//   bits 12-27: the operation's number in its group (wraps)
+//   bits  0-11: the round of the operation's schedule
+// so a collective's messages never meet an application's (peer transfers are matched only
+// against the twin's receives) nor another group's, operation's or round's.
+inline constexpr uint64_t kCollTagClass = 0xcull << 60;
+inline constexpr uint64_t coll_tag(uint32_t group, uint16_t seq) {
+    return kCollTagClass | uint64_t(group) << 28 | uint64_t(seq) << 12;
+}
+
 inline constexpr uint64_t kTwinHelloTag = 0x74776e68656c6c6full;  // "twnhello"
 inline constexpr uint32_t kTwinMagic = 0x74776e31;                // "twn1"
 

@@ -29,7 +29,12 @@ fi_ops_av_set av_set_ops = {
 // and holds at most count addresses (0: as many as the AV has).
 AvSet::AvSet(Av *av, const fi_av_set_attr &attr, void *context) : av_(av), capacity_(attr.count) {
     if (attr.flags & ~uint64_t(FI_UNIVERSE)) fail(FI_EINVAL, "unsupported AV set flags");
-    if (attr.comm_key_size) fail(FI_ENOSYS, "communication keys");
+    // A communication key names the group on the fabric: tandem mixes it into the group's
+    // identity (its tags), so sets of the same members with different keys never meet.
+    if (attr.comm_key_size) {
+        if (!attr.comm_key || attr.comm_key_size > kMaxCommKey) fail(FI_EINVAL, "AV set comm_key");
+        comm_key_.assign(attr.comm_key, attr.comm_key + attr.comm_key_size);
+    }
     std::lock_guard guard(av_->domain()->lock());
     if (attr.flags & FI_UNIVERSE) {
         for (fi_addr_t a = 0; av_->name_of(a); ++a) members_.push_back(a);
@@ -48,6 +53,7 @@ AvSet::AvSet(Av *av, const fi_av_set_attr &attr, void *context) : av_(av), capac
 
 AvSet::~AvSet() {
     std::lock_guard guard(av_->domain()->lock());
+    if (coll_addr_ != FI_ADDR_NOTAVAIL) av_->domain()->coll_addresses().remove(coll_addr_);
     av_->release();
 }
 
@@ -66,9 +72,8 @@ int AvSet::control(int command, void *arg) {
 }
 
 const AvSet *AvSet::other(const fid_av_set *src) const {
-    if (!src || src->fid.fclass != FI_CLASS_AV_SET || src->ops != &av_set_ops)
-        fail(FI_EINVAL, "not a tandem AV set");
-    const AvSet *o = AvSet::of(src);
+    const AvSet *o = from(src);
+    if (!o) fail(FI_EINVAL, "not a tandem AV set");
     if (o->av_ != av_) fail(FI_EINVAL, "AV sets of different AVs");
     return o;
 }
@@ -119,8 +124,17 @@ int AvSet::remove(fi_addr_t addr) {
     return 0;
 }
 
-int AvSet::addr(fi_addr_t *) {
-    return -FI_ENOSYS;
+int AvSet::addr(fi_addr_t *coll_addr) {
+    if (!coll_addr) return -FI_EINVAL;
+    std::lock_guard guard(av_->domain()->lock());
+    if (coll_addr_ == FI_ADDR_NOTAVAIL) coll_addr_ = av_->domain()->coll_addresses().add(this);
+    *coll_addr = coll_addr_;
+    return 0;
+}
+
+AvSet *AvSet::from(const fid_av_set *set) {
+    if (!set || set->fid.fclass != FI_CLASS_AV_SET || set->ops != &av_set_ops) return nullptr;
+    return AvSet::of(set);
 }
 
 int AvSet::peer_members(fi_addr_t *addr, size_t *count) {

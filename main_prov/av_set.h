@@ -1,7 +1,8 @@
 // fid_av_set (fi_av_set(3)): an ordered set of an AV's addresses, the group a collective runs
 // over. tandem keeps the members; the collectives themselves are the offload provider's, which
-// reads the members through the exported fid_peer_av_set (fi_peer(3)). Until collectives land,
-// fi_av_set_addr answers -FI_ENOSYS rather than hand out an address nothing can use.
+// reads the members through the exported fid_peer_av_set (fi_peer(3)) or, for tandem's own
+// endpoints, is handed them at fi_join_collective. fi_av_set_addr gives the set's collective
+// address (a handle of the domain's CollAddresses), the parent of a first join.
 #pragma once
 
 #include "common/fid_adaptor.h"
@@ -33,6 +34,11 @@ class AvSet final : public FidObject<AvSet, fid_av_set>, public peer::AvSetOwner
 
     int peer_members(fi_addr_t *addr, size_t *count) override;
     const std::vector<fi_addr_t> &members() const { return members_; }
+    Av *av() const { return av_; }
+    const std::vector<uint8_t> &comm_key() const { return comm_key_; }
+    static constexpr size_t kMaxCommKey = 256;
+    // The tandem AV set behind a fid_av_set, or nullptr for anything else.
+    static AvSet *from(const fid_av_set *set);
 
   private:
     const AvSet *other(const fid_av_set *src) const;
@@ -41,6 +47,8 @@ class AvSet final : public FidObject<AvSet, fid_av_set>, public peer::AvSetOwner
     size_t capacity_;
     std::vector<fi_addr_t> members_;  // in insertion order, no duplicates
     std::unique_ptr<peer::ExportedAvSet> exported_;
+    fi_addr_t coll_addr_ = FI_ADDR_NOTAVAIL;  // once fi_av_set_addr asked
+    std::vector<uint8_t> comm_key_;
 };
 
 }  // namespace tandem

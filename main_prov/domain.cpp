@@ -167,7 +167,13 @@ int Domain::query_atomic(enum fi_datatype datatype, enum fi_op op, fi_atomic_att
     if ((flags & FI_FETCH_ATOMIC) && (flags & FI_COMPARE_ATOMIC)) return -FI_EINVAL;
     // Reductions of collectives (FI_COLLECTIVE) are for the collective engine; atomics whose
     // target is a tagged receive buffer (FI_TAGGED) are not offered.
-    if (flags & (FI_COLLECTIVE | FI_TAGGED)) return -FI_EOPNOTSUPP;
+    if (flags & FI_TAGGED) return -FI_EOPNOTSUPP;
+    if (flags & FI_COLLECTIVE) {  // the reductions collectives accept
+        if (int ret = coll_supported(FI_ALLREDUCE, raw_enum(datatype), raw_enum(op))) return ret;
+        attr->count = peer::kCollMaxBytes / atomic::datatype_size(datatype);
+        attr->size = atomic::datatype_size(datatype);
+        return 0;
+    }
     atomic::Kind kind = (flags & FI_FETCH_ATOMIC)     ? atomic::Kind::Fetch
                         : (flags & FI_COMPARE_ATOMIC) ? atomic::Kind::Compare
                                                       : atomic::Kind::Base;
@@ -178,8 +184,19 @@ int Domain::query_atomic(enum fi_datatype datatype, enum fi_op op, fi_atomic_att
     return 0;
 }
 
-int Domain::query_collective(enum fi_collective_op, fi_collective_attr *, uint64_t) {
-    return -FI_EOPNOTSUPP;
+// fi_query_collective: exactly what post_collective accepts (coll_supported), with the limits
+// of one call. FI_SCATTER in flags asks about reduce-scatter (fi_collective(3)).
+int Domain::query_collective(enum fi_collective_op coll, fi_collective_attr *attr, uint64_t flags) {
+    if (!attr) return -FI_EINVAL;
+    int c = raw_enum(coll);
+    if (flags & FI_SCATTER) c = FI_REDUCE_SCATTER;
+    const int datatype = raw_enum(attr->datatype);
+    if (int ret = coll_supported(c, datatype, raw_enum(attr->op))) return ret;
+    const size_t elem = c == FI_BARRIER ? 0 : atomic::datatype_size(datatype);
+    attr->datatype_attr.size = elem;
+    attr->datatype_attr.count = elem ? peer::kCollMaxBytes / elem : 0;
+    attr->max_members = peer::kCollMaxMembers;
+    return 0;
 }
 
 int Domain::mr_reg(const void *buf, size_t len, uint64_t access, uint64_t offset,

@@ -3,6 +3,7 @@
 // checks remote keys, and the list of endpoints whose progress a CQ or counter read drives.
 #pragma once
 
+#include "main_prov/coll_group.h"
 #include "common/fid_adaptor.h"
 #include "common/wait_fd.h"
 #include "main_prov/lock_order.h"
@@ -88,6 +89,8 @@ class Domain : public FidObject<Domain, fid_domain> {
     int queue_trigger(std::unique_ptr<TriggeredOp> op, peer::TriggerWork &work);
     void hold() { ++refs_; }
     void release() { --refs_; }
+    // Collective addresses (fi_av_set_addr, fi_mc_addr); the caller holds lock().
+    CollAddresses &coll_addresses() { return coll_addresses_; }
 
   private:
     Fabric *fabric_;
@@ -102,6 +105,7 @@ class Domain : public FidObject<Domain, fid_domain> {
     bool offload_tried_ = false;
     std::unordered_set<fid_cntr *> counters_;
     std::atomic<bool> triggers_waiting_{false};
+    CollAddresses coll_addresses_;
     // FI_QUEUE_WORK, FI_CANCEL_WORK, FI_FLUSH_WORK (trigger.cpp).
     int queue_work(const fi_deferred_work *work);
     int cancel_work(const fi_deferred_work *work);

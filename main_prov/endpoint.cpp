@@ -139,7 +139,7 @@ fi_ops_cm ep_cm_ops = {
     .accept = &Trampoline<&Endpoint::accept>::call<fid_ep>,
     .reject = enosys<decltype(fi_ops_cm::reject)>,
     .shutdown = &Trampoline<&Endpoint::shutdown>::call<fid_ep>,
-    .join = enosys<decltype(fi_ops_cm::join)>,
+    .join = &Trampoline<&Endpoint::join>::call<fid_ep>,
 };
 
 fi_ops_msg ep_msg_ops = {
@@ -166,6 +166,21 @@ fi_ops_tagged ep_tagged_ops = {
     .inject = &DataCall<&Endpoint::tag_inject>::call,
     .senddata = &DataCall<&Endpoint::tag_senddata>::call,
     .injectdata = &DataCall<&Endpoint::tag_injectdata>::call,
+};
+
+fi_ops_collective ep_coll_ops = {
+    .size = sizeof(fi_ops_collective),
+    .barrier = &DataCall<&Endpoint::coll_barrier>::call,
+    .broadcast = &DataCall<&Endpoint::coll_broadcast>::call,
+    .alltoall = &DataCall<&Endpoint::coll_alltoall>::call,
+    .allreduce = &DataCall<&Endpoint::coll_allreduce>::call,
+    .allgather = &DataCall<&Endpoint::coll_allgather>::call,
+    .reduce_scatter = &DataCall<&Endpoint::coll_reduce_scatter>::call,
+    .reduce = &DataCall<&Endpoint::coll_reduce>::call,
+    .scatter = &DataCall<&Endpoint::coll_scatter>::call,
+    .gather = &DataCall<&Endpoint::coll_gather>::call,
+    .msg = &DataCall<&Endpoint::coll_msg>::call,
+    .barrier2 = &DataCall<&Endpoint::coll_barrier2>::call,
 };
 
 fi_ops_atomic ep_atomic_ops = {
@@ -234,7 +249,8 @@ Endpoint::Endpoint(Domain *domain, fi_info *info, void *context)
     fid()->tagged = &ep_tagged_ops;
     fid()->rma = &ep_rma_ops;
     fid()->atomic = &ep_atomic_ops;
-    complete_ep_tables(*fid());  // collectives: -FI_EOPNOTSUPP
+    if (info_->ep_attr->type == FI_EP_RDM) fid()->collective = &ep_coll_ops;
+    complete_ep_tables(*fid());  // MSG endpoints: no collectives (-FI_EOPNOTSUPP)
 
     if (info_->src_addr) {
         if (!EndpointName::from_bytes(info_->src_addr, info_->src_addrlen, src_name_))
@@ -277,7 +293,8 @@ Endpoint *Endpoint::from_fid(fid_ep *ep) {
 int Endpoint::close() {
     {
         std::lock_guard guard(domain_->lock());
-        if (aliases_) return -FI_EBUSY;  // close the aliases first
+        if (aliases_) return -FI_EBUSY;      // close the aliases first
+        if (coll_groups_) return -FI_EBUSY;  // and the collective groups joined
     }
     // Without the domain lock: this waits for an EQ read that is inside progress_cm, which
     // may be waiting for that lock. Once removed, only CQ progress reaches this endpoint, and
@@ -438,6 +455,7 @@ int Endpoint::control(int command, void *arg) {
             a->fid()->tagged = &ep_tagged_ops;
             a->fid()->rma = &ep_rma_ops;
             a->fid()->atomic = &ep_atomic_ops;
+            a->fid()->collective = fid()->collective;
             complete_ep_tables(*a->fid());  // no connection management of its own
             *alias->fid = a->base_fid();
             return 0;

@@ -249,6 +249,44 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     int atomic_compwritevalid(const OpDefaults &d, enum fi_datatype datatype, enum fi_op op,
                               size_t *count);
 
+    // Collectives (endpoint_coll.cpp): fi_join_collective and the fi_collective(3) calls.
+    int join(const void *addr, uint64_t flags, fid_mc **mc, void *context);
+    ssize_t coll_barrier(const OpDefaults &d, fi_addr_t coll_addr, void *context);
+    ssize_t coll_barrier2(const OpDefaults &d, fi_addr_t coll_addr, uint64_t flags, void *context);
+    ssize_t coll_broadcast(const OpDefaults &d, void *buf, size_t count, void *desc,
+                           fi_addr_t coll_addr, fi_addr_t root_addr, enum fi_datatype datatype,
+                           uint64_t flags, void *context);
+    ssize_t coll_alltoall(const OpDefaults &d, const void *buf, size_t count, void *desc,
+                          void *result, void *result_desc, fi_addr_t coll_addr,
+                          enum fi_datatype datatype, uint64_t flags, void *context);
+    ssize_t coll_allreduce(const OpDefaults &d, const void *buf, size_t count, void *desc,
+                           void *result, void *result_desc, fi_addr_t coll_addr,
+                           enum fi_datatype datatype, enum fi_op op, uint64_t flags, void *context);
+    ssize_t coll_allgather(const OpDefaults &d, const void *buf, size_t count, void *desc,
+                           void *result, void *result_desc, fi_addr_t coll_addr,
+                           enum fi_datatype datatype, uint64_t flags, void *context);
+    ssize_t coll_reduce_scatter(const OpDefaults &d, const void *buf, size_t count, void *desc,
+                                void *result, void *result_desc, fi_addr_t coll_addr,
+                                enum fi_datatype datatype, enum fi_op op, uint64_t flags,
+                                void *context);
+    ssize_t coll_reduce(const OpDefaults &d, const void *buf, size_t count, void *desc,
+                        void *result, void *result_desc, fi_addr_t coll_addr, fi_addr_t root_addr,
+                        enum fi_datatype datatype, enum fi_op op, uint64_t flags, void *context);
+    ssize_t coll_scatter(const OpDefaults &d, const void *buf, size_t count, void *desc,
+                         void *result, void *result_desc, fi_addr_t coll_addr, fi_addr_t root_addr,
+                         enum fi_datatype datatype, uint64_t flags, void *context);
+    ssize_t coll_gather(const OpDefaults &d, const void *buf, size_t count, void *desc,
+                        void *result, void *result_desc, fi_addr_t coll_addr, fi_addr_t root_addr,
+                        enum fi_datatype datatype, uint64_t flags, void *context);
+    ssize_t coll_msg(const OpDefaults &d, const fi_msg_collective *msg, fi_ioc *resultv,
+                     void **result_desc, size_t result_count, uint64_t flags);
+    // The caller holds the domain lock.
+    ssize_t issue_collective(CollRequest &r);
+    void report_join(fid_t mc, void *context, int err);
+    int leave_group(CollGroup &g);
+    void coll_group_opened() { ++coll_groups_; }
+    void coll_group_closed() { --coll_groups_; }
+
     // CmSource
     void progress_cm() override;
     void cm_watch(WaitSet &set) override;
@@ -431,6 +469,25 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     uint64_t caps_;
     OpDefaults defaults_{};
     int aliases_ = 0;
+    // Collectives: groups joined and not closed, operations with the twin.
+    struct CollCall {
+        int coll = FI_BARRIER;
+        const void *buf = nullptr;
+        void *desc = nullptr;
+        void *result = nullptr;
+        void *result_desc = nullptr;
+        size_t count = 0;
+        fi_addr_t coll_addr = FI_ADDR_NOTAVAIL;
+        fi_addr_t root = FI_ADDR_NOTAVAIL;
+        int datatype = FI_VOID;
+        int op = FI_NOOP;
+        uint64_t flags = 0;
+        void *context = nullptr;
+    };
+    ssize_t post_collective(const CollCall &c);
+    static void collective_done(void *arg, int err);
+    size_t coll_groups_ = 0;
+    size_t coll_outstanding_ = 0;
     bool enabled_ = false;
     bool closing_ = false;
 

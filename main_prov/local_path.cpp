@@ -113,6 +113,10 @@ std::unique_ptr<LocalPath> LocalPath::open(Endpoint &ep, OffloadDomain &off, Av 
         if (!ret && (!lp->ops_ || lp->ops_->size < sizeof(peer::LocalPathOps))) ret = -FI_ENOSYS;
         if (!ret) {
             lp->inject_limit_ = lp->ops_->inject_limit(lp->twin_);
+            void *coll = nullptr;
+            if (fi_open_ops(&lp->twin_->fid, peer::kCollOpsName, 0, &coll, nullptr) == 0 &&
+                static_cast<peer::CollOps *>(coll)->size >= sizeof(peer::CollOps))
+                lp->coll_ops_ = static_cast<peer::CollOps *>(coll);
             LocalPath *self = lp.get();
             lp->rx_queue_.set_data_source([self](fi_peer_rx_entry *entry) {
                 return self->ops_->queued_data(self->twin_, entry);

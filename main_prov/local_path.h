@@ -16,6 +16,7 @@
 #pragma once
 
 #include "main_prov/peer_rx_queue.h"
+#include "peer/peer_coll.h"
 #include "peer/peer_abi.h"
 #include "peer/peer_cq.h"
 #include "peer/peer_trigger.h"
@@ -88,6 +89,10 @@ class LocalPath final : public peer::CqOwner {
     // Before the application sleeps: the twin's wake descriptor, armed.
     void wait_fds(std::vector<int> &out);
 
+    // The twin's collective engine (peer::CollOps), or null when it has none.
+    const peer::CollOps *coll_ops() const { return coll_ops_; }
+    fid_ep *twin() const { return twin_; }
+
     // Peer transfers (FI_PEER_TRANSFER): the twin posts its own traffic to remote twins on
     // tandem's endpoint; their completions are queued here and handed to the twin's
     // complete / comperr callbacks by flush_transfers(), at the end of a progress pass, so
@@ -117,6 +122,7 @@ class LocalPath final : public peer::CqOwner {
     fid_ep *srx_ = nullptr;
     fid_ep *twin_ = nullptr;
     peer::LocalPathOps *ops_ = nullptr;
+    peer::CollOps *coll_ops_ = nullptr;
     size_t inject_limit_ = 0;
     struct TransferDone {
         fi_cq_tagged_entry entry;

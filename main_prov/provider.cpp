@@ -32,10 +32,10 @@ constexpr uint32_t kApiVersion = FI_VERSION(1, 17);
 constexpr uint64_t kMaxMsgSize = 1ull << 31;
 constexpr size_t kMaxCqData = 8;
 
-constexpr uint64_t kRdmCaps = FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_SEND | FI_RECV |
-                              FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE |
-                              FI_MULTI_RECV | FI_SOURCE | FI_DIRECTED_RECV | FI_RMA_EVENT |
-                              FI_LOCAL_COMM | FI_REMOTE_COMM | FI_SHARED_AV | FI_TRIGGER;
+constexpr uint64_t kRdmCaps =
+    FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_SEND | FI_RECV | FI_READ | FI_WRITE |
+    FI_REMOTE_READ | FI_REMOTE_WRITE | FI_MULTI_RECV | FI_SOURCE | FI_DIRECTED_RECV | FI_RMA_EVENT |
+    FI_LOCAL_COMM | FI_REMOTE_COMM | FI_SHARED_AV | FI_TRIGGER | FI_COLLECTIVE;
 constexpr uint64_t kMsgCaps = FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_SEND | FI_RECV |
                               FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE |
                               FI_MULTI_RECV | FI_RMA_EVENT | FI_LOCAL_COMM | FI_REMOTE_COMM;

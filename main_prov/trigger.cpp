@@ -38,6 +38,7 @@ uint64_t cq_flags_of(const TriggeredRequest &r) {
                 return FI_ATOMIC | (s.kind == atomic::Kind::Base ? FI_WRITE : FI_READ);
             },
             [](const CounterOpRequest &) -> uint64_t { return 0; },
+            [](const CollRequest &) -> uint64_t { return FI_COLLECTIVE; },
         },
         r);
 }
@@ -233,6 +234,10 @@ int Endpoint::start_triggered(TriggeredOp &op) {
                                  [&](AtomicRequest &s) {
                                      s.flags &= ~FI_TRIGGER;
                                      return issue_atomic(s);
+                                 },
+                                 [&](CollRequest &s) {
+                                     s.flags &= ~FI_TRIGGER;
+                                     return issue_collective(s);
                                  },
                                  [](CounterOpRequest &) { return ssize_t(-FI_EINVAL); },
                              },

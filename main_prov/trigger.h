@@ -24,8 +24,8 @@ struct CounterOpRequest {
     bool add = false;
 };
 
-using TriggeredRequest =
-    std::variant<SendRequest, RecvRequest, RmaRequest, AtomicRequest, CounterOpRequest>;
+using TriggeredRequest = std::variant<SendRequest, RecvRequest, RmaRequest, AtomicRequest,
+                                      CounterOpRequest, CollRequest>;
 
 struct TriggeredOp {
     Domain *domain = nullptr;

@@ -8,6 +8,7 @@
 
 #include "hmem/atomic.h"
 #include "main_prov/rx_matcher.h"
+#include "peer/peer_coll.h"
 
 #include <rdma/fi_atomic.h>
 #include <rdma/fi_errno.h>
@@ -139,6 +140,18 @@ struct AtomicRequest {
 
 // What a deferred request keeps of an FI_INJECT payload: the bytes, read when the request is
 // captured (the application may reuse its buffer once the call returns).
+// A collective call (fi_collective(3)), checked: its group and what the twin runs
+// (work.arg / work.done are filled when it is issued). The buffers stay the application's
+// until the operation completes, as for any collective.
+class CollGroup;
+struct CollRequest {
+    CollGroup *group = nullptr;
+    peer::CollWork work;
+    void *context = nullptr;
+    uint64_t flags = 0;
+    DeferredDone done;
+};
+
 struct OwnedPayload {
     std::vector<uint8_t> bytes;
     bool device = false;  // copied from device memory (the request is then host memory)

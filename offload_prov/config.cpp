@@ -27,6 +27,16 @@ void Config::load(fi_provider *prov) {
     while (cells < g_config.ring_cells && cells < (1u << 16)) cells <<= 1;
     g_config.ring_cells = cells;
     g_config.eager_limit = wire::kLocalBodyRoom;
+    g_config.coll_allreduce_ring_min =
+        p.size("coll_allreduce_ring_min",
+               "Bytes from which fi_allreduce runs the ring (reduce-scatter + allgather) "
+               "instead of recursive doubling",
+               64u << 10);
+    g_config.coll_allgather_ring_min =
+        p.size("coll_allgather_ring_min",
+               "Bytes per member from which fi_allgather runs the ring instead of Bruck's "
+               "algorithm",
+               32u << 10);
 }
 
 }  // namespace tandem::off

@@ -124,6 +124,27 @@ peer::LocalPathOps local_path_ops = {sizeof(peer::LocalPathOps),
                                      local_inject_limit,
                                      local_inject};
 
+// peer::CollOps: the owner's collectives (coll/engine.h).
+int coll_join(fid_ep *ep, const peer::CollJoin *join, uint64_t *group) noexcept try {
+    if (!ep || !join) return -FI_EINVAL;
+    return Endpoint::of(ep)->coll().join(*join, group);
+} catch (...) {
+    return current_exception_errno();
+}
+int coll_post(fid_ep *ep, uint64_t group, const peer::CollWork *work) noexcept try {
+    if (!ep || !work) return -FI_EINVAL;
+    return Endpoint::of(ep)->coll().post(group, *work);
+} catch (...) {
+    return current_exception_errno();
+}
+int coll_leave(fid_ep *ep, uint64_t group) noexcept try {
+    if (!ep) return -FI_EINVAL;
+    return Endpoint::of(ep)->coll().leave(group);
+} catch (...) {
+    return current_exception_errno();
+}
+peer::CollOps coll_ops = {sizeof(peer::CollOps), coll_join, coll_post, coll_leave};
+
 // Completions of the transfers we post on the owner's endpoint (FI_PEER_TRANSFER).
 ssize_t transfer_complete(fid_ep *ep, fi_cq_tagged_entry *entry, fi_addr_t *src) noexcept try {
     if (!ep || !entry) return -FI_EINVAL;
@@ -234,8 +255,12 @@ int Endpoint::control(int command, void *) {
 
 int Endpoint::ops_open(const char *name, uint64_t, void **ops, void *) {
     if (!name || !ops) return -FI_EINVAL;
-    if (strcmp(name, peer::kLocalPathOpsName) != 0) return -FI_ENOSYS;
-    *ops = &local_path_ops;
+    if (strcmp(name, peer::kLocalPathOpsName) == 0)
+        *ops = &local_path_ops;
+    else if (strcmp(name, peer::kCollOpsName) == 0)
+        *ops = &coll_ops;
+    else
+        return -FI_ENOSYS;
     return 0;
 }
 

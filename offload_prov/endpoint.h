@@ -27,6 +27,7 @@
 #include "hmem/atomic.h"
 #include "hmem/ipc_cache.h"
 #include "hmem/p2p_policy.h"
+#include "offload_prov/coll/engine.h"
 #include "offload_prov/shm/shm_ring.h"
 #include "offload_prov/shm/shm_segment.h"
 #include "peer/peer_abi.h"
@@ -136,6 +137,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     void transfer_error(const fi_cq_err_entry &err);
     static int start_held(fi_peer_rx_entry *entry);
     static int discard_held(fi_peer_rx_entry *entry);
+    coll::Engine &coll() { return coll_; }
 
   private:
     // The public calls above live with their job: sendmsg, tsendmsg, inject in ep/send.cpp;
@@ -452,6 +454,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     bool hello_posted_ = false;
     std::vector<fi_addr_t> introductions_;
     std::unordered_map<fi_addr_t, uint64_t> remote_twins_;
+
+    // coll/: the owner's collective groups and their operations (peer::CollOps).
+    coll::Engine coll_{owner_ep_};
 };
 
 }  // namespace tandem::off

@@ -29,6 +29,7 @@ void Endpoint::progress() {
     if (!enabled_) return;
     if (!hello_posted_) post_hello_receive();
     if (!introductions_.empty()) send_hellos();
+    coll_.progress();
     // A bounded batch: a sender that never stops must not starve the rest of the owner.
     for (int i = 0; i < 64; ++i) {
         const void *cell = inbox_->peek();

@@ -1,4 +1,5 @@
-// Peer transfers: twins on different nodes introduce themselves over the owner's endpoint
+// Peer transfers: their completions (the collectives' go to coll::Engine), and twins on
+// different nodes introduce themselves over the owner's endpoint
 // (wire::TwinHello, posted with FI_PEER_TRANSFER), and the owner asks which peers have one.
 #include "offload_prov/endpoint.h"
 
@@ -41,6 +42,10 @@ void Endpoint::send_hellos() {
 }
 
 void Endpoint::transfer_complete(const fi_cq_tagged_entry &entry, fi_addr_t src) {
+    if (entry.op_context != &hello_rx_ctx_ && coll::Engine::owns(entry.op_context)) {
+        coll_.transfer_done(entry.op_context, 0);
+        return;
+    }
     if (entry.op_context == &hello_rx_ctx_) {
         if (entry.len == sizeof hello_in_ && hello_in_.magic == wire::kTwinMagic &&
             src != FI_ADDR_NOTAVAIL) {
@@ -59,6 +64,10 @@ void Endpoint::transfer_complete(const fi_cq_tagged_entry &entry, fi_addr_t src)
 }
 
 void Endpoint::transfer_error(const fi_cq_err_entry &err) {
+    if (err.op_context != &hello_rx_ctx_ && coll::Engine::owns(err.op_context)) {
+        coll_.transfer_done(err.op_context, err.err ? err.err : FI_EIO);
+        return;
+    }
     if (err.op_context == &hello_rx_ctx_) {
         TANDEM_INFO(FI_LOG_EP_CTRL, "twin hello receive failed: %s\n", fi_strerror(err.err));
         hello_posted_ = err.err == FI_ECANCELED;  // repost, unless it was cancelled

@@ -1,0 +1,361 @@
+// fi_collective(3) on tandem's RDM endpoint: joining groups (fi_join_collective) and the
+// collective calls. tandem checks each call and keeps what the application sees (the fid_mc,
+// the EQ's FI_JOIN_COMPLETE, CQ entries); the twin runs the algorithms
+// (offload_prov/coll/) over peer transfers on this endpoint (peer::CollOps).
+#include "common/log.h"
+#include "main_prov/av.h"
+#include "main_prov/av_set.h"
+#include "main_prov/cntr.h"
+#include "main_prov/coll_group.h"
+#include "main_prov/cq.h"
+#include "main_prov/domain.h"
+#include "main_prov/endpoint.h"
+#include "main_prov/eq.h"
+#include "main_prov/local_path.h"
+#include "main_prov/trigger.h"
+
+#include <algorithm>
+
+namespace tandem {
+
+namespace {
+
+// FNV-1a over bytes, continued from h.
+uint64_t fnv(uint64_t h, const void *data, size_t len) {
+    auto *p = static_cast<const uint8_t *>(data);
+    for (size_t i = 0; i < len; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+constexpr uint64_t kFnvBasis = 0xcbf29ce484222325ull;
+
+// The per-operation state the twin's done callback brings back.
+struct CollCompletion {
+    Endpoint *ep;
+    void *context;
+    uint64_t flags;
+    DeferredDone done;
+};
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------
+// Joining
+
+// fi_join (fi_ops_cm::join): only collective groups (FI_COLLECTIVE); tandem offers no
+// multicast (FI_MULTICAST), so a plain join is -FI_ENOSYS.
+int Endpoint::join(const void *addr, uint64_t flags, fid_mc **mc, void *context) {
+    if (!(flags & FI_COLLECTIVE)) return -FI_ENOSYS;
+    if (!addr || !mc) return -FI_EINVAL;
+    const auto *ca = static_cast<const fi_collective_addr *>(addr);
+    std::lock_guard guard(domain_->lock());
+    if (!(caps_ & FI_COLLECTIVE)) return -FI_EOPNOTSUPP;
+    if (!enabled_) return -FI_EOPBADSTATE;
+    if (!eq_) return -FI_ENOEQ;  // fi_collective(3): FI_JOIN_COMPLETE goes to the EQ
+    if (!local_ || !local_->coll_ops()) {
+        TANDEM_WARN(FI_LOG_EP_CTRL,
+                    "fi_join_collective: off_tandem's collective engine is missing\n");
+        return -FI_EOPNOTSUPP;
+    }
+    const AvSet *set = AvSet::from(ca->set);
+    if (!set || set->av() != av_) return -FI_EINVAL;
+    const std::vector<fi_addr_t> &members = set->members();
+    if (members.empty()) return -FI_EINVAL;
+    // The parent: the set's own address, or a group of this endpoint; its members must include
+    // the new group's. FI_ADDR_NOTAVAIL: membership the application manages, no exchange.
+    const bool managed_here = ca->coll_addr != FI_ADDR_NOTAVAIL;
+    if (managed_here) {
+        const std::vector<fi_addr_t> *parent = nullptr;
+        if (AvSet *p = domain_->coll_addresses().set_at(ca->coll_addr); p && p->av() == av_)
+            parent = &p->members();
+        else if (CollGroup *g = domain_->coll_addresses().group_at(ca->coll_addr);
+                 g && g->endpoint() == this && g->joined())
+            parent = &g->members();
+        if (!parent) return -FI_EINVAL;
+        for (fi_addr_t a : members)
+            if (std::find(parent->begin(), parent->end(), a) == parent->end()) return -FI_EINVAL;
+    }
+    // Ranks follow the set's order; this endpoint must be one of the members.
+    EndpointName self;
+    size_t len = sizeof self.ss;
+    if (int ret = getname(&self.ss, &len)) return ret;
+    const std::string self_key = self.key();
+    int rank = -1;
+    uint64_t ordered = kFnvBasis;
+    std::vector<uint64_t> names;
+    for (size_t i = 0; i < members.size(); ++i) {
+        const EndpointName *n = av_->name_of(members[i]);
+        if (!n) return -FI_EINVAL;
+        const std::string k = n->key();
+        if (k == self_key) rank = int(i);
+        ordered = fnv(ordered, k.data(), k.size());
+        names.push_back(fnv(kFnvBasis, k.data(), k.size()));
+    }
+    if (rank < 0) {
+        TANDEM_WARN(FI_LOG_EP_CTRL,
+                    "fi_join_collective: the endpoint is not a member of the set\n");
+        return -FI_EINVAL;
+    }
+    std::sort(names.begin(), names.end());
+    uint64_t set_key = fnv(kFnvBasis, names.data(), names.size() * sizeof names[0]);
+    const std::vector<uint8_t> &comm_key = set->comm_key();
+    set_key = fnv(set_key, comm_key.data(), comm_key.size());
+    ordered = fnv(ordered, comm_key.data(), comm_key.size());
+
+    auto *g = new CollGroup(this, members, uint32_t(rank), context);
+    peer::CollJoin j;
+    j.members = g->members().data();
+    j.count = g->members().size();
+    j.rank = uint32_t(rank);
+    j.ordered_key = ordered;
+    j.set_key = set_key;
+    j.handshake = managed_here;
+    j.arg = g;
+    j.joined = &CollGroup::on_joined;
+    if (int ret = local_->coll_ops()->join(local_->twin(), &j, &g->handle)) {
+        delete g;
+        return ret;
+    }
+    *mc = g->fid();
+    return 0;
+}
+
+void Endpoint::report_join(fid_t mc, void *context, int err) {
+    if (!eq_) return;
+    if (err) {
+        eq_->post_error(mc, context, err, nullptr, 0, 0);
+        return;
+    }
+    fi_eq_entry entry{mc, context, 0};
+    eq_->post(FI_JOIN_COMPLETE, &entry, sizeof entry);
+}
+
+int Endpoint::leave_group(CollGroup &g) {
+    if (!local_ || !local_->coll_ops()) return 0;
+    return local_->coll_ops()->leave(local_->twin(), g.handle);
+}
+
+// ------------------------------------------------------------------------------------------
+// The calls
+
+ssize_t Endpoint::post_collective(const CollCall &c) {
+    std::lock_guard guard(domain_->lock());
+    if (!(caps_ & FI_COLLECTIVE)) return -FI_EOPNOTSUPP;
+    check_tx_ready(0);
+    CollGroup *g = domain_->coll_addresses().group_at(c.coll_addr);
+    if (!g || g->endpoint() != this || !g->joined()) return -FI_EINVAL;
+    const int datatype = c.coll == FI_BARRIER ? int(FI_VOID) : c.datatype;
+    if (int ret = coll_supported(c.coll, datatype, coll_reduces(c.coll) ? c.op : FI_NOOP))
+        return ret;
+    CollRequest r;
+    r.group = g;
+    r.context = c.context;
+    r.flags = c.flags;
+    peer::CollWork &w = r.work;
+    w.coll = static_cast<fi_collective_op>(c.coll);
+    w.datatype = datatype;
+    w.op = coll_reduces(c.coll) ? c.op : FI_NOOP;
+    w.count = c.coll == FI_BARRIER ? 0 : c.count;
+    const size_t elem = c.coll == FI_BARRIER ? 0 : atomic::datatype_size(datatype);
+    if (elem && w.count > peer::kCollMaxBytes / elem / g->members().size()) return -FI_EMSGSIZE;
+    const bool rooted = c.coll == FI_BROADCAST || c.coll == FI_REDUCE || c.coll == FI_SCATTER ||
+                        c.coll == FI_GATHER;
+    bool root = false;
+    if (rooted) {
+        int rr = g->rank_of(c.root);
+        if (rr < 0) return -FI_EINVAL;
+        w.root = uint32_t(rr);
+        root = w.root == g->rank();
+    }
+    // Which buffers the call must give (a null one where bytes move is -FI_EINVAL).
+    const bool moves = w.count > 0;
+    bool need_send = moves, need_recv = moves;
+    switch (c.coll) {
+        case FI_BARRIER:
+            need_send = need_recv = false;
+            break;
+        case FI_BROADCAST:  // one buffer: the root's data, everyone else's result
+            need_send = false;
+            break;
+        case FI_REDUCE:
+        case FI_GATHER:
+            need_recv = moves && root;
+            break;
+        case FI_SCATTER:
+            need_send = moves && root;
+            break;
+        default:
+            break;
+    }
+    if (c.coll == FI_BROADCAST) {
+        w.recv = c.result;
+        w.recv_desc = c.result_desc;
+    } else {
+        w.send = c.buf;
+        w.send_desc = c.desc;
+        w.recv = c.result;
+        w.recv_desc = c.result_desc;
+    }
+    if ((need_send && !w.send) || (need_recv && !w.recv)) return -FI_EINVAL;
+    if (r.flags & FI_TRIGGER) return queue_triggered(TriggeredRequest(std::move(r)));
+    return issue_collective(r);
+}
+
+ssize_t Endpoint::issue_collective(CollRequest &r) {
+    auto *done = new CollCompletion{this, r.context, r.flags, r.done};
+    r.work.arg = done;
+    r.work.done = &Endpoint::collective_done;
+    int ret = local_->coll_ops()->post(local_->twin(), r.group->handle, &r.work);
+    if (ret) {
+        delete done;
+        return ret;
+    }
+    ++coll_outstanding_;
+    return 0;
+}
+
+// The twin's report (from its progress, under the domain lock): one completion, FI_COLLECTIVE.
+void Endpoint::collective_done(void *arg, int err) {
+    auto *c = static_cast<CollCompletion *>(arg);
+    Endpoint *ep = c->ep;
+    --ep->coll_outstanding_;
+    Cntr *cntr = c->done.deferred ? c->done.cntr : nullptr;
+    if (err) {
+        if (cntr) cntr->inc_err();
+        if (!c->done.deferred || (c->flags & FI_COMPLETION))
+            ep->write_tx_err(c->context, FI_COLLECTIVE, err, 0);
+    } else {
+        if (cntr) cntr->inc();
+        if (ep->tx_cq_ && ep->tx_reports(c->flags, c->done))
+            ep->tx_cq_->write({c->context, FI_COLLECTIVE, 0, nullptr, 0, 0, FI_ADDR_NOTAVAIL});
+    }
+    delete c;
+}
+
+ssize_t Endpoint::coll_barrier(const OpDefaults &d, fi_addr_t coll_addr, void *context) {
+    return coll_barrier2(d, coll_addr, 0, context);
+}
+
+ssize_t Endpoint::coll_barrier2(const OpDefaults &d, fi_addr_t coll_addr, uint64_t flags,
+                                void *context) {
+    CollCall c;
+    c.coll = FI_BARRIER;
+    c.coll_addr = coll_addr;
+    c.flags = flags | d.tx;
+    c.context = context;
+    return post_collective(c);
+}
+
+ssize_t Endpoint::coll_broadcast(const OpDefaults &d, void *buf, size_t count, void *desc,
+                                 fi_addr_t coll_addr, fi_addr_t root_addr,
+                                 enum fi_datatype datatype, uint64_t flags, void *context) {
+    CollCall c{FI_BROADCAST,       nullptr, nullptr,      buf,    desc, count, coll_addr, root_addr,
+               raw_enum(datatype), FI_NOOP, flags | d.tx, context};
+    return post_collective(c);
+}
+
+ssize_t Endpoint::coll_alltoall(const OpDefaults &d, const void *buf, size_t count, void *desc,
+                                void *result, void *result_desc, fi_addr_t coll_addr,
+                                enum fi_datatype datatype, uint64_t flags, void *context) {
+    CollCall c{FI_ALLTOALL,        buf,     desc,         result,
+               result_desc,        count,   coll_addr,    FI_ADDR_NOTAVAIL,
+               raw_enum(datatype), FI_NOOP, flags | d.tx, context};
+    return post_collective(c);
+}
+
+ssize_t Endpoint::coll_allreduce(const OpDefaults &d, const void *buf, size_t count, void *desc,
+                                 void *result, void *result_desc, fi_addr_t coll_addr,
+                                 enum fi_datatype datatype, enum fi_op op, uint64_t flags,
+                                 void *context) {
+    CollCall c{FI_ALLREDUCE,       buf,          desc,         result,
+               result_desc,        count,        coll_addr,    FI_ADDR_NOTAVAIL,
+               raw_enum(datatype), raw_enum(op), flags | d.tx, context};
+    return post_collective(c);
+}
+
+ssize_t Endpoint::coll_allgather(const OpDefaults &d, const void *buf, size_t count, void *desc,
+                                 void *result, void *result_desc, fi_addr_t coll_addr,
+                                 enum fi_datatype datatype, uint64_t flags, void *context) {
+    CollCall c{FI_ALLGATHER,       buf,     desc,         result,
+               result_desc,        count,   coll_addr,    FI_ADDR_NOTAVAIL,
+               raw_enum(datatype), FI_NOOP, flags | d.tx, context};
+    return post_collective(c);
+}
+
+ssize_t Endpoint::coll_reduce_scatter(const OpDefaults &d, const void *buf, size_t count,
+                                      void *desc, void *result, void *result_desc,
+                                      fi_addr_t coll_addr, enum fi_datatype datatype, enum fi_op op,
+                                      uint64_t flags, void *context) {
+    CollCall c{FI_REDUCE_SCATTER,  buf,          desc,         result,
+               result_desc,        count,        coll_addr,    FI_ADDR_NOTAVAIL,
+               raw_enum(datatype), raw_enum(op), flags | d.tx, context};
+    return post_collective(c);
+}
+
+ssize_t Endpoint::coll_reduce(const OpDefaults &d, const void *buf, size_t count, void *desc,
+                              void *result, void *result_desc, fi_addr_t coll_addr,
+                              fi_addr_t root_addr, enum fi_datatype datatype, enum fi_op op,
+                              uint64_t flags, void *context) {
+    CollCall c{FI_REDUCE,          buf,          desc,         result,
+               result_desc,        count,        coll_addr,    root_addr,
+               raw_enum(datatype), raw_enum(op), flags | d.tx, context};
+    return post_collective(c);
+}
+
+ssize_t Endpoint::coll_scatter(const OpDefaults &d, const void *buf, size_t count, void *desc,
+                               void *result, void *result_desc, fi_addr_t coll_addr,
+                               fi_addr_t root_addr, enum fi_datatype datatype, uint64_t flags,
+                               void *context) {
+    CollCall c{FI_SCATTER,         buf,     desc,         result,
+               result_desc,        count,   coll_addr,    root_addr,
+               raw_enum(datatype), FI_NOOP, flags | d.tx, context};
+    return post_collective(c);
+}
+
+ssize_t Endpoint::coll_gather(const OpDefaults &d, const void *buf, size_t count, void *desc,
+                              void *result, void *result_desc, fi_addr_t coll_addr,
+                              fi_addr_t root_addr, enum fi_datatype datatype, uint64_t flags,
+                              void *context) {
+    CollCall c{FI_GATHER,          buf,     desc,         result,
+               result_desc,        count,   coll_addr,    root_addr,
+               raw_enum(datatype), FI_NOOP, flags | d.tx, context};
+    return post_collective(c);
+}
+
+// fi_collective_msg: one fi_ioc each way (the calls' buffers as lists of one); the flags
+// replace the endpoint's defaults, as for the other *msg calls.
+ssize_t Endpoint::coll_msg(const OpDefaults &, const fi_msg_collective *msg, fi_ioc *resultv,
+                           void **result_desc, size_t result_count, uint64_t flags) {
+    if (!msg) return -FI_EINVAL;
+    if (msg->iov_count > 1 || result_count > 1) return -FI_EINVAL;
+    const int coll = raw_enum(msg->coll);
+    const bool bcast = coll == FI_BROADCAST;
+    CollCall c;
+    c.coll = coll;
+    c.coll_addr = msg->coll_addr;
+    c.root = msg->root_addr;
+    c.datatype = raw_enum(msg->datatype);
+    c.op = raw_enum(msg->op);
+    c.flags = flags;
+    c.context = msg->context;
+    if (msg->iov_count == 1) {
+        if (!msg->msg_iov) return -FI_EINVAL;
+        c.count = msg->msg_iov[0].count;
+        void *desc = msg->desc ? msg->desc[0] : nullptr;
+        if (bcast) {
+            c.result = msg->msg_iov[0].addr;
+            c.result_desc = desc;
+        } else {
+            c.buf = msg->msg_iov[0].addr;
+            c.desc = desc;
+        }
+    }
+    if (result_count == 1 && !bcast) {
+        if (!resultv) return -FI_EINVAL;
+        c.result = resultv[0].addr;
+        c.result_desc = result_desc ? result_desc[0] : nullptr;
+        if (msg->iov_count == 0) c.count = resultv[0].count;
+    }
+    return post_collective(c);
+}
+
+}  // namespace tandem

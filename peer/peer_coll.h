@@ -1,0 +1,66 @@
+// The peer object of collectives (fi_collective(3)), which libfabric 1.17's peer API does not
+// have: tandem's endpoint hands its groups and their operations to its off_tandem twin, which
+// runs them (offload_prov/coll/) over peer transfers on tandem's own endpoint, and reports
+// back through the callbacks. tandem keeps what the application sees: the fid_mc, the EQ's
+// FI_JOIN_COMPLETE, the CQ entries.
+//
+// Every call is made under tandem's serialisation (its domain lock, or the application's under
+// FI_THREAD_DOMAIN), and the callbacks come from the twin's progress, which tandem drives
+// under it too.
+#pragma once
+
+#include <rdma/fi_collective.h>
+#include <rdma/fi_domain.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tandem::peer {
+
+// fi_open_ops name, on off_tandem's endpoint, of its collective engine.
+inline constexpr const char *kCollOpsName = "off_tandem_coll_v1";
+
+// Limits of the engine: members of a group (its ring algorithms take 2 (n - 1) rounds of the
+// 4096 an operation's tags have room for), and bytes of one buffer of a call.
+inline constexpr uint32_t kCollMaxMembers = 2048;
+inline constexpr size_t kCollMaxBytes = size_t(1) << 31;
+
+struct CollJoin {
+    const fi_addr_t *members = nullptr;  // in the AV set's order, which numbers the ranks
+    size_t count = 0;
+    uint32_t rank = 0;         // this endpoint's place in members
+    uint64_t ordered_key = 0;  // a hash of the members' names in rank order
+    uint64_t set_key = 0;      // a hash of the names as a set (the order left out)
+    // Provider-managed membership: the members exchange their keys before the join completes
+    // (a mismatch, members listed in different orders, fails it with FI_EINVAL). Application-
+    // managed (false): complete at once.
+    bool handshake = true;
+    void *arg = nullptr;
+    void (*joined)(void *arg, int err) = nullptr;  // err: 0 or a positive fabric errno
+};
+
+struct CollWork {
+    fi_collective_op coll = FI_BARRIER;
+    const void *send = nullptr;  // input (broadcast: null, recv holds the root's data)
+    void *send_desc = nullptr;   // fi_mr_desc of send (device memory), or null
+    void *recv = nullptr;        // result
+    void *recv_desc = nullptr;
+    size_t count = 0;  // elements, as fi_collective(3) calls count them
+    int datatype = FI_VOID;
+    int op = FI_NOOP;
+    uint32_t root = 0;  // rank of the root
+    void *arg = nullptr;
+    void (*done)(void *arg, int err) = nullptr;  // err: 0 or a positive fabric errno
+};
+
+struct CollOps {
+    size_t size;
+    // 0 (the joined callback follows from progress), or a negative fabric errno.
+    int (*join)(fid_ep *twin, const CollJoin *join, uint64_t *group);
+    // 0 (done follows from progress), -FI_EAGAIN, or a negative fabric errno.
+    int (*post)(fid_ep *twin, uint64_t group, const CollWork *work);
+    // The group goes: 0, or -FI_EBUSY while its join or operations are still running.
+    int (*leave)(fid_ep *twin, uint64_t group);
+};
+
+}  // namespace tandem::peer
