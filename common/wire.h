@@ -314,10 +314,30 @@ static_assert(kLocalBodyRoom >= kLocalMaxIov * sizeof(LocalIpc));
 //   bits  0-11: the round of the operation's schedule
 // so a collective's messages never meet an application's (peer transfers are matched only
 // against the twin's receives) nor another group's, operation's or round's.
+// Round 0xfff is no operation's: it is the group's notice channel (CollNotice).
 inline constexpr uint64_t kCollTagClass = 0xcull << 60;
+inline constexpr uint64_t kCollNoticeRound = 0xfff;
 inline constexpr uint64_t coll_tag(uint32_t group, uint16_t seq) {
     return kCollTagClass | uint64_t(group) << 28 | uint64_t(seq) << 12;
 }
+inline constexpr uint64_t coll_notice_tag(uint32_t group) {
+    return coll_tag(group, 0) | kCollNoticeRound;
+}
+
+// What a member tells the others of a group outside any operation's rounds: that operation
+// `seq` failed at its end (err, a fabric errno: every member then fails it too, so none waits
+// for a message that will never come), or nothing (a probe, sent to a member that has been
+// silent too long: only whether it can be delivered matters).
+inline constexpr uint32_t kCollNoticeMagic = 0x636e7431;  // "cnt1"
+enum class CollNoticeKind : uint16_t { Abort = 1, Probe = 2 };
+struct CollNotice {
+    uint32_t magic;  // kCollNoticeMagic
+    uint16_t kind;   // CollNoticeKind
+    uint16_t seq;    // the operation (Abort)
+    int32_t err;     // positive fabric errno (Abort)
+    uint32_t reserved;
+};
+static_assert(sizeof(CollNotice) == 16);
 
 inline constexpr uint64_t kTwinHelloTag = 0x74776e68656c6c6full;  // "twnhello"
 inline constexpr uint32_t kTwinMagic = 0x74776e31;                // "twn1"

@@ -1448,7 +1448,17 @@ ssize_t Endpoint::cancel(void *context) {
             return 0;
         }
     }
-    return cancel_on(*rx_, this, context);
+    ssize_t ret = cancel_on(*rx_, this, context);
+    if (ret != -FI_ENOENT || !local_) return ret;
+    // The offload twin's own receives (FI_PEER_TRANSFER): it hears of the cancellation
+    // through its transfer callbacks, at the end of the pass, like of any of its transfers.
+    RxOp *rx = peer_rx_.cancel(context);
+    if (!rx) return -FI_ENOENT;
+    local_->transfer_done({rx->context, FI_RECV | FI_TAGGED, 0, nullptr, 0, rx->tag}, FI_ECANCELED,
+                          0, FI_ADDR_NOTAVAIL);
+    --peer_rx_.outstanding;
+    peer_rx_.free_op(rx);
+    return 0;
 }
 
 ssize_t Endpoint::cancel_on(RxMatcher &m, Endpoint *report_ep, void *context) {

@@ -1,7 +1,6 @@
 #include "offload_prov/coll/engine.h"
 
 #include "common/log.h"
-#include "common/wire.h"
 #include "hmem/atomic.h"
 #include "offload_prov/config.h"
 #include "peer/peer_abi.h"
@@ -9,19 +8,16 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_tagged.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace tandem::off::coll {
 
 namespace {
 
-// The context of one peer transfer of ours: the magic tells it from the twin's other peer
-// transfers (its hellos) when the owner hands the completion back.
 constexpr uint32_t kTransferMagic = 0x636f6c6c;  // "coll"
-struct TransferContext {
-    uint32_t magic = kTransferMagic;
-    Operation *op = nullptr;
-};
+// The join's exchange runs under this operation number of the join's own tag group.
+constexpr uint16_t kJoinSeq = 0xffff;
 
 // A well-mixed 32-bit group id from a key and a join number (both ends compute the same).
 uint32_t group_id(uint64_t key, uint64_t salt) {
@@ -64,8 +60,8 @@ IoBytes io_bytes(const Args &a, uint32_t n, bool root) {
 }  // namespace
 
 Engine::~Engine() {
-    // The owner closes its endpoint only once no operation runs (leave refuses a busy group);
-    // whatever still runs here had its transfers discarded with the endpoint.
+    // The owner closes this endpoint's groups first (its fi_close refuses while one is open);
+    // transfers still posted go with the owner's endpoint.
     for (Running &r : running_)
         if (r.op && r.op->in_flight())
             TANDEM_INFO(FI_LOG_EP_DATA, "collective abandoned with %zu transfers in flight\n",
@@ -78,29 +74,144 @@ bool Engine::owns(const void *context) {
     return magic == kTransferMagic;
 }
 
+// ------------------------------------------------------------------------------------------
+// Transfers
+
+int Engine::send(uint32_t peer, uint64_t tag, const void *buf, size_t len, Operation *) {
+    auto *t = new Transfer{kTransferMagic, Transfer::Kind::Data, false, peer, current_};
+    iovec iov{const_cast<void *>(buf), len};
+    fi_msg_tagged msg{&iov, nullptr, 1, current_->group->members[peer], tag, 0, t, 0};
+    ssize_t ret = fi_tsendmsg(owner_, &msg, FI_PEER_TRANSFER);
+    if (ret) delete t;
+    return int(ret);
+}
+
+int Engine::recv(uint32_t peer, uint64_t tag, void *buf, size_t len, Operation *) {
+    auto *t = new Transfer{kTransferMagic, Transfer::Kind::Data, true, peer, current_};
+    iovec iov{buf, len};
+    fi_msg_tagged msg{&iov, nullptr, 1, current_->group->members[peer], tag, 0, t, 0};
+    ssize_t ret = fi_trecvmsg(owner_, &msg, FI_PEER_TRANSFER);
+    if (ret) {
+        delete t;
+        return int(ret);
+    }
+    current_->recvs.insert(t);
+    return 0;
+}
+
 void Engine::transfer_done(void *context, int err) {
-    auto *t = static_cast<TransferContext *>(context);
-    t->op->transfer_done(err);
+    auto *t = static_cast<Transfer *>(context);
+    switch (t->kind) {
+        case Transfer::Kind::Data:
+            if (t->recv) t->run->recvs.erase(t);
+            t->run->last_event = std::chrono::steady_clock::now();
+            t->run->op->transfer_done(err);
+            break;
+        case Transfer::Kind::Notice:
+            // A probe we sent: undeliverable means the member is gone.
+            if (t->run) {
+                --t->run->probes;
+                if (err && t->run->op) {
+                    TANDEM_INFO(FI_LOG_EP_DATA,
+                                "collective: member %u of group %#x unreachable (%s)\n", t->peer,
+                                t->run->group->id, fi_strerror(err));
+                    t->run->op->fail(FI_ECONNRESET);
+                }
+            }
+            break;
+        case Transfer::Kind::NoticeReceive: {
+            Group *g = t->group;
+            g->notice_rx = nullptr;
+            if (g->left) {
+                drop_group(g);
+            } else {
+                if (!err) notice_arrived(*g, t->notice);
+                repost_notices_ = true;
+            }
+            break;
+        }
+    }
     delete t;
 }
 
-int Engine::send(uint32_t peer, uint64_t tag, const void *buf, size_t len, Operation *op) {
-    auto *ctx = new TransferContext{kTransferMagic, op};
-    iovec iov{const_cast<void *>(buf), len};
-    fi_msg_tagged msg{&iov, nullptr, 1, current_->members[peer], tag, 0, ctx, 0};
-    ssize_t ret = fi_tsendmsg(owner_, &msg, FI_PEER_TRANSFER);
-    if (ret) delete ctx;
-    return int(ret);
+// ------------------------------------------------------------------------------------------
+// Notices
+
+void Engine::post_notice_receive(Group &g) {
+    auto *t = new Transfer{kTransferMagic, Transfer::Kind::NoticeReceive, true, 0, nullptr, &g};
+    iovec iov{&t->notice, sizeof t->notice};
+    fi_msg_tagged msg{&iov, nullptr, 1, FI_ADDR_UNSPEC, wire::coll_notice_tag(g.id), 0, t, 0};
+    if (fi_trecvmsg(owner_, &msg, FI_PEER_TRANSFER)) {
+        delete t;  // (-FI_EAGAIN: again at the next pass)
+        repost_notices_ = true;
+        return;
+    }
+    g.notice_rx = t;
 }
 
-int Engine::recv(uint32_t peer, uint64_t tag, void *buf, size_t len, Operation *op) {
-    auto *ctx = new TransferContext{kTransferMagic, op};
-    iovec iov{buf, len};
-    fi_msg_tagged msg{&iov, nullptr, 1, current_->members[peer], tag, 0, ctx, 0};
-    ssize_t ret = fi_trecvmsg(owner_, &msg, FI_PEER_TRANSFER);
-    if (ret) delete ctx;
-    return int(ret);
+void Engine::send_notice(Group &g, uint32_t peer, const wire::CollNotice &n, Running *run) {
+    auto *t = new Transfer{kTransferMagic, Transfer::Kind::Notice, false, peer, run};
+    t->notice = n;
+    iovec iov{&t->notice, sizeof t->notice};
+    fi_msg_tagged msg{&iov, nullptr, 1, g.members[peer], wire::coll_notice_tag(g.id), 0, t, 0};
+    ssize_t ret = fi_tsendmsg(owner_, &msg, FI_PEER_TRANSFER);
+    if (ret) {
+        TANDEM_INFO(FI_LOG_EP_DATA, "collective: notice to member %u not sent: %s\n", peer,
+                    fi_strerror(int(-ret)));
+        delete t;
+        return;
+    }
+    if (run) ++run->probes;
 }
+
+void Engine::notice_arrived(Group &g, const wire::CollNotice &n) {
+    if (n.magic != wire::kCollNoticeMagic) {
+        TANDEM_WARN(FI_LOG_EP_DATA, "collective: dropping a malformed notice\n");
+        return;
+    }
+    if (n.kind != uint16_t(wire::CollNoticeKind::Abort)) return;  // a probe: delivered is all
+    const int err = n.err > 0 ? n.err : FI_EIO;
+    for (Running &r : running_)
+        if (r.group == &g && r.seq == n.seq && r.op) {
+            r.abort_from_peer = true;
+            r.op->fail(err);
+            return;
+        }
+    // Not started here yet (an operation already over here is behind next_seq: ignored).
+    if (n.seq != kJoinSeq && uint16_t(n.seq - g.next_seq) < 0x8000) g.aborted.insert(n.seq);
+}
+
+// The operation failed here: the others hear of it (unless they told us), and its receives
+// are cancelled so that it can end.
+void Engine::abort(Running &r) {
+    r.aborted = true;
+    const int err = r.op->status();
+    Group &g = *r.group;
+    // A join whose members disagree on the order has no common channel to tell them on.
+    if (!r.abort_from_peer && !(r.join && err == FI_EINVAL)) {
+        wire::CollNotice n{wire::kCollNoticeMagic, uint16_t(wire::CollNoticeKind::Abort), r.seq,
+                           err, 0};
+        for (uint32_t m = 0; m < g.members.size(); ++m)
+            if (m != g.rank) send_notice(g, m, n, nullptr);
+    }
+    std::vector<Transfer *> recvs(r.recvs.begin(), r.recvs.end());
+    for (Transfer *t : recvs) fi_cancel(&owner_->fid, t);
+}
+
+void Engine::probe(Running &r) {
+    std::set<uint32_t> peers;
+    for (Transfer *t : r.recvs) peers.insert(t->peer);
+    const wire::CollNotice n{wire::kCollNoticeMagic, uint16_t(wire::CollNoticeKind::Probe), r.seq,
+                             0, 0};
+    for (uint32_t p : peers) send_notice(*r.group, p, n, &r);
+}
+
+void Engine::drop_group(Group *g) {
+    std::erase_if(leaving_, [g](const std::unique_ptr<Group> &p) { return p.get() == g; });
+}
+
+// ------------------------------------------------------------------------------------------
+// Groups and operations
 
 int Engine::join(const peer::CollJoin &j, uint64_t *handle) {
     if (!j.members || !j.count || j.rank >= j.count || !handle || !j.joined) return -FI_EINVAL;
@@ -108,22 +219,24 @@ int Engine::join(const peer::CollJoin &j, uint64_t *handle) {
     auto g = std::make_unique<Group>();
     g->members.assign(j.members, j.members + j.count);
     g->rank = j.rank;
-    g->ordered_key = j.ordered_key;
     // The n-th join over one member set, counted alike by every member (joins are collective,
     // so every member makes them in the same order).
     const uint32_t nth = joins_of_set_[j.set_key]++;
     g->id = group_id(j.ordered_key, nth);
+    if (j.count > 1) post_notice_receive(*g);
     Running &r = running_.emplace_back();
     r.group = g.get();
+    r.seq = kJoinSeq;
     r.join = true;
     r.arg = j.arg;
     r.done = j.joined;
+    r.last_event = std::chrono::steady_clock::now();
     if (j.handshake && j.count > 1) {
         r.key = j.ordered_key;
         r.keys.assign(j.count, 0);
         Args a{FI_ALLGATHER, 1, sizeof(uint64_t), FI_UINT64, FI_NOOP, 0};
         const Shape shape{uint32_t(j.count), j.rank};
-        const uint64_t tag = wire::coll_tag(group_id(j.set_key, nth) ^ 0x5a5a5a5au, 0xffff);
+        const uint64_t tag = wire::coll_tag(group_id(j.set_key, nth) ^ 0x5a5a5a5au, kJoinSeq);
         r.op.emplace(allgather_bruck(shape, a), &r.key, r.keys.data(), FI_UINT64, FI_NOOP, tag);
     }
     ++g->running;
@@ -145,8 +258,10 @@ int Engine::post(uint64_t handle, const peer::CollWork &w) {
 
     Running &r = running_.emplace_back();
     r.group = &g;
+    r.seq = g.next_seq++;
     r.arg = w.arg;
     r.done = w.done;
+    r.last_event = std::chrono::steady_clock::now();
     const void *send = w.send;
     void *recv = w.recv;
     // Device memory in, host memory for the schedule (fi_broadcast's one buffer both ways).
@@ -166,8 +281,13 @@ int Engine::post(uint64_t handle, const peer::CollWork &w) {
         r.recv_staged = true;
         recv = r.recv_stage.data();
     }
-    const uint64_t tag = wire::coll_tag(g.id, g.next_seq++);
-    r.op.emplace(select(Shape{n, g.rank}, a, t), send, recv, w.datatype, w.op, tag);
+    r.op.emplace(select(Shape{n, g.rank}, a, t), send, recv, w.datatype, w.op,
+                 wire::coll_tag(g.id, r.seq));
+    if (r.status) r.op->fail(r.status);
+    if (g.aborted.erase(r.seq)) {  // a member failed it before we posted it
+        r.abort_from_peer = true;
+        r.op->fail(FI_ECONNRESET);
+    }
     ++g.running;
     return 0;
 }
@@ -176,13 +296,19 @@ int Engine::leave(uint64_t handle) {
     auto it = groups_.find(handle);
     if (it == groups_.end()) return -FI_EINVAL;
     if (it->second->running) return -FI_EBUSY;
+    std::unique_ptr<Group> g = std::move(it->second);
     groups_.erase(it);
+    if (g->notice_rx) {  // freed once the cancelled receive ended
+        g->left = true;
+        fi_cancel(&owner_->fid, g->notice_rx);
+        leaving_.push_back(std::move(g));
+    }
     return 0;
 }
 
 // The operation is over: the staged result goes out, the join's keys are checked.
 int Engine::finish(Running &r) {
-    int err = r.status ? r.status : r.op ? r.op->status() : 0;
+    int err = r.op ? r.op->status() : 0;
     if (!err && r.join) {
         for (uint64_t k : r.keys)
             if (k != r.key) err = FI_EINVAL;
@@ -196,18 +322,33 @@ int Engine::finish(Running &r) {
 }
 
 void Engine::progress() {
+    if (repost_notices_) {
+        repost_notices_ = false;
+        for (auto &[handle, g] : groups_)
+            if (!g->notice_rx && g->members.size() > 1) post_notice_receive(*g);
+    }
     if (running_.empty()) return;
+    // The clock, for probes, only every 64th pass: operations wait long before they probe.
+    const bool timed = (++passes_ & 63) == 0;
+    const auto now =
+        timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
     std::vector<std::pair<Running *, int>> over;
     for (Running &r : running_) {
         bool finished = true;
-        if (r.op && !r.status) {
-            current_ = r.group;
+        if (r.op) {
+            current_ = &r;
             finished = r.op->progress(*this);
             current_ = nullptr;
-        } else if (r.op && r.op->in_flight()) {
-            finished = false;
+            if (r.op->status() && !r.aborted) {
+                abort(r);
+                finished = r.op->finished();
+            } else if (timed && !finished && !r.recvs.empty() && r.probes == 0 &&
+                       now - r.last_event > kProbeAfter) {
+                probe(r);
+                r.last_event = now;
+            }
         }
-        if (finished) over.emplace_back(&r, finish(r));
+        if (finished && r.probes == 0) over.emplace_back(&r, finish(r));
     }
     // Reported after the walk: a report may post more work (a triggered collective).
     for (auto &[r, err] : over) {

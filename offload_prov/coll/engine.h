@@ -10,25 +10,42 @@
 //
 // Device buffers (an fi_mr_desc naming device memory) are staged: the input is copied to host
 // memory by the device's copy engine before the first round, the result back after the last.
+//
+// Failure. A member that dies must not leave the others waiting forever:
+//  - an operation that waited kProbeAfter without any transfer ending probes the members it
+//    waits for (a CollNotice on the group's notice channel); a probe that cannot be delivered
+//    (the member's process is gone: its connection reset or refused) fails the operation with
+//    FI_ECONNRESET;
+//  - an operation that fails, for whatever reason, tells every other member (an Abort notice
+//    with its number and error), so members waiting on a survivor that gave up fail too rather
+//    than wait for it;
+//  - a failed operation cancels its receives and reports once its last transfer has ended.
 #pragma once
 
+#include "common/wire.h"
 #include "hmem/hmem.h"
 #include "offload_prov/coll/operation.h"
 #include "peer/peer_coll.h"
 
 #include <rdma/fi_endpoint.h>
 
+#include <chrono>
 #include <list>
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace tandem::off::coll {
 
 class Engine final : public Transport {
   public:
+    // How long an operation waits on its transfers before it probes the members it waits for.
+    static constexpr std::chrono::milliseconds kProbeAfter{500};
+
     explicit Engine(fid_ep *owner) : owner_(owner) {}
     ~Engine() override;
 
@@ -47,16 +64,31 @@ class Engine final : public Transport {
     int recv(uint32_t peer, uint64_t tag, void *buf, size_t len, Operation *op) override;
 
   private:
+    struct Running;
+    struct Group;
+    // The context of one peer transfer of ours (the magic tells it from the twin's hellos).
+    struct Transfer {
+        uint32_t magic;
+        enum class Kind : uint8_t { Data, Notice, NoticeReceive } kind;
+        bool recv = false;
+        uint32_t peer = 0;
+        Running *run = nullptr;  // Data, and the probes of an operation
+        Group *group = nullptr;  // NoticeReceive
+        wire::CollNotice notice{};
+    };
     struct Group {
         std::vector<fi_addr_t> members;
         uint32_t rank = 0;
         uint32_t id = 0;  // tag bits (wire::coll_tag)
-        uint64_t ordered_key = 0;
         uint16_t next_seq = 0;
-        size_t running = 0;  // operations (the join among them) not yet reported
+        size_t running = 0;             // operations (the join among them) not yet reported
+        bool left = false;              // the owner let it go; freed once its notice receive ended
+        Transfer *notice_rx = nullptr;  // posted on the notice channel, or null
+        std::set<uint16_t> aborted;     // operations others failed before ours started
     };
     struct Running {
         Group *group = nullptr;
+        uint16_t seq = 0;
         std::optional<Operation> op;
         // Staged device buffers: the host copies the schedule works on.
         std::vector<uint8_t> send_stage, recv_stage;
@@ -69,18 +101,34 @@ class Engine final : public Transport {
         uint64_t key = 0;
         std::vector<uint64_t> keys;
         int status = 0;  // set before the operation runs (staging failed)
+        // Failure handling: receives in flight (cancelled on failure), when a transfer last
+        // ended, probes in flight, whether the failure was handled.
+        std::unordered_set<Transfer *> recvs;
+        std::chrono::steady_clock::time_point last_event{};
+        size_t probes = 0;
+        bool aborted = false;
+        bool abort_from_peer = false;
         void *arg = nullptr;
         void (*done)(void *arg, int err) = nullptr;
     };
 
     int finish(Running &r);
+    void post_notice_receive(Group &g);
+    void notice_arrived(Group &g, const wire::CollNotice &n);
+    void send_notice(Group &g, uint32_t peer, const wire::CollNotice &n, Running *run);
+    void abort(Running &r);
+    void probe(Running &r);
+    void drop_group(Group *g);
 
     fid_ep *owner_;
     std::map<uint64_t, std::unique_ptr<Group>> groups_;  // by handle
+    std::vector<std::unique_ptr<Group>> leaving_;        // left, notice receive still posted
     uint64_t next_handle_ = 1;
     std::list<Running> running_;
     std::unordered_map<uint64_t, uint32_t> joins_of_set_;  // joins so far, by set_key
-    Group *current_ = nullptr;                             // whose operation is progressing
+    Running *current_ = nullptr;                           // whose operation is progressing
+    uint64_t passes_ = 0;
+    bool repost_notices_ = false;  // a group's notice receive ended (or could not be posted)
 };
 
 }  // namespace tandem::off::coll

@@ -77,7 +77,8 @@ bool Operation::progress(Transport &t) {
     if (finished_) return true;
     if (!began_) {
         began_ = true;
-        if (int err = run_steps(schedule_.before)) fail(err);
+        if (!status_)
+            if (int err = run_steps(schedule_.before)) fail(err);
     }
     while (!status_ && round_ < schedule_.rounds.size()) {
         Round &r = schedule_.rounds[round_];

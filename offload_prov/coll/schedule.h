@@ -74,8 +74,9 @@ struct Args {
     size_t bytes() const { return count * elem; }
 };
 
-// Rounds carry their index in the operation's tags; at most this many per operation.
-inline constexpr size_t kMaxRounds = 1u << 12;
+// Rounds carry their index in the operation's tags; at most this many per operation (the
+// last index, wire::kCollNoticeRound, is the group's notice channel).
+inline constexpr size_t kMaxRounds = (1u << 12) - 1;
 // Groups of at most this many members (ring algorithms take 2 (n - 1) rounds).
 inline constexpr uint32_t kMaxMembers = peer::kCollMaxMembers;
 
