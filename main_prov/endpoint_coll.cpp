@@ -7,6 +7,7 @@
 #include "main_prov/av_set.h"
 #include "main_prov/cntr.h"
 #include "main_prov/coll_group.h"
+#include "main_prov/config.h"
 #include "main_prov/cq.h"
 #include "main_prov/domain.h"
 #include "main_prov/endpoint.h"
@@ -109,6 +110,7 @@ int Endpoint::join(const void *addr, uint64_t flags, fid_mc **mc, void *context)
     j.ordered_key = ordered;
     j.set_key = set_key;
     j.handshake = managed_here;
+    j.local_path = Config::get().local_path;
     j.arg = g;
     j.joined = &CollGroup::on_joined;
     if (int ret = local_->coll_ops()->join(local_->twin(), &j, &g->handle)) {

@@ -456,7 +456,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     std::unordered_map<fi_addr_t, uint64_t> remote_twins_;
 
     // coll/: the owner's collective groups and their operations (peer::CollOps).
-    coll::Engine coll_{owner_ep_};
+    coll::Engine coll_{owner_ep_, [this](fi_addr_t a) { return reachable(a) == 1; }};
 };
 
 }  // namespace tandem::off

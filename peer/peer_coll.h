@@ -35,6 +35,9 @@ struct CollJoin {
     // (a mismatch, members listed in different orders, fails it with FI_EINVAL). Application-
     // managed (false): complete at once.
     bool handshake = true;
+    // Whether node-local members may use shared memory (tandem's FI_TANDEM_LOCAL): a group
+    // whose members all share this node then runs through one shared segment.
+    bool local_path = true;
     void *arg = nullptr;
     void (*joined)(void *arg, int err) = nullptr;  // err: 0 or a positive fabric errno
 };

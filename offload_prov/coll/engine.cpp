@@ -223,7 +223,23 @@ int Engine::join(const peer::CollJoin &j, uint64_t *handle) {
     // so every member makes them in the same order).
     const uint32_t nth = joins_of_set_[j.set_key]++;
     g->id = group_id(j.ordered_key, nth);
-    if (j.count > 1) post_notice_receive(*g);
+    const uint32_t n = uint32_t(j.count);
+    // Shared memory when every member is on this node (each member says so in the exchange;
+    // only if all do is it used). Rank 0 makes the segment now, so that it exists once the
+    // others hear of it.
+    bool local = j.handshake && j.local_path && n > 1 && n <= ShmGroup::kMaxMembers;
+    for (uint32_t m = 0; local && m < n; ++m) local = m == j.rank || reachable_(j.members[m]);
+    if (local) {
+        g->shm_name = ShmGroup::name_for(j.ordered_key, g->id);
+        if (j.rank == 0) try {
+                g->shm = ShmGroup::create(g->shm_name, n);
+            } catch (const FabricError &e) {
+                TANDEM_INFO(FI_LOG_EP_CTRL, "collective: no shared segment (%s): messages\n",
+                            e.what());
+                local = false;
+            }
+    }
+    if (n > 1) post_notice_receive(*g);
     Running &r = running_.emplace_back();
     r.group = g.get();
     r.seq = kJoinSeq;
@@ -231,18 +247,65 @@ int Engine::join(const peer::CollJoin &j, uint64_t *handle) {
     r.arg = j.arg;
     r.done = j.joined;
     r.last_event = std::chrono::steady_clock::now();
-    if (j.handshake && j.count > 1) {
-        r.key = j.ordered_key;
-        r.keys.assign(j.count, 0);
-        Args a{FI_ALLGATHER, 1, sizeof(uint64_t), FI_UINT64, FI_NOOP, 0};
-        const Shape shape{uint32_t(j.count), j.rank};
+    if (j.handshake && n > 1) {
+        r.mine[0] = j.ordered_key;
+        r.mine[1] = local;
+        r.keys.assign(2 * size_t(n), 0);
+        Args a{FI_ALLGATHER, 2, sizeof(uint64_t), FI_UINT64, FI_NOOP, 0};
         const uint64_t tag = wire::coll_tag(group_id(j.set_key, nth) ^ 0x5a5a5a5au, kJoinSeq);
-        r.op.emplace(allgather_bruck(shape, a), &r.key, r.keys.data(), FI_UINT64, FI_NOOP, tag);
+        r.op.emplace(allgather_bruck(Shape{n, j.rank}, a), r.mine, r.keys.data(), FI_UINT64,
+                     FI_NOOP, tag);
     }
     ++g->running;
     *handle = next_handle_++;
     groups_.emplace(*handle, std::move(g));
     return 0;
+}
+
+// After the join's exchange: the keys must agree; a node-local group then attaches to its
+// segment and waits for every member to have done so.
+bool Engine::join_after_exchange(Running &r) {
+    Group &g = *r.group;
+    if (r.op->status()) return true;
+    const uint32_t n = uint32_t(g.members.size());
+    if (r.join_phase == Running::JoinPhase::Exchange) {
+        bool all_local = true;
+        for (uint32_t m = 0; m < n; ++m) {
+            if (r.keys[2 * m] != r.mine[0]) {
+                TANDEM_WARN(FI_LOG_EP_CTRL,
+                            "collective join: members list the set in different orders\n");
+                r.op->fail(FI_EINVAL);
+                return true;
+            }
+            all_local = all_local && r.keys[2 * m + 1] == 1;
+        }
+        if (!all_local) {
+            g.shm.reset();  // (rank 0's, if it made one)
+            return true;
+        }
+        r.join_phase = Running::JoinPhase::Attach;
+    }
+    if (r.join_phase == Running::JoinPhase::Attach) {
+        if (!g.shm) {
+            try {
+                g.shm = ShmGroup::open(g.shm_name, n, g.rank);
+            } catch (const FabricError &e) {
+                TANDEM_WARN(FI_LOG_EP_CTRL, "collective join: shared segment %s: %s\n",
+                            g.shm_name.c_str(), e.what());
+                r.op->fail(FI_EIO);
+                return true;
+            }
+            if (!g.shm) return false;  // rank 0 is still making it
+        }
+        r.join_phase = Running::JoinPhase::WaitAttached;
+    }
+    if (g.shm->all_attached()) {
+        TANDEM_INFO(FI_LOG_EP_CTRL, "collective group %#x: %u members, node-local through %s\n",
+                    g.id, n, g.shm_name.c_str());
+        return true;
+    }
+    if (g.shm->check_members()) r.op->fail(FI_ECONNRESET);
+    return r.op->status() != 0;
 }
 
 int Engine::post(uint64_t handle, const peer::CollWork &w) {
@@ -281,6 +344,12 @@ int Engine::post(uint64_t handle, const peer::CollWork &w) {
         r.recv_staged = true;
         recv = r.recv_stage.data();
     }
+    if (g.shm && ShmOp::supports(w.coll)) {
+        r.shm_op.emplace(*g.shm, a, send, recv);
+        if (r.status) r.shm_op->fail(r.status);
+        ++g.running;
+        return 0;
+    }
     r.op.emplace(select(Shape{n, g.rank}, a, t), send, recv, w.datatype, w.op,
                  wire::coll_tag(g.id, r.seq));
     if (r.status) r.op->fail(r.status);
@@ -306,16 +375,9 @@ int Engine::leave(uint64_t handle) {
     return 0;
 }
 
-// The operation is over: the staged result goes out, the join's keys are checked.
+// The operation is over: the staged result goes out.
 int Engine::finish(Running &r) {
-    int err = r.op ? r.op->status() : 0;
-    if (!err && r.join) {
-        for (uint64_t k : r.keys)
-            if (k != r.key) err = FI_EINVAL;
-        if (err)
-            TANDEM_WARN(FI_LOG_EP_CTRL,
-                        "collective join: members list the set in different orders\n");
-    }
+    int err = r.shm_op ? r.shm_op->status() : r.op ? r.op->status() : 0;
     if (!err && r.recv_staged)
         err = -hmem::copy(r.recv_mem, r.recv_user, hmem::kHost, r.recv_stage.data(), r.recv_bytes);
     return err;
@@ -335,7 +397,9 @@ void Engine::progress() {
     std::vector<std::pair<Running *, int>> over;
     for (Running &r : running_) {
         bool finished = true;
-        if (r.op) {
+        if (r.shm_op) {
+            finished = r.shm_op->progress();
+        } else if (r.op) {
             current_ = &r;
             finished = r.op->progress(*this);
             current_ = nullptr;
@@ -347,6 +411,7 @@ void Engine::progress() {
                 probe(r);
                 r.last_event = now;
             }
+            if (finished && r.join && !r.op->status()) finished = join_after_exchange(r);
         }
         if (finished && r.probes == 0) over.emplace_back(&r, finish(r));
     }

@@ -25,11 +25,13 @@
 #include "common/wire.h"
 #include "hmem/hmem.h"
 #include "offload_prov/coll/operation.h"
+#include "offload_prov/coll/shm_group.h"
 #include "peer/peer_coll.h"
 
 #include <rdma/fi_endpoint.h>
 
 #include <chrono>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -46,7 +48,10 @@ class Engine final : public Transport {
     // How long an operation waits on its transfers before it probes the members it waits for.
     static constexpr std::chrono::milliseconds kProbeAfter{500};
 
-    explicit Engine(fid_ep *owner) : owner_(owner) {}
+    // reachable: whether a member (an fi_addr of the owner's AV) runs on this node, where the
+    // twin's shared memory reaches it.
+    Engine(fid_ep *owner, std::function<bool(fi_addr_t)> reachable)
+        : owner_(owner), reachable_(std::move(reachable)) {}
     ~Engine() override;
 
     int join(const peer::CollJoin &j, uint64_t *group);
@@ -85,21 +90,28 @@ class Engine final : public Transport {
         bool left = false;              // the owner let it go; freed once its notice receive ended
         Transfer *notice_rx = nullptr;  // posted on the notice channel, or null
         std::set<uint16_t> aborted;     // operations others failed before ours started
+        // Node-local groups: the shared segment (rank 0 creates it at the join, the others
+        // open it once the join's exchange agreed on it).
+        std::unique_ptr<ShmGroup> shm;
+        std::string shm_name;
     };
     struct Running {
         Group *group = nullptr;
         uint16_t seq = 0;
         std::optional<Operation> op;
+        std::optional<ShmOp> shm_op;  // instead of op, on a node-local group
         // Staged device buffers: the host copies the schedule works on.
         std::vector<uint8_t> send_stage, recv_stage;
         void *recv_user = nullptr;
         hmem::MemRef recv_mem{};
         size_t recv_bytes = 0;
         bool recv_staged = false;
-        // A join: the keys the members sent, checked against ours when the exchange is over.
+        // A join: each member's key and whether it can use shared memory with all the others,
+        // checked when the exchange is over; then, for a node-local group, the segment.
         bool join = false;
-        uint64_t key = 0;
-        std::vector<uint64_t> keys;
+        uint64_t mine[2] = {};
+        std::vector<uint64_t> keys;  // 2 per member
+        enum class JoinPhase : uint8_t { Exchange, Attach, WaitAttached } join_phase{};
         int status = 0;  // set before the operation runs (staging failed)
         // Failure handling: receives in flight (cancelled on failure), when a transfer last
         // ended, probes in flight, whether the failure was handled.
@@ -113,6 +125,8 @@ class Engine final : public Transport {
     };
 
     int finish(Running &r);
+    // The join's steps after the exchange; true once it can be reported.
+    bool join_after_exchange(Running &r);
     void post_notice_receive(Group &g);
     void notice_arrived(Group &g, const wire::CollNotice &n);
     void send_notice(Group &g, uint32_t peer, const wire::CollNotice &n, Running *run);
@@ -121,6 +135,7 @@ class Engine final : public Transport {
     void drop_group(Group *g);
 
     fid_ep *owner_;
+    std::function<bool(fi_addr_t)> reachable_;
     std::map<uint64_t, std::unique_ptr<Group>> groups_;  // by handle
     std::vector<std::unique_ptr<Group>> leaving_;        // left, notice receive still posted
     uint64_t next_handle_ = 1;
