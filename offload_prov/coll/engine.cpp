@@ -344,7 +344,7 @@ int Engine::post(uint64_t handle, const peer::CollWork &w) {
         r.recv_staged = true;
         recv = r.recv_stage.data();
     }
-    if (g.shm && ShmOp::supports(w.coll)) {
+    if (g.shm) {
         r.shm_op.emplace(*g.shm, a, send, recv);
         if (r.status) r.shm_op->fail(r.status);
         ++g.running;

@@ -108,13 +108,9 @@ bool ShmGroup::all_reached(std::atomic<uint64_t> Ctl::*field, uint64_t gen) cons
 
 // ------------------------------------------------------------------------------------------
 
-bool ShmOp::supports(fi_collective_op coll) {
-    return coll == FI_BARRIER || coll == FI_BROADCAST || coll == FI_ALLREDUCE || coll == FI_REDUCE;
-}
-
-uint64_t ShmOp::generations(const Args &a) {
-    const size_t bytes = a.bytes();
-    return bytes == 0 ? 1 : (bytes + ShmGroup::kChunk - 1) / ShmGroup::kChunk;
+uint64_t ShmOp::generations(const Args &a, uint32_t n) {
+    const size_t bytes = a.bytes(), piece = piece_bytes(a.coll, n);
+    return bytes == 0 ? 1 : (bytes + piece - 1) / piece;
 }
 
 ShmOp::ShmOp(ShmGroup &g, const Args &a, const void *send, void *recv)
@@ -123,7 +119,7 @@ ShmOp::ShmOp(ShmGroup &g, const Args &a, const void *send, void *recv)
       send_(static_cast<const uint8_t *>(send)),
       recv_(static_cast<uint8_t *>(recv)),
       gen0_(g.next_gen),
-      gens_(generations(a)) {
+      gens_(generations(a, g.size())) {
     g.next_gen += gens_;
 }
 
@@ -159,7 +155,7 @@ bool ShmOp::progress() {
                 complete = reduce_step(false);
                 break;
             default:
-                fail(FI_EINVAL);
+                complete = block_step();
                 break;
         }
         if (!complete) {

@@ -73,14 +73,13 @@ class ShmGroup {
     uint8_t *slots_, *results_;
 };
 
-// One operation of a ShmGroup: barrier, broadcast, allreduce and reduce (the others take the
-// message algorithms). Drive it with progress() until it returns true; status() then says how
-// it ended.
+// One operation of a ShmGroup, any of the nine collectives. Drive it with progress() until it
+// returns true; status() then says how it ended.
 class ShmOp {
   public:
-    static bool supports(fi_collective_op coll);
-    // Generations (chunks) the operation takes.
-    static uint64_t generations(const Args &a);
+    // Generations (chunks) the operation takes in a group of n.
+    static uint64_t generations(const Args &a, uint32_t n);
+    static size_t piece_bytes(fi_collective_op coll, uint32_t n);
     ShmOp(ShmGroup &g, const Args &a, const void *send, void *recv);
 
     bool progress();
@@ -95,6 +94,7 @@ class ShmOp {
     bool barrier_step();
     bool broadcast_step();
     bool reduce_step(bool all);
+    bool block_step();  // shm_blocks.cpp
     // Another member's progress holds us: rarely, see whether one of them died.
     void waiting();
 
