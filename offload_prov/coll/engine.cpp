@@ -77,19 +77,26 @@ bool Engine::owns(const void *context) {
 // ------------------------------------------------------------------------------------------
 // Transfers
 
+// A schedule's peer (a rank among the operation's participants) as a member of the group.
+uint32_t Engine::member_of(uint32_t peer) const {
+    return current_->rank_map ? (*current_->rank_map)[peer] : peer;
+}
+
 int Engine::send(uint32_t peer, uint64_t tag, const void *buf, size_t len, Operation *) {
-    auto *t = new Transfer{kTransferMagic, Transfer::Kind::Data, false, peer, current_};
+    const uint32_t member = member_of(peer);
+    auto *t = new Transfer{kTransferMagic, Transfer::Kind::Data, false, member, current_};
     iovec iov{const_cast<void *>(buf), len};
-    fi_msg_tagged msg{&iov, nullptr, 1, current_->group->members[peer], tag, 0, t, 0};
+    fi_msg_tagged msg{&iov, nullptr, 1, current_->group->members[member], tag, 0, t, 0};
     ssize_t ret = fi_tsendmsg(owner_, &msg, FI_PEER_TRANSFER);
     if (ret) delete t;
     return int(ret);
 }
 
 int Engine::recv(uint32_t peer, uint64_t tag, void *buf, size_t len, Operation *) {
-    auto *t = new Transfer{kTransferMagic, Transfer::Kind::Data, true, peer, current_};
+    const uint32_t member = member_of(peer);
+    auto *t = new Transfer{kTransferMagic, Transfer::Kind::Data, true, member, current_};
     iovec iov{buf, len};
-    fi_msg_tagged msg{&iov, nullptr, 1, current_->group->members[peer], tag, 0, t, 0};
+    fi_msg_tagged msg{&iov, nullptr, 1, current_->group->members[member], tag, 0, t, 0};
     ssize_t ret = fi_trecvmsg(owner_, &msg, FI_PEER_TRANSFER);
     if (ret) {
         delete t;
@@ -196,6 +203,8 @@ void Engine::abort(Running &r) {
     }
     std::vector<Transfer *> recvs(r.recvs.begin(), r.recvs.end());
     for (Transfer *t : recvs) fi_cancel(&owner_->fid, t);
+    // A leader that failed among the leaders: its node waits on it in shared memory.
+    if (r.hier && g.shm) g.shm->abort();
 }
 
 void Engine::probe(Running &r) {
@@ -224,20 +233,23 @@ int Engine::join(const peer::CollJoin &j, uint64_t *handle) {
     const uint32_t nth = joins_of_set_[j.set_key]++;
     g->id = group_id(j.ordered_key, nth);
     const uint32_t n = uint32_t(j.count);
-    // Shared memory when every member is on this node (each member says so in the exchange;
-    // only if all do is it used). Rank 0 makes the segment now, so that it exists once the
-    // others hear of it.
-    bool local = j.handshake && j.local_path && n > 1 && n <= ShmGroup::kMaxMembers;
-    for (uint32_t m = 0; local && m < n; ++m) local = m == j.rank || reachable_(j.members[m]);
-    if (local) {
-        g->shm_name = ShmGroup::name_for(j.ordered_key, g->id);
-        if (j.rank == 0) try {
-                g->shm = ShmGroup::create(g->shm_name, n);
-            } catch (const FabricError &e) {
-                TANDEM_INFO(FI_LOG_EP_CTRL, "collective: no shared segment (%s): messages\n",
-                            e.what());
-                local = false;
-            }
+    // The members that share this node (the twin's shared memory reaches them), this one
+    // included, when the owner allows node-local traffic. The lowest is the node's leader,
+    // which makes the node's segment now, so that it exists once the others hear of it.
+    std::vector<uint32_t> near;
+    for (uint32_t m = 0; m < n; ++m)
+        if (m == j.rank || (j.handshake && j.local_path && reachable_(j.members[m])))
+            near.push_back(m);
+    const uint32_t leader = near.front();
+    g->shm_name = ShmGroup::name_for(j.ordered_key, g->id + leader);
+    if (near.size() > 1 && near.size() <= ShmGroup::kMaxMembers && leader == j.rank) {
+        try {
+            g->shm = ShmGroup::create(g->shm_name, uint32_t(near.size()));
+        } catch (const FabricError &e) {
+            // Saying so (a node of one) makes the members' views disagree: messages for all.
+            TANDEM_INFO(FI_LOG_EP_CTRL, "collective: no shared segment (%s)\n", e.what());
+            near.assign(1, j.rank);
+        }
     }
     if (n > 1) post_notice_receive(*g);
     Running &r = running_.emplace_back();
@@ -249,9 +261,10 @@ int Engine::join(const peer::CollJoin &j, uint64_t *handle) {
     r.last_event = std::chrono::steady_clock::now();
     if (j.handshake && n > 1) {
         r.mine[0] = j.ordered_key;
-        r.mine[1] = local;
-        r.keys.assign(2 * size_t(n), 0);
-        Args a{FI_ALLGATHER, 2, sizeof(uint64_t), FI_UINT64, FI_NOOP, 0};
+        r.mine[1] = near.size();
+        r.mine[2] = leader;
+        r.keys.assign(3 * size_t(n), 0);
+        Args a{FI_ALLGATHER, 3, sizeof(uint64_t), FI_UINT64, FI_NOOP, 0};
         const uint64_t tag = wire::coll_tag(group_id(j.set_key, nth) ^ 0x5a5a5a5au, kJoinSeq);
         r.op.emplace(allgather_bruck(Shape{n, j.rank}, a), r.mine, r.keys.data(), FI_UINT64,
                      FI_NOOP, tag);
@@ -262,46 +275,80 @@ int Engine::join(const peer::CollJoin &j, uint64_t *handle) {
     return 0;
 }
 
-// After the join's exchange: the keys must agree; a node-local group then attaches to its
-// segment and waits for every member to have done so.
+// From what every member said in the exchange (each computes the same): the group's mode.
+// The members' views of who shares a node must agree (each node's members name the same
+// leader and count the same members), else messages for all.
+void Engine::choose_mode(Running &r) {
+    Group &g = *r.group;
+    const uint32_t n = uint32_t(g.members.size());
+    auto near_of = [&](uint32_t m) { return r.keys[3 * m + 1]; };
+    auto leader_of = [&](uint32_t m) { return r.keys[3 * m + 2]; };
+    bool consistent = true;
+    std::set<uint32_t> leaders;
+    for (uint32_t m = 0; m < n && consistent; ++m) {
+        const uint64_t l = leader_of(m);
+        size_t same = 0;
+        for (uint32_t k = 0; k < n; ++k) same += leader_of(k) == l;
+        consistent = l < n && leader_of(uint32_t(l)) == l && same == near_of(m) &&
+                     near_of(m) <= ShmGroup::kMaxMembers;
+        leaders.insert(uint32_t(l));
+    }
+    g.mode = Group::Mode::Messages;
+    if (consistent && leaders.size() == 1) {
+        g.mode = Group::Mode::Shm;
+    } else if (consistent && leaders.size() < n) {
+        g.mode = Group::Mode::Hier;
+        g.leaders.assign(leaders.begin(), leaders.end());
+        for (size_t i = 0; i < g.leaders.size(); ++i)
+            if (g.leaders[i] == g.rank) g.leader_index = int(i);
+    }
+    if (g.mode == Group::Mode::Messages) {
+        g.shm.reset();  // (a leader's, if it made one)
+        return;
+    }
+    const uint64_t mine = leader_of(g.rank);
+    g.node_size = uint32_t(near_of(g.rank));
+    g.node_rank = 0;
+    for (uint32_t k = 0; k < g.rank; ++k) g.node_rank += leader_of(k) == mine;
+}
+
+// After the join's exchange: the keys must agree; then the mode, and a member with company
+// on its node attaches to the node's segment and waits for every member of the node to have.
 bool Engine::join_after_exchange(Running &r) {
     Group &g = *r.group;
     if (r.op->status()) return true;
     const uint32_t n = uint32_t(g.members.size());
     if (r.join_phase == Running::JoinPhase::Exchange) {
-        bool all_local = true;
-        for (uint32_t m = 0; m < n; ++m) {
-            if (r.keys[2 * m] != r.mine[0]) {
+        for (uint32_t m = 0; m < n; ++m)
+            if (r.keys[3 * m] != r.mine[0]) {
                 TANDEM_WARN(FI_LOG_EP_CTRL,
                             "collective join: members list the set in different orders\n");
                 r.op->fail(FI_EINVAL);
                 return true;
             }
-            all_local = all_local && r.keys[2 * m + 1] == 1;
-        }
-        if (!all_local) {
-            g.shm.reset();  // (rank 0's, if it made one)
-            return true;
-        }
+        choose_mode(r);
+        if (g.mode == Group::Mode::Messages || g.node_size == 1) return true;
         r.join_phase = Running::JoinPhase::Attach;
     }
     if (r.join_phase == Running::JoinPhase::Attach) {
         if (!g.shm) {
             try {
-                g.shm = ShmGroup::open(g.shm_name, n, g.rank);
+                g.shm = ShmGroup::open(g.shm_name, g.node_size, g.node_rank);
             } catch (const FabricError &e) {
                 TANDEM_WARN(FI_LOG_EP_CTRL, "collective join: shared segment %s: %s\n",
                             g.shm_name.c_str(), e.what());
                 r.op->fail(FI_EIO);
                 return true;
             }
-            if (!g.shm) return false;  // rank 0 is still making it
+            if (!g.shm) return false;  // the leader is still making it
         }
         r.join_phase = Running::JoinPhase::WaitAttached;
     }
     if (g.shm->all_attached()) {
-        TANDEM_INFO(FI_LOG_EP_CTRL, "collective group %#x: %u members, node-local through %s\n",
-                    g.id, n, g.shm_name.c_str());
+        TANDEM_INFO(FI_LOG_EP_CTRL,
+                    "collective group %#x: %u members, %s, %u of them on this node through %s\n",
+                    g.id, n, g.mode == Group::Mode::Shm ? "all node-local" : "hierarchical",
+                    g.node_size, g.shm_name.c_str());
         return true;
     }
     if (g.shm->check_members()) r.op->fail(FI_ECONNRESET);
@@ -344,10 +391,36 @@ int Engine::post(uint64_t handle, const peer::CollWork &w) {
         r.recv_staged = true;
         recv = r.recv_stage.data();
     }
-    if (g.shm) {
+    ++g.running;
+    if (g.mode == Group::Mode::Shm) {
         r.shm_op.emplace(*g.shm, a, send, recv);
         if (r.status) r.shm_op->fail(r.status);
-        ++g.running;
+        return 0;
+    }
+    if (g.mode == Group::Mode::Hier && (w.coll == FI_ALLREDUCE || w.coll == FI_BARRIER)) {
+        // Node-local reduce into the leader's partial result, the leaders' allreduce of the
+        // partials, node-local broadcast of the result (barriers: the same three barriers).
+        r.hier = true;
+        const bool leader = g.leader_index >= 0;
+        if (leader) r.partial.resize(a.bytes());
+        if (g.shm) {
+            Args in = a, out = a;
+            in.coll = w.coll == FI_BARRIER ? FI_BARRIER : FI_REDUCE;
+            out.coll = w.coll == FI_BARRIER ? FI_BARRIER : FI_BROADCAST;
+            in.root = out.root = 0;
+            r.shm_op.emplace(*g.shm, in, send, leader ? r.partial.data() : nullptr);
+            r.node_out.emplace(*g.shm, out, nullptr, recv);
+            if (r.status) r.shm_op->fail(r.status);
+        } else if (a.bytes()) {
+            memcpy(r.partial.data(), send, a.bytes());  // a node of one: its input is the partial
+        }
+        if (leader) {
+            r.rank_map = &g.leaders;
+            const Shape leaders{uint32_t(g.leaders.size()), uint32_t(g.leader_index)};
+            r.op.emplace(select(leaders, a, t), r.partial.data(), recv, w.datatype, w.op,
+                         wire::coll_tag(g.id, r.seq));
+            if (r.status) r.op->fail(r.status);
+        }
         return 0;
     }
     r.op.emplace(select(Shape{n, g.rank}, a, t), send, recv, w.datatype, w.op,
@@ -357,7 +430,6 @@ int Engine::post(uint64_t handle, const peer::CollWork &w) {
         r.abort_from_peer = true;
         r.op->fail(FI_ECONNRESET);
     }
-    ++g.running;
     return 0;
 }
 
@@ -377,10 +449,42 @@ int Engine::leave(uint64_t handle) {
 
 // The operation is over: the staged result goes out.
 int Engine::finish(Running &r) {
-    int err = r.shm_op ? r.shm_op->status() : r.op ? r.op->status() : 0;
+    int err = r.shm_op ? r.shm_op->status() : 0;
+    if (!err && r.op) err = r.op->status();
+    if (!err && r.node_out) err = r.node_out->status();
     if (!err && r.recv_staged)
         err = -hmem::copy(r.recv_mem, r.recv_user, hmem::kHost, r.recv_stage.data(), r.recv_bytes);
     return err;
+}
+
+bool Engine::progress_messages(Running &r, bool timed, std::chrono::steady_clock::time_point now) {
+    current_ = &r;
+    bool finished = r.op->progress(*this);
+    current_ = nullptr;
+    if (r.op->status() && !r.aborted) {
+        abort(r);
+        finished = r.op->finished();
+    } else if (timed && !finished && !r.recvs.empty() && r.probes == 0 &&
+               now - r.last_event > kProbeAfter) {
+        probe(r);
+        r.last_event = now;
+    }
+    return finished;
+}
+
+// Stage 0: node-local part in; 1: the leaders' operation (leaders only); 2: node-local out.
+bool Engine::progress_hier(Running &r, bool timed, std::chrono::steady_clock::time_point now) {
+    if (r.stage == 0) {
+        if (r.shm_op && !r.shm_op->progress()) return false;
+        if (r.shm_op && r.shm_op->status()) return true;
+        r.stage = 1;
+    }
+    if (r.stage == 1) {
+        if (r.op && !progress_messages(r, timed, now)) return false;
+        if (r.op && r.op->status()) return true;
+        r.stage = 2;
+    }
+    return !r.node_out || r.node_out->progress();
 }
 
 void Engine::progress() {
@@ -397,22 +501,13 @@ void Engine::progress() {
     std::vector<std::pair<Running *, int>> over;
     for (Running &r : running_) {
         bool finished = true;
-        if (r.shm_op) {
+        if (r.hier)
+            finished = progress_hier(r, timed, now);
+        else if (r.shm_op)
             finished = r.shm_op->progress();
-        } else if (r.op) {
-            current_ = &r;
-            finished = r.op->progress(*this);
-            current_ = nullptr;
-            if (r.op->status() && !r.aborted) {
-                abort(r);
-                finished = r.op->finished();
-            } else if (timed && !finished && !r.recvs.empty() && r.probes == 0 &&
-                       now - r.last_event > kProbeAfter) {
-                probe(r);
-                r.last_event = now;
-            }
-            if (finished && r.join && !r.op->status()) finished = join_after_exchange(r);
-        }
+        else if (r.op)
+            finished = progress_messages(r, timed, now);
+        if (finished && r.join && r.op && !r.op->status()) finished = join_after_exchange(r);
         if (finished && r.probes == 0) over.emplace_back(&r, finish(r));
     }
     // Reported after the walk: a report may post more work (a triggered collective).

@@ -90,16 +90,32 @@ class Engine final : public Transport {
         bool left = false;              // the owner let it go; freed once its notice receive ended
         Transfer *notice_rx = nullptr;  // posted on the notice channel, or null
         std::set<uint16_t> aborted;     // operations others failed before ours started
-        // Node-local groups: the shared segment (rank 0 creates it at the join, the others
-        // open it once the join's exchange agreed on it).
+        // How its collectives run, decided by the join's exchange: Messages (peer transfers
+        // between all members), Shm (every member on this node: all in shm), or Hier (members
+        // on several nodes, some sharing one: allreduce and barrier run node-local, then
+        // among the nodes' leaders, then node-local again; the rest by messages).
+        enum class Mode : uint8_t { Messages, Shm, Hier } mode = Mode::Messages;
+        // The segment of this member's node (Shm: the whole group; Hier: the members that
+        // share this node, when more than this one). Its leader, the node's lowest rank,
+        // creates it at the join; the others open it once the exchange agreed on it.
         std::unique_ptr<ShmGroup> shm;
         std::string shm_name;
+        uint32_t node_size = 1, node_rank = 0;  // in the segment
+        std::vector<uint32_t> leaders;          // Hier: every node's leader, by rank
+        int leader_index = -1;                  // ours among them, or -1
     };
     struct Running {
         Group *group = nullptr;
         uint16_t seq = 0;
         std::optional<Operation> op;
         std::optional<ShmOp> shm_op;  // instead of op, on a node-local group
+        // Hierarchical (Mode::Hier): shm_op into the leader's partial result, op among the
+        // leaders (rank_map: their ranks), node_out from the leader to its node.
+        bool hier = false;
+        int stage = 0;
+        std::optional<ShmOp> node_out;
+        std::vector<uint8_t> partial;
+        const std::vector<uint32_t> *rank_map = nullptr;
         // Staged device buffers: the host copies the schedule works on.
         std::vector<uint8_t> send_stage, recv_stage;
         void *recv_user = nullptr;
@@ -109,8 +125,8 @@ class Engine final : public Transport {
         // A join: each member's key and whether it can use shared memory with all the others,
         // checked when the exchange is over; then, for a node-local group, the segment.
         bool join = false;
-        uint64_t mine[2] = {};
-        std::vector<uint64_t> keys;  // 2 per member
+        uint64_t mine[3] = {};       // key, members on this node, this node's leader
+        std::vector<uint64_t> keys;  // 3 per member
         enum class JoinPhase : uint8_t { Exchange, Attach, WaitAttached } join_phase{};
         int status = 0;  // set before the operation runs (staging failed)
         // Failure handling: receives in flight (cancelled on failure), when a transfer last
@@ -127,12 +143,17 @@ class Engine final : public Transport {
     int finish(Running &r);
     // The join's steps after the exchange; true once it can be reported.
     bool join_after_exchange(Running &r);
+    void choose_mode(Running &r);
+    // The message part of an operation: progress, abort on failure, probes when silent.
+    bool progress_messages(Running &r, bool timed, std::chrono::steady_clock::time_point now);
+    bool progress_hier(Running &r, bool timed, std::chrono::steady_clock::time_point now);
     void post_notice_receive(Group &g);
     void notice_arrived(Group &g, const wire::CollNotice &n);
     void send_notice(Group &g, uint32_t peer, const wire::CollNotice &n, Running *run);
     void abort(Running &r);
     void probe(Running &r);
     void drop_group(Group *g);
+    uint32_t member_of(uint32_t peer) const;
 
     fid_ep *owner_;
     std::function<bool(fi_addr_t)> reachable_;

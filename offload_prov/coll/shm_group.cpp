@@ -86,6 +86,10 @@ bool ShmGroup::aborted() const {
     return header()->aborted.load(std::memory_order_acquire) != 0;
 }
 
+void ShmGroup::abort() {
+    header()->aborted.store(1, std::memory_order_release);
+}
+
 bool ShmGroup::check_members() {
     for (uint32_t r = 0; r < n_; ++r) {
         if (r == rank_) continue;

@@ -42,6 +42,7 @@ class ShmGroup {
     uint32_t rank() const { return rank_; }
     bool all_attached() const;
     bool aborted() const;
+    void abort();  // every operation of the group fails, here and at every member
     // Whether a member other than us has died (checks /proc: call rarely); marks the group
     // aborted if so.
     bool check_members();
