@@ -1,6 +1,7 @@
 // The one reduction engine: what each fi_op does to one element of each point-to-point
-// fi_datatype. The atomics (hmem/atomic.h) use it on the host, and collectives will use the
-// same code inside CUDA kernels, so this header stays device-clean: every function is
+// fi_datatype. The atomics and the collectives' reductions (hmem/atomic.h) use it on the host,
+// and device-resident reductions are to use the same code inside CUDA kernels (the build
+// checks that it compiles as device code), so this header stays device-clean: every function is
 // TANDEM_HD, and there are no exceptions, virtuals, std:: containers or std::complex, and no
 // long double in a device pass (CUDA has none).
 //

@@ -198,6 +198,14 @@ ssize_t Endpoint::post_collective(const CollCall &c) {
         w.recv_desc = c.result_desc;
     }
     if ((need_send && !w.send) || (need_recv && !w.recv)) return -FI_EINVAL;
+    // Collectives stage device buffers through host memory (the engine reduces there), which
+    // FI_HMEM_P2P_REQUIRED forbids, as it forbids atomics on device memory.
+    if (p2p_.mode() == FI_HMEM_P2P_REQUIRED &&
+        (peer::mem_of(w.send_desc).iface != FI_HMEM_SYSTEM ||
+         peer::mem_of(w.recv_desc).iface != FI_HMEM_SYSTEM))
+        return -FI_EOPNOTSUPP;
+    // Without FI_HMEM the twin is handed no descriptors (they could be anything).
+    if (!(caps_ & FI_HMEM)) w.send_desc = w.recv_desc = nullptr;
     if (r.flags & FI_TRIGGER) return queue_triggered(TriggeredRequest(std::move(r)));
     return issue_collective(r);
 }

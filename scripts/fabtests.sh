@@ -12,6 +12,9 @@
 #   local  both processes on 127.0.0.1, default settings (the node-local path)
 #   tcp    both processes on 127.0.0.1 with FI_TANDEM_LOCAL=0 (the TCP link)
 #   nic    both processes on this host's first non-loopback IPv4 address, default settings
+# With the quick or standard set, each mode also runs fi_multinode_coll (which the runner does
+# not: it needs a launcher) with 2, 3, 4 and 8 processes, and the local mode, as root, a job
+# of 5 spread over two "nodes" (mount namespaces with their own /dev/shm).
 # It prints one row per test and mode, and exits non-zero when a test fails that is not on
 # scripts/fabtests-excluded.txt, or is not run (ENODATA/ENOSYS) without being on
 # scripts/fabtests-notrun.txt. docs/fabtests.md has the results and the reasons.
@@ -180,6 +183,36 @@ mkdir -p "$rundir"
 for v in $(env | sed -n 's/^\(FI_TANDEM_[A-Z0-9_]*\)=.*/\1/p'); do unset "$v"; done
 unset FI_PROVIDER FI_PROVIDER_PATH
 
+# multinode_coll NP ADDR [VAR=VALUE...]: one fi_multinode_coll job of NP ranks (NP = A+B:
+# A ranks in one mount namespace with its own /dev/shm, B in another); fails if any rank does.
+multinode_coll() {
+    local np=$1 addr=$2
+    shift 2
+    local -a groups
+    IFS=+ read -ra groups <<<"$np"
+    local total=0 g
+    for g in "${groups[@]}"; do total=$((total + g)); done
+    local -a pids=()
+    for g in "${groups[@]}"; do
+        local cmd="" i
+        for ((i = 0; i < g; i++)); do
+            cmd+="timeout $per_test_timeout $bin/fi_multinode_coll -n $total -s $addr -p tandem & sleep 0.1; "
+        done
+        cmd+="rc=0; for p in \$(jobs -p); do wait \$p || rc=1; done; exit \$rc"
+        if ((${#groups[@]} > 1)); then
+            (cd "$rundir" && env FI_PROVIDER_PATH="$build/lib" "$@" unshare -m \
+                bash -c "mount -t tmpfs tmpfs /dev/shm && $cmd") &
+        else
+            (cd "$rundir" && env FI_PROVIDER_PATH="$build/lib" "$@" bash -c "$cmd") &
+        fi
+        pids+=($!)
+        sleep 0.3
+    done
+    local rc=0 p
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    return $rc
+}
+
 declare -a ran_modes=()
 IFS=, read -ra mode_list <<<"$modes"
 for mode in "${mode_list[@]}"; do
@@ -225,6 +258,21 @@ for mode in "${mode_list[@]}"; do
                 timeout "$per_test_timeout" "$bin/fi_rdm_deferred_wq" "${targs[@]}" -s "$addr" \
                 "$addr") >>"$log.deferred" 2>&1 </dev/null || res=Fail
             wait "$server" || res=Fail
+            printf -- '- name: %s -p "tandem"\n  result: %s\n' "$name" "$res" >>"$log"
+        done
+    fi
+    # The runner's multinode set needs a job launcher; fi_multinode_coll's ranks meet at the
+    # first one's address, so they run here directly: 2, 3, 4 and 8 processes, and in the
+    # local mode also as two nodes (two mount namespaces, each its own /dev/shm: as root).
+    if [[ ",$sets," == *,quick,* || ",$sets," == *,standard,* ]]; then
+        for np in 2 3 4 8 2+3; do
+            name="fi_multinode_coll -n $np"
+            if [ "$np" = 2+3 ]; then
+                [ "$mode" = local ] && [ "$(id -u)" -eq 0 ] && command -v unshare >/dev/null || continue
+                name="fi_multinode_coll -n 5 (two nodes: 2 + 3)"
+            fi
+            res=Pass
+            multinode_coll "$np" "$addr" "${envs[@]}" >>"$log.multinode" 2>&1 </dev/null || res=Fail
             printf -- '- name: %s -p "tandem"\n  result: %s\n' "$name" "$res" >>"$log"
         done
     fi
