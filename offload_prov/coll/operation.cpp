@@ -18,13 +18,14 @@ Operation::Operation(Schedule schedule, const void *send, void *recv, int dataty
       op_(op),
       tag_base_(tag_base) {}
 
-// Span -> address. A span into Send is only ever read (the caller's const input).
+// Span -> address, or null for a buffer the call did not give. A span into Send is only ever
+// read (the caller's const input).
 uint8_t *Operation::resolve(const Span &s) {
     switch (s.buf) {
         case Buf::Send:
-            return const_cast<uint8_t *>(send_) + s.offset;
+            return send_ ? const_cast<uint8_t *>(send_) + s.offset : nullptr;
         case Buf::Recv:
-            return recv_ + s.offset;
+            return recv_ ? recv_ + s.offset : nullptr;
         case Buf::Scratch:
             return scratch_.data() + s.offset;
     }

@@ -79,6 +79,7 @@ struct Args {
 inline constexpr size_t kMaxRounds = (1u << 12) - 1;
 // Groups of at most this many members (ring algorithms take 2 (n - 1) rounds).
 inline constexpr uint32_t kMaxMembers = peer::kCollMaxMembers;
+static_assert(2 * (size_t(kMaxMembers) - 1) < kMaxRounds, "the ring's rounds must fit the tag");
 
 // ---- the algorithms (one file each) ------------------------------------------------------
 
