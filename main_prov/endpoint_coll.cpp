@@ -96,6 +96,10 @@ int Endpoint::join(const void *addr, uint64_t flags, fid_mc **mc, void *context)
                     "fi_join_collective: the endpoint is not a member of the set\n");
         return -FI_EINVAL;
     }
+    std::vector<uint32_t> order(members.size());
+    for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(),
+              [&names](uint32_t a, uint32_t b) { return names[a] < names[b]; });
     std::sort(names.begin(), names.end());
     uint64_t set_key = fnv(kFnvBasis, names.data(), names.size() * sizeof names[0]);
     const std::vector<uint8_t> &comm_key = set->comm_key();
@@ -109,6 +113,7 @@ int Endpoint::join(const void *addr, uint64_t flags, fid_mc **mc, void *context)
     j.rank = uint32_t(rank);
     j.ordered_key = ordered;
     j.set_key = set_key;
+    j.set_order = order.data();
     j.handshake = managed_here;
     j.local_path = Config::get().local_path;
     j.arg = g;
@@ -200,9 +205,8 @@ ssize_t Endpoint::post_collective(const CollCall &c) {
     if ((need_send && !w.send) || (need_recv && !w.recv)) return -FI_EINVAL;
     // Collectives stage device buffers through host memory (the engine reduces there), which
     // FI_HMEM_P2P_REQUIRED forbids, as it forbids atomics on device memory.
-    if (p2p_.mode() == FI_HMEM_P2P_REQUIRED &&
-        (peer::mem_of(w.send_desc).iface != FI_HMEM_SYSTEM ||
-         peer::mem_of(w.recv_desc).iface != FI_HMEM_SYSTEM))
+    if (p2p_.mode() == FI_HMEM_P2P_REQUIRED && (peer::mem_of(w.send_desc).iface != FI_HMEM_SYSTEM ||
+                                                peer::mem_of(w.recv_desc).iface != FI_HMEM_SYSTEM))
         return -FI_EOPNOTSUPP;
     // Without FI_HMEM the twin is handed no descriptors (they could be anything).
     if (!(caps_ & FI_HMEM)) w.send_desc = w.recv_desc = nullptr;

@@ -31,6 +31,10 @@ struct CollJoin {
     uint32_t rank = 0;         // this endpoint's place in members
     uint64_t ordered_key = 0;  // a hash of the members' names in rank order
     uint64_t set_key = 0;      // a hash of the names as a set (the order left out)
+    // The members in an order every member agrees on whatever order its set lists them in
+    // (by a hash of their names): set_order[i] is an index into members. The join's exchange
+    // runs in this order, so members that list the set differently still meet, and learn it.
+    const uint32_t *set_order = nullptr;
     // Provider-managed membership: the members exchange their keys before the join completes
     // (a mismatch, members listed in different orders, fails it with FI_EINVAL). Application-
     // managed (false): complete at once.

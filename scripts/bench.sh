@@ -6,9 +6,11 @@
 #   scripts/bench.sh [-b BUILD_DIR] --hmem
 #   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --atomic [--local]
 #   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --trigger [--local]
+#   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --coll [--np "2 4 8"]
 #
 #   -b BUILD_DIR  the CMake build directory (default: <repo>/build); needs
-#                 BUILD_DIR/bench/tandem_bench and, for tandem, BUILD_DIR/lib/libtandem-fi.so
+#                 BUILD_DIR/bench/tandem_bench (--coll: BUILD_DIR/bench/coll_bench) and, for
+#                 tandem, BUILD_DIR/lib/libtandem-fi.so
 #   -n RUNS       runs per provider (default 5); providers alternate within each run
 #   -p LIST       comma-separated provider strings (default "tandem,tcp;ofi_rxm"); the first
 #                 is the one the ratios are about, the second the reference
@@ -36,6 +38,25 @@
 #                 n/a); prints tandem's ratio trig / direct of the medians and their
 #                 difference, the trigger's overhead on the path to the peer. With --local
 #                 only the node-local pair. No UCX; -p does not apply.
+#   --coll        collectives instead: BUILD_DIR/bench/coll_bench (built where MPI is) under
+#                 mpirun on this host (--oversubscribe --bind-to none; MPI itself on pml ob1,
+#                 btl self,vader), measuring fi_allreduce (FI_SUM, FI_FLOAT; 8 B, 64 KiB,
+#                 1 MiB, 16 MiB) and fi_barrier on tandem (its node-local path) and on
+#                 tandem;ofi_rxm (FI_OFI_RXM_USE_SRX=1), and Open MPI's own MPI_Allreduce and
+#                 MPI_Barrier (default coll components) as the reference. For each rank count,
+#                 RUNS rounds of the three, the order reversed every other round; each figure
+#                 is the slowest rank's median batch latency, bandwidth = size / latency
+#                 (GB/s). Prints every run, then per rank count the medians and the ratios
+#                 tandem / Open MPI (latency: target <= 1.0, bandwidth: target >= 1.0),
+#                 tandem / tandem;ofi_rxm bandwidth (target >= 2.0), and the barrier latency
+#                 ratios; a mode or size that did not run shows n/a, its reason below. With more
+#                 ranks than CPUs, every rank yields the CPU when idle (Open MPI's own rule for
+#                 oversubscribed nodes; coll_bench does the same in its CQ polling).
+#                 libfabric 1.17's ofi_rxm loses collective transfers above its eager limit
+#                 (FI_OFI_RXM_BUFFER_SIZE, 16384 by default): tandem;ofi_rxm runs only sizes up
+#                 to FI_OFI_RXM_BUFFER_SIZE (passed on when set; its receive buffers cost that
+#                 much each). No UCX; -p and --local do not apply.
+#   --np LIST     with --coll: the rank counts, space-separated (default "2 4 8")
 #
 # Each run is one tandem_bench process pair (fork mode: server and client on this host, both
 # busy-polling, nothing pinned) measuring 8 B tagged ping-pong latency and 1 MiB tagged-send
@@ -54,6 +75,8 @@ local=0
 hmem=0
 atomic=0
 trigger=0
+coll=0
+nps=""
 while [ $# -gt 0 ]; do
     case $1 in
         -b) build=$2; shift 2 ;;
@@ -64,11 +87,31 @@ while [ $# -gt 0 ]; do
         --hmem) hmem=1; shift ;;
         --atomic) atomic=1; shift ;;
         --trigger) trigger=1; shift ;;
-        -h|--help) sed -n '2,44p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --coll) coll=1; shift ;;
+        --np) nps=$2; shift 2 ;;
+        -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
         *) echo "bench.sh: unknown option $1 (see -h)" >&2; exit 1 ;;
     esac
 done
 build=$(cd "$build" 2>/dev/null && pwd) || { echo "bench.sh: no build directory $build" >&2; exit 1; }
+if [ "$coll" = 1 ]; then
+    if [ "$hmem" = 1 ] || [ "$atomic" = 1 ] || [ "$trigger" = 1 ]; then
+        echo "bench.sh: --coll excludes --hmem, --atomic and --trigger (see -h)" >&2
+        exit 1
+    fi
+    [ -z "$providers" ] || { echo "bench.sh: -p does not apply to --coll (see -h)" >&2; exit 1; }
+    [ "$local" = 0 ] || { echo "bench.sh: --local does not apply to --coll (see -h)" >&2; exit 1; }
+    [ -n "$nps" ] || nps="2 4 8"
+    for np in $nps; do
+        case $np in
+            ''|*[!0-9]*|0) echo "bench.sh: bad --np \"$nps\" (rank counts, e.g. \"2 4 8\")" >&2; exit 1 ;;
+        esac
+    done
+    use_ucx=0
+elif [ -n "$nps" ]; then
+    echo "bench.sh: --np applies to --coll only (see -h)" >&2
+    exit 1
+fi
 
 if [ "$hmem" = 1 ]; then
     hb=$build/bench/hmem_bench
@@ -85,7 +128,9 @@ if [ "$hmem" = 1 ]; then
     exit $status
 fi
 bench=$build/bench/tandem_bench
-[ -x "$bench" ] || { echo "bench.sh: $bench not built (cmake --build $build --target tandem_bench)" >&2; exit 1; }
+if [ "$coll" = 0 ]; then
+    [ -x "$bench" ] || { echo "bench.sh: $bench not built (cmake --build $build --target tandem_bench)" >&2; exit 1; }
+fi
 if [ "$atomic" = 1 ] && [ "$trigger" = 1 ]; then
     echo "bench.sh: --atomic and --trigger exclude each other (see -h)" >&2
     exit 1
@@ -195,6 +240,174 @@ keyed_exit() {
     fi
     exit 0
 }
+
+if [ "$coll" = 1 ]; then
+    cb=$build/bench/coll_bench
+    [ -x "$cb" ] || {
+        echo "bench.sh: $cb not built (cmake --build $build --target coll_bench; it needs MPI:" \
+             "apt-get install libopenmpi-dev, then reconfigure)" >&2
+        exit 1
+    }
+    command -v mpirun >/dev/null || { echo "bench.sh: mpirun not found (apt-get install openmpi-bin)" >&2; exit 1; }
+    for lib in libtandem-fi.so liboff_tandem-fi.so; do
+        [ -e "$build/lib/$lib" ] || {
+            echo "bench.sh: $build/lib/$lib not built (cmake --build $build --target tandem-fi off_tandem-fi)" >&2
+            exit 1
+        }
+    done
+    # The buffer sizes (bytes) and how the tables name them.
+    coll_sizes=(8 65536 1048576 16777216)
+    size_name() {
+        case $1 in
+            8) echo "8 B" ;; 65536) echo "64 KiB" ;; 1048576) echo "1 MiB" ;; 16777216) echo "16 MiB" ;;
+            *) echo "$1 B" ;;
+        esac
+    }
+    # libfabric 1.17's ofi_rxm completes a collective's transfers to its collective engine
+    # on the eager path only: above the eager limit (rendezvous, segmentation) the completion
+    # goes to the application's CQ with the engine's context and the operation never ends.
+    rxm_limit=${FI_OFI_RXM_BUFFER_SIZE:-16384}
+    case $rxm_limit in
+        ''|*[!0-9]*) echo "bench.sh: FI_OFI_RXM_BUFFER_SIZE=$rxm_limit: only a plain byte count is understood here" >&2; exit 1 ;;
+    esac
+    rxm_sizes=() rxm_skipped=()
+    for s in "${coll_sizes[@]}"; do
+        if [ "$s" -le "$rxm_limit" ]; then rxm_sizes+=("$s"); else rxm_skipped+=("$s"); fi
+    done
+    # label:mode; the labels key the results (one word each).
+    configs=("tandem:fabric" "tandem;ofi_rxm:fabric" "openmpi:mpi")
+    cpus=$(nproc)
+
+    # run_coll LABEL NP ROUND: one mpirun of coll_bench; appends "LABEL npN_KEY value" lines to
+    # the results (KEY arSIZE_lat, arSIZE_bw, bar_lat) and "LABEL ...: reason" lines to the notes.
+    run_coll() {
+        local label=$1 np=$2 round=$3 out=$tmp/out sizes=("${coll_sizes[@]}") s
+        local -a envs=(env -u FI_PROVIDER) xs=() args=()
+        case $label in
+            openmpi)
+                envs+=(-u FI_PROVIDER_PATH)
+                args=(--mode mpi) ;;
+            *)
+                envs+=(FI_PROVIDER_PATH="$build/lib")
+                xs=(-x FI_PROVIDER_PATH)
+                [ -n "${FI_TANDEM_LOCAL:-}" ] && xs+=(-x FI_TANDEM_LOCAL)
+                if [ "$label" = "tandem;ofi_rxm" ]; then
+                    envs+=(FI_OFI_RXM_USE_SRX=1)
+                    xs+=(-x FI_OFI_RXM_USE_SRX)
+                    [ -n "${FI_OFI_RXM_BUFFER_SIZE:-}" ] && xs+=(-x FI_OFI_RXM_BUFFER_SIZE)
+                    sizes=("${rxm_sizes[@]}")
+                    for s in "${rxm_skipped[@]}"; do
+                        echo "$label: allreduce $(size_name "$s") n/a: above ofi_rxm's eager limit" \
+                             "($rxm_limit B, FI_OFI_RXM_BUFFER_SIZE); libfabric 1.17's rxm completes" \
+                             "larger collective transfers to the application's CQ, not to its" \
+                             "collective engine, and the operation never ends" >>"$tmp/notes"
+                    done
+                fi
+                args=(--mode fabric --provider "$label") ;;
+        esac
+        [ "${#sizes[@]}" -gt 0 ] && args+=(--sizes "$(IFS=,; echo "${sizes[*]}")")
+        # coll_bench's watchdog names what hung before timeout(1) ends mpirun.
+        if ! timeout -k 10 290 "${envs[@]}" mpirun --allow-run-as-root --oversubscribe --bind-to none \
+                -np "$np" --mca pml ob1 --mca btl self,vader "${xs[@]}" \
+                "$cb" "${args[@]}" --timeout 270 >"$out" 2>&1; then
+            echo "  np $np $label: FAILED:"
+            sed 's/^/    /' "$out"
+            echo "$label failed 1" >>"$results"
+            echo "$label: np $np FAILED in run $round (output above)" >>"$tmp/notes"
+            failed=1
+            return
+        fi
+        # "coll allreduce SIZE lat_us L bw_gbs B ...", "coll barrier 0 lat_us L ...",
+        # "coll allreduce SIZE n/a (REASON)", "coll n/a (REASON)"
+        awk -v p="$label" -v n="np$np" '
+            $1 == "coll" && $2 == "allreduce" && $4 == "lat_us" { print p, n "_ar" $3 "_lat", $5; print p, n "_ar" $3 "_bw", $7 }
+            $1 == "coll" && $2 == "barrier" && $4 == "lat_us" { print p, n "_bar_lat", $5 }' "$out" >>"$results"
+        awk -v p="$label" -v n="$np" '
+            $1 == "coll" && (($2 == "n/a") || ($4 == "n/a")) {
+                r = $0; sub(/^[^(]*\(/, "", r); sub(/\)[^)]*$/, "", r)
+                print p ": " ($2 == "n/a" ? "np " n " n/a" : $2 " " $3 " B n/a") ": " r }' "$out" >>"$tmp/notes"
+        printf '  np %-2s %-15s' "$np" "$label"
+        awk 'function sz(b) {
+                 if (b >= 1048576 && b % 1048576 == 0) return b / 1048576 "M"
+                 if (b >= 1024 && b % 1024 == 0) return b / 1024 "K"
+                 return b }
+             $1 == "coll" && $2 == "n/a" { printf " n/a" }
+             $1 == "coll" && $2 == "allreduce" && $4 == "n/a" { printf " %s n/a |", sz($3) }
+             $1 == "coll" && $2 == "allreduce" && $4 == "lat_us" { printf " %s %sus %sGB/s |", sz($3), $5, $7 }
+             $1 == "coll" && $2 == "barrier" && $4 == "lat_us" { printf " barrier %sus", $5 }' "$out"
+        echo
+    }
+
+    : >"$tmp/notes"
+    echo "bench.sh --coll: $runs runs per rank count of: $(for c in "${configs[@]}"; do printf '%s ' "${c%%:*}"; done)"
+    echo "          ranks: $nps ($cpus CPUs here: more ranks than that yield when idle);" \
+         "order reversed every other run"
+    echo "          tandem's node-local path: $([ "${FI_TANDEM_LOCAL:-1}" = 0 ] && echo off || echo on);" \
+         "openmpi: pml ob1, btl self,vader, its default coll components"
+    echo "          build $build; load average now: $(cut -d' ' -f1-3 /proc/loadavg)"
+    for np in $nps; do
+        for r in $(seq 1 "$runs"); do
+            echo "np $np, run $r/$runs"
+            order=("${configs[@]}")
+            if [ $((r % 2)) = 0 ]; then
+                order=()
+                for ((i = ${#configs[@]} - 1; i >= 0; i--)); do order+=("${configs[i]}"); done
+            fi
+            for c in "${order[@]}"; do run_coll "${c%%:*}" "$np" "$r"; done
+        done
+    done
+
+    # median's mean of the middle two keeps two decimals; the 8 B bandwidths need more digits.
+    coll_median() {
+        awk -v p="$1" -v m="$2" '$1 == p && $2 == m { print $3 }' "$results" |
+            sort -g | awk '{ a[NR] = $1 } END { if (NR == 0) print "n/a"; else if (NR % 2) print a[(NR + 1) / 2];
+                                                else printf "%.4g\n", (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
+    }
+    q() { ratio "$(coll_median "$1" "$3")" "$(coll_median "$2" "$3")"; }
+    echo
+    echo "medians over $runs runs: latency in us (lower is better), bandwidth in GB/s (higher is"
+    echo "better); ratios of the medians: tandem / openmpi and tandem / tandem;ofi_rxm"
+    for np in $nps; do
+        echo
+        printf '%-24s %12s %15s %12s %12s %12s\n' "np $np" tandem "tandem;ofi_rxm" openmpi "t / openmpi" "t / rxm"
+        for s in "${coll_sizes[@]}" barrier; do
+            if [ "$s" = barrier ]; then
+                rows=("bar_lat:barrier latency")
+            else
+                rows=("ar${s}_lat:allreduce $(size_name "$s") lat" "ar${s}_bw:allreduce $(size_name "$s") bw")
+            fi
+            for row in "${rows[@]}"; do
+                key=np${np}_${row%%:*}
+                printf '%-24s %12s %15s %12s %12s %12s\n' "${row#*:}" "$(coll_median tandem "$key")" \
+                    "$(coll_median "tandem;ofi_rxm" "$key")" "$(coll_median openmpi "$key")" \
+                    "$(q tandem openmpi "$key")" "$(q tandem "tandem;ofi_rxm" "$key")"
+            done
+        done
+    done
+    keyed_notes
+    echo
+    echo "targets (ratios of the medians):"
+    # verdict RATIO OP BOUND
+    verdict() {
+        awk -v q="$1" -v op="$2" -v b="$3" 'BEGIN {
+            if (q == "n/a") print "not measured";
+            else if ((op == "<=" && q + 0 <= b + 0) || (op == ">=" && q + 0 >= b + 0)) print "met";
+            else print "NOT met" }'
+    }
+    for np in $nps; do
+        for s in "${coll_sizes[@]}"; do
+            k=np${np}_ar$s
+            a=$(q tandem openmpi "${k}_lat") b=$(q tandem openmpi "${k}_bw") c=$(q tandem "tandem;ofi_rxm" "${k}_bw")
+            printf '  np %-2s allreduce %-7s lat t/openmpi %6s <= 1.0 %-13s bw t/openmpi %6s >= 1.0 %-13s bw t/rxm %6s >= 2.0 %s\n' \
+                "$np" "$(size_name "$s")" "$a" "$(verdict "$a" "<=" 1.0)" "$b" "$(verdict "$b" ">=" 1.0)" \
+                "$c" "$(verdict "$c" ">=" 2.0)"
+        done
+        a=$(q tandem openmpi "np${np}_bar_lat") c=$(q tandem "tandem;ofi_rxm" "np${np}_bar_lat")
+        printf '  np %-2s barrier           lat t/openmpi %6s <= 1.0 %-13s lat t/rxm  %6s (no target)\n' \
+            "$np" "$a" "$(verdict "$a" "<=" 1.0)" "$c"
+    done
+    keyed_exit
+fi
 
 if [ "$atomic" = 1 ]; then
     keyed_rounds --atomic alat,arate atomic

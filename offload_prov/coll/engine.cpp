@@ -130,7 +130,7 @@ void Engine::transfer_done(void *context, int err) {
             Group *g = t->group;
             g->notice_rx = nullptr;
             if (g->left) {
-                drop_group(g);
+                if (!g->running) drop_group(g);
             } else {
                 if (!err) notice_arrived(*g, t->notice);
                 repost_notices_ = true;
@@ -264,9 +264,17 @@ int Engine::join(const peer::CollJoin &j, uint64_t *handle) {
         r.mine[1] = near.size();
         r.mine[2] = leader;
         r.keys.assign(3 * size_t(n), 0);
+        // In the set's order (by name hash), which does not depend on how the set was listed.
+        uint32_t set_rank = j.rank;
+        r.set_order.resize(n);
+        for (uint32_t i = 0; i < n; ++i) {
+            r.set_order[i] = j.set_order ? j.set_order[i] : i;
+            if (r.set_order[i] == j.rank) set_rank = i;
+        }
+        r.rank_map = &r.set_order;
         Args a{FI_ALLGATHER, 3, sizeof(uint64_t), FI_UINT64, FI_NOOP, 0};
         const uint64_t tag = wire::coll_tag(group_id(j.set_key, nth) ^ 0x5a5a5a5au, kJoinSeq);
-        r.op.emplace(allgather_bruck(Shape{n, j.rank}, a), r.mine, r.keys.data(), FI_UINT64,
+        r.op.emplace(allgather_bruck(Shape{n, set_rank}, a), r.mine, r.keys.data(), FI_UINT64,
                      FI_NOOP, tag);
     }
     ++g->running;
@@ -326,6 +334,11 @@ bool Engine::join_after_exchange(Running &r) {
                 r.op->fail(FI_EINVAL);
                 return true;
             }
+        // Every member lists the set alike: what each said, by rank.
+        std::vector<uint64_t> by_rank(r.keys.size());
+        for (uint32_t i = 0; i < n; ++i)
+            for (uint32_t w = 0; w < 3; ++w) by_rank[3 * r.set_order[i] + w] = r.keys[3 * i + w];
+        r.keys.swap(by_rank);
         choose_mode(r);
         if (g.mode == Group::Mode::Messages || g.node_size == 1) return true;
         r.join_phase = Running::JoinPhase::Attach;
@@ -433,17 +446,24 @@ int Engine::post(uint64_t handle, const peer::CollWork &w) {
     return 0;
 }
 
+// The owner closes the group: refused while operations run, but a join still running (members
+// missing, or gone) is abandoned, unreported: the group is freed once its transfers ended.
 int Engine::leave(uint64_t handle) {
     auto it = groups_.find(handle);
     if (it == groups_.end()) return -FI_EINVAL;
-    if (it->second->running) return -FI_EBUSY;
-    std::unique_ptr<Group> g = std::move(it->second);
+    Group *g = it->second.get();
+    for (Running &r : running_)
+        if (r.group == g && !r.join) return -FI_EBUSY;
+    for (Running &r : running_)
+        if (r.group == g) {
+            r.done = nullptr;
+            if (r.op) r.op->fail(FI_ECANCELED);
+        }
+    std::unique_ptr<Group> owned = std::move(it->second);
     groups_.erase(it);
-    if (g->notice_rx) {  // freed once the cancelled receive ended
-        g->left = true;
-        fi_cancel(&owner_->fid, g->notice_rx);
-        leaving_.push_back(std::move(g));
-    }
+    owned->left = true;
+    if (owned->notice_rx) fi_cancel(&owner_->fid, owned->notice_rx);
+    if (owned->notice_rx || owned->running) leaving_.push_back(std::move(owned));
     return 0;
 }
 
@@ -514,9 +534,11 @@ void Engine::progress() {
     for (auto &[r, err] : over) {
         auto done = r->done;
         void *arg = r->arg;
-        --r->group->running;
+        Group *g = r->group;
+        --g->running;
         running_.remove_if([r](const Running &x) { return &x == r; });
-        done(arg, err);
+        if (g->left && !g->running && !g->notice_rx) drop_group(g);
+        if (done) done(arg, err);
     }
 }
 

@@ -86,8 +86,8 @@ class Engine final : public Transport {
         uint32_t rank = 0;
         uint32_t id = 0;  // tag bits (wire::coll_tag)
         uint16_t next_seq = 0;
-        size_t running = 0;             // operations (the join among them) not yet reported
-        bool left = false;              // the owner let it go; freed once its notice receive ended
+        size_t running = 0;  // operations (the join among them) not yet reported
+        bool left = false;   // the owner let it go; freed once nothing of it is in flight
         Transfer *notice_rx = nullptr;  // posted on the notice channel, or null
         std::set<uint16_t> aborted;     // operations others failed before ours started
         // How its collectives run, decided by the join's exchange: Messages (peer transfers
@@ -126,7 +126,8 @@ class Engine final : public Transport {
         // checked when the exchange is over; then, for a node-local group, the segment.
         bool join = false;
         uint64_t mine[3] = {};       // key, members on this node, this node's leader
-        std::vector<uint64_t> keys;  // 3 per member
+        std::vector<uint64_t> keys;  // 3 per member, in set_order
+        std::vector<uint32_t> set_order;
         enum class JoinPhase : uint8_t { Exchange, Attach, WaitAttached } join_phase{};
         int status = 0;  // set before the operation runs (staging failed)
         // Failure handling: receives in flight (cancelled on failure), when a transfer last
