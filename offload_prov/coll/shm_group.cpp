@@ -138,6 +138,7 @@ void ShmOp::waiting() {
 }
 
 bool ShmOp::progress() {
+    if (finished_) return true;  // (its turn is passed on once only)
     if (chunk_ == 0 && phase_ == 0 && g_.turn != gen0_) return false;  // an earlier one runs
     while (!status_ && chunk_ < gens_) {
         if (g_.aborted()) {
@@ -174,6 +175,7 @@ bool ShmOp::progress() {
         spins_ = 0;
     }
     g_.turn = gen0_ + gens_;  // (failed: those behind fail on the abort mark, or run)
+    finished_ = true;
     return true;
 }
 

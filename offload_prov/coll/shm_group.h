@@ -108,6 +108,7 @@ class ShmOp {
     int phase_ = 0;       // within it
     uint32_t spins_ = 0;
     int status_ = 0;
+    bool finished_ = false;
 
     uint64_t gen() const { return gen0_ + chunk_; }
     size_t offset() const { return chunk_ * ShmGroup::kChunk; }
