@@ -57,6 +57,25 @@ IoBytes io_bytes(const Args &a, uint32_t n, bool root) {
     return {0, 0};
 }
 
+// Errors of a transfer that mean the member cannot be reached any more (its process or host
+// is gone): the operation then fails with FI_ECONNRESET at every member, whichever of them
+// saw which of these first.
+bool member_lost(int err) {
+    switch (err) {
+        case FI_ECONNREFUSED:
+        case FI_ECONNRESET:
+        case FI_ECONNABORTED:
+        case FI_EHOSTUNREACH:
+        case FI_ENETUNREACH:
+        case FI_ENOTCONN:
+        case FI_ETIMEDOUT:
+        case EPIPE:
+            return true;
+        default:
+            return false;
+    }
+}
+
 }  // namespace
 
 Engine::~Engine() {
@@ -112,7 +131,7 @@ void Engine::transfer_done(void *context, int err) {
         case Transfer::Kind::Data:
             if (t->recv) t->run->recvs.erase(t);
             t->run->last_event = std::chrono::steady_clock::now();
-            t->run->op->transfer_done(err);
+            t->run->op->transfer_done(member_lost(err) ? FI_ECONNRESET : err);
             break;
         case Transfer::Kind::Notice:
             // A probe we sent: undeliverable means the member is gone.

@@ -76,6 +76,7 @@ struct Slot {
     uint8_t name[256];
     std::atomic<int> failed;  // any failure reported below
     std::atomic<int> done;    // the rank's body returned (it did not crash)
+    std::atomic<int> dies;    // the rank kills itself on purpose (MemberDeath)
     uint32_t msg_len;
     char msg[16384];
 };
@@ -83,6 +84,10 @@ struct Slot {
 struct Shared {
     std::atomic<int> abort;         // a rank gave up: the others stop waiting (value: its rank + 1)
     std::atomic<uint64_t> arrived;  // the barrier: arrivals of every rank, all generations
+    // Ranks that died on purpose, and the barriers they had passed: the survivors' barriers
+    // count without them.
+    std::atomic<uint64_t> dead_arrivals;
+    std::atomic<int> dead;
     Slot slot[kMaxRanks];
 };
 
@@ -227,16 +232,50 @@ class Rank {
 
     // The ranks' barrier (the endpoint progresses meanwhile: a peer may need its answers).
     bool barrier(const char *what = "barrier") {
-        const uint64_t want = uint64_t(++generation_) * uint64_t(n);
+        const uint64_t gen = uint64_t(++generation_);
         sh_.arrived.fetch_add(1);
         const auto until = Clock::now() + kWait;
-        while (sh_.arrived.load() < want) {
+        auto want = [&] {
+            const int dead = sh_.dead.load();  // (then the arrivals they made: see die())
+            return gen * uint64_t(n - dead) + sh_.dead_arrivals.load();
+        };
+        while (sh_.arrived.load() < want()) {
             progress();
             if (aborted(what)) return false;
             if (Clock::now() > until) return fail(__LINE__, cat(what, ": timed out"));
             sched_yield();
         }
         return true;
+    }
+
+    // The rank's process ends here, killed (MemberDeath): its barriers no longer count.
+    [[noreturn]] void die() {
+        sh_.dead_arrivals.fetch_add(uint64_t(generation_));
+        sh_.dead.fetch_add(1);
+        slot_.dies.store(1);
+        fflush(stdout);
+        fflush(stderr);
+        raise(SIGKILL);
+        _exit(99);
+    }
+
+    // The error of the completion of ctx (0 for success), within kWait.
+    bool wait_result(void *ctx, const std::string &what, int *err) {
+        const auto until = Clock::now() + kWait;
+        for (;;) {
+            for (auto it = done_.begin(); it != done_.end(); ++it) {
+                if (it->ctx != ctx) continue;
+                *err = it->err;
+                done_.erase(it);
+                return true;
+            }
+            progress();
+            if (aborted(what)) return false;
+            if (Clock::now() > until)
+                return fail(__LINE__, cat(what, ": no completion within ",
+                                          std::chrono::seconds(kWait).count(), " s"));
+            sched_yield();
+        }
     }
 
     // A fresh operation context (fi_context2-sized, valid until the rank ends).
@@ -601,7 +640,8 @@ void run_ranks(int n, const std::function<void(Rank &)> &body) {
                 status[i] = st;
                 --left;
                 // A rank that crashed says nothing: the others must not wait for it.
-                if (!sh->slot[i].done.load()) sh->abort.store(int(i) + 1);
+                if (!sh->slot[i].done.load() && !sh->slot[i].dies.load())
+                    sh->abort.store(int(i) + 1);
             }
         }
         if (!left) break;
@@ -621,6 +661,8 @@ void run_ranks(int n, const std::function<void(Rank &)> &body) {
         const Slot &s = sh->slot[i];
         std::string msg(s.msg, s.msg_len);
         const int st = status[i];
+        if (s.dies.load() && WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL && s.msg_len == 0)
+            continue;  // died as it was told to
         std::string how = WIFEXITED(st)     ? cat("exit ", WEXITSTATUS(st))
                           : WIFSIGNALED(st) ? cat("signal ", WTERMSIG(st))
                                             : cat("status ", st);
@@ -1412,6 +1454,69 @@ void join_errors(Rank &r) {
 
 TEST(CollProcesses, JoinErrors) {
     run_ranks(3, join_errors);
+}
+
+// ---- 7: a member dies -------------------------------------------------------------------------
+
+// The last rank is killed after a first allreduce; the survivors' next allreduce, which it
+// never joins, must end at every survivor with an error completion FI_ECONNRESET (node-local:
+// the group's segment sees the process gone; over the link: the probes of the silent member
+// cannot be delivered), never hang; then a new group of the survivors works.
+void member_death(Rank &r) {
+    RK_TRY(r, r.start(FI_MSG | FI_COLLECTIVE));
+    fid_mc *mc = r.join_all();
+    RK_TRY(r, mc);
+    fid_ep *ep = r.ep;
+    const fi_addr_t g = fi_mc_addr(mc);
+    const int n = r.n;
+    uint64_t in = uint64_t(r.rank) + 1, out = 0;
+    RK_TRY(r, r.run("the allreduce before", [&](void *ctx) {
+        return fi_allreduce(ep, &in, 1, nullptr, &out, nullptr, g, FI_UINT64, FI_SUM, 0, ctx);
+    }));
+    RK_CHECK(r, out == uint64_t(n) * uint64_t(n + 1) / 2, "the allreduce before gave ", out);
+    RK_TRY(r, r.barrier("before the death"));
+    if (r.rank == n - 1) r.die();
+
+    // A broadcast from the dead member: the survivors only wait for it, so over the link only
+    // the probes of the silent member find out; then an allreduce, which sends to it too.
+    uint64_t data = 0;
+    for (int which = 0; which < 2; ++which) {
+        const std::string what =
+            which == 0 ? "the broadcast from the dead member" : "the allreduce after the death";
+        void *ctx = r.new_ctx();
+        const auto t0 = Clock::now();
+        RK_TRY(r, r.post(what, ctx, [&](void *c) {
+            if (which == 0)
+                return fi_broadcast(ep, &data, 1, nullptr, g, fi_addr_t(n - 1), FI_UINT64, 0, c);
+            return fi_allreduce(ep, &in, 1, nullptr, &out, nullptr, g, FI_UINT64, FI_SUM, 0, c);
+        }));
+        int err = 0;
+        RK_TRY(r, r.wait_result(ctx, what, &err));
+        const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
+        RK_CHECK(r, err == FI_ECONNRESET, what, " ended with err ", err, " (", fi_strerror(err),
+                 "), not FI_ECONNRESET");
+        if (r.rank == 0) {
+            printf("%s: error completion after %lld ms\n", what.c_str(), (long long)ms.count());
+            fflush(stdout);
+        }
+    }
+
+    // The survivors carry on in a new group.
+    fid_av_set *rest = r.range(0, fi_addr_t(n - 2), 1);
+    RK_TRY(r, rest);
+    const fi_addr_t rest_addr = r.set_addr(rest);
+    RK_TRY(r, rest_addr != FI_ADDR_NOTAVAIL);
+    fid_mc *mc2 = r.join(rest, rest_addr, "the survivors' join");
+    RK_TRY(r, mc2);
+    const fi_addr_t g2 = fi_mc_addr(mc2);
+    RK_TRY(r, r.run("the survivors' allreduce", [&](void *c) {
+        return fi_allreduce(ep, &in, 1, nullptr, &out, nullptr, g2, FI_UINT64, FI_SUM, 0, c);
+    }));
+    RK_CHECK(r, out == uint64_t(n - 1) * uint64_t(n) / 2, "the survivors' allreduce gave ", out);
+}
+
+TEST(CollProcesses, MemberDeath) {
+    run_ranks(4, member_death);
 }
 
 }  // namespace
