@@ -5,8 +5,10 @@
 #include "fabric_fixture.h"
 
 #include <rdma/fi_atomic.h>
+#include <rdma/fi_collective.h>
 #include <rdma/fi_trigger.h>
 
+#include <array>
 #include <condition_variable>
 #include <cstdio>
 #include <deque>
@@ -516,6 +518,129 @@ struct MsgOp {
     std::atomic<int> state{0};  // 0 idle, 1 posted, 2 completed, 3 failed
 };
 static_assert(std::is_standard_layout_v<MsgOp>, "op_context must map back to the MsgOp");
+
+// Collectives from several threads of one process: three endpoints of one domain join four
+// groups of all three, then one thread per group runs allreduces on its group through all
+// three endpoints while every thread reads the shared CQs (which complete the others'
+// operations too). Node-local (the groups' shared segments) in api.*, by messages over the
+// link in api_net.*. Every result is right and every operation completes once.
+class CollThreadsTest : public ThreadsTest {
+    void configure(FabricOptions &o) override {
+        o.caps |= FI_COLLECTIVE;
+        o.num_eps = 3;
+    }
+    void before_enable(Endpoint &e, size_t index) override {
+        fi_eq_attr attr{};
+        attr.wait_obj = FI_WAIT_NONE;
+        ASSERT_FI_OK(fi_eq_open(fabric, &attr, eqs_[index].out(), nullptr));
+        ASSERT_FI_OK(fi_ep_bind(e.ep, &eqs_[index]->fid, 0));
+    }
+
+  protected:
+    void TearDown() override {
+        for (auto &per_ep : groups)
+            for (auto &mc : per_ep) mc.reset();
+        for (auto &set : sets) set.reset();
+        eps.clear();  // before their EQs, which go before the fabric
+        for (auto &eq : eqs_) eq.reset();
+        ThreadsTest::TearDown();
+    }
+
+    // Joins a group of every endpoint on each of them; its fid_mc per endpoint.
+    void join_all(size_t g) {
+        for (size_t i = 0; i < eps.size(); ++i) {
+            fi_av_set_attr attr{};
+            attr.count = eps.size();
+            attr.start_addr = eps[i]->peer.front();
+            attr.end_addr = eps[i]->peer.back();
+            attr.stride = 1;
+            ASSERT_FI_OK(fi_av_set(eps[i]->av, &attr, sets[g * 3 + i].out(), nullptr));
+            fi_addr_t addr = FI_ADDR_NOTAVAIL;
+            ASSERT_FI_OK(fi_av_set_addr(sets[g * 3 + i], &addr));
+            ASSERT_FI_OK(fi_join_collective(eps[i]->ep, addr, sets[g * 3 + i], 0,
+                                            groups[g][i].out(), nullptr));
+        }
+        std::array<bool, 3> joined{};
+        ASSERT_TRUE(poll_until([&] {
+            for (size_t i = 0; i < eps.size(); ++i) {
+                uint32_t event = 0;
+                fi_eq_entry entry{};
+                ssize_t ret = fi_eq_read(eqs_[i], &event, &entry, sizeof entry, 0);
+                if (ret == ssize_t(sizeof entry) && event == FI_JOIN_COMPLETE) joined[i] = true;
+                poll_all();
+            }
+            return joined[0] && joined[1] && joined[2];
+        })) << "group "
+            << g << " did not join";
+    }
+
+    std::array<Fid<fid_eq>, 3> eqs_;
+    std::array<Fid<fid_av_set>, 12> sets;
+    std::array<std::array<Fid<fid_mc>, 3>, 4> groups;
+};
+
+TEST_F(CollThreadsTest, AllreducesFromFourThreadsEachOnItsGroup) {
+    constexpr int kGroups = 4;
+    constexpr uint64_t kIters = 200;
+    for (int g = 0; g < kGroups; ++g) ASSERT_NO_FATAL_FAILURE(join_all(size_t(g)));
+    std::vector<std::thread> threads;
+    for (int g = 0; g < kGroups; ++g) {
+        threads.emplace_back([&, g] {
+            std::array<Op, 3> ops;
+            std::array<std::array<uint64_t, 4>, 3> in{}, out{};
+            const auto deadline = Clock::now() + kStressDeadline;
+            for (uint64_t it = 0; it < kIters && !abort_ && Clock::now() < deadline; ++it) {
+                // Vectors of 1 and 4 elements, in turn.
+                const size_t count = it % 2 ? 4 : 1;
+                for (size_t i = 0; i < 3; ++i) {
+                    for (size_t k = 0; k < count; ++k)
+                        in[i][k] = (uint64_t(g) << 40) + it * 10 + i + k;
+                    ops[i].state = 1;
+                    ssize_t ret;
+                    while ((ret = fi_allreduce(eps[i]->ep, in[i].data(), count, nullptr,
+                                               out[i].data(), nullptr, fi_mc_addr(groups[g][i]),
+                                               FI_UINT64, FI_SUM, 0, &ops[i].fctx)) == -FI_EAGAIN)
+                        poll_all();
+                    if (ret) {
+                        st.problem("fi_allreduce: " + fi_err_str(ret));
+                        abort_ = true;
+                    }
+                }
+                bool done = false;
+                while (!done && !abort_ && Clock::now() < deadline) {
+                    poll_all();
+                    done = ops[0].state.load() != 1 && ops[1].state.load() != 1 &&
+                           ops[2].state.load() != 1;
+                }
+                for (size_t i = 0; i < 3 && !abort_; ++i) {
+                    if (ops[i].state.load() != 2) {
+                        st.problem("an allreduce of group " + std::to_string(g) +
+                                   " did not complete");
+                        abort_ = true;
+                        break;
+                    }
+                    for (size_t k = 0; k < count; ++k) {
+                        const uint64_t want = 3 * ((uint64_t(g) << 40) + it * 10 + k) + 0 + 1 + 2;
+                        if (out[i][k] != want) {
+                            st.problem("group " + std::to_string(g) + " iteration " +
+                                       std::to_string(it) + ": wrong sum");
+                            abort_ = true;
+                        }
+                    }
+                }
+            }
+            // Do not return (and free the contexts) while an operation is outstanding.
+            while (
+                Clock::now() < deadline + 5s &&
+                (ops[0].state.load() == 1 || ops[1].state.load() == 1 || ops[2].state.load() == 1))
+                poll_all();
+        });
+    }
+    for (auto &th : threads) th.join();
+    EXPECT_TRUE(st.problems.empty()) << problems();
+    EXPECT_EQ(st.completions.load(), uint64_t(kGroups) * kIters * 3);
+    EXPECT_EQ(st.unknown.load(), 0u);
+}
 
 class MsgThreadsTest : public ::testing::Test {
   protected:
