@@ -60,7 +60,10 @@ class CollAddresses {
   public:
     fi_addr_t add(AvSet *set) { return add(set, kSetTag); }
     fi_addr_t add(CollGroup *group) { return add(group, kGroupTag); }
-    void remove(fi_addr_t addr) { table_.erase(addr); }
+    void remove(fi_addr_t addr) {
+        table_.erase(addr);
+        last_addr_ = FI_ADDR_NOTAVAIL;
+    }
     AvSet *set_at(fi_addr_t addr) const { return at<AvSet>(addr, kSetTag); }
     CollGroup *group_at(fi_addr_t addr) const { return at<CollGroup>(addr, kGroupTag); }
 
@@ -75,10 +78,16 @@ class CollAddresses {
     template <class T>
     T *at(fi_addr_t addr, uint64_t tag) const {
         if ((addr & (0xffull << 56)) != tag) return nullptr;
+        if (addr == last_addr_) return static_cast<T *>(last_obj_);  // a loop on one group
         auto it = table_.find(addr);
-        return it == table_.end() ? nullptr : static_cast<T *>(it->second);
+        if (it == table_.end()) return nullptr;
+        last_addr_ = addr;
+        last_obj_ = it->second;
+        return static_cast<T *>(it->second);
     }
     std::unordered_map<fi_addr_t, void *> table_;
+    mutable fi_addr_t last_addr_ = FI_ADDR_NOTAVAIL;
+    mutable void *last_obj_ = nullptr;
     uint64_t next_ = 1;
 };
 

@@ -765,6 +765,7 @@ void Endpoint::wait_fds(std::vector<int> &out) const {
     // The application may sleep on the listener, and wake because a peer connects: the next
     // progress pass polls the transport.
     idle_link_passes_ = kIdleLinkPolls;
+    empty_link_polls_ = 0;
     transport_->wait_fds(out);
     if (local_) local_->wait_fds(out);
 }

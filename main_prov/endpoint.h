@@ -504,6 +504,10 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     // While the transport is idle (nothing but its listener to watch), progress polls it
     // every kIdleLinkPolls-th pass only (see progress()).
     static constexpr unsigned kIdleLinkPolls = 8;
+    // Connections that have brought nothing for kQuietAfter polls in a row, with nothing to
+    // write, are polled every kQuietLinkPolls-th pass only (see progress()).
+    static constexpr unsigned kQuietAfter = 1024, kQuietLinkPolls = 64;
+    mutable unsigned empty_link_polls_ = 0;
     mutable unsigned idle_link_passes_ = 0;
     std::vector<uint8_t> rx_slab_;  // link receive buffers
     size_t rx_buf_size_ = 0;

@@ -240,6 +240,14 @@ class TcpTransport final : public LinkTransport {
     bool idle() const {
         return conns_.empty() && graveyard_.empty() && completions_.empty() && cm_events_.empty();
     }
+    // Something to do at the next poll whatever the peers send: a frame to write, a connection
+    // being made or closed, a completion or event not handed out yet.
+    bool busy() const {
+        if (!graveyard_.empty() || !completions_.empty() || !cm_events_.empty()) return true;
+        for (auto &c : conns_)
+            if (c->wants_write()) return true;
+        return false;
+    }
     void disconnect_all();
     // Every connection closed at once, its work requests flushed (what drain left).
     void abort_all();

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 
 namespace tandem::off::coll {
 
@@ -271,7 +272,7 @@ int Engine::join(const peer::CollJoin &j, uint64_t *handle) {
         }
     }
     if (n > 1) post_notice_receive(*g);
-    Running &r = running_.emplace_back();
+    Running &r = new_running();
     r.group = g.get();
     r.seq = kJoinSeq;
     r.join = true;
@@ -398,12 +399,12 @@ int Engine::post(uint64_t handle, const peer::CollWork &w) {
     const Config &cfg = Config::get();
     const Thresholds t{cfg.coll_allreduce_ring_min, cfg.coll_allgather_ring_min};
 
-    Running &r = running_.emplace_back();
+    Running &r = new_running();
     r.group = &g;
     r.seq = g.next_seq++;
     r.arg = w.arg;
     r.done = w.done;
-    r.last_event = std::chrono::steady_clock::now();
+
     const void *send = w.send;
     void *recv = w.recv;
     // Device memory in, host memory for the schedule (fi_broadcast's one buffer both ways).
@@ -427,6 +428,8 @@ int Engine::post(uint64_t handle, const peer::CollWork &w) {
     if (g.mode == Group::Mode::Shm) {
         r.shm_op.emplace(*g.shm, a, send, recv);
         if (r.status) r.shm_op->fail(r.status);
+        // Its first step now (the input into the slot, announced): the others may be waiting.
+        r.shm_op->progress();
         return 0;
     }
     if (g.mode == Group::Mode::Hier && (w.coll == FI_ALLREDUCE || w.coll == FI_BARRIER)) {
@@ -447,6 +450,7 @@ int Engine::post(uint64_t handle, const peer::CollWork &w) {
             memcpy(r.partial.data(), send, a.bytes());  // a node of one: its input is the partial
         }
         if (leader) {
+            r.last_event = std::chrono::steady_clock::now();
             r.rank_map = &g.leaders;
             const Shape leaders{uint32_t(g.leaders.size()), uint32_t(g.leader_index)};
             r.op.emplace(select(leaders, a, t), r.partial.data(), recv, w.datatype, w.op,
@@ -455,6 +459,7 @@ int Engine::post(uint64_t handle, const peer::CollWork &w) {
         }
         return 0;
     }
+    r.last_event = std::chrono::steady_clock::now();  // (for probes: message ops only)
     r.op.emplace(select(Shape{n, g.rank}, a, t), send, recv, w.datatype, w.op,
                  wire::coll_tag(g.id, r.seq));
     if (r.status) r.op->fail(r.status);
@@ -484,6 +489,25 @@ int Engine::leave(uint64_t handle) {
     if (owned->notice_rx) fi_cancel(&owner_->fid, owned->notice_rx);
     if (owned->notice_rx || owned->running) leaving_.push_back(std::move(owned));
     return 0;
+}
+
+// An entry for a new operation at the end of the running list: a spare one, reset, if any.
+Engine::Running &Engine::new_running() {
+    if (spare_.empty()) return running_.emplace_back();
+    running_.splice(running_.end(), spare_, spare_.begin());
+    Running &r = running_.back();
+    // Reset, keeping the staging buffers' memory.
+    std::vector<uint8_t> send_stage = std::move(r.send_stage), recv_stage = std::move(r.recv_stage),
+                         partial = std::move(r.partial);
+    std::destroy_at(&r);
+    std::construct_at(&r);
+    send_stage.clear();
+    recv_stage.clear();
+    partial.clear();
+    r.send_stage = std::move(send_stage);
+    r.recv_stage = std::move(recv_stage);
+    r.partial = std::move(partial);
+    return r;
 }
 
 // The operation is over: the staged result goes out.
@@ -537,8 +561,9 @@ void Engine::progress() {
     const bool timed = (++passes_ & 63) == 0;
     const auto now =
         timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
-    std::vector<std::pair<Running *, int>> over;
-    for (Running &r : running_) {
+    over_.clear();
+    for (auto it = running_.begin(); it != running_.end(); ++it) {
+        Running &r = *it;
         bool finished = true;
         if (r.hier)
             finished = progress_hier(r, timed, now);
@@ -547,15 +572,16 @@ void Engine::progress() {
         else if (r.op)
             finished = progress_messages(r, timed, now);
         if (finished && r.join && r.op && !r.op->status()) finished = join_after_exchange(r);
-        if (finished && r.probes == 0) over.emplace_back(&r, finish(r));
+        if (finished && r.probes == 0) over_.emplace_back(it, finish(r));
     }
-    // Reported after the walk: a report may post more work (a triggered collective).
-    for (auto &[r, err] : over) {
-        auto done = r->done;
-        void *arg = r->arg;
-        Group *g = r->group;
+    // Reported after the walk: a report may post more work (a triggered collective). The
+    // entry goes back to the spare list (its buffers keep their memory for the next one).
+    for (auto &[it, err] : over_) {
+        auto done = it->done;
+        void *arg = it->arg;
+        Group *g = it->group;
         --g->running;
-        running_.remove_if([r](const Running &x) { return &x == r; });
+        spare_.splice(spare_.end(), running_, it);
         if (g->left && !g->running && !g->notice_rx) drop_group(g);
         if (done) done(arg, err);
     }

@@ -162,6 +162,9 @@ class Engine final : public Transport {
     std::vector<std::unique_ptr<Group>> leaving_;        // left, notice receive still posted
     uint64_t next_handle_ = 1;
     std::list<Running> running_;
+    std::list<Running> spare_;  // finished entries, reused
+    std::vector<std::pair<std::list<Running>::iterator, int>> over_;
+    Running &new_running();
     std::unordered_map<uint64_t, uint32_t> joins_of_set_;  // joins so far, by set_key
     Running *current_ = nullptr;                           // whose operation is progressing
     uint64_t passes_ = 0;

@@ -132,8 +132,14 @@ size_t ShmOp::chunk_bytes() const {
     return left < ShmGroup::kChunk ? left : ShmGroup::kChunk;
 }
 
+// Whether a member died is a read of /proc per member: at most every kMemberCheck of waiting
+// (the clock itself read every 1024th wait), not every so many polls, which a fast
+// succession of short operations reaches often.
 void ShmOp::waiting() {
-    if (++spins_ % 4096) return;
+    if (++spins_ % 1024) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now - g_.last_check < ShmGroup::kMemberCheck) return;
+    g_.last_check = now;
     g_.check_members();
 }
 

@@ -20,6 +20,7 @@
 #include "offload_prov/shm/shm_segment.h"
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -61,6 +62,9 @@ class ShmGroup {
     // Whether every member's field has reached gen.
     bool all_reached(std::atomic<uint64_t> Ctl::*field, uint64_t gen) const;
 
+    // How often a waiting member looks whether the others still run.
+    static constexpr std::chrono::milliseconds kMemberCheck{20};
+    std::chrono::steady_clock::time_point last_check{};
     uint64_t next_gen = 1;  // of the next operation posted here
     uint64_t turn = 1;      // first generation of the operation that may run now (in order)
 
