@@ -416,12 +416,15 @@ int Engine::post(uint64_t handle, const peer::CollWork &w) {
         send = r.send_stage.data();
     }
     if (r.recv_mem.iface != FI_HMEM_SYSTEM && io.recv) {
+        // fi_broadcast's one buffer: the root's input (copied in, and left as it is), the
+        // others' result (copied out).
+        const bool bcast_root = w.coll == FI_BROADCAST && g.rank == w.root;
         r.recv_stage.resize(io.recv);
-        if (w.coll == FI_BROADCAST && !r.status)
+        if (bcast_root && !r.status)
             r.status = -hmem::copy(hmem::kHost, r.recv_stage.data(), r.recv_mem, recv, io.recv);
         r.recv_user = recv;
         r.recv_bytes = io.recv;
-        r.recv_staged = true;
+        r.recv_staged = !bcast_root;
         recv = r.recv_stage.data();
     }
     ++g.running;
