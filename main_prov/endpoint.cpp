@@ -315,6 +315,9 @@ int Endpoint::close() {
                 domain_->note_triggers();
             }
         }
+        // The twin's own receives go before the twin: nothing that arrives while the endpoint
+        // drains below may land in its memory.
+        peer_rx_.drop_posted();
         local_.reset();  // the twin first: it holds entries of rx_ until it is closed
         rx_->forget_endpoint(this);
         if (srx_) SharedRxContext::of(srx_)->detach(this);

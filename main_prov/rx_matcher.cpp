@@ -86,6 +86,15 @@ RxOp *RxMatcher::cancel(void *context) {
     return nullptr;
 }
 
+void RxMatcher::drop_posted() {
+    for (bool tagged : {false, true})
+        while (RxOp *rx = list_for(tagged).front()) {
+            list_for(tagged).erase(rx);
+            --outstanding;
+            free_op(rx);
+        }
+}
+
 // The entries of messages a peer held for the endpoint go too: its offload twin, closed
 // first, no longer holds them.
 void RxMatcher::forget_endpoint(Endpoint *ep) {

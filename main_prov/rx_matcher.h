@@ -138,6 +138,8 @@ class RxMatcher {
     RxOp *cancel(void *context);
     // Unexpected messages that arrived on an endpoint, dropped when it closes.
     void forget_endpoint(Endpoint *ep);
+    // Every posted receive, freed unreported (their owner is going).
+    void drop_posted();
 
     size_t outstanding = 0;  // receives posted and not completed
     size_t min_multi_recv = 0;

@@ -81,11 +81,24 @@ bool member_lost(int err) {
 
 Engine::~Engine() {
     // The owner closes this endpoint's groups first (its fi_close refuses while one is open);
-    // transfers still posted go with the owner's endpoint.
+    // what is still in flight (a join abandoned, notice receives) was dropped by the owner
+    // before it closed us, and never completes: freed here.
     for (Running &r : running_)
         if (r.op && r.op->in_flight())
             TANDEM_INFO(FI_LOG_EP_DATA, "collective abandoned with %zu transfers in flight\n",
                         r.op->in_flight());
+    for (Transfer *t : live_) delete t;
+}
+
+Engine::Transfer *Engine::new_transfer(const Transfer &t) {
+    auto *p = new Transfer(t);
+    live_.insert(p);
+    return p;
+}
+
+void Engine::free_transfer(Transfer *t) {
+    live_.erase(t);
+    delete t;
 }
 
 bool Engine::owns(const void *context) {
@@ -104,22 +117,22 @@ uint32_t Engine::member_of(uint32_t peer) const {
 
 int Engine::send(uint32_t peer, uint64_t tag, const void *buf, size_t len, Operation *) {
     const uint32_t member = member_of(peer);
-    auto *t = new Transfer{kTransferMagic, Transfer::Kind::Data, false, member, current_};
+    auto *t = new_transfer(Transfer{kTransferMagic, Transfer::Kind::Data, false, member, current_});
     iovec iov{const_cast<void *>(buf), len};
     fi_msg_tagged msg{&iov, nullptr, 1, current_->group->members[member], tag, 0, t, 0};
     ssize_t ret = fi_tsendmsg(owner_, &msg, FI_PEER_TRANSFER);
-    if (ret) delete t;
+    if (ret) free_transfer(t);
     return int(ret);
 }
 
 int Engine::recv(uint32_t peer, uint64_t tag, void *buf, size_t len, Operation *) {
     const uint32_t member = member_of(peer);
-    auto *t = new Transfer{kTransferMagic, Transfer::Kind::Data, true, member, current_};
+    auto *t = new_transfer(Transfer{kTransferMagic, Transfer::Kind::Data, true, member, current_});
     iovec iov{buf, len};
     fi_msg_tagged msg{&iov, nullptr, 1, current_->group->members[member], tag, 0, t, 0};
     ssize_t ret = fi_trecvmsg(owner_, &msg, FI_PEER_TRANSFER);
     if (ret) {
-        delete t;
+        free_transfer(t);
         return int(ret);
     }
     current_->recvs.insert(t);
@@ -158,18 +171,19 @@ void Engine::transfer_done(void *context, int err) {
             break;
         }
     }
-    delete t;
+    free_transfer(t);
 }
 
 // ------------------------------------------------------------------------------------------
 // Notices
 
 void Engine::post_notice_receive(Group &g) {
-    auto *t = new Transfer{kTransferMagic, Transfer::Kind::NoticeReceive, true, 0, nullptr, &g};
+    auto *t =
+        new_transfer(Transfer{kTransferMagic, Transfer::Kind::NoticeReceive, true, 0, nullptr, &g});
     iovec iov{&t->notice, sizeof t->notice};
     fi_msg_tagged msg{&iov, nullptr, 1, FI_ADDR_UNSPEC, wire::coll_notice_tag(g.id), 0, t, 0};
     if (fi_trecvmsg(owner_, &msg, FI_PEER_TRANSFER)) {
-        delete t;  // (-FI_EAGAIN: again at the next pass)
+        free_transfer(t);  // (-FI_EAGAIN: again at the next pass)
         repost_notices_ = true;
         return;
     }
@@ -177,7 +191,7 @@ void Engine::post_notice_receive(Group &g) {
 }
 
 void Engine::send_notice(Group &g, uint32_t peer, const wire::CollNotice &n, Running *run) {
-    auto *t = new Transfer{kTransferMagic, Transfer::Kind::Notice, false, peer, run};
+    auto *t = new_transfer(Transfer{kTransferMagic, Transfer::Kind::Notice, false, peer, run});
     t->notice = n;
     iovec iov{&t->notice, sizeof t->notice};
     fi_msg_tagged msg{&iov, nullptr, 1, g.members[peer], wire::coll_notice_tag(g.id), 0, t, 0};
@@ -185,7 +199,7 @@ void Engine::send_notice(Group &g, uint32_t peer, const wire::CollNotice &n, Run
     if (ret) {
         TANDEM_INFO(FI_LOG_EP_DATA, "collective: notice to member %u not sent: %s\n", peer,
                     fi_strerror(int(-ret)));
-        delete t;
+        free_transfer(t);
         return;
     }
     if (run) ++run->probes;

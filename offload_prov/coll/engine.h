@@ -155,6 +155,9 @@ class Engine final : public Transport {
     void probe(Running &r);
     void drop_group(Group *g);
     uint32_t member_of(uint32_t peer) const;
+    Transfer *new_transfer(const Transfer &t);
+    void free_transfer(Transfer *t);
+    std::unordered_set<Transfer *> live_;  // transfers started and not ended
 
     fid_ep *owner_;
     std::function<bool(fi_addr_t)> reachable_;
