@@ -18,6 +18,8 @@
 // Roles name their processes (prctl PR_SET_NAME, "at-target", "at-init-2", ...).
 #pragma once
 
+#include "tests/common/shared_map.h"
+
 #include <rdma/fabric.h>
 #include <rdma/fi_atomic.h>
 #include <rdma/fi_cm.h>
@@ -195,29 +197,41 @@ struct Shared {
 };
 
 // An anonymous shared mapping, made before the roles are forked.
-class SharedBlock {
-  public:
-    SharedBlock() {
-        void *p = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                       -1, 0);
-        if (p != MAP_FAILED) {
-            std::memset(p, 0, sizeof(Shared));
-            s_ = new (p) Shared;
-        }
-    }
-    ~SharedBlock() {
-        if (s_) munmap(s_, sizeof(Shared));
-    }
-    SharedBlock(const SharedBlock &) = delete;
-    SharedBlock &operator=(const SharedBlock &) = delete;
-    Shared *get() const { return s_; }
-    Shared *operator->() const { return s_; }
-
-  private:
-    Shared *s_ = nullptr;
-};
+using SharedBlock = SharedMap<Shared>;
 
 // ---- one endpoint of a role -------------------------------------------------------------------
+
+// tandem's plain entry (not a layered one) for an RDM endpoint on 127.0.0.1 (FI_SOURCE) with
+// caps, mr_mode and an FI_AV_TABLE AV, to free with lib.freeinfo; null, with what went wrong in
+// *why, when there is none.
+inline fi_info *tandem_info(const Lib &lib, uint64_t caps, int mr_mode, std::string *why) {
+    fi_info *hints = lib.dupinfo(nullptr);
+    if (!hints) {
+        *why = "fi_dupinfo(NULL) failed";
+        return nullptr;
+    }
+    hints->caps = caps;
+    hints->addr_format = FI_SOCKADDR_IN;
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->domain_attr->mr_mode = mr_mode;
+    hints->domain_attr->av_type = FI_AV_TABLE;
+    hints->fabric_attr->prov_name = strdup("tandem");
+    fi_info *list = nullptr;
+    const int ret = lib.getinfo(kFiVersion, "127.0.0.1", nullptr, FI_SOURCE, hints, &list);
+    lib.freeinfo(hints);
+    if (ret) {
+        *why = cat("fi_getinfo(tandem) -> ", lib.strerror(-ret), " (", ret, ")");
+        return nullptr;
+    }
+    fi_info *info = nullptr;
+    for (fi_info *i = list; i && !info; i = i->next)
+        if (i->fabric_attr && i->fabric_attr->prov_name &&
+            strcmp(i->fabric_attr->prov_name, "tandem") == 0)
+            info = lib.dupinfo(i);
+    lib.freeinfo(list);
+    if (!info) *why = "fi_getinfo lists no plain tandem entry";
+    return info;
+}
 
 struct Comp {
     bool err = false;
@@ -246,24 +260,9 @@ class Node {
 
     // An enabled RDM endpoint of tandem on 127.0.0.1; `wait`: its CQ can be slept on.
     bool open(uint64_t caps, int mr_mode, bool wait) {
-        fi_info *hints = lib_.dupinfo(nullptr);
-        if (!hints) return fail(__LINE__, "fi_dupinfo(NULL) failed");
-        hints->caps = caps;
-        hints->addr_format = FI_SOCKADDR_IN;
-        hints->ep_attr->type = FI_EP_RDM;
-        hints->domain_attr->mr_mode = mr_mode;
-        hints->domain_attr->av_type = FI_AV_TABLE;
-        hints->fabric_attr->prov_name = strdup("tandem");
-        fi_info *list = nullptr;
-        int ret = lib_.getinfo(kFiVersion, "127.0.0.1", nullptr, FI_SOURCE, hints, &list);
-        lib_.freeinfo(hints);
-        if (ret) return fail(__LINE__, cat("fi_getinfo(tandem) -> ", str(ret)));
-        for (fi_info *i = list; i && !info; i = i->next)
-            if (i->fabric_attr && i->fabric_attr->prov_name &&
-                strcmp(i->fabric_attr->prov_name, "tandem") == 0)
-                info = lib_.dupinfo(i);
-        lib_.freeinfo(list);
-        if (!info) return fail(__LINE__, "fi_getinfo lists no plain tandem entry");
+        std::string why;
+        if (!(info = tandem_info(lib_, caps, mr_mode, &why))) return fail(__LINE__, why);
+        int ret;
         if ((ret = lib_.fabric(info->fabric_attr, &fabric, nullptr)))
             return fail(__LINE__, cat("fi_fabric -> ", str(ret)));
         if ((ret = fi_domain(fabric, info, &domain, nullptr)))

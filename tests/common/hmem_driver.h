@@ -10,7 +10,8 @@
 //     emulator's device memory is PROT_NONE: the CPU touching it kills the process);
 //   - the gtest process's question "is there a usable device", asked in a child, and the
 //     macro that skips a test without one;
-//   - pattern(i, seed), the bytes the suites write and check.
+//   - pattern(i, seed), the bytes the suites write and check;
+//   - which path the ctest variant runs (net_variant()), and the names of the P2P modes.
 #pragma once
 
 #include "hmem/cuda_abi.h"
@@ -18,6 +19,7 @@
 
 #include <rdma/fabric.h>
 #include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 
 #include <dlfcn.h>
@@ -27,6 +29,8 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -309,6 +313,31 @@ inline uint8_t pattern(size_t i, uint32_t seed) {
     uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull + seed * 0x632BE5ABull;
     x ^= x >> 29;
     return static_cast<uint8_t>(x ^ (x >> 11) ^ (i >> 8));
+}
+
+// ---- the path and the P2P modes -----------------------------------------------------------------
+
+// FI_TANDEM_LOCAL=0 (ctest's hmem.emu_net.*): tandem's node-local path is off, the processes talk
+// over the TCP link, which stages all device memory and can do no P2P.
+inline bool net_variant() {
+    const char *v = getenv("FI_TANDEM_LOCAL");
+    return v && strcmp(v, "0") == 0;
+}
+
+// A value of FI_OPT_FI_HMEM_P2P, by name.
+inline const char *p2p_name(int mode) {
+    switch (mode) {
+        case FI_HMEM_P2P_ENABLED:
+            return "ENABLED";
+        case FI_HMEM_P2P_REQUIRED:
+            return "REQUIRED";
+        case FI_HMEM_P2P_PREFERRED:
+            return "PREFERRED";
+        case FI_HMEM_P2P_DISABLED:
+            return "DISABLED";
+        default:
+            return "(not a mode)";
+    }
 }
 
 }  // namespace tandem_test

@@ -6,13 +6,13 @@
 //     and fi_scatter with root 0) at counts 1 and 9001 (72 KB: above the 64 KiB ring threshold
 //     of allreduce by messages), input and result in device memory; then allreduce and
 //     allgather with the input in host memory and the result in device memory, and the other
-//     way round. Each result is copied back with the driver and checked against a reference
-//     computed here, and the element behind it must be untouched. tandem stages device
-//     buffers through host memory (docs/user-guide.md, "Collectives"): under the emulated
-//     driver, whose counters this process reads, each call must have copied exactly the bytes
-//     it reads from the device before, and exactly those it writes to the device after, and
-//     nothing device to device or through IPC; the reduction itself ran on the host (the
-//     emulator has no kernels), which the test says in its output.
+//     way round. Each result is copied back with the driver and checked against the reference
+//     of tests/common/coll_reference.h, and the element behind it must be untouched. tandem
+//     stages device buffers through host memory (docs/user-guide.md, "Collectives"): under the
+//     emulated driver, whose counters this process reads, each call must have copied exactly
+//     the bytes it reads from the device before, and exactly those it writes to the device
+//     after, and nothing device to device or through IPC; the reduction itself ran on the host
+//     (the emulator has no kernels), which the test says in its output.
 //   - P2pRequired.*: fi_setopt(FI_OPT_FI_HMEM_P2P, FI_HMEM_P2P_REQUIRED). Where tandem takes it
 //     (the node-local path), a collective given a device buffer returns -FI_EOPNOTSUPP at once:
 //     nothing copied, nothing completes, and a host-memory collective still runs. Where it
@@ -24,17 +24,20 @@
 //
 // Black-box as test_hmem_atomic.cpp, on the role processes of tests/common/atomic_processes.h:
 // libfabric and the CUDA driver are loaded with dlopen (tests/common/hmem_driver.h) in the rank
-// processes only, never in the gtest process. The ranks share a block made before the fork
-// (as tests/peer/test_coll_processes.cpp): each publishes its endpoint name, all insert every
-// name in rank order (rank q is fi_addr_t q), a counter is their barrier, and a rank that gives
-// up raises an abort flag so that the others stop waiting for it. Each rank joins one group of
-// all three (an AV set of every rank, fi_av_set_addr, fi_join_collective, FI_JOIN_COMPLETE on
-// the EQ, fi_mc_addr). ctest variants: hmem.emu.coll.* (the emulated driver, node-local path:
-// the group runs on a shared segment), hmem.emu_net.coll.* (the same with FI_TANDEM_LOCAL=0:
-// by messages over the TCP link), hmem.gpu.coll.* (the real driver: without a GPU every test
-// skips with the reason).
+// processes only, never in the gtest process. The ranks (tests/common/coll_rank.h, as in
+// tests/peer/test_coll_processes.cpp) share a block made before the fork: each publishes its
+// endpoint name, all insert every name in rank order (rank q is fi_addr_t q), a counter is their
+// barrier, and a rank that gives up raises an abort flag so that the others stop waiting for it.
+// Each rank joins one group of all three (an AV set of every rank, fi_av_set_addr,
+// fi_join_collective, FI_JOIN_COMPLETE on the EQ, fi_mc_addr). ctest variants: hmem.emu.coll.*
+// (the emulated driver, node-local path: the group runs on a shared segment), hmem.emu_net.coll.*
+// (the same with FI_TANDEM_LOCAL=0: by messages over the TCP link), hmem.gpu.coll.* (the real
+// driver: without a GPU every test skips with the reason).
 #include "tests/common/atomic_processes.h"
+#include "tests/common/coll_rank.h"
+#include "tests/common/coll_reference.h"
 #include "tests/common/hmem_driver.h"
+#include "tests/common/shared_map.h"
 
 #include <rdma/fi_collective.h>
 
@@ -46,22 +49,18 @@ namespace {
 
 using namespace tandem_test;
 using namespace tandem_test::atomic_procs;
+using namespace tandem_test::coll_procs;
+using namespace tandem_test::coll_ref;
 
 constexpr int kRanks = 3;
 constexpr uint64_t kCaps = FI_MSG | FI_COLLECTIVE | FI_HMEM;
 constexpr int kMrMode = FI_MR_HMEM | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED;
-constexpr auto kRankWait = 10s;                        // any one wait of a rank
-constexpr auto kDeadline = 30s;                        // the gtest process's, for all ranks
-constexpr uint64_t kSentinel = 0x5e5e5e5e5e5e5e5eull;  // memory no element may reach
+constexpr auto kRankWait = 10s;          // any one wait of a rank
+constexpr auto kDeadline = 30s;          // the gtest process's, for all ranks
 constexpr size_t kCounts[] = {1, 9001};  // 9001 x 8 B: above the 64 KiB ring threshold
 
 // Device 0's memory is the device memory of every test here.
 #define REQUIRE_DEVICE() HMEM_REQUIRE_DEVICE(device_probe<DeviceNeed::kDevice0Context>())
-
-bool net_variant() {
-    const char *v = getenv("FI_TANDEM_LOCAL");
-    return v && strcmp(v, "0") == 0;
-}
 
 // libfabric's FI_HMEM_DISABLE_P2P set to a true value: every endpoint's P2P mode is DISABLED.
 bool p2p_disabled_by_env() {
@@ -70,21 +69,6 @@ bool p2p_disabled_by_env() {
     for (const char *yes : {"1", "yes", "on", "true"})
         if (strcasecmp(v, yes) == 0) return true;
     return false;
-}
-
-const char *p2p_name(int mode) {
-    switch (mode) {
-        case FI_HMEM_P2P_ENABLED:
-            return "ENABLED";
-        case FI_HMEM_P2P_REQUIRED:
-            return "REQUIRED";
-        case FI_HMEM_P2P_PREFERRED:
-            return "PREFERRED";
-        case FI_HMEM_P2P_DISABLED:
-            return "DISABLED";
-        default:
-            return "?";
-    }
 }
 
 const char *coll_name(int coll) {
@@ -108,195 +92,28 @@ const char *coll_name(int coll) {
     }
 }
 
-// ---- deterministic inputs ----------------------------------------------------------------------
-
-uint64_t mix(uint64_t z) {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-// Rank q's element i of the call salted `salt`: every rank can compute every rank's input.
-uint64_t val(uint64_t salt, int q, size_t i) {
-    return mix(mix(salt) ^ (uint64_t(q) << 48) ^ uint64_t(i));
-}
-
-// ---- what the ranks share ----------------------------------------------------------------------
-
-struct Board {
-    std::atomic<int> abort;         // a rank gave up: its rank + 1
-    std::atomic<uint64_t> arrived;  // the barrier: arrivals of every rank, all generations
-    std::atomic<int> name_ready[kRanks];
-    uint32_t name_len[kRanks];
-    uint8_t name[kRanks][256];
-};
-
-// An anonymous shared mapping of a T, made before the ranks are forked.
-template <typename T>
-class SharedMap {
-  public:
-    SharedMap() {
-        void *p =
-            mmap(nullptr, sizeof(T), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-        if (p != MAP_FAILED) {
-            std::memset(p, 0, sizeof(T));
-            t_ = new (p) T;
-        }
-    }
-    ~SharedMap() {
-        if (t_) munmap(t_, sizeof(T));
-    }
-    SharedMap(const SharedMap &) = delete;
-    SharedMap &operator=(const SharedMap &) = delete;
-    T *get() const { return t_; }
-
-  private:
-    T *t_ = nullptr;
-};
-
 // ---- one rank ----------------------------------------------------------------------------------
 
-// In a rank's body (a void function): report and give up on this rank (the others stop waiting
-// for it) when cond does not hold, or after a helper that reported.
-#define RK_REQUIRE(k, cond, ...)                                    \
-    do {                                                            \
-        if (!(cond)) {                                              \
-            AP_FAIL((k).r, #cond __VA_OPT__(, ": ", ) __VA_ARGS__); \
-            (k).give_up();                                          \
-            return;                                                 \
-        }                                                           \
-    } while (0)
-#define RK_TRY(k, expr)    \
-    do {                   \
-        if (!(expr)) {     \
-            (k).give_up(); \
-            return;        \
-        }                  \
-    } while (0)
-
-class Rank {
+// A rank of the group of every rank (tests/common/coll_rank.h), reporting to run_roles's pipe,
+// with libfabric loaded in its process.
+class Rank : public CollRank<Report> {
   public:
-    Rank(Report &rep, Board &b, int q) : r(rep), rank(q), b_(b) {}
-    Rank(const Rank &) = delete;
-    Rank &operator=(const Rank &) = delete;
-    ~Rank() { close(); }
+    Rank(Report &rep, RankBoard &b, int q)
+        : CollRank(rep, libfabric_table<Lib>(), b, q, kRanks, kRankWait) {}
 
-    Report &r;
-    const int rank;
-    fi_info *info = nullptr;
-    fid_fabric *fabric = nullptr;
-    fid_domain *domain = nullptr;
-    fid_av *av = nullptr;
-    fid_eq *eq = nullptr;
-    fid_cq *cq = nullptr;
-    fid_ep *ep = nullptr;
-    fid_av_set *set = nullptr;
-    fid_mc *mc = nullptr;
     fi_addr_t group = FI_ADDR_NOTAVAIL;  // fi_mc_addr of the group of every rank
 
-    const Lib &lib() const { return libfabric_table<Lib>(); }
-    std::string str(long ret) const {
-        if (ret >= 0) return cat(ret);
-        return cat(lib().strerror(int(-ret)), " (", ret, ")");
-    }
-
-    void give_up() {
-        gave_up_ = true;
-        int none = 0;
-        b_.abort.compare_exchange_strong(none, rank + 1);
-    }
-    bool gave_up() const { return gave_up_; }
-
-    // The endpoint open, every rank's name inserted (rank q at fi_addr_t q), the group joined.
-    bool start() { return open() && connect() && join(); }
-
-    // One pass of progress: completions are kept for wait().
-    void progress() {
-        if (!cq) return;
-        fi_cq_tagged_entry e[16];
-        ssize_t k = fi_cq_read(cq, e, 16);
-        if (k > 0) {
-            for (ssize_t i = 0; i < k; ++i) done_.push_back({e[i].op_context, e[i].flags, 0});
-        } else if (k == -FI_EAVAIL) {
-            fi_cq_err_entry ee{};
-            ssize_t m = fi_cq_readerr(cq, &ee, 0);
-            if (m == 1)
-                done_.push_back({ee.op_context, ee.flags, ee.err ? ee.err : -1});
-            else
-                AP_FAIL(r, "fi_cq_readerr -> ", str(m));
-        } else if (k != -FI_EAGAIN && !cq_error_said_) {
-            cq_error_said_ = true;
-            AP_FAIL(r, "fi_cq_read -> ", str(k));
-        }
-    }
-
-    // Another rank gave up: stop waiting for `what` (reported).
-    bool aborted(const std::string &what) {
-        const int who = b_.abort.load();
-        if (!who || who == rank + 1) return false;
-        AP_FAIL(r, "stopped waiting for ", what, ": rank ", who - 1, " gave up");
-        return true;
-    }
-
-    // The ranks' barrier (the endpoint progresses meanwhile: a peer may need its answers).
-    bool barrier(const std::string &what) {
-        const uint64_t want = ++generation_ * uint64_t(kRanks);
-        b_.arrived.fetch_add(1);
-        const auto until = Clock::now() + kRankWait;
-        while (b_.arrived.load() < want) {
-            progress();
-            if (aborted(what)) return false;
-            if (Clock::now() > until) return AP_FAIL(r, what, ": timed out");
-            sched_yield();
-        }
-        return true;
-    }
-
-    // Posts call(ctx) with a fresh context (retrying while -FI_EAGAIN), then waits for its one
-    // completion: FI_COLLECTIVE, no error.
-    template <typename F>
-    bool run(const std::string &what, F &&call) {
-        void *ctx = &contexts_.emplace_back();
-        const auto until = Clock::now() + kRankWait;
-        for (;;) {
-            const ssize_t ret = call(ctx);
-            if (ret == 0) break;
-            if (ret != -FI_EAGAIN) return AP_FAIL(r, what, " -> ", str(ret));
-            progress();
-            if (Clock::now() > until) return AP_FAIL(r, what, " kept giving -FI_EAGAIN");
-        }
-        for (;;) {
-            for (auto it = done_.begin(); it != done_.end(); ++it) {
-                if (it->ctx != ctx) continue;
-                const Done d = *it;
-                done_.erase(it);
-                if (d.err)
-                    return AP_FAIL(r, what, ": error completion, err ", d.err, " (",
-                                   lib().strerror(d.err), ")");
-                if (!(d.flags & FI_COLLECTIVE))
-                    return AP_FAIL(r, what, ": completion flags 0x", std::hex, d.flags,
-                                   " without FI_COLLECTIVE");
-                return true;
-            }
-            progress();
-            if (aborted(what)) return false;
-            if (Clock::now() > until)
-                return AP_FAIL(r, what, ": no completion within ",
-                               std::chrono::seconds(kRankWait).count(), " s");
-            sched_yield();
-        }
-    }
-
-    // Polls the CQ for `ms`: false (and a failure) when anything completes.
-    bool quiet_for(int ms, const std::string &what) {
-        const auto until = Clock::now() + std::chrono::milliseconds(ms);
-        while (Clock::now() < until) {
-            progress();
-            if (!done_.empty())
-                return AP_FAIL(r, what, ": a completion came (flags 0x", std::hex,
-                               done_.front().flags, std::dec, ", err ", done_.front().err, ")");
-            sched_yield();
-        }
+    // The endpoint open, every rank's name inserted (rank q at fi_addr_t q), the group of every
+    // rank joined: an AV set of them all, joined through the set's address.
+    bool start() {
+        if (!CollRank::start(kCaps, kMrMode)) return false;
+        fid_av_set *set = range(0, kRanks - 1, 1);
+        if (!set) return false;
+        const fi_addr_t set_address = set_addr(set);
+        if (set_address == FI_ADDR_NOTAVAIL) return false;
+        fid_mc *mc = join(set, set_address, "the join");
+        if (!mc) return false;
+        group = fi_mc_addr(mc);
         return true;
     }
 
@@ -307,169 +124,6 @@ class Rank {
         size_t len = sizeof *mode;
         return fi_getopt(&ep->fid, FI_OPT_ENDPOINT, FI_OPT_FI_HMEM_P2P, mode, &len);
     }
-
-    // Closes everything; a close that fails is a failure of the rank.
-    void close() {
-        auto shut = [&](fid_t f, const char *what) {
-            int ret = fi_close(f);
-            if (ret) AP_FAIL(r, "fi_close(", what, ") -> ", str(ret));
-        };
-        if (mc) {  // -FI_EBUSY while an operation of the group still runs at this rank
-            const auto until = Clock::now() + (gave_up_ ? 1s : kRankWait);
-            int ret;
-            while ((ret = fi_close(&mc->fid)) == -FI_EBUSY && Clock::now() < until) {
-                progress();
-                sched_yield();
-            }
-            if (ret) {
-                AP_FAIL(r, "fi_close(group) -> ", str(ret), ": the endpoint stays open");
-                return;
-            }
-            mc = nullptr;
-        }
-        if (ep) shut(&ep->fid, "endpoint");
-        ep = nullptr;
-        if (set) shut(&set->fid, "AV set");
-        set = nullptr;
-        if (av) shut(&av->fid, "AV");
-        av = nullptr;
-        if (cq) shut(&cq->fid, "CQ");
-        cq = nullptr;
-        if (eq) shut(&eq->fid, "EQ");
-        eq = nullptr;
-        if (domain) shut(&domain->fid, "domain");
-        domain = nullptr;
-        if (fabric) shut(&fabric->fid, "fabric");
-        fabric = nullptr;
-        if (info) lib().freeinfo(info);
-        info = nullptr;
-    }
-
-  private:
-    struct Done {
-        void *ctx;
-        uint64_t flags;
-        int err;
-    };
-
-    // An enabled RDM endpoint of tandem on 127.0.0.1 with FI_HMEM and FI_COLLECTIVE, bound to
-    // an AV, a CQ and an EQ (FI_JOIN_COMPLETE goes there).
-    bool open() {
-        const Lib &lf = lib();
-        fi_info *hints = lf.dupinfo(nullptr);
-        if (!hints) return AP_FAIL(r, "fi_dupinfo(NULL) failed");
-        hints->caps = kCaps;
-        hints->addr_format = FI_SOCKADDR_IN;
-        hints->ep_attr->type = FI_EP_RDM;
-        hints->domain_attr->mr_mode = kMrMode;
-        hints->domain_attr->av_type = FI_AV_TABLE;
-        hints->fabric_attr->prov_name = strdup("tandem");
-        fi_info *list = nullptr;
-        int ret = lf.getinfo(kFiVersion, "127.0.0.1", nullptr, FI_SOURCE, hints, &list);
-        lf.freeinfo(hints);
-        if (ret) return AP_FAIL(r, "fi_getinfo(tandem, FI_HMEM | FI_COLLECTIVE) -> ", str(ret));
-        for (fi_info *i = list; i && !info; i = i->next)
-            if (i->fabric_attr && i->fabric_attr->prov_name &&
-                strcmp(i->fabric_attr->prov_name, "tandem") == 0)
-                info = lf.dupinfo(i);
-        lf.freeinfo(list);
-        if (!info) return AP_FAIL(r, "fi_getinfo lists no plain tandem entry");
-        if ((info->caps & kCaps) != kCaps || !(info->domain_attr->mr_mode & FI_MR_HMEM))
-            return AP_FAIL(r, "tandem's entry lacks what was asked for: caps 0x", std::hex,
-                           info->caps, ", mr_mode 0x", info->domain_attr->mr_mode);
-        if ((ret = lf.fabric(info->fabric_attr, &fabric, nullptr)))
-            return AP_FAIL(r, "fi_fabric -> ", str(ret));
-        if ((ret = fi_domain(fabric, info, &domain, nullptr)))
-            return AP_FAIL(r, "fi_domain -> ", str(ret));
-        fi_av_attr av_attr{};
-        av_attr.type = FI_AV_TABLE;
-        av_attr.count = kRanks;
-        if ((ret = fi_av_open(domain, &av_attr, &av, nullptr)))
-            return AP_FAIL(r, "fi_av_open -> ", str(ret));
-        fi_eq_attr eq_attr{};
-        eq_attr.size = 64;
-        if ((ret = fi_eq_open(fabric, &eq_attr, &eq, nullptr)))
-            return AP_FAIL(r, "fi_eq_open -> ", str(ret));
-        fi_cq_attr cq_attr{};
-        cq_attr.size = 1024;
-        cq_attr.format = FI_CQ_FORMAT_TAGGED;
-        if ((ret = fi_cq_open(domain, &cq_attr, &cq, nullptr)))
-            return AP_FAIL(r, "fi_cq_open -> ", str(ret));
-        if ((ret = fi_endpoint(domain, info, &ep, nullptr)))
-            return AP_FAIL(r, "fi_endpoint -> ", str(ret));
-        if ((ret = fi_ep_bind(ep, &av->fid, 0))) return AP_FAIL(r, "fi_ep_bind(AV) -> ", str(ret));
-        if ((ret = fi_ep_bind(ep, &eq->fid, 0))) return AP_FAIL(r, "fi_ep_bind(EQ) -> ", str(ret));
-        if ((ret = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV)))
-            return AP_FAIL(r, "fi_ep_bind(CQ) -> ", str(ret));
-        if ((ret = fi_enable(ep))) return AP_FAIL(r, "fi_enable -> ", str(ret));
-        return true;
-    }
-
-    // Publishes this rank's name, waits for everybody's, inserts them in rank order.
-    bool connect() {
-        size_t len = sizeof b_.name[rank];
-        int ret = fi_getname(&ep->fid, b_.name[rank], &len);
-        if (ret) return AP_FAIL(r, "fi_getname -> ", str(ret));
-        b_.name_len[rank] = uint32_t(len);
-        b_.name_ready[rank].store(1);
-        if (!barrier("the names")) return false;
-        for (int q = 0; q < kRanks; ++q) {
-            fi_addr_t a = FI_ADDR_NOTAVAIL;
-            ret = fi_av_insert(av, b_.name[q], 1, &a, 0, nullptr);
-            if (ret != 1) return AP_FAIL(r, "fi_av_insert(rank ", q, ") -> ", str(ret));
-            if (a != fi_addr_t(q)) return AP_FAIL(r, "rank ", q, " is fi_addr_t ", a, " in the AV");
-        }
-        return true;
-    }
-
-    // The group of every rank: an AV set of them all, joined through the set's address.
-    bool join() {
-        fi_av_set_attr attr{};
-        attr.count = kRanks;
-        attr.start_addr = 0;
-        attr.end_addr = kRanks - 1;
-        attr.stride = 1;
-        int ret = fi_av_set(av, &attr, &set, nullptr);
-        if (ret) return AP_FAIL(r, "fi_av_set(0 .. ", kRanks - 1, ") -> ", str(ret));
-        fi_addr_t set_addr = FI_ADDR_NOTAVAIL;
-        if ((ret = fi_av_set_addr(set, &set_addr)))
-            return AP_FAIL(r, "fi_av_set_addr -> ", str(ret));
-        void *ctx = &contexts_.emplace_back();
-        if ((ret = fi_join_collective(ep, set_addr, set, 0, &mc, ctx)))
-            return AP_FAIL(r, "fi_join_collective -> ", str(ret));
-        const auto until = Clock::now() + kRankWait;
-        for (;;) {
-            uint32_t event = 0;
-            fi_eq_entry entry{};
-            ssize_t k = fi_eq_read(eq, &event, &entry, sizeof entry, 0);
-            if (k == ssize_t(sizeof entry)) {
-                if (event != FI_JOIN_COMPLETE)
-                    return AP_FAIL(r, "the join: EQ event ", event, ", not FI_JOIN_COMPLETE");
-                if (entry.fid != &mc->fid || entry.context != ctx)
-                    return AP_FAIL(r, "FI_JOIN_COMPLETE names another fid or context");
-                group = fi_mc_addr(mc);
-                return true;
-            }
-            if (k == -FI_EAVAIL) {
-                fi_eq_err_entry err{};
-                ssize_t m = fi_eq_readerr(eq, &err, 0);
-                return AP_FAIL(r, "the join: EQ error entry (", str(m), "), err ", err.err, " (",
-                               lib().strerror(err.err), ")");
-            }
-            if (k != -FI_EAGAIN) return AP_FAIL(r, "the join: fi_eq_read -> ", str(k));
-            progress();
-            if (aborted("the join")) return false;
-            if (Clock::now() > until) return AP_FAIL(r, "the join: no FI_JOIN_COMPLETE in time");
-            sched_yield();
-        }
-    }
-
-    Board &b_;
-    bool gave_up_ = false;
-    bool cq_error_said_ = false;
-    uint64_t generation_ = 0;
-    std::deque<Done> done_;
-    std::deque<fi_context2> contexts_;
 };
 
 // ---- buffers -----------------------------------------------------------------------------------
@@ -615,112 +269,14 @@ ssize_t issue(Rank &k, const Call &c, Buffer &in, Buffer &out, void *ctx) {
     }
 }
 
-// A rank's buffers for one call: the input and the result it expects (the result buffer one
-// element longer than the call writes: that element, like any the call must not write, keeps
-// kSentinel), and the bytes the call reads and writes at this rank.
-struct Plan {
-    std::vector<uint64_t> in, out, want;
-    size_t reads = 0, writes = 0;  // bytes
-};
-
-Plan plan(const Call &c, int me) {
-    const size_t n = kRanks, count = c.count, b = count * sizeof(uint64_t);
-    const uint64_t s = (uint64_t(c.coll) << 40) ^ (uint64_t(count) << 8) ^ uint64_t(c.root);
-    const bool root = me == c.root;
-    Plan p;
-    auto outputs = [&](size_t elems) {
-        p.out.assign(elems + 1, kSentinel);
-        p.want.assign(elems + 1, kSentinel);
-    };
-    switch (c.coll) {
-        case FI_ALLREDUCE:  // the element-wise sum of every rank's vector
-            p.in.resize(count);
-            outputs(count);
-            for (size_t i = 0; i < count; ++i) {
-                p.in[i] = val(s, me, i);
-                p.want[i] = 0;
-                for (int q = 0; q < kRanks; ++q) p.want[i] += val(s, q, i);
-            }
-            p.reads = p.writes = b;
-            break;
-        case FI_BROADCAST:  // the root's vector everywhere; the root's buffer is only read
-            outputs(count);
-            for (size_t i = 0; i < count; ++i) p.want[i] = val(s, c.root, i);
-            p.in = root ? p.want : p.out;
-            p.reads = root ? b : 0;
-            p.writes = root ? 0 : b;
-            break;
-        case FI_ALLGATHER:  // block q from rank q
-            p.in.resize(count);
-            outputs(n * count);
-            for (size_t i = 0; i < count; ++i) p.in[i] = val(s, me, i);
-            for (int q = 0; q < kRanks; ++q)
-                for (size_t i = 0; i < count; ++i) p.want[q * count + i] = val(s, q, i);
-            p.reads = b;
-            p.writes = n * b;
-            break;
-        case FI_REDUCE_SCATTER:  // block `me` of the sum of every rank's n blocks
-            p.in.resize(n * count);
-            outputs(count);
-            for (size_t j = 0; j < n * count; ++j) p.in[j] = val(s, me, j);
-            for (size_t i = 0; i < count; ++i) {
-                p.want[i] = 0;
-                for (int q = 0; q < kRanks; ++q) p.want[i] += val(s, q, me * count + i);
-            }
-            p.reads = n * b;
-            p.writes = b;
-            break;
-        case FI_ALLTOALL:  // rank q's block `me` to block q
-            p.in.resize(n * count);
-            outputs(n * count);
-            for (size_t j = 0; j < n * count; ++j) p.in[j] = val(s, me, j);
-            for (int q = 0; q < kRanks; ++q)
-                for (size_t i = 0; i < count; ++i)
-                    p.want[q * count + i] = val(s, q, me * count + i);
-            p.reads = p.writes = n * b;
-            break;
-        case FI_GATHER:  // rank q's block to the root's block q; elsewhere the result untouched
-            p.in.resize(count);
-            outputs(n * count);
-            for (size_t i = 0; i < count; ++i) p.in[i] = val(s, me, i);
-            if (root)
-                for (int q = 0; q < kRanks; ++q)
-                    for (size_t i = 0; i < count; ++i) p.want[q * count + i] = val(s, q, i);
-            p.reads = b;
-            p.writes = root ? n * b : 0;
-            break;
-        case FI_SCATTER:  // the root's block `me`; elsewhere the input is not read
-            p.in.assign(n * count, kSentinel);
-            outputs(count);
-            if (root)
-                for (size_t j = 0; j < n * count; ++j) p.in[j] = val(s, c.root, j);
-            for (size_t i = 0; i < count; ++i) p.want[i] = val(s, c.root, me * count + i);
-            p.reads = root ? n * b : 0;
-            p.writes = b;
-            break;
-    }
-    return p;
-}
-
-// One failure naming the first wrong element, when got differs from want.
-void expect_equal(Report &r, const std::string &what, const std::vector<uint64_t> &got,
-                  const std::vector<uint64_t> &want) {
-    size_t bad = 0, first = 0;
-    for (size_t i = 0; i < want.size(); ++i)
-        if (got[i] != want[i] && bad++ == 0) first = i;
-    if (bad)
-        AP_FAIL(r, what, ": ", bad, " of ", want.size(), " elements wrong (the last one is behind ",
-                "the result), first [", first, "] = 0x", std::hex, got[first], ", expected 0x",
-                want[first]);
-}
-
 // Runs one collective at every rank with its buffers where `c` says; checks the result and,
 // under the emulated driver, what was staged. False when the call could not run (the ranks
 // cannot go on in step); a wrong result is reported and the ranks go on.
 bool collective(Rank &k, const Memory &dev, const Memory &host, const Call &c, Tally &tally) {
     Report &r = k.r;
     const std::string what = describe(c);
-    Plan p = plan(c, k.rank);
+    Plan p = plan(fi_collective_op(c.coll), c.count, c.root, kRanks, k.rank,
+                  salt_of(c.coll, c.count, c.root));
     const bool bcast = c.coll == FI_BROADCAST;
     Buffer in(k, c.in_dev ? dev : host), out(k, c.out_dev ? dev : host);
     if (!in.make(p.in)) return false;
@@ -730,7 +286,7 @@ bool collective(Rank &k, const Memory &dev, const Memory &host, const Call &c, T
     const Copies staged = Copies::read();
     std::vector<uint64_t> got;
     if (!(bcast ? in : out).read(got)) return false;
-    expect_equal(r, what, got, p.want);
+    RK_EXPECT_EQUAL(k, what, got, p.want);
     const unsigned long long want_from = c.in_dev ? p.reads : 0,
                              want_to = (bcast ? c.in_dev : c.out_dev) ? p.writes : 0;
     if (staged.counted) {
@@ -760,11 +316,11 @@ void report(const RunResult &res) {
 // current, opens its endpoint, joins the group of every rank and runs `body`, then meets the
 // others at a last barrier before closing.
 void run_ranks(const std::string &what, const std::function<void(Rank &)> &body) {
-    SharedMap<Board> board;
+    SharedMap<RankBoard> board;
     ASSERT_NE(board.get(), nullptr);
     SharedBlock block;  // run_roles's (none of its fields is used here)
     ASSERT_NE(block.get(), nullptr);
-    Board *b = board.get();
+    RankBoard *b = board.get();
     std::vector<RoleDef> roles;
     for (int q = 0; q < kRanks; ++q) {
         auto rank = [b, q, &body](Report &r) {
@@ -774,7 +330,7 @@ void run_ranks(const std::string &what, const std::function<void(Rank &)> &body)
             RK_REQUIRE(k, err.empty(), err);
             RK_TRY(k, k.start());
             body(k);
-            if (!k.gave_up()) k.barrier("the last barrier");
+            if (!k.gave_up()) k.finish();
         };
         roles.push_back({cat("rank ", q), cat("coll-rank-", q), rank, {}});
     }
@@ -892,7 +448,8 @@ void p2p_required(Rank &k) {
     int refused = 0;
     for (const Call &c : calls) {
         const std::string what = describe(c) + " under FI_HMEM_P2P_REQUIRED";
-        Plan p = plan(c, k.rank);
+        Plan p = plan(fi_collective_op(c.coll), c.count, c.root, kRanks, k.rank,
+                      salt_of(c.coll, c.count, c.root));
         Buffer in(k, c.in_dev ? dev : host), out(k, c.out_dev ? dev : host);
         RK_TRY(k, in.make(p.in));
         if (c.coll != FI_BROADCAST) RK_TRY(k, out.make(p.out));
@@ -916,8 +473,8 @@ void p2p_required(Rank &k) {
         RK_TRY(k, k.quiet_for(5, what));
         std::vector<uint64_t> back;
         RK_TRY(k, (c.coll == FI_BROADCAST ? in : out).read(back));
-        expect_equal(r, what + ": the buffer the refused call was given", back,
-                     c.coll == FI_BROADCAST ? p.in : p.out);
+        RK_EXPECT_EQUAL(k, what + ": the buffer the refused call was given", back,
+                        c.coll == FI_BROADCAST ? p.in : p.out);
     }
     // Host memory is not affected: the group still runs (every rank in step).
     Tally t;

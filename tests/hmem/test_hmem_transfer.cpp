@@ -80,11 +80,6 @@ constexpr size_t kLocalEagerBelow = 8 * KiB - 512;
 constexpr size_t kLinkEagerLimit = 64 * KiB;
 constexpr uint32_t kSeedData = 0xda7a, kSeedStale = 0x57a1e;
 
-bool net_variant() {
-    const char *v = getenv("FI_TANDEM_LOCAL");
-    return v && strcmp(v, "0") == 0;
-}
-
 template <typename... A>
 std::string cat(const A &...a) {
     std::ostringstream o;
@@ -95,21 +90,6 @@ std::string cat(const A &...a) {
 std::string fi_str(long ret) {
     if (ret >= 0) return cat(ret);
     return cat(lf_strerror(static_cast<int>(-ret)), " (", ret, ")");
-}
-
-const char *p2p_name(int mode) {
-    switch (mode) {
-        case FI_HMEM_P2P_ENABLED:
-            return "ENABLED";
-        case FI_HMEM_P2P_REQUIRED:
-            return "REQUIRED";
-        case FI_HMEM_P2P_PREFERRED:
-            return "PREFERRED";
-        case FI_HMEM_P2P_DISABLED:
-            return "DISABLED";
-        default:
-            return "(not a mode)";
-    }
 }
 
 // ---- one role of a test, in its own process ---------------------------------------------------

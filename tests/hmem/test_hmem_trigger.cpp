@@ -25,6 +25,7 @@
 // skips with the reason).
 #include "tests/common/atomic_processes.h"
 #include "tests/common/hmem_driver.h"
+#include "tests/common/shared_map.h"
 
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
@@ -98,29 +99,6 @@ struct Trig {
     // The sender's "progress a little, then answer" (quiet()), and the receiver's answer.
     std::atomic<uint64_t> sync_seq, sync_ack;
     Arrival arrivals[kMaxRecvs];  // by the receive's index
-};
-
-// An anonymous shared mapping of a T, made before the roles are forked (as SharedBlock).
-template <typename T>
-class SharedMap {
-  public:
-    SharedMap() {
-        void *p =
-            mmap(nullptr, sizeof(T), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-        if (p != MAP_FAILED) {
-            std::memset(p, 0, sizeof(T));
-            t_ = new (p) T;
-        }
-    }
-    ~SharedMap() {
-        if (t_) munmap(t_, sizeof(T));
-    }
-    SharedMap(const SharedMap &) = delete;
-    SharedMap &operator=(const SharedMap &) = delete;
-    T *get() const { return t_; }
-
-  private:
-    T *t_ = nullptr;
 };
 
 // ---- buffers and the device's writes ------------------------------------------------------------

@@ -1,18 +1,23 @@
 // Collectives (fi_collective(3)) between processes: every rank of a group is a process of its
-// own, forked from the gtest process before any libfabric call (the gtest process never makes
-// one). The ranks share one anonymous MAP_SHARED block made before the fork: each publishes its
-// endpoint name in its slot, and all insert every name in rank order, so that rank r is
-// fi_addr_t r in every AV; a counter in the block is the ranks' barrier. Each rank checks the
-// results of its calls against values computed here from the inputs, which are a function of
-// (rank, element) every rank can compute.
+// own (tests/common/coll_rank.h), forked from the gtest process before any libfabric call (the
+// gtest process never makes one). The ranks share one anonymous MAP_SHARED block made before the
+// fork: each publishes its endpoint name there, and all insert every name in rank order, so that
+// rank r is fi_addr_t r in every AV; a counter in the block is the ranks' barrier. Each rank
+// checks the results of its calls against the reference of tests/common/coll_reference.h,
+// computed from the inputs, which are a function of (rank, element) every rank can compute.
 //
-// A rank writes what went wrong as text into its slot and exits non-zero; one that gives up
-// (its calls cannot go on) raises the block's abort flag, so the others stop waiting for it.
-// Every wait of a rank is bounded (kWait); the gtest process kills whatever has not exited at
-// its deadline and fails the test with the ranks' messages.
+// A rank writes what went wrong as text into its slot of the block and exits non-zero; one that
+// gives up (its calls cannot go on) raises the block's abort flag, so the others stop waiting
+// for it. Every wait of a rank is bounded (kWait); the gtest process kills whatever has not
+// exited at its deadline and fails the test with the ranks' messages.
 //
 // ctest runs the suite twice: peer.coll_processes.local.* over the node-local path,
 // .net.* over the TCP link (FI_TANDEM_LOCAL=0).
+#include "tests/common/atomic_reference.h"
+#include "tests/common/coll_rank.h"
+#include "tests/common/coll_reference.h"
+#include "tests/common/shared_map.h"
+
 #include <gtest/gtest.h>
 
 #include <rdma/fabric.h>
@@ -24,9 +29,7 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_trigger.h>
 
-#include <sched.h>
 #include <signal.h>
-#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -37,43 +40,24 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <deque>
 #include <functional>
-#include <initializer_list>
-#include <new>
-#include <sstream>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
+using namespace tandem_test::coll_procs;
+using namespace tandem_test::coll_ref;
+namespace atomic_ref = tandem_test::atomic_ref;
 
-constexpr int kMaxRanks = 8;
 constexpr auto kWait = 20s;      // any one wait of a rank (a completion, an event, a barrier)
 constexpr auto kDeadline = 75s;  // the gtest process's, for all ranks of a test to exit
-constexpr uint64_t kSentinel = 0x5e5e5e5e5e5e5e5eull;  // result memory no element may reach
-
-template <typename... A>
-std::string cat(const A &...a) {
-    std::ostringstream o;
-    (o << ... << a);
-    return o.str();
-}
-
-std::string err_str(long ret) {
-    if (ret >= 0) return cat(ret);
-    return cat(fi_strerror(int(-ret)), " (", ret, ")");
-}
 
 // ---- what the processes share -----------------------------------------------------------------
 
 struct Slot {
-    std::atomic<int> name_ready;
-    uint32_t name_len;
-    uint8_t name[256];
     std::atomic<int> failed;  // any failure reported below
     std::atomic<int> done;    // the rank's body returned (it did not crash)
     std::atomic<int> dies;    // the rank kills itself on purpose (MemberDeath)
@@ -82,107 +66,22 @@ struct Slot {
 };
 
 struct Shared {
-    std::atomic<int> abort;         // a rank gave up: the others stop waiting (value: its rank + 1)
-    std::atomic<uint64_t> arrived;  // the barrier: arrivals of every rank, all generations
-    // Ranks that died on purpose, and the barriers they had passed: the survivors' barriers
-    // count without them.
-    std::atomic<uint64_t> dead_arrivals;
-    std::atomic<int> dead;
+    RankBoard board;
     Slot slot[kMaxRanks];
-};
-
-class SharedBlock {
-  public:
-    SharedBlock() {
-        void *p = mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
-                       -1, 0);
-        if (p != MAP_FAILED) {
-            std::memset(p, 0, sizeof(Shared));
-            s_ = new (p) Shared;
-        }
-    }
-    ~SharedBlock() {
-        if (s_) munmap(s_, sizeof(Shared));
-    }
-    SharedBlock(const SharedBlock &) = delete;
-    SharedBlock &operator=(const SharedBlock &) = delete;
-    Shared *get() const { return s_; }
-
-  private:
-    Shared *s_ = nullptr;
 };
 
 // ---- one rank ---------------------------------------------------------------------------------
 
-// In a rank's body (a void function): report (RK_FAIL, RK_CHECK, RK_RET), or report and give up
-// on this rank (RK_REQUIRE, RK_CALL, RK_TRY after a helper that reported).
-#define RK_FAIL(r, ...) (r).fail(__LINE__, cat(__VA_ARGS__))
-#define RK_CHECK(r, cond, ...)                                                            \
-    do {                                                                                  \
-        if (!(cond)) RK_FAIL(r, "check failed: " #cond __VA_OPT__(, ": ", ) __VA_ARGS__); \
-    } while (0)
-#define RK_REQUIRE(r, cond, ...)                                             \
-    do {                                                                     \
-        if (!(cond)) {                                                       \
-            RK_FAIL(r, "required: " #cond __VA_OPT__(, ": ", ) __VA_ARGS__); \
-            (r).give_up();                                                   \
-            return;                                                          \
-        }                                                                    \
-    } while (0)
-// A call that must return `want` (a return code).
-#define RK_RET(r, expr, want)                                                         \
-    do {                                                                              \
-        const long rk_ret_ = long(expr);                                              \
-        if (rk_ret_ != long(want))                                                    \
-            RK_FAIL(r, #expr " -> ", err_str(rk_ret_), ", expected ", err_str(want)); \
-    } while (0)
-#define RK_CALL(r, expr)                                \
-    do {                                                \
-        const long rk_ret_ = long(expr);                \
-        if (rk_ret_ != 0) {                             \
-            RK_FAIL(r, #expr " -> ", err_str(rk_ret_)); \
-            (r).give_up();                              \
-            return;                                     \
-        }                                               \
-    } while (0)
-// A helper that reported its failure already.
-#define RK_TRY(r, expr)    \
-    do {                   \
-        if (!(expr)) {     \
-            (r).give_up(); \
-            return;        \
-        }                  \
-    } while (0)
-
-struct EqEvent {
-    bool error = false;
-    uint32_t event = 0;
-    fi_eq_entry entry{};
-    fi_eq_err_entry err{};
-};
-
-class Rank {
+// A rank's failures: text in its slot (at most 40 of them), read by the gtest process.
+class SlotReport {
   public:
-    Rank(Shared &sh, int rank, int n) : rank(rank), n(n), sh_(sh), slot_(sh.slot[rank]) {}
-    Rank(const Rank &) = delete;
-    Rank &operator=(const Rank &) = delete;
-    ~Rank() { close_all(); }
-
-    const int rank, n;
-    fi_info *info = nullptr;
-    fid_fabric *fabric = nullptr;
-    fid_domain *domain = nullptr;
-    fid_av *av = nullptr;
-    fid_eq *eq = nullptr;
-    fid_cq *cq = nullptr;
-    fid_cntr *cntr = nullptr;  // opened when the endpoint has FI_TRIGGER
-    fid_ep *ep = nullptr;
-
-    bool fail(int line, const std::string &msg) {
+    explicit SlotReport(Slot &slot) : slot_(slot) {}
+    bool fail(const char *file, int line, const std::string &msg) {
         slot_.failed.store(1);
         if (++failures_ > 40) return false;
+        const char *base = strrchr(file, '/');
         std::string text = failures_ == 40 ? std::string("(more failures left out)")
-                                           : cat("line ", line, ": ", msg);
+                                           : cat(base ? base + 1 : file, ":", line, ": ", msg);
         for (char &c : text)
             if (c == '\n') c = ' ';
         text += '\n';
@@ -192,66 +91,23 @@ class Rank {
         slot_.msg_len += uint32_t(len);
         return false;
     }
-    void give_up() {
-        gave_up_ = true;
-        int none = 0;
-        sh_.abort.compare_exchange_strong(none, rank + 1);
-    }
-    bool gave_up() const { return gave_up_; }
-    bool failed() const { return slot_.failed.load() != 0; }
 
-    // Opens the endpoint and inserts every rank's name, rank r at fi_addr_t r.
-    bool start(uint64_t caps) { return open(caps) && connect(); }
+  private:
+    Slot &slot_;
+    int failures_ = 0;
+};
 
-    // Stops a wait when another rank gave up.
-    bool aborted(const std::string &what) {
-        const int who = sh_.abort.load();
-        if (!who || who == rank + 1) return false;
-        return !fail(__LINE__, cat("stopped waiting for ", what, ": rank ", who - 1, " gave up"));
-    }
+// The libfabric calls this process links.
+const Lib kLinked{&fi_getinfo, &fi_freeinfo, &fi_dupinfo, &fi_fabric, &fi_strerror};
 
-    // One pass of progress: completions are kept for wait().
-    void progress() {
-        if (!cq) return;
-        fi_cq_tagged_entry e[16];
-        ssize_t k = fi_cq_read(cq, e, 16);
-        if (k > 0) {
-            for (ssize_t i = 0; i < k; ++i) done_.push_back({e[i].op_context, e[i].flags, 0});
-        } else if (k == -FI_EAVAIL) {
-            fi_cq_err_entry ee{};
-            ssize_t m = fi_cq_readerr(cq, &ee, 0);
-            if (m == 1)
-                done_.push_back({ee.op_context, ee.flags, ee.err ? ee.err : -1});
-            else
-                fail(__LINE__, cat("fi_cq_readerr -> ", err_str(m)));
-        } else if (k != -FI_EAGAIN && !cq_error_said_) {
-            cq_error_said_ = true;
-            fail(__LINE__, cat("fi_cq_read -> ", err_str(k)));
-        }
-    }
-
-    // The ranks' barrier (the endpoint progresses meanwhile: a peer may need its answers).
-    bool barrier(const char *what = "barrier") {
-        const uint64_t gen = uint64_t(++generation_);
-        sh_.arrived.fetch_add(1);
-        const auto until = Clock::now() + kWait;
-        auto want = [&] {
-            const int dead = sh_.dead.load();  // (then the arrivals they made: see die())
-            return gen * uint64_t(n - dead) + sh_.dead_arrivals.load();
-        };
-        while (sh_.arrived.load() < want()) {
-            progress();
-            if (aborted(what)) return false;
-            if (Clock::now() > until) return fail(__LINE__, cat(what, ": timed out"));
-            sched_yield();
-        }
-        return true;
-    }
+class Rank : public CollRank<SlotReport> {
+  public:
+    Rank(SlotReport &rep, Shared &sh, int rank, int n)
+        : CollRank(rep, kLinked, sh.board, rank, n, kWait), slot_(sh.slot[rank]) {}
 
     // The rank's process ends here, killed (MemberDeath): its barriers no longer count.
     [[noreturn]] void die() {
-        sh_.dead_arrivals.fetch_add(uint64_t(generation_));
-        sh_.dead.fetch_add(1);
+        mark_dead();
         slot_.dies.store(1);
         fflush(stdout);
         fflush(stderr);
@@ -259,340 +115,14 @@ class Rank {
         _exit(99);
     }
 
-    // The error of the completion of ctx (0 for success), within kWait.
-    bool wait_result(void *ctx, const std::string &what, int *err) {
-        const auto until = Clock::now() + kWait;
-        for (;;) {
-            for (auto it = done_.begin(); it != done_.end(); ++it) {
-                if (it->ctx != ctx) continue;
-                *err = it->err;
-                done_.erase(it);
-                return true;
-            }
-            progress();
-            if (aborted(what)) return false;
-            if (Clock::now() > until)
-                return fail(__LINE__, cat(what, ": no completion within ",
-                                          std::chrono::seconds(kWait).count(), " s"));
-            sched_yield();
-        }
-    }
-
-    // A fresh operation context (fi_context2-sized, valid until the rank ends).
-    void *new_ctx() { return &contexts_.emplace_back(); }
-
-    // Posts (retrying while -FI_EAGAIN) with a fresh context.
-    template <typename F>
-    bool post(const std::string &what, void *ctx, F &&call) {
-        const auto until = Clock::now() + kWait;
-        for (;;) {
-            const ssize_t ret = call(ctx);
-            if (ret == 0) return true;
-            if (ret != -FI_EAGAIN) return fail(__LINE__, cat(what, " -> ", err_str(ret)));
-            progress();
-            if (Clock::now() > until) return fail(__LINE__, cat(what, " kept giving -FI_EAGAIN"));
-        }
-    }
-
-    // The one completion of the operation with context ctx: FI_COLLECTIVE, no error.
-    bool wait(void *ctx, const std::string &what) {
-        const auto until = Clock::now() + kWait;
-        for (;;) {
-            for (auto it = done_.begin(); it != done_.end(); ++it) {
-                if (it->ctx != ctx) continue;
-                const Done d = *it;
-                done_.erase(it);
-                if (d.err)
-                    return fail(__LINE__, cat(what, ": error completion, err ", d.err, " (",
-                                              fi_strerror(d.err), ")"));
-                if (!(d.flags & FI_COLLECTIVE))
-                    return fail(__LINE__, cat(what, ": completion flags 0x", std::hex, d.flags,
-                                              " without FI_COLLECTIVE"));
-                return true;
-            }
-            progress();
-            if (aborted(what)) return false;
-            if (Clock::now() > until)
-                return fail(__LINE__, cat(what, ": no completion within ",
-                                          std::chrono::seconds(kWait).count(), " s"));
-            sched_yield();
-        }
-    }
-
-    template <typename F>
-    bool run(const std::string &what, F &&call) {
-        void *ctx = new_ctx();
-        return post(what, ctx, call) && wait(ctx, what);
-    }
-
-    // Polls the CQ for `ms`: false (and a failure) when anything completes.
-    bool quiet_for(int ms, const std::string &what) {
-        const auto until = Clock::now() + std::chrono::milliseconds(ms);
-        while (Clock::now() < until) {
-            progress();
-            if (!done_.empty())
-                return fail(__LINE__, cat(what, ": a completion came (flags 0x", std::hex,
-                                          done_.front().flags, std::dec, ", err ",
-                                          done_.front().err, ") before the trigger"));
-            sched_yield();
-        }
-        return true;
-    }
-
-    // The next EQ event (the CQ progresses meanwhile; its completions are kept).
-    bool wait_eq(EqEvent &ev, const std::string &what, std::chrono::seconds limit = kWait) {
-        const auto until = Clock::now() + limit;
-        for (;;) {
-            ssize_t k = fi_eq_read(eq, &ev.event, &ev.entry, sizeof ev.entry, 0);
-            if (k == ssize_t(sizeof ev.entry)) {
-                ev.error = false;
-                return true;
-            }
-            if (k == -FI_EAVAIL) {
-                ssize_t m = fi_eq_readerr(eq, &ev.err, 0);
-                if (m <= 0) return fail(__LINE__, cat(what, ": fi_eq_readerr -> ", err_str(m)));
-                ev.error = true;
-                return true;
-            }
-            if (k != -FI_EAGAIN) return fail(__LINE__, cat(what, ": fi_eq_read -> ", err_str(k)));
-            progress();
-            if (aborted(what)) return false;
-            if (Clock::now() > until)
-                return fail(__LINE__, cat(what, ": no EQ event within ", limit.count(), " s"));
-            sched_yield();
-        }
-    }
-
-    // fi_join_collective and its FI_JOIN_COMPLETE: the group, or null (failure reported).
-    fid_mc *join(fid_av_set *set, fi_addr_t coll_addr, const std::string &what) {
-        void *ctx = new_ctx();
-        fid_mc *mc = nullptr;
-        int ret = fi_join_collective(ep, coll_addr, set, 0, &mc, ctx);
-        if (ret) {
-            fail(__LINE__, cat(what, ": fi_join_collective -> ", err_str(ret)));
-            return nullptr;
-        }
-        mcs_.push_back(mc);
-        EqEvent ev;
-        if (!wait_eq(ev, what)) return nullptr;
-        if (ev.error) {
-            fail(__LINE__, cat(what, ": EQ error entry, err ", ev.err.err, " (",
-                               fi_strerror(ev.err.err), ")"));
-            return nullptr;
-        }
-        bool ok = true;
-        if (ev.event != FI_JOIN_COMPLETE)
-            ok = fail(__LINE__, cat(what, ": EQ event ", ev.event, ", not FI_JOIN_COMPLETE"));
-        if (ev.entry.fid != &mc->fid)
-            ok = fail(__LINE__, cat(what, ": FI_JOIN_COMPLETE names another fid"));
-        if (ev.entry.context != ctx)
-            ok = fail(__LINE__, cat(what, ": FI_JOIN_COMPLETE carries another context"));
-        return ok ? mc : nullptr;
-    }
-    // fi_join_collective's call alone (the group is kept for closing).
-    int join_call(fid_av_set *set, fi_addr_t coll_addr, void *ctx, fid_mc **mc) {
-        *mc = nullptr;
-        int ret = fi_join_collective(ep, coll_addr, set, 0, mc, ctx);
-        if (ret == 0) mcs_.push_back(*mc);
-        return ret;
-    }
-
-    // Closes a group (retrying while its twin still runs something of it; briefly once the
-    // rank gave up: what it waited for may never end).
-    bool close_mc(fid_mc *mc) {
-        auto it = std::find(mcs_.begin(), mcs_.end(), mc);
-        if (it == mcs_.end()) return true;
-        mcs_.erase(it);
-        const auto until = Clock::now() + (gave_up_ ? std::chrono::seconds(1) : kWait);
-        for (;;) {
-            int ret = fi_close(&mc->fid);
-            if (ret == 0) return true;
-            if (ret != -FI_EBUSY) return fail(__LINE__, cat("fi_close(mc) -> ", err_str(ret)));
-            progress();
-            if (Clock::now() > until) return fail(__LINE__, "fi_close(mc) kept giving -FI_EBUSY");
-            sched_yield();
-        }
-    }
-
-    // An AV set (kept for closing), or null.
-    fid_av_set *av_set(fi_av_set_attr attr, const char *what) {
-        fid_av_set *s = nullptr;
-        int ret = fi_av_set(av, &attr, &s, nullptr);
-        if (ret) {
-            fail(__LINE__, cat("fi_av_set(", what, ") -> ", err_str(ret)));
-            return nullptr;
-        }
-        sets_.push_back(s);
-        return s;
-    }
-    fid_av_set *empty_set() {
-        fi_av_set_attr a{};
-        a.start_addr = a.end_addr = FI_ADDR_NOTAVAIL;
-        return av_set(a, "empty");
-    }
-    fid_av_set *universe() {
-        fi_av_set_attr a{};
-        a.start_addr = a.end_addr = FI_ADDR_NOTAVAIL;
-        a.flags = FI_UNIVERSE;
-        return av_set(a, "FI_UNIVERSE");
-    }
-    fid_av_set *range(fi_addr_t start, fi_addr_t end, uint64_t stride) {
-        fi_av_set_attr a{};
-        a.start_addr = start;
-        a.end_addr = end;
-        a.stride = stride;
-        return av_set(a, "range");
-    }
-    // fi_av_set_addr of a set: FI_ADDR_NOTAVAIL on failure (reported).
-    fi_addr_t set_addr(fid_av_set *s) {
-        fi_addr_t a = FI_ADDR_NOTAVAIL;
-        int ret = fi_av_set_addr(s, &a);
-        if (ret) fail(__LINE__, cat("fi_av_set_addr -> ", err_str(ret)));
-        return a;
-    }
-    // A group of every rank, joined through the set's address.
-    fid_mc *join_all() {
-        fid_av_set *all = universe();
-        if (!all) return nullptr;
-        fi_addr_t a = set_addr(all);
-        if (a == FI_ADDR_NOTAVAIL) return nullptr;
-        return join(all, a, "join of every rank");
-    }
-
-    // The end of a rank's body: every rank got here, and no completion is left over.
-    void finish() {
-        if (!barrier("the last barrier")) return;
-        for (const Done &d : done_)
-            fail(__LINE__, cat("a completion nobody waited for: flags 0x", std::hex, d.flags,
-                               std::dec, ", err ", d.err));
-        done_.clear();
-    }
-
-    // Closes everything; a close that fails is a failure of the rank.
-    void close_all() {
-        auto shut = [&](fid_t f, const char *what) {
-            int ret = fi_close(f);
-            if (ret) fail(__LINE__, cat("fi_close(", what, ") -> ", err_str(ret)));
-        };
-        while (!mcs_.empty())
-            if (!close_mc(mcs_.back())) {  // the endpoint and all under it stay busy
-                fail(__LINE__, "a group would not close: the endpoint and its objects stay open");
-                return;
-            }
-        if (ep) shut(&ep->fid, "endpoint");
-        ep = nullptr;
-        for (fid_av_set *s : sets_) shut(&s->fid, "AV set");
-        sets_.clear();
-        if (av) shut(&av->fid, "AV");
-        av = nullptr;
-        if (cntr) shut(&cntr->fid, "counter");
-        cntr = nullptr;
-        if (cq) shut(&cq->fid, "CQ");
-        cq = nullptr;
-        if (eq) shut(&eq->fid, "EQ");
-        eq = nullptr;
-        if (domain) shut(&domain->fid, "domain");
-        domain = nullptr;
-        if (fabric) shut(&fabric->fid, "fabric");
-        fabric = nullptr;
-        if (info) fi_freeinfo(info);
-        info = nullptr;
-    }
-
   private:
-    struct Done {
-        void *ctx;
-        uint64_t flags;
-        int err;
-    };
-
-    bool open(uint64_t caps) {
-        fi_info *hints = fi_allocinfo();
-        if (!hints) return fail(__LINE__, "fi_allocinfo failed");
-        hints->caps = caps;
-        hints->addr_format = FI_SOCKADDR_IN;
-        hints->ep_attr->type = FI_EP_RDM;
-        hints->domain_attr->av_type = FI_AV_TABLE;
-        hints->fabric_attr->prov_name = strdup("tandem");
-        fi_info *list = nullptr;
-        int ret = fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", nullptr, FI_SOURCE, hints, &list);
-        fi_freeinfo(hints);
-        if (ret) return fail(__LINE__, cat("fi_getinfo(tandem) -> ", err_str(ret)));
-        for (fi_info *i = list; i && !info; i = i->next)
-            if (i->fabric_attr && i->fabric_attr->prov_name &&
-                strcmp(i->fabric_attr->prov_name, "tandem") == 0)
-                info = fi_dupinfo(i);
-        fi_freeinfo(list);
-        if (!info) return fail(__LINE__, "fi_getinfo lists no plain tandem entry");
-        if ((ret = fi_fabric(info->fabric_attr, &fabric, nullptr)))
-            return fail(__LINE__, cat("fi_fabric -> ", err_str(ret)));
-        if ((ret = fi_domain(fabric, info, &domain, nullptr)))
-            return fail(__LINE__, cat("fi_domain -> ", err_str(ret)));
-        fi_av_attr av_attr{};
-        av_attr.type = FI_AV_TABLE;
-        av_attr.count = kMaxRanks;
-        if ((ret = fi_av_open(domain, &av_attr, &av, nullptr)))
-            return fail(__LINE__, cat("fi_av_open -> ", err_str(ret)));
-        fi_eq_attr eq_attr{};
-        eq_attr.size = 64;
-        if ((ret = fi_eq_open(fabric, &eq_attr, &eq, nullptr)))
-            return fail(__LINE__, cat("fi_eq_open -> ", err_str(ret)));
-        fi_cq_attr cq_attr{};
-        cq_attr.size = 1024;
-        cq_attr.format = FI_CQ_FORMAT_TAGGED;
-        if ((ret = fi_cq_open(domain, &cq_attr, &cq, nullptr)))
-            return fail(__LINE__, cat("fi_cq_open -> ", err_str(ret)));
-        if (caps & FI_TRIGGER) {
-            fi_cntr_attr c{};
-            c.events = FI_CNTR_EVENTS_COMP;
-            if ((ret = fi_cntr_open(domain, &c, &cntr, nullptr)))
-                return fail(__LINE__, cat("fi_cntr_open -> ", err_str(ret)));
-        }
-        if ((ret = fi_endpoint(domain, info, &ep, nullptr)))
-            return fail(__LINE__, cat("fi_endpoint -> ", err_str(ret)));
-        if ((ret = fi_ep_bind(ep, &av->fid, 0)))
-            return fail(__LINE__, cat("fi_ep_bind(AV) -> ", err_str(ret)));
-        if ((ret = fi_ep_bind(ep, &eq->fid, 0)))
-            return fail(__LINE__, cat("fi_ep_bind(EQ) -> ", err_str(ret)));
-        if ((ret = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV)))
-            return fail(__LINE__, cat("fi_ep_bind(CQ) -> ", err_str(ret)));
-        if ((ret = fi_enable(ep))) return fail(__LINE__, cat("fi_enable -> ", err_str(ret)));
-        return true;
-    }
-
-    bool connect() {
-        size_t len = sizeof slot_.name;
-        int ret = fi_getname(&ep->fid, slot_.name, &len);
-        if (ret) return fail(__LINE__, cat("fi_getname -> ", err_str(ret)));
-        slot_.name_len = uint32_t(len);
-        slot_.name_ready.store(1);
-        if (!barrier("the names")) return false;
-        for (int q = 0; q < n; ++q) {
-            fi_addr_t a = FI_ADDR_NOTAVAIL;
-            ret = fi_av_insert(av, sh_.slot[q].name, 1, &a, 0, nullptr);
-            if (ret != 1) return fail(__LINE__, cat("fi_av_insert(rank ", q, ") -> ", ret));
-            if (a != fi_addr_t(q))
-                return fail(__LINE__, cat("rank ", q, " is fi_addr_t ", a, " in the AV"));
-        }
-        return true;
-    }
-
-    Shared &sh_;
     Slot &slot_;
-    int failures_ = 0;
-    bool gave_up_ = false;
-    bool cq_error_said_ = false;
-    uint64_t generation_ = 0;
-    std::deque<Done> done_;
-    std::deque<fi_context2> contexts_;
-    std::vector<fid_mc *> mcs_;
-    std::vector<fid_av_set *> sets_;
 };
 
 // Forks n ranks running body, waits for them (kDeadline) and fails the test with their messages.
 void run_ranks(int n, const std::function<void(Rank &)> &body) {
     ASSERT_LE(n, kMaxRanks);
-    SharedBlock block;
+    tandem_test::SharedMap<Shared> block;
     Shared *sh = block.get();
     ASSERT_NE(sh, nullptr) << "mmap of the shared block failed";
     fflush(stdout);
@@ -602,7 +132,7 @@ void run_ranks(int n, const std::function<void(Rank &)> &body) {
         pid_t pid = fork();
         if (pid < 0) {
             ADD_FAILURE() << "fork: " << strerror(errno);
-            sh->abort.store(kMaxRanks + 1);
+            sh->board.abort.store(kMaxRanks + 1);
             break;
         }
         if (pid == 0) {
@@ -610,15 +140,16 @@ void run_ranks(int n, const std::function<void(Rank &)> &body) {
             const std::string name = cat("coll-rank-", r);  // at most 15 characters
             prctl(PR_SET_NAME, name.c_str());
             {
-                Rank rank(*sh, r, n);
+                SlotReport report(sh->slot[r]);
+                Rank rank(report, *sh, r, n);
                 try {
                     body(rank);
                     if (!rank.gave_up()) rank.finish();
                 } catch (const std::exception &e) {
-                    rank.fail(__LINE__, cat("exception: ", e.what()));
+                    RK_FAIL(rank, "exception: ", e.what());
                     rank.give_up();
                 } catch (...) {
-                    rank.fail(__LINE__, "unknown exception");
+                    RK_FAIL(rank, "unknown exception");
                     rank.give_up();
                 }
             }  // closes every object (a failing close is a failure too)
@@ -641,7 +172,7 @@ void run_ranks(int n, const std::function<void(Rank &)> &body) {
                 --left;
                 // A rank that crashed says nothing: the others must not wait for it.
                 if (!sh->slot[i].done.load() && !sh->slot[i].dies.load())
-                    sh->abort.store(int(i) + 1);
+                    sh->board.abort.store(int(i) + 1);
             }
         }
         if (!left) break;
@@ -671,34 +202,6 @@ void run_ranks(int n, const std::function<void(Rank &)> &body) {
     }
 }
 
-// ---- deterministic inputs -------------------------------------------------------------------
-
-uint64_t mix(uint64_t z) {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-// Rank r's element i of the call salted `salt`.
-uint64_t val(uint64_t salt, int r, size_t i) {
-    return mix(mix(salt) ^ (uint64_t(r) << 48) ^ uint64_t(i));
-}
-uint64_t salt_of(int coll, size_t count, int root = 0) {
-    return (uint64_t(coll) << 40) ^ (uint64_t(count) << 8) ^ uint64_t(root);
-}
-
-// Compares got with want (same length); one failure naming the first difference.
-template <class T>
-void expect_equal(Rank &r, int line, const std::string &what, const std::vector<T> &got,
-                  const std::vector<T> &want) {
-    size_t bad = 0, first = 0;
-    for (size_t i = 0; i < want.size(); ++i)
-        if (got[i] != want[i] && bad++ == 0) first = i;
-    if (bad)
-        r.fail(line, cat(what, ": ", bad, " of ", want.size(), " elements wrong, first [", first,
-                         "] = ", got[first], ", expected ", want[first]));
-}
-
 // ---- 1: every collective ----------------------------------------------------------------------
 
 void every_collective(Rank &r) {
@@ -713,128 +216,101 @@ void every_collective(Rank &r) {
         const std::string at = cat(" (count ", count, ")");
         RK_TRY(r, r.run(cat("fi_barrier", at), [&](void *ctx) { return fi_barrier(ep, g, ctx); }));
 
-        for (int root = 0; root < n; ++root) {
-            const uint64_t s = salt_of(FI_BROADCAST, count, root);
-            std::vector<uint64_t> buf(count + 1, kSentinel), want(count + 1, kSentinel);
-            for (size_t i = 0; i < count; ++i) want[i] = val(s, root, i);
-            if (me == root) std::copy(want.begin(), want.end(), buf.begin());
+        for (int root = 0; root < n; ++root) {  // the root's vector everywhere
+            const Plan p =
+                plan(FI_BROADCAST, count, root, n, me, salt_of(FI_BROADCAST, count, root));
+            std::vector<uint64_t> buf = p.in;
             const std::string what = cat("fi_broadcast root ", root, at);
             RK_TRY(r, r.run(what, [&](void *ctx) {
                 return fi_broadcast(ep, buf.data(), count, nullptr, g, fi_addr_t(root), FI_UINT64,
                                     0, ctx);
             }));
-            expect_equal(r, __LINE__, what, buf, want);
+            RK_EXPECT_EQUAL(r, what, buf, p.want);
         }
 
         {  // rank q's block j goes to rank j's block q
-            const uint64_t s = salt_of(FI_ALLTOALL, count);
-            std::vector<uint64_t> in(n * count + 1), out(n * count + 1, kSentinel),
-                want(n * count + 1, kSentinel);
-            for (size_t j = 0; j < n * count; ++j) in[j] = val(s, me, j);
-            for (int q = 0; q < n; ++q)
-                for (size_t i = 0; i < count; ++i) want[q * count + i] = val(s, q, me * count + i);
+            Plan p = plan(FI_ALLTOALL, count, 0, n, me, salt_of(FI_ALLTOALL, count));
             const std::string what = cat("fi_alltoall", at);
             RK_TRY(r, r.run(what, [&](void *ctx) {
-                return fi_alltoall(ep, in.data(), count, nullptr, out.data(), nullptr, g, FI_UINT64,
-                                   0, ctx);
+                return fi_alltoall(ep, p.in.data(), count, nullptr, p.out.data(), nullptr, g,
+                                   FI_UINT64, 0, ctx);
             }));
-            expect_equal(r, __LINE__, what, out, want);
+            RK_EXPECT_EQUAL(r, what, p.out, p.want);
         }
 
         {  // FI_SUM of FI_UINT64 (wrapping)
-            const uint64_t s = salt_of(FI_ALLREDUCE, count);
-            std::vector<uint64_t> in(count + 1), out(count + 1, kSentinel),
-                want(count + 1, kSentinel);
-            for (size_t i = 0; i < count; ++i) {
-                in[i] = val(s, me, i);
-                want[i] = 0;
-                for (int q = 0; q < n; ++q) want[i] += val(s, q, i);
-            }
+            Plan p = plan(FI_ALLREDUCE, count, 0, n, me, salt_of(FI_ALLREDUCE, count));
             const std::string what = cat("fi_allreduce FI_SUM FI_UINT64", at);
             RK_TRY(r, r.run(what, [&](void *ctx) {
-                return fi_allreduce(ep, in.data(), count, nullptr, out.data(), nullptr, g,
+                return fi_allreduce(ep, p.in.data(), count, nullptr, p.out.data(), nullptr, g,
                                     FI_UINT64, FI_SUM, 0, ctx);
             }));
-            expect_equal(r, __LINE__, what, out, want);
+            RK_EXPECT_EQUAL(r, what, p.out, p.want);
         }
 
         {  // block q from rank q
-            const uint64_t s = salt_of(FI_ALLGATHER, count);
-            std::vector<uint64_t> in(count + 1), out(n * count + 1, kSentinel),
-                want(n * count + 1, kSentinel);
-            for (size_t i = 0; i < count; ++i) in[i] = val(s, me, i);
-            for (int q = 0; q < n; ++q)
-                for (size_t i = 0; i < count; ++i) want[q * count + i] = val(s, q, i);
+            Plan p = plan(FI_ALLGATHER, count, 0, n, me, salt_of(FI_ALLGATHER, count));
             const std::string what = cat("fi_allgather", at);
             RK_TRY(r, r.run(what, [&](void *ctx) {
-                return fi_allgather(ep, in.data(), count, nullptr, out.data(), nullptr, g,
+                return fi_allgather(ep, p.in.data(), count, nullptr, p.out.data(), nullptr, g,
                                     FI_UINT64, 0, ctx);
             }));
-            expect_equal(r, __LINE__, what, out, want);
+            RK_EXPECT_EQUAL(r, what, p.out, p.want);
         }
 
         {  // FI_SUM of FI_INT32: block `me` of the sum of n blocks
             const uint64_t s = salt_of(FI_REDUCE_SCATTER, count);
-            auto small = [&](int q, size_t j) { return int32_t(val(s, q, j) % 2001) - 1000; };
-            std::vector<int32_t> in(n * count + 1), out(count + 1, int32_t(kSentinel)),
-                want(count + 1, int32_t(kSentinel));
-            for (size_t j = 0; j < n * count; ++j) in[j] = small(me, j);
-            for (size_t i = 0; i < count; ++i) {
-                want[i] = 0;
-                for (int q = 0; q < n; ++q) want[i] += small(q, me * count + i);
-            }
+            std::vector<std::vector<int32_t>> ins(n, std::vector<int32_t>(n * count + 1));
+            for (int q = 0; q < n; ++q)
+                for (size_t j = 0; j < n * count; ++j)
+                    ins[q][j] = int32_t(val(s, q, j) % 2001) - 1000;  // small
+            std::vector<int32_t> out(count + 1, int32_t(kSentinel)),
+                want = result_of(FI_REDUCE_SCATTER, FI_INT32, FI_SUM, count, 0, me, ins);
+            want.push_back(int32_t(kSentinel));
             const std::string what = cat("fi_reduce_scatter FI_SUM FI_INT32", at);
             RK_TRY(r, r.run(what, [&](void *ctx) {
-                return fi_reduce_scatter(ep, in.data(), count, nullptr, out.data(), nullptr, g,
+                return fi_reduce_scatter(ep, ins[me].data(), count, nullptr, out.data(), nullptr, g,
                                          FI_INT32, FI_SUM, 0, ctx);
             }));
-            expect_equal(r, __LINE__, what, out, want);
+            RK_EXPECT_EQUAL(r, what, out, want);
         }
 
         for (int root = 0; root < n; ++root) {  // FI_MAX of FI_INT64, the root's result only
             const uint64_t s = salt_of(FI_REDUCE, count, root);
-            std::vector<int64_t> in(count + 1), out(count + 1, int64_t(kSentinel)),
-                want(count + 1, int64_t(kSentinel));
-            for (size_t i = 0; i < count; ++i) {
-                in[i] = int64_t(val(s, me, i));
-                want[i] = int64_t(val(s, 0, i));
-                for (int q = 1; q < n; ++q) want[i] = std::max(want[i], int64_t(val(s, q, i)));
-            }
+            std::vector<std::vector<int64_t>> ins(n, std::vector<int64_t>(count + 1));
+            for (int q = 0; q < n; ++q)
+                for (size_t i = 0; i < count; ++i) ins[q][i] = int64_t(val(s, q, i));
+            std::vector<int64_t> out(count + 1, int64_t(kSentinel)),
+                want = result_of(FI_REDUCE, FI_INT64, FI_MAX, count, root, me, ins);
+            want.push_back(int64_t(kSentinel));
             const std::string what = cat("fi_reduce FI_MAX FI_INT64 root ", root, at);
             RK_TRY(r, r.run(what, [&](void *ctx) {
-                return fi_reduce(ep, in.data(), count, nullptr, me == root ? out.data() : nullptr,
-                                 nullptr, g, fi_addr_t(root), FI_INT64, FI_MAX, 0, ctx);
+                return fi_reduce(ep, ins[me].data(), count, nullptr,
+                                 me == root ? out.data() : nullptr, nullptr, g, fi_addr_t(root),
+                                 FI_INT64, FI_MAX, 0, ctx);
             }));
-            if (me == root) expect_equal(r, __LINE__, what, out, want);
+            if (me == root) RK_EXPECT_EQUAL(r, what, out, want);
         }
 
         for (int root = 0; root < n; ++root) {  // the root's block q to rank q
-            const uint64_t s = salt_of(FI_SCATTER, count, root);
-            std::vector<uint64_t> in(n * count + 1), out(count + 1, kSentinel),
-                want(count + 1, kSentinel);
-            for (size_t j = 0; j < n * count; ++j) in[j] = val(s, root, j);
-            for (size_t i = 0; i < count; ++i) want[i] = val(s, root, me * count + i);
+            Plan p = plan(FI_SCATTER, count, root, n, me, salt_of(FI_SCATTER, count, root));
             const std::string what = cat("fi_scatter root ", root, at);
             RK_TRY(r, r.run(what, [&](void *ctx) {
-                return fi_scatter(ep, me == root ? in.data() : nullptr, count, nullptr, out.data(),
-                                  nullptr, g, fi_addr_t(root), FI_UINT64, 0, ctx);
+                return fi_scatter(ep, me == root ? p.in.data() : nullptr, count, nullptr,
+                                  p.out.data(), nullptr, g, fi_addr_t(root), FI_UINT64, 0, ctx);
             }));
-            expect_equal(r, __LINE__, what, out, want);
+            RK_EXPECT_EQUAL(r, what, p.out, p.want);
         }
 
         for (int root = 0; root < n; ++root) {  // rank q's block to the root's block q
-            const uint64_t s = salt_of(FI_GATHER, count, root);
-            std::vector<uint64_t> in(count + 1), out(n * count + 1, kSentinel),
-                want(n * count + 1, kSentinel);
-            for (size_t i = 0; i < count; ++i) in[i] = val(s, me, i);
-            for (int q = 0; q < n; ++q)
-                for (size_t i = 0; i < count; ++i) want[q * count + i] = val(s, q, i);
+            Plan p = plan(FI_GATHER, count, root, n, me, salt_of(FI_GATHER, count, root));
             const std::string what = cat("fi_gather root ", root, at);
             RK_TRY(r, r.run(what, [&](void *ctx) {
-                return fi_gather(ep, in.data(), count, nullptr, me == root ? out.data() : nullptr,
-                                 nullptr, g, fi_addr_t(root), FI_UINT64, 0, ctx);
+                return fi_gather(ep, p.in.data(), count, nullptr,
+                                 me == root ? p.out.data() : nullptr, nullptr, g, fi_addr_t(root),
+                                 FI_UINT64, 0, ctx);
             }));
-            if (me == root) expect_equal(r, __LINE__, what, out, want);
+            if (me == root) RK_EXPECT_EQUAL(r, what, p.out, p.want);
         }
     }
 
@@ -842,20 +318,14 @@ void every_collective(Rank &r) {
 
     {  // the msg form (fi_ops_collective::msg) of an allreduce
         const size_t count = 100;
-        const uint64_t s = salt_of(FI_ALLREDUCE, count, 77);
-        std::vector<uint64_t> in(count), out(count + 1, kSentinel), want(count + 1, kSentinel);
-        for (size_t i = 0; i < count; ++i) {
-            in[i] = val(s, me, i);
-            want[i] = 0;
-            for (int q = 0; q < n; ++q) want[i] += val(s, q, i);
-        }
-        fi_ioc iov{in.data(), count}, res{out.data(), count};
+        Plan p = plan(FI_ALLREDUCE, count, 0, n, me, salt_of(FI_ALLREDUCE, count, 77));
+        fi_ioc iov{p.in.data(), count}, res{p.out.data(), count};
         RK_TRY(r, r.run("fi_ops_collective::msg FI_ALLREDUCE", [&](void *ctx) {
             fi_msg_collective msg{&iov,         nullptr,   1,      g,  FI_ADDR_NOTAVAIL,
                                   FI_ALLREDUCE, FI_UINT64, FI_SUM, ctx};
             return ep->collective->msg(ep, &msg, &res, nullptr, 1, 0);
         }));
-        expect_equal(r, __LINE__, "msg-form allreduce", out, want);
+        RK_EXPECT_EQUAL(r, "msg-form allreduce", p.out, p.want);
     }
 }
 
@@ -868,66 +338,8 @@ TEST(CollProcesses, EveryCollectiveHostMemory4Ranks) {
 
 // ---- 2: every reduction fi_query_collective reports ------------------------------------------
 
-template <class R>
-struct Cx {  // C's _Complex R: real part, then imaginary part
-    R re, im;
-    bool operator==(const Cx &o) const { return re == o.re && im == o.im; }
-    bool operator!=(const Cx &o) const { return !(*this == o); }
-};
-template <class T>
-constexpr bool kIsCx = false;
-template <class R>
-constexpr bool kIsCx<Cx<R>> = true;
+using atomic_ref::IsCx;
 
-template <class T>
-struct Tag {
-    using type = T;
-};
-
-template <class F>
-void with_type(int dt, F &&f) {
-    switch (dt) {
-        case FI_INT8:
-            return f(Tag<int8_t>{});
-        case FI_UINT8:
-            return f(Tag<uint8_t>{});
-        case FI_INT16:
-            return f(Tag<int16_t>{});
-        case FI_UINT16:
-            return f(Tag<uint16_t>{});
-        case FI_INT32:
-            return f(Tag<int32_t>{});
-        case FI_UINT32:
-            return f(Tag<uint32_t>{});
-        case FI_INT64:
-            return f(Tag<int64_t>{});
-        case FI_UINT64:
-            return f(Tag<uint64_t>{});
-        case FI_FLOAT:
-            return f(Tag<float>{});
-        case FI_DOUBLE:
-            return f(Tag<double>{});
-        case FI_FLOAT_COMPLEX:
-            return f(Tag<Cx<float>>{});
-        case FI_DOUBLE_COMPLEX:
-            return f(Tag<Cx<double>>{});
-        case FI_LONG_DOUBLE:
-            return f(Tag<long double>{});
-        case FI_LONG_DOUBLE_COMPLEX:
-            return f(Tag<Cx<long double>>{});
-    }
-}
-
-const char *const kDatatypeNames[] = {"FI_INT8",          "FI_UINT8",
-                                      "FI_INT16",         "FI_UINT16",
-                                      "FI_INT32",         "FI_UINT32",
-                                      "FI_INT64",         "FI_UINT64",
-                                      "FI_FLOAT",         "FI_DOUBLE",
-                                      "FI_FLOAT_COMPLEX", "FI_DOUBLE_COMPLEX",
-                                      "FI_LONG_DOUBLE",   "FI_LONG_DOUBLE_COMPLEX"};
-const char *const kOpNames[] = {
-    "FI_MIN",  "FI_MAX",  "FI_SUM",  "FI_PROD",        "FI_LOR",          "FI_LAND", "FI_BOR",
-    "FI_BAND", "FI_LXOR", "FI_BXOR", "FI_ATOMIC_READ", "FI_ATOMIC_WRITE", "FI_CSWAP"};
 const char *coll_name(int coll) {
     switch (coll) {
         case FI_ALLREDUCE:
@@ -943,7 +355,7 @@ const char *coll_name(int coll) {
 // A small value of T: a (and b, the imaginary part); real types take a / 2 (exact).
 template <class T>
 T make(long a, long b) {
-    if constexpr (kIsCx<T>) {
+    if constexpr (IsCx<T>::value) {
         using R = decltype(T::re);
         return T{R(a), R(b)};
     } else if constexpr (std::is_floating_point_v<T>) {
@@ -967,7 +379,7 @@ T input(int op, int r, size_t j) {
             long v = long((r + j) % 3) + 1;
             if ((r + j) % 2) v = -v;
             // Complex: some values are true by their imaginary part alone.
-            if (kIsCx<T> && (r + j) % 3 == 1) return make<T>(0, v);
+            if (IsCx<T>::value && (r + j) % 3 == 1) return make<T>(0, v);
             return make<T>(v, 0);
         }
         case FI_BOR:
@@ -987,66 +399,8 @@ T input(int op, int r, size_t j) {
 }
 
 template <class T>
-bool truth(const T &v) {
-    if constexpr (kIsCx<T>)
-        return v.re != 0 || v.im != 0;
-    else
-        return v != 0;
-}
-template <class T>
-T one_or_zero(bool b) {
-    if constexpr (kIsCx<T>) {
-        using R = decltype(T::re);
-        return T{R(b ? 1 : 0), R(0)};
-    } else {
-        return T(b ? 1 : 0);
-    }
-}
-
-// a op b, as fi_atomic(3) defines op (a: the target), straight C++ per type.
-template <class T>
-T apply(int op, const T &a, const T &b) {
-    switch (op) {
-        case FI_LOR:
-            return one_or_zero<T>(truth(a) || truth(b));
-        case FI_LAND:
-            return one_or_zero<T>(truth(a) && truth(b));
-        case FI_LXOR:
-            return one_or_zero<T>(truth(a) != truth(b));
-    }
-    if constexpr (kIsCx<T>) {
-        if (op == FI_SUM) return T{a.re + b.re, a.im + b.im};
-        if (op == FI_PROD) return T{a.re * b.re - a.im * b.im, a.re * b.im + a.im * b.re};
-    } else if constexpr (std::is_floating_point_v<T>) {
-        if (op == FI_MIN) return b < a ? b : a;
-        if (op == FI_MAX) return b > a ? b : a;
-        if (op == FI_SUM) return a + b;
-        if (op == FI_PROD) return a * b;
-    } else {
-        using U = std::make_unsigned_t<T>;
-        switch (op) {
-            case FI_MIN:
-                return b < a ? b : a;
-            case FI_MAX:
-                return b > a ? b : a;
-            case FI_SUM:  // wraps
-                return T(U(U(a) + U(b)));
-            case FI_PROD:  // wraps
-                return T(uint64_t(U(a)) * uint64_t(U(b)));
-            case FI_BOR:
-                return T(a | b);
-            case FI_BAND:
-                return T(a & b);
-            case FI_BXOR:
-                return T(a ^ b);
-        }
-    }
-    return T{};
-}
-
-template <class T>
 std::string show(const T &v) {
-    if constexpr (kIsCx<T>)
+    if constexpr (IsCx<T>::value)
         return cat("(", show(v.re), ", ", show(v.im), ")");
     else if constexpr (std::is_floating_point_v<T>)
         return cat(static_cast<long double>(v));
@@ -1062,17 +416,16 @@ bool one_reduction(Rank &r, fi_addr_t g, int coll, int dt, int op, int root) {
     constexpr size_t kCount = 5;
     const int n = r.n, me = r.rank;
     const size_t in_len = coll == FI_REDUCE_SCATTER ? n * kCount : kCount;
-    std::vector<T> in(in_len), out(kCount, make<T>(99, 99));
-    for (size_t j = 0; j < in_len; ++j) in[j] = input<T>(op, me, j);
-    const size_t base = coll == FI_REDUCE_SCATTER ? me * kCount : 0;
-    std::vector<T> want(kCount);
-    for (size_t i = 0; i < kCount; ++i) {
-        T acc = input<T>(op, 0, base + i);
-        for (int q = 1; q < n; ++q) acc = apply<T>(op, acc, input<T>(op, q, base + i));
-        want[i] = acc;
-    }
-    const std::string what = cat(coll_name(coll), " ", kOpNames[op], " ", kDatatypeNames[dt],
-                                 coll == FI_REDUCE ? cat(" root ", root) : std::string());
+    std::vector<std::vector<T>> ins(n, std::vector<T>(in_len));
+    for (int q = 0; q < n; ++q)
+        for (size_t j = 0; j < in_len; ++j) ins[q][j] = input<T>(op, q, j);
+    std::vector<T> &in = ins[me];
+    std::vector<T> out(kCount, make<T>(99, 99));
+    const std::vector<T> want =
+        result_of(fi_collective_op(coll), dt, op, kCount, uint32_t(root), uint32_t(me), ins);
+    const std::string what =
+        cat(coll_name(coll), " ", atomic_ref::op_name(op), " ", atomic_ref::datatype_name(dt),
+            coll == FI_REDUCE ? cat(" root ", root) : std::string());
     fid_ep *ep = r.ep;
     const auto datatype = static_cast<fi_datatype>(dt);
     const auto o = static_cast<fi_op>(op);
@@ -1093,8 +446,7 @@ bool one_reduction(Rank &r, fi_addr_t g, int coll, int dt, int op, int root) {
     if (coll == FI_REDUCE && me != root) return true;
     for (size_t i = 0; i < kCount; ++i)  // values, not bytes (long double's padding)
         if (out[i] != want[i])
-            r.fail(__LINE__,
-                   cat(what, ": element ", i, " = ", show(out[i]), ", expected ", show(want[i])));
+            RK_FAIL(r, what, ": element ", i, " = ", show(out[i]), ", expected ", show(want[i]));
     return true;
 }
 
@@ -1116,8 +468,9 @@ void every_reduction(Rank &r) {
             for (int op : {FI_ATOMIC_READ, FI_ATOMIC_WRITE, FI_CSWAP}) {
                 const int ret = query(coll, dt, op);
                 if (say && ret != -FI_EOPNOTSUPP)
-                    RK_FAIL(r, "fi_query_collective(", coll_name(coll), ", ", kOpNames[op], ", ",
-                            kDatatypeNames[dt], ") -> ", err_str(ret), ", expected -FI_EOPNOTSUPP");
+                    RK_FAIL(r, "fi_query_collective(", coll_name(coll), ", ",
+                            atomic_ref::op_name(op), ", ", atomic_ref::datatype_name(dt), ") -> ",
+                            r.str(ret), ", expected -FI_EOPNOTSUPP");
             }
             const bool complex =
                 dt == FI_FLOAT_COMPLEX || dt == FI_DOUBLE_COMPLEX || dt == FI_LONG_DOUBLE_COMPLEX;
@@ -1125,17 +478,19 @@ void every_reduction(Rank &r) {
                 const int ret = query(coll, dt, op);
                 if (complex && op == FI_MIN && ret != -FI_EOPNOTSUPP && say)
                     RK_FAIL(r, "fi_query_collective(", coll_name(coll), ", FI_MIN, ",
-                            kDatatypeNames[dt], ") -> ", err_str(ret), ", expected -FI_EOPNOTSUPP");
+                            atomic_ref::datatype_name(dt), ") -> ", r.str(ret),
+                            ", expected -FI_EOPNOTSUPP");
                 if (ret == -FI_EOPNOTSUPP) continue;
                 if (ret != 0) {
                     if (say)
-                        RK_FAIL(r, "fi_query_collective(", coll_name(coll), ", ", kOpNames[op],
-                                ", ", kDatatypeNames[dt], ") -> ", err_str(ret));
+                        RK_FAIL(r, "fi_query_collective(", coll_name(coll), ", ",
+                                atomic_ref::op_name(op), ", ", atomic_ref::datatype_name(dt),
+                                ") -> ", r.str(ret));
                     continue;
                 }
                 bool ok = true;
                 const int root = index++ % r.n;
-                with_type(dt, [&](auto tag) {
+                atomic_ref::with_type(dt, [&](auto tag) {
                     using T = typename decltype(tag)::type;
                     ok = one_reduction<T>(r, g, coll, dt, op, root);
                 });
@@ -1185,7 +540,7 @@ void members_work(Rank &r, fid_av_set *set, const std::vector<int> &members, int
         return fi_allreduce(ep, in.data(), count, nullptr, out.data(), nullptr, g, FI_UINT64,
                             FI_SUM, 0, ctx);
     }));
-    expect_equal(r, __LINE__, cat("allreduce of ", name), out, want);
+    RK_EXPECT_EQUAL(r, cat("allreduce of ", name), out, want);
 
     // Who the ranks of the group are: each gives its own rank (and two more values).
     static const uint64_t kScale[3] = {1, 10, 100};
@@ -1197,8 +552,8 @@ void members_work(Rank &r, fid_av_set *set, const std::vector<int> &members, int
     RK_TRY(r, r.run(cat("allgather of ", name), [&](void *ctx) {
         return fi_allgather(ep, mine.data(), 3, nullptr, all.data(), nullptr, g, FI_UINT64, 0, ctx);
     }));
-    expect_equal(r, __LINE__, cat("allgather of ", name, " (rank, 10 rank + 1, 100 rank + 2)"), all,
-                 all_want);
+    RK_EXPECT_EQUAL(r, cat("allgather of ", name, " (rank, 10 rank + 1, 100 rank + 2)"), all,
+                    all_want);
 
     std::vector<uint64_t> buf(count + 1, kSentinel), bwant(count + 1, kSentinel);
     for (size_t i = 0; i < count; ++i) bwant[i] = val(s + 1, root, i);
@@ -1206,7 +561,7 @@ void members_work(Rank &r, fid_av_set *set, const std::vector<int> &members, int
     RK_TRY(r, r.run(cat("broadcast of ", name), [&](void *ctx) {
         return fi_broadcast(ep, buf.data(), count, nullptr, g, fi_addr_t(root), FI_UINT64, 0, ctx);
     }));
-    expect_equal(r, __LINE__, cat("broadcast of ", name, " from rank ", root), buf, bwant);
+    RK_EXPECT_EQUAL(r, cat("broadcast of ", name, " from rank ", root), buf, bwant);
     RK_TRY(r, r.close_mc(mc));
 }
 
@@ -1263,14 +618,8 @@ void overlapping_groups(Rank &r) {
     const size_t counts[] = {1, 64, 9001};
     for (int it = 0; it < 9; ++it) {
         const size_t ca = counts[it % 3], cb = counts[(it + 1) % 3];
-        const uint64_t sa = salt_of(FI_ALLREDUCE, ca, 100 + it);
+        Plan a_plan = plan(FI_ALLREDUCE, ca, 0, n, me, salt_of(FI_ALLREDUCE, ca, 100 + it));
         const uint64_t sb = salt_of(FI_ALLGATHER, cb, 100 + it);
-        std::vector<uint64_t> ain(ca), aout(ca + 1, kSentinel), awant(ca + 1, kSentinel);
-        for (size_t i = 0; i < ca; ++i) {
-            ain[i] = val(sa, me, i);
-            awant[i] = 0;
-            for (int q = 0; q < n; ++q) awant[i] += val(sa, q, i);
-        }
         std::vector<uint64_t> bin(cb), bout(2 * cb + 1, kSentinel), bwant(2 * cb + 1, kSentinel);
         for (size_t i = 0; i < cb; ++i) {
             bin[i] = val(sb, me, i);
@@ -1280,8 +629,8 @@ void overlapping_groups(Rank &r) {
         const std::string at = cat(" (iteration ", it, ")");
         void *ctx_a = r.new_ctx(), *ctx_b = r.new_ctx();
         RK_TRY(r, r.post(cat("allreduce on A", at), ctx_a, [&](void *ctx) {
-            return fi_allreduce(ep, ain.data(), ca, nullptr, aout.data(), nullptr, ga, FI_UINT64,
-                                FI_SUM, 0, ctx);
+            return fi_allreduce(ep, a_plan.in.data(), ca, nullptr, a_plan.out.data(), nullptr, ga,
+                                FI_UINT64, FI_SUM, 0, ctx);
         }));
         if (in_b) {
             RK_TRY(r, r.post(cat("allgather on B", at), ctx_b, [&](void *ctx) {
@@ -1289,10 +638,10 @@ void overlapping_groups(Rank &r) {
                                     FI_UINT64, 0, ctx);
             }));
             RK_TRY(r, r.wait(ctx_b, cat("allgather on B", at)));
-            expect_equal(r, __LINE__, cat("allgather on B", at), bout, bwant);
+            RK_EXPECT_EQUAL(r, cat("allgather on B", at), bout, bwant);
         }
         RK_TRY(r, r.wait(ctx_a, cat("allreduce on A", at)));
-        expect_equal(r, __LINE__, cat("allreduce on A", at), aout, awant);
+        RK_EXPECT_EQUAL(r, cat("allreduce on A", at), a_plan.out, a_plan.want);
     }
 }
 
@@ -1312,33 +661,27 @@ void triggered_collective(Rank &r) {
     fid_ep *ep = r.ep;
     const size_t count = 16;
     for (int form = 0; form < 2; ++form) {  // the short form, then the msg form
-        const uint64_t s = salt_of(FI_ALLREDUCE, count, 200 + form);
-        std::vector<uint64_t> in(count), out(count + 1, kSentinel), want(count + 1, kSentinel);
-        for (size_t i = 0; i < count; ++i) {
-            in[i] = val(s, me, i);
-            want[i] = 0;
-            for (int q = 0; q < n; ++q) want[i] += val(s, q, i);
-        }
+        Plan p = plan(FI_ALLREDUCE, count, 0, n, me, salt_of(FI_ALLREDUCE, count, 200 + form));
         fi_triggered_context t{};
         t.event_type = FI_TRIGGER_THRESHOLD;
         t.trigger.threshold.cntr = r.cntr;
         t.trigger.threshold.threshold = uint64_t(form) + 1;
         const std::string what =
             form == 0 ? "fi_allreduce(FI_TRIGGER)" : "fi_ops_collective::msg(FI_TRIGGER)";
-        fi_ioc iov{in.data(), count}, res{out.data(), count};
+        fi_ioc iov{p.in.data(), count}, res{p.out.data(), count};
         RK_TRY(r, r.post(what, &t, [&](void *ctx) -> ssize_t {
             if (form == 0)
-                return fi_allreduce(ep, in.data(), count, nullptr, out.data(), nullptr, g,
+                return fi_allreduce(ep, p.in.data(), count, nullptr, p.out.data(), nullptr, g,
                                     FI_UINT64, FI_SUM, FI_TRIGGER, ctx);
             fi_msg_collective msg{&iov,         nullptr,   1,      g,  FI_ADDR_NOTAVAIL,
                                   FI_ALLREDUCE, FI_UINT64, FI_SUM, ctx};
             return ep->collective->msg(ep, &msg, &res, nullptr, 1, FI_TRIGGER);
         }));
-        RK_TRY(r, r.quiet_for(100, what));
-        RK_CHECK(r, out[0] == kSentinel, what, ": the result was written before the trigger");
+        RK_TRY(r, r.quiet_for(100, cat(what, ", before the trigger")));
+        RK_CHECK(r, p.out[0] == kSentinel, what, ": the result was written before the trigger");
         RK_CALL(r, fi_cntr_add(r.cntr, 1));
         RK_TRY(r, r.wait(&t, what));
-        expect_equal(r, __LINE__, what, out, want);
+        RK_EXPECT_EQUAL(r, what, p.out, p.want);
     }
 }
 

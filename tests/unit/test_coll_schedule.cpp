@@ -11,10 +11,12 @@
 // overlapping buffers in flight, a tag used twice, rounds out of order, a completion after the
 // end. A run that cannot go on any more (a deadlock) fails with the state of the ranks stuck.
 //
-// Every result is compared with a straightforward reference computed here, never with the code
-// under test.
+// Every result is compared with the straightforward reference of tests/common/coll_reference.h,
+// never with the code under test (tests/common/coll_unit.h: the ranks' buffers and their check).
 #include "offload_prov/coll/operation.h"
 #include "offload_prov/coll/schedule.h"
+#include "tests/common/coll_reference.h"
+#include "tests/common/coll_unit.h"
 
 #include <rdma/fi_errno.h>
 
@@ -33,7 +35,6 @@
 #include <set>
 #include <sstream>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 namespace {
@@ -52,56 +53,18 @@ using tandem::off::coll::Thresholds;
 using tandem::off::coll::Transfer;
 using tandem::off::coll::Transport;
 namespace coll = tandem::off::coll;
+using namespace tandem_test::coll_ref;
+using namespace tandem_test::coll_unit;
 
 constexpr uint64_t kRoundBits = 12;
 constexpr uint64_t kRoundMask = (uint64_t(1) << kRoundBits) - 1;
 
 // ---- seeds ---------------------------------------------------------------------------------
 
-uint64_t mix(uint64_t z) {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 uint32_t seed_of(std::initializer_list<uint64_t> parts) {
-    uint64_t h = 0x7a6e6465ull;
-    for (uint64_t p : parts) h = mix(h ^ p);
+    const uint64_t h = hash_of(0x7a6e6465ull, parts);
     return uint32_t(h ^ (h >> 32));
 }
-
-std::string hex(const uint8_t *p, size_t len) {
-    static const char digits[] = "0123456789abcdef";
-    std::string s;
-    for (size_t i = len; i-- > 0;) {  // little-endian: most significant byte first
-        s += digits[p[i] >> 4];
-        s += digits[p[i] & 15];
-    }
-    return s.empty() ? "(empty)" : s;
-}
-
-// ---- buffers with guard bytes on both sides --------------------------------------------------
-
-class Buffer {
-  public:
-    Buffer() : Buffer(0) {}
-    explicit Buffer(size_t len) : bytes_(len + 2 * kGuard, kGuardByte), len_(len) {}
-    uint8_t *data() { return bytes_.data() + kGuard; }
-    const uint8_t *data() const { return bytes_.data() + kGuard; }
-    size_t size() const { return len_; }
-    bool guards_intact() const {
-        for (size_t i = 0; i < kGuard; ++i)
-            if (bytes_[i] != kGuardByte || bytes_[kGuard + len_ + i] != kGuardByte) return false;
-        return true;
-    }
-
-  private:
-    static constexpr size_t kGuard = 64;
-    static constexpr uint8_t kGuardByte = 0xa5;
-    std::vector<uint8_t> bytes_;
-    size_t len_;
-};
 
 // ---- the fake transport ---------------------------------------------------------------------
 
@@ -529,195 +492,10 @@ int Port::recv(uint32_t peer, uint64_t tag, void *buf, size_t len, Operation *op
     return world_.do_recv(rank_, peer, tag, buf, len, op);
 }
 
-// ---- the reference -------------------------------------------------------------------------
-
-size_t elem_size(int datatype) {
-    switch (datatype) {
-        case FI_INT8:
-        case FI_UINT8:
-            return 1;
-        case FI_INT16:
-        case FI_UINT16:
-            return 2;
-        case FI_INT32:
-        case FI_UINT32:
-        case FI_FLOAT:
-            return 4;
-        case FI_INT64:
-        case FI_UINT64:
-        case FI_DOUBLE:
-            return 8;
-        case FI_DOUBLE_COMPLEX:
-            return 16;
-    }
-    return 0;
-}
-
-const char *datatype_name(int datatype) {
-    switch (datatype) {
-        case FI_UINT8:
-            return "uint8";
-        case FI_UINT16:
-            return "uint16";
-        case FI_INT32:
-            return "int32";
-        case FI_UINT32:
-            return "uint32";
-        case FI_INT64:
-            return "int64";
-        case FI_UINT64:
-            return "uint64";
-        case FI_DOUBLE:
-            return "double";
-        case FI_DOUBLE_COMPLEX:
-            return "double_complex";
-    }
-    return "void";
-}
-
-const char *op_name(int op) {
-    switch (op) {
-        case FI_SUM:
-            return "SUM";
-        case FI_PROD:
-            return "PROD";
-        case FI_MIN:
-            return "MIN";
-        case FI_MAX:
-            return "MAX";
-        case FI_BXOR:
-            return "BXOR";
-        case FI_LAND:
-            return "LAND";
-        case FI_LOR:
-            return "LOR";
-    }
-    return "NOOP";
-}
-
-template <class F>
-void with_type(int datatype, F &&f) {
-    switch (datatype) {
-        case FI_UINT8:
-            return f(uint8_t{});
-        case FI_UINT16:
-            return f(uint16_t{});
-        case FI_INT32:
-            return f(int32_t{});
-        case FI_UINT32:
-            return f(uint32_t{});
-        case FI_INT64:
-            return f(int64_t{});
-        case FI_UINT64:
-            return f(uint64_t{});
-        case FI_DOUBLE:
-            return f(double{});
-    }
-    ADD_FAILURE() << "no reference for datatype " << datatype;
-}
-
-// One reduction, as fi_atomic(3) defines it: integer SUM and PROD wrap, logical ops give 1/0.
-template <class T>
-T ref_op(int op, T a, T b) {
-    if constexpr (std::is_integral_v<T>) {
-        using U = std::make_unsigned_t<T>;
-        using W = std::conditional_t<(sizeof(U) < sizeof(unsigned)), unsigned, U>;
-        switch (op) {
-            case FI_SUM:
-                return T(U(W(U(a)) + W(U(b))));
-            case FI_PROD:
-                return T(U(W(U(a)) * W(U(b))));
-            case FI_BXOR:
-                return T(a ^ b);
-            default:
-                break;
-        }
-    } else {
-        switch (op) {
-            case FI_SUM:
-                return a + b;
-            case FI_PROD:
-                return a * b;
-            default:
-                break;
-        }
-    }
-    switch (op) {
-        case FI_MIN:
-            return std::min(a, b);
-        case FI_MAX:
-            return std::max(a, b);
-        case FI_LAND:
-            return T((a != T(0) && b != T(0)) ? 1 : 0);
-        case FI_LOR:
-            return T((a != T(0) || b != T(0)) ? 1 : 0);
-    }
-    ADD_FAILURE() << "no reference for op " << op;
-    return a;
-}
-
-// out[i] = in[0][i] op in[1][i] op ... (one rank: its input as is).
-std::vector<uint8_t> ref_fold(int datatype, int op, const std::vector<const uint8_t *> &in,
-                              size_t count) {
-    std::vector<uint8_t> out(count * elem_size(datatype));
-    if (out.empty() || in.empty()) return out;
-    with_type(datatype, [&](auto zero) {
-        using T = decltype(zero);
-        for (size_t i = 0; i < count; ++i) {
-            T acc;
-            memcpy(&acc, in[0] + i * sizeof(T), sizeof(T));
-            for (size_t r = 1; r < in.size(); ++r) {
-                T v;
-                memcpy(&v, in[r] + i * sizeof(T), sizeof(T));
-                acc = ref_op(op, acc, v);
-            }
-            memcpy(out.data() + i * sizeof(T), &acc, sizeof(T));
-        }
-    });
-    return out;
-}
-
-// Inputs that make the reduction interesting: logical ops see some zeros (rarely enough that
-// both results occur), PROD mostly odd factors, SUM of doubles integers (so any order is exact).
-template <class T>
-T gen_value(int op, uint32_t n, std::mt19937_64 &rng) {
-    const uint64_t x = rng();
-    const bool rare = x % (2 * uint64_t(n)) == 0;
-    switch (op) {
-        case FI_LAND:
-            return rare ? T(0) : T((x >> 20) | 1);
-        case FI_LOR:
-            return rare ? T((x >> 20) | 1) : T(0);
-        case FI_PROD:
-            if constexpr (std::is_integral_v<T>)
-                return T((x >> 20) | ((x & 7) ? 1 : 0));
-            else
-                return T(1 + int((x >> 20) % 3));
-        default:
-            break;
-    }
-    if constexpr (std::is_floating_point_v<T>)
-        return T(int64_t((x >> 8) % (uint64_t(1) << 21)) - (int64_t(1) << 20));
-    else
-        return T((x >> 3) ^ (x << 61));
-}
-
-void gen_fill(int datatype, int op, uint32_t n, std::mt19937_64 &rng, uint8_t *p, size_t count) {
-    with_type(datatype, [&](auto zero) {
-        using T = decltype(zero);
-        for (size_t i = 0; i < count; ++i) {
-            const T v = gen_value<T>(op, n, rng);
-            memcpy(p + i * sizeof(T), &v, sizeof(T));
-        }
-    });
-}
+// ---- the inputs ----------------------------------------------------------------------------
 
 void random_fill(std::mt19937_64 &rng, uint8_t *p, size_t len) {
     for (size_t i = 0; i < len; ++i) p[i] = uint8_t(rng() >> 13);
-}
-
-bool reduces(fi_collective_op c) {
-    return c == FI_ALLREDUCE || c == FI_REDUCE || c == FI_REDUCE_SCATTER;
 }
 
 // ---- one collective call on every rank -----------------------------------------------------
@@ -753,79 +531,15 @@ const Algo &algo(const std::string &name) {
     return algos().front();
 }
 
-bool rooted(fi_collective_op c) {
-    return c == FI_BROADCAST || c == FI_REDUCE || c == FI_SCATTER || c == FI_GATHER;
-}
-
-// What one rank's call reads and writes (fi_collective(3)); absent buffers are null.
-struct Io {
-    bool send = false, recv = false;
-    size_t send_bytes = 0, recv_bytes = 0;
-};
-Io io_of(fi_collective_op c, size_t b, uint32_t n, bool root) {
-    switch (c) {
-        case FI_BARRIER:
-            return {};
-        case FI_BROADCAST:
-            return {false, true, 0, b};
-        case FI_ALLREDUCE:
-            return {true, true, b, b};
-        case FI_ALLGATHER:
-            return {true, true, b, b * n};
-        case FI_ALLTOALL:
-            return {true, true, b * n, b * n};
-        case FI_REDUCE_SCATTER:
-            return {true, true, b * n, b};
-        case FI_REDUCE:
-            return {true, root, b, root ? b : 0};
-        case FI_SCATTER:
-            return {root, true, root ? b * n : 0, b};
-        case FI_GATHER:
-            return {true, root, b, root ? b * n : 0};
-        default:
-            break;
-    }
-    return {};
-}
-
-struct RankData {
-    Io io;
-    Buffer send, recv;
-    std::vector<uint8_t> send_before;  // the input: the call must leave it alone
-    std::vector<uint8_t> expect;       // the expected output
-    bool check = false;
-};
-
 struct Instance {
     const Algo *algo = nullptr;
     uint32_t n = 0;
     Args args;
     std::string label;
-    std::vector<RankData> ranks;
+    std::vector<RankBuffers> ranks;
 };
 
-std::string label_of(const std::string &name, uint32_t n, const Args &a) {
-    std::ostringstream o;
-    o << name << " n=" << n;
-    if (rooted(a.coll)) o << " root=" << a.root;
-    if (a.coll != FI_BARRIER) o << " count=" << a.count << " " << datatype_name(a.datatype);
-    if (reduces(a.coll)) o << " " << op_name(a.op);
-    return o.str();
-}
-
-Args args_of(fi_collective_op c, size_t count, int datatype, int op, uint32_t root) {
-    Args a;
-    a.coll = c;
-    a.root = root;
-    if (c == FI_BARRIER) return a;
-    a.count = count;
-    a.elem = elem_size(datatype);
-    a.datatype = datatype;
-    a.op = reduces(c) ? op : FI_NOOP;
-    return a;
-}
-
-// Buffers and inputs of every rank (recv buffers start with garbage).
+// Buffers and inputs of every rank (recv buffers start with garbage), the inputs recorded.
 Instance prepare(const Algo &al, uint32_t n, const Args &a, uint32_t seed) {
     Instance in;
     in.algo = &al;
@@ -833,77 +547,27 @@ Instance prepare(const Algo &al, uint32_t n, const Args &a, uint32_t seed) {
     in.args = a;
     in.label = label_of(al.name, n, a);
     std::mt19937_64 rng(seed);
-    const size_t b = a.bytes();
     for (uint32_t r = 0; r < n; ++r) {
-        RankData d;
-        d.io = io_of(a.coll, b, n, r == a.root);
-        d.send = Buffer(d.io.send_bytes);
-        d.recv = Buffer(d.io.recv_bytes);
+        RankBuffers d = buffers_for(a, n, r);
         if (reduces(a.coll))
-            gen_fill(a.datatype, a.op, n, rng, d.send.data(), d.io.send_bytes / a.elem);
+            fill_reduction_input(a.datatype, a.op, n, rng, d.send.data(), d.io.send_bytes / a.elem);
         else
             random_fill(rng, d.send.data(), d.io.send_bytes);
         random_fill(rng, d.recv.data(), d.io.recv_bytes);
-        d.send_before.assign(d.send.data(), d.send.data() + d.send.size());
         in.ranks.push_back(std::move(d));
     }
+    record_inputs(a, in.ranks);
     return in;
 }
 
 // The expected outputs, from the inputs as they are now.
 void expect_reference(Instance &in) {
-    const Args &a = in.args;
-    const uint32_t n = in.n;
-    const size_t b = a.bytes();
-    auto sends_at = [&](size_t offset) {
-        std::vector<const uint8_t *> v;
-        for (auto &d : in.ranks) v.push_back(d.send.data() + offset);
-        return v;
-    };
-    for (uint32_t r = 0; r < n; ++r) {
-        RankData &d = in.ranks[r];
-        d.check = d.io.recv;
-        std::vector<uint8_t> &e = d.expect;
-        switch (a.coll) {
-            case FI_BARRIER:
-                break;
-            case FI_BROADCAST: {
-                const uint8_t *p = in.ranks[a.root].recv.data();
-                e.assign(p, p + b);
-                break;
-            }
-            case FI_ALLREDUCE:
-            case FI_REDUCE:
-                if (d.io.recv) e = ref_fold(a.datatype, a.op, sends_at(0), a.count);
-                break;
-            case FI_REDUCE_SCATTER:
-                e = ref_fold(a.datatype, a.op, sends_at(r * b), a.count);
-                break;
-            case FI_ALLGATHER:
-                for (auto &s : in.ranks) e.insert(e.end(), s.send.data(), s.send.data() + b);
-                break;
-            case FI_ALLTOALL:
-                for (auto &s : in.ranks)
-                    e.insert(e.end(), s.send.data() + r * b, s.send.data() + (r + 1) * b);
-                break;
-            case FI_SCATTER: {
-                const uint8_t *p = in.ranks[a.root].send.data() + r * b;
-                e.assign(p, p + b);
-                break;
-            }
-            case FI_GATHER:
-                if (d.io.recv)
-                    for (auto &s : in.ranks) e.insert(e.end(), s.send.data(), s.send.data() + b);
-                break;
-            default:
-                break;
-        }
-    }
+    expect_results(in.args, in.ranks);
 }
 
 void add_to(World &w, Instance &in, uint32_t index) {
     for (uint32_t r = 0; r < in.n; ++r) {
-        RankData &d = in.ranks[r];
+        RankBuffers &d = in.ranks[r];
         w.add(r, index, in.algo->build(Shape{in.n, r}, in.args),
               d.io.send ? d.send.data() : nullptr, d.io.recv ? d.recv.data() : nullptr,
               in.args.datatype, in.args.op);
@@ -913,8 +577,6 @@ void add_to(World &w, Instance &in, uint32_t index) {
 // Outputs against the reference, inputs untouched, guards intact. True when all is well.
 bool check(const Instance &in, const World &w, uint32_t index) {
     bool ok = true;
-    const size_t elem = std::max<size_t>(in.args.elem, 1);
-    const size_t block = std::max<size_t>(in.args.bytes(), 1);
     for (auto &s : w.ops()) {
         if (s->index != index) continue;
         if (!s->op->finished() || s->op->status()) {
@@ -923,36 +585,7 @@ bool check(const Instance &in, const World &w, uint32_t index) {
             ok = false;
         }
     }
-    for (uint32_t r = 0; r < in.n; ++r) {
-        const RankData &d = in.ranks[r];
-        if (!d.send.guards_intact() || !d.recv.guards_intact()) {
-            ADD_FAILURE() << in.label << " rank " << r << ": written outside its buffers";
-            ok = false;
-        }
-        if (d.send.size() && memcmp(d.send.data(), d.send_before.data(), d.send.size()) != 0) {
-            ADD_FAILURE() << in.label << " rank " << r << ": the input was changed";
-            ok = false;
-        }
-        if (!d.check) continue;
-        if (d.expect.size() != d.recv.size()) {
-            ADD_FAILURE() << in.label << " rank " << r << ": reference of " << d.expect.size()
-                          << " bytes for a buffer of " << d.recv.size();
-            ok = false;
-            continue;
-        }
-        size_t bad = 0, first = 0;
-        for (size_t i = 0; i < d.expect.size(); i += elem)
-            if (memcmp(d.expect.data() + i, d.recv.data() + i, elem) != 0 && !bad++) first = i;
-        if (bad) {
-            ADD_FAILURE() << in.label << " rank " << r << ": " << bad << " of "
-                          << d.expect.size() / elem << " elements wrong; first element "
-                          << first / elem << " (byte " << first << ", block " << first / block
-                          << "): expected " << hex(d.expect.data() + first, elem) << ", got "
-                          << hex(d.recv.data() + first, elem);
-            ok = false;
-        }
-    }
-    return ok;
+    return check_buffers(in.label, in.args, in.ranks) && ok;
 }
 
 int failures_now() {
@@ -1366,8 +999,7 @@ TEST(CollSchedule, MinMaxWithNaNSameBitsOnEveryRank) {
                             }
                             memcpy(in.ranks[r].send.data() + i * 8, &v, 8);
                         }
-                    for (auto &d : in.ranks)
-                        d.send_before.assign(d.send.data(), d.send.data() + d.send.size());
+                    record_inputs(a, in.ranks);
                     World w(n, mix(seed));
                     add_to(w, in, 0);
                     ASSERT_TRUE(w.run()) << in.label << ": deadlock:" << w.report();

@@ -8,11 +8,15 @@
 // calls of its own (so some run ahead, a generation or more, and others lag), until all have
 // finished; a run in which no operation finishes for many calls fails with the state of every
 // member instead of hanging. Results are compared, exactly, with a straightforward reference
-// computed here; inputs must stay untouched and nothing may be written outside the buffers.
+// of tests/common/coll_reference.h; inputs must stay untouched and nothing may be written outside
+// the buffers (tests/common/coll_unit.h).
 //
 // A member that died is simulated with a forked child that opens the group and exits.
 #include "offload_prov/coll/schedule.h"
 #include "offload_prov/coll/shm_group.h"
+#include "tests/common/atomic_reference.h"
+#include "tests/common/coll_reference.h"
+#include "tests/common/coll_unit.h"
 
 #include <rdma/fi_errno.h>
 
@@ -34,7 +38,6 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 namespace {
@@ -42,6 +45,9 @@ namespace {
 using tandem::off::coll::Args;
 using tandem::off::coll::ShmGroup;
 using tandem::off::coll::ShmOp;
+using namespace tandem_test::coll_ref;
+using namespace tandem_test::coll_unit;
+using tandem_test::atomic_ref::element_size;
 
 // The boundaries the tests aim at: the chunk of one generation, the sub-slot (one
 // destination's piece) of alltoall and reduce-scatter, and the size up to which every member
@@ -62,27 +68,8 @@ constexpr uint64_t kStallCalls = 10'000'000;
 
 // ---- seeds ---------------------------------------------------------------------------------
 
-uint64_t mix(uint64_t z) {
-    z += 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
 uint64_t seed_of(std::initializer_list<uint64_t> parts) {
-    uint64_t h = 0x73686d636f6cull;
-    for (uint64_t p : parts) h = mix(h ^ p);
-    return h;
-}
-
-std::string hex(const uint8_t *p, size_t len) {
-    static const char digits[] = "0123456789abcdef";
-    std::string s;
-    for (size_t i = len; i-- > 0;) {  // little-endian: most significant byte first
-        s += digits[p[i] >> 4];
-        s += digits[p[i] & 15];
-    }
-    return s.empty() ? "(empty)" : s;
+    return hash_of(0x73686d636f6cull, parts);
 }
 
 // ---- groups ----------------------------------------------------------------------------------
@@ -217,63 +204,7 @@ class Driver {
     uint64_t finishes_ = 0;
 };
 
-// ---- the reference -------------------------------------------------------------------------
-
-size_t elem_size(int datatype) {
-    switch (datatype) {
-        case FI_INT8:
-        case FI_UINT8:
-            return 1;
-        case FI_INT16:
-        case FI_UINT16:
-            return 2;
-        case FI_INT32:
-        case FI_UINT32:
-        case FI_FLOAT:
-            return 4;
-        case FI_INT64:
-        case FI_UINT64:
-        case FI_DOUBLE:
-            return 8;
-    }
-    return 0;
-}
-
-const char *datatype_name(int datatype) {
-    switch (datatype) {
-        case FI_UINT8:
-            return "uint8";
-        case FI_UINT16:
-            return "uint16";
-        case FI_INT32:
-            return "int32";
-        case FI_UINT32:
-            return "uint32";
-        case FI_INT64:
-            return "int64";
-        case FI_UINT64:
-            return "uint64";
-        case FI_DOUBLE:
-            return "double";
-    }
-    return "void";
-}
-
-const char *op_name(int op) {
-    switch (op) {
-        case FI_SUM:
-            return "SUM";
-        case FI_PROD:
-            return "PROD";
-        case FI_MIN:
-            return "MIN";
-        case FI_MAX:
-            return "MAX";
-        case FI_BXOR:
-            return "BXOR";
-    }
-    return "NOOP";
-}
+// ---- names and inputs ----------------------------------------------------------------------
 
 const char *coll_name(fi_collective_op c) {
     switch (c) {
@@ -305,113 +236,6 @@ const fi_collective_op kAllColls[] = {FI_BARRIER, FI_BROADCAST, FI_ALLREDUCE,
                                       FI_REDUCE,  FI_ALLGATHER, FI_GATHER,
                                       FI_SCATTER, FI_ALLTOALL,  FI_REDUCE_SCATTER};
 
-template <class F>
-void with_type(int datatype, F &&f) {
-    switch (datatype) {
-        case FI_UINT8:
-            return f(uint8_t{});
-        case FI_UINT16:
-            return f(uint16_t{});
-        case FI_INT32:
-            return f(int32_t{});
-        case FI_UINT32:
-            return f(uint32_t{});
-        case FI_INT64:
-            return f(int64_t{});
-        case FI_UINT64:
-            return f(uint64_t{});
-        case FI_DOUBLE:
-            return f(double{});
-    }
-    ADD_FAILURE() << "no reference for datatype " << datatype;
-}
-
-// One reduction as fi_atomic(3) defines it, old = the accumulated value, buf = the next
-// rank's: integer SUM and PROD wrap; MIN is "buf < old ? buf : old" taken literally (a NaN
-// never replaces nor is replaced), MAX likewise.
-template <class T>
-T ref_op(int op, T old, T buf) {
-    if constexpr (std::is_integral_v<T>) {
-        using U = std::make_unsigned_t<T>;
-        using W = std::conditional_t<(sizeof(U) < sizeof(unsigned)), unsigned, U>;
-        switch (op) {
-            case FI_SUM:
-                return T(U(W(U(old)) + W(U(buf))));
-            case FI_PROD:
-                return T(U(W(U(old)) * W(U(buf))));
-            case FI_BXOR:
-                return T(old ^ buf);
-            default:
-                break;
-        }
-    } else {
-        switch (op) {
-            case FI_SUM:
-                return old + buf;
-            case FI_PROD:
-                return old * buf;
-            default:
-                break;
-        }
-    }
-    switch (op) {
-        case FI_MIN:
-            return buf < old ? buf : old;
-        case FI_MAX:
-            return buf > old ? buf : old;
-    }
-    ADD_FAILURE() << "no reference for op " << op;
-    return old;
-}
-
-// out[i] = in[0][i] op in[1][i] op ... op in[n-1][i], in rank order.
-std::vector<uint8_t> ref_fold(int datatype, int op, const std::vector<const uint8_t *> &in,
-                              size_t count) {
-    std::vector<uint8_t> out(count * elem_size(datatype));
-    if (out.empty() || in.empty()) return out;
-    with_type(datatype, [&](auto zero) {
-        using T = decltype(zero);
-        for (size_t i = 0; i < count; ++i) {
-            T acc;
-            memcpy(&acc, in[0] + i * sizeof(T), sizeof(T));
-            for (size_t r = 1; r < in.size(); ++r) {
-                T v;
-                memcpy(&v, in[r] + i * sizeof(T), sizeof(T));
-                acc = ref_op(op, acc, v);
-            }
-            memcpy(out.data() + i * sizeof(T), &acc, sizeof(T));
-        }
-    });
-    return out;
-}
-
-// Inputs: PROD mostly odd factors (small ones for doubles), doubles integer-valued (so every
-// sum is exact), integers all over their range.
-template <class T>
-T gen_value(int op, std::mt19937_64 &rng) {
-    const uint64_t x = rng();
-    if (op == FI_PROD) {
-        if constexpr (std::is_integral_v<T>)
-            return T((x >> 20) | ((x & 7) ? 1 : 0));
-        else
-            return T(1 + int((x >> 20) % 3));
-    }
-    if constexpr (std::is_floating_point_v<T>)
-        return T(int64_t((x >> 8) % (uint64_t(1) << 21)) - (int64_t(1) << 20));
-    else
-        return T((x >> 3) ^ (x << 61));
-}
-
-void gen_fill(int datatype, int op, std::mt19937_64 &rng, uint8_t *p, size_t count) {
-    with_type(datatype, [&](auto zero) {
-        using T = decltype(zero);
-        for (size_t i = 0; i < count; ++i) {
-            const T v = gen_value<T>(op, rng);
-            memcpy(p + i * sizeof(T), &v, sizeof(T));
-        }
-    });
-}
-
 void random_fill(std::mt19937_64 &rng, uint8_t *p, size_t len) {
     size_t i = 0;
     for (; i + 8 <= len; i += 8) {
@@ -421,75 +245,10 @@ void random_fill(std::mt19937_64 &rng, uint8_t *p, size_t len) {
     for (; i < len; ++i) p[i] = uint8_t(rng() >> 13);
 }
 
-bool reduces(fi_collective_op c) {
-    return c == FI_ALLREDUCE || c == FI_REDUCE || c == FI_REDUCE_SCATTER;
-}
-
-bool rooted(fi_collective_op c) {
-    return c == FI_BROADCAST || c == FI_REDUCE || c == FI_SCATTER || c == FI_GATHER;
-}
-
 // ---- one collective call on every rank -----------------------------------------------------
 
-// What one rank's call reads and writes (fi_collective(3)); absent buffers are passed as null.
-// Broadcast's one buffer is recv: the root's input, the others' output.
-struct Io {
-    bool send = false, recv = false;
-    size_t send_bytes = 0, recv_bytes = 0;
-};
-
-Io io_of(fi_collective_op c, size_t b, uint32_t n, bool root) {
-    switch (c) {
-        case FI_BARRIER:
-            return {};
-        case FI_BROADCAST:
-            return {false, true, 0, b};
-        case FI_ALLREDUCE:
-            return {true, true, b, b};
-        case FI_ALLGATHER:
-            return {true, true, b, b * n};
-        case FI_ALLTOALL:
-            return {true, true, b * n, b * n};
-        case FI_REDUCE_SCATTER:
-            return {true, true, b * n, b};
-        case FI_REDUCE:
-            return {true, root, b, root ? b : 0};
-        case FI_SCATTER:
-            return {root, true, root ? b * n : 0, b};
-        case FI_GATHER:
-            return {true, root, b, root ? b * n : 0};
-        default:
-            break;
-    }
-    return {};
-}
-
-// Bytes with guard bytes on both sides.
-class Buffer {
-  public:
-    Buffer() : Buffer(0) {}
-    explicit Buffer(size_t len) : bytes_(len + 2 * kGuard, kGuardByte), len_(len) {}
-    uint8_t *data() { return bytes_.data() + kGuard; }
-    const uint8_t *data() const { return bytes_.data() + kGuard; }
-    size_t size() const { return len_; }
-    bool guards_intact() const {
-        for (size_t i = 0; i < kGuard; ++i)
-            if (bytes_[i] != kGuardByte || bytes_[kGuard + len_ + i] != kGuardByte) return false;
-        return true;
-    }
-
-  private:
-    static constexpr size_t kGuard = 64;
-    static constexpr uint8_t kGuardByte = 0xa5;
-    std::vector<uint8_t> bytes_;
-    size_t len_;
-};
-
-struct RankData {
-    Io io;
-    Buffer send, recv;
-    std::vector<uint8_t> input;   // what the call reads (send, or a broadcast root's recv)
-    std::vector<uint8_t> expect;  // the output expected in recv
+// One rank's buffers, and its operation once posted.
+struct RankData : RankBuffers {
     const Posted *posted = nullptr;
 };
 
@@ -500,75 +259,9 @@ struct Case {
     std::vector<RankData> ranks;
 };
 
-Args args_of(fi_collective_op c, size_t count, int datatype, int op = FI_SUM, uint32_t root = 0) {
-    Args a;
-    a.coll = c;
-    a.root = root;
-    if (c == FI_BARRIER) return a;
-    a.count = count;
-    a.elem = elem_size(datatype);
-    a.datatype = datatype;
-    a.op = reduces(c) ? op : FI_NOOP;
-    return a;
-}
-
-std::string label_of(uint32_t n, const Args &a) {
-    std::ostringstream o;
-    o << coll_name(a.coll) << " n=" << n;
-    if (rooted(a.coll)) o << " root=" << a.root;
-    if (a.coll != FI_BARRIER) o << " count=" << a.count << " " << datatype_name(a.datatype);
-    if (reduces(a.coll)) o << " " << op_name(a.op);
-    return o.str();
-}
-
 // The expected outputs from the inputs as they are now (and the inputs recorded).
 void expect_reference(Case &c) {
-    const Args &a = c.a;
-    const size_t b = a.bytes();
-    for (RankData &d : c.ranks) {
-        const bool bcast_root = a.coll == FI_BROADCAST && &d == &c.ranks[a.root];
-        const Buffer &in = bcast_root ? d.recv : d.send;
-        d.input.assign(in.data(), in.data() + in.size());
-    }
-    auto sends_at = [&](size_t offset) {
-        std::vector<const uint8_t *> v;
-        for (auto &d : c.ranks) v.push_back(d.send.data() + offset);
-        return v;
-    };
-    for (uint32_t r = 0; r < c.n; ++r) {
-        std::vector<uint8_t> &e = c.ranks[r].expect;
-        e.clear();
-        if (!c.ranks[r].io.recv) continue;
-        switch (a.coll) {
-            case FI_BROADCAST: {
-                const uint8_t *p = c.ranks[a.root].input.data();
-                e.assign(p, p + b);
-                break;
-            }
-            case FI_ALLREDUCE:
-            case FI_REDUCE:
-                e = ref_fold(a.datatype, a.op, sends_at(0), a.count);
-                break;
-            case FI_REDUCE_SCATTER:
-                e = ref_fold(a.datatype, a.op, sends_at(r * b), a.count);
-                break;
-            case FI_ALLGATHER:
-            case FI_GATHER:
-                for (auto &s : c.ranks) e.insert(e.end(), s.send.data(), s.send.data() + b);
-                break;
-            case FI_ALLTOALL:
-                for (auto &s : c.ranks)
-                    e.insert(e.end(), s.send.data() + r * b, s.send.data() + (r + 1) * b);
-                break;
-            case FI_SCATTER: {
-                const uint8_t *p = c.ranks[a.root].send.data() + r * b;
-                e.assign(p, p + b);
-                break;
-            }
-            default:
-                break;
-        }
-    }
+    expect_results(c.a, c.ranks);
 }
 
 // Buffers and inputs of every rank (outputs start as garbage), and the expected outputs.
@@ -576,18 +269,17 @@ Case make_case(uint32_t n, const Args &a, uint64_t seed) {
     Case c;
     c.n = n;
     c.a = a;
-    c.label = label_of(n, a);
+    c.label = label_of(coll_name(a.coll), n, a);
     std::mt19937_64 rng(seed);
     for (uint32_t r = 0; r < n; ++r) {
         RankData d;
-        d.io = io_of(a.coll, a.bytes(), n, r == a.root);
-        d.send = Buffer(d.io.send_bytes);
-        d.recv = Buffer(d.io.recv_bytes);
+        static_cast<RankBuffers &>(d) = buffers_for(a, n, r);
         random_fill(rng, d.recv.data(), d.recv.size());
         if (a.elem) {
-            gen_fill(a.datatype, a.op, rng, d.send.data(), d.send.size() / a.elem);
+            fill_reduction_input(a.datatype, a.op, n, rng, d.send.data(), d.send.size() / a.elem);
             if (a.coll == FI_BROADCAST && r == a.root)
-                gen_fill(a.datatype, a.op, rng, d.recv.data(), d.recv.size() / a.elem);
+                fill_reduction_input(a.datatype, a.op, n, rng, d.recv.data(),
+                                     d.recv.size() / a.elem);
         }
         c.ranks.push_back(std::move(d));
     }
@@ -608,8 +300,6 @@ void post_case(Driver &dr, Group &g, Case &c, size_t index) {
 // Finished with status 0, outputs against the reference, inputs untouched, guards intact.
 bool check_case(const Case &c) {
     bool ok = true;
-    const size_t elem = std::max<size_t>(c.a.elem, 1);
-    const size_t block = std::max<size_t>(c.a.bytes(), 1);
     for (uint32_t r = 0; r < c.n; ++r) {
         const RankData &d = c.ranks[r];
         if (!d.posted || !d.posted->finished || d.posted->op->status() != 0) {
@@ -618,36 +308,8 @@ bool check_case(const Case &c) {
                           << (d.posted ? d.posted->op->status() : -1);
             ok = false;
         }
-        if (!d.send.guards_intact() || !d.recv.guards_intact()) {
-            ADD_FAILURE() << c.label << " rank " << r << ": written outside its buffers";
-            ok = false;
-        }
-        const bool bcast_root = c.a.coll == FI_BROADCAST && r == c.a.root;
-        const Buffer &in = bcast_root ? d.recv : d.send;
-        if (in.size() && memcmp(in.data(), d.input.data(), in.size()) != 0) {
-            ADD_FAILURE() << c.label << " rank " << r << ": the input was changed";
-            ok = false;
-        }
-        if (!d.io.recv || bcast_root) continue;
-        if (d.expect.size() != d.recv.size()) {
-            ADD_FAILURE() << c.label << " rank " << r << ": reference of " << d.expect.size()
-                          << " bytes for a buffer of " << d.recv.size();
-            ok = false;
-            continue;
-        }
-        if (d.recv.size() == 0 || memcmp(d.expect.data(), d.recv.data(), d.recv.size()) == 0)
-            continue;
-        size_t bad = 0, first = 0;
-        for (size_t i = 0; i < d.expect.size(); i += elem)
-            if (memcmp(d.expect.data() + i, d.recv.data() + i, elem) != 0 && !bad++) first = i;
-        ADD_FAILURE() << c.label << " rank " << r << ": " << bad << " of " << d.expect.size() / elem
-                      << " elements wrong; first element " << first / elem << " (byte " << first
-                      << ", block " << first / block << ", byte " << first % block
-                      << " of it): expected " << hex(d.expect.data() + first, elem) << ", got "
-                      << hex(d.recv.data() + first, elem);
-        ok = false;
     }
-    return ok;
+    return check_buffers(c.label, c.a, c.ranks) && ok;
 }
 
 // Runs one call on every member of g and checks it. True when all is well.
@@ -740,7 +402,7 @@ TEST(CollShm, ChunkAndPieceBoundaries) {
             if (c == FI_BARRIER) continue;
             for (int kind = 0; kind < 3; ++kind) {
                 const int dt = kDataTypes[(n + uint32_t(c) + kind) % 3];
-                const size_t elem = elem_size(dt), pe = piece_of(c, n) / elem;
+                const size_t elem = element_size(dt), pe = piece_of(c, n) / elem;
                 const size_t count = kind == 0 ? pe : kind == 1 ? pe + 1 : 2 * pe + 5;
                 for (uint32_t root : roots_for(c, n, false))
                     run.run(n, args_of(c, count, dt, FI_SUM, root),
@@ -752,7 +414,7 @@ TEST(CollShm, ChunkAndPieceBoundaries) {
         for (int dt : kDataTypes)
             for (fi_collective_op c : {FI_ALLREDUCE, FI_REDUCE, FI_BROADCAST})
                 for (uint32_t root : roots_for(c, n, false))
-                    run.run(n, args_of(c, (600u << 10) / elem_size(dt), dt, FI_SUM, root),
+                    run.run(n, args_of(c, (600u << 10) / element_size(dt), dt, FI_SUM, root),
                             seed_of({n, uint64_t(c), root, uint64_t(dt), 2}));
     RecordProperty("cases", int(run.cases()));
 }
@@ -764,7 +426,7 @@ TEST(CollShm, WholeVectorThreshold) {
     for (uint32_t n : kSizes)
         for (int dt : kDataTypes)
             for (fi_collective_op c : {FI_ALLREDUCE, FI_REDUCE}) {
-                const size_t at = kWhole / elem_size(dt);
+                const size_t at = kWhole / element_size(dt);
                 for (size_t count : {at - 1, at, at + 1, at + n, 2 * at + 3})
                     for (uint32_t root : roots_for(c, n, false))
                         run.run(n, args_of(c, count, dt, FI_SUM, root),
@@ -781,7 +443,7 @@ TEST(CollShm, Reductions) {
         for (int op : {FI_SUM, FI_MIN, FI_MAX, FI_BXOR, FI_PROD})
             for (int dt : {FI_INT32, FI_UINT64, FI_UINT8})
                 for (fi_collective_op c : {FI_ALLREDUCE, FI_REDUCE, FI_REDUCE_SCATTER}) {
-                    const size_t elem = elem_size(dt);
+                    const size_t elem = element_size(dt);
                     for (size_t count : {size_t(7), 6000 / elem, kChunk / elem + 5}) {
                         const uint32_t root = c == FI_REDUCE ? n / 2 : 0;
                         run.run(n, args_of(c, count, dt, op, root),
