@@ -34,6 +34,7 @@
 // measurement ran (or was n/a), 1 on a wrong result or error, 2 on bad options, 3 when the
 // watchdog fired.
 
+#include "bench/bench_common.h"
 #include <mpi.h>
 
 #include <rdma/fabric.h>
@@ -119,46 +120,14 @@ extern "C" void on_alarm(int) {
     std::exit(code);
 }
 
-bool parse_size(const std::string &s, uint64_t *out) {
-    if (s.empty()) return false;
-    char *end = nullptr;
-    errno = 0;
-    unsigned long long v = std::strtoull(s.c_str(), &end, 10);
-    if (errno || end == s.c_str()) return false;
-    uint64_t mult = 1;
-    if (*end) {
-        switch (*end) {
-            case 'k':
-            case 'K':
-                mult = 1ull << 10;
-                break;
-            case 'm':
-            case 'M':
-                mult = 1ull << 20;
-                break;
-            case 'g':
-            case 'G':
-                mult = 1ull << 30;
-                break;
-            default:
-                return false;
-        }
-        ++end;
-        if (*end == 'i' || *end == 'I') ++end;
-        if (*end == 'b' || *end == 'B') ++end;
-        if (*end) return false;
-    }
-    *out = v * mult;
-    return true;
-}
-
 bool parse_sizes(const std::string &s, std::vector<uint64_t> *out) {
     out->clear();
     size_t pos = 0;
     while (true) {
         size_t comma = s.find(',', pos);
         uint64_t v;
-        if (!parse_size(s.substr(pos, comma == std::string::npos ? comma : comma - pos), &v))
+        if (!tandem_bench::parse_size(
+                s.substr(pos, comma == std::string::npos ? comma : comma - pos), &v))
             return false;
         // Whole floats only, at least one.
         if (v < sizeof(float) || v % sizeof(float)) return false;

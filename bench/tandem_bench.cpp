@@ -26,6 +26,7 @@
 // provider, domain and endpoint type come from the server's own options when it has them,
 // otherwise from the client's.
 
+#include "bench/bench_common.h"
 #include <rdma/fabric.h>
 #include <rdma/fi_atomic.h>
 #include <rdma/fi_cm.h>
@@ -108,39 +109,6 @@ size_t check_pattern(const uint8_t *buf, size_t from, size_t len, uint32_t seed)
     for (size_t i = from; i < len; ++i)
         if (buf[i] != pattern_byte(i, seed)) return i;
     return len;
-}
-
-bool parse_size(const std::string &s, uint64_t *out) {
-    if (s.empty()) return false;
-    char *end = nullptr;
-    errno = 0;
-    unsigned long long v = std::strtoull(s.c_str(), &end, 10);
-    if (errno || end == s.c_str()) return false;
-    uint64_t mult = 1;
-    if (*end) {
-        switch (*end) {
-            case 'k':
-            case 'K':
-                mult = 1ull << 10;
-                break;
-            case 'm':
-            case 'M':
-                mult = 1ull << 20;
-                break;
-            case 'g':
-            case 'G':
-                mult = 1ull << 30;
-                break;
-            default:
-                return false;
-        }
-        ++end;
-        if (*end == 'i' || *end == 'I') ++end;
-        if (*end == 'b' || *end == 'B') ++end;
-        if (*end) return false;
-    }
-    *out = v * mult;
-    return true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -249,11 +217,12 @@ bool parse_sizes(const char *arg, std::vector<uint64_t> *out) {
         size_t colon = item.find(':');
         if (colon == std::string::npos) {
             uint64_t v;
-            if (!parse_size(item, &v)) return false;
+            if (!tandem_bench::parse_size(item, &v)) return false;
             out->push_back(v);
         } else {
             uint64_t lo, hi;
-            if (!parse_size(item.substr(0, colon), &lo) || !parse_size(item.substr(colon + 1), &hi))
+            if (!tandem_bench::parse_size(item.substr(0, colon), &lo) ||
+                !tandem_bench::parse_size(item.substr(colon + 1), &hi))
                 return false;
             if (lo == 0) {
                 out->push_back(0);
