@@ -120,6 +120,22 @@ if [ "$prov" = tandem ] && [ -x "$hb" ]; then
         FI_TANDEM_LOCAL=1 "$hb" -n 100 -s 8,65536,1048576 | sed 's/^/   /' || exit 1
     fi
 fi
+# Collectives, started as users start jobs: two ranks under mpirun, node-local (the group's
+# shared segment), then by messages over the TCP link.
+cb=$build/bench/coll_bench
+if [ "$prov" = tandem ] && [ -x "$cb" ] && command -v mpirun >/dev/null 2>&1; then
+    echo
+    echo "== 5. collectives: fi_allreduce (FI_SUM, FI_FLOAT) and fi_barrier, 2 ranks under mpirun"
+    for local in 1 0; do
+        echo "   FI_TANDEM_LOCAL=$local ($([ $local = 1 ] && echo "node-local: one shared segment" || echo "by messages over the TCP link"))"
+        FI_TANDEM_LOCAL=$local FI_PROVIDER_PATH=$build/lib OMPI_ALLOW_RUN_AS_ROOT=1 \
+            OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 timeout 120 mpirun --oversubscribe --bind-to none \
+            -np 2 --mca pml ob1 --mca btl self,vader -x FI_PROVIDER_PATH -x FI_TANDEM_LOCAL \
+            "$cb" --mode fabric --provider tandem --sizes 8,64k,1m --budget 0.5 2>&1 |
+            grep '^coll' | sed 's/^/     /' || exit 1
+    done
+    echo "   (scripts/bench.sh --coll compares them with Open MPI's own at 2, 4 and 8 ranks)"
+fi
 echo
 echo "   latency: half the round trip of a tagged ping-pong; bandwidth: 64 operations in flight,"
 echo "   1 MB = 10^6 bytes. Compare with the system providers: scripts/bench.sh -b $build"
