@@ -553,17 +553,21 @@ bool Engine::progress_messages(Running &r, bool timed, std::chrono::steady_clock
 }
 
 // Stage 0: node-local part in; 1: the leaders' operation (leaders only); 2: node-local out.
+// An operation that fails before stage 2 still ends its node_out (failed, at once), so that
+// the group's node-local operations behind it get their turn.
 bool Engine::progress_hier(Running &r, bool timed, std::chrono::steady_clock::time_point now) {
+    int err = 0;
     if (r.stage == 0) {
         if (r.shm_op && !r.shm_op->progress()) return false;
-        if (r.shm_op && r.shm_op->status()) return true;
+        err = r.shm_op ? r.shm_op->status() : 0;
         r.stage = 1;
     }
-    if (r.stage == 1) {
+    if (r.stage == 1 && !err) {
         if (r.op && !progress_messages(r, timed, now)) return false;
-        if (r.op && r.op->status()) return true;
-        r.stage = 2;
+        err = r.op ? r.op->status() : 0;
     }
+    r.stage = 2;
+    if (err && r.node_out) r.node_out->fail(err);
     return !r.node_out || r.node_out->progress();
 }
 
