@@ -487,7 +487,6 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     ssize_t post_collective(const CollCall &c);
     static void collective_done(void *arg, int err);
     size_t coll_groups_ = 0;
-    size_t coll_outstanding_ = 0;
     bool enabled_ = false;
     bool closing_ = false;
 

@@ -173,36 +173,14 @@ ssize_t Endpoint::post_collective(const CollCall &c) {
         w.root = uint32_t(rr);
         root = w.root == g->rank();
     }
-    // Which buffers the call must give (a null one where bytes move is -FI_EINVAL).
-    const bool moves = w.count > 0;
-    bool need_send = moves, need_recv = moves;
-    switch (c.coll) {
-        case FI_BARRIER:
-            need_send = need_recv = false;
-            break;
-        case FI_BROADCAST:  // one buffer: the root's data, everyone else's result
-            need_send = false;
-            break;
-        case FI_REDUCE:
-        case FI_GATHER:
-            need_recv = moves && root;
-            break;
-        case FI_SCATTER:
-            need_send = moves && root;
-            break;
-        default:
-            break;
-    }
-    if (c.coll == FI_BROADCAST) {
-        w.recv = c.result;
-        w.recv_desc = c.result_desc;
-    } else {
-        w.send = c.buf;
-        w.send_desc = c.desc;
-        w.recv = c.result;
-        w.recv_desc = c.result_desc;
-    }
-    if ((need_send && !w.send) || (need_recv && !w.recv)) return -FI_EINVAL;
+    // The buffers the call must give (a null one where bytes move is -FI_EINVAL).
+    w.send = c.buf;
+    w.send_desc = c.desc;
+    w.recv = c.result;
+    w.recv_desc = c.result_desc;
+    const peer::CollIo io =
+        peer::coll_io_bytes(c.coll, w.count * elem, uint32_t(g->members().size()), root);
+    if ((io.send && !w.send) || (io.recv && !w.recv)) return -FI_EINVAL;
     // Collectives stage device buffers through host memory (the engine reduces there), which
     // FI_HMEM_P2P_REQUIRED forbids, as it forbids atomics on device memory.
     if (p2p_.mode() == FI_HMEM_P2P_REQUIRED && (peer::mem_of(w.send_desc).iface != FI_HMEM_SYSTEM ||
@@ -219,19 +197,14 @@ ssize_t Endpoint::issue_collective(CollRequest &r) {
     r.work.arg = done;
     r.work.done = &Endpoint::collective_done;
     int ret = local_->coll_ops()->post(local_->twin(), r.group->handle, &r.work);
-    if (ret) {
-        delete done;
-        return ret;
-    }
-    ++coll_outstanding_;
-    return 0;
+    if (ret) delete done;
+    return ret;
 }
 
 // The twin's report (from its progress, under the domain lock): one completion, FI_COLLECTIVE.
 void Endpoint::collective_done(void *arg, int err) {
     auto *c = static_cast<CollCompletion *>(arg);
     Endpoint *ep = c->ep;
-    --ep->coll_outstanding_;
     Cntr *cntr = c->done.deferred ? c->done.cntr : nullptr;
     if (err) {
         if (cntr) cntr->inc_err();

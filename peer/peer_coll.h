@@ -60,6 +60,36 @@ struct CollWork {
     void (*done)(void *arg, int err) = nullptr;  // err: 0 or a positive fabric errno
 };
 
+// What one member's call reads (send) and writes (recv), in bytes, for blocks of `block`
+// bytes (count elements) in a group of n: which buffers the call must give, and how much of
+// each the engine stages. fi_broadcast's one buffer is recv (the root's input, the others'
+// result); the root's alone matter for reduce and gather results and scatter input.
+struct CollIo {
+    size_t send, recv;
+};
+inline CollIo coll_io_bytes(int coll, size_t block, uint32_t n, bool root) {
+    switch (coll) {
+        case FI_BROADCAST:
+            return {0, block};
+        case FI_ALLREDUCE:
+            return {block, block};
+        case FI_ALLGATHER:
+            return {block, block * n};
+        case FI_ALLTOALL:
+            return {block * n, block * n};
+        case FI_REDUCE_SCATTER:
+            return {block * n, block};
+        case FI_REDUCE:
+            return {block, root ? block : 0};
+        case FI_SCATTER:
+            return {root ? block * n : 0, block};
+        case FI_GATHER:
+            return {block, root ? block * n : 0};
+        default:  // FI_BARRIER
+            return {0, 0};
+    }
+}
+
 struct CollOps {
     size_t size;
     // 0 (the joined callback follows from progress), or a negative fabric errno.

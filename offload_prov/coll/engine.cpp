@@ -29,35 +29,6 @@ uint32_t group_id(uint64_t key, uint64_t salt) {
     return uint32_t(z ^ (z >> 32));
 }
 
-// What one rank's call reads and writes, in bytes (fi_collective(3) and schedule.h's Args).
-struct IoBytes {
-    size_t send, recv;
-};
-IoBytes io_bytes(const Args &a, uint32_t n, bool root) {
-    const size_t b = a.bytes();
-    switch (a.coll) {
-        case FI_BARRIER:
-            return {0, 0};
-        case FI_BROADCAST:
-            return {0, b};
-        case FI_ALLREDUCE:
-            return {b, b};
-        case FI_ALLGATHER:
-            return {b, b * n};
-        case FI_ALLTOALL:
-            return {b * n, b * n};
-        case FI_REDUCE_SCATTER:
-            return {b * n, b};
-        case FI_REDUCE:
-            return {b, root ? b : 0};
-        case FI_SCATTER:
-            return {root ? b * n : 0, b};
-        case FI_GATHER:
-            return {b, root ? b * n : 0};
-    }
-    return {0, 0};
-}
-
 // Errors of a transfer that mean the member cannot be reached any more (its process or host
 // is gone): the operation then fails with FI_ECONNRESET at every member, whichever of them
 // saw which of these first.
@@ -115,28 +86,29 @@ uint32_t Engine::member_of(uint32_t peer) const {
     return current_->rank_map ? (*current_->rank_map)[peer] : peer;
 }
 
+// Posts a transfer (a receive when t->recv, else a send) on the owner's endpoint as a peer
+// transfer: 0, or the owner's error, and the transfer is then freed.
+int Engine::issue(Transfer *t, fi_addr_t addr, uint64_t tag, void *buf, size_t len) {
+    iovec iov{buf, len};
+    fi_msg_tagged msg{&iov, nullptr, 1, addr, tag, 0, t, 0};
+    ssize_t ret = t->recv ? fi_trecvmsg(owner_, &msg, FI_PEER_TRANSFER)
+                          : fi_tsendmsg(owner_, &msg, FI_PEER_TRANSFER);
+    if (ret) free_transfer(t);
+    return int(ret);
+}
+
 int Engine::send(uint32_t peer, uint64_t tag, const void *buf, size_t len, Operation *) {
     const uint32_t member = member_of(peer);
     auto *t = new_transfer(Transfer{kTransferMagic, Transfer::Kind::Data, false, member, current_});
-    iovec iov{const_cast<void *>(buf), len};
-    fi_msg_tagged msg{&iov, nullptr, 1, current_->group->members[member], tag, 0, t, 0};
-    ssize_t ret = fi_tsendmsg(owner_, &msg, FI_PEER_TRANSFER);
-    if (ret) free_transfer(t);
-    return int(ret);
+    return issue(t, current_->group->members[member], tag, const_cast<void *>(buf), len);
 }
 
 int Engine::recv(uint32_t peer, uint64_t tag, void *buf, size_t len, Operation *) {
     const uint32_t member = member_of(peer);
     auto *t = new_transfer(Transfer{kTransferMagic, Transfer::Kind::Data, true, member, current_});
-    iovec iov{buf, len};
-    fi_msg_tagged msg{&iov, nullptr, 1, current_->group->members[member], tag, 0, t, 0};
-    ssize_t ret = fi_trecvmsg(owner_, &msg, FI_PEER_TRANSFER);
-    if (ret) {
-        free_transfer(t);
-        return int(ret);
-    }
-    current_->recvs.insert(t);
-    return 0;
+    int ret = issue(t, current_->group->members[member], tag, buf, len);
+    if (!ret) current_->recvs.insert(t);
+    return ret;
 }
 
 void Engine::transfer_done(void *context, int err) {
@@ -144,7 +116,7 @@ void Engine::transfer_done(void *context, int err) {
     switch (t->kind) {
         case Transfer::Kind::Data:
             if (t->recv) t->run->recvs.erase(t);
-            t->run->last_event = std::chrono::steady_clock::now();
+            ++t->run->transfers_ended;
             t->run->op->transfer_done(member_lost(err) ? FI_ECONNRESET : err);
             break;
         case Transfer::Kind::Notice:
@@ -180,11 +152,8 @@ void Engine::transfer_done(void *context, int err) {
 void Engine::post_notice_receive(Group &g) {
     auto *t =
         new_transfer(Transfer{kTransferMagic, Transfer::Kind::NoticeReceive, true, 0, nullptr, &g});
-    iovec iov{&t->notice, sizeof t->notice};
-    fi_msg_tagged msg{&iov, nullptr, 1, FI_ADDR_UNSPEC, wire::coll_notice_tag(g.id), 0, t, 0};
-    if (fi_trecvmsg(owner_, &msg, FI_PEER_TRANSFER)) {
-        free_transfer(t);  // (-FI_EAGAIN: again at the next pass)
-        repost_notices_ = true;
+    if (issue(t, FI_ADDR_UNSPEC, wire::coll_notice_tag(g.id), &t->notice, sizeof t->notice)) {
+        repost_notices_ = true;  // (-FI_EAGAIN: again at the next pass)
         return;
     }
     g.notice_rx = t;
@@ -193,13 +162,10 @@ void Engine::post_notice_receive(Group &g) {
 void Engine::send_notice(Group &g, uint32_t peer, const wire::CollNotice &n, Running *run) {
     auto *t = new_transfer(Transfer{kTransferMagic, Transfer::Kind::Notice, false, peer, run});
     t->notice = n;
-    iovec iov{&t->notice, sizeof t->notice};
-    fi_msg_tagged msg{&iov, nullptr, 1, g.members[peer], wire::coll_notice_tag(g.id), 0, t, 0};
-    ssize_t ret = fi_tsendmsg(owner_, &msg, FI_PEER_TRANSFER);
-    if (ret) {
+    if (int ret =
+            issue(t, g.members[peer], wire::coll_notice_tag(g.id), &t->notice, sizeof t->notice)) {
         TANDEM_INFO(FI_LOG_EP_DATA, "collective: notice to member %u not sent: %s\n", peer,
-                    fi_strerror(int(-ret)));
-        free_transfer(t);
+                    fi_strerror(-ret));
         return;
     }
     if (run) ++run->probes;
@@ -292,7 +258,6 @@ int Engine::join(const peer::CollJoin &j, uint64_t *handle) {
     r.join = true;
     r.arg = j.arg;
     r.done = j.joined;
-    r.last_event = std::chrono::steady_clock::now();
     if (j.handshake && n > 1) {
         r.mine[0] = j.ordered_key;
         r.mine[1] = near.size();
@@ -409,7 +374,7 @@ int Engine::post(uint64_t handle, const peer::CollWork &w) {
     const uint32_t n = uint32_t(g.members.size());
     Args a{w.coll, w.count, atomic::datatype_size(w.datatype), w.datatype, w.op, w.root};
     if (w.coll == FI_BARRIER) a.count = a.elem = 0;
-    const IoBytes io = io_bytes(a, n, g.rank == w.root);
+    const peer::CollIo io = peer::coll_io_bytes(w.coll, a.bytes(), n, g.rank == w.root);
     const Config &cfg = Config::get();
     const Thresholds t{cfg.coll_allreduce_ring_min, cfg.coll_allgather_ring_min};
 
@@ -467,7 +432,6 @@ int Engine::post(uint64_t handle, const peer::CollWork &w) {
             memcpy(r.partial.data(), send, a.bytes());  // a node of one: its input is the partial
         }
         if (leader) {
-            r.last_event = std::chrono::steady_clock::now();
             r.rank_map = &g.leaders;
             const Shape leaders{uint32_t(g.leaders.size()), uint32_t(g.leader_index)};
             r.op.emplace(select(leaders, a, t), r.partial.data(), recv, w.datatype, w.op,
@@ -476,7 +440,6 @@ int Engine::post(uint64_t handle, const peer::CollWork &w) {
         }
         return 0;
     }
-    r.last_event = std::chrono::steady_clock::now();  // (for probes: message ops only)
     r.op.emplace(select(Shape{n, g.rank}, a, t), send, recv, w.datatype, w.op,
                  wire::coll_tag(g.id, r.seq));
     if (r.status) r.op->fail(r.status);
@@ -537,17 +500,23 @@ int Engine::finish(Running &r) {
     return err;
 }
 
-bool Engine::progress_messages(Running &r, bool timed, std::chrono::steady_clock::time_point now) {
+bool Engine::progress_messages(Running &r, bool timed, Clock::time_point now) {
     current_ = &r;
     bool finished = r.op->progress(*this);
     current_ = nullptr;
     if (r.op->status() && !r.aborted) {
         abort(r);
         finished = r.op->finished();
-    } else if (timed && !finished && !r.recvs.empty() && r.probes == 0 &&
-               now - r.last_event > kProbeAfter) {
-        probe(r);
-        r.last_event = now;
+    } else if (timed && !finished) {
+        // Silence is measured from the first timed pass that saw no transfer end since the
+        // one before (no clock read per transfer).
+        if (r.transfers_ended != r.transfers_seen || r.quiet_since == Clock::time_point{}) {
+            r.transfers_seen = r.transfers_ended;
+            r.quiet_since = now;
+        } else if (!r.recvs.empty() && r.probes == 0 && now - r.quiet_since > kProbeAfter) {
+            probe(r);
+            r.quiet_since = now;
+        }
     }
     return finished;
 }
@@ -555,7 +524,7 @@ bool Engine::progress_messages(Running &r, bool timed, std::chrono::steady_clock
 // Stage 0: node-local part in; 1: the leaders' operation (leaders only); 2: node-local out.
 // An operation that fails before stage 2 still ends its node_out (failed, at once), so that
 // the group's node-local operations behind it get their turn.
-bool Engine::progress_hier(Running &r, bool timed, std::chrono::steady_clock::time_point now) {
+bool Engine::progress_hier(Running &r, bool timed, Clock::time_point now) {
     int err = 0;
     if (r.stage == 0) {
         if (r.shm_op && !r.shm_op->progress()) return false;
@@ -580,8 +549,7 @@ void Engine::progress() {
     if (running_.empty()) return;
     // The clock, for probes, only every 64th pass: operations wait long before they probe.
     const bool timed = (++passes_ & 63) == 0;
-    const auto now =
-        timed ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
+    const auto now = timed ? Clock::now() : Clock::time_point{};
     over_.clear();
     for (auto it = running_.begin(); it != running_.end(); ++it) {
         Running &r = *it;

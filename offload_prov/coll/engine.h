@@ -47,6 +47,7 @@ class Engine final : public Transport {
   public:
     // How long an operation waits on its transfers before it probes the members it waits for.
     static constexpr std::chrono::milliseconds kProbeAfter{500};
+    using Clock = std::chrono::steady_clock;
 
     // reachable: whether a member (an fi_addr of the owner's AV) runs on this node, where the
     // twin's shared memory reaches it.
@@ -130,10 +131,12 @@ class Engine final : public Transport {
         std::vector<uint32_t> set_order;
         enum class JoinPhase : uint8_t { Exchange, Attach, WaitAttached } join_phase{};
         int status = 0;  // set before the operation runs (staging failed)
-        // Failure handling: receives in flight (cancelled on failure), when a transfer last
-        // ended, probes in flight, whether the failure was handled.
+        // Failure handling: receives in flight (cancelled on failure), transfers ended (and
+        // as many as the last timed pass saw, since when none ended), probes in flight,
+        // whether the failure was handled.
         std::unordered_set<Transfer *> recvs;
-        std::chrono::steady_clock::time_point last_event{};
+        uint64_t transfers_ended = 0, transfers_seen = 0;
+        std::chrono::steady_clock::time_point quiet_since{};
         size_t probes = 0;
         bool aborted = false;
         bool abort_from_peer = false;
@@ -146,8 +149,8 @@ class Engine final : public Transport {
     bool join_after_exchange(Running &r);
     void choose_mode(Running &r);
     // The message part of an operation: progress, abort on failure, probes when silent.
-    bool progress_messages(Running &r, bool timed, std::chrono::steady_clock::time_point now);
-    bool progress_hier(Running &r, bool timed, std::chrono::steady_clock::time_point now);
+    bool progress_messages(Running &r, bool timed, Clock::time_point now);
+    bool progress_hier(Running &r, bool timed, Clock::time_point now);
     void post_notice_receive(Group &g);
     void notice_arrived(Group &g, const wire::CollNotice &n);
     void send_notice(Group &g, uint32_t peer, const wire::CollNotice &n, Running *run);
@@ -155,6 +158,7 @@ class Engine final : public Transport {
     void probe(Running &r);
     void drop_group(Group *g);
     uint32_t member_of(uint32_t peer) const;
+    int issue(Transfer *t, fi_addr_t addr, uint64_t tag, void *buf, size_t len);
     Transfer *new_transfer(const Transfer &t);
     void free_transfer(Transfer *t);
     std::unordered_set<Transfer *> live_;  // transfers started and not ended
