@@ -36,6 +36,21 @@ Tree tree_of(Shape s, const Args &a) {
                 a.bytes()};
 }
 
+// The root's n blocks between rank order (in `ranked`, its Send or Recv) and the relative
+// order of its scratch (block i: rank root + i), into scratch or back out of it.
+void rotate(std::vector<Step> &steps, const Tree &t, Buf ranked, bool into_scratch) {
+    const uint32_t tail = t.n - t.root;  // ranks root .. n - 1 come first in relative order
+    const Span from_root = span(ranked, size_t(t.root) * t.bytes, size_t(tail) * t.bytes);
+    const Span below_root = span(ranked, 0, size_t(t.root) * t.bytes);
+    if (into_scratch) {
+        copy_step(steps, t.held(0, tail), from_root);
+        copy_step(steps, t.held(tail, t.root), below_root);
+    } else {
+        copy_step(steps, from_root, t.held(0, tail));
+        copy_step(steps, below_root, t.held(tail, t.root));
+    }
+}
+
 }  // namespace
 
 // The one buffer is Recv (the root's data, the others' result).
@@ -86,24 +101,18 @@ Schedule scatter_binomial(Shape s, const Args &a) {
     const Tree t = tree_of(s, a);
     const uint32_t v = t.v;
     const size_t bytes = t.bytes;
-    auto held = [&t](size_t first, size_t blocks) { return t.held(first, blocks); };
     out.scratch = size_t(t.subtree(v)) * bytes;
-    if (v == 0) {  // rotate into relative order: ranks root .. n - 1, then 0 .. root - 1
-        copy_step(out.before, held(0, t.n - a.root),
-                  span(Buf::Send, size_t(a.root) * bytes, size_t(t.n - a.root) * bytes));
-        copy_step(out.before, held(t.n - a.root, a.root),
-                  span(Buf::Send, 0, size_t(a.root) * bytes));
-    }
+    if (v == 0) rotate(out.before, t, Buf::Send, true);
     for (uint32_t level = 0; level < t.levels; ++level) {
         const uint32_t bit = 1u << (t.levels - 1 - level);
         Round &round = round_at(out, level);
         if (v % (2 * bit) == 0 && v + bit < t.n)
-            round.sends.push_back({t.real(v + bit), held(bit, t.subtree(v + bit))});
+            round.sends.push_back({t.real(v + bit), t.held(bit, t.subtree(v + bit))});
         else if (v % (2 * bit) == bit)
-            round.recvs.push_back({t.real(v - bit), held(0, t.subtree(v))});
+            round.recvs.push_back({t.real(v - bit), t.held(0, t.subtree(v))});
     }
     std::vector<Step> &last = last_steps(out);
-    copy_step(last, span(Buf::Recv, 0, bytes), held(0, 1));
+    copy_step(last, span(Buf::Recv, 0, bytes), t.held(0, 1));
     return out;
 }
 
@@ -113,24 +122,18 @@ Schedule gather_binomial(Shape s, const Args &a) {
     const Tree t = tree_of(s, a);
     const uint32_t v = t.v;
     const size_t bytes = t.bytes;
-    auto held = [&t](size_t first, size_t blocks) { return t.held(first, blocks); };
     out.scratch = size_t(t.subtree(v)) * bytes;
-    copy_step(out.before, held(0, 1), span(Buf::Send, 0, bytes));
+    copy_step(out.before, t.held(0, 1), span(Buf::Send, 0, bytes));
     for (uint32_t j = 0; j < t.levels; ++j) {
         Round &round = round_at(out, j);
         const uint32_t bit = 1u << j;
         if (v & (bit - 1)) continue;
         if (v & bit)
-            round.sends.push_back({t.real(v - bit), held(0, t.subtree(v))});
+            round.sends.push_back({t.real(v - bit), t.held(0, t.subtree(v))});
         else if (v + bit < t.n)
-            round.recvs.push_back({t.real(v + bit), held(bit, t.subtree(v + bit))});
+            round.recvs.push_back({t.real(v + bit), t.held(bit, t.subtree(v + bit))});
     }
-    if (v == 0) {  // back from relative into rank order
-        std::vector<Step> &last = last_steps(out);
-        copy_step(last, span(Buf::Recv, size_t(a.root) * bytes, size_t(t.n - a.root) * bytes),
-                  held(0, t.n - a.root));
-        copy_step(last, span(Buf::Recv, 0, size_t(a.root) * bytes), held(t.n - a.root, a.root));
-    }
+    if (v == 0) rotate(last_steps(out), t, Buf::Recv, false);
     return out;
 }
 
