@@ -92,6 +92,22 @@ class TriggerFixture : public FabricTest {
         return write ? fi_writemsg(ep, &m, flags) : fi_readmsg(ep, &m, flags);
     }
 
+    // One FI_UINT64 element at `operand` against one at rioc, for the *atomicmsg calls.
+    static fi_msg_atomic atomic_msg(fi_ioc *operand, void **desc, fi_addr_t to, fi_rma_ioc *rioc,
+                                    enum fi_op op, void *context) {
+        fi_msg_atomic m{};
+        m.msg_iov = operand;
+        m.desc = desc;
+        m.iov_count = 1;
+        m.addr = to;
+        m.rma_iov = rioc;
+        m.rma_iov_count = 1;
+        m.datatype = FI_UINT64;
+        m.op = op;
+        m.context = context;
+        return m;
+    }
+
     // Posts an ordinary receive on b for `len` bytes at `p`.
     void post_recv(void *p, size_t len, void *desc, void *c) {
         ASSERT_FI_OK(post([&] { return fi_recv(b().ep, p, len, desc, FI_ADDR_UNSPEC, c); }));
@@ -437,16 +453,7 @@ TEST_F(TriggerTest, TriggeredFetchAtomicReturnsOldValue) {
     fi_ioc res{result, 1};
     void *desc = local->desc;
     auto t = threshold_ctx(c, 1);
-    fi_msg_atomic m{};
-    m.msg_iov = &ioc;
-    m.desc = &desc;
-    m.iov_count = 1;
-    m.addr = a().peer[1];
-    m.rma_iov = &rioc;
-    m.rma_iov_count = 1;
-    m.datatype = FI_UINT64;
-    m.op = FI_SUM;
-    m.context = &t;
+    fi_msg_atomic m = atomic_msg(&ioc, &desc, a().peer[1], &rioc, FI_SUM, &t);
     ASSERT_FI_OK(fi_fetch_atomicmsg(a().ep, &m, &res, &desc, 1, FI_TRIGGER));
     ASSERT_FALSE(shows_up_within_hold(a(), &t)) << "fetch atomic ran before the threshold";
     ASSERT_EQ(*tv, 40u);
@@ -469,16 +476,7 @@ TEST_F(TriggerTest, TriggeredCompareAtomicSwapsAfterThreshold) {
     fi_rma_ioc rioc{rma_addr(*target), 1, target->key};
     void *desc = local->desc;
     auto t = threshold_ctx(c, 1);
-    fi_msg_atomic m{};
-    m.msg_iov = &ioc;
-    m.desc = &desc;
-    m.iov_count = 1;
-    m.addr = a().peer[1];
-    m.rma_iov = &rioc;
-    m.rma_iov_count = 1;
-    m.datatype = FI_UINT64;
-    m.op = FI_CSWAP;
-    m.context = &t;
+    fi_msg_atomic m = atomic_msg(&ioc, &desc, a().peer[1], &rioc, FI_CSWAP, &t);
     ASSERT_FI_OK(fi_compare_atomicmsg(a().ep, &m, &cmp, &desc, 1, &res, &desc, 1, FI_TRIGGER));
     ASSERT_FALSE(shows_up_within_hold(a(), &t)) << "compare atomic ran before the threshold";
     ASSERT_FI_OK(fi_cntr_add(c, 1));
