@@ -358,4 +358,73 @@ struct TwinHello {
 static_assert(sizeof(TwinHello) == 16);
 static_assert(kLocalBodyRoom >= kLocalMaxIov * sizeof(LocalIov));
 
+// ---------------------------------------------------------------------------------------
+// The NCCL network plugin (nccl_plugin/): its own protocol, carried by tandem's RDM endpoint
+// through the public libfabric API (tagged messages, RMA writes). Tags:
+//   bits 62-63: NcclTagKind
+//   bits 44-61: the destination comm's number on its endpoint (18 bits, reused last)
+//   bits 12-43: NCCL's tag of the operation (an int)
+//   bits  0-11: the operation's number among those of its comm with the same NCCL tag (wraps)
+// The k-th send with tag t of a comm meets the k-th receive buffer with tag t of its peer:
+// NCCL matches sends to grouped receives in posting order and picks a group's buffer by tag,
+// which comes to the same (a group's tags are distinct), and needs no sequence shared by both.
+enum class NcclTagKind : uint64_t { Data = 0, Cts = 1, Connect = 2, Accept = 3 };
+inline constexpr unsigned kNcclCommBits = 18;
+inline constexpr uint32_t kNcclMaxComms = (1u << kNcclCommBits) - 1;  // number 0 is never used
+inline constexpr uint16_t kNcclSeqMask = 0xfff;
+inline constexpr uint64_t nccl_tag(NcclTagKind kind, uint32_t comm, int32_t tag, uint16_t seq) {
+    return uint64_t(kind) << 62 | uint64_t(comm & kNcclMaxComms) << 44 |
+           uint64_t(uint32_t(tag)) << 12 | (seq & kNcclSeqMask);
+}
+// What a receive of every message of one kind to one comm ignores.
+inline constexpr uint64_t kNcclCommIgnore = (uint64_t(1) << 44) - 1;
+
+// The handle listen() gives and NCCL carries to the sender out of band (at most 128 bytes).
+// `connecting` is the sender's: NCCL passes the same buffer to every connect() call of one
+// connection, which keeps its progress there (0 before the first call).
+inline constexpr uint32_t kNcclHandleMagic = 0x6e746e64;  // "dntn"
+inline constexpr uint16_t kNcclVersion = 1;
+inline constexpr size_t kNcclMaxAddr = 64;
+struct NcclHandle {
+    uint32_t magic;  // kNcclHandleMagic
+    uint16_t version;
+    uint8_t addr_len;  // bytes of addr used: the listener's fi_getname
+    uint8_t reserved;
+    uint32_t listen_comm;  // the listener's comm number (Connect tags)
+    uint32_t reserved2;
+    uint64_t nonce;  // random per listen: a Connect must repeat it
+    uint8_t addr[kNcclMaxAddr];
+    uint64_t connecting;  // the sender's send comm while connecting
+};
+static_assert(sizeof(NcclHandle) == 96 && std::is_trivially_copyable_v<NcclHandle>);
+
+// Connect (sender to listener) and Accept (listener to sender): the comm numbers each side's
+// tags use for the other, the listener's nonce echoed both ways, and the sender's address.
+struct NcclConnect {
+    uint32_t magic;  // kNcclHandleMagic
+    uint16_t version;
+    uint8_t addr_len;
+    uint8_t reserved;
+    uint32_t comm;  // Connect: the sender's send comm; Accept: the listener's new recv comm
+    uint32_t reserved2;
+    uint64_t nonce;
+    uint8_t addr[kNcclMaxAddr];  // Connect only
+};
+static_assert(sizeof(NcclConnect) == 88 && std::is_trivially_copyable_v<NcclConnect>);
+
+// Clear to send, receiver to sender, one per receive buffer: where a send larger than the eager
+// limit is to be written. Remote CQ data of the 0-byte Data message that follows such a write:
+// the bytes written, or kNcclFinTruncated | the send's size when the buffer was too small
+// (nothing was written then, and both ends fail the operation).
+struct NcclCts {
+    int32_t tag;  // NCCL's tag
+    uint16_t seq;
+    uint16_t reserved;
+    uint64_t addr;  // target address (virtual or offset, as the MR mode says)
+    uint64_t key;
+    uint64_t size;  // the buffer's size
+};
+static_assert(sizeof(NcclCts) == 32 && std::is_trivially_copyable_v<NcclCts>);
+inline constexpr uint64_t kNcclFinTruncated = uint64_t(1) << 63;
+
 }  // namespace tandem::wire

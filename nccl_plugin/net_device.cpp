@@ -1,0 +1,955 @@
+#include "nccl_plugin/net_device.h"
+
+#include "hmem/hmem.h"
+#include "nccl_plugin/plugin.h"
+
+#include <rdma/fi_cm.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_rma.h>
+#include <rdma/fi_tagged.h>
+#include <sys/stat.h>
+
+#include <cstring>
+#include <random>
+
+namespace tandem::nccl {
+
+namespace {
+
+using wire::NcclTagKind;
+
+uint64_t seq_key(int tag, uint16_t seq) {
+    return uint64_t(uint32_t(tag)) << 16 | seq;
+}
+
+uint64_t random_nonce() {
+    static std::mt19937_64 gen{std::random_device{}()};
+    uint64_t n;
+    do n = gen();
+    while (n == 0);
+    return n;
+}
+
+Result result_of(int err) {
+    return err == FI_ETRUNC ? kInvalidUsage : kSystemError;
+}
+
+}  // namespace
+
+#define WARN_RETURN(result, ...)       \
+    do {                               \
+        NCCL_TANDEM_WARN(__VA_ARGS__); \
+        return result;                 \
+    } while (0)
+
+NetDevice::NetDevice(uint8_t index, const fi_info *info, DeviceDescription description,
+                     const Options &options)
+    : index_(index),
+      info_(fi_dupinfo(info)),
+      description_(std::move(description)),
+      options_(options),
+      listens_(HandleKind::Listen, index),
+      sends_(HandleKind::Send, index),
+      recvs_(HandleKind::Recv, index),
+      requests_(HandleKind::Request, index),
+      memory_(HandleKind::Memory, index) {}
+
+NetDevice::~NetDevice() {
+    close_locked();
+    fi_freeinfo(info_);
+}
+
+Result NetDevice::fabric_error(const char *call, int ret) {
+    WARN_RETURN(kSystemError, "NET/tandem %s: %s failed: %s (%d)", description_.name.c_str(), call,
+                fi_strerror(-ret), ret);
+}
+
+Result NetDevice::open_locked() {
+    if (ep_) return kSuccess;
+    if (!info_) WARN_RETURN(kSystemError, "NET/tandem: no fi_info for device %d", index_);
+    int ret = fi_fabric(info_->fabric_attr, &fabric_, nullptr);
+    if (ret) return fabric_error("fi_fabric", ret);
+    if ((ret = fi_domain(fabric_, info_, &domain_, nullptr))) {
+        close_locked();
+        return fabric_error("fi_domain", ret);
+    }
+    fi_av_attr av_attr{};
+    av_attr.type = FI_AV_TABLE;
+    fi_cq_attr cq_attr{};
+    cq_attr.format = FI_CQ_FORMAT_TAGGED;
+    cq_attr.size = 16384;
+    if ((ret = fi_av_open(domain_, &av_attr, &av_, nullptr)) ||
+        (ret = fi_cq_open(domain_, &cq_attr, &cq_, nullptr)) ||
+        (ret = fi_endpoint(domain_, info_, &ep_, nullptr)) ||
+        (ret = fi_ep_bind(ep_, &av_->fid, 0)) ||
+        (ret = fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV))) {
+        close_locked();
+        return fabric_error("opening the endpoint", ret);
+    }
+    if (options_.p2p >= 0) {
+        int mode = options_.p2p;
+        if ((ret = fi_setopt(&ep_->fid, FI_OPT_ENDPOINT, FI_OPT_FI_HMEM_P2P, &mode, sizeof mode))) {
+            close_locked();
+            return fabric_error("fi_setopt(FI_OPT_FI_HMEM_P2P)", ret);
+        }
+    }
+    size_t len = name_.size();
+    if ((ret = fi_enable(ep_)) || (ret = fi_getname(&ep_->fid, name_.data(), &len))) {
+        close_locked();
+        return fabric_error("enabling the endpoint", ret);
+    }
+    name_len_ = len;
+    virt_addr_ = (info_->domain_attr->mr_mode & FI_MR_VIRT_ADDR) != 0;
+    NCCL_TANDEM_INFO("NET/tandem %s: endpoint open (%s, eager limit %zu B)",
+                     description_.name.c_str(), info_->fabric_attr->name, options_.eager_max);
+    return kSuccess;
+}
+
+// Endpoint first: nothing completes after it, so the operations still posted can be freed.
+void NetDevice::close_locked() {
+    if (ep_) fi_close(&ep_->fid);
+    ep_ = nullptr;
+    for (Op *op : ops_) delete op;
+    ops_.clear();
+    memory_.for_each([](MemHandle &m) {
+        if (m.mr) fi_close(&m.mr->fid);
+        m.mr = nullptr;
+    });
+    if (cq_) fi_close(&cq_->fid);
+    if (av_) fi_close(&av_->fid);
+    if (domain_) fi_close(&domain_->fid);
+    if (fabric_) fi_close(&fabric_->fid);
+    cq_ = nullptr;
+    av_ = nullptr;
+    domain_ = nullptr;
+    fabric_ = nullptr;
+    control_.clear();
+    writes_.clear();
+}
+
+void NetDevice::shut_down() {
+    std::lock_guard lk(mu_);
+    close_locked();
+    listens_ = HandleTable<ListenComm>(HandleKind::Listen, index_);
+    sends_ = HandleTable<SendComm>(HandleKind::Send, index_);
+    recvs_ = HandleTable<RecvComm>(HandleKind::Recv, index_);
+    requests_ = HandleTable<Request>(HandleKind::Request, index_);
+    memory_ = HandleTable<MemHandle>(HandleKind::Memory, index_);
+    numbers_.clear();
+}
+
+size_t NetDevice::open_comms() {
+    std::lock_guard lk(mu_);
+    return listens_.live() + sends_.live() + recvs_.live();
+}
+
+// Comm numbers go round before one is reused, so that a message late for a closed comm finds
+// no comm rather than its successor.
+uint32_t NetDevice::take_number() {
+    for (uint32_t tries = 0; tries < wire::kNcclMaxComms; ++tries) {
+        uint32_t n = next_number_;
+        next_number_ = next_number_ == wire::kNcclMaxComms ? 1 : next_number_ + 1;
+        if (numbers_.insert(n).second) return n;
+    }
+    return 0;
+}
+
+NetDevice::Op *NetDevice::new_op(int kind) {
+    Op *op = new Op{};
+    op->kind = OpKind(kind);
+    ops_.insert(op);
+    return op;
+}
+
+void NetDevice::finish_op(Op *op) {
+    if (op->mr) release_mr(op->mr);
+    auto drop = [op](std::vector<Op *> &posted) {
+        for (auto it = posted.begin(); it != posted.end(); ++it)
+            if (*it == op) {
+                posted.erase(it);
+                return;
+            }
+    };
+    if (op->kind == OpKind::RecvData)
+        if (RecvComm *c = recvs_.find(op->comm)) drop(c->posted);
+    if (op->kind == OpKind::CtsRecv || op->kind == OpKind::AcceptRecv)
+        if (SendComm *c = sends_.find(op->comm)) drop(c->posted);
+    ops_.erase(op);
+    delete op;
+}
+
+void NetDevice::release_mr(uint64_t mr) {
+    if (MemHandle *m = memory_.find(mr)) --m->users;
+}
+
+Result NetDevice::post_receive(Op *op, void *buf, size_t len, void *desc, fi_addr_t from,
+                               uint64_t tag, uint64_t ignore) {
+    for (int attempt = 0;; ++attempt) {
+        ssize_t ret = fi_trecv(ep_, buf, len, desc, from, tag, ignore, &op->ctx);
+        if (ret == 0) return kSuccess;
+        if (ret != -FI_EAGAIN || attempt == 1000) {
+            ops_.erase(op);
+            delete op;
+            return fabric_error("fi_trecv", int(ret));
+        }
+        progress_locked();
+    }
+}
+
+void NetDevice::send_control(fi_addr_t to, uint64_t tag, const void *buf, size_t len, uint64_t data,
+                             bool with_data) {
+    ControlMessage m{to, tag, data, with_data, {}, len};
+    if (len) std::memcpy(m.bytes.data(), buf, len);
+    control_.push_back(m);
+    flush_control();
+}
+
+// Control messages are injected (no completion): the clear-to-sends, the 0-byte messages that
+// announce writes, and their order is kept behind any that found no room.
+void NetDevice::flush_control() {
+    while (!control_.empty()) {
+        const ControlMessage &m = control_.front();
+        ssize_t ret = m.with_data ? fi_tinjectdata(ep_, m.bytes.data(), m.len, m.data, m.to, m.tag)
+                                  : fi_tinject(ep_, m.bytes.data(), m.len, m.to, m.tag);
+        if (ret == -FI_EAGAIN) return;
+        if (ret) NCCL_TANDEM_WARN("NET/tandem: fi_tinject failed: %s", fi_strerror(int(-ret)));
+        control_.pop_front();
+    }
+}
+
+// ---- progress ----------------------------------------------------------------------------------
+
+void NetDevice::progress_locked() {
+    if (!cq_) return;
+    fi_cq_tagged_entry entries[32];
+    for (;;) {
+        ssize_t n = fi_cq_read(cq_, entries, 32);
+        if (n > 0) {
+            for (ssize_t i = 0; i < n; ++i)
+                complete(static_cast<Op *>(entries[i].op_context), entries[i].flags, entries[i].len,
+                         entries[i].data);
+            if (n == 32) continue;
+            break;
+        }
+        if (n == -FI_EAVAIL) {
+            fi_cq_err_entry err{};
+            if (fi_cq_readerr(cq_, &err, 0) == 1) {
+                const char *cause = fi_cq_strerror(cq_, err.prov_errno, err.err_data, nullptr, 0);
+                fail(static_cast<Op *>(err.op_context), err.err, cause);
+            }
+            continue;
+        }
+        if (n != -FI_EAGAIN) NCCL_TANDEM_WARN("NET/tandem: fi_cq_read: %s", fi_strerror(int(-n)));
+        break;
+    }
+    flush_writes();
+    flush_control();
+}
+
+void NetDevice::sub_done(uint64_t request, Result error) {
+    Request *r = requests_.find(request);
+    if (!r) return;
+    if (error != kSuccess && r->error == kSuccess) r->error = error;
+    --r->pending;
+    if (r->pending == 0)
+        if (SendComm *s = sends_.find(r->comm)) --s->inflight;
+    if (r->pending == 0)
+        if (RecvComm *c = recvs_.find(r->comm)) --c->inflight;
+}
+
+void NetDevice::complete(Op *op, uint64_t flags, size_t len, uint64_t data) {
+    switch (op->kind) {
+        case OpKind::SendData:
+        case OpKind::Write:
+            sub_done(op->request, kSuccess);
+            break;
+        case OpKind::RecvData: {
+            Result error = kSuccess;
+            if (Request *r = requests_.find(op->request)) {
+                if (flags & FI_REMOTE_CQ_DATA) {
+                    // The announcement of a write.
+                    if (data & wire::kNcclFinTruncated) {
+                        NCCL_TANDEM_WARN(
+                            "NET/tandem: a send of %llu B was refused by a receive buffer of its "
+                            "tag of smaller size (NCCL sizes mismatch)",
+                            (unsigned long long)(data & ~wire::kNcclFinTruncated));
+                        error = kInvalidUsage;
+                    } else {
+                        r->sizes[op->sub] = int(data);
+                    }
+                } else {
+                    r->sizes[op->sub] = int(len);
+                }
+            }
+            sub_done(op->request, error);
+            break;
+        }
+        case OpKind::CtsRecv: {
+            SendComm *comm = sends_.find(op->comm);
+            if (!comm) break;
+            cts_arrived(op->comm, *comm, op->buf.cts);
+            // The same buffer goes back for the next one.
+            ssize_t ret = fi_trecv(ep_, &op->buf.cts, sizeof op->buf.cts, nullptr, comm->peer,
+                                   wire::nccl_tag(NcclTagKind::Cts, comm->number, 0, 0),
+                                   wire::kNcclCommIgnore, &op->ctx);
+            if (ret == 0) return;
+            NCCL_TANDEM_WARN("NET/tandem: reposting a CTS receive: %s", fi_strerror(int(-ret)));
+            comm->failed = true;
+            break;
+        }
+        case OpKind::ConnectRecv: {
+            ListenComm *l = listens_.find(op->comm);
+            if (!l) break;
+            const wire::NcclConnect &c = op->buf.connect;
+            if (c.magic != wire::kNcclHandleMagic || c.version != wire::kNcclVersion ||
+                c.nonce != l->nonce || c.addr_len == 0 || c.addr_len > wire::kNcclMaxAddr ||
+                len != sizeof c) {
+                NCCL_TANDEM_WARN("NET/tandem: dropped a malformed connection request (%zu B)", len);
+                ssize_t ret =
+                    fi_trecv(ep_, &op->buf.connect, sizeof op->buf.connect, nullptr, FI_ADDR_UNSPEC,
+                             wire::nccl_tag(NcclTagKind::Connect, l->number, 0, 0),
+                             wire::kNcclCommIgnore, &op->ctx);
+                if (ret == 0) return;
+                l->posted = nullptr;
+                break;
+            }
+            l->peer = c;
+            l->arrived = true;
+            l->posted = nullptr;
+            break;
+        }
+        case OpKind::AcceptRecv: {
+            SendComm *s = sends_.find(op->comm);
+            if (!s) break;
+            const wire::NcclConnect &c = op->buf.connect;
+            if (c.magic != wire::kNcclHandleMagic || c.version != wire::kNcclVersion ||
+                c.nonce != s->nonce || c.comm == 0 || len != sizeof c) {
+                NCCL_TANDEM_WARN("NET/tandem: a malformed connection accept; connection failed");
+                s->failed = true;
+                break;
+            }
+            s->remote = c.comm;
+            s->ready = true;
+            break;
+        }
+        case OpKind::Handshake:
+            break;
+    }
+    finish_op(op);
+}
+
+void NetDevice::fail(Op *op, int err, const char *cause) {
+    if (!op) return;
+    if (err == FI_ECANCELED) {  // a comm closed with this posted
+        finish_op(op);
+        return;
+    }
+    switch (op->kind) {
+        case OpKind::SendData:
+        case OpKind::Write:
+        case OpKind::RecvData:
+            if (requests_.find(op->request))
+                NCCL_TANDEM_WARN("NET/tandem: %s failed: %s (%s)",
+                                 op->kind == OpKind::RecvData ? "a receive"
+                                 : op->kind == OpKind::Write  ? "an RDMA write"
+                                                              : "a send",
+                                 fi_strerror(err), cause ? cause : "");
+            sub_done(op->request, result_of(err));
+            break;
+        case OpKind::CtsRecv:
+        case OpKind::AcceptRecv:
+        case OpKind::Handshake:
+            if (SendComm *s = sends_.find(op->comm)) {
+                NCCL_TANDEM_WARN("NET/tandem: connection failed: %s (%s)", fi_strerror(err),
+                                 cause ? cause : "");
+                s->failed = true;
+            }
+            break;
+        case OpKind::ConnectRecv:
+            if (ListenComm *l = listens_.find(op->comm)) {
+                NCCL_TANDEM_WARN("NET/tandem: listen failed: %s (%s)", fi_strerror(err),
+                                 cause ? cause : "");
+                l->posted = nullptr;
+            }
+            break;
+    }
+    finish_op(op);
+}
+
+// A clear-to-send meets its send, or waits for it.
+void NetDevice::cts_arrived(uint64_t comm_handle, SendComm &comm, const wire::NcclCts &cts) {
+    uint64_t key = seq_key(cts.tag, cts.seq);
+    auto it = comm.waiting.find(key);
+    if (it == comm.waiting.end()) {
+        comm.cts[key] = cts;
+        return;
+    }
+    PendingSend send = it->second;
+    comm.waiting.erase(it);
+    if (send.eager) {
+        Result error = kSuccess;
+        if (send.size > cts.size) {
+            NCCL_TANDEM_WARN(
+                "NET/tandem: a send of %zu B with tag %d went to a receive buffer "
+                "of %llu B (NCCL sizes mismatch)",
+                send.size, cts.tag, (unsigned long long)cts.size);
+            error = kInvalidUsage;
+        }
+        sub_done(send.request, error);
+        return;
+    }
+    writes_.push_back({comm_handle, send, cts});
+    flush_writes();
+}
+
+bool NetDevice::flush_writes() {
+    while (!writes_.empty()) {
+        if (!start_write(writes_.front())) return false;
+        writes_.pop_front();
+    }
+    return true;
+}
+
+// A large send with its clear-to-send: the write, then its announcement; or, into a buffer too
+// small, only the announcement that it was refused, and both ends fail it.
+bool NetDevice::start_write(const QueuedWrite &w) {
+    SendComm *comm = sends_.find(w.comm);
+    if (!comm) {  // closed meanwhile
+        release_mr(w.send.mr);
+        return true;
+    }
+    uint64_t fin_tag = wire::nccl_tag(NcclTagKind::Data, comm->remote, w.cts.tag, w.cts.seq);
+    if (w.send.size > w.cts.size) {
+        NCCL_TANDEM_WARN(
+            "NET/tandem: a send of %zu B with tag %d went to a receive buffer of "
+            "%llu B (NCCL sizes mismatch)",
+            w.send.size, w.cts.tag, (unsigned long long)w.cts.size);
+        send_control(comm->peer, fin_tag, nullptr, 0, wire::kNcclFinTruncated | w.send.size, true);
+        release_mr(w.send.mr);
+        sub_done(w.send.request, kInvalidUsage);  // the CTS
+        sub_done(w.send.request, kInvalidUsage);  // the data
+        return true;
+    }
+    MemHandle *m = memory_.find(w.send.mr);
+    Op *op = new_op(int(OpKind::Write));
+    op->request = w.send.request;
+    op->comm = w.comm;
+    op->mr = w.send.mr;
+    ssize_t ret = fi_write(ep_, w.send.data, w.send.size, m ? m->desc : nullptr, comm->peer,
+                           w.cts.addr, w.cts.key, &op->ctx);
+    if (ret == -FI_EAGAIN) {
+        ops_.erase(op);
+        delete op;
+        return false;
+    }
+    sub_done(w.send.request, kSuccess);  // the CTS
+    if (ret) {
+        NCCL_TANDEM_WARN("NET/tandem: fi_write of %zu B failed: %s", w.send.size,
+                         fi_strerror(int(-ret)));
+        op->request = 0;
+        finish_op(op);
+        sub_done(w.send.request, kSystemError);
+        send_control(comm->peer, fin_tag, nullptr, 0, wire::kNcclFinTruncated | w.send.size, true);
+        return true;
+    }
+    send_control(comm->peer, fin_tag, nullptr, 0, w.send.size, true);
+    return true;
+}
+
+// ---- connection set-up -------------------------------------------------------------------------
+
+Result NetDevice::listen(void *handle, void **listen_comm) {
+    if (!handle || !listen_comm) WARN_RETURN(kInternalError, "NET/tandem: listen without a handle");
+    std::lock_guard lk(mu_);
+    if (Result r = open_locked()) return r;
+    auto l = std::make_unique<ListenComm>();
+    l->number = take_number();
+    if (!l->number) WARN_RETURN(kSystemError, "NET/tandem: out of comm numbers");
+    l->nonce = random_nonce();
+    uint32_t number = l->number;
+    uint64_t h = listens_.add(std::move(l));
+    ListenComm *lc = listens_.find(h);
+    Op *op = new_op(int(OpKind::ConnectRecv));
+    op->comm = h;
+    if (Result r = post_receive(op, &op->buf.connect, sizeof op->buf.connect, nullptr,
+                                FI_ADDR_UNSPEC, wire::nccl_tag(NcclTagKind::Connect, number, 0, 0),
+                                wire::kNcclCommIgnore)) {
+        numbers_.erase(number);
+        listens_.remove(h);
+        return r;
+    }
+    lc->posted = op;
+    wire::NcclHandle out{};
+    out.magic = wire::kNcclHandleMagic;
+    out.version = wire::kNcclVersion;
+    out.addr_len = uint8_t(name_len_);
+    out.listen_comm = number;
+    out.nonce = lc->nonce;
+    std::memcpy(out.addr, name_.data(), name_len_);
+    std::memset(handle, 0, kHandleMaxSize);
+    std::memcpy(handle, &out, sizeof out);
+    *listen_comm = reinterpret_cast<void *>(h);
+    return kSuccess;
+}
+
+Result NetDevice::connect(void *handle, void **send_comm) {
+    if (!handle || !send_comm) WARN_RETURN(kInternalError, "NET/tandem: connect without a handle");
+    *send_comm = nullptr;
+    wire::NcclHandle in;
+    std::memcpy(&in, handle, sizeof in);
+    if (in.magic != wire::kNcclHandleMagic || in.version != wire::kNcclVersion ||
+        in.addr_len == 0 || in.addr_len > wire::kNcclMaxAddr || in.listen_comm == 0 ||
+        in.listen_comm > wire::kNcclMaxComms || in.nonce == 0)
+        WARN_RETURN(kInvalidUsage,
+                    "NET/tandem: connect: the handle is not one of tandem's (magic %#x, version "
+                    "%u): was it made by another plugin, or corrupted on the way?",
+                    in.magic, in.version);
+    std::lock_guard lk(mu_);
+    if (Result r = open_locked()) return r;
+    if (in.connecting) {
+        SendComm *s = sends_.find(in.connecting);
+        if (!s)
+            WARN_RETURN(kInvalidUsage,
+                        "NET/tandem: connect: the handle names a connection that "
+                        "is not under way");
+        progress_locked();
+        if (s->failed) {
+            numbers_.erase(s->number);
+            cancel_posted(s->posted);
+            sends_.remove(in.connecting);
+            in.connecting = 0;
+            std::memcpy(handle, &in, sizeof in);
+            WARN_RETURN(kSystemError, "NET/tandem: connect: connection failed");
+        }
+        if (s->ready) *send_comm = reinterpret_cast<void *>(in.connecting);
+        return kSuccess;
+    }
+    fi_addr_t peer = FI_ADDR_UNSPEC;
+    int ret = fi_av_insert(av_, in.addr, 1, &peer, 0, nullptr);
+    if (ret != 1)
+        WARN_RETURN(kInvalidUsage, "NET/tandem: connect: the handle's address is not usable (%s)",
+                    fi_strerror(ret < 0 ? -ret : FI_EINVAL));
+    auto s = std::make_unique<SendComm>();
+    s->number = take_number();
+    if (!s->number) WARN_RETURN(kSystemError, "NET/tandem: out of comm numbers");
+    s->peer = peer;
+    s->nonce = in.nonce;
+    uint32_t number = s->number;
+    uint64_t h = sends_.add(std::move(s));
+    SendComm *sc = sends_.find(h);
+    auto undo = [&](Result r) {
+        cancel_posted(sc->posted);
+        numbers_.erase(number);
+        sends_.remove(h);
+        return r;
+    };
+    // The Accept, and enough standing clear-to-send receives for NCCL's requests in flight
+    // (more wait in tandem's unexpected queue).
+    Op *acc = new_op(int(OpKind::AcceptRecv));
+    acc->comm = h;
+    if (Result r =
+            post_receive(acc, &acc->buf.connect, sizeof acc->buf.connect, nullptr, peer,
+                         wire::nccl_tag(NcclTagKind::Accept, number, 0, 0), wire::kNcclCommIgnore))
+        return undo(r);
+    sc->posted.push_back(acc);
+    for (int i = 0; i < kMaxRequests; ++i) {
+        Op *op = new_op(int(OpKind::CtsRecv));
+        op->comm = h;
+        if (Result r =
+                post_receive(op, &op->buf.cts, sizeof op->buf.cts, nullptr, peer,
+                             wire::nccl_tag(NcclTagKind::Cts, number, 0, 0), wire::kNcclCommIgnore))
+            return undo(r);
+        sc->posted.push_back(op);
+    }
+    Op *hello = new_op(int(OpKind::Handshake));
+    hello->comm = h;
+    wire::NcclConnect &c = hello->buf.connect;
+    c = {};
+    c.magic = wire::kNcclHandleMagic;
+    c.version = wire::kNcclVersion;
+    c.addr_len = uint8_t(name_len_);
+    c.comm = number;
+    c.nonce = in.nonce;
+    std::memcpy(c.addr, name_.data(), name_len_);
+    ssize_t sret;
+    while ((sret = fi_tsend(ep_, &c, sizeof c, nullptr, peer,
+                            wire::nccl_tag(NcclTagKind::Connect, in.listen_comm, 0, 0),
+                            &hello->ctx)) == -FI_EAGAIN)
+        progress_locked();
+    if (sret) {
+        ops_.erase(hello);
+        delete hello;
+        return undo(fabric_error("fi_tsend (connect)", int(sret)));
+    }
+    in.connecting = h;
+    std::memcpy(handle, &in, sizeof in);
+    progress_locked();
+    return kSuccess;
+}
+
+Result NetDevice::accept(void *listen_comm, void **recv_comm) {
+    if (!recv_comm) WARN_RETURN(kInternalError, "NET/tandem: accept without an output");
+    *recv_comm = nullptr;
+    std::lock_guard lk(mu_);
+    ListenComm *l = listens_.find(listen_comm);
+    if (!l) WARN_RETURN(kInvalidUsage, "NET/tandem: accept: %p is no listen comm", listen_comm);
+    if (l->accepted)
+        WARN_RETURN(kInvalidUsage,
+                    "NET/tandem: accept: this listen comm already accepted its "
+                    "connection (one per listen)");
+    progress_locked();
+    if (!l->arrived) {
+        if (!l->posted)
+            WARN_RETURN(kSystemError, "NET/tandem: accept: the listen comm lost its receive");
+        return kSuccess;
+    }
+    fi_addr_t peer = FI_ADDR_UNSPEC;
+    int ret = fi_av_insert(av_, l->peer.addr, 1, &peer, 0, nullptr);
+    if (ret != 1)
+        WARN_RETURN(kSystemError, "NET/tandem: accept: the sender's address is not usable (%s)",
+                    fi_strerror(ret < 0 ? -ret : FI_EINVAL));
+    auto r = std::make_unique<RecvComm>();
+    r->number = take_number();
+    if (!r->number) WARN_RETURN(kSystemError, "NET/tandem: out of comm numbers");
+    r->peer = peer;
+    r->remote = l->peer.comm;
+    uint32_t number = r->number;
+    uint64_t h = recvs_.add(std::move(r));
+    Op *op = new_op(int(OpKind::Handshake));
+    wire::NcclConnect &c = op->buf.connect;
+    c = {};
+    c.magic = wire::kNcclHandleMagic;
+    c.version = wire::kNcclVersion;
+    c.comm = number;
+    c.nonce = l->nonce;
+    ssize_t sret;
+    while ((sret = fi_tsend(ep_, &c, sizeof c, nullptr, peer,
+                            wire::nccl_tag(NcclTagKind::Accept, l->peer.comm, 0, 0), &op->ctx)) ==
+           -FI_EAGAIN)
+        progress_locked();
+    if (sret) {
+        ops_.erase(op);
+        delete op;
+        numbers_.erase(number);
+        recvs_.remove(h);
+        return fabric_error("fi_tsend (accept)", int(sret));
+    }
+    l->accepted = true;
+    *recv_comm = reinterpret_cast<void *>(h);
+    return kSuccess;
+}
+
+// ---- memory ------------------------------------------------------------------------------------
+
+Result NetDevice::reg_mr(void *comm, void *data, size_t size, int type, void **mhandle) {
+    if (!mhandle) WARN_RETURN(kInternalError, "NET/tandem: regMr without an output");
+    std::lock_guard lk(mu_);
+    if (!sends_.find(comm) && !recvs_.find(comm))
+        WARN_RETURN(kInvalidUsage, "NET/tandem: regMr: %p is no send or receive comm", comm);
+    if (type != kPtrHost && type != kPtrCuda)
+        WARN_RETURN(kInternalError, "NET/tandem: regMr: unknown pointer type %d", type);
+    fi_hmem_iface iface = FI_HMEM_SYSTEM;
+    uint64_t device = 0;
+    if (type == kPtrCuda) {
+        if (!description_.hmem)
+            WARN_RETURN(kInvalidUsage,
+                        "NET/tandem %s: regMr of CUDA memory, but tandem offers no "
+                        "FI_HMEM here (%s)",
+                        description_.name.c_str(),
+                        hmem::Registry::instance().missing_reason(FI_HMEM_CUDA));
+        const hmem::IfaceOps *cuda = hmem::Registry::instance().ops(FI_HMEM_CUDA);
+        hmem::AddrInfo where;
+        if (!cuda || cuda->query(data, &where) != 1)
+            WARN_RETURN(kInvalidUsage, "NET/tandem: regMr: %p is no CUDA memory", data);
+        if (uintptr_t(data) + size > where.base + where.length)
+            WARN_RETURN(kInvalidUsage,
+                        "NET/tandem: regMr: %zu B at %p run past their CUDA allocation", size,
+                        data);
+        iface = FI_HMEM_CUDA;
+        device = where.mem.device;
+    }
+    auto m = std::make_unique<MemHandle>();
+    m->base = uintptr_t(data);
+    m->size = size;
+    if (size) {
+        iovec iov{data, size};
+        fi_mr_attr attr{};
+        attr.mr_iov = &iov;
+        attr.iov_count = 1;
+        attr.access = FI_SEND | FI_RECV | FI_WRITE | FI_REMOTE_WRITE | FI_READ | FI_REMOTE_READ;
+        attr.iface = iface;
+        attr.device.cuda = int(device);
+        int ret = fi_mr_regattr(domain_, &attr, 0, &m->mr);
+        if (ret) return fabric_error("fi_mr_regattr", ret);
+        m->desc = fi_mr_desc(m->mr);
+        m->key = fi_mr_key(m->mr);
+    }
+    *mhandle = reinterpret_cast<void *>(memory_.add(std::move(m)));
+    return kSuccess;
+}
+
+// libfabric 1.17 registers by address only (FI_MR_DMABUF came in 1.20). The buffer's address
+// names the same memory as the dma-buf, and tandem's links move device memory with CUDA copies
+// and IPC: the fd is checked and the range registered by address.
+Result NetDevice::reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset,
+                                int fd, void **mhandle) {
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0)
+        WARN_RETURN(kInvalidUsage, "NET/tandem: regMrDmaBuf: fd %d is not open", fd);
+    (void)offset;
+    return reg_mr(comm, data, size, type, mhandle);
+}
+
+Result NetDevice::dereg_mr(void *comm, void *mhandle) {
+    std::lock_guard lk(mu_);
+    (void)comm;  // registrations are the domain's; any comm of the device may release them
+    MemHandle *m = memory_.find(mhandle);
+    if (!m) WARN_RETURN(kInvalidUsage, "NET/tandem: deregMr: %p is no memory handle", mhandle);
+    if (m->users > 0)
+        WARN_RETURN(kInvalidUsage,
+                    "NET/tandem: deregMr: %d operations still use the region at %#lx (%zu B)",
+                    m->users, (unsigned long)m->base, m->size);
+    if (m->mr) {
+        int ret = fi_close(&m->mr->fid);
+        if (ret) return fabric_error("fi_close (memory region)", ret);
+    }
+    memory_.remove(uint64_t(reinterpret_cast<uintptr_t>(mhandle)));
+    return kSuccess;
+}
+
+// ---- data --------------------------------------------------------------------------------------
+
+Result NetDevice::isend(void *send_comm, void *data, size_t size, int tag, void *mhandle,
+                        void **request) {
+    if (!request) WARN_RETURN(kInternalError, "NET/tandem: isend without an output");
+    *request = nullptr;
+    std::lock_guard lk(mu_);
+    SendComm *comm = sends_.find(send_comm);
+    if (!comm || !comm->ready)
+        WARN_RETURN(kInvalidUsage, "NET/tandem: isend: %p is no connected send comm", send_comm);
+    if (comm->failed) WARN_RETURN(kSystemError, "NET/tandem: isend: the connection failed");
+    MemHandle *m = mhandle ? memory_.find(mhandle) : nullptr;
+    if (mhandle && !m)
+        WARN_RETURN(kInvalidUsage, "NET/tandem: isend: %p is no memory handle", mhandle);
+    if (size && (!m || uintptr_t(data) < m->base || uintptr_t(data) + size > m->base + m->size))
+        WARN_RETURN(kInvalidUsage, "NET/tandem: isend: %zu B at %p lie outside their registration",
+                    size, data);
+    if (size > description_.max_msg_size)
+        WARN_RETURN(kInternalError, "NET/tandem: isend of %zu B: more than maxP2pBytes", size);
+    progress_locked();
+    if (comm->inflight >= kMaxRequests * kMaxRecvs) return kSuccess;  // NCCL asks again
+
+    uint16_t &next = comm->seq[tag];
+    uint16_t seq = next & wire::kNcclSeqMask;
+    uint64_t key = seq_key(tag, seq);
+    bool eager = size <= options_.eager_max;
+    auto r = std::make_unique<Request>();
+    r->comm = reinterpret_cast<uintptr_t>(send_comm);
+    r->send = true;
+    r->pending = 2;  // the data left, the CTS arrived
+    r->sizes[0] = int(size);
+    uint64_t rh = requests_.add(std::move(r));
+    if (eager) {
+        Op *op = new_op(int(OpKind::SendData));
+        op->request = rh;
+        op->comm = reinterpret_cast<uintptr_t>(send_comm);
+        ssize_t ret = fi_tsend(ep_, data, size, m ? m->desc : nullptr, comm->peer,
+                               wire::nccl_tag(NcclTagKind::Data, comm->remote, tag, seq), &op->ctx);
+        if (ret) {
+            ops_.erase(op);
+            delete op;
+            requests_.remove(rh);
+            if (ret == -FI_EAGAIN) return kSuccess;  // no room: NCCL asks again
+            return fabric_error("fi_tsend", int(ret));
+        }
+        if (m) {
+            op->mr = reinterpret_cast<uintptr_t>(mhandle);
+            ++m->users;
+        }
+    } else if (m) {
+        ++m->users;  // released when the write completes or is refused
+    }
+    ++next;
+    ++comm->inflight;
+    PendingSend send{rh, data, size, m ? uint64_t(reinterpret_cast<uintptr_t>(mhandle)) : 0, eager};
+    comm->waiting[key] = send;
+    if (auto it = comm->cts.find(key); it != comm->cts.end()) {
+        wire::NcclCts cts = it->second;
+        comm->cts.erase(it);
+        cts_arrived(reinterpret_cast<uintptr_t>(send_comm), *comm, cts);
+    }
+    *request = reinterpret_cast<void *>(rh);
+    return kSuccess;
+}
+
+Result NetDevice::irecv(void *recv_comm, int n, void **data, const size_t *sizes, const int *tags,
+                        void **mhandles, void **request) {
+    if (!request) WARN_RETURN(kInternalError, "NET/tandem: irecv without an output");
+    *request = nullptr;
+    if (n < 1 || n > kMaxRecvs)
+        WARN_RETURN(kInternalError, "NET/tandem: irecv of %d buffers (maxRecvs is %d)", n,
+                    kMaxRecvs);
+    if (!data || !sizes || !tags || !mhandles)
+        WARN_RETURN(kInternalError, "NET/tandem: irecv without its arrays");
+    std::lock_guard lk(mu_);
+    RecvComm *comm = recvs_.find(recv_comm);
+    if (!comm) WARN_RETURN(kInvalidUsage, "NET/tandem: irecv: %p is no receive comm", recv_comm);
+    MemHandle *mems[kMaxRecvs];
+    for (int i = 0; i < n; ++i) {
+        mems[i] = mhandles[i] ? memory_.find(mhandles[i]) : nullptr;
+        if (mhandles[i] && !mems[i])
+            WARN_RETURN(kInvalidUsage, "NET/tandem: irecv: %p is no memory handle", mhandles[i]);
+        if (sizes[i] && (!mems[i] || uintptr_t(data[i]) < mems[i]->base ||
+                         uintptr_t(data[i]) + sizes[i] > mems[i]->base + mems[i]->size))
+            WARN_RETURN(kInvalidUsage,
+                        "NET/tandem: irecv: buffer %d (%zu B at %p) lies outside its registration",
+                        i, sizes[i], data[i]);
+    }
+    progress_locked();
+    if (comm->inflight >= kMaxRequests) return kSuccess;
+    auto r = std::make_unique<Request>();
+    r->comm = reinterpret_cast<uintptr_t>(recv_comm);
+    r->n = n;
+    r->pending = n;
+    uint64_t rh = requests_.add(std::move(r));
+    uint64_t comm_handle = reinterpret_cast<uintptr_t>(recv_comm);
+    for (int i = 0; i < n; ++i) {
+        uint16_t seq = comm->seq[tags[i]]++ & wire::kNcclSeqMask;
+        Op *op = new_op(int(OpKind::RecvData));
+        op->request = rh;
+        op->sub = i;
+        op->comm = comm_handle;
+        if (Result res =
+                post_receive(op, data[i], sizes[i], mems[i] ? mems[i]->desc : nullptr, comm->peer,
+                             wire::nccl_tag(NcclTagKind::Data, comm->number, tags[i], seq), 0)) {
+            // Buffers before this one are posted and announced: the request fails as a whole.
+            Request *req = requests_.find(rh);
+            req->pending -= n - i;
+            req->error = res;
+            ++comm->inflight;
+            *request = reinterpret_cast<void *>(rh);
+            return kSuccess;
+        }
+        comm = recvs_.find(recv_comm);  // progress inside post_receive may not close it, but
+        comm->posted.push_back(op);     // keep to the handle rather than a cached reference
+        if (mems[i]) {
+            op->mr = reinterpret_cast<uintptr_t>(mhandles[i]);
+            ++mems[i]->users;
+        }
+        wire::NcclCts cts{};
+        cts.tag = tags[i];
+        cts.seq = seq;
+        cts.size = sizes[i];
+        if (mems[i]) {
+            cts.key = mems[i]->key;
+            cts.addr = virt_addr_ ? uintptr_t(data[i]) : uintptr_t(data[i]) - mems[i]->base;
+        }
+        send_control(comm->peer, wire::nccl_tag(NcclTagKind::Cts, comm->remote, 0, 0), &cts,
+                     sizeof cts, 0, false);
+    }
+    ++comm->inflight;
+    *request = reinterpret_cast<void *>(rh);
+    return kSuccess;
+}
+
+// tandem completes a receive into device memory after the CUDA copy that wrote it has finished
+// (node-local path and TCP link alike), so there is nothing to flush: no request, as NCCL's own
+// transports answer when no flush is needed.
+Result NetDevice::iflush(void *recv_comm, int n, void **mhandles, void **request) {
+    if (!request) WARN_RETURN(kInternalError, "NET/tandem: iflush without an output");
+    *request = nullptr;
+    if (n < 1 || n > kMaxRecvs)
+        WARN_RETURN(kInternalError, "NET/tandem: iflush of %d buffers (maxRecvs is %d)", n,
+                    kMaxRecvs);
+    std::lock_guard lk(mu_);
+    if (!recvs_.find(recv_comm))
+        WARN_RETURN(kInvalidUsage, "NET/tandem: iflush: %p is no receive comm", recv_comm);
+    for (int i = 0; i < n; ++i)
+        if (mhandles && mhandles[i] && !memory_.find(mhandles[i]))
+            WARN_RETURN(kInvalidUsage, "NET/tandem: iflush: %p is no memory handle", mhandles[i]);
+    return kSuccess;
+}
+
+Result NetDevice::test(void *request, int *done, int *sizes) {
+    if (!done) WARN_RETURN(kInternalError, "NET/tandem: test without an output");
+    *done = 0;
+    std::lock_guard lk(mu_);
+    Request *r = requests_.find(request);
+    if (!r)
+        WARN_RETURN(kInvalidUsage,
+                    "NET/tandem: test: %p is no request under way (already completed, or its "
+                    "comm was closed)",
+                    request);
+    if (r->pending > 0) {
+        progress_locked();
+        r = requests_.find(request);
+        if (r->pending > 0) return kSuccess;
+    }
+    Result error = r->error;
+    if (error == kSuccess && sizes)
+        for (int i = 0; i < r->n; ++i) sizes[i] = r->sizes[i];
+    requests_.remove(reinterpret_cast<uintptr_t>(request));
+    *done = 1;
+    return error;
+}
+
+// ---- closing -----------------------------------------------------------------------------------
+
+// Receives still posted are cancelled; their completions (FI_ECANCELED) free them later.
+void NetDevice::cancel_posted(std::vector<Op *> &posted) {
+    for (Op *op : posted) fi_cancel(&ep_->fid, &op->ctx);
+    posted.clear();
+}
+
+// The requests of a closed comm: their handles go stale (test refuses them); their operations
+// still under way find no request when they end.
+void NetDevice::drop_requests(uint64_t comm) {
+    std::vector<uint64_t> orphans;
+    requests_.for_each_handle([&](uint64_t rh, Request &r) {
+        if (r.comm == comm) orphans.push_back(rh);
+    });
+    for (uint64_t rh : orphans) requests_.remove(rh);
+}
+
+Result NetDevice::close_send(void *send_comm) {
+    std::lock_guard lk(mu_);
+    SendComm *s = sends_.find(send_comm);
+    if (!s) WARN_RETURN(kInvalidUsage, "NET/tandem: closeSend: %p is no send comm", send_comm);
+    uint64_t h = reinterpret_cast<uintptr_t>(send_comm);
+    for (auto &[key, send] : s->waiting)
+        if (!send.eager) release_mr(send.mr);
+    cancel_posted(s->posted);
+    numbers_.erase(s->number);
+    drop_requests(h);
+    sends_.remove(h);
+    progress_locked();
+    return kSuccess;
+}
+
+Result NetDevice::close_recv(void *recv_comm) {
+    std::lock_guard lk(mu_);
+    RecvComm *c = recvs_.find(recv_comm);
+    if (!c) WARN_RETURN(kInvalidUsage, "NET/tandem: closeRecv: %p is no receive comm", recv_comm);
+    uint64_t h = reinterpret_cast<uintptr_t>(recv_comm);
+    cancel_posted(c->posted);
+    numbers_.erase(c->number);
+    drop_requests(h);
+    recvs_.remove(h);
+    progress_locked();
+    return kSuccess;
+}
+
+Result NetDevice::close_listen(void *listen_comm) {
+    std::lock_guard lk(mu_);
+    ListenComm *l = listens_.find(listen_comm);
+    if (!l)
+        WARN_RETURN(kInvalidUsage, "NET/tandem: closeListen: %p is no listen comm", listen_comm);
+    if (l->posted) fi_cancel(&ep_->fid, &l->posted->ctx);
+    numbers_.erase(l->number);
+    listens_.remove(reinterpret_cast<uintptr_t>(listen_comm));
+    progress_locked();
+    return kSuccess;
+}
+
+}  // namespace tandem::nccl
