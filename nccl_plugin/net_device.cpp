@@ -126,6 +126,7 @@ void NetDevice::close_locked() {
     fabric_ = nullptr;
     control_.clear();
     writes_.clear();
+    peers_.clear();
 }
 
 void NetDevice::shut_down() {
@@ -459,6 +460,21 @@ bool NetDevice::start_write(const QueuedWrite &w) {
 
 // ---- connection set-up -------------------------------------------------------------------------
 
+// One table entry per peer process: its connections in both directions share it, since
+// directed receives match the entry tandem resolves a message's source to, which is the first.
+fi_addr_t NetDevice::peer_address(const uint8_t *addr, size_t len) {
+    std::string key(reinterpret_cast<const char *>(addr), len);
+    if (auto it = peers_.find(key); it != peers_.end()) return it->second;
+    fi_addr_t peer = FI_ADDR_NOTAVAIL;
+    int ret = fi_av_insert(av_, addr, 1, &peer, 0, nullptr);
+    if (ret != 1) {
+        NCCL_TANDEM_WARN("NET/tandem: fi_av_insert: %s", fi_strerror(ret < 0 ? -ret : FI_EINVAL));
+        return FI_ADDR_NOTAVAIL;
+    }
+    peers_.emplace(std::move(key), peer);
+    return peer;
+}
+
 Result NetDevice::listen(void *handle, void **listen_comm) {
     if (!handle || !listen_comm) WARN_RETURN(kInternalError, "NET/tandem: listen without a handle");
     std::lock_guard lk(mu_);
@@ -525,11 +541,9 @@ Result NetDevice::connect(void *handle, void **send_comm) {
         if (s->ready) *send_comm = reinterpret_cast<void *>(in.connecting);
         return kSuccess;
     }
-    fi_addr_t peer = FI_ADDR_UNSPEC;
-    int ret = fi_av_insert(av_, in.addr, 1, &peer, 0, nullptr);
-    if (ret != 1)
-        WARN_RETURN(kInvalidUsage, "NET/tandem: connect: the handle's address is not usable (%s)",
-                    fi_strerror(ret < 0 ? -ret : FI_EINVAL));
+    fi_addr_t peer = peer_address(in.addr, in.addr_len);
+    if (peer == FI_ADDR_NOTAVAIL)
+        WARN_RETURN(kInvalidUsage, "NET/tandem: connect: the handle's address is not usable");
     auto s = std::make_unique<SendComm>();
     s->number = take_number();
     if (!s->number) WARN_RETURN(kSystemError, "NET/tandem: out of comm numbers");
@@ -604,11 +618,9 @@ Result NetDevice::accept(void *listen_comm, void **recv_comm) {
             WARN_RETURN(kSystemError, "NET/tandem: accept: the listen comm lost its receive");
         return kSuccess;
     }
-    fi_addr_t peer = FI_ADDR_UNSPEC;
-    int ret = fi_av_insert(av_, l->peer.addr, 1, &peer, 0, nullptr);
-    if (ret != 1)
-        WARN_RETURN(kSystemError, "NET/tandem: accept: the sender's address is not usable (%s)",
-                    fi_strerror(ret < 0 ? -ret : FI_EINVAL));
+    fi_addr_t peer = peer_address(l->peer.addr, l->peer.addr_len);
+    if (peer == FI_ADDR_NOTAVAIL)
+        WARN_RETURN(kSystemError, "NET/tandem: accept: the sender's address is not usable");
     auto r = std::make_unique<RecvComm>();
     r->number = take_number();
     if (!r->number) WARN_RETURN(kSystemError, "NET/tandem: out of comm numbers");

@@ -190,6 +190,7 @@ class NetDevice {
     Result fabric_error(const char *call, int ret);
     void cancel_posted(std::vector<Op *> &posted);
     void drop_requests(uint64_t comm);
+    fi_addr_t peer_address(const uint8_t *addr, size_t len);
 
     uint8_t index_;
     fi_info *info_ = nullptr;
@@ -213,6 +214,7 @@ class NetDevice {
     HandleTable<MemHandle> memory_;
     std::unordered_set<Op *> ops_;          // posted to libfabric: freed at their completion
     std::unordered_set<uint32_t> numbers_;  // comm numbers in use
+    std::unordered_map<std::string, fi_addr_t> peers_;  // by endpoint name
     uint32_t next_number_ = 1;
     std::deque<ControlMessage> control_;  // injects that found no room, in order
     std::deque<QueuedWrite> writes_;      // large sends that found no room, in order

@@ -7,6 +7,7 @@
 #   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --atomic [--local]
 #   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --trigger [--local]
 #   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --coll [--np "2 4 8"]
+#   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --nccl [--local]
 #
 #   -b BUILD_DIR  the CMake build directory (default: <repo>/build); needs
 #                 BUILD_DIR/bench/tandem_bench (--coll: BUILD_DIR/bench/coll_bench) and, for
@@ -57,6 +58,14 @@
 #                 to FI_OFI_RXM_BUFFER_SIZE (passed on when set; its receive buffers cost that
 #                 much each). No UCX; -p and --local do not apply.
 #   --np LIST     with --coll: the rank counts, space-separated (default "2 4 8")
+#   --nccl        the NCCL network plugin instead: BUILD_DIR/bench/nccl_bench (the plugin
+#                 BUILD_DIR/lib/libnccl-net-tandem.so driven as NCCL's proxy does, host
+#                 buffers) against tandem's raw tagged bandwidth (tandem_bench -t bw), both
+#                 with 32 transfers in flight (NCCL_NET_MAX_REQUESTS) at 64 KiB, 1 MiB and
+#                 16 MiB; node-local, and (without --local) over the link (FI_TANDEM_LOCAL=0);
+#                 the two programs alternate, the order reversed every other run. Prints every
+#                 run, the medians and the ratios plugin / raw (target >= 0.95). No UCX; -p
+#                 does not apply.
 #
 # Each run is one tandem_bench process pair (fork mode: server and client on this host, both
 # busy-polling, nothing pinned) measuring 8 B tagged ping-pong latency and 1 MiB tagged-send
@@ -76,6 +85,7 @@ hmem=0
 atomic=0
 trigger=0
 coll=0
+nccl=0
 nps=""
 while [ $# -gt 0 ]; do
     case $1 in
@@ -88,6 +98,7 @@ while [ $# -gt 0 ]; do
         --atomic) atomic=1; shift ;;
         --trigger) trigger=1; shift ;;
         --coll) coll=1; shift ;;
+        --nccl) nccl=1; shift ;;
         --np) nps=$2; shift 2 ;;
         -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
         *) echo "bench.sh: unknown option $1 (see -h)" >&2; exit 1 ;;
@@ -111,6 +122,19 @@ if [ "$coll" = 1 ]; then
 elif [ -n "$nps" ]; then
     echo "bench.sh: --np applies to --coll only (see -h)" >&2
     exit 1
+fi
+
+if [ "$nccl" = 1 ]; then
+    if [ "$hmem" = 1 ] || [ "$atomic" = 1 ] || [ "$trigger" = 1 ] || [ "$coll" = 1 ]; then
+        echo "bench.sh: --nccl excludes --hmem, --atomic, --trigger and --coll (see -h)" >&2
+        exit 1
+    fi
+    [ -z "$providers" ] || { echo "bench.sh: -p does not apply to --nccl (see -h)" >&2; exit 1; }
+    nb=$build/bench/nccl_bench tb=$build/bench/tandem_bench
+    for f in "$nb" "$tb" "$build/lib/libnccl-net-tandem.so"; do
+        [ -e "$f" ] || { echo "bench.sh: $f not built (cmake --build $build)" >&2; exit 1; }
+    done
+    use_ucx=0
 fi
 
 if [ "$hmem" = 1 ]; then
@@ -169,6 +193,58 @@ median() {  # median PROV METRIC
 ratio() {
     awk -v a="$1" -v b="$2" 'BEGIN { if (a == "n/a" || b == "n/a" || b + 0 == 0) print "n/a"; else printf "%.2f\n", a / b }'
 }
+
+if [ "$nccl" = 1 ]; then
+    out=$tmp/out
+    paths=(local)
+    [ "$local" = 1 ] || paths+=(link)
+    sizes=(65536 1048576 16777216)
+    echo "bench.sh --nccl: $runs runs of: nccl_bench (plugin), tandem_bench -t bw (raw tagged);"
+    echo "          window 32, sizes ${sizes[*]}; paths: ${paths[*]} (link: FI_TANDEM_LOCAL=0)"
+    echo "          order reversed every other run; build $build; load average now: $(cut -d' ' -f1-3 /proc/loadavg)"
+    # nccl_one PATH WHAT: one run; appends "PATH/WHAT size MB/s" lines.
+    nccl_one() {
+        local path=$1 what=$2 loc=1
+        [ "$path" = link ] && loc=0
+        local -a cmd=("$nb" -w 32 -S 64k,1m,16m) col=2
+        [ "$what" = raw ] && cmd=("$tb" -p tandem -t bw -w 32 -S 64k,1m,16m -T 140) col=3
+        if ! timeout 150 env FI_PROVIDER_PATH="$build/lib" FI_PROVIDER=tandem FI_TANDEM_LOCAL=$loc \
+            LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" NCCL_NET_PLUGIN=tandem \
+            "${cmd[@]}" >"$out" 2>&1; then
+            echo "  $path/$what: FAILED:"
+            sed 's/^/    /' "$out"
+            failed=1
+            return
+        fi
+        awk -v k="$path/$what" -v c=$col '!/^#/ && NF >= c && $1 ~ /^[0-9]+$/ { print k, $1, $c }' "$out" >>"$results"
+        printf '  %-12s' "$path/$what"
+        awk -v c=$col '!/^#/ && NF >= c && $1 ~ /^[0-9]+$/ { printf " %9s B %9s MB/s", $1, $c }' "$out"
+        echo
+    }
+    for r in $(seq 1 "$runs"); do
+        echo "run $r/$runs"
+        for path in "${paths[@]}"; do
+            if [ $((r % 2)) = 1 ]; then order=(plugin raw); else order=(raw plugin); fi
+            for what in "${order[@]}"; do nccl_one "$path" "$what"; done
+        done
+    done
+    echo
+    echo "medians over $runs runs (MB/s) and plugin / raw (target >= 0.95)"
+    printf '%-6s %10s %12s %12s %8s\n' path size plugin raw ratio
+    for path in "${paths[@]}"; do
+        for size in "${sizes[@]}"; do
+            p=$(median "$path/plugin" "$size") q=$(median "$path/raw" "$size")
+            printf '%-6s %10s %12s %12s %8s\n' "$path" "$size" "$p" "$q" "$(ratio "$p" "$q")"
+        done
+    done
+    if [ "$failed" != 0 ]; then
+        echo
+        echo "bench.sh: some runs FAILED (see above)"
+        exit 1
+    fi
+    exit 0
+fi
+
 
 # run_keyed LABEL PROV TANDEM_LOCAL TESTS WORD: one tandem_bench run of -t TESTS (alat,arate:
 # lines "  atomic KEY ...", WORD atomic; trig: "  trigger KEY ...", WORD trigger); appends
