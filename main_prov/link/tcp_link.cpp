@@ -900,6 +900,7 @@ void TcpConnection::finish_frame() {
             cur_status_ = write_status_;
             write_status_ = wire::TcpStatus::Ok;
             last_write_ok_ = cur_status_ == wire::TcpStatus::Ok;
+            write_ended_ = true;
             if (cur_status_ == wire::TcpStatus::SourceFault) {
                 // The initiator could not copy the rest of its source and knows it failed:
                 // nothing to answer, nothing to report here.
@@ -1106,6 +1107,12 @@ void TcpConnection::progress(bool readable) {
     if (rx_count_ != acked_sent_ &&
         (rx_count_ - acked_sent_ >= kAckEvery || idle_passes_ >= kAckIdlePasses))
         maybe_send_ack();
+    // A write's acknowledgement leaves in the pass that ended it, behind frames already queued
+    // if need be: an application that received what it waited for (the message announcing the
+    // write, say) may stop calling, and the initiator would wait for ever. One frame per pass.
+    if (write_ended_ && rx_count_ != acked_sent_ && state_ == State::Established)
+        queue_frame(make_frame(wire::TcpOp::Ack, nullptr, nullptr, 0, false));
+    write_ended_ = false;
     if (!outq_.empty()) flush_send();
     finish_disconnect();
 }

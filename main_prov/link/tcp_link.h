@@ -178,6 +178,9 @@ class TcpConnection final : public LinkConnection {
     uint32_t rx_count_ = 0;      // work requests of the peer received and processed
     uint32_t acked_sent_ = 0;    // last rx_count_ we told the peer about
     uint32_t idle_passes_ = 0;   // passes in a row that received no work request
+    // A write ended in this pass: its initiator completes it only on our acknowledgement, and
+    // the application here may make no further call (manual progress) to send one later.
+    bool write_ended_ = false;
     bool recv_allowed_ = false;  // one recv() per pass unless the last one filled the buffer
 
     // Receive state.
