@@ -19,6 +19,8 @@
 #include "nccl_plugin/nccl_net_abi.h"
 
 #include <dlfcn.h>
+#include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -260,10 +262,11 @@ int main(int argc, char **argv) {
     }
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) die("socketpair failed");
-    alarm(300);  // watchdog
     pid_t pid = fork();
     if (pid < 0) die("fork failed");
+    alarm(300);  // a watchdog in each process (alarms are not inherited)
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a sender that died
         close(sv[0]);
         receiver(sv[1], o);
         _exit(0);
