@@ -219,6 +219,10 @@ enum class LocalOp : uint8_t {
     Atomic = 13,      // an atomic operation, under a LocalShortHeader (see below); the
                       // target executes it and answers AtomicResp
     AtomicResp = 14,  // its answer, under a LocalShortHeader without a name (see below)
+    IpcWrite = 15,    // RMA write from device memory peer to peer: the target maps the
+                      // initiator's LocalIpc handles and copies into the region with its
+                      // device's engine, then answers Fin (FI_EOPNOTSUPP: it could not map
+                      // them, and the initiator writes again staged)
 };
 
 // Rts messages of at least this size are copied by both sides at once (Cts / WriteDone):

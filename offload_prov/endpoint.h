@@ -198,9 +198,11 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         std::vector<iovec> iov{};  // a read's destination, a send's source (for Cts)
         size_t received = 0;
         std::vector<hmem::MemRef> mem{};  // where iov lives (empty: host memory)
-        bool ipc = false;                 // an IpcRts: refused, it is sent again staged
-        bool ack = false;                 // FI_DELIVERY_COMPLETE: then the staged copy too
-        std::vector<uint8_t> bounce{};    // staged device memory the receiver reads (Rts)
+        bool ipc = false;                 // an IpcRts or IpcWrite: refused, it goes again staged
+        bool rma_write = false;           // an IpcWrite: where it goes, for the staged copy
+        uint64_t rma_addr = 0, rma_key = 0;
+        bool ack = false;               // FI_DELIVERY_COMPLETE: then the staged copy too
+        std::vector<uint8_t> bounce{};  // staged device memory the receiver reads (Rts)
         uint64_t tag = 0, data = 0;
         uint8_t hdr_flags = 0;
     };
@@ -257,7 +259,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
                                      bool tagged);
     void send_rts(PeerLink &link, wire::LocalHeader hdr, Pending p);
     bool post_ipc(PeerLink &link, wire::LocalHeader hdr, const iovec *iov, const hmem::MemRef *mem,
-                  size_t count, Pending p);
+                  size_t count, Pending p, wire::LocalOp op = wire::LocalOp::IpcRts);
     // A staged send's end: at the receiver's Fin (FI_DELIVERY_COMPLETE), else when sent.
     static StreamEnd send_end(bool ack, void *context, uint64_t flags) {
         if (ack) return {.kind = StreamEnd::Kind::FailPending};
@@ -291,6 +293,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
                  const wire::LocalIpc *ipc = nullptr);
     int deliver_ipc(fi_peer_rx_entry *entry, const hmem::MemRef *mem, const wire::LocalHeader &hdr,
                     const wire::LocalIpc *ipc, size_t n);
+    int map_ipc(const wire::LocalHeader &hdr, const wire::LocalIpc *ipc, uint64_t local_device,
+                iovec *remote, hmem::MemRef *rmem);
     static int cma_read_staged(pid_t pid, const iovec *local, const hmem::MemRef *mem,
                                size_t nlocal, const iovec *remote, size_t nremote, size_t n);
     void complete_rx(fi_peer_rx_entry *entry, const wire::LocalHeader &hdr, size_t n, int err,

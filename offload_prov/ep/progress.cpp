@@ -177,6 +177,7 @@ void Endpoint::handle_cell(const uint8_t *cell) {
         case LocalOp::Write:
         case LocalOp::Read:
         case LocalOp::WriteFrag:
+        case LocalOp::IpcWrite:
             handle_rma(hdr, sender, body);
             return;
         case LocalOp::Cts:

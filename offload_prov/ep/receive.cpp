@@ -143,9 +143,27 @@ void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::str
 // when a buffer cannot be mapped here; another FI_* code when a copy fails.
 int Endpoint::deliver_ipc(fi_peer_rx_entry *entry, const hmem::MemRef *mem, const LocalHeader &hdr,
                           const wire::LocalIpc *ipc, size_t n) {
-    hmem::Registry &reg = hmem::Registry::instance();
     iovec remote[wire::kLocalMaxIov];
     hmem::MemRef rmem[wire::kLocalMaxIov];
+    uint64_t device = mem && !mem[0].on_host() ? mem[0].device : UINT64_MAX;
+    if (int err = map_ipc(hdr, ipc, device, remote, rmem)) return err;
+    // Walk both lists; one copy per overlapping piece.
+    size_t count = std::min(entry->count, peer::kMaxEntryIov);
+    size_t done =
+        iov_walk2(entry->iov, count, remote, hdr.iov_count, n,
+                  [&](size_t i, uint8_t *dst, size_t j, uint8_t *src, size_t k) {
+                      return hmem::copy(mem ? mem[i] : hmem::kHost, dst, rmem[j], src, k) == 0;
+                  });
+    return done == n ? 0 : FI_EIO;
+}
+
+// A peer's device buffers (hdr.iov_count LocalIpc entries) mapped here (cached), each mapped
+// on `local_device` (the device of our memory the copy goes to or from; UINT64_MAX for host
+// memory: the peer's device number, so that engine reads the peer's memory into ours).
+// FI_EOPNOTSUPP when a buffer cannot be mapped here, FI_EINVAL for a malformed entry.
+int Endpoint::map_ipc(const LocalHeader &hdr, const wire::LocalIpc *ipc, uint64_t local_device,
+                      iovec *remote, hmem::MemRef *rmem) {
+    hmem::Registry &reg = hmem::Registry::instance();
     for (size_t i = 0; i < hdr.iov_count; ++i) {
         const wire::LocalIpc &e = ipc[i];
         auto iface = static_cast<fi_hmem_iface>(e.iface);
@@ -157,9 +175,7 @@ int Endpoint::deliver_ipc(fi_peer_rx_entry *entry, const hmem::MemRef *mem, cons
             rmem[i] = {iface, e.device};
             continue;
         }
-        // Mapped on our receive buffer's device, or on the sender's device number for a
-        // host buffer (its copy engine then reads the peer's memory into ours).
-        uint64_t device = mem && !mem[0].on_host() ? mem[0].device : e.device;
+        uint64_t device = local_device != UINT64_MAX ? local_device : e.device;
         if (device >= static_cast<uint64_t>(reg.device_count(iface))) device = 0;
         hmem::IpcExport ex;
         memcpy(ex.handle.bytes, e.handle, sizeof ex.handle.bytes);
@@ -173,14 +189,7 @@ int Endpoint::deliver_ipc(fi_peer_rx_entry *entry, const hmem::MemRef *mem, cons
         remote[i] = {addr, e.length};
         rmem[i] = {iface, device};
     }
-    // Walk both lists; one copy per overlapping piece.
-    size_t count = std::min(entry->count, peer::kMaxEntryIov);
-    size_t done =
-        iov_walk2(entry->iov, count, remote, hdr.iov_count, n,
-                  [&](size_t i, uint8_t *dst, size_t j, uint8_t *src, size_t k) {
-                      return hmem::copy(mem ? mem[i] : hmem::kHost, dst, rmem[j], src, k) == 0;
-                  });
-    return done == n ? 0 : FI_EIO;
+    return 0;
 }
 
 // Cross-memory attach into buffers that may be device memory: a chunk at a time through a

@@ -59,17 +59,38 @@ ssize_t Endpoint::issue_rma(LocalRequest &r) {
     hdr.rma_key = rma.key;
     hdr.msg_id = next_id_++;
     Pending p{.context = context, .flags = cq_flags, .len = len, .link = link};
-    // Device memory is staged (its device copies it into and out of cells): node-local RMA
-    // has no peer-to-peer form, so FI_HMEM_P2P_REQUIRED refuses it.
+    // Device memory: a write goes peer to peer (IpcWrite: the target's device copies from
+    // our buffers, mapped by IPC) where the policy and the driver allow, as a message does; a
+    // read, and what cannot go peer to peer, is staged (the devices copy into and out of
+    // cells). FI_HMEM_P2P_REQUIRED refuses what cannot go peer to peer.
     const hmem::MemRef *const mem = r.mem;
     const bool device = r.device;
     if (device) {
-        if (p2p_.decide(false, len, 0) == hmem::P2pDecision::Fail) {
-            hmem::counters().refused_transfers.fetch_add(1, std::memory_order_relaxed);
+        auto &c = hmem::counters();
+        hmem::P2pDecision d = p2p_.decide(write, len, Config::get().eager_limit);
+        if (d == hmem::P2pDecision::PeerToPeer) {
+            Pending ipc = p;
+            ipc.iov.assign(iov, iov + count);
+            ipc.mem.assign(mem, mem + count);
+            ipc.ipc = true;
+            ipc.rma_write = true;
+            ipc.rma_addr = rma.addr;
+            ipc.rma_key = rma.key;
+            ipc.data = data;
+            ipc.hdr_flags = hdr.flags;
+            if (post_ipc(*link, hdr, iov, mem, count, std::move(ipc), LocalOp::IpcWrite)) {
+                c.p2p_transfers.fetch_add(1, std::memory_order_relaxed);
+                return 0;
+            }
+            // No IPC handle for this memory: staged, unless that is refused.
+            if (p2p_.mode() == FI_HMEM_P2P_REQUIRED) d = hmem::P2pDecision::Fail;
+        }
+        if (d == hmem::P2pDecision::Fail) {
+            c.refused_transfers.fetch_add(1, std::memory_order_relaxed);
             complete_tx(context, cq_flags, len, FI_EOPNOTSUPP);
             return 0;
         }
-        hmem::counters().staged_transfers.fetch_add(1, std::memory_order_relaxed);
+        c.staged_transfers.fetch_add(1, std::memory_order_relaxed);
         p.mem.assign(mem, mem + count);
     }
     bool cma = link->cma && !device;

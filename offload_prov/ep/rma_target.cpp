@@ -70,8 +70,9 @@ void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const
     int status = 0;
     auto *remote_iov = reinterpret_cast<const LocalIov *>(body);
     iovec remote[wire::kLocalMaxIov];
-    for (size_t i = 0; i < hdr.iov_count; ++i)
-        remote[i] = {reinterpret_cast<void *>(remote_iov[i].addr), remote_iov[i].length};
+    if (op != LocalOp::IpcWrite)
+        for (size_t i = 0; i < hdr.iov_count; ++i)
+            remote[i] = {reinterpret_cast<void *>(remote_iov[i].addr), remote_iov[i].length};
     // A target region in device memory: its device copies (CMA cannot reach it).
     bool device = !hmem::all_host(pmem, npieces);
     auto place = [&](const uint8_t *from, size_t k) {
@@ -113,6 +114,24 @@ void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const
                 if (got < 0 || size_t(got) != len) status = FI_EIO;
             }
             break;
+        case LocalOp::IpcWrite: {
+            // The initiator's device buffers, mapped here; our region's device copies them in.
+            wire::LocalIpc ipc[wire::kLocalMaxIov];  // (copied: the cell body is unaligned)
+            memcpy(ipc, body, hdr.iov_count * sizeof(wire::LocalIpc));
+            iovec from[wire::kLocalMaxIov];
+            hmem::MemRef from_mem[wire::kLocalMaxIov];
+            uint64_t local_device = device ? pmem[0].device : UINT64_MAX;
+            status = map_ipc(hdr, ipc, local_device, from, from_mem);
+            if (!status) {
+                size_t done =
+                    iov_walk2(pieces, npieces, from, hdr.iov_count, len,
+                              [&](size_t i, uint8_t *dst, size_t j, uint8_t *src, size_t k) {
+                                  return hmem::copy(pmem[i], dst, from_mem[j], src, k) == 0;
+                              });
+                if (done != len) status = FI_EIO;
+            }
+            break;
+        }
         case LocalOp::WriteFrag:
             status = place(body, hdr.size);
             if (status) {

@@ -226,7 +226,7 @@ void Endpoint::send_rts(PeerLink &link, LocalHeader hdr, Pending p) {
 // An IpcRts naming the sender's device buffers; false when some buffer has no IPC handle
 // (the driver refuses, or the memory is not device memory), and nothing was sent.
 bool Endpoint::post_ipc(PeerLink &link, LocalHeader hdr, const iovec *iov, const hmem::MemRef *mem,
-                        size_t count, Pending p) {
+                        size_t count, Pending p, LocalOp op) {
     wire::LocalIpc body[wire::kLocalMaxIov];
     size_t n = 0;
     for (size_t i = 0; i < count; ++i) {
@@ -244,7 +244,7 @@ bool Endpoint::post_ipc(PeerLink &link, LocalHeader hdr, const iovec *iov, const
         e.iface = static_cast<uint32_t>(ex.mem.iface);
         e.device = static_cast<uint32_t>(ex.mem.device);
     }
-    hdr.op = static_cast<uint8_t>(LocalOp::IpcRts);
+    hdr.op = static_cast<uint8_t>(op);
     hdr.iov_count = static_cast<uint8_t>(n);
     hdr.flags &= ~uint8_t(wire::kLocalAckReq);  // Fin comes anyway, after delivery
     pending_[hdr.msg_id] = std::move(p);
@@ -258,30 +258,36 @@ void Endpoint::finish_pending(uint64_t msg_id, int status) {
     Pending p = std::move(it->second);
     pending_.erase(it);
     if (p.ipc && status == FI_EOPNOTSUPP && p2p_.mode() != FI_HMEM_P2P_REQUIRED && !p.link->dead) {
-        // The receiver could not map our memory: the same message again, staged by our
-        // device's copies into cells, for the receive it is holding.
+        // The peer could not map our memory: the same message again, staged by our device's
+        // copies into cells, for the receive it is holding (Frag); or the same write again
+        // (WriteFrag: the target holds nothing of the refused one).
         auto &c = hmem::counters();
         c.p2p_transfers.fetch_sub(1, std::memory_order_relaxed);
         c.staged_transfers.fetch_add(1, std::memory_order_relaxed);
         LocalHeader hdr = proto_;
-        hdr.op = static_cast<uint8_t>(LocalOp::Frag);
+        hdr.op = static_cast<uint8_t>(p.rma_write ? LocalOp::WriteFrag : LocalOp::Frag);
         hdr.flags = p.hdr_flags;
         hdr.tag = p.tag;
         hdr.cq_data = p.data;
         hdr.total = p.len;
+        hdr.rma_addr = p.rma_addr;
+        hdr.rma_key = p.rma_key;
         hdr.msg_id = msg_id;
         // FI_DELIVERY_COMPLETE: complete at the receiver's Fin for the staged copy.
         if (p.ack) hdr.flags |= wire::kLocalAckReq;
         PeerLink &link = *p.link;
         std::vector<iovec> iov = p.iov;
         std::vector<hmem::MemRef> mem = p.mem;
-        StreamEnd end = send_end(p.ack, p.context, p.flags);
-        if (p.ack) {
+        StreamEnd end = p.rma_write ? StreamEnd{.kind = StreamEnd::Kind::FailPending}
+                                    : send_end(p.ack, p.context, p.flags);
+        if (p.ack || p.rma_write) {  // the write ends at the target's Fin, as any write
             p.ipc = false;
             pending_[msg_id] = std::move(p);
         }
         push_staged(link, hdr, iov.data(), iov.size(), hdr.total, mem.data(), end);
         return;
+    } else if (p.ipc && p.rma_write && status == FI_EOPNOTSUPP) {
+        hmem::counters().refused_transfers.fetch_add(1, std::memory_order_relaxed);
     } else if (p.ipc && status == FI_EOPNOTSUPP) {
         // FI_HMEM_P2P_REQUIRED: no staged copy. The receiver is holding its receive for
         // one: an empty last fragment carrying the error releases it.

@@ -1433,8 +1433,19 @@ TEST(Truncation, DeviceReceiveShorterThanResentMessage) {
 
 struct Rma {
     size_t len = 64;
-    int mode = -1;         // the initiator's FI_OPT_FI_HMEM_P2P
-    bool refused = false;  // the initiator's operations fail with FI_EOPNOTSUPP
+    int mode = -1;                   // the initiator's FI_OPT_FI_HMEM_P2P
+    bool target_open_fails = false;  // the target's driver refuses to map the IPC handle once
+    // Node-local writes of device memory go peer to peer (IpcWrite) as messages do: under
+    // ENABLED above the eager limit, under PREFERRED and REQUIRED always. Reads never do.
+    bool p2p_write() const {
+        if (net_variant()) return false;
+        if (mode == FI_HMEM_P2P_PREFERRED || mode == FI_HMEM_P2P_REQUIRED) return true;
+        return mode == -1 && len >= kLocalEagerBelow;
+    }
+    bool required() const { return mode == FI_HMEM_P2P_REQUIRED; }
+    // The write ends staged after all: the target could not map, and the policy lets it.
+    bool restaged() const { return p2p_write() && target_open_fails && !required(); }
+    bool write_refused() const { return p2p_write() && target_open_fails && required(); }
 };
 
 std::string pack_region(uint64_t addr, uint64_t key) {
@@ -1483,35 +1494,46 @@ void rma_initiator(Role &r, const Rma &x) {
     Comp c;
     R_POST(r, n, fi_write(n.ep, src.ptr(), x.len, fi_mr_desc(smr), n.peer, addr, key, &wctx));
     R_TRY(n.wait(&wctx, c, "the write's completion"));
-    if (x.refused) {
-        R_CHECK(r, c.err && c.ee.err == FI_EOPNOTSUPP,
-                "fi_write under REQUIRED: expected FI_EOPNOTSUPP, got ", show(c));
-        R_POST(r, n, fi_read(n.ep, back.ptr(), x.len, fi_mr_desc(bmr), n.peer, addr, key, &rctx));
-        R_TRY(n.wait(&rctx, c, "the read's completion"));
-        R_CHECK(r, c.err && c.ee.err == FI_EOPNOTSUPP,
-                "fi_read under REQUIRED: expected FI_EOPNOTSUPP, got ", show(c));
-        Stats st = read_stats();
-        R_MECH(r, st, st.s.htod_copies + st.s.dtoh_copies + st.s.dtod_copies == 0);
-        R_MECH(r, st, st.s.ipc_gets == 0);
-        R_TRY(n.tell("refused"));
-        n.bye();
-        return;
-    }
-    R_REQUIRE(r, !c.err, "fi_write failed: ", show(c));
     Stats st = read_stats();
-    R_MECH(r, st, st.s.ipc_gets == 0 && st.s.ipc_opens == 0);
-    R_MECH(r, st, st.s.bytes_dtoh >= x.len);
+    if (x.write_refused()) {
+        R_CHECK(r, c.err && c.ee.err == FI_EOPNOTSUPP,
+                "fi_write under REQUIRED, the target unable to map: expected FI_EOPNOTSUPP, got ",
+                show(c));
+        R_MECH(r, st, st.s.htod_copies + st.s.dtoh_copies + st.s.dtod_copies == 0);
+    } else {
+        R_REQUIRE(r, !c.err, "fi_write failed: ", show(c));
+        if (x.p2p_write()) {
+            // Our buffer is exported; the target's device copies it. Staged again (our device
+            // copies into cells) only when the target could not map it.
+            R_MECH(r, st, st.s.ipc_gets >= 1);
+            if (x.restaged())
+                R_MECH(r, st, st.s.bytes_dtoh >= x.len);
+            else
+                R_MECH(r, st, st.s.htod_copies + st.s.dtoh_copies + st.s.dtod_copies == 0);
+        } else {
+            R_MECH(r, st, st.s.ipc_gets == 0 && st.s.ipc_opens == 0);
+            R_MECH(r, st, st.s.bytes_dtoh >= x.len);
+        }
+    }
     R_TRY(n.tell("written"));
     R_TRY(n.expect("checked"));
     reset_stats();
     R_POST(r, n, fi_read(n.ep, back.ptr(), x.len, fi_mr_desc(bmr), n.peer, addr, key, &rctx));
     R_TRY(n.wait(&rctx, c, "the read's completion"));
-    R_REQUIRE(r, !c.err, "fi_read failed: ", show(c));
     st = read_stats();
-    R_MECH(r, st, st.s.ipc_gets == 0 && st.s.ipc_opens == 0);
-    R_MECH(r, st, st.s.bytes_htod >= x.len);
-    R_MECH(r, st, st.s.dtoh_copies == 0);
-    back.check(r, kSeedData, "the data read back");
+    if (x.required()) {
+        // A read has no peer-to-peer form node-local.
+        R_CHECK(r, c.err && c.ee.err == FI_EOPNOTSUPP,
+                "fi_read under REQUIRED: expected FI_EOPNOTSUPP, got ", show(c));
+        R_MECH(r, st, st.s.htod_copies + st.s.dtoh_copies + st.s.dtod_copies == 0);
+        R_MECH(r, st, st.s.ipc_gets == 0);
+    } else {
+        R_REQUIRE(r, !c.err, "fi_read failed: ", show(c));
+        R_MECH(r, st, st.s.ipc_gets == 0 && st.s.ipc_opens == 0);
+        R_MECH(r, st, st.s.bytes_htod >= x.len);
+        R_MECH(r, st, st.s.dtoh_copies == 0);
+        back.check(r, x.write_refused() ? kSeedStale : kSeedData, "the data read back");
+    }
     R_TRY(n.tell("read"));
     n.bye();
 }
@@ -1525,26 +1547,32 @@ void rma_target(Role &r, const Rma &x) {
     R_TRY(n.open());
     R_TRY(n.enable() && n.connect());
     reset_stats();
+    if (x.target_open_fails) R_TRY(fail_next(r, EMUCUDA_FAIL_IPC_OPEN, CUDA_ERROR_OUT_OF_MEMORY));
     R_TRY(offer_region(n, region));
-    if (x.refused) {
-        R_TRY(n.expect("refused"));
-        Stats st = read_stats();
-        R_MECH(r, st, st.s.htod_copies + st.s.dtoh_copies == 0);
-        region.check(r, kSeedStale, "the target region after a refused write");
-        n.bye();
-        return;
-    }
     R_TRY(n.expect("written"));
     Stats st = read_stats();
-    R_MECH(r, st, st.s.ipc_gets == 0 && st.s.ipc_opens == 0);
-    R_MECH(r, st, st.s.bytes_htod >= x.len);
-    region.check(r, kSeedData, "the target region after fi_write");
+    if (x.write_refused()) {
+        R_MECH(r, st, st.s.htod_copies + st.s.dtod_copies == 0);
+        region.check(r, kSeedStale, "the target region after a refused write");
+    } else if (x.p2p_write() && !x.restaged()) {
+        // Mapped, and copied device to device by our engine: nothing staged.
+        R_MECH(r, st, st.s.ipc_opens >= 1 && st.s.dtod_copies >= 1);
+        R_MECH(r, st, st.s.bytes_htod == 0);
+        region.check(r, kSeedData, "the target region after fi_write");
+    } else {
+        R_MECH(r, st, st.s.ipc_opens == 0);
+        R_MECH(r, st, st.s.bytes_htod >= x.len);
+        region.check(r, kSeedData, "the target region after fi_write");
+    }
     reset_stats();
     R_TRY(n.tell("checked"));
     R_TRY(n.expect("read"));
     st = read_stats();
     R_MECH(r, st, st.s.ipc_gets == 0 && st.s.ipc_opens == 0);
-    R_MECH(r, st, st.s.bytes_dtoh >= x.len);
+    if (x.required())
+        R_MECH(r, st, st.s.htod_copies + st.s.dtoh_copies == 0);
+    else
+        R_MECH(r, st, st.s.bytes_dtoh >= x.len);
     n.bye();
 }
 
@@ -1553,6 +1581,7 @@ void run_rma(const Rma &x) {
                {"target", [x](Role &r) { rma_target(r, x); }, {}}});
 }
 
+// Below the node-local eager limit a write is staged (ENABLED), above it peer to peer.
 TEST(Rma, WriteReadDevice64B) {
     REQUIRE_DEVICE();
     run_rma({64, -1, false});
@@ -1563,10 +1592,31 @@ TEST(Rma, WriteReadDevice1MiB) {
     run_rma({MiB, -1, false});
 }
 
-// Node-local RMA on device memory is always staged: REQUIRED refuses it at the initiator.
-TEST(Rma, RequiredFailsAtInitiator) {
+TEST(Rma, PreferredWritesSmallPeerToPeer) {
+    REQUIRE_DEVICE();
+    if (net_variant()) GTEST_SKIP() << "no peer-to-peer path over the TCP link";
+    run_rma({64, FI_HMEM_P2P_PREFERRED, false});
+}
+
+// A target that cannot map the initiator's memory answers FI_EOPNOTSUPP; the initiator writes
+// again staged, and the write succeeds once.
+TEST(Rma, WriteStagedWhenTheTargetCannotMap) {
+    REQUIRE_DEVICE();
+    if (net_variant()) GTEST_SKIP() << "no peer-to-peer path over the TCP link";
+    run_rma({MiB, -1, true});
+}
+
+// REQUIRED: node-local writes go peer to peer, reads (no peer-to-peer form) are refused at the
+// initiator; over the link, fi_setopt refuses REQUIRED itself.
+TEST(Rma, RequiredWritesPeerToPeerAndRefusesReads) {
     REQUIRE_DEVICE();
     if (net_variant()) return required_refused_by_setopt();
+    run_rma({64 * KiB, FI_HMEM_P2P_REQUIRED, false});
+}
+
+TEST(Rma, RequiredWriteFailsWhenTheTargetCannotMap) {
+    REQUIRE_DEVICE();
+    if (net_variant()) GTEST_SKIP() << "no peer-to-peer path over the TCP link";
     run_rma({64 * KiB, FI_HMEM_P2P_REQUIRED, true});
 }
 

@@ -651,6 +651,16 @@ class Slots {
 // ---- requests --------------------------------------------------------------------------------
 
 // isend as NCCL calls it: again while the plugin gives no request.
+// A send's source: `len` bytes of pattern(seed) in host or CUDA memory, registered with comm.
+template <typename T>
+bool send_source(Report &r, Net<T> &net, void *comm, Buf &buf, bool cuda, size_t len, uint32_t seed,
+                 void **mh) {
+    N_TRY(buf.alloc(r, cuda, len));
+    N_TRY(buf.fill(r, seed, 0, len));
+    N_OK(r, net.reg_mr(comm, buf.ptr(), buf.len(), buf.type(), mh));
+    return true;
+}
+
 template <typename T>
 bool post_send(Report &r, Link &l, Net<T> &net, void *comm, void *data, size_t size, int tag,
                void *mh, void **req, const std::string &what) {
@@ -1363,10 +1373,8 @@ TEST_P(Progress, SendCompletesWhileTheReceiverMakesNoCalls) {
             N_TRY(open_net(r, net));
             N_TRY(connect_conn(r, l, net, &scomm));
             Buf buf;
-            N_TRY(buf.alloc(r, false, len));
-            N_TRY(buf.fill(r, seed, 0, len));
             void *mh = nullptr, *req;
-            N_OK(r, net.reg_mr(scomm, buf.ptr(), buf.len(), buf.type(), &mh));
+            N_TRY(send_source(r, net, scomm, buf, false, len, seed, &mh));
             const std::string what = cat("a ", len, " B send whose receiver makes no more calls");
             N_TRY(post_send(r, l, net, scomm, buf.ptr(), len, 1, mh, &req, what));
             std::vector<int> got;
@@ -1383,6 +1391,113 @@ TEST_P(Progress, SendCompletesWhileTheReceiverMakesNoCalls) {
 // above tandem's link eager limit (64 KiB).
 INSTANTIATE_TEST_SUITE_P(Sizes, Progress, ::testing::Values(100, 64 * KiB + 1, 1 * MiB),
                          [](const auto &info) { return cat(info.param, "B"); });
+
+// ---- NCCL_TANDEM_P2P ----------------------------------------------------------------------
+
+// What the emulated driver counted in this process since the last reset.
+emucuda_stats device_stats() {
+    emucuda_stats st{};
+    tandem_test::cuda_driver().get_stats(&st);
+    return st;
+}
+
+// A 1 MiB send from CUDA memory into CUDA memory (above the eager limit: written with
+// fi_write). Node-local it goes peer to peer (the receiver's device copies from the sender's
+// buffer, mapped by IPC) unless NCCL_TANDEM_P2P=disabled, which stages it through host memory
+// at both ends. Over the TCP link it is always staged.
+class P2pPolicy : public ::testing::TestWithParam<const char *> {};
+
+TEST_P(P2pPolicy, LargeCudaSendMovesAsThePolicySays) {
+    const char *policy = GetParam();
+    if (!tandem_test::cuda_driver().emulated()) GTEST_SKIP() << "the counts need the emulator";
+    const bool p2p = !tandem_test::net_variant() && std::string(policy) != "disabled";
+    const size_t len = MiB;
+    const uint32_t seed = 0x2b2;
+    auto set_policy = [policy] {
+        if (*policy) setenv("NCCL_TANDEM_P2P", policy, 1);
+    };
+    run_pair(
+        [=](Report &r, Link &l) {
+            set_policy();
+            Net<tn::NetV11> net;
+            void *lcomm, *rcomm;
+            N_TRY(open_net(r, net));
+            N_TRY(accept_conn(r, l, net, &lcomm, &rcomm));
+            Buf buf;
+            N_TRY(buf.alloc(r, true, len));
+            void *mh = nullptr, *req, *data = buf.ptr();
+            N_OK(r, net.reg_mr(rcomm, buf.ptr(), buf.len(), buf.type(), &mh));
+            tandem_test::cuda_driver().reset_stats();
+            size_t posted = buf.len();
+            int tag = 3;
+            N_TRY(post_recv(r, l, net, rcomm, 1, &data, &posted, &tag, &mh, &req, "the message"));
+            std::vector<int> got;
+            N_TRY(wait_done(r, l, net, req, 1, got, "the message"));
+            emucuda_stats st = device_stats();
+            if (p2p) {
+                N_CHECK(r, st.ipc_opens >= 1 && st.bytes_dtod >= len && st.bytes_htod == 0,
+                        "peer to peer expected: ipc_opens ", st.ipc_opens, ", bytes_dtod ",
+                        st.bytes_dtod, ", bytes_htod ", st.bytes_htod);
+            } else {
+                N_CHECK(r, st.ipc_opens == 0 && st.bytes_htod >= len, "staged expected: ipc_opens ",
+                        st.ipc_opens, ", bytes_htod ", st.bytes_htod);
+            }
+            buf.check(r, seed, 0, len, "the message");
+            N_TRY(both_done(r, l, /*receiver=*/true));
+            N_OK(r, net.t->dereg_mr(rcomm, mh));
+            N_OK(r, net.t->close_recv(rcomm));
+            N_OK(r, net.t->close_listen(lcomm));
+            return close_net(r, net);
+        },
+        [=](Report &r, Link &l) {
+            set_policy();
+            Net<tn::NetV11> net;
+            void *scomm;
+            N_TRY(open_net(r, net));
+            N_TRY(connect_conn(r, l, net, &scomm));
+            Buf buf;
+            void *mh = nullptr, *req;
+            N_TRY(send_source(r, net, scomm, buf, true, len, seed, &mh));
+            tandem_test::cuda_driver().reset_stats();
+            N_TRY(post_send(r, l, net, scomm, buf.ptr(), len, 3, mh, &req, "the message"));
+            std::vector<int> got;
+            N_TRY(wait_done(r, l, net, req, 1, got, "the message"));
+            emucuda_stats st = device_stats();
+            if (p2p)
+                N_CHECK(r, st.ipc_gets >= 1 && st.bytes_dtoh == 0,
+                        "peer to peer expected: ipc_gets ", st.ipc_gets, ", bytes_dtoh ",
+                        st.bytes_dtoh);
+            else
+                N_CHECK(r, st.ipc_gets == 0 && st.bytes_dtoh >= len, "staged expected: ipc_gets ",
+                        st.ipc_gets, ", bytes_dtoh ", st.bytes_dtoh);
+            N_TRY(both_done(r, l, /*receiver=*/false));
+            N_OK(r, net.t->dereg_mr(scomm, mh));
+            N_OK(r, net.t->close_send(scomm));
+            return close_net(r, net);
+        });
+}
+
+INSTANTIATE_TEST_SUITE_P(Env, P2pPolicy, ::testing::Values("", "enabled", "disabled"),
+                         [](const auto &info) {
+                             return std::string(*info.param ? info.param : "unset");
+                         });
+
+// A value that is no policy: init fails, with a warning naming it.
+TEST(BadInput, UnknownP2pPolicyFailsInit) {
+    run_one([](Report &r) {
+        setenv("NCCL_TANDEM_P2P", "sometimes", 1);
+        if (std::string e = tandem_test::use_device0(); !e.empty())
+            return N_FAIL(r, "CUDA device 0: ", e);
+        Net<tn::NetV11> net;
+        net.t = load_table<tn::NetV11>(r);
+        N_TRY(net.t);
+        size_t since = log_size();
+        tn::Result rc = net.init();
+        N_CHECK(r, rc == tn::kInvalidUsage, "init with NCCL_TANDEM_P2P=sometimes gives ",
+                rc_name(rc));
+        return warned_once(r, since, "init with an unknown NCCL_TANDEM_P2P");
+    });
+}
 
 // ---- teardown without a barrier ----------------------------------------------------------
 
@@ -1424,10 +1539,8 @@ TEST_P(Teardown, ReceiverClosesRightAfterItsReceive) {
             N_TRY(open_net(r, net));
             N_TRY(connect_conn(r, l, net, &scomm));
             Buf buf;
-            N_TRY(buf.alloc(r, false, len));
-            N_TRY(buf.fill(r, seed, 0, len));
             void *mh = nullptr, *req;
-            N_OK(r, net.reg_mr(scomm, buf.ptr(), buf.len(), buf.type(), &mh));
+            N_TRY(send_source(r, net, scomm, buf, false, len, seed, &mh));
             const std::string what = cat("a ", len, " B send whose receiver closed once it had it");
             N_TRY(post_send(r, l, net, scomm, buf.ptr(), len, 1, mh, &req, what));
             std::vector<int> got;
@@ -1575,10 +1688,8 @@ TEST(BadInput, TestOfPendingSendAfterCloseSend) {
             N_TRY(open_net(r, net));
             N_TRY(connect_conn(r, l, net, &scomm));
             Buf buf;
-            N_TRY(buf.alloc(r, false, 1 * MiB));
-            N_TRY(buf.fill(r, 0xc105e, 0, 1 * MiB));
             void *mh = nullptr, *req;
-            N_OK(r, net.reg_mr(scomm, buf.ptr(), buf.len(), buf.type(), &mh));
+            N_TRY(send_source(r, net, scomm, buf, false, 1 * MiB, 0xc105e, &mh));
             N_TRY(post_send(r, l, net, scomm, buf.ptr(), 1 * MiB, 1, mh, &req,
                             "1 MiB with no receive posted"));
             int done = 0;
@@ -1878,10 +1989,8 @@ TEST_P(SendLargerThanReceive, FailsOnBothSides) {
             N_TRY(open_net(r, net));
             N_TRY(connect_conn(r, l, net, &scomm));
             Buf buf;
-            N_TRY(buf.alloc(r, false, t.send));
-            N_TRY(buf.fill(r, kData, 0, t.send));
             void *mh = nullptr, *req;
-            N_OK(r, net.reg_mr(scomm, buf.ptr(), buf.len(), buf.type(), &mh));
+            N_TRY(send_source(r, net, scomm, buf, false, t.send, kData, &mh));
             const std::string what = cat("a ", t.send, " B send into a ", t.recv, " B receive");
             const size_t since = log_size();
             N_TRY(post_send(r, l, net, scomm, buf.ptr(), t.send, 1, mh, &req, what));
