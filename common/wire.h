@@ -417,18 +417,20 @@ struct NcclConnect {
 static_assert(sizeof(NcclConnect) == 88 && std::is_trivially_copyable_v<NcclConnect>);
 
 // Clear to send, receiver to sender, one per receive buffer: where a send larger than the eager
-// limit is to be written. Remote CQ data of the 0-byte Data message that follows such a write:
-// the bytes written, or kNcclFinTruncated | the send's size when the buffer was too small
-// (nothing was written then, and both ends fail the operation).
+// limit is to be written. A Cts message carries 1 to kNcclCtsBatch of them (the buffers the
+// receiver posted since its last message). Remote CQ data of the 0-byte Data message that
+// follows such a write: the bytes written, or kNcclFinTruncated | the send's size when the
+// buffer was too small (nothing was written then, and both ends fail the operation).
 struct NcclCts {
-    int32_t tag;  // NCCL's tag
-    uint16_t seq;
-    uint16_t reserved;
+    int32_t tag;    // NCCL's tag
+    uint32_t seq;   // the buffer's count among its comm's buffers with that tag (the Data tag
+                    // carries its low 12 bits)
     uint64_t addr;  // target address (virtual or offset, as the MR mode says)
     uint64_t key;
     uint64_t size;  // the buffer's size
 };
 static_assert(sizeof(NcclCts) == 32 && std::is_trivially_copyable_v<NcclCts>);
+inline constexpr size_t kNcclCtsBatch = 64;  // 2 KiB: under tandem's inject size
 inline constexpr uint64_t kNcclFinTruncated = uint64_t(1) << 63;
 
 }  // namespace tandem::wire

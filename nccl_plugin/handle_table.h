@@ -37,32 +37,40 @@ class HandleTable {
     HandleTable(HandleKind kind, uint8_t device) : kind_(kind), device_(device) {}
 
     uint64_t add(std::unique_ptr<T> obj) {
-        uint32_t slot;
-        if (!free_.empty()) {
-            slot = free_.back();
-            free_.pop_back();
-        } else {
-            slot = uint32_t(slots_.size());
-            slots_.emplace_back();
-        }
+        uint32_t slot = take_slot();
         Slot &s = slots_[slot];
         s.obj = std::move(obj);
+        s.live = true;
         return HandleBits{kind_, device_, s.generation, slot}.encode();
+    }
+    // A fresh object in a slot whose object is reused (see remove(keep)), or a new one: the
+    // objects of every message (requests) then cost no allocation.
+    T *emplace(uint64_t *handle) {
+        uint32_t slot = take_slot();
+        Slot &s = slots_[slot];
+        if (s.obj)
+            *s.obj = T{};
+        else
+            s.obj = std::make_unique<T>();
+        s.live = true;
+        *handle = HandleBits{kind_, device_, s.generation, slot}.encode();
+        return s.obj.get();
     }
     // The object, or nullptr when the handle is not a live one of this table.
     T *find(uint64_t handle) const {
         HandleBits b = HandleBits::decode(handle);
         if (b.kind != kind_ || b.device != device_ || b.slot >= slots_.size()) return nullptr;
         const Slot &s = slots_[b.slot];
-        return s.generation == b.generation ? s.obj.get() : nullptr;
+        return s.live && s.generation == b.generation ? s.obj.get() : nullptr;
     }
     T *find(const void *handle) const { return find(reinterpret_cast<uintptr_t>(handle)); }
-    // Frees the object; the handle is stale from then on.
-    void remove(uint64_t handle) {
+    // Frees the object (keep: leaves it allocated for emplace); the handle is stale from then on.
+    void remove(uint64_t handle, bool keep = false) {
         if (!find(handle)) return;
         uint32_t slot = HandleBits::decode(handle).slot;
         Slot &s = slots_[slot];
-        s.obj.reset();
+        s.live = false;
+        if (!keep) s.obj.reset();
         s.generation = (s.generation + 1) & HandleBits::kGenerationMask;
         free_.push_back(slot);
     }
@@ -70,20 +78,30 @@ class HandleTable {
     template <typename F>
     void for_each(F &&f) {
         for (Slot &s : slots_)
-            if (s.obj) f(*s.obj);
+            if (s.live) f(*s.obj);
     }
     // f(handle, object) for every live object.
     template <typename F>
     void for_each_handle(F &&f) {
         for (uint32_t i = 0; i < slots_.size(); ++i)
-            if (slots_[i].obj)
+            if (slots_[i].live)
                 f(HandleBits{kind_, device_, slots_[i].generation, i}.encode(), *slots_[i].obj);
     }
 
   private:
+    uint32_t take_slot() {
+        if (!free_.empty()) {
+            uint32_t slot = free_.back();
+            free_.pop_back();
+            return slot;
+        }
+        slots_.emplace_back();
+        return uint32_t(slots_.size() - 1);
+    }
     struct Slot {
         std::unique_ptr<T> obj;
         uint32_t generation = 1;  // never 0 with kind != 0: no handle is 0 anyway
+        bool live = false;
     };
     HandleKind kind_;
     uint8_t device_;

@@ -19,9 +19,14 @@ namespace {
 
 using wire::NcclTagKind;
 
-uint64_t seq_key(int tag, uint16_t seq) {
-    return uint64_t(uint32_t(tag)) << 16 | seq;
+uint64_t seq_key(int tag, uint32_t seq) {
+    return uint64_t(uint32_t(tag)) << 32 | seq;
 }
+uint16_t tag_seq(uint32_t seq) {
+    return uint16_t(seq & wire::kNcclSeqMask);
+}
+constexpr int kCtsReceives = 8;  // standing clear-to-send receives per send comm
+constexpr size_t kSpareOps = 1024;
 
 uint64_t random_nonce() {
     static std::mt19937_64 gen{std::random_device{}()};
@@ -112,6 +117,9 @@ void NetDevice::close_locked() {
     ep_ = nullptr;
     for (Op *op : ops_) delete op;
     ops_.clear();
+    for (Op *op : spare_ops_) delete op;
+    spare_ops_.clear();
+    cts_pending_.clear();
     memory_.for_each([](MemHandle &m) {
         if (m.mr) fi_close(&m.mr->fid);
         m.mr = nullptr;
@@ -156,8 +164,17 @@ uint32_t NetDevice::take_number() {
     return 0;
 }
 
+// Operations are reused: one per message otherwise costs an allocation.
 NetDevice::Op *NetDevice::new_op(int kind) {
-    Op *op = new Op{};
+    Op *op;
+    if (!spare_ops_.empty()) {
+        op = spare_ops_.back();
+        spare_ops_.pop_back();
+        op->sub = 0;
+        op->request = op->comm = op->mr = 0;
+    } else {
+        op = new Op{};
+    }
     op->kind = OpKind(kind);
     ops_.insert(op);
     return op;
@@ -177,7 +194,10 @@ void NetDevice::finish_op(Op *op) {
     if (op->kind == OpKind::CtsRecv || op->kind == OpKind::AcceptRecv)
         if (SendComm *c = sends_.find(op->comm)) drop(c->posted);
     ops_.erase(op);
-    delete op;
+    if (spare_ops_.size() < kSpareOps && op->batch.empty())
+        spare_ops_.push_back(op);
+    else
+        delete op;
 }
 
 void NetDevice::release_mr(uint64_t mr) {
@@ -200,10 +220,16 @@ Result NetDevice::post_receive(Op *op, void *buf, size_t len, void *desc, fi_add
 
 void NetDevice::send_control(fi_addr_t to, uint64_t tag, const void *buf, size_t len, uint64_t data,
                              bool with_data) {
-    ControlMessage m{to, tag, data, with_data, {}, len};
-    if (len) std::memcpy(m.bytes.data(), buf, len);
-    control_.push_back(m);
-    flush_control();
+    if (control_.empty()) {
+        ssize_t ret = with_data ? fi_tinjectdata(ep_, buf, len, data, to, tag)
+                                : fi_tinject(ep_, buf, len, to, tag);
+        if (ret != -FI_EAGAIN) {
+            if (ret) NCCL_TANDEM_WARN("NET/tandem: fi_tinject failed: %s", fi_strerror(int(-ret)));
+            return;
+        }
+    }
+    auto *bytes = static_cast<const uint8_t *>(buf);
+    control_.push_back({to, tag, data, with_data, std::vector<uint8_t>(bytes, bytes + len)});
 }
 
 // Control messages are injected (no completion): the clear-to-sends, the 0-byte messages that
@@ -211,18 +237,37 @@ void NetDevice::send_control(fi_addr_t to, uint64_t tag, const void *buf, size_t
 void NetDevice::flush_control() {
     while (!control_.empty()) {
         const ControlMessage &m = control_.front();
-        ssize_t ret = m.with_data ? fi_tinjectdata(ep_, m.bytes.data(), m.len, m.data, m.to, m.tag)
-                                  : fi_tinject(ep_, m.bytes.data(), m.len, m.to, m.tag);
+        ssize_t ret = m.with_data
+                          ? fi_tinjectdata(ep_, m.bytes.data(), m.bytes.size(), m.data, m.to, m.tag)
+                          : fi_tinject(ep_, m.bytes.data(), m.bytes.size(), m.to, m.tag);
         if (ret == -FI_EAGAIN) return;
         if (ret) NCCL_TANDEM_WARN("NET/tandem: fi_tinject failed: %s", fi_strerror(int(-ret)));
         control_.pop_front();
     }
 }
 
+// The clear-to-sends of the buffers posted since the last pass, one message per comm: NCCL posts
+// its receives in bursts, and the sender then handles one completion for the burst.
+void NetDevice::send_cts(RecvComm &comm) {
+    for (size_t at = 0; at < comm.cts_out.size(); at += wire::kNcclCtsBatch) {
+        size_t n = std::min(wire::kNcclCtsBatch, comm.cts_out.size() - at);
+        send_control(comm.peer, wire::nccl_tag(NcclTagKind::Cts, comm.remote, 0, 0),
+                     comm.cts_out.data() + at, n * sizeof(wire::NcclCts), 0, false);
+    }
+    comm.cts_out.clear();
+}
+
+void NetDevice::flush_cts() {
+    for (uint64_t h : cts_pending_)
+        if (RecvComm *c = recvs_.find(h)) send_cts(*c);
+    cts_pending_.clear();
+}
+
 // ---- progress ----------------------------------------------------------------------------------
 
 void NetDevice::progress_locked() {
     if (!cq_) return;
+    flush_cts();
     fi_cq_tagged_entry entries[32];
     for (;;) {
         ssize_t n = fi_cq_read(cq_, entries, 32);
@@ -262,7 +307,11 @@ void NetDevice::sub_done(uint64_t request, Result error) {
 void NetDevice::complete(Op *op, uint64_t flags, size_t len, uint64_t data) {
     switch (op->kind) {
         case OpKind::SendData:
+            sub_done(op->request, kSuccess);
+            break;
         case OpKind::Write:
+            if (SendComm *c = sends_.find(op->comm))
+                send_control(c->peer, op->fin_tag, nullptr, 0, op->fin_size, true);
             sub_done(op->request, kSuccess);
             break;
         case OpKind::RecvData: {
@@ -289,11 +338,16 @@ void NetDevice::complete(Op *op, uint64_t flags, size_t len, uint64_t data) {
         case OpKind::CtsRecv: {
             SendComm *comm = sends_.find(op->comm);
             if (!comm) break;
-            cts_arrived(op->comm, *comm, op->buf.cts);
+            if (len % sizeof(wire::NcclCts) || len == 0)
+                NCCL_TANDEM_WARN("NET/tandem: dropped a malformed clear-to-send (%zu B)", len);
+            else
+                for (size_t i = 0; i < len / sizeof(wire::NcclCts); ++i)
+                    cts_arrived(op->comm, *comm, op->batch[i]);
             // The same buffer goes back for the next one.
-            ssize_t ret = fi_trecv(ep_, &op->buf.cts, sizeof op->buf.cts, nullptr, comm->peer,
-                                   wire::nccl_tag(NcclTagKind::Cts, comm->number, 0, 0),
-                                   wire::kNcclCommIgnore, &op->ctx);
+            ssize_t ret =
+                fi_trecv(ep_, op->batch.data(), op->batch.size() * sizeof(wire::NcclCts), nullptr,
+                         comm->peer, wire::nccl_tag(NcclTagKind::Cts, comm->number, 0, 0),
+                         wire::kNcclCommIgnore, &op->ctx);
             if (ret == 0) return;
             NCCL_TANDEM_WARN("NET/tandem: reposting a CTS receive: %s", fi_strerror(int(-ret)));
             comm->failed = true;
@@ -302,13 +356,13 @@ void NetDevice::complete(Op *op, uint64_t flags, size_t len, uint64_t data) {
         case OpKind::ConnectRecv: {
             ListenComm *l = listens_.find(op->comm);
             if (!l) break;
-            const wire::NcclConnect &c = op->buf.connect;
+            const wire::NcclConnect &c = op->connect;
             if (c.magic != wire::kNcclHandleMagic || c.version != wire::kNcclVersion ||
                 c.nonce != l->nonce || c.addr_len == 0 || c.addr_len > wire::kNcclMaxAddr ||
                 len != sizeof c) {
                 NCCL_TANDEM_WARN("NET/tandem: dropped a malformed connection request (%zu B)", len);
                 ssize_t ret =
-                    fi_trecv(ep_, &op->buf.connect, sizeof op->buf.connect, nullptr, FI_ADDR_UNSPEC,
+                    fi_trecv(ep_, &op->connect, sizeof op->connect, nullptr, FI_ADDR_UNSPEC,
                              wire::nccl_tag(NcclTagKind::Connect, l->number, 0, 0),
                              wire::kNcclCommIgnore, &op->ctx);
                 if (ret == 0) return;
@@ -323,7 +377,7 @@ void NetDevice::complete(Op *op, uint64_t flags, size_t len, uint64_t data) {
         case OpKind::AcceptRecv: {
             SendComm *s = sends_.find(op->comm);
             if (!s) break;
-            const wire::NcclConnect &c = op->buf.connect;
+            const wire::NcclConnect &c = op->connect;
             if (c.magic != wire::kNcclHandleMagic || c.version != wire::kNcclVersion ||
                 c.nonce != s->nonce || c.comm == 0 || len != sizeof c) {
                 NCCL_TANDEM_WARN("NET/tandem: a malformed connection accept; connection failed");
@@ -383,23 +437,14 @@ void NetDevice::cts_arrived(uint64_t comm_handle, SendComm &comm, const wire::Nc
     uint64_t key = seq_key(cts.tag, cts.seq);
     auto it = comm.waiting.find(key);
     if (it == comm.waiting.end()) {
-        comm.cts[key] = cts;
+        // Not a large send's: kept for the send still to come, or dropped when that send was
+        // issued already (it went eagerly into the buffer).
+        auto issued = comm.seq.find(cts.tag);
+        if (issued == comm.seq.end() || cts.seq >= issued->second) comm.cts[key] = cts;
         return;
     }
     PendingSend send = it->second;
     comm.waiting.erase(it);
-    if (send.eager) {
-        Result error = kSuccess;
-        if (send.size > cts.size) {
-            NCCL_TANDEM_WARN(
-                "NET/tandem: a send of %zu B with tag %d went to a receive buffer "
-                "of %llu B (NCCL sizes mismatch)",
-                send.size, cts.tag, (unsigned long long)cts.size);
-            error = kInvalidUsage;
-        }
-        sub_done(send.request, error);
-        return;
-    }
     writes_.push_back({comm_handle, send, cts});
     flush_writes();
 }
@@ -420,7 +465,8 @@ bool NetDevice::start_write(const QueuedWrite &w) {
         release_mr(w.send.mr);
         return true;
     }
-    uint64_t fin_tag = wire::nccl_tag(NcclTagKind::Data, comm->remote, w.cts.tag, w.cts.seq);
+    uint64_t fin_tag =
+        wire::nccl_tag(NcclTagKind::Data, comm->remote, w.cts.tag, tag_seq(w.cts.seq));
     if (w.send.size > w.cts.size) {
         NCCL_TANDEM_WARN(
             "NET/tandem: a send of %zu B with tag %d went to a receive buffer of "
@@ -454,7 +500,8 @@ bool NetDevice::start_write(const QueuedWrite &w) {
         send_control(comm->peer, fin_tag, nullptr, 0, wire::kNcclFinTruncated | w.send.size, true);
         return true;
     }
-    send_control(comm->peer, fin_tag, nullptr, 0, w.send.size, true);
+    op->fin_tag = fin_tag;
+    op->fin_size = w.send.size;
     return true;
 }
 
@@ -488,8 +535,8 @@ Result NetDevice::listen(void *handle, void **listen_comm) {
     ListenComm *lc = listens_.find(h);
     Op *op = new_op(int(OpKind::ConnectRecv));
     op->comm = h;
-    if (Result r = post_receive(op, &op->buf.connect, sizeof op->buf.connect, nullptr,
-                                FI_ADDR_UNSPEC, wire::nccl_tag(NcclTagKind::Connect, number, 0, 0),
+    if (Result r = post_receive(op, &op->connect, sizeof op->connect, nullptr, FI_ADDR_UNSPEC,
+                                wire::nccl_tag(NcclTagKind::Connect, number, 0, 0),
                                 wire::kNcclCommIgnore)) {
         numbers_.erase(number);
         listens_.remove(h);
@@ -558,27 +605,28 @@ Result NetDevice::connect(void *handle, void **send_comm) {
         sends_.remove(h);
         return r;
     };
-    // The Accept, and enough standing clear-to-send receives for NCCL's requests in flight
-    // (more wait in tandem's unexpected queue).
+    // The Accept, and standing clear-to-send receives (more messages wait in tandem's
+    // unexpected queue).
     Op *acc = new_op(int(OpKind::AcceptRecv));
     acc->comm = h;
     if (Result r =
-            post_receive(acc, &acc->buf.connect, sizeof acc->buf.connect, nullptr, peer,
+            post_receive(acc, &acc->connect, sizeof acc->connect, nullptr, peer,
                          wire::nccl_tag(NcclTagKind::Accept, number, 0, 0), wire::kNcclCommIgnore))
         return undo(r);
     sc->posted.push_back(acc);
-    for (int i = 0; i < kMaxRequests; ++i) {
+    for (int i = 0; i < kCtsReceives; ++i) {
         Op *op = new_op(int(OpKind::CtsRecv));
         op->comm = h;
-        if (Result r =
-                post_receive(op, &op->buf.cts, sizeof op->buf.cts, nullptr, peer,
-                             wire::nccl_tag(NcclTagKind::Cts, number, 0, 0), wire::kNcclCommIgnore))
+        op->batch.resize(wire::kNcclCtsBatch);
+        if (Result r = post_receive(op, op->batch.data(), op->batch.size() * sizeof(wire::NcclCts),
+                                    nullptr, peer, wire::nccl_tag(NcclTagKind::Cts, number, 0, 0),
+                                    wire::kNcclCommIgnore))
             return undo(r);
         sc->posted.push_back(op);
     }
     Op *hello = new_op(int(OpKind::Handshake));
     hello->comm = h;
-    wire::NcclConnect &c = hello->buf.connect;
+    wire::NcclConnect &c = hello->connect;
     c = {};
     c.magic = wire::kNcclHandleMagic;
     c.version = wire::kNcclVersion;
@@ -629,7 +677,7 @@ Result NetDevice::accept(void *listen_comm, void **recv_comm) {
     uint32_t number = r->number;
     uint64_t h = recvs_.add(std::move(r));
     Op *op = new_op(int(OpKind::Handshake));
-    wire::NcclConnect &c = op->buf.connect;
+    wire::NcclConnect &c = op->connect;
     c = {};
     c.magic = wire::kNcclHandleMagic;
     c.version = wire::kNcclVersion;
@@ -749,48 +797,57 @@ Result NetDevice::isend(void *send_comm, void *data, size_t size, int tag, void 
                     size, data);
     if (size > description_.max_msg_size)
         WARN_RETURN(kInternalError, "NET/tandem: isend of %zu B: more than maxP2pBytes", size);
-    progress_locked();
-    if (comm->inflight >= kMaxRequests * kMaxRecvs) return kSuccess;  // NCCL asks again
+    // No progress pass here (test makes them); only what waits to leave goes first: the
+    // clear-to-sends of receives posted since (they must not fall behind this message).
+    flush_cts();
+    if (comm->inflight >= kMaxRequests * kMaxRecvs) {
+        progress_locked();
+        if (comm->inflight >= kMaxRequests * kMaxRecvs) return kSuccess;  // NCCL asks again
+    }
 
-    uint16_t &next = comm->seq[tag];
-    uint16_t seq = next & wire::kNcclSeqMask;
-    uint64_t key = seq_key(tag, seq);
-    bool eager = size <= options_.eager_max;
-    auto r = std::make_unique<Request>();
+    uint32_t &next = comm->seq[tag];
+    const uint32_t seq = next;
+    const uint64_t key = seq_key(tag, seq);
+    const bool eager = size <= options_.eager_max;
+    uint64_t rh;
+    Request *r = requests_.emplace(&rh);
     r->comm = reinterpret_cast<uintptr_t>(send_comm);
     r->send = true;
-    r->pending = 2;  // the data left, the CTS arrived
+    r->pending = eager ? 1 : 2;  // the data left; a large send first needs its clear-to-send
     r->sizes[0] = int(size);
-    uint64_t rh = requests_.add(std::move(r));
+    const uint64_t mh = m ? uint64_t(reinterpret_cast<uintptr_t>(mhandle)) : 0;
     if (eager) {
         Op *op = new_op(int(OpKind::SendData));
         op->request = rh;
         op->comm = reinterpret_cast<uintptr_t>(send_comm);
-        ssize_t ret = fi_tsend(ep_, data, size, m ? m->desc : nullptr, comm->peer,
-                               wire::nccl_tag(NcclTagKind::Data, comm->remote, tag, seq), &op->ctx);
+        ssize_t ret =
+            fi_tsend(ep_, data, size, m ? m->desc : nullptr, comm->peer,
+                     wire::nccl_tag(NcclTagKind::Data, comm->remote, tag, tag_seq(seq)), &op->ctx);
         if (ret) {
-            ops_.erase(op);
-            delete op;
-            requests_.remove(rh);
+            finish_op(op);
+            requests_.remove(rh, true);
             if (ret == -FI_EAGAIN) return kSuccess;  // no room: NCCL asks again
             return fabric_error("fi_tsend", int(ret));
         }
         if (m) {
-            op->mr = reinterpret_cast<uintptr_t>(mhandle);
+            op->mr = mh;
             ++m->users;
         }
-    } else if (m) {
-        ++m->users;  // released when the write completes or is refused
+        // Its buffer's clear-to-send is of no use now, whether here already or still to come.
+        comm->cts.erase(key);
+    } else {
+        if (m) ++m->users;  // released when the write completes or is refused
+        PendingSend send{rh, data, size, mh};
+        if (auto it = comm->cts.find(key); it != comm->cts.end()) {
+            writes_.push_back({reinterpret_cast<uintptr_t>(send_comm), send, it->second});
+            comm->cts.erase(it);
+        } else {
+            comm->waiting[key] = send;
+        }
     }
     ++next;
     ++comm->inflight;
-    PendingSend send{rh, data, size, m ? uint64_t(reinterpret_cast<uintptr_t>(mhandle)) : 0, eager};
-    comm->waiting[key] = send;
-    if (auto it = comm->cts.find(key); it != comm->cts.end()) {
-        wire::NcclCts cts = it->second;
-        comm->cts.erase(it);
-        cts_arrived(reinterpret_cast<uintptr_t>(send_comm), *comm, cts);
-    }
+    flush_writes();
     *request = reinterpret_cast<void *>(rh);
     return kSuccess;
 }
@@ -818,23 +875,24 @@ Result NetDevice::irecv(void *recv_comm, int n, void **data, const size_t *sizes
                         "NET/tandem: irecv: buffer %d (%zu B at %p) lies outside its registration",
                         i, sizes[i], data[i]);
     }
-    progress_locked();
+    // No progress here: the clear-to-sends of a burst of receives leave together, at the next
+    // call that progresses (test, for NCCL), or when a message is full.
     if (comm->inflight >= kMaxRequests) return kSuccess;
-    auto r = std::make_unique<Request>();
+    uint64_t rh;
+    Request *r = requests_.emplace(&rh);
     r->comm = reinterpret_cast<uintptr_t>(recv_comm);
     r->n = n;
     r->pending = n;
-    uint64_t rh = requests_.add(std::move(r));
     uint64_t comm_handle = reinterpret_cast<uintptr_t>(recv_comm);
     for (int i = 0; i < n; ++i) {
-        uint16_t seq = comm->seq[tags[i]]++ & wire::kNcclSeqMask;
+        uint32_t seq = comm->seq[tags[i]]++;
         Op *op = new_op(int(OpKind::RecvData));
         op->request = rh;
         op->sub = i;
         op->comm = comm_handle;
-        if (Result res =
-                post_receive(op, data[i], sizes[i], mems[i] ? mems[i]->desc : nullptr, comm->peer,
-                             wire::nccl_tag(NcclTagKind::Data, comm->number, tags[i], seq), 0)) {
+        if (Result res = post_receive(
+                op, data[i], sizes[i], mems[i] ? mems[i]->desc : nullptr, comm->peer,
+                wire::nccl_tag(NcclTagKind::Data, comm->number, tags[i], tag_seq(seq)), 0)) {
             // Buffers before this one are posted and announced: the request fails as a whole.
             Request *req = requests_.find(rh);
             req->pending -= n - i;
@@ -857,8 +915,9 @@ Result NetDevice::irecv(void *recv_comm, int n, void **data, const size_t *sizes
             cts.key = mems[i]->key;
             cts.addr = virt_addr_ ? uintptr_t(data[i]) : uintptr_t(data[i]) - mems[i]->base;
         }
-        send_control(comm->peer, wire::nccl_tag(NcclTagKind::Cts, comm->remote, 0, 0), &cts,
-                     sizeof cts, 0, false);
+        if (comm->cts_out.empty()) cts_pending_.push_back(comm_handle);
+        comm->cts_out.push_back(cts);
+        if (comm->cts_out.size() == wire::kNcclCtsBatch) send_cts(*comm);
     }
     ++comm->inflight;
     *request = reinterpret_cast<void *>(rh);
@@ -901,7 +960,7 @@ Result NetDevice::test(void *request, int *done, int *sizes) {
     Result error = r->error;
     if (error == kSuccess && sizes)
         for (int i = 0; i < r->n; ++i) sizes[i] = r->sizes[i];
-    requests_.remove(reinterpret_cast<uintptr_t>(request));
+    requests_.remove(reinterpret_cast<uintptr_t>(request), true);
     *done = 1;
     return error;
 }
@@ -921,7 +980,7 @@ void NetDevice::drop_requests(uint64_t comm) {
     requests_.for_each_handle([&](uint64_t rh, Request &r) {
         if (r.comm == comm) orphans.push_back(rh);
     });
-    for (uint64_t rh : orphans) requests_.remove(rh);
+    for (uint64_t rh : orphans) requests_.remove(rh, true);
 }
 
 Result NetDevice::close_send(void *send_comm) {
@@ -929,8 +988,7 @@ Result NetDevice::close_send(void *send_comm) {
     SendComm *s = sends_.find(send_comm);
     if (!s) WARN_RETURN(kInvalidUsage, "NET/tandem: closeSend: %p is no send comm", send_comm);
     uint64_t h = reinterpret_cast<uintptr_t>(send_comm);
-    for (auto &[key, send] : s->waiting)
-        if (!send.eager) release_mr(send.mr);
+    for (auto &[key, send] : s->waiting) release_mr(send.mr);
     cancel_posted(s->posted);
     numbers_.erase(s->number);
     drop_requests(h);

@@ -94,7 +94,6 @@ Result Plugin::discover() {
     hints->domain_attr->mr_mode =
         FI_MR_LOCAL | FI_MR_VIRT_ADDR | FI_MR_ALLOCATED | FI_MR_PROV_KEY | FI_MR_HMEM;
     hints->domain_attr->threading = FI_THREAD_DOMAIN;
-    hints->tx_attr->msg_order = FI_ORDER_SAW;  // a write's announcement never overtakes it
     hints->mode = FI_CONTEXT | FI_CONTEXT2;
     fi_info *list = nullptr;
     int ret = fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, 0, hints, &list);
@@ -138,6 +137,7 @@ Result Plugin::discover() {
             std::make_unique<NetDevice>(uint8_t(devices_.size()), i, std::move(d), options_));
     }
     fi_freeinfo(list);
+    device_count_.store(devices_.size(), std::memory_order_release);
     return devices_.empty() ? kSystemError : kSuccess;
 }
 
@@ -176,8 +176,7 @@ Result Plugin::finalize(void *ctx) {
 
 Result Plugin::devices(int *count) {
     if (!count) return kInternalError;
-    std::lock_guard lk(mu_);
-    *count = int(devices_.size());
+    *count = int(device_count_.load(std::memory_order_acquire));
     return kSuccess;
 }
 
@@ -209,9 +208,9 @@ Result Plugin::properties(int dev, PropertiesV11 *props) {
 }
 
 NetDevice *Plugin::device(int dev, const char *call) {
-    std::lock_guard lk(mu_);
-    if (dev < 0 || size_t(dev) >= devices_.size()) {
-        NCCL_TANDEM_WARN("NET/tandem: %s: no device %d (%zu devices)", call, dev, devices_.size());
+    size_t count = device_count_.load(std::memory_order_acquire);
+    if (dev < 0 || size_t(dev) >= count) {
+        NCCL_TANDEM_WARN("NET/tandem: %s: no device %d (%zu devices)", call, dev, count);
         return nullptr;
     }
     return devices_[size_t(dev)].get();
@@ -219,9 +218,9 @@ NetDevice *Plugin::device(int dev, const char *call) {
 
 NetDevice *Plugin::device_of(const void *handle, const char *call) {
     HandleBits b = HandleBits::decode(handle);
-    std::lock_guard lk(mu_);
     if (uint8_t(b.kind) < uint8_t(HandleKind::Listen) ||
-        uint8_t(b.kind) > uint8_t(HandleKind::Memory) || b.device >= devices_.size()) {
+        uint8_t(b.kind) > uint8_t(HandleKind::Memory) ||
+        b.device >= device_count_.load(std::memory_order_acquire)) {
         NCCL_TANDEM_WARN("NET/tandem: %s: %p is none of the plugin's handles", call, handle);
         return nullptr;
     }

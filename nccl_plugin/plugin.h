@@ -6,6 +6,7 @@
 #include "nccl_plugin/nccl_net_abi.h"
 #include "nccl_plugin/net_device.h"
 
+#include <atomic>
 #include <memory>
 #include <vector>
 
@@ -41,7 +42,10 @@ class Plugin {
     bool discovered_ = false;
     Result discovery_result_ = kSuccess;
     Options options_;
+    // Filled once, by discover(); device_count_ publishes it, so that the calls of every
+    // message find their device without a lock.
     std::vector<std::unique_ptr<NetDevice>> devices_;
+    std::atomic<size_t> device_count_{0};
     int contexts_ = 0;
 };
 

@@ -368,7 +368,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // from one peer that need answers skips building its key.
     std::string last_sender_;
     PeerLink *last_sender_link_ = nullptr;
-    std::chrono::steady_clock::time_point next_check_{};
+    int64_t next_check_ms_ = 0;  // coarse_now_ms() of the next liveness check
 
     // ep/cell_send.cpp
     size_t backlogged_ = 0;  // links with cells waiting for room in their peer's ring

@@ -206,16 +206,23 @@ if [ "$nccl" = 1 ]; then
     nccl_one() {
         local path=$1 what=$2 loc=1
         [ "$path" = link ] && loc=0
-        local -a cmd=("$nb" -w 32 -S 64k,1m,16m) col=2
-        [ "$what" = raw ] && cmd=("$tb" -p tandem -t bw -w 32 -S 64k,1m,16m -T 140) col=3
-        if ! timeout 150 env FI_PROVIDER_PATH="$build/lib" FI_PROVIDER=tandem FI_TANDEM_LOCAL=$loc \
-            LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" NCCL_NET_PLUGIN=tandem \
-            "${cmd[@]}" >"$out" 2>&1; then
-            echo "  $path/$what: FAILED:"
-            sed 's/^/    /' "$out"
-            failed=1
-            return
-        fi
+        local size iters col=2
+        : >"$out"
+        # Each size its own run, with a window count that moves 4 to 16 GiB (a run of the
+        # programs' default ~1 GiB lasts a tenth of a second here, and its figure varied by 15%).
+        for size in 64k:2000 1m:400 16m:30; do
+            iters=${size#*:} size=${size%%:*}
+            local -a cmd=("$nb" -w 32 -S "$size" -i "$iters")
+            [ "$what" = raw ] && cmd=("$tb" -p tandem -t bw -w 32 -S "$size" -i "$iters" -T 140) col=3
+            if ! timeout 150 env FI_PROVIDER_PATH="$build/lib" FI_PROVIDER=tandem FI_TANDEM_LOCAL=$loc \
+                LD_LIBRARY_PATH="$build/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" NCCL_NET_PLUGIN=tandem \
+                "${cmd[@]}" >>"$out" 2>&1; then
+                echo "  $path/$what: FAILED:"
+                sed 's/^/    /' "$out"
+                failed=1
+                return
+            fi
+        done
         awk -v k="$path/$what" -v c=$col '!/^#/ && NF >= c && $1 ~ /^[0-9]+$/ { print k, $1, $c }' "$out" >>"$results"
         printf '  %-12s' "$path/$what"
         awk -v c=$col '!/^#/ && NF >= c && $1 ~ /^[0-9]+$/ { printf " %9s B %9s MB/s", $1, $c }' "$out"

@@ -1,6 +1,7 @@
 #include "main_prov/link/tcp_link.h"
 
 #include "common/fabric_error.h"
+#include "common/coarse_clock.h"
 #include "common/iov.h"
 #include "common/log.h"
 
@@ -1365,11 +1366,7 @@ void TcpTransport::progress(bool check_all) {
     // node-local ping-pong.) Passes far apart would stretch that to seconds: who progresses
     // rarely asks for the check (check_all, progress_now).
     int64_t now_ms = last_full_ms_;
-    if (passes_ % 16 == 0) {
-        timespec now;
-        clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
-        now_ms = int64_t(now.tv_sec) * 1000 + now.tv_nsec / 1000000;
-    }
+    if (passes_ % 16 == 0) now_ms = coarse_now_ms();
     bool full = check_all || conns_.size() > kDirectPollConnections ||
                 passes_ % kListenerCheckPasses == 0 || now_ms != last_full_ms_;
     bool direct = !full;

@@ -3,6 +3,7 @@
 // owner's CQ, kept in order for the next call when it has no room.
 #include "offload_prov/endpoint.h"
 
+#include "common/coarse_clock.h"
 #include "common/iov.h"
 #include "common/log.h"
 #include "offload_prov/cq.h"
@@ -60,9 +61,9 @@ void Endpoint::progress() {
     ++passes_;
     if (passes_ % 1024 == 0 || (atomics_pending_ && passes_ % 32 == 0) || !pending_.empty() ||
         !splits_.empty() || !restaging_.empty()) {
-        auto now = std::chrono::steady_clock::now();
-        if (now >= next_check_) {
-            next_check_ = now + std::chrono::milliseconds(200);
+        int64_t now = coarse_now_ms();
+        if (now >= next_check_ms_) {
+            next_check_ms_ = now + 200;
             check_peers();
         }
     }
