@@ -45,6 +45,8 @@
 #include <memory>
 #include <mutex>
 #include <ostream>
+#include <deque>
+#include <thread>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -1391,6 +1393,143 @@ TEST_P(Progress, SendCompletesWhileTheReceiverMakesNoCalls) {
 // above tandem's link eager limit (64 KiB).
 INSTANTIATE_TEST_SUITE_P(Sizes, Progress, ::testing::Values(100, 64 * KiB + 1, 1 * MiB),
                          [](const auto &info) { return cat(info.param, "B"); });
+
+// ---- several threads on one device -------------------------------------------------------
+
+// NCCL's proxy threads of different communicators share the plugin's device (one endpoint):
+// kThreads connections, each streamed by its own thread at both ends at the same time, every
+// message checked. Each thread keeps kWindow transfers in flight from (into) its own buffers;
+// the sizes cycle through eager and written ones. Run under ThreadSanitizer by scripts/tsan.sh.
+constexpr int kThreads = 4, kWindow = 8, kMessages = 300;
+constexpr size_t kThreadSizes[] = {0, 100, 4096, 70000, 300000};
+constexpr size_t kThreadSlot = 300000;
+
+uint32_t thread_seed(int t, int i) {
+    return uint32_t(t * 100003 + i);
+}
+
+// One thread's stream: "" when every message arrived whole, else what went wrong.
+std::string stream_receiver(const tn::NetV11 *t, void *rcomm, int th) {
+    std::vector<uint8_t> bufs(size_t(kWindow) * kThreadSlot);
+    void *mh = nullptr;
+    if (t->reg_mr(rcomm, bufs.data(), bufs.size(), tn::kPtrHost, &mh) != tn::kSuccess)
+        return "regMr failed";
+    std::deque<std::pair<void *, int>> inflight;
+    auto finish = [&](void *req, int i) -> std::string {
+        int done = 0, size = -1;
+        for (auto until = Clock::now() + kWait; !done;) {
+            if (tn::Result rc = t->test(req, &done, &size); rc != tn::kSuccess)
+                return cat("test of message ", i, " gives ", rc_name(rc));
+            if (Clock::now() > until) return cat("message ", i, " never arrived");
+        }
+        const size_t want = kThreadSizes[i % std::size(kThreadSizes)];
+        if (size != int(want)) return cat("message ", i, ": size ", size, ", expected ", want);
+        const uint8_t *b = bufs.data() + size_t(i % kWindow) * kThreadSlot;
+        for (size_t k = 0; k < want; ++k)
+            if (b[k] != pattern(k, thread_seed(th, i))) return cat("message ", i, ": byte ", k);
+        return "";
+    };
+    for (int i = 0; i < kMessages; ++i) {
+        if (int(inflight.size()) == kWindow) {
+            if (std::string e = finish(inflight.front().first, inflight.front().second); !e.empty())
+                return e;
+            inflight.pop_front();
+        }
+        void *data = bufs.data() + size_t(i % kWindow) * kThreadSlot, *req = nullptr;
+        size_t size = kThreadSlot;
+        int tag = th;
+        for (auto until = Clock::now() + kWait; !req;) {
+            if (t->irecv(rcomm, 1, &data, &size, &tag, &mh, nullptr, &req) != tn::kSuccess)
+                return cat("irecv of message ", i, " failed");
+            if (Clock::now() > until) return "irecv never took a receive";
+        }
+        inflight.emplace_back(req, i);
+    }
+    for (auto &[req, i] : inflight)
+        if (std::string e = finish(req, i); !e.empty()) return e;
+    return t->dereg_mr(rcomm, mh) == tn::kSuccess ? "" : "deregMr failed";
+}
+
+std::string stream_sender(const tn::NetV11 *t, void *scomm, int th) {
+    std::vector<uint8_t> bufs(size_t(kWindow) * kThreadSlot);
+    void *mh = nullptr;
+    if (t->reg_mr(scomm, bufs.data(), bufs.size(), tn::kPtrHost, &mh) != tn::kSuccess)
+        return "regMr failed";
+    std::deque<std::pair<void *, int>> inflight;
+    auto finish = [&](void *req, int i) -> std::string {
+        int done = 0, size = -1;
+        for (auto until = Clock::now() + kWait; !done;) {
+            if (tn::Result rc = t->test(req, &done, &size); rc != tn::kSuccess)
+                return cat("test of send ", i, " gives ", rc_name(rc));
+            if (Clock::now() > until) return cat("send ", i, " never completed");
+        }
+        return "";
+    };
+    for (int i = 0; i < kMessages; ++i) {
+        if (int(inflight.size()) == kWindow) {
+            if (std::string e = finish(inflight.front().first, inflight.front().second); !e.empty())
+                return e;
+            inflight.pop_front();
+        }
+        uint8_t *b = bufs.data() + size_t(i % kWindow) * kThreadSlot;
+        const size_t size = kThreadSizes[i % std::size(kThreadSizes)];
+        for (size_t k = 0; k < size; ++k) b[k] = pattern(k, thread_seed(th, i));
+        void *req = nullptr;
+        for (auto until = Clock::now() + kWait; !req;) {
+            if (t->isend(scomm, b, size, th, mh, nullptr, &req) != tn::kSuccess)
+                return cat("isend of message ", i, " failed");
+            if (Clock::now() > until) return "isend never took a send";
+        }
+        inflight.emplace_back(req, i);
+    }
+    for (auto &[req, i] : inflight)
+        if (std::string e = finish(req, i); !e.empty()) return e;
+    return t->dereg_mr(scomm, mh) == tn::kSuccess ? "" : "deregMr failed";
+}
+
+// Runs body(comm, thread) on kThreads threads at once; the failures, named by thread.
+bool run_threads(Report &r, const std::vector<void *> &comms,
+                 const std::function<std::string(void *, int)> &body) {
+    std::vector<std::string> errors(comms.size());
+    std::vector<std::thread> threads;
+    for (size_t th = 0; th < comms.size(); ++th)
+        threads.emplace_back([&, th] { errors[th] = body(comms[th], int(th)); });
+    for (auto &t : threads) t.join();
+    bool ok = true;
+    for (size_t th = 0; th < errors.size(); ++th)
+        if (!errors[th].empty()) ok = N_FAIL(r, "thread ", th, ": ", errors[th]);
+    return ok;
+}
+
+TEST(Threads, FourConnectionsStreamedAtOnce) {
+    run_pair(
+        [](Report &r, Link &l) {
+            Net<tn::NetV11> net;
+            N_TRY(open_net(r, net));
+            std::vector<void *> lcomms(kThreads), rcomms(kThreads);
+            for (int th = 0; th < kThreads; ++th)
+                N_TRY(accept_conn(r, l, net, &lcomms[th], &rcomms[th]));
+            N_TRY(run_threads(r, rcomms,
+                              [&](void *c, int th) { return stream_receiver(net.t, c, th); }));
+            N_TRY(both_done(r, l, /*receiver=*/true));
+            for (int th = 0; th < kThreads; ++th) {
+                N_OK(r, net.t->close_recv(rcomms[th]));
+                N_OK(r, net.t->close_listen(lcomms[th]));
+            }
+            return close_net(r, net);
+        },
+        [](Report &r, Link &l) {
+            Net<tn::NetV11> net;
+            N_TRY(open_net(r, net));
+            std::vector<void *> scomms(kThreads);
+            for (int th = 0; th < kThreads; ++th) N_TRY(connect_conn(r, l, net, &scomms[th]));
+            N_TRY(run_threads(r, scomms,
+                              [&](void *c, int th) { return stream_sender(net.t, c, th); }));
+            N_TRY(both_done(r, l, /*receiver=*/false));
+            for (int th = 0; th < kThreads; ++th) N_OK(r, net.t->close_send(scomms[th]));
+            return close_net(r, net);
+        });
+}
 
 // ---- NCCL_TANDEM_P2P ----------------------------------------------------------------------
 
