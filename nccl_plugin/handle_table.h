@@ -75,6 +75,12 @@ class HandleTable {
         free_.push_back(slot);
     }
     size_t live() const { return slots_.size() - free_.size(); }
+    // Frees every object; generations go on, so that no handle of before names one of after.
+    void clear() {
+        for (uint32_t i = 0; i < slots_.size(); ++i)
+            if (slots_[i].live)
+                remove(HandleBits{kind_, device_, slots_[i].generation, i}.encode());
+    }
     template <typename F>
     void for_each(F &&f) {
         for (Slot &s : slots_)

@@ -140,11 +140,11 @@ void NetDevice::close_locked() {
 void NetDevice::shut_down() {
     std::lock_guard lk(mu_);
     close_locked();
-    listens_ = HandleTable<ListenComm>(HandleKind::Listen, index_);
-    sends_ = HandleTable<SendComm>(HandleKind::Send, index_);
-    recvs_ = HandleTable<RecvComm>(HandleKind::Recv, index_);
-    requests_ = HandleTable<Request>(HandleKind::Request, index_);
-    memory_ = HandleTable<MemHandle>(HandleKind::Memory, index_);
+    listens_.clear();
+    sends_.clear();
+    recvs_.clear();
+    requests_.clear();
+    memory_.clear();
     numbers_.clear();
 }
 
@@ -635,9 +635,12 @@ Result NetDevice::connect(void *handle, void **send_comm) {
     c.nonce = in.nonce;
     std::memcpy(c.addr, name_.data(), name_len_);
     ssize_t sret;
-    while ((sret = fi_tsend(ep_, &c, sizeof c, nullptr, peer,
-                            wire::nccl_tag(NcclTagKind::Connect, in.listen_comm, 0, 0),
-                            &hello->ctx)) == -FI_EAGAIN)
+    for (int attempt = 0;
+         (sret = fi_tsend(ep_, &c, sizeof c, nullptr, peer,
+                          wire::nccl_tag(NcclTagKind::Connect, in.listen_comm, 0, 0),
+                          &hello->ctx)) == -FI_EAGAIN &&
+         attempt < 1000;
+         ++attempt)
         progress_locked();
     if (sret) {
         ops_.erase(hello);
@@ -684,9 +687,11 @@ Result NetDevice::accept(void *listen_comm, void **recv_comm) {
     c.comm = number;
     c.nonce = l->nonce;
     ssize_t sret;
-    while ((sret = fi_tsend(ep_, &c, sizeof c, nullptr, peer,
-                            wire::nccl_tag(NcclTagKind::Accept, l->peer.comm, 0, 0), &op->ctx)) ==
-           -FI_EAGAIN)
+    for (int attempt = 0; (sret = fi_tsend(ep_, &c, sizeof c, nullptr, peer,
+                                           wire::nccl_tag(NcclTagKind::Accept, l->peer.comm, 0, 0),
+                                           &op->ctx)) == -FI_EAGAIN &&
+                          attempt < 1000;
+         ++attempt)
         progress_locked();
     if (sret) {
         ops_.erase(op);

@@ -2,8 +2,9 @@
 # Builds tandem with ThreadSanitizer into ${BUILD_DIR:-build-tsan} and runs the suites where
 # several threads use one domain, fabric or wait set at once (FI_THREAD_SAFE stress, EQ and CQ
 # readers beside connections that come and go, FI_THREAD_DOMAIN with an EQ reader, wait
-# sets, the NCCL plugin streamed by several threads). A race or lock-order inversion TSan reports fails its test, and so does a lock
-# taken against tandem's order (main_prov/lock_order.h, checked in sanitizer builds).
+# sets, the NCCL plugin's connections streamed by several threads). A race or lock-order
+# inversion TSan reports fails its test, and so does a lock taken against tandem's order
+# (main_prov/lock_order.h, checked in sanitizer builds).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 export BUILD_DIR=${BUILD_DIR:-$root/build-tsan}
