@@ -103,7 +103,7 @@ struct Plugin {
         std::string lib = std::string("libnccl-net-") + (name && *name ? name : "tandem") + ".so";
         void *h = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
         if (!h) die("dlopen(%s): %s", lib.c_str(), dlerror());
-        net = static_cast<NetV11 *>(dlsym(h, "ncclNetPlugin_v11"));
+        net = static_cast<NetV11 *>(dlsym(h, NetV11::kSymbol));
         if (!net) die("%s has no ncclNetPlugin_v11", lib.c_str());
         CommConfig config{-1};
         CHECK(net->init(&ctx, 1, &config, logger, nullptr));
@@ -150,15 +150,40 @@ uint8_t pattern(uint64_t i, uint64_t size) {
     return uint8_t(i * 131 + size * 7 + 1);
 }
 
-void receiver(int sock, const Options &o) {
+// A process's two connections (data: sender to receiver; ack: back) with their registered
+// buffers, set up in the order the other process expects, and closed at the end.
+struct Connections {
     Plugin p;
-    void *data = p.accept_from(sock);
-    void *ack = p.connect_to(sock);
-    uint64_t biggest = *std::max_element(o.sizes.begin(), o.sizes.end());
-    std::vector<uint8_t> buf(biggest), word(8);
-    void *mh, *ack_mh;
-    CHECK(p.net->reg_mr(data, buf.data(), buf.size(), kPtrHost, &mh));
-    CHECK(p.net->reg_mr(ack, word.data(), word.size(), kPtrHost, &ack_mh));
+    bool receiving;
+    void *data = nullptr, *ack = nullptr, *mh = nullptr, *ack_mh = nullptr;
+    std::vector<uint8_t> buf, word = std::vector<uint8_t>(8);
+
+    Connections(int sock, const Options &o, bool receiving_) : receiving(receiving_) {
+        if (receiving) {
+            data = p.accept_from(sock);
+            ack = p.connect_to(sock);
+        } else {
+            data = p.connect_to(sock);
+            ack = p.accept_from(sock);
+        }
+        buf.resize(*std::max_element(o.sizes.begin(), o.sizes.end()));
+        CHECK(p.net->reg_mr(data, buf.data(), buf.size(), kPtrHost, &mh));
+        CHECK(p.net->reg_mr(ack, word.data(), word.size(), kPtrHost, &ack_mh));
+    }
+    ~Connections() {
+        CHECK(p.net->dereg_mr(data, mh));
+        CHECK(p.net->dereg_mr(ack, ack_mh));
+        CHECK(receiving ? p.net->close_recv(data) : p.net->close_send(data));
+        CHECK(receiving ? p.net->close_send(ack) : p.net->close_recv(ack));
+        CHECK(p.net->finalize(p.ctx));
+    }
+};
+
+void receiver(int sock, const Options &o) {
+    Connections c(sock, o, true);
+    Plugin &p = c.p;
+    void *data = c.data, *ack = c.ack, *mh = c.mh, *ack_mh = c.ack_mh;
+    std::vector<uint8_t> &buf = c.buf, &word = c.word;
     std::vector<void *> reqs(size_t(o.window));
     for (uint64_t size : o.sizes) {
         unsigned warmup, iters;
@@ -180,22 +205,13 @@ void receiver(int sock, const Options &o) {
             p.wait(p.isend(ack, word.data(), word.size(), ack_mh));
         }
     }
-    CHECK(p.net->dereg_mr(data, mh));
-    CHECK(p.net->dereg_mr(ack, ack_mh));
-    CHECK(p.net->close_recv(data));
-    CHECK(p.net->close_send(ack));
-    CHECK(p.net->finalize(p.ctx));
 }
 
 void sender(int sock, const Options &o) {
-    Plugin p;
-    void *data = p.connect_to(sock);
-    void *ack = p.accept_from(sock);
-    uint64_t biggest = *std::max_element(o.sizes.begin(), o.sizes.end());
-    std::vector<uint8_t> buf(biggest), word(8);
-    void *mh, *ack_mh;
-    CHECK(p.net->reg_mr(data, buf.data(), buf.size(), kPtrHost, &mh));
-    CHECK(p.net->reg_mr(ack, word.data(), word.size(), kPtrHost, &ack_mh));
+    Connections c(sock, o, false);
+    Plugin &p = c.p;
+    void *data = c.data, *ack = c.ack, *mh = c.mh, *ack_mh = c.ack_mh;
+    std::vector<uint8_t> &buf = c.buf, &word = c.word;
     std::vector<void *> reqs(size_t(o.window));
     printf("# %12s %14s\n", "size", "plugin_bw_MB/s");
     for (uint64_t size : o.sizes) {
@@ -214,11 +230,6 @@ void sender(int sock, const Options &o) {
         printf("  %12llu %14.1f\n", (unsigned long long)size, double(size) * o.window * iters / us);
         fflush(stdout);
     }
-    CHECK(p.net->dereg_mr(data, mh));
-    CHECK(p.net->dereg_mr(ack, ack_mh));
-    CHECK(p.net->close_send(data));
-    CHECK(p.net->close_recv(ack));
-    CHECK(p.net->finalize(p.ctx));
 }
 
 void usage() {

@@ -165,8 +165,13 @@ struct PropertiesV11 {
 };
 
 // ---- the tables --------------------------------------------------------------------------------
+// Each names its version, the symbol NCCL looks it up by, and its properties' layout (static
+// members: no part of the layout).
 
 struct NetV6 {
+    static constexpr int kVersion = 6;
+    static constexpr const char *kSymbol = "ncclNetPlugin_v6";
+    using Properties = PropertiesV6;
     const char *name;
     Result (*init)(Logger);
     Result (*devices)(int *ndev);
@@ -191,12 +196,15 @@ struct NetV6 {
 
 // v7: v6 plus device handles on connect/accept, getDeviceMr and irecvConsumed. v8 is the same
 // with regMr's size a size_t and regIsGlobal in the properties.
-template <typename Properties, typename RegSize>
+template <int V, typename Props, typename RegSize>
 struct NetV7Layout {
+    static constexpr int kVersion = V;
+    static constexpr const char *kSymbol = V == 7 ? "ncclNetPlugin_v7" : "ncclNetPlugin_v8";
+    using Properties = Props;
     const char *name;
     Result (*init)(Logger);
     Result (*devices)(int *ndev);
-    Result (*get_properties)(int dev, Properties *props);
+    Result (*get_properties)(int dev, Props *props);
     Result (*listen)(int dev, void *handle, void **listen_comm);
     Result (*connect)(int dev, void *handle, void **send_comm, DeviceHandle **send_dev_comm);
     Result (*accept)(void *listen_comm, void **recv_comm, DeviceHandle **recv_dev_comm);
@@ -216,11 +224,14 @@ struct NetV7Layout {
     Result (*get_device_mr)(void *comm, void *mhandle, void **dptr_mhandle);
     Result (*irecv_consumed)(void *recv_comm, int n, void *request);
 };
-using NetV7 = NetV7Layout<PropertiesV7, int>;
-using NetV8 = NetV7Layout<PropertiesV8, size_t>;
+using NetV7 = NetV7Layout<7, PropertiesV7, int>;
+using NetV8 = NetV7Layout<8, PropertiesV8, size_t>;
 
 // v9: size_t message sizes, makeVDevice.
 struct NetV9 {
+    static constexpr int kVersion = 9;
+    static constexpr const char *kSymbol = "ncclNetPlugin_v9";
+    using Properties = PropertiesV9;
     const char *name;
     Result (*init)(Logger);
     Result (*devices)(int *ndev);
@@ -249,6 +260,9 @@ struct NetV9 {
 
 // v10: the profiler callback in init, the config in connect, profiler handles on isend/irecv.
 struct NetV10 {
+    static constexpr int kVersion = 10;
+    static constexpr const char *kSymbol = "ncclNetPlugin_v10";
+    using Properties = PropertiesV9;
     const char *name;
     Result (*init)(Logger, ProfilerCallback);
     Result (*devices)(int *ndev);
@@ -278,6 +292,9 @@ struct NetV10 {
 
 // v11: a context per communicator (from init, into listen/connect), finalize, setNetAttr.
 struct NetV11 {
+    static constexpr int kVersion = 11;
+    static constexpr const char *kSymbol = "ncclNetPlugin_v11";
+    using Properties = PropertiesV11;
     const char *name;
     Result (*init)(void **ctx, uint64_t comm_id, CommConfig *config, Logger, ProfilerCallback);
     Result (*devices)(int *ndev);

@@ -337,45 +337,6 @@ void run_one(std::function<bool(Report &)> body) {
 
 // ---- the plugin, as NCCL loads it ------------------------------------------------------------
 
-template <typename T>
-struct Traits;
-template <>
-struct Traits<tn::NetV11> {
-    static constexpr int kV = 11;
-    using Props = tn::PropertiesV11;
-    static constexpr const char *kSym = "ncclNetPlugin_v11";
-};
-template <>
-struct Traits<tn::NetV10> {
-    static constexpr int kV = 10;
-    using Props = tn::PropertiesV9;
-    static constexpr const char *kSym = "ncclNetPlugin_v10";
-};
-template <>
-struct Traits<tn::NetV9> {
-    static constexpr int kV = 9;
-    using Props = tn::PropertiesV9;
-    static constexpr const char *kSym = "ncclNetPlugin_v9";
-};
-template <>
-struct Traits<tn::NetV8> {
-    static constexpr int kV = 8;
-    using Props = tn::PropertiesV8;
-    static constexpr const char *kSym = "ncclNetPlugin_v8";
-};
-template <>
-struct Traits<tn::NetV7> {
-    static constexpr int kV = 7;
-    using Props = tn::PropertiesV7;
-    static constexpr const char *kSym = "ncclNetPlugin_v7";
-};
-template <>
-struct Traits<tn::NetV6> {
-    static constexpr int kV = 6;
-    using Props = tn::PropertiesV6;
-    static constexpr const char *kSym = "ncclNetPlugin_v6";
-};
-
 // The library NCCL loads for NCCL_NET_PLUGIN=<name>: libnccl-net-<name>.so, from the library
 // path, with RTLD_NOW | RTLD_LOCAL as NCCL does. Never closed (NCCL keeps it too).
 void *open_plugin(Report &r) {
@@ -399,8 +360,8 @@ template <typename T>
 const T *load_table(Report &r) {
     void *h = open_plugin(r);
     if (!h) return nullptr;
-    auto *t = static_cast<const T *>(dlsym(h, Traits<T>::kSym));
-    if (!t) N_FAIL(r, "the plugin exports no ", Traits<T>::kSym);
+    auto *t = static_cast<const T *>(dlsym(h, T::kSymbol));
+    if (!t) N_FAIL(r, "the plugin exports no ", T::kSymbol);
     return t;
 }
 
@@ -410,8 +371,8 @@ const T *load_table(Report &r) {
 template <typename T>
 class Net {
   public:
-    static constexpr int kV = Traits<T>::kV;
-    using Props = typename Traits<T>::Props;
+    static constexpr int kV = T::kVersion;
+    using Props = typename T::Properties;
 
     const T *t = nullptr;
     void *ctx = nullptr;  // v11: init's per-communicator context
@@ -1163,21 +1124,20 @@ template <typename T>
 bool check_table(Report &r) {
     const T *t = load_table<T>(r);
     N_TRY(t);
-    N_CHECK(r, t->name && std::string(t->name) == "tandem", Traits<T>::kSym, "'s name is \"",
+    N_CHECK(r, t->name && std::string(t->name) == "tandem", T::kSymbol, "'s name is \"",
             t->name ? t->name : "(null)", "\"");
     N_CHECK(r,
             t->init && t->devices && t->get_properties && t->listen && t->connect && t->accept &&
                 t->reg_mr && t->reg_mr_dmabuf && t->dereg_mr && t->isend && t->irecv && t->iflush &&
                 t->test && t->close_send && t->close_recv && t->close_listen,
-            Traits<T>::kSym, " lacks a call");
-    if constexpr (Traits<T>::kV >= 7)
-        N_CHECK(r, t->get_device_mr && t->irecv_consumed, Traits<T>::kSym,
+            T::kSymbol, " lacks a call");
+    if constexpr (T::kVersion >= 7)
+        N_CHECK(r, t->get_device_mr && t->irecv_consumed, T::kSymbol,
                 " lacks getDeviceMr or irecvConsumed");
-    if constexpr (Traits<T>::kV >= 9)
-        N_CHECK(r, t->make_vdevice == nullptr, Traits<T>::kSym, " has a makeVDevice");
-    if constexpr (Traits<T>::kV == 11)
-        N_CHECK(r, t->finalize && t->set_net_attr, Traits<T>::kSym,
-                " lacks finalize or setNetAttr");
+    if constexpr (T::kVersion >= 9)
+        N_CHECK(r, t->make_vdevice == nullptr, T::kSymbol, " has a makeVDevice");
+    if constexpr (T::kVersion == 11)
+        N_CHECK(r, t->finalize && t->set_net_attr, T::kSymbol, " lacks finalize or setNetAttr");
     return true;
 }
 
@@ -1341,6 +1301,27 @@ TEST(DmaBuf, RegisteredFromFdAndOffset) {
 // Once its receive completed, an NCCL rank with nothing else posted makes no plugin calls (the
 // proxy calls test only on active operations): the sender's matching send must complete all the
 // same. The receiver here checks its data, then only waits for the sender's verdict.
+// The sender of Progress and Teardown: one `len` B message of pattern(seed) from host memory,
+// its completion awaited (then "send done" to the receiver, whatever came of it), and closing.
+bool send_and_tell(Report &r, Link &l, size_t len, uint32_t seed, const char *receiver_does) {
+    Net<tn::NetV11> net;
+    void *scomm;
+    N_TRY(open_net(r, net));
+    N_TRY(connect_conn(r, l, net, &scomm));
+    Buf buf;
+    void *mh = nullptr, *req;
+    N_TRY(send_source(r, net, scomm, buf, false, len, seed, &mh));
+    const std::string what = cat("a ", len, " B send ", receiver_does);
+    N_TRY(post_send(r, l, net, scomm, buf.ptr(), len, 1, mh, &req, what));
+    std::vector<int> got;
+    bool ok = wait_done(r, l, net, req, 1, got, what);
+    N_TRY(l.tell(r, "send done"));
+    N_TRY(ok);
+    N_OK(r, net.t->dereg_mr(scomm, mh));
+    N_OK(r, net.t->close_send(scomm));
+    return close_net(r, net);
+}
+
 class Progress : public ::testing::TestWithParam<size_t> {};
 
 TEST_P(Progress, SendCompletesWhileTheReceiverMakesNoCalls) {
@@ -1370,27 +1351,12 @@ TEST_P(Progress, SendCompletesWhileTheReceiverMakesNoCalls) {
             return close_net(r, net);
         },
         [len, seed](Report &r, Link &l) {
-            Net<tn::NetV11> net;
-            void *scomm;
-            N_TRY(open_net(r, net));
-            N_TRY(connect_conn(r, l, net, &scomm));
-            Buf buf;
-            void *mh = nullptr, *req;
-            N_TRY(send_source(r, net, scomm, buf, false, len, seed, &mh));
-            const std::string what = cat("a ", len, " B send whose receiver makes no more calls");
-            N_TRY(post_send(r, l, net, scomm, buf.ptr(), len, 1, mh, &req, what));
-            std::vector<int> got;
-            bool ok = wait_done(r, l, net, req, 1, got, what);
-            N_TRY(l.tell(r, "send done"));
-            N_TRY(ok);
-            N_OK(r, net.t->dereg_mr(scomm, mh));
-            N_OK(r, net.t->close_send(scomm));
-            return close_net(r, net);
+            return send_and_tell(r, l, len, seed, "whose receiver makes no more calls");
         });
 }
 
-// Below and above the plugin's eager limit (8 KiB by default: larger sends are written), and
-// above tandem's link eager limit (64 KiB).
+// Below and above the plugin's eager limit (64 KiB by default, as tandem's link eager limit:
+// larger sends are written).
 INSTANTIATE_TEST_SUITE_P(Sizes, Progress, ::testing::Values(100, 64 * KiB + 1, 1 * MiB),
                          [](const auto &info) { return cat(info.param, "B"); });
 
@@ -1673,22 +1639,7 @@ TEST_P(Teardown, ReceiverClosesRightAfterItsReceive) {
             return l.expect(r, "send done");
         },
         [len, seed](Report &r, Link &l) {
-            Net<tn::NetV11> net;
-            void *scomm;
-            N_TRY(open_net(r, net));
-            N_TRY(connect_conn(r, l, net, &scomm));
-            Buf buf;
-            void *mh = nullptr, *req;
-            N_TRY(send_source(r, net, scomm, buf, false, len, seed, &mh));
-            const std::string what = cat("a ", len, " B send whose receiver closed once it had it");
-            N_TRY(post_send(r, l, net, scomm, buf.ptr(), len, 1, mh, &req, what));
-            std::vector<int> got;
-            bool ok = wait_done(r, l, net, req, 1, got, what);
-            N_TRY(l.tell(r, "send done"));
-            N_TRY(ok);
-            N_OK(r, net.t->dereg_mr(scomm, mh));
-            N_OK(r, net.t->close_send(scomm));
-            return close_net(r, net);
+            return send_and_tell(r, l, len, seed, "whose receiver closed once it had it");
         });
 }
 
