@@ -432,5 +432,7 @@ struct NcclCts {
 static_assert(sizeof(NcclCts) == 32 && std::is_trivially_copyable_v<NcclCts>);
 inline constexpr size_t kNcclCtsBatch = 64;  // 2 KiB: under tandem's inject size
 inline constexpr uint64_t kNcclFinTruncated = uint64_t(1) << 63;
+// ... or kNcclFinFailed | the send's size when the write failed (the buffer holds nothing usable).
+inline constexpr uint64_t kNcclFinFailed = uint64_t(1) << 62;
 
 }  // namespace tandem::wire

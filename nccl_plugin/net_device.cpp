@@ -319,7 +319,13 @@ void NetDevice::complete(Op *op, uint64_t flags, size_t len, uint64_t data) {
             if (Request *r = requests_.find(op->request)) {
                 if (flags & FI_REMOTE_CQ_DATA) {
                     // The announcement of a write.
-                    if (data & wire::kNcclFinTruncated) {
+                    if (data & wire::kNcclFinFailed) {
+                        NCCL_TANDEM_WARN(
+                            "NET/tandem: the sender's write of %llu B into a "
+                            "receive buffer failed (its log has the cause)",
+                            (unsigned long long)(data & ~wire::kNcclFinFailed));
+                        error = kSystemError;
+                    } else if (data & wire::kNcclFinTruncated) {
                         NCCL_TANDEM_WARN(
                             "NET/tandem: a send of %llu B was refused by a receive buffer of its "
                             "tag of smaller size (NCCL sizes mismatch)",
@@ -404,6 +410,11 @@ void NetDevice::fail(Op *op, int err, const char *cause) {
         case OpKind::SendData:
         case OpKind::Write:
         case OpKind::RecvData:
+            // A failed write still ends the receive it was for, failed: it waits for nothing.
+            if (op->kind == OpKind::Write)
+                if (SendComm *c = sends_.find(op->comm))
+                    send_control(c->peer, op->fin_tag, nullptr, 0,
+                                 wire::kNcclFinFailed | op->fin_size, true);
             if (requests_.find(op->request))
                 NCCL_TANDEM_WARN("NET/tandem: %s failed: %s (%s)",
                                  op->kind == OpKind::RecvData ? "a receive"
@@ -457,8 +468,8 @@ bool NetDevice::flush_writes() {
     return true;
 }
 
-// A large send with its clear-to-send: the write, then its announcement; or, into a buffer too
-// small, only the announcement that it was refused, and both ends fail it.
+// A large send with its clear-to-send: the write (announced when it completes, or fails); or,
+// into a buffer too small, only the announcement that it was refused, and both ends fail it.
 bool NetDevice::start_write(const QueuedWrite &w) {
     SendComm *comm = sends_.find(w.comm);
     if (!comm) {  // closed meanwhile
@@ -497,7 +508,7 @@ bool NetDevice::start_write(const QueuedWrite &w) {
         op->request = 0;
         finish_op(op);
         sub_done(w.send.request, kSystemError);
-        send_control(comm->peer, fin_tag, nullptr, 0, wire::kNcclFinTruncated | w.send.size, true);
+        send_control(comm->peer, fin_tag, nullptr, 0, wire::kNcclFinFailed | w.send.size, true);
         return true;
     }
     op->fin_tag = fin_tag;

@@ -1497,6 +1497,69 @@ TEST(Threads, FourConnectionsStreamedAtOnce) {
         });
 }
 
+// ---- a write that fails --------------------------------------------------------------------
+
+// The receiver's device faults on the copy that places a large send (written: above the eager
+// limit) into its CUDA buffer. The write fails at the sender, whose announcement then fails the
+// receive too: both tests give ncclSystemError, neither waits.
+TEST(Faults, WriteFailingAtTheTargetFailsBothEnds) {
+    if (!tandem_test::cuda_driver().emulated()) GTEST_SKIP() << "the fault needs the emulator";
+    const size_t len = MiB;
+    run_pair(
+        [len](Report &r, Link &l) {
+            Net<tn::NetV11> net;
+            void *lcomm, *rcomm;
+            N_TRY(open_net(r, net));
+            N_TRY(accept_conn(r, l, net, &lcomm, &rcomm));
+            Buf buf;
+            N_TRY(buf.alloc(r, true, len));
+            void *mh = nullptr, *req, *data = buf.ptr();
+            N_OK(r, net.reg_mr(rcomm, buf.ptr(), buf.len(), buf.type(), &mh));
+            void *driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+            auto *fail_after = driver ? reinterpret_cast<decltype(&emucuda_fail_after)>(
+                                            dlsym(driver, "emucuda_fail_after"))
+                                      : nullptr;
+            N_REQUIRE(r, fail_after, "the emulated driver has no emucuda_fail_after");
+            fail_after(EMUCUDA_FAIL_COPY, 0, 1, CUDA_ERROR_ILLEGAL_ADDRESS);
+            size_t posted = buf.len();
+            int tag = 5;
+            N_TRY(post_recv(r, l, net, rcomm, 1, &data, &posted, &tag, &mh, &req, "the message"));
+            tn::Result rc = tn::kSuccess;
+            N_TRY(poll_until(r, l, "the failed receive", [&]() -> int {
+                int done = 0, size = -1;
+                rc = net.t->test(req, &done, &size);
+                return rc != tn::kSuccess || done;
+            }));
+            N_CHECK(r, rc == tn::kSystemError, "the receive's test gives ", rc_name(rc));
+            N_TRY(both_done(r, l, /*receiver=*/true));
+            N_OK(r, net.t->dereg_mr(rcomm, mh));
+            N_OK(r, net.t->close_recv(rcomm));
+            N_OK(r, net.t->close_listen(lcomm));
+            return close_net(r, net);
+        },
+        [len](Report &r, Link &l) {
+            Net<tn::NetV11> net;
+            void *scomm;
+            N_TRY(open_net(r, net));
+            N_TRY(connect_conn(r, l, net, &scomm));
+            Buf buf;
+            void *mh = nullptr, *req;
+            N_TRY(send_source(r, net, scomm, buf, false, len, 0xfa11, &mh));
+            N_TRY(post_send(r, l, net, scomm, buf.ptr(), len, 5, mh, &req, "the message"));
+            tn::Result rc = tn::kSuccess;
+            N_TRY(poll_until(r, l, "the failed send", [&]() -> int {
+                int done = 0, size = -1;
+                rc = net.t->test(req, &done, &size);
+                return rc != tn::kSuccess || done;
+            }));
+            N_CHECK(r, rc == tn::kSystemError, "the send's test gives ", rc_name(rc));
+            N_TRY(both_done(r, l, /*receiver=*/false));
+            N_OK(r, net.t->dereg_mr(scomm, mh));
+            N_OK(r, net.t->close_send(scomm));
+            return close_net(r, net);
+        });
+}
+
 // ---- NCCL_TANDEM_P2P ----------------------------------------------------------------------
 
 // What the emulated driver counted in this process since the last reset.
