@@ -1499,6 +1499,20 @@ TEST(Threads, FourConnectionsStreamedAtOnce) {
 
 // ---- a write that fails --------------------------------------------------------------------
 
+// Tests `req` until it ends; it must end with `want`.
+bool test_fails_with(Report &r, Link &l, Net<tn::NetV11> &net, void *req, tn::Result want,
+                     const std::string &what) {
+    tn::Result rc = tn::kSuccess;
+    N_TRY(poll_until(r, l, cat("the end of ", what), [&]() -> int {
+        int done = 0, size = -1;
+        rc = net.t->test(req, &done, &size);
+        return rc != tn::kSuccess || done;
+    }));
+    N_CHECK(r, rc == want, "the test of ", what, " gives ", rc_name(rc), ", expected ",
+            rc_name(want));
+    return true;
+}
+
 // The receiver's device faults on the copy that places a large send (written: above the eager
 // limit) into its CUDA buffer. The write fails at the sender, whose announcement then fails the
 // receive too: both tests give ncclSystemError, neither waits.
@@ -1524,13 +1538,7 @@ TEST(Faults, WriteFailingAtTheTargetFailsBothEnds) {
             size_t posted = buf.len();
             int tag = 5;
             N_TRY(post_recv(r, l, net, rcomm, 1, &data, &posted, &tag, &mh, &req, "the message"));
-            tn::Result rc = tn::kSuccess;
-            N_TRY(poll_until(r, l, "the failed receive", [&]() -> int {
-                int done = 0, size = -1;
-                rc = net.t->test(req, &done, &size);
-                return rc != tn::kSuccess || done;
-            }));
-            N_CHECK(r, rc == tn::kSystemError, "the receive's test gives ", rc_name(rc));
+            N_TRY(test_fails_with(r, l, net, req, tn::kSystemError, "the receive"));
             N_TRY(both_done(r, l, /*receiver=*/true));
             N_OK(r, net.t->dereg_mr(rcomm, mh));
             N_OK(r, net.t->close_recv(rcomm));
@@ -1546,13 +1554,7 @@ TEST(Faults, WriteFailingAtTheTargetFailsBothEnds) {
             void *mh = nullptr, *req;
             N_TRY(send_source(r, net, scomm, buf, false, len, 0xfa11, &mh));
             N_TRY(post_send(r, l, net, scomm, buf.ptr(), len, 5, mh, &req, "the message"));
-            tn::Result rc = tn::kSuccess;
-            N_TRY(poll_until(r, l, "the failed send", [&]() -> int {
-                int done = 0, size = -1;
-                rc = net.t->test(req, &done, &size);
-                return rc != tn::kSuccess || done;
-            }));
-            N_CHECK(r, rc == tn::kSystemError, "the send's test gives ", rc_name(rc));
+            N_TRY(test_fails_with(r, l, net, req, tn::kSystemError, "the send"));
             N_TRY(both_done(r, l, /*receiver=*/false));
             N_OK(r, net.t->dereg_mr(scomm, mh));
             N_OK(r, net.t->close_send(scomm));
