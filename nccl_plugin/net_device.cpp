@@ -297,11 +297,12 @@ void NetDevice::sub_done(uint64_t request, Result error) {
     Request *r = requests_.find(request);
     if (!r) return;
     if (error != kSuccess && r->error == kSuccess) r->error = error;
-    --r->pending;
-    if (r->pending == 0)
+    if (--r->pending > 0) return;
+    if (r->send) {
         if (SendComm *s = sends_.find(r->comm)) --s->inflight;
-    if (r->pending == 0)
-        if (RecvComm *c = recvs_.find(r->comm)) --c->inflight;
+    } else if (RecvComm *c = recvs_.find(r->comm)) {
+        --c->inflight;
+    }
 }
 
 void NetDevice::complete(Op *op, uint64_t flags, size_t len, uint64_t data) {

@@ -293,6 +293,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
                  const wire::LocalIpc *ipc = nullptr);
     int deliver_ipc(fi_peer_rx_entry *entry, const hmem::MemRef *mem, const wire::LocalHeader &hdr,
                     const wire::LocalIpc *ipc, size_t n);
+    int copy_from_ipc(const wire::LocalHeader &hdr, const wire::LocalIpc *ipc, const iovec *to,
+                      const hmem::MemRef *to_mem, size_t nto, size_t len);
     int map_ipc(const wire::LocalHeader &hdr, const wire::LocalIpc *ipc, uint64_t local_device,
                 iovec *remote, hmem::MemRef *rmem);
     static int cma_read_staged(pid_t pid, const iovec *local, const hmem::MemRef *mem,

@@ -143,18 +143,24 @@ void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::str
 // when a buffer cannot be mapped here; another FI_* code when a copy fails.
 int Endpoint::deliver_ipc(fi_peer_rx_entry *entry, const hmem::MemRef *mem, const LocalHeader &hdr,
                           const wire::LocalIpc *ipc, size_t n) {
-    iovec remote[wire::kLocalMaxIov];
-    hmem::MemRef rmem[wire::kLocalMaxIov];
-    uint64_t device = mem && !mem[0].on_host() ? mem[0].device : UINT64_MAX;
-    if (int err = map_ipc(hdr, ipc, device, remote, rmem)) return err;
-    // Walk both lists; one copy per overlapping piece.
-    size_t count = std::min(entry->count, peer::kMaxEntryIov);
-    size_t done =
-        iov_walk2(entry->iov, count, remote, hdr.iov_count, n,
-                  [&](size_t i, uint8_t *dst, size_t j, uint8_t *src, size_t k) {
-                      return hmem::copy(mem ? mem[i] : hmem::kHost, dst, rmem[j], src, k) == 0;
-                  });
-    return done == n ? 0 : FI_EIO;
+    return copy_from_ipc(hdr, ipc, entry->iov, mem, std::min(entry->count, peer::kMaxEntryIov), n);
+}
+
+// `len` bytes of a peer's device buffers (LocalIpc entries), mapped here, copied into our list
+// `to` (where `to_mem` says, all host when null) by the devices' engines, one copy per
+// overlapping piece: an IpcRts's receive, an IpcWrite's region.
+int Endpoint::copy_from_ipc(const LocalHeader &hdr, const wire::LocalIpc *ipc, const iovec *to,
+                            const hmem::MemRef *to_mem, size_t nto, size_t len) {
+    iovec from[wire::kLocalMaxIov];
+    hmem::MemRef from_mem[wire::kLocalMaxIov];
+    uint64_t device = to_mem && !to_mem[0].on_host() ? to_mem[0].device : UINT64_MAX;
+    if (int err = map_ipc(hdr, ipc, device, from, from_mem)) return err;
+    size_t done = iov_walk2(to, nto, from, hdr.iov_count, len,
+                            [&](size_t i, uint8_t *dst, size_t j, uint8_t *src, size_t k) {
+                                return hmem::copy(to_mem ? to_mem[i] : hmem::kHost, dst,
+                                                  from_mem[j], src, k) == 0;
+                            });
+    return done == len ? 0 : FI_EIO;
 }
 
 // A peer's device buffers (hdr.iov_count LocalIpc entries) mapped here (cached), each mapped

@@ -118,18 +118,7 @@ void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const
             // The initiator's device buffers, mapped here; our region's device copies them in.
             wire::LocalIpc ipc[wire::kLocalMaxIov];  // (copied: the cell body is unaligned)
             memcpy(ipc, body, hdr.iov_count * sizeof(wire::LocalIpc));
-            iovec from[wire::kLocalMaxIov];
-            hmem::MemRef from_mem[wire::kLocalMaxIov];
-            uint64_t local_device = device ? pmem[0].device : UINT64_MAX;
-            status = map_ipc(hdr, ipc, local_device, from, from_mem);
-            if (!status) {
-                size_t done =
-                    iov_walk2(pieces, npieces, from, hdr.iov_count, len,
-                              [&](size_t i, uint8_t *dst, size_t j, uint8_t *src, size_t k) {
-                                  return hmem::copy(pmem[i], dst, from_mem[j], src, k) == 0;
-                              });
-                if (done != len) status = FI_EIO;
-            }
+            status = copy_from_ipc(hdr, ipc, pieces, pmem, npieces, len);
             break;
         }
         case LocalOp::WriteFrag:

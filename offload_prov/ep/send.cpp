@@ -223,8 +223,8 @@ void Endpoint::send_rts(PeerLink &link, LocalHeader hdr, Pending p) {
     push(link, hdr, body, n * sizeof(LocalIov));
 }
 
-// An IpcRts naming the sender's device buffers; false when some buffer has no IPC handle
-// (the driver refuses, or the memory is not device memory), and nothing was sent.
+// An IpcRts (or, op, an IpcWrite) naming our device buffers; false when some buffer has no IPC
+// handle (the driver refuses, or the memory is not device memory), and nothing was sent.
 bool Endpoint::post_ipc(PeerLink &link, LocalHeader hdr, const iovec *iov, const hmem::MemRef *mem,
                         size_t count, Pending p, LocalOp op) {
     wire::LocalIpc body[wire::kLocalMaxIov];
