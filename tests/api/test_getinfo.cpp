@@ -318,12 +318,16 @@ TEST(GetInfo, ThreadSafeIsOffered) {
         EXPECT_EQ(i->domain_attr->threading, FI_THREAD_SAFE);
 }
 
+// The interfaces that deserve a domain (docs/user-guide.md): an IPv4 address, up, and a
+// carrier (IFF_RUNNING). A bridge with no port up (docker0 before any container) has an
+// address and no carrier: nothing could reach an endpoint there.
 std::set<std::string> ipv4_interfaces() {
     std::set<std::string> names;
     ifaddrs *ifa = nullptr;
     if (getifaddrs(&ifa) != 0) return names;
     for (ifaddrs *p = ifa; p; p = p->ifa_next)
-        if (p->ifa_addr && p->ifa_addr->sa_family == AF_INET && (p->ifa_flags & IFF_UP))
+        if (p->ifa_addr && p->ifa_addr->sa_family == AF_INET && (p->ifa_flags & IFF_UP) &&
+            (p->ifa_flags & IFF_RUNNING))
             names.insert(p->ifa_name);
     freeifaddrs(ifa);
     return names;
