@@ -112,7 +112,13 @@ int diag_remote_twin(fid_ep *fid, fi_addr_t addr, uint64_t *caps) noexcept try {
     return current_exception_errno();
 }
 
-peer::EpDiagOps ep_diag_ops = {sizeof(peer::EpDiagOps), diag_remote_twin};
+int diag_peer_path(fid_ep *fid, fi_addr_t addr) noexcept try {
+    return Endpoint::of(fid)->peer_path(addr);
+} catch (...) {
+    return current_exception_errno();
+}
+
+peer::EpDiagOps ep_diag_ops = {sizeof(peer::EpDiagOps), diag_remote_twin, diag_peer_path};
 
 fi_ops ep_fi_ops = {
     .size = sizeof(fi_ops),
@@ -488,6 +494,17 @@ int Endpoint::remote_twin(fi_addr_t addr, uint64_t *caps) {
     std::lock_guard guard(domain_->lock());
     if (!local_) return -FI_ENOSYS;
     return local_->remote_twin(addr, caps);
+}
+
+int Endpoint::peer_path(fi_addr_t addr) {
+    std::lock_guard guard(domain_->lock());
+    if (!enabled_) return -FI_EOPBADSTATE;
+    if (type_ == FI_EP_MSG) return int(peer::PeerPath::Link);
+    Peer *peer = peer_for(addr);
+    if (!goes_local(peer, addr)) return int(peer::PeerPath::Link);
+    int single = local_->single_copy(addr);
+    if (single < 0) return single;
+    return int(single ? peer::PeerPath::LocalSingleCopy : peer::PeerPath::LocalStaged);
 }
 
 int Endpoint::enable_locked() {

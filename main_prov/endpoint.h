@@ -145,6 +145,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     int ops_open(const char *name, uint64_t flags, void **ops, void *context);
     // What the offload twin learned of the peer's twin (EpDiagOps).
     int remote_twin(fi_addr_t addr, uint64_t *caps);
+    // EpDiagOps::peer_path: a peer::PeerPath or a negative errno.
+    int peer_path(fi_addr_t addr);
     int enable_locked();
     // fi_ops_ep
     ssize_t cancel(void *context);

@@ -12,6 +12,7 @@
 #include "offload_prov/srx.h"
 
 #include <fcntl.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -103,6 +104,12 @@ int local_remote_twin(fid_ep *ep, fi_addr_t addr, uint64_t *caps) noexcept {
     return Endpoint::of(ep)->remote_twin(addr, caps);
 }
 
+int local_single_copy(fid_ep *ep, fi_addr_t addr) noexcept try {
+    return Endpoint::of(ep)->single_copy(addr);
+} catch (...) {
+    return current_exception_errno();
+}
+
 size_t local_inject_limit(fid_ep *) noexcept {
     return Config::get().eager_limit;
 }
@@ -122,7 +129,8 @@ peer::LocalPathOps local_path_ops = {sizeof(peer::LocalPathOps),
                                      local_introduce,
                                      local_remote_twin,
                                      local_inject_limit,
-                                     local_inject};
+                                     local_inject,
+                                     local_single_copy};
 
 // peer::CollOps: the owner's collectives (coll/engine.h).
 int coll_join(fid_ep *ep, const peer::CollJoin *join, uint64_t *group) noexcept try {
@@ -163,7 +171,19 @@ ssize_t transfer_comperr(fid_ep *ep, fi_cq_err_entry *err) noexcept try {
 fi_ops_transfer_peer transfer_ops = {sizeof(fi_ops_transfer_peer), transfer_complete,
                                      transfer_comperr};
 
-const uint64_t g_probe_word = SegmentInfo::kMagic;
+// What a peer's CMA probe must read from us (SegmentInfo::probe_value): random, so that a
+// read that lands in some other process, under a pid that means another process there,
+// cannot pass for one that reached us.
+uint64_t probe_word() {
+    static const uint64_t word = [] {
+        uint64_t w = 0;
+        if (getrandom(&w, sizeof w, 0) != ssize_t(sizeof w))
+            w = SegmentInfo::kMagic ^ uint64_t(getpid());
+        return w;
+    }();
+    return word;
+}
+uint64_t g_probe_word = probe_word();
 
 }  // namespace
 
@@ -276,6 +296,7 @@ void Endpoint::enable() {
     memcpy(name_, name, len);
     proto_.name_len = static_cast<uint8_t>(len);
     proto_.pid = getpid();
+    producer_id_ = own_process_token();
 
     reap_stale();
     const Config &cfg = Config::get();
@@ -296,6 +317,7 @@ void Endpoint::enable() {
     info->pid = getpid();
     info->cell_size = wire::kLocalCellSize;
     info->probe_addr = reinterpret_cast<uint64_t>(&g_probe_word);
+    info->probe_value = g_probe_word;
     inbox_ = ShmRing::init(static_cast<uint8_t *>(segment_->data()) + sizeof(SegmentInfo), cells,
                            wire::kLocalCellSize);
     if (!inbox_) fail(FI_EINVAL, "inbox ring shape");

@@ -129,6 +129,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     int arm();
     void introduce(fi_addr_t addr) { introductions_.push_back(addr); }
     int remote_twin(fi_addr_t addr, uint64_t *caps) const;
+    // LocalPathOps::single_copy: 1 CMA, 0 staged, -FI_ENOENT when not node-local.
+    int single_copy(fi_addr_t addr);
     // peer::LocalPathOps::inject: one Eager cell straight into the peer's ring, or nothing.
     ssize_t inject(const iovec *iov, size_t count, fi_addr_t dest, uint64_t tag, uint64_t data,
                    uint64_t flags);
@@ -180,6 +182,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         ShmSegment segment;
         ShmRing *ring = nullptr;
         pid_t pid = 0;
+        // The owner's pid names the same process here: CMA and device IPC may be tried.
+        bool same_pid_ns = false;
         bool cma = false;
         bool dead = false;
         int wake_fd = -1;  // the peer's wake FIFO, write end, opened when first needed
@@ -348,7 +352,10 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     Srx *srx_ = nullptr;
     bool enabled_ = false;
 
-    std::string key_;            // our own
+    std::string key_;           // our own
+    uint32_t producer_id_ = 0;  // own_process_token(): our claims in peers' rings
+    // Who claimed a cell of our inbox and never published it: still running, or dead?
+    ProcessWatch claimants_{segment_prefix()};
     wire::LocalHeader proto_{};  // name_len filled
     uint8_t name_[wire::kLocalNameRoom]{};
     std::optional<ShmSegment> segment_;

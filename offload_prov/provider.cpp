@@ -23,8 +23,8 @@ namespace {
 constexpr uint32_t kProviderVersion = FI_VERSION(0, 1);
 constexpr uint32_t kApiVersion = FI_VERSION(1, 17);
 
-constexpr uint64_t kCaps = FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_SEND | FI_RECV | FI_READ | FI_WRITE |
-                           FI_REMOTE_READ | FI_REMOTE_WRITE | FI_MULTI_RECV | FI_SOURCE |
+constexpr uint64_t kCaps = FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC | FI_SEND | FI_RECV | FI_READ |
+                           FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_MULTI_RECV | FI_SOURCE |
                            FI_DIRECTED_RECV | FI_RMA_EVENT | FI_LOCAL_COMM;
 // One inbox per endpoint, read in order: what one sender posts arrives in order.
 constexpr uint64_t kOrder = FI_ORDER_SAS | FI_ORDER_RAR | FI_ORDER_RAW | FI_ORDER_WAR |

@@ -22,6 +22,7 @@
 #include <cstdint>
 
 #include "hmem/hmem.h"
+#include "peer/ep_diag.h"
 
 namespace tandem::peer {
 
@@ -129,15 +130,9 @@ struct LocalPathOps {
     // FI_REMOTE_CQ_DATA.
     ssize_t (*inject)(fid_ep *ep, const iovec *iov, size_t count, fi_addr_t dest, uint64_t tag,
                       uint64_t data, uint64_t flags);
-};
-
-// fi_open_ops name of tandem's endpoint diagnostics (tests, tools): what the endpoint's
-// offload twin learned about remote twins.
-inline constexpr const char *kEpDiagOpsName = "tandem_ep_diag_v1";
-
-struct EpDiagOps {
-    size_t size;
-    int (*remote_twin)(fid_ep *ep, fi_addr_t addr, uint64_t *caps);  // 1, 0, or -errno
+    // How large transfers to the peer at addr are copied: 1 single copy (cross-memory
+    // attach), 0 staged through the rings, -FI_ENOENT when the peer is not node-local.
+    int (*single_copy)(fid_ep *ep, fi_addr_t addr);
 };
 
 // fid ops for the fids an owner exports: the peer uses only their owner ops, so fi_close and

@@ -36,7 +36,10 @@ std::string ShmGroup::name_for(uint64_t ordered_key, uint32_t id) {
 }
 
 ShmGroup::ShmGroup(ShmSegment seg, uint32_t n, uint32_t rank)
-    : seg_(std::move(seg)), n_(n), rank_(rank) {
+    : seg_(std::move(seg)),
+      members_("/tandem-" + std::to_string(geteuid()) + "-"),
+      n_(n),
+      rank_(rank) {
     auto *base = static_cast<uint8_t *>(seg_.data());
     ctls_ = reinterpret_cast<Ctl *>(base + 64);
     slots_ = base + 64 + size_t(n) * sizeof(Ctl);
@@ -54,7 +57,7 @@ std::unique_ptr<ShmGroup> ShmGroup::create(const std::string &name, uint32_t n) 
     h->magic = Header::kMagic;
     h->n = n;
     h->chunk = kChunk;
-    g->ctl(0).pid.store(getpid(), std::memory_order_relaxed);
+    g->stamp_member(0);
     h->attached.store(1, std::memory_order_release);
     return g;
 }
@@ -73,7 +76,7 @@ std::unique_ptr<ShmGroup> ShmGroup::open(const std::string &name, uint32_t n, ui
     if (h->attached.load(std::memory_order_acquire) == 0) return nullptr;  // still being made
     if (h->magic != Header::kMagic || h->n != n || h->chunk != kChunk)
         throw ShmError(-EPROTO, "collective segment layout");
-    g->ctl(rank).pid.store(getpid(), std::memory_order_relaxed);
+    g->stamp_member(rank);
     h->attached.fetch_add(1, std::memory_order_acq_rel);
     return g;
 }
@@ -90,11 +93,24 @@ void ShmGroup::abort() {
     header()->aborted.store(1, std::memory_order_release);
 }
 
+// Relaxed: the counts that follow (`attached`, acq_rel) publish these to the others.
+void ShmGroup::stamp_member(uint32_t rank) {
+    ctl(rank).token.store(own_process_token(), std::memory_order_relaxed);
+    ctl(rank).pid_ns.store(own_pid_namespace(), std::memory_order_relaxed);
+    ctl(rank).pid.store(getpid(), std::memory_order_relaxed);
+}
+
 bool ShmGroup::check_members() {
+    const uint64_t our_ns = own_pid_namespace();
     for (uint32_t r = 0; r < n_; ++r) {
         if (r == rank_) continue;
         pid_t pid = ctl(r).pid.load(std::memory_order_relaxed);
-        if (pid > 0 && !process_running(pid)) {
+        if (pid <= 0) continue;  // not attached yet
+        uint64_t ns = ctl(r).pid_ns.load(std::memory_order_relaxed);
+        bool alive = ns == 0 || our_ns == 0 || ns == our_ns
+                         ? process_running(pid)
+                         : members_.alive(ctl(r).token.load(std::memory_order_relaxed));
+        if (!alive) {
             TANDEM_INFO(FI_LOG_EP_DATA, "collective: member %u (pid %d) of %s died\n", r, pid,
                         seg_.name().c_str());
             header()->aborted.store(1, std::memory_order_release);

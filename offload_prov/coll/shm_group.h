@@ -44,15 +44,19 @@ class ShmGroup {
     bool all_attached() const;
     bool aborted() const;
     void abort();  // every operation of the group fails, here and at every member
-    // Whether a member other than us has died (checks /proc: call rarely); marks the group
-    // aborted if so.
+    // Whether a member other than us has died (checks /proc or the members' segments: call
+    // rarely); marks the group aborted if so.
     bool check_members();
 
     struct alignas(64) Ctl {
         std::atomic<uint64_t> arrived;  // generation whose input is in the member's slot
         std::atomic<uint64_t> reduced;  // generation whose part of the result is written
         std::atomic<uint64_t> done;     // generation the member no longer reads
+        // Who the member is, to tell whether it still runs: its pid where its pid namespace
+        // is ours, else its process token (ProcessWatch).
         std::atomic<int32_t> pid;
+        std::atomic<uint32_t> token;
+        std::atomic<uint64_t> pid_ns;
     };
     Ctl &ctl(uint32_t r) const { return ctls_[r]; }
     uint8_t *slot(uint32_t r, uint64_t gen) const {
@@ -72,7 +76,9 @@ class ShmGroup {
     struct Header;
     ShmGroup(ShmSegment seg, uint32_t n, uint32_t rank);
     Header *header() const;
+    void stamp_member(uint32_t rank);
     ShmSegment seg_;
+    ProcessWatch members_;
     uint32_t n_, rank_;
     Ctl *ctls_;
     uint8_t *slots_, *results_;

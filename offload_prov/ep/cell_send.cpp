@@ -119,7 +119,7 @@ void Endpoint::push_staged(PeerLink &link, LocalHeader hdr, const iovec *iov, si
 bool Endpoint::pump(PeerLink &link, Stream &stream, int *status) {
     LocalHeader &hdr = stream.hdr;
     for (;;) {
-        void *reserved = link.ring->try_reserve(proto_.pid);
+        void *reserved = link.ring->try_reserve(producer_id_);
         if (!reserved) return false;
         auto *cell = static_cast<uint8_t *>(reserved);
         const size_t off = hdr.offset;
@@ -180,7 +180,7 @@ bool Endpoint::flush(PeerLink &link) {
             finish_stream(*done, status);
             continue;
         }
-        void *cell = link.ring->try_reserve(proto_.pid);
+        void *cell = link.ring->try_reserve(producer_id_);
         if (!cell) return false;
         memcpy(cell, next.cell.data(), next.cell.size());
         link.ring->publish(cell);
@@ -245,7 +245,7 @@ void Endpoint::push_compact(PeerLink &link, const wire::LocalShortHeader &h, con
 
 void Endpoint::push_cell(PeerLink &link, const uint8_t *cell, size_t n) {
     if (link.backlog.empty()) {
-        if (void *slot = link.ring->try_reserve(proto_.pid)) {
+        if (void *slot = link.ring->try_reserve(producer_id_)) {
             // (A small cell is the one line the receiver polls: one copy, one burst.)
             memcpy(slot, cell, n);
             link.ring->publish(slot);

@@ -22,7 +22,9 @@ struct SegmentInfo {
     uint32_t cell_size;
     uint64_t probe_addr;  // an address in the owner's memory a peer may read 8 bytes from
     uint32_t armed;       // the owner may sleep: the next sender writes its wake FIFO
-    uint8_t reserved[36];
+    uint32_t reserved0;
+    uint64_t probe_value;  // what those 8 bytes hold: a CMA probe that reads it reached the owner
+    uint8_t reserved[24];
 };
 static_assert(sizeof(SegmentInfo) == 64);
 
@@ -42,7 +44,7 @@ void reap_stale();
 inline bool Endpoint::try_push(PeerLink &link, const wire::LocalHeader &hdr, const iovec *iov,
                                size_t count, size_t offset, size_t len, const uint8_t *staged) {
     if (!link.backlog.empty()) return false;
-    void *cell = link.ring->try_reserve(proto_.pid);
+    void *cell = link.ring->try_reserve(producer_id_);
     if (!cell) return false;
     fill_cell(static_cast<uint8_t *>(cell), hdr, iov, count, offset, len, staged);
     link.ring->publish(cell);

@@ -20,6 +20,12 @@ int Endpoint::reachable(fi_addr_t addr) {
     return link && !link->dead;
 }
 
+int Endpoint::single_copy(fi_addr_t addr) {
+    PeerLink *link = enabled_ ? link_for(addr) : nullptr;
+    if (!link || link->dead) return -FI_ENOENT;
+    return link->cma ? 1 : 0;
+}
+
 // The link of a destination, remembered per fi_addr_t until the AV changes (an address
 // removed and another inserted may reuse the fi_addr_t).
 Endpoint::PeerLink *Endpoint::link_for(fi_addr_t addr) {
@@ -66,10 +72,20 @@ Endpoint::PeerLink *Endpoint::link_for_key(const std::string &key) {
     // Named members: PeerLink grows, and a positional {} once landed in wake_fd (0: stdin).
     auto link = std::make_unique<PeerLink>(
         PeerLink{.key = key, .segment = std::move(*seg), .ring = ring, .pid = info->pid});
-    link->cma =
-        Config::get().cma && cma_probe(link->pid, reinterpret_cast<const void *>(info->probe_addr));
-    TANDEM_INFO(FI_LOG_EP_CTRL, "node-local peer %s (pid %d), single copy by CMA: %s\n",
-                key.c_str(), link->pid, link->cma ? "yes" : "no");
+    // Single copy needs the peer's pid to mean the peer here (one pid namespace, or the pid
+    // would name another process) and the kernel's permission, which the probe finds out by
+    // reading a random word the peer published: reading it proves both. Staged otherwise.
+    link->same_pid_ns = link->segment.owner_shares_pid_namespace();
+    const char *why = "";
+    if (!Config::get().cma)
+        why = " (FI_OFF_TANDEM_CMA=0)";
+    else if (!link->same_pid_ns)
+        why = " (another pid namespace)";
+    else if (!(link->cma = cma_probe(link->pid, reinterpret_cast<const void *>(info->probe_addr),
+                                     info->probe_value)))
+        why = " (the kernel refused the probe read)";
+    TANDEM_INFO(FI_LOG_EP_CTRL, "node-local peer %s (pid %d), single copy by CMA: %s%s\n",
+                key.c_str(), link->pid, link->cma ? "yes" : "no", why);
     PeerLink *raw = link.get();
     links_.emplace(key, std::move(link));
     return raw;
@@ -107,7 +123,7 @@ fi_addr_t Endpoint::source_of(std::string_view sender) {
 // A peer that died leaves our operations waiting on it with errors, not a hang, and no
 // cell it had claimed in our inbox without publishing it stops the cells behind.
 void Endpoint::check_peers() {
-    if (uint32_t n = inbox_->reclaim_dead(process_running))
+    if (uint32_t n = inbox_->reclaim_dead([this](uint32_t id) { return claimants_.alive(id); }))
         TANDEM_INFO(FI_LOG_EP_DATA, "skipped %u inbox cells claimed by dead processes\n", n);
     for (auto &[key, link] : links_) {
         if (link->dead || link->segment.owner_alive()) continue;

@@ -227,6 +227,9 @@ void Endpoint::send_rts(PeerLink &link, LocalHeader hdr, Pending p) {
 // handle (the driver refuses, or the memory is not device memory), and nothing was sent.
 bool Endpoint::post_ipc(PeerLink &link, LocalHeader hdr, const iovec *iov, const hmem::MemRef *mem,
                         size_t count, Pending p, LocalOp op) {
+    // The peer maps our handles under our pid (its IPC cache, the driver's own checks): a pid
+    // that names another process there rules it out.
+    if (!link.same_pid_ns) return false;
     wire::LocalIpc body[wire::kLocalMaxIov];
     size_t n = 0;
     for (size_t i = 0; i < count; ++i) {

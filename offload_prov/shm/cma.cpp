@@ -116,11 +116,11 @@ ssize_t cma_write(pid_t pid, const iovec *local, size_t nlocal, const iovec *rem
     return transfer(::process_vm_writev, pid, local, nlocal, remote, nremote);
 }
 
-bool cma_probe(pid_t pid, const void *remote_addr) {
-    char byte;
-    iovec local{&byte, 1};
-    iovec remote{const_cast<void *>(remote_addr), 1};
-    return cma_read(pid, &local, 1, &remote, 1) == 1;
+bool cma_probe(pid_t pid, const void *remote_addr, uint64_t expected) {
+    uint64_t word = 0;
+    iovec local{&word, sizeof word};
+    iovec remote{const_cast<void *>(remote_addr), sizeof word};
+    return cma_read(pid, &local, 1, &remote, 1) == ssize_t(sizeof word) && word == expected;
 }
 
 }  // namespace tandem

@@ -10,6 +10,7 @@
 #include <sys/uio.h>
 
 #include <cstddef>
+#include <cstdint>
 
 namespace tandem {
 
@@ -23,10 +24,11 @@ ssize_t cma_read(pid_t pid, const iovec *local, size_t nlocal, const iovec *remo
 ssize_t cma_write(pid_t pid, const iovec *local, size_t nlocal, const iovec *remote,
                   size_t nremote);
 
-// Whether CMA with `pid` works: reads one byte at `remote_addr`, an address the caller knows
-// is readable in the peer (the peer tells it, e.g. in its hello message). False when the
-// kernel refuses (EPERM, ENOSYS) and also whenever the read cannot confirm it (bad address,
-// peer gone): the caller then uses the fallback, which always works.
-bool cma_probe(pid_t pid, const void *remote_addr);
+// Whether CMA with `pid` works and reaches the peer meant: reads 8 bytes at `remote_addr`, an
+// address the peer published, and compares them with `expected`, the value it published with
+// it. False when the kernel refuses (EPERM, ENOSYS), and also whenever the read cannot confirm
+// it (bad address, peer gone, another process under that pid): the caller then uses the
+// fallback, which always works.
+bool cma_probe(pid_t pid, const void *remote_addr, uint64_t expected);
 
 }  // namespace tandem

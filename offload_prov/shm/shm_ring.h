@@ -10,8 +10,8 @@
 // The consumer alone advances `head`. Positions are 64-bit and never wrap in practice.
 //
 // A producer claims position p by stamping the cell's owner word (an array of its own, away
-// from the line the consumer polls) with its pid and p, in one compare-exchange; `tail` then
-// moves past p, by the claimant or by any producer that finds p stamped (so a claimant that
+// from the line the consumer polls) with its producer id and p, in one compare-exchange; `tail`
+// then moves past p, by the claimant or by any producer that finds p stamped (so a claimant that
 // dies right after its stamp does not stop the others). A claimed cell therefore always
 // names its producer, and a producer that dies between try_reserve() and publish() can be
 // told from a slow one: reclaim_dead() hands such a cell back to the next lap, and the
@@ -94,11 +94,12 @@ class ShmRing {
         return ring;
     }
 
-    // Producer (any thread of any process `producer`, its pid): claims the next cell and
-    // returns its payload area (cell_size() bytes, 16-byte aligned), or nullptr when the ring
-    // is full. The cell reaches the consumer when publish() is called on it; cells published
+    // Producer (any thread of any process `producer`, a nonzero id naming the process, such
+    // as own_process_token(), which the consumer's reclaim_dead check understands): claims the next
+    // cell and returns its payload area (cell_size() bytes, 16-byte aligned), or nullptr when the
+    // ring is full. The cell reaches the consumer when publish() is called on it; cells published
     // out of claim order are still consumed in claim order.
-    void *try_reserve(pid_t producer) {
+    void *try_reserve(uint32_t producer) {
         // Relaxed: tail is only a hint of where to try; the sequence check below decides.
         uint64_t position = tail_.load(std::memory_order_relaxed);
         for (;;) {
@@ -175,7 +176,7 @@ class ShmRing {
     }
 
     // Consumer: hands the oldest cells back to the next lap while they were claimed by a
-    // producer that died before publishing them (`is_alive(pid)` false for their claimant),
+    // producer that died before publishing them (`is_alive(id)` false for their claimant),
     // so that the cells published behind them can be consumed. Returns how many it skipped.
     // A live claimant's cell, or an unclaimed or published one, stops it.
     template <class IsAlive>
@@ -187,7 +188,7 @@ class ShmRing {
             if (cell->sequence.load(std::memory_order_acquire) != position) return reclaimed;
             // Relaxed: a stale word (the lap before) only makes us leave the cell for now.
             uint64_t word = owner_at(position).load(std::memory_order_relaxed);
-            if (!claimed_for(word, position) || is_alive(pid_t(uint32_t(word)))) return reclaimed;
+            if (!claimed_for(word, position) || is_alive(uint32_t(word))) return reclaimed;
             // As release() does; the dead producer will not write the payload any more.
             cell->sequence.store(position + cell_count_, std::memory_order_release);
             head_.store(position + 1, std::memory_order_relaxed);
@@ -227,9 +228,9 @@ class ShmRing {
     static size_t owners_bytes(uint32_t cells) {
         return (size_t(cells) * sizeof(uint64_t) + kCacheLine - 1) / kCacheLine * kCacheLine;
     }
-    // An owner word: the low 32 bits of the position claimed and the claimant's pid (0: none).
-    static uint64_t stamp(uint64_t position, pid_t producer) {
-        return uint64_t(uint32_t(position)) << 32 | uint32_t(producer);
+    // An owner word: the low 32 bits of the position claimed and the claimant's id (0: none).
+    static uint64_t stamp(uint64_t position, uint32_t producer) {
+        return uint64_t(uint32_t(position)) << 32 | producer;
     }
     static bool claimed_for(uint64_t word, uint64_t position) {
         return uint32_t(word >> 32) == uint32_t(position) && uint32_t(word) != 0;

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -33,8 +34,11 @@ class FdGuard {
     explicit FdGuard(int fd) : fd_(fd) {}
     FdGuard(const FdGuard &) = delete;
     FdGuard &operator=(const FdGuard &) = delete;
-    ~FdGuard() { ::close(fd_); }
+    ~FdGuard() {
+        if (fd_ >= 0) ::close(fd_);
+    }
     int get() const { return fd_; }
+    void release() { fd_ = -1; }
 
   private:
     int fd_;
@@ -127,6 +131,26 @@ bool process_alive(pid_t pid, uint64_t recorded_start_time) {
     return recorded_start_time == 0 || st.start_time == recorded_start_time;
 }
 
+// The owner lock: a read lock on the first byte, held through the creator's open file
+// description for the life of the process. F_OFD_* locks belong to the description, not to
+// a process, so they mean the same in every pid namespace, and they do not interact with
+// the flock() that removers take.
+struct flock owner_lock_range(short type) {
+    struct flock lk {};
+    lk.l_type = type;
+    lk.l_whence = SEEK_SET;
+    lk.l_start = 0;
+    lk.l_len = 1;
+    return lk;
+}
+
+bool owner_lock_held(int fd) {
+    if (fd < 0) return true;  // nothing to ask: assume alive, never remove a live owner's segment
+    struct flock lk = owner_lock_range(F_WRLCK);
+    if (::fcntl(fd, F_OFD_GETLK, &lk) != 0) return true;
+    return lk.l_type != F_UNLCK;
+}
+
 bool same_object(const std::string &name, dev_t dev, ino_t ino) {
     struct stat st;
     return ::stat(path_of(name).c_str(), &st) == 0 && st.st_dev == dev && st.st_ino == ino;
@@ -136,6 +160,24 @@ bool same_object(const std::string &name, dev_t dev, ino_t ino) {
 
 bool process_running(pid_t pid) {
     return process_alive(pid, 0);
+}
+
+uint32_t own_process_token() {
+    static std::atomic<uint64_t> cached{0};  // pid << 32 | token
+    uint64_t word = cached.load(std::memory_order_relaxed);
+    auto pid = uint32_t(::getpid());
+    if (word != 0 && uint32_t(word >> 32) == pid) return uint32_t(word);
+    uint32_t token = 0;
+    if (::getrandom(&token, sizeof token, 0) != ssize_t(sizeof token))
+        token = pid * 2654435761u ^ uint32_t(own_start_time());
+    token |= 0x80000000u;  // never 0, never a pid (pids stay below 2^22)
+    cached.store(uint64_t(pid) << 32 | token, std::memory_order_relaxed);
+    return token;
+}
+
+uint64_t own_pid_namespace() {
+    struct stat st;
+    return ::stat("/proc/self/ns/pid", &st) == 0 ? uint64_t(st.st_ino) : 0;
 }
 
 ShmSegment ShmSegment::create(const std::string &name, size_t size) {
@@ -166,6 +208,9 @@ ShmSegment ShmSegment::init_created(int fd_raw, const std::string &name, size_t 
             throw_errno(e, "posix_fallocate " + name);
         struct stat st;
         if (::fstat(fd.get(), &st) != 0) throw_errno(errno, "fstat " + name);
+        // Before `ready`: nobody may see the segment without its owner lock.
+        struct flock lk = owner_lock_range(F_RDLCK);
+        if (::fcntl(fd.get(), F_OFD_SETLK, &lk) != 0) throw_errno(errno, "owner lock " + name);
         void *addr = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
         if (addr == MAP_FAILED) throw_errno(errno, "mmap " + name);
         MappingGuard mapping(addr, total);
@@ -176,10 +221,14 @@ ShmSegment ShmSegment::init_created(int fd_raw, const std::string &name, size_t 
         header->header_size = kHeaderSize;
         header->size = total;
         header->owner_pid = ::getpid();
+        header->owner_token = own_process_token();
         header->owner_start_time = own_start_time();
+        header->owner_pid_ns = own_pid_namespace();
         // Release: an opener that sees `ready` (acquire) also sees every field above.
         header->ready.store(ShmSegmentHeader::kReady, std::memory_order_release);
-        return ShmSegment(name, mapping.release(), total, ::getpid(), st.st_dev, st.st_ino);
+        ShmSegment seg(name, mapping.release(), total, ::getpid(), st.st_dev, st.st_ino, fd.get());
+        fd.release();  // the segment keeps it: the owner lock lives as long as it is open
+        return seg;
     } catch (...) {
         ::shm_unlink(name.c_str());  // just created by us under O_EXCL, so ours to remove
         throw;
@@ -216,7 +265,13 @@ ShmSegment ShmSegment::map_existing(int fd, const std::string &name) {
         header->version != ShmSegmentHeader::kVersion || header->header_size != kHeaderSize ||
         header->size != total)
         throw ShmError(-EPROTO, name + " is not a tandem segment of this version");
-    return ShmSegment(name, mapping.release(), total, 0, st.st_dev, st.st_ino);
+    ShmSegment seg(name, mapping.release(), total, 0, st.st_dev, st.st_ino, -1);
+    // An owner in another pid namespace is asked through the object itself (its lock).
+    if (!seg.owner_shares_pid_namespace()) {
+        seg.lock_fd_ = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+        if (seg.lock_fd_ < 0) throw_errno(errno, "dup " + name);
+    }
+    return seg;
 }
 
 ShmSegment::Staleness ShmSegment::remove_if_stale(const std::string &name) {
@@ -268,7 +323,8 @@ ShmSegment::ShmSegment(ShmSegment &&other) noexcept
       mapped_size_(std::exchange(other.mapped_size_, 0)),
       creator_pid_(std::exchange(other.creator_pid_, 0)),
       dev_(other.dev_),
-      ino_(other.ino_) {}
+      ino_(other.ino_),
+      lock_fd_(std::exchange(other.lock_fd_, -1)) {}
 
 ShmSegment &ShmSegment::operator=(ShmSegment &&other) noexcept {
     if (this != &other) {
@@ -279,6 +335,7 @@ ShmSegment &ShmSegment::operator=(ShmSegment &&other) noexcept {
         creator_pid_ = std::exchange(other.creator_pid_, 0);
         dev_ = other.dev_;
         ino_ = other.ino_;
+        lock_fd_ = std::exchange(other.lock_fd_, -1);
     }
     return *this;
 }
@@ -294,6 +351,7 @@ void ShmSegment::release() noexcept {
     if (is_creator() && same_object(name_, dev_, ino_)) ::shm_unlink(name_.c_str());
     ::munmap(base_, mapped_size_);
     base_ = nullptr;
+    if (lock_fd_ >= 0) ::close(std::exchange(lock_fd_, -1));
 }
 
 bool ShmSegment::is_creator() const noexcept {
@@ -301,7 +359,44 @@ bool ShmSegment::is_creator() const noexcept {
 }
 
 bool ShmSegment::owner_alive() const {
-    return process_alive(header()->owner_pid, header()->owner_start_time);
+    if (owner_shares_pid_namespace())
+        return process_alive(header()->owner_pid, header()->owner_start_time);
+    return owner_lock_held(lock_fd_);
+}
+
+bool ShmSegment::owner_shares_pid_namespace() const {
+    // Not cached: a child forked after unshare(CLONE_NEWPID) lives in another namespace
+    // than the parent whose memory it inherited.
+    uint64_t ours = own_pid_namespace();
+    uint64_t theirs = header()->owner_pid_ns;
+    // Unknown on either side (no /proc): the pid is all there is.
+    return theirs == 0 || ours == 0 || theirs == ours;
+}
+
+bool ProcessWatch::alive(uint32_t token) {
+    if (token == own_process_token()) return true;
+    if (auto it = found_.find(token); it != found_.end()) return it->second.owner_alive();
+    // First question about this token: find a segment its process owns. Rare (a ring cell
+    // left claimed, a collective member to check), so a walk of the directory is fine.
+    DIR *dir = ::opendir(kShmDir);
+    if (!dir) return true;  // cannot tell: never hand a live producer's cell to another
+    std::vector<std::string> names;
+    const char *entry_prefix = prefix_.c_str() + 1;
+    while (const dirent *entry = ::readdir(dir))
+        if (std::strncmp(entry->d_name, entry_prefix, prefix_.size() - 1) == 0)
+            names.push_back(std::string("/") + entry->d_name);
+    ::closedir(dir);
+    for (const std::string &name : names) {
+        try {
+            ShmSegment seg = ShmSegment::open(name);
+            if (seg.owner_token() != token || !seg.owner_alive()) continue;
+            found_.emplace(token, std::move(seg));
+            return true;
+        } catch (const ShmError &) {
+            // gone meanwhile, another user's, still being made: not this process's answer
+        }
+    }
+    return false;
 }
 
 }  // namespace tandem

@@ -2,8 +2,11 @@
 // share. The creator owns the name; a header at offset 0 records who that is, so a segment
 // left behind by a crashed process can be recognised and removed.
 //
-// Peers are assumed to share one pid namespace and one /dev/shm (as they must for CMA too):
-// the owner is identified by pid plus the pid's start time, which is only meaningful there.
+// Peers share one /dev/shm, but not always one pid namespace (containers that share /dev/shm
+// and nothing else). Where the owner's pid namespace is ours, the owner is identified by pid
+// plus the pid's start time; elsewhere a pid means nothing here, and the owner is alive while
+// it holds its lock on the object (an open-file-description lock, which the kernel drops when
+// the owner dies however it dies).
 #pragma once
 
 #include "common/fabric_error.h"
@@ -13,8 +16,10 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <type_traits>
+#include <unordered_map>
 
 namespace tandem {
 
@@ -31,27 +36,37 @@ struct ShmError : FabricError {
 // `ready`, by the creator; anyone else reads them only after seeing `ready` set.
 struct ShmSegmentHeader {
     static constexpr uint64_t kMagic = 0x54414e44454d5348ULL;  // "TANDEMSH"
-    static constexpr uint32_t kVersion = 1;
+    static constexpr uint32_t kVersion = 2;
     static constexpr uint32_t kReady = 1;
 
     uint64_t magic;
     uint32_t version;
-    uint32_t header_size;  // where the caller's bytes begin
-    uint64_t size;         // whole object, header included
-    int32_t owner_pid;
-    uint32_t reserved;
+    uint32_t header_size;       // where the caller's bytes begin
+    uint64_t size;              // whole object, header included
+    int32_t owner_pid;          // in the owner's pid namespace
+    uint32_t owner_token;       // own_process_token() of the owner
     uint64_t owner_start_time;  // field 22 of /proc/<pid>/stat; 0 when /proc was unreadable
     std::atomic<uint32_t> ready;
+    uint32_t reserved;
+    uint64_t owner_pid_ns;  // own_pid_namespace() of the owner
 };
 // Another process may map the same bytes: the layout and the atomic must not depend on
 // anything but these types.
 static_assert(std::is_standard_layout_v<ShmSegmentHeader>);
 static_assert(std::atomic<uint32_t>::is_always_lock_free);
-static_assert(sizeof(ShmSegmentHeader) == 48);
+static_assert(sizeof(ShmSegmentHeader) == 56);
 
-// Whether process `pid` still runs (exists and is no zombie). For a pid a peer stamped into a
-// shared ring: without its start time a recycled pid counts as alive (the safe answer).
+// Whether process `pid` (of our pid namespace) still runs (exists and is no zombie). Without
+// its start time a recycled pid counts as alive (the safe answer).
 bool process_running(pid_t pid);
+
+// This process's name in shared memory, meaningful in every pid namespace: a random word,
+// never 0 and never a pid (bit 31 set), drawn again in a forked child. Ring claims and
+// collective members carry it; ProcessWatch tells whether its process still runs.
+uint32_t own_process_token();
+
+// The pid namespace of this process (the inode of /proc/self/ns/pid); 0 when unreadable.
+uint64_t own_pid_namespace();
 
 class ShmSegment {
   public:
@@ -82,9 +97,14 @@ class ShmSegment {
     // Unmaps; the creating process also removes the name (a forked child does not).
     ~ShmSegment();
 
-    // Whether the creating process still runs: it exists, is not a zombie, and its start
-    // time is the one recorded (so a recycled pid does not count).
+    // Whether the creating process still runs. In our pid namespace: it exists, is not a
+    // zombie, and its start time is the one recorded (so a recycled pid does not count).
+    // In another one: it still holds its lock on the object.
     bool owner_alive() const;
+    // Whether the owner's pid means the same process here: only then may its pid be used
+    // (cross-memory attach, kill).
+    bool owner_shares_pid_namespace() const;
+    uint32_t owner_token() const noexcept { return header()->owner_token; }
 
     void *data() const noexcept { return base_ + kHeaderSize; }
     size_t data_size() const noexcept { return mapped_size_ - kHeaderSize; }
@@ -95,13 +115,14 @@ class ShmSegment {
 
   private:
     ShmSegment(std::string name, char *base, size_t mapped_size, pid_t creator_pid, dev_t dev,
-               ino_t ino)
+               ino_t ino, int lock_fd)
         : name_(std::move(name)),
           base_(base),
           mapped_size_(mapped_size),
           creator_pid_(creator_pid),
           dev_(dev),
-          ino_(ino) {}
+          ino_(ino),
+          lock_fd_(lock_fd) {}
     const ShmSegmentHeader *header() const noexcept {
         return reinterpret_cast<const ShmSegmentHeader *>(base_);
     }
@@ -117,6 +138,24 @@ class ShmSegment {
     pid_t creator_pid_ = 0;  // the process that created the name; 0 for an opener
     dev_t dev_ = 0;          // identity of the object, to unlink only our own name
     ino_t ino_ = 0;
+    // The creator's: holds the owner lock. An opener's, when the owner is in another pid
+    // namespace: the descriptor its liveness is probed through. Otherwise -1.
+    int lock_fd_ = -1;
+};
+
+// Whether processes named by their tokens (own_process_token()) still run, in whatever pid
+// namespace they are: a segment the process owns under `prefix` answers (owner_alive()). The
+// segment found for a token is kept, so asking again costs one check, not a search.
+class ProcessWatch {
+  public:
+    explicit ProcessWatch(std::string prefix) : prefix_(std::move(prefix)) {}
+    // False when no segment of a live owner carries the token (a process that died, or a
+    // token nobody has).
+    bool alive(uint32_t token);
+
+  private:
+    std::string prefix_;
+    std::unordered_map<uint32_t, ShmSegment> found_;
 };
 
 }  // namespace tandem

@@ -8,6 +8,8 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
+#include <sys/prctl.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -684,6 +686,124 @@ TEST(ShmRing, ACellClaimedByALiveProducerIsKept) {
     EXPECT_EQ(ring->peek(), nullptr);
 }
 
+// ---- Peers in another pid namespace ---------------------------------------------------------
+// Containers that share /dev/shm but not a pid namespace: the owner's pid names another
+// process here (or none), so its liveness comes from its lock on the object, and its ring
+// claims and collective membership name it by its token.
+
+namespace {
+
+// A process in a pid namespace of its own (pid 1 there): an intermediate child unshares the
+// namespace and forks it. It creates `name` with a ring, claims a cell of `ring_name`'s ring
+// and reports (its pid here, its token), then waits to be killed.
+struct ForeignOwner {
+    Pipe started, report;
+    std::optional<Child> parent;
+    pid_t pid = -1;  // as seen from here
+    uint32_t token = 0;
+    bool ok = false;
+    std::string refusal;
+
+    ForeignOwner(const std::string &name, const std::string &ring_name) {
+        parent.emplace([&] {
+            if (::unshare(CLONE_NEWPID) != 0) {
+                started.send(-errno);
+                return 1;
+            }
+            pid_t inner = ::fork();
+            if (inner == 0) {
+                ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a test that failed
+                try {
+                    ShmSegment own = ShmSegment::create(name, 4096);
+                    ShmSegment ring_seg = ShmSegment::open(ring_name);
+                    ShmRing *ring = ShmRing::attach(ring_seg.data(), ring_seg.data_size());
+                    if (::getpid() != 1 || !ring || !ring->try_reserve(own_process_token()))
+                        ::_exit(4);
+                    report.send(own_process_token());
+                    ::pause();
+                } catch (...) {
+                }
+                ::_exit(5);
+            }
+            started.send(int(inner));
+            int status = 0;
+            ::waitpid(inner, &status, 0);
+            return 0;
+        });
+        int first = 0;
+        if (!started.receive(first)) return;
+        if (first < 0) {
+            refusal = std::string("unshare(CLONE_NEWPID): ") + std::strerror(-first);
+            return;
+        }
+        pid = first;
+        ok = report.receive(token);
+    }
+};
+
+}  // namespace
+
+TEST(ShmSegment, OwnerInAnotherPidNamespaceIsAliveWhileItHoldsItsLock) {
+    constexpr uint32_t kCells = 8, kCellSize = 64;
+    std::string prefix = unique_name("pidns") + "-";
+    std::string name = prefix + "owner", ring_name = prefix + "ring";
+    ShmSegment ring_seg = ShmSegment::create(ring_name, ShmRing::bytes_for(kCells, kCellSize));
+    ShmRing *ring = ShmRing::init(ring_seg.data(), kCells, kCellSize);
+    ASSERT_NE(ring, nullptr);
+    ForeignOwner owner(name, ring_name);
+    if (!owner.refusal.empty())
+        GTEST_SKIP() << owner.refusal << " (needs root or a user namespace)";
+    ASSERT_TRUE(owner.ok) << "the process in its own pid namespace did not start";
+
+    ShmSegment seen = ShmSegment::open(name);
+    EXPECT_EQ(seen.owner_pid(), 1) << "its pid in its own namespace";
+    EXPECT_FALSE(seen.owner_shares_pid_namespace());
+    EXPECT_EQ(seen.owner_token(), owner.token);
+    // Pid 1 here is another process: its start time differs, so a pid check would find the
+    // owner dead and a reaper would remove a live peer's segment.
+    EXPECT_TRUE(seen.owner_alive());
+    EXPECT_EQ(ShmSegment::reap_stale(prefix), 0u);
+    EXPECT_TRUE(shm_exists(name));
+    ProcessWatch watch(prefix);
+    EXPECT_TRUE(watch.alive(owner.token));
+    EXPECT_EQ(ring->reclaim_dead([&](uint32_t id) { return watch.alive(id); }), 0u)
+        << "a live foreign producer's claim was taken back";
+
+    ::kill(owner.pid, SIGKILL);
+    auto deadline = Clock::now() + std::chrono::seconds(5);
+    while (seen.owner_alive() && Clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    EXPECT_FALSE(seen.owner_alive()) << "the lock outlived its owner";
+    EXPECT_FALSE(watch.alive(owner.token));
+    EXPECT_EQ(ring->reclaim_dead([&](uint32_t id) { return watch.alive(id); }), 1u);
+    EXPECT_EQ(owner.parent->wait(), 0);
+    EXPECT_EQ(ShmSegment::reap_stale(prefix), 1u);
+    EXPECT_FALSE(shm_exists(name));
+}
+
+// Our own segments: same namespace, found by token while we live.
+TEST(ShmSegment, ProcessWatchFindsALiveOwnerByToken) {
+    std::string prefix = unique_name("watch") + "-";
+    Pipe created;
+    uint32_t token = 0;
+    Child child([&] {
+        ShmSegment own = ShmSegment::create(prefix + "x", 4096);
+        created.send(own_process_token());
+        ::pause();
+        return 0;
+    });
+    ASSERT_TRUE(created.receive(token));
+    EXPECT_NE(token, own_process_token()) << "a forked child draws its own token";
+    EXPECT_NE(token & 0x80000000u, 0u);
+    ProcessWatch watch(prefix);
+    EXPECT_TRUE(watch.alive(token));
+    EXPECT_FALSE(watch.alive(token ^ 1u)) << "nobody has this token";
+    ::kill(child.pid(), SIGKILL);
+    EXPECT_EQ(child.wait(), 128 + SIGKILL);
+    EXPECT_FALSE(watch.alive(token));
+    EXPECT_EQ(ShmSegment::reap_stale(prefix), 1u);
+}
+
 // ---- Cross-memory attach -------------------------------------------------------------------
 
 namespace {
@@ -719,6 +839,13 @@ struct CmaPeer {
         if (!to_parent.receive(buffer)) buffer = nullptr;
     }
     pid_t pid() const { return child->pid(); }
+    // The word a probe of `buffer` must read: the child's pattern's first 8 bytes.
+    static uint64_t first_word() {
+        uint64_t w = 0;
+        for (size_t i = 0; i < sizeof w; ++i) w |= uint64_t(child_pattern(i)) << (8 * i);
+        return w;
+    }
+    bool probe() const { return cma_probe(pid(), buffer, first_word()); }
     // Why CMA is refused, for the skip message.
     std::string refusal() const {
         char byte;
@@ -734,8 +861,10 @@ struct CmaPeer {
 TEST(Cma, ReadsAndWritesAForkedChildsBuffer) {
     CmaPeer peer;
     ASSERT_NE(peer.buffer, nullptr);
-    if (!cma_probe(peer.pid(), peer.buffer))
-        GTEST_SKIP() << "CMA not permitted here (" << peer.refusal() << ")";
+    if (!peer.probe()) GTEST_SKIP() << "CMA not permitted here (" << peer.refusal() << ")";
+    // A probe checks what it read: the same read expecting another word is no proof of
+    // having reached the process meant.
+    EXPECT_FALSE(cma_probe(peer.pid(), peer.buffer, ~CmaPeer::first_word()));
 
     // Read with the two sides split at different places, and an empty range among them.
     std::vector<unsigned char> local(kPeerBufferSize);
@@ -773,8 +902,7 @@ TEST(Cma, ReadsAndWritesAForkedChildsBuffer) {
 TEST(Cma, BadAddressGivesEFAULT) {
     CmaPeer peer;
     ASSERT_NE(peer.buffer, nullptr);
-    if (!cma_probe(peer.pid(), peer.buffer))
-        GTEST_SKIP() << "CMA not permitted here (" << peer.refusal() << ")";
+    if (!peer.probe()) GTEST_SKIP() << "CMA not permitted here (" << peer.refusal() << ")";
 
     auto *unmapped = reinterpret_cast<unsigned char *>(0x10);  // below mmap_min_addr
     std::vector<unsigned char> local(8192);
@@ -782,7 +910,7 @@ TEST(Cma, BadAddressGivesEFAULT) {
     iovec bad_remote{unmapped, 64};
     EXPECT_EQ(cma_read(peer.pid(), &local_all, 1, &bad_remote, 1), -EFAULT);
     EXPECT_EQ(cma_write(peer.pid(), &local_all, 1, &bad_remote, 1), -EFAULT);
-    EXPECT_FALSE(cma_probe(peer.pid(), unmapped));
+    EXPECT_FALSE(cma_probe(peer.pid(), unmapped, 0));
 
     // Good first, bad after: the kernel copies the good part and reports a short count;
     // the loop must then report the fault rather than success.
@@ -795,8 +923,8 @@ TEST(Cma, BadAddressGivesEFAULT) {
 }
 
 TEST(Cma, GonePeerGivesESRCH) {
-    char mine = 1;
-    if (!cma_probe(::getpid(), &mine)) GTEST_SKIP() << "CMA not permitted here";
+    uint64_t mine = 1;
+    if (!cma_probe(::getpid(), &mine, 1)) GTEST_SKIP() << "CMA not permitted here";
     Child child([] { return 0; });
     pid_t gone = child.pid();
     ASSERT_EQ(child.wait(), 0);
