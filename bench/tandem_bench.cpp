@@ -27,6 +27,7 @@
 // otherwise from the client's.
 
 #include "bench/bench_common.h"
+#include "peer/ep_diag.h"
 #include <rdma/fabric.h>
 #include <rdma/fi_atomic.h>
 #include <rdma/fi_cm.h>
@@ -856,6 +857,26 @@ class Fabric {
     uint64_t tx_done() const { return tx_done_; }
     bool tagged() const { return tagged_; }
     bool rma() const { return rma_; }
+    // Which path tandem's endpoint takes to the peer (its diagnostics ops); empty for other
+    // providers, which have no such ops.
+    std::string peer_path() const {
+        if (!ep_ || peer_ == FI_ADDR_UNSPEC) return "";
+        void *ops = nullptr;
+        if (fi_open_ops(&ep_->fid, tandem::peer::kEpDiagOpsName, 0, &ops, nullptr) != 0 || !ops)
+            return "";
+        auto *diag = static_cast<tandem::peer::EpDiagOps *>(ops);
+        if (diag->size < sizeof(tandem::peer::EpDiagOps)) return "";
+        switch (diag->peer_path(ep_, peer_)) {
+            case int(tandem::peer::PeerPath::Link):
+                return "link";
+            case int(tandem::peer::PeerPath::LocalStaged):
+                return "node-local, staged";
+            case int(tandem::peer::PeerPath::LocalSingleCopy):
+                return "node-local, single copy (CMA)";
+            default:
+                return "unknown";
+        }
+    }
     bool atomic() const { return atomic_; }
     bool trigger() const { return trigger_; }
     uint64_t max_msg() const { return max_msg_; }
@@ -1753,6 +1774,8 @@ int run(const Options &o, bool is_server, int ctrl_fd) {
     if (eff.tests & kTestTrigger) run_trigger(f, is_server, eff, &errors);
     int32_t peer_total = 0;
     f.sync_int(errors, &peer_total);
+    // After the transfers, so that the path reported is the one they took.
+    if (std::string path = f.peer_path(); !path.empty()) std::printf("# path: %s\n", path.c_str());
     if (!is_server) {
         if (errors)
             std::printf("# FAIL: %d data verification error(s)\n", errors);
