@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# tandem_bench between two containers, in the two standard set-ups (and a third, for the
+# staged copy), printing the demo's table for each, with every transfer's data verified and
+# the path tandem took. Writes every run and the medians as JSON; --plot renders them.
+#
+#   bash docker/bench.sh [-n RUNS] [-S SIZES] [-i IMAGE] [--json FILE] [--plot [DIR]] [SETUP...]
+#
+# SETUP (default: network node-local):
+#   network            two containers on a bridge network (their own network, IPC and pid
+#                      namespaces): tandem's link, over the bridge
+#   node-local         two containers sharing IPC (so /dev/shm) and pid namespaces
+#                      (--ipc container:, --pid container:) and allowed cross-memory attach
+#                      (--cap-add SYS_PTRACE: Docker 20.10's default seccomp profile refuses
+#                      process_vm_readv without it): the node-local path, single copy by CMA
+#   node-local-staged  /dev/shm shared (--ipc container:) but not the pid namespace: the
+#                      node-local path, copies staged through the shared rings
+#
+# The image (default tandem:latest) comes from docker/Dockerfile; scripts/test-containers.sh
+# builds it. -S takes tandem_bench's size syntax (default 8,4k,64k,1m,4m). Exits non-zero if a
+# run failed, a transfer was not verified, or a set-up took another path than it should.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/.." && pwd)
+# shellcheck source=../scripts/bench-table.sh
+. "$repo/scripts/bench-table.sh"
+
+runs=1 sizes=8,4k,64k,1m,4m image=tandem:latest json="" plot=0 plot_dir="" setups=()
+while [ $# -gt 0 ]; do
+    case $1 in
+        -n) runs=$2; shift 2 ;;
+        -S) sizes=$2; shift 2 ;;
+        -i) image=$2; shift 2 ;;
+        --json) json=$2; shift 2 ;;
+        --plot)
+            plot=1
+            if [ $# -gt 1 ] && [[ $2 != -* ]] && [[ $2 != network ]] && [[ $2 != node-local* ]]; then
+                plot_dir=$2; shift
+            fi
+            shift ;;
+        network|node-local|node-local-staged) setups+=("$1"); shift ;;
+        -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
+        *) echo "docker/bench.sh: unknown argument $1 (see -h)" >&2; exit 1 ;;
+    esac
+done
+[ ${#setups[@]} -gt 0 ] || setups=(network node-local)
+docker image inspect "$image" >/dev/null 2>&1 ||
+    { echo "docker/bench.sh: no image $image (bash scripts/test-containers.sh builds it)" >&2; exit 1; }
+[ -n "$json" ] || json=$repo/build/bench-results/containers-$(date +%Y%m%d-%H%M%S).json
+mkdir -p "$(dirname "$json")"
+[ -n "$plot_dir" ] || plot_dir=${json%.json}
+
+tag=tandem-bench-$$
+net=$tag-net
+tmp=$(mktemp -d)
+cleanup() {
+    docker rm -f "$tag-server" "$tag-client" >/dev/null 2>&1
+    docker network rm "$net" >/dev/null 2>&1
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+docker network create "$net" >/dev/null || exit 1
+
+declare -A want_path=(
+    [network]="link"
+    [node-local]="node-local, single copy (CMA)"
+    [node-local-staged]="node-local, staged"
+)
+: >"$tmp/results"
+failed=0
+started=$(date +%s)
+
+# one_run SETUP RUN: a server container, then a client container against it.
+one_run() {
+    local setup=$1 run=$2
+    local -a server_opts=(--network "$net") client_opts=(--network "$net")
+    case $setup in
+        node-local)
+            # Docker 20.10's default seccomp profile refuses process_vm_readv/writev to a
+            # container without CAP_SYS_PTRACE; both sides copy (the split copy writes).
+            server_opts+=(--ipc shareable --cap-add SYS_PTRACE)
+            client_opts+=(--ipc "container:$tag-server" --pid "container:$tag-server" --cap-add SYS_PTRACE) ;;
+        node-local-staged)
+            server_opts+=(--ipc shareable)
+            client_opts+=(--ipc "container:$tag-server") ;;
+    esac
+    docker rm -f "$tag-server" "$tag-client" >/dev/null 2>&1
+    docker run -d --name "$tag-server" "${server_opts[@]}" "$image" \
+        tandem_bench -p tandem -T 280 -s 7000 >/dev/null || return 1
+    docker run --name "$tag-client" "${client_opts[@]}" "$image" \
+        tandem_bench -p tandem -T 280 -c "$tag-server:7000" -S "$sizes" >"$tmp/client" 2>&1
+    local client_rc=$?
+    local server_rc
+    server_rc=$(docker wait "$tag-server")
+    docker logs "$tag-server" >"$tmp/server" 2>&1
+    docker rm -f "$tag-server" "$tag-client" >/dev/null 2>&1
+    echo
+    echo "== $setup, run $run/$runs: tandem_bench server and client in two containers"
+    print_bench_table "$tmp/client"
+    local verdict=ok got_client got_server
+    got_client=$(sed -n 's/^# path: //p' "$tmp/client" | tail -1)
+    got_server=$(sed -n 's/^# path: //p' "$tmp/server" | tail -1)
+    if [ "$client_rc" -ne 0 ] || [ "$server_rc" != 0 ]; then
+        verdict="FAILED (client exit $client_rc, server exit $server_rc)"
+    elif ! grep -q '^# all transfers verified' "$tmp/client"; then
+        verdict="FAILED (transfers not verified)"
+    elif [ "$got_client" != "${want_path[$setup]}" ] || [ "$got_server" != "${want_path[$setup]}" ]; then
+        verdict="FAILED (path: client '$got_client', server '$got_server'; expected '${want_path[$setup]}')"
+    fi
+    if [ "$verdict" = ok ]; then
+        echo "   every transfer's data was verified on the receiving side; path: $got_client"
+        awk -v s="$setup" -v r="$run" '!/^#/ && NF >= 4 && $1 ~ /^[0-9]+$/ {
+                if ($2 != "-") print r, s, $1, "latency", $2, "us"
+                if ($3 != "-") print r, s, $1, "tagged_bw", $3, "MB/s"
+                if ($4 != "-") print r, s, $1, "rma_write_bw", $4, "MB/s" }' "$tmp/client" >>"$tmp/results"
+    else
+        echo "   $verdict"
+        echo "   --- client"; sed 's/^/   /' "$tmp/client"
+        echo "   --- server"; sed 's/^/   /' "$tmp/server"
+        echo "$run $setup" >>"$tmp/failures"
+        failed=1
+    fi
+}
+
+echo "docker/bench.sh: image $image; set-ups: ${setups[*]}; $runs run(s) each; sizes $sizes"
+total=$((runs * ${#setups[@]})) done_runs=0
+for r in $(seq 1 "$runs"); do
+    for setup in "${setups[@]}"; do
+        now=$(date +%s)
+        left=""
+        [ "$done_runs" -gt 0 ] &&
+            left=", about $(((now - started) * (total - done_runs) / done_runs))s left"
+        echo
+        echo "-- run $((done_runs + 1))/$total (elapsed $((now - started))s$left)"
+        one_run "$setup" "$r"
+        done_runs=$((done_runs + 1))
+    done
+done
+
+# JSON: every run, then the medians per (set-up, size, metric); one object per line, in the
+# shape scripts/bench.sh writes (the set-up is the path, the provider tandem).
+{
+    printf '{"tool":"tandem docker/bench.sh","date":"%s","host":"%s","cores":%s,"image":"%s","runs":%s,\n' \
+        "$(date -Iseconds)" "$(hostname)" "$(nproc)" "$image" "$runs"
+    printf '"paths":[%s],\n' "$(printf '"%s",' "${setups[@]}" | sed 's/,$//')"
+    echo '"results":['
+    awk '{ printf "%s{\"run\":%s,\"path\":\"%s\",\"provider\":\"tandem\",\"metric\":\"%s\",\"size\":%s,\"value\":%s,\"unit\":\"%s\"}\n",
+                  (NR > 1 ? "," : ""), $1, $2, $4, $3, $5, $6 }' "$tmp/results"
+    echo '],'
+    echo '"medians":['
+    sort -k2,2 -k3,3n -k4,4 -k5,5g "$tmp/results" |
+        awk '{ k = $2 " " $3 " " $4 " " $6; v[k] = v[k] " " $5; n[k]++; if (!(k in seen)) { seen[k] = 1; order[++m] = k } }
+             END { for (i = 1; i <= m; i++) { k = order[i]; split(v[k], a, " "); c = n[k]
+                       med = c % 2 ? a[(c + 1) / 2] : (a[c / 2] + a[c / 2 + 1]) / 2
+                       split(k, f, " ")
+                       printf "%s{\"path\":\"%s\",\"provider\":\"tandem\",\"metric\":\"%s\",\"size\":%s,\"value\":%s,\"unit\":\"%s\"}\n",
+                              (i > 1 ? "," : ""), f[1], f[3], f[2], med, f[4] } }'
+    echo '],'
+    echo '"failures":['
+    [ -s "$tmp/failures" ] && awk '{ printf "%s{\"run\":%s,\"path\":\"%s\",\"provider\":\"tandem\"}\n", (NR > 1 ? "," : ""), $1, $2 }' "$tmp/failures"
+    echo ']}'
+} >"$json"
+echo
+echo "docker/bench.sh: results in $json"
+if [ "$plot" = 1 ]; then
+    bash "$repo/scripts/bench-plot.sh" "$json" "$plot_dir" && echo "docker/bench.sh: charts in $plot_dir"
+fi
+exit $failed
