@@ -15,6 +15,8 @@
 set -u
 
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=bench-table.sh
+. "$here/bench-table.sh"
 build=${1:-$here/../build}
 build=$(cd "$build" 2>/dev/null && pwd) || { echo "demo: no build directory ${1:-$here/../build}" >&2; exit 1; }
 bench=$build/bench/tandem_bench
@@ -84,13 +86,7 @@ run_pair() {
     fi
     echo
     echo "== 3$label. what was measured ($prov$2, two processes, both busy-polling)"
-    awk '!/^#/ && NF >= 4 {
-            size = $1 + 0
-            if (size >= 1048576 && size % 1048576 == 0) h = size / 1048576 " MiB"
-            else if (size >= 1024 && size % 1024 == 0) h = size / 1024 " KiB"
-            else h = size " B"
-            printf "   %-7s  one-way latency %8s us   tagged sends %9s MB/s   RMA write %9s MB/s\n", h, $2, $3, $4
-         }' "$tmp/client"
+    print_bench_table "$tmp/client"
     grep -q '^# all transfers verified' "$tmp/client" && echo "   every transfer's data was verified on the receiving side"
     port=$((port + 1))
     while listening "$port"; do port=$((port + 1)); done
