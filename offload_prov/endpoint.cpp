@@ -318,6 +318,7 @@ void Endpoint::enable() {
     info->cell_size = wire::kLocalCellSize;
     info->probe_addr = reinterpret_cast<uint64_t>(&g_probe_word);
     info->probe_value = g_probe_word;
+    info->net_ns = own_net_namespace();
     inbox_ = ShmRing::init(static_cast<uint8_t *>(segment_->data()) + sizeof(SegmentInfo), cells,
                            wire::kLocalCellSize);
     if (!inbox_) fail(FI_EINVAL, "inbox ring shape");

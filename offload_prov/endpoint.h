@@ -221,7 +221,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
 
     // ep/peer_links.cpp: peers' inboxes by fi_addr_t or by sender, and their liveness.
     PeerLink *link_for(fi_addr_t addr);
-    PeerLink *link_for_key(const std::string &key);
+    // addr: the peer's address bytes, of which key is made.
+    PeerLink *link_for_key(const std::string &key, std::string_view addr);
     PeerLink *link_to(std::string_view sender);
     fi_addr_t source_of(std::string_view sender);
     void check_peers();

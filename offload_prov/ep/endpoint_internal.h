@@ -24,7 +24,8 @@ struct SegmentInfo {
     uint32_t armed;       // the owner may sleep: the next sender writes its wake FIFO
     uint32_t reserved0;
     uint64_t probe_value;  // what those 8 bytes hold: a CMA probe that reads it reached the owner
-    uint8_t reserved[24];
+    uint64_t net_ns;       // the owner's network namespace (inode of /proc/self/ns/net), 0 unknown
+    uint8_t reserved[16];
 };
 static_assert(sizeof(SegmentInfo) == 64);
 

@@ -9,6 +9,12 @@
 #include "offload_prov/ep/endpoint_internal.h"
 #include "offload_prov/shm/cma.h"
 
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
 namespace tandem::off {
 
 using detail::SegmentInfo;
@@ -47,12 +53,32 @@ Endpoint::PeerLink *Endpoint::link_for(fi_addr_t addr) {
     if (av_->owner().lookup(addr, name, &len) != 0 || len > sizeof name) return nullptr;
     auto key = local_key(name, len);
     if (!key) return nullptr;
-    PeerLink *link = link_for_key(*key);
+    PeerLink *link = link_for_key(*key, std::string_view(reinterpret_cast<char *>(name), len));
     if (link) link_by_addr_[addr] = link;
     return link;
 }
 
-Endpoint::PeerLink *Endpoint::link_for_key(const std::string &key) {
+namespace {
+
+// Whether some socket of our network namespace holds addr (a TCP address and port): then
+// that address names that socket's endpoint here, whatever segment another namespace made
+// under the same name. A bind that fails with EADDRINUSE says so; any other outcome (bound,
+// or the address is not ours at all) leaves the segment's owner as the one meant.
+bool address_taken_here(std::string_view addr) {
+    sockaddr_storage ss{};
+    if (addr.size() > sizeof ss || addr.size() < sizeof(sa_family_t)) return false;
+    memcpy(&ss, addr.data(), addr.size());
+    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return false;
+    bool taken = bind(fd, reinterpret_cast<sockaddr *>(&ss), socklen_t(addr.size())) != 0 &&
+                 errno == EADDRINUSE;
+    close(fd);
+    return taken;
+}
+
+}  // namespace
+
+Endpoint::PeerLink *Endpoint::link_for_key(const std::string &key, std::string_view addr) {
     auto it = links_.find(key);
     if (it != links_.end()) return it->second.get();
     std::optional<ShmSegment> seg;
@@ -66,6 +92,16 @@ Endpoint::PeerLink *Endpoint::link_for_key(const std::string &key) {
     if (__atomic_load_n(&info->magic, __ATOMIC_ACQUIRE) != SegmentInfo::kMagic ||
         info->cell_size != wire::kLocalCellSize || !seg->owner_alive())
         return nullptr;
+    // Segments are named by address, and two network namespaces that share /dev/shm may use
+    // the same address: the one made in another namespace is not the peer meant when a
+    // socket here holds that address.
+    static const uint64_t our_net_ns = own_net_namespace();
+    if (info->net_ns && our_net_ns && info->net_ns != our_net_ns && address_taken_here(addr)) {
+        TANDEM_INFO(FI_LOG_EP_CTRL,
+                    "%s: the segment is another network namespace's; the address is taken here\n",
+                    key.c_str());
+        return nullptr;
+    }
     ShmRing *ring = ShmRing::attach(static_cast<uint8_t *>(seg->data()) + sizeof(SegmentInfo),
                                     seg->data_size() - sizeof(SegmentInfo));
     if (!ring) return nullptr;
@@ -96,7 +132,7 @@ Endpoint::PeerLink *Endpoint::link_to(std::string_view sender) {
     if (last_sender_link_ && sender == last_sender_)
         return last_sender_link_->dead ? nullptr : last_sender_link_;
     auto key = local_key(sender.data(), sender.size());
-    PeerLink *link = key ? link_for_key(*key) : nullptr;
+    PeerLink *link = key ? link_for_key(*key, sender) : nullptr;
     if (link) {
         last_sender_.assign(sender);
         last_sender_link_ = link;

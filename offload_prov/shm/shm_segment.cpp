@@ -175,9 +175,19 @@ uint32_t own_process_token() {
     return token;
 }
 
-uint64_t own_pid_namespace() {
+namespace {
+uint64_t namespace_inode(const char *path) {
     struct stat st;
-    return ::stat("/proc/self/ns/pid", &st) == 0 ? uint64_t(st.st_ino) : 0;
+    return ::stat(path, &st) == 0 ? uint64_t(st.st_ino) : 0;
+}
+}  // namespace
+
+uint64_t own_pid_namespace() {
+    return namespace_inode("/proc/self/ns/pid");
+}
+
+uint64_t own_net_namespace() {
+    return namespace_inode("/proc/self/ns/net");
 }
 
 ShmSegment ShmSegment::create(const std::string &name, size_t size) {

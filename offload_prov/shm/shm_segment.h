@@ -65,8 +65,10 @@ bool process_running(pid_t pid);
 // collective members carry it; ProcessWatch tells whether its process still runs.
 uint32_t own_process_token();
 
-// The pid namespace of this process (the inode of /proc/self/ns/pid); 0 when unreadable.
+// The pid and network namespaces of this process (the inodes of /proc/self/ns/pid and
+// /proc/self/ns/net); 0 when unreadable.
 uint64_t own_pid_namespace();
+uint64_t own_net_namespace();
 
 class ShmSegment {
   public:

@@ -27,13 +27,16 @@ struct RdmEndpoint {
 
     // Returns false, with the step that failed in `why`, instead of asserting: usable in a
     // forked child, which reports through its exit status.
-    bool try_open(std::string &why, uint64_t caps = FI_MSG | FI_TAGGED) {
+    // port: 0 for any, else the endpoint's own port (fi_getinfo's service with FI_SOURCE).
+    bool try_open(std::string &why, uint64_t caps = FI_MSG | FI_TAGGED, uint16_t port = 0) {
         fi_info *hints = fi_allocinfo();
         hints->ep_attr->type = FI_EP_RDM;
         hints->caps = caps;
         hints->fabric_attr->prov_name = strdup("tandem");
         fi_info *all = nullptr;
-        int ret = fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", nullptr, 0, hints, &all);
+        std::string service = std::to_string(port);
+        int ret = fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", port ? service.c_str() : nullptr,
+                             port ? FI_SOURCE : 0, hints, &all);
         fi_freeinfo(hints);
         if (ret) return why = "fi_getinfo", false;
         for (fi_info *fi = all; fi && !info; fi = fi->next)

@@ -19,6 +19,10 @@
 #include <poll.h>
 #include <signal.h>
 #include <netinet/in.h>
+#include <net/if.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -118,6 +122,93 @@ TEST(LocalSegments, ADeadProcessesSegmentsAreReapedByTheNextEndpoint) {
     auto now = tandem_segments();
     for (const auto &n : orphans) EXPECT_EQ(now.count(n), 0u) << n << " of a dead process kept";
     rdm.close();
+}
+
+// Two network namespaces that share /dev/shm can each have an endpoint at 127.0.0.1:P, but
+// only one segment of that name: the other namespace's. An endpoint of ours sending to
+// 127.0.0.1:P means the endpoint of our namespace, and must not write into the other
+// namespace's inbox. (Without the check, the message goes to the wrong process and the one
+// meant never gets it.)
+TEST(LocalSegments, TheSameAddressInAnotherNetworkNamespaceIsAnotherEndpoint) {
+    if (geteuid() != 0) GTEST_SKIP() << "needs root for a network namespace";
+    int to_parent[2], to_child[2];
+    ASSERT_EQ(pipe(to_parent), 0);
+    ASSERT_EQ(pipe(to_child), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        // Another network namespace, with its own loopback up: its 127.0.0.1 is not ours.
+        int32_t report = -1;
+        if (unshare(CLONE_NEWNET) != 0) {
+            report = -errno;
+            (void)!write(to_parent[1], &report, sizeof report);
+            _exit(1);
+        }
+        int s = socket(AF_INET, SOCK_DGRAM, 0);
+        ifreq ifr{};
+        strcpy(ifr.ifr_name, "lo");
+        if (s < 0 || ioctl(s, SIOCGIFFLAGS, &ifr) != 0) _exit(2);
+        ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+        if (ioctl(s, SIOCSIFFLAGS, &ifr) != 0) _exit(3);
+        close(s);
+        Rdm other;
+        std::string why;
+        if (!other.try_open(why)) _exit(4);
+        sockaddr_in name{};
+        size_t len = sizeof name;
+        if (fi_getname(&other.ep->fid, &name, &len) != 0) _exit(5);
+        report = ntohs(name.sin_port);
+        (void)!write(to_parent[1], &report, sizeof report);
+        char done;
+        (void)!read(to_child[0], &done, 1);  // keeps its endpoint (and segment) until told
+        // Whatever reached its inbox: it must have received nothing.
+        std::vector<void *> got;
+        size_t errors = 0;
+        for (int i = 0; i < 100; ++i) other.poll(got, errors);
+        _exit(got.empty() && errors == 0 ? 0 : 6);
+    }
+    close(to_parent[1]);
+    close(to_child[0]);
+    int32_t port = 0;
+    pollfd pf{to_parent[0], POLLIN, 0};
+    ASSERT_EQ(poll(&pf, 1, 20000), 1);
+    ASSERT_EQ(read(to_parent[0], &port, sizeof port), ssize_t(sizeof port));
+    if (port < 0) {
+        waitpid(pid, nullptr, 0);
+        GTEST_SKIP() << "unshare(CLONE_NEWNET): " << strerror(-port);
+    }
+    ASSERT_GT(port, 0);
+
+    // Our endpoint at the same address and port: its segment name is taken (by the other
+    // namespace's live endpoint), so it is reached over its link.
+    Rdm meant, sender;
+    std::string why;
+    ASSERT_TRUE(meant.try_open(why, FI_MSG | FI_TAGGED, uint16_t(port))) << why;
+    ASSERT_TRUE(sender.try_open(why)) << why;
+    fi_addr_t dest = sender.insert(meant);
+    uint64_t payload = 0x5eed5eed5eed5eedull, got_payload = 0;
+    ASSERT_EQ(fi_trecv(meant.ep, &got_payload, sizeof got_payload, nullptr, FI_ADDR_UNSPEC, 7, 0,
+                       &got_payload),
+              0);
+    ASSERT_EQ(fi_tsend(sender.ep, &payload, sizeof payload, nullptr, dest, 7, &payload), 0);
+    std::vector<void *> done;
+    size_t errors = 0;
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (done.size() < 2 && errors == 0 && std::chrono::steady_clock::now() < deadline) {
+        sender.poll(done, errors);
+        meant.poll(done, errors);
+    }
+    EXPECT_EQ(errors, 0u);
+    EXPECT_EQ(got_payload, payload) << "the endpoint meant did not get the message";
+    char go = 1;
+    ASSERT_EQ(write(to_child[1], &go, 1), 1);
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "the other namespace's endpoint: status " << status;
+    close(to_parent[0]);
+    close(to_child[1]);
+    sender.close();
+    meant.close();
 }
 
 // The inbox segment of an endpoint (named after its IPv4 address, as off_tandem names it),
