@@ -2,12 +2,13 @@
 # Compare tandem against the system libfabric's tcp;ofi_rxm (and UCX over TCP when
 # ucx_perftest is installed) on this machine, as ratios of medians over alternating runs.
 #
-#   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] [-p "PROV,PROV,..."] [--local] [--no-ucx]
+#   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] [-p "PROV,PROV,..."] [--local | --paths LIST]
+#                    [--sizes LIST] [--no-ucx] [--json FILE] [--plot [DIR]]
 #   scripts/bench.sh [-b BUILD_DIR] --hmem
-#   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --atomic [--local]
-#   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --trigger [--local]
-#   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --coll [--np "2 4 8"]
-#   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --nccl [--local]
+#   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --atomic [--local] [--json FILE]
+#   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --trigger [--local] [--json FILE]
+#   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --coll [--np "2 4 8"] [--json FILE]
+#   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --nccl [--local] [--json FILE]
 #
 #   -b BUILD_DIR  the CMake build directory (default: <repo>/build); needs
 #                 BUILD_DIR/bench/tandem_bench (--coll: BUILD_DIR/bench/coll_bench) and, for
@@ -20,6 +21,37 @@
 #                 providers "tandem,shm", UCX_TLS=posix,cma). Without it tandem runs with
 #                 FI_TANDEM_LOCAL=0, so that its TCP link is what is compared with tcp;ofi_rxm.
 #   --no-ucx      skip ucx_perftest
+#   --sizes LIST  message sizes in tandem_bench's -S syntax: a comma list (8,4k,1m) and/or
+#                 ranges of powers of two (8:4m); default 8,1m. tandem_bench measures them all
+#                 in its one run; ucx_perftest runs latency and bandwidth once per size, with
+#                 iteration counts that shrink as the size grows (latency 20000 * 8 / size,
+#                 within 200..20000; bandwidth 1000 * 1 MiB / size, within 50..100000). With
+#                 sizes other than 8,1m each run prints one line per provider of
+#                 SIZE:latency/tagged bandwidth, and the tables have a row per metric and size.
+#   --paths LIST  link, local or link,local: the comparisons to make, each with the defaults
+#                 of its own (link: providers "tandem,tcp;ofi_rxm", UCX_TLS=tcp,
+#                 FI_TANDEM_LOCAL=0; local: as --local). -p only with a single path. Default:
+#                 local with --local, else link; --local and --paths exclude each other. Each
+#                 run goes through every path; the medians and ratios are printed per path.
+#   --json FILE   also write the results as JSON. The default mode always does (default FILE
+#                 BUILD_DIR/bench-results/bench-YYYYmmdd-HHMMSS.json; "bench.sh: results in
+#                 FILE" at the end): {"tool", "date" (ISO 8601), "host", "cores", "build",
+#                 "runs", "paths": [...], "sizes": [bytes...], "results": [{"run", "path",
+#                 "provider", "metric", "size", "value", "unit"}...], "medians": [{"path",
+#                 "provider", "metric", "size", "value", "unit"}...], "failures": [{"run",
+#                 "path", "provider", "failed": true}...]}, one object per line in the arrays;
+#                 metric latency (us), tagged_bw and rma_write_bw (MB/s; UCX has no RMA); a
+#                 failed run has no results, only its failures entry. --atomic, --trigger,
+#                 --coll and --nccl write one only when asked: {"tool", "mode", "date", "host",
+#                 "cores", "build", "runs", "results": [{"label", "key", "value"}...],
+#                 "medians": [{"label", "key", "value"}...], "failures": [{"label", "failed":
+#                 true}...]}, label and key as those modes key their tables (no run numbers).
+#   --plot [DIR]  after the runs, charts of the medians (scripts/bench-plot.sh, gnuplot):
+#                 DIR/latency.png (log-log) and DIR/bandwidth.png (tagged, log x), one series
+#                 per provider and path, and the same charts as latency.svg and bandwidth.svg.
+#                 DIR defaults to the JSON file's name without .json. Without --sizes it means
+#                 --sizes 8,64,512,4k,32k,256k,1m,4m; without --paths or --local, --paths
+#                 link,local.
 #   --hmem        GPU memory instead: BUILD_DIR/bench/hmem_bench, device-to-device ping-pong
 #                 under each FI_OPT_FI_HMEM_P2P policy, node-local and over the network path.
 #                 With a real CUDA driver it measures the GPU; without one it runs on the
@@ -68,10 +100,13 @@
 #                 does not apply.
 #
 # Each run is one tandem_bench process pair (fork mode: server and client on this host, both
-# busy-polling, nothing pinned) measuring 8 B tagged ping-pong latency and 1 MiB tagged-send
-# and RMA-write bandwidth (window 64). Prints every run, then medians and the ratios
-# first/second for 8 B latency (lower is better) and 1 MiB bandwidth (higher is better).
-# Exits non-zero if any run of any provider failed.
+# busy-polling, nothing pinned) per provider and path measuring tagged ping-pong latency and
+# tagged-send and RMA-write bandwidth (window 64) at every size (by default 8 B and 1 MiB, of
+# which the tables show 8 B latency and 1 MiB bandwidth). Prints every run (from the second
+# with the time taken so far and an estimate of the time left), then medians and the ratios
+# first/second for latency (lower is better) and bandwidth (higher is better), and where the
+# JSON file went. Exits non-zero if any run of any provider failed (a failed UCX run, any of
+# its sizes failing, counts none of its figures) or the charts could not be drawn.
 set -u
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -87,8 +122,20 @@ trigger=0
 coll=0
 nccl=0
 nps=""
+json=""
+size_list=""
+path_list=""
+plot=0
+plot_dir=""
 while [ $# -gt 0 ]; do
     case $1 in
+        --json|--sizes|--paths)
+            [ $# -ge 2 ] || { echo "bench.sh: $1 needs a value (see -h)" >&2; exit 1; }
+            case $1 in --json) json=$2 ;; --sizes) size_list=$2 ;; --paths) path_list=$2 ;; esac
+            shift 2 ;;
+        --plot)  # an optional DIR: the next word, unless it is an option
+            plot=1; shift
+            if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then plot_dir=$1; shift; fi ;;
         -b) build=$2; shift 2 ;;
         -n) runs=$2; shift 2 ;;
         -p) providers=$2; shift 2 ;;
@@ -105,6 +152,101 @@ while [ $# -gt 0 ]; do
     esac
 done
 build=$(cd "$build" 2>/dev/null && pwd) || { echo "bench.sh: no build directory $build" >&2; exit 1; }
+started=$(date +%s)
+case $runs in
+    ''|*[!0-9]*) echo "bench.sh: bad -n \"$runs\" (a count of runs)" >&2; exit 1 ;;
+esac
+
+# expand_sizes LIST: the byte counts of a tandem_bench -S list (see its parse_sizes), one per
+# line, ascending and each once; fails on what tandem_bench would refuse.
+expand_sizes() {
+    local bytes
+    bytes=$(awk -v list="$1" '
+        function bytes(s,   m) {
+            if (s !~ /^[0-9]+([kKmMgG][iI]?[bB]?)?$/) return -1
+            m = 1
+            if (s ~ /[kK]/) m = 1024; else if (s ~ /[mM]/) m = 1048576; else if (s ~ /[gG]/) m = 1073741824
+            return (s + 0) * m
+        }
+        BEGIN {
+            k = split(list, item, ",")
+            if (k == 0) exit 1
+            for (i = 1; i <= k; i++) {
+                c = index(item[i], ":")
+                if (!c) {
+                    v = bytes(item[i])
+                    if (v < 0) exit 1
+                    printf "%.0f\n", v
+                    continue
+                }
+                lo = bytes(substr(item[i], 1, c - 1)); hi = bytes(substr(item[i], c + 1))
+                if (lo < 0 || hi < 0) exit 1
+                if (lo == 0) { print 0; lo = 1 }
+                for (v = lo; v <= hi; v *= 2) printf "%.0f\n", v
+            }
+        }') || return 1
+    sort -nu <<<"$bytes"
+}
+
+default_mode=0
+[ "$hmem$atomic$trigger$coll$nccl" = 00000 ] && default_mode=1
+if [ "$default_mode" = 0 ]; then
+    if [ -n "$size_list$path_list" ] || [ "$plot" = 1 ]; then
+        echo "bench.sh: --sizes, --paths and --plot apply to the default mode only (see -h)" >&2
+        exit 1
+    fi
+    [ "$hmem" = 0 ] || [ -z "$json" ] || { echo "bench.sh: --json does not apply to --hmem (see -h)" >&2; exit 1; }
+else
+    if [ -n "$path_list" ] && [ "$local" = 1 ]; then
+        echo "bench.sh: --local and --paths exclude each other (--local is --paths local; see -h)" >&2
+        exit 1
+    fi
+    if [ "$plot" = 1 ]; then
+        [ -n "$size_list" ] || size_list=8,64,512,4k,32k,256k,1m,4m
+        [ -n "$path_list" ] || [ "$local" = 1 ] || path_list=link,local
+        command -v gnuplot >/dev/null 2>&1 || {
+            echo "bench.sh: --plot needs gnuplot (apt-get install gnuplot-nox, or scripts/install-deps.sh)" >&2
+            exit 1
+        }
+    fi
+    [ -n "$size_list" ] || size_list=8,1m
+    if [ -z "$path_list" ]; then
+        if [ "$local" = 1 ]; then path_list="local"; else path_list="link"; fi
+    fi
+    # the paths to compare, in the order given, each once
+    bench_paths=()
+    IFS=',' read -ra items <<<"$path_list"
+    for item in "${items[@]}"; do
+        case $item in
+            link|local) ;;
+            *) echo "bench.sh: bad --paths \"$path_list\" (link, local or link,local)" >&2; exit 1 ;;
+        esac
+        case " ${bench_paths[*]} " in *" $item "*) ;; *) bench_paths+=("$item") ;; esac
+    done
+    [ "${#bench_paths[@]}" -gt 0 ] || { echo "bench.sh: bad --paths \"$path_list\" (link, local or link,local)" >&2; exit 1; }
+    if [ "${#bench_paths[@]}" -gt 1 ] && [ -n "$providers" ]; then
+        echo "bench.sh: -p needs a single path (with --paths $path_list each path has its own providers; see -h)" >&2
+        exit 1
+    fi
+    if ! sizes_text=$(expand_sizes "$size_list") || [ -z "$sizes_text" ]; then
+        echo "bench.sh: bad --sizes \"$size_list\" (tandem_bench -S syntax: 8,4k,1m or 8:4m)" >&2
+        exit 1
+    fi
+    mapfile -t bench_sizes <<<"$sizes_text"
+    # Sizes 8 and 1 MiB alone (the default): today's one line per provider and run, and the
+    # three-row table of 8 B latency and 1 MiB bandwidth. Otherwise every size everywhere.
+    classic=0
+    [ "${bench_sizes[*]}" = "8 1048576" ] && classic=1
+    [ -n "$json" ] || json=$build/bench-results/bench-$(date -d "@$started" +%Y%m%d-%H%M%S).json
+    if ! mkdir -p "$(dirname "$json")" || [ ! -w "$(dirname "$json")" ]; then
+        echo "bench.sh: cannot write $json" >&2
+        exit 1
+    fi
+    if [ -z "$plot_dir" ]; then
+        plot_dir=${json%.json}
+        [ "$plot_dir" != "$json" ] || plot_dir=$json.charts
+    fi
+fi
 if [ "$coll" = 1 ]; then
     if [ "$hmem" = 1 ] || [ "$atomic" = 1 ] || [ "$trigger" = 1 ]; then
         echo "bench.sh: --coll excludes --hmem, --atomic and --trigger (see -h)" >&2
@@ -167,14 +309,19 @@ if [ "$atomic" = 1 ] || [ "$trigger" = 1 ]; then
     use_ucx=0
 fi
 
-if [ "$local" = 1 ]; then
-    [ -n "$providers" ] || providers="tandem,shm"
-    ucx_tls=posix,cma ucx_name="ucx(sm)" tandem_local=1
-else
-    [ -n "$providers" ] || providers="tandem,tcp;ofi_rxm"
-    ucx_tls=tcp ucx_name="ucx(tcp)" tandem_local=0
-fi
-IFS=',' read -ra provs <<<"$providers"
+# path_config PATH (default mode): the providers (provs), UCX transports and tandem's
+# node-local switch of one path. local: tandem through off_tandem's shared memory against shm
+# and UCX's shared-memory transports; link: tandem with FI_TANDEM_LOCAL=0 against tcp;ofi_rxm
+# and UCX over TCP. -p replaces the providers (one path only).
+path_config() {
+    if [ "$1" = local ]; then
+        IFS=',' read -ra provs <<<"${providers:-"tandem,shm"}"
+        ucx_tls=posix,cma ucx_name="ucx(sm)" tandem_local=1
+    else
+        IFS=',' read -ra provs <<<"${providers:-"tandem,tcp;ofi_rxm"}"
+        ucx_tls=tcp ucx_name="ucx(tcp)" tandem_local=0
+    fi
+}
 if [ "$use_ucx" = 1 ] && ! command -v ucx_perftest >/dev/null 2>&1; then
     echo "bench.sh: ucx_perftest not found, skipping UCX (apt-get install ucx-utils)"
     use_ucx=0
@@ -182,8 +329,80 @@ fi
 
 results=$(mktemp)
 tmp=$(mktemp -d)
-trap 'rm -rf "$results" "$tmp"' EXIT
+trap 'mode_json; rm -rf "$results" "$tmp"' EXIT
 failed=0
+
+# The JSON files (--json; the default mode's is always written). awk_json: functions for the
+# awk programs that write them: jstr (a JSON string), isnum (a number JSON takes as it is) and
+# median (of vals[K, 1..N], as the tables print it: the middle value, or the mean of the two
+# middle ones with FMT).
+awk_json='
+function jstr(s,   i, c, o) {
+    o = ""
+    for (i = 1; i <= length(s); i++) {
+        c = substr(s, i, 1)
+        o = o ((c == "\\" || c == "\"") ? "\\" c : c)
+    }
+    return "\"" o "\""
+}
+function isnum(v) { return v ~ /^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$/ }
+function median(k, n, fmt,   i, j, t, a) {
+    for (i = 1; i <= n; i++) a[i] = vals[k, i]
+    for (i = 2; i <= n; i++) {
+        t = a[i]
+        for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; j--) a[j + 1] = a[j]
+        a[j + 1] = t
+    }
+    if (n % 2) return a[(n + 1) / 2]
+    return sprintf(fmt, (a[n / 2] + a[n / 2 + 1]) / 2)
+}'
+# json_head [MODE]: the opening members common to every JSON file, one per line.
+json_head() {
+    awk -v mode="${1:-}" -v date="$(date -d "@$started" -Iseconds)" -v host="$(uname -n)" \
+        -v cores="$(nproc)" -v build="$build" -v runs="$runs" "$awk_json"'
+        BEGIN {
+            print "{"
+            print "  \"tool\": \"tandem scripts/bench.sh\","
+            if (mode != "") print "  \"mode\": " jstr(mode) ","
+            print "  \"date\": " jstr(date) ","
+            print "  \"host\": " jstr(host) ","
+            print "  \"cores\": " cores ","
+            print "  \"build\": " jstr(build) ","
+            print "  \"runs\": " runs ","
+        }'
+}
+# mode_json (at exit): with --json, --atomic, --trigger, --coll and --nccl write their results
+# file's "LABEL KEY VALUE" lines ("LABEL failed 1" for a failed run) and the medians.
+mode_json() {
+    [ "$default_mode" = 0 ] && [ -n "$json" ] && [ -e "$results" ] || return 0
+    local mode fmt=%.2f
+    for mode in atomic trigger coll nccl; do [ "${!mode}" = 1 ] && break; done
+    [ "$mode" = coll ] && fmt=%.4g
+    { json_head "$mode"
+      awk -v fmt="$fmt" "$awk_json"'
+        $2 == "failed" { fail[++nf] = $1; next }
+        NF >= 3 && isnum($3) {
+            k = $1 SUBSEP $2
+            if (!(k in cnt)) { key[++nk] = k; lab[nk] = $1; nam[nk] = $2 }
+            vals[k, ++cnt[k]] = $3
+            res[++nr] = "{\"label\":" jstr($1) ",\"key\":" jstr($2) ",\"value\":" $3 "}"
+        }
+        END {
+            print "  \"results\": ["
+            for (i = 1; i <= nr; i++) print "    " res[i] (i < nr ? "," : "")
+            print "  ],"
+            print "  \"medians\": ["
+            for (i = 1; i <= nk; i++)
+                print "    {\"label\":" jstr(lab[i]) ",\"key\":" jstr(nam[i]) ",\"value\":" \
+                      median(key[i], cnt[key[i]], fmt) "}" (i < nk ? "," : "")
+            print "  ],"
+            print "  \"failures\": ["
+            for (i = 1; i <= nf; i++) print "    {\"label\":" jstr(fail[i]) ",\"failed\":true}" (i < nf ? "," : "")
+            print "  ]"
+            print "}"
+        }' "$results"
+    } >"$json" && echo "bench.sh: results in $json"
+}
 
 median() {  # median PROV METRIC
     awk -v p="$1" -v m="$2" '$1 == p && $2 == m { print $3 }' "$results" |
@@ -555,29 +774,68 @@ if [ "$trigger" = 1 ]; then
     keyed_exit
 fi
 
-# run_libfabric PROV: one tandem_bench run; appends "PROV metric value" lines.
+# The default mode: every provider of every path, and UCX, in each run. $tmp/runs holds a
+# line "RUN PATH PROVIDER METRIC SIZE VALUE" per figure (metric latency, tagged_bw or
+# rma_write_bw), $tmp/fails a line "RUN PATH PROVIDER" per failed run (it has no figures).
+: >"$tmp/runs"
+: >"$tmp/fails"
+multi=0
+[ "${#bench_paths[@]}" -gt 1 ] && multi=1
+lw=14  # the width of the providers' names in the per-run lines
+[ "$multi" = 1 ] && lw=20
+# tandem_bench's watchdog: 280 s as ever for up to two sizes, 30 s more per further size
+bench_watchdog=280
+[ "${#bench_sizes[@]}" -gt 2 ] && bench_watchdog=$((280 + 30 * (${#bench_sizes[@]} - 2)))
+# awk_sz: sz(BYTES), a size as the per-run lines name it (8, 64K, 1M)
+awk_sz='function sz(b) {
+            if (b >= 1048576 && b % 1048576 == 0) return b / 1048576 "M"
+            if (b >= 1024 && b % 1024 == 0) return b / 1024 "K"
+            return b }'
+# size_name BYTES: a size as the tables name it (8 B, 64 KiB, 1 MiB)
+size_name() {
+    awk -v b="$1" 'BEGIN { if (b >= 1048576 && b % 1048576 == 0) print b / 1048576 " MiB"
+                           else if (b >= 1024 && b % 1024 == 0) print b / 1024 " KiB"
+                           else print b " B" }'
+}
+# label PROV PATH: how the per-run lines name a provider (with the path when there are two)
+label() {
+    if [ "$multi" = 1 ]; then echo "$1 ($2)"; else echo "$1"; fi
+}
+
+# run_libfabric PATH PROV RUN: one tandem_bench run at every size; appends to $tmp/runs.
 run_libfabric() {
-    local prov=$1 out=$tmp/out
+    local path=$1 prov=$2 run=$3 out=$tmp/out name
+    name=$(label "$prov" "$path")
     local -a envs=(env -u FI_PROVIDER)
     case $prov in
         tandem|tandem\;*) envs+=(FI_PROVIDER_PATH="$build/lib" FI_TANDEM_LOCAL=$tandem_local) ;;
         *) envs+=(-u FI_PROVIDER_PATH) ;;
     esac
-    if ! timeout 300 "${envs[@]}" "$bench" -p "$prov" -S 8,1m -t lat,bw,rma -T 280 >"$out" 2>&1; then
-        echo "  $prov: FAILED:"
+    if ! timeout $((bench_watchdog + 20)) "${envs[@]}" "$bench" -p "$prov" -S "$size_list" -t lat,bw,rma \
+            -T "$bench_watchdog" >"$out" 2>&1; then
+        echo "  $name: FAILED:"
         sed 's/^/    /' "$out"
-        echo "$prov failed 1" >>"$results"
+        echo "$run $path $prov" >>"$tmp/fails"
         failed=1
         return
     fi
-    # table rows: size lat_us tag_bw rma_bw
-    awk -v p="$prov" '!/^#/ && $1 == 8 { print p, "lat8", $2 }
-                      !/^#/ && $1 == 1048576 { print p, "tagbw1m", $3; print p, "rmabw1m", $4 }' "$out" |
-        grep -v ' -$' >>"$results"
-    printf '  %-14s 8 B lat %8s us   1 MiB tagged %9s MB/s   1 MiB rma write %9s MB/s\n' "$prov" \
-        "$(awk '!/^#/ && $1 == 8 { print $2 }' "$out")" \
-        "$(awk '!/^#/ && $1 == 1048576 { print $3 }' "$out")" \
-        "$(awk '!/^#/ && $1 == 1048576 { print $4 }' "$out")"
+    # table rows: size lat_us tag_bw rma_bw ("-" for what was not measured)
+    awk -v r="$run" -v path="$path" -v p="$prov" "$awk_json"'
+        !/^#/ && NF >= 4 && $1 ~ /^[0-9]+$/ {
+            if (isnum($2)) print r, path, p, "latency", $1, $2
+            if (isnum($3)) print r, path, p, "tagged_bw", $1, $3
+            if (isnum($4)) print r, path, p, "rma_write_bw", $1, $4
+        }' "$out" >>"$tmp/runs"
+    if [ "$classic" = 1 ]; then
+        printf "  %-${lw}s 8 B lat %8s us   1 MiB tagged %9s MB/s   1 MiB rma write %9s MB/s\n" "$name" \
+            "$(awk '!/^#/ && $1 == 8 { print $2 }' "$out")" \
+            "$(awk '!/^#/ && $1 == 1048576 { print $3 }' "$out")" \
+            "$(awk '!/^#/ && $1 == 1048576 { print $4 }' "$out")"
+    else
+        printf "  %-${lw}s" "$name"
+        awk "$awk_sz"' !/^#/ && NF >= 4 && $1 ~ /^[0-9]+$/ { printf " %s:%sus/%sMB/s", sz($1), $2, $3 }' "$out"
+        echo
+    fi
 }
 
 ucx_port=$((47970 + RANDOM % 20))
@@ -603,46 +861,195 @@ run_ucx() {
     esac
 }
 
-echo "bench.sh: $runs runs of: ${provs[*]}$([ "$use_ucx" = 1 ] && echo ", ucx_perftest (UCX_TLS=$ucx_tls)")"
-echo "          tandem's node-local path: $([ "$tandem_local" = 1 ] && echo on || echo off)"
+# run_ucx_sizes PATH RUN: ucx_perftest's tag_lat and tag_bw at every size, the iteration counts
+# shrinking with the size (8 B latency and 1 MiB bandwidth as ever: 20000 and 1000); appends
+# to $tmp/runs, or (any of them failed) to $tmp/fails.
+run_ucx_sizes() {
+    local path=$1 run=$2 s b li bi lat bw ok=1 line="" lat8="" bw1m=""
+    : >"$tmp/ucx_run"
+    for s in "${bench_sizes[@]}"; do
+        b=$((s > 0 ? s : 1))
+        li=$((20000 * 8 / b)) bi=$((1000 * 1048576 / b))
+        li=$((li < 200 ? 200 : li > 20000 ? 20000 : li))
+        bi=$((bi < 50 ? 50 : bi > 100000 ? 100000 : bi))
+        lat=$(run_ucx tag_lat "$s" "$li" $((li / 10)))
+        bw=$(run_ucx tag_bw "$s" "$bi" $((bi / 10)))
+        [[ $lat =~ ^[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$ ]] || lat=""
+        [[ $bw =~ ^[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$ ]] || bw=""
+        [ -n "$lat" ] && echo "$run $path $ucx_name latency $s $lat" >>"$tmp/ucx_run"
+        [ -n "$bw" ] && echo "$run $path $ucx_name tagged_bw $s $bw" >>"$tmp/ucx_run"
+        [ -n "$lat" ] && [ -n "$bw" ] || ok=0
+        [ "$s" = 8 ] && lat8=$lat
+        [ "$s" = 1048576 ] && bw1m=$bw
+        line+=" $(awk -v b="$s" "$awk_sz"' BEGIN { printf "%s", sz(b) }'):${lat:-FAIL}us/${bw:-FAIL}MB/s"
+    done
+    if [ "$ok" = 1 ]; then
+        cat "$tmp/ucx_run" >>"$tmp/runs"
+    else
+        echo "$run $path $ucx_name" >>"$tmp/fails"
+        failed=1
+    fi
+    if [ "$classic" = 1 ]; then
+        printf "  %-${lw}s 8 B lat %8s us   1 MiB tagged %9s MB/s\n" "$(label "$ucx_name" "$path")" \
+            "${lat8:-FAIL}" "${bw1m:-FAIL}"
+    else
+        printf "  %-${lw}s%s\n" "$(label "$ucx_name" "$path")" "$line"
+    fi
+}
+
+ucx_note() { [ "$use_ucx" = 1 ] && echo ", ucx_perftest (UCX_TLS=$ucx_tls)"; }
+local_note() { if [ "$tandem_local" = 1 ]; then echo on; else echo off; fi; }
+if [ "$multi" = 0 ]; then
+    path_config "${bench_paths[0]}"
+    echo "bench.sh: $runs runs of: ${provs[*]}$(ucx_note)"
+    echo "          tandem's node-local path: $(local_note)"
+else
+    echo "bench.sh: $runs runs, each through the paths ${bench_paths[*]}:"
+    for path in "${bench_paths[@]}"; do
+        path_config "$path"
+        printf '  %-6s %s%s; tandem'\''s node-local path: %s\n' "$path:" "${provs[*]}" "$(ucx_note)" "$(local_note)"
+    done
+fi
+if [ "$classic" = 0 ]; then
+    echo "          sizes:$(for s in "${bench_sizes[@]}"; do awk -v b="$s" "$awk_sz"' BEGIN { printf " %s", sz(b) }'; done)" \
+         "(a run's line: SIZE:latency/tagged bandwidth)"
+fi
 echo "          build $build; load average now: $(cut -d' ' -f1-3 /proc/loadavg)"
+t0=$SECONDS
 for r in $(seq 1 "$runs"); do
-    echo "run $r/$runs"
-    for prov in "${provs[@]}"; do run_libfabric "$prov"; done
-    if [ "$use_ucx" = 1 ]; then
-        lat=$(run_ucx tag_lat 8 20000 2000)
-        bw=$(run_ucx tag_bw 1048576 1000 100)
-        [ -n "$lat" ] && echo "$ucx_name lat8 $lat" >>"$results"
-        [ -n "$bw" ] && echo "$ucx_name tagbw1m $bw" >>"$results"
-        printf '  %-14s 8 B lat %8s us   1 MiB tagged %9s MB/s\n' "$ucx_name" "${lat:-FAIL}" "${bw:-FAIL}"
-        [ -n "$lat" ] && [ -n "$bw" ] || failed=1
+    if [ "$r" = 1 ]; then
+        echo "run $r/$runs"
+    else
+        spent=$((SECONDS - t0))
+        echo "run $r/$runs (elapsed ${spent}s, about $(((spent * (runs - r + 1) + (r - 1) / 2) / (r - 1)))s left)"
+    fi
+    for path in "${bench_paths[@]}"; do
+        path_config "$path"
+        for prov in "${provs[@]}"; do run_libfabric "$path" "$prov" "$r"; done
+        [ "$use_ucx" = 1 ] && run_ucx_sizes "$path" "$r"
+    done
+done
+
+# The medians, "PATH PROVIDER METRIC SIZE VALUE" in the order of the tables, into $tmp/medians
+# and med[PATH|PROVIDER|METRIC|SIZE].
+for path in "${bench_paths[@]}"; do
+    path_config "$path"
+    names=("${provs[@]}")
+    [ "$use_ucx" = 1 ] && names+=("$ucx_name")
+    for n in "${names[@]}"; do
+        for m in latency tagged_bw rma_write_bw; do
+            for s in "${bench_sizes[@]}"; do echo "$path $n $m $s"; done
+        done
+    done
+done >"$tmp/keys"
+awk "$awk_json"'
+    NR == FNR { k = $2 SUBSEP $3 SUBSEP $4 SUBSEP $5; vals[k, ++cnt[k]] = $6; next }
+    { k = $1 SUBSEP $2 SUBSEP $3 SUBSEP $4; if (k in cnt) print $0, median(k, cnt[k], "%.2f") }' \
+    "$tmp/runs" "$tmp/keys" >"$tmp/medians"
+declare -A med=()
+while read -r path n m s v; do med["$path|$n|$m|$s"]=$v; done <"$tmp/medians"
+# median_of PATH PROVIDER METRIC SIZE
+median_of() { echo "${med["$1|$2|$3|$4"]:-n/a}"; }
+
+for path in "${bench_paths[@]}"; do
+    path_config "$path"
+    names=("${provs[@]}")
+    [ "$use_ucx" = 1 ] && names+=("$ucx_name")
+    echo
+    if [ "$multi" = 1 ]; then
+        echo "medians over $runs runs, path $path (tandem's node-local path: $(local_note))"
+    else
+        echo "medians over $runs runs"
+    fi
+    printf '%-26s' "metric"
+    for n in "${names[@]}"; do printf ' %14s' "$n"; done
+    echo
+    rows=()
+    if [ "$classic" = 1 ]; then
+        rows=("latency 8:8 B latency (us)" "tagged_bw 1048576:1 MiB tagged (MB/s)"
+              "rma_write_bw 1048576:1 MiB rma write (MB/s)")
+    else
+        for m in "latency:latency (us)" "tagged_bw:tagged (MB/s)" "rma_write_bw:rma write (MB/s)"; do
+            for s in "${bench_sizes[@]}"; do rows+=("${m%%:*} $s:$(size_name "$s") ${m#*:}"); done
+        done
+    fi
+    for row in "${rows[@]}"; do
+        key=${row%%:*}
+        printf '%-26s' "${row#*:}"
+        for n in "${names[@]}"; do printf ' %14s' "$(median_of "$path" "$n" "${key% *}" "${key#* }")"; done
+        echo
+    done
+    [ "${#provs[@]}" -ge 2 ] || continue
+    a=${provs[0]} b=${provs[1]}
+    q() { ratio "$(median_of "$path" "$1" "$3" "$4")" "$(median_of "$path" "$2" "$3" "$4")"; }
+    echo
+    if [ "$classic" = 1 ]; then
+        echo "ratios $a / $b (medians):"
+        printf '  8 B latency      %6s   (below 1: %s is faster)\n' "$(q "$a" "$b" latency 8)" "$a"
+        printf '  1 MiB tagged bw  %6s   (above 1: %s moves more)\n' "$(q "$a" "$b" tagged_bw 1048576)" "$a"
+        printf '  1 MiB rma bw     %6s\n' "$(q "$a" "$b" rma_write_bw 1048576)"
+        if [ "$use_ucx" = 1 ]; then
+            echo "ratios $a / $ucx_name (medians):"
+            printf '  8 B latency      %6s\n' "$(q "$a" "$ucx_name" latency 8)"
+            printf '  1 MiB tagged bw  %6s\n' "$(q "$a" "$ucx_name" tagged_bw 1048576)"
+        fi
+    else
+        echo "ratios $a / $b (medians; latency below 1: $a is faster, bandwidth above 1: $a moves more):"
+        printf '  %-9s %8s %10s %8s\n' size latency "tagged bw" "rma bw"
+        for s in "${bench_sizes[@]}"; do
+            printf '  %-9s %8s %10s %8s\n' "$(size_name "$s")" "$(q "$a" "$b" latency "$s")" \
+                "$(q "$a" "$b" tagged_bw "$s")" "$(q "$a" "$b" rma_write_bw "$s")"
+        done
+        if [ "$use_ucx" = 1 ]; then
+            echo "ratios $a / $ucx_name (medians):"
+            printf '  %-9s %8s %10s\n' size latency "tagged bw"
+            for s in "${bench_sizes[@]}"; do
+                printf '  %-9s %8s %10s\n' "$(size_name "$s")" "$(q "$a" "$ucx_name" latency "$s")" \
+                    "$(q "$a" "$ucx_name" tagged_bw "$s")"
+            done
+        fi
     fi
 done
 
-names=("${provs[@]}")
-[ "$use_ucx" = 1 ] && names+=("$ucx_name")
-echo
-echo "medians over $runs runs"
-printf '%-26s' "metric"
-for n in "${names[@]}"; do printf ' %14s' "$n"; done
-echo
-for m in "lat8:8 B latency (us)" "tagbw1m:1 MiB tagged (MB/s)" "rmabw1m:1 MiB rma write (MB/s)"; do
-    key=${m%%:*}
-    printf '%-26s' "${m#*:}"
-    for n in "${names[@]}"; do printf ' %14s' "$(median "$n" "$key")"; done
-    echo
-done
-if [ "${#provs[@]}" -ge 2 ]; then
-    a=${provs[0]} b=${provs[1]}
-    echo
-    echo "ratios $a / $b (medians):"
-    printf '  8 B latency      %6s   (below 1: %s is faster)\n' "$(ratio "$(median "$a" lat8)" "$(median "$b" lat8)")" "$a"
-    printf '  1 MiB tagged bw  %6s   (above 1: %s moves more)\n' "$(ratio "$(median "$a" tagbw1m)" "$(median "$b" tagbw1m)")" "$a"
-    printf '  1 MiB rma bw     %6s\n' "$(ratio "$(median "$a" rmabw1m)" "$(median "$b" rmabw1m)")"
-    if [ "$use_ucx" = 1 ]; then
-        echo "ratios $a / $ucx_name (medians):"
-        printf '  8 B latency      %6s\n' "$(ratio "$(median "$a" lat8)" "$(median "$ucx_name" lat8)")"
-        printf '  1 MiB tagged bw  %6s\n' "$(ratio "$(median "$a" tagbw1m)" "$(median "$ucx_name" tagbw1m)")"
+# The JSON file: its head, then every figure, the medians and the failed runs, one object a
+# line (scripts/bench-plot.sh reads the medians so).
+{
+    json_head
+    printf '  "paths": [%s],\n' "$(printf '"%s",' "${bench_paths[@]}" | sed 's/,$//')"
+    printf '  "sizes": [%s],\n' "$(IFS=,; echo "${bench_sizes[*]}")"
+    awk "$awk_json"'
+        function unit(m) { return m == "latency" ? "us" : "MB/s" }
+        FILENAME == ARGV[1] {
+            res[++nr] = "{\"run\":" $1 ",\"path\":" jstr($2) ",\"provider\":" jstr($3) ",\"metric\":" \
+                        jstr($4) ",\"size\":" $5 ",\"value\":" $6 ",\"unit\":" jstr(unit($4)) "}"
+        }
+        FILENAME == ARGV[2] {
+            mds[++nm] = "{\"path\":" jstr($1) ",\"provider\":" jstr($2) ",\"metric\":" jstr($3) \
+                        ",\"size\":" $4 ",\"value\":" $5 ",\"unit\":" jstr(unit($3)) "}"
+        }
+        FILENAME == ARGV[3] {
+            fls[++nf] = "{\"run\":" $1 ",\"path\":" jstr($2) ",\"provider\":" jstr($3) ",\"failed\":true}"
+        }
+        END {
+            print "  \"results\": ["
+            for (i = 1; i <= nr; i++) print "    " res[i] (i < nr ? "," : "")
+            print "  ],"
+            print "  \"medians\": ["
+            for (i = 1; i <= nm; i++) print "    " mds[i] (i < nm ? "," : "")
+            print "  ],"
+            print "  \"failures\": ["
+            for (i = 1; i <= nf; i++) print "    " fls[i] (i < nf ? "," : "")
+            print "  ]"
+            print "}"
+        }' "$tmp/runs" "$tmp/medians" "$tmp/fails"
+} >"$json" || { echo "bench.sh: could not write $json" >&2; failed=1; }
+echo "bench.sh: results in $json"
+if [ "$plot" = 1 ]; then
+    if "$here/bench-plot.sh" "$json" "$plot_dir"; then
+        echo "bench.sh: charts in $plot_dir (latency.png, bandwidth.png; the same as .svg)"
+    else
+        echo "bench.sh: the charts FAILED (scripts/bench-plot.sh $json $plot_dir)"
+        failed=1
     fi
 fi
 if [ "$failed" != 0 ]; then
