@@ -136,28 +136,39 @@ for r in $(seq 1 "$runs"); do
     done
 done
 
-# JSON: every run, then the medians per (set-up, size, metric); one object per line, in the
-# shape scripts/bench.sh writes (the set-up is the path, the provider tandem).
+# JSON: every run, then the medians per (set-up, size, metric), in the layout scripts/bench.sh
+# writes (one object per line; scripts/bench-plot.sh reads it): the set-up is the path, the
+# provider tandem.
 {
-    printf '{"tool":"tandem docker/bench.sh","date":"%s","host":"%s","cores":%s,"image":"%s","runs":%s,\n' \
-        "$(date -Iseconds)" "$(hostname)" "$(nproc)" "$image" "$runs"
-    printf '"paths":[%s],\n' "$(printf '"%s",' "${setups[@]}" | sed 's/,$//')"
-    echo '"results":['
-    awk '{ printf "%s{\"run\":%s,\"path\":\"%s\",\"provider\":\"tandem\",\"metric\":\"%s\",\"size\":%s,\"value\":%s,\"unit\":\"%s\"}\n",
-                  (NR > 1 ? "," : ""), $1, $2, $4, $3, $5, $6 }' "$tmp/results"
-    echo '],'
-    echo '"medians":['
-    sort -k2,2 -k3,3n -k4,4 -k5,5g "$tmp/results" |
+    echo '{'
+    echo '  "tool": "tandem docker/bench.sh",'
+    echo "  \"date\": \"$(date -Iseconds)\","
+    echo "  \"host\": \"$(hostname)\","
+    echo "  \"cores\": $(nproc),"
+    echo "  \"image\": \"$image\","
+    echo "  \"runs\": $runs,"
+    echo "  \"paths\": [$(printf '"%s",' "${setups[@]}" | sed 's/,$//')],"
+    echo '  "results": ['
+    awk '{ printf "%s    {\"run\":%s,\"path\":\"%s\",\"provider\":\"tandem\",\"metric\":\"%s\",\"size\":%s,\"value\":%s,\"unit\":\"%s\"}",
+                  (NR > 1 ? ",\n" : ""), $1, $2, $4, $3, $5, $6 } END { if (NR) print "" }' "$tmp/results"
+    echo '  ],'
+    echo '  "medians": ['
+    sort -k2,2 -k4,4 -k3,3n -k5,5g "$tmp/results" |
         awk '{ k = $2 " " $3 " " $4 " " $6; v[k] = v[k] " " $5; n[k]++; if (!(k in seen)) { seen[k] = 1; order[++m] = k } }
              END { for (i = 1; i <= m; i++) { k = order[i]; split(v[k], a, " "); c = n[k]
-                       med = c % 2 ? a[(c + 1) / 2] : (a[c / 2] + a[c / 2 + 1]) / 2
+                       med = c % 2 ? a[(c + 1) / 2] : sprintf("%.2f", (a[c / 2] + a[c / 2 + 1]) / 2)
                        split(k, f, " ")
-                       printf "%s{\"path\":\"%s\",\"provider\":\"tandem\",\"metric\":\"%s\",\"size\":%s,\"value\":%s,\"unit\":\"%s\"}\n",
-                              (i > 1 ? "," : ""), f[1], f[3], f[2], med, f[4] } }'
-    echo '],'
-    echo '"failures":['
-    [ -s "$tmp/failures" ] && awk '{ printf "%s{\"run\":%s,\"path\":\"%s\",\"provider\":\"tandem\"}\n", (NR > 1 ? "," : ""), $1, $2 }' "$tmp/failures"
-    echo ']}'
+                       printf "%s    {\"path\":\"%s\",\"provider\":\"tandem\",\"metric\":\"%s\",\"size\":%s,\"value\":%s,\"unit\":\"%s\"}",
+                              (i > 1 ? ",\n" : ""), f[1], f[3], f[2], med, f[4] }
+                   if (m) print "" }'
+    echo '  ],'
+    echo '  "failures": ['
+    if [ -s "$tmp/failures" ]; then
+        awk '{ printf "%s    {\"run\":%s,\"path\":\"%s\",\"provider\":\"tandem\",\"failed\":true}", (NR > 1 ? ",\n" : ""), $1, $2 }
+             END { print "" }' "$tmp/failures"
+    fi
+    echo '  ]'
+    echo '}'
 } >"$json"
 echo
 echo "docker/bench.sh: results in $json"
