@@ -4,9 +4,10 @@
 #   2. builds the base image debian:bookworm from the Debian archive if it is absent
 #      (docker/make-base.sh: debootstrap, docker import; no registry needed);
 #   3. builds the image (docker/Dockerfile: the README's install-deps.sh and build.sh);
-#   4. runs docker/bench.sh in every set-up (network, node-local, node-local-staged), which
-#      fails unless every transfer was verified and each set-up took its path, and renders
-#      the charts (--plot).
+#   4. runs docker/bench.sh in every set-up (network, node-local, node-local-staged), with the
+#      system's providers beside tandem (--compare: tcp;ofi_rxm, shm), which fails unless
+#      every transfer was verified and each set-up took its path, and renders the charts
+#      (--plot).
 #
 #   bash scripts/test-containers.sh [-n RUNS] [docker/bench.sh options...]     (as root)
 #
@@ -39,4 +40,4 @@ echo "test-containers.sh: image $(docker image inspect -f '{{.Id}}' tandem:lates
     "$(($(docker image inspect -f '{{.Size}}' tandem:latest) / 1000000)) MB"
 docker run --rm tandem:latest fi_info -p tandem -t FI_EP_RDM | grep -q 'provider: tandem' ||
     { echo "test-containers.sh: fi_info in the image does not list tandem" >&2; exit 1; }
-exec bash "$repo/docker/bench.sh" --plot "$@" network node-local node-local-staged
+exec bash "$repo/docker/bench.sh" --compare --plot "$@" network node-local node-local-staged
