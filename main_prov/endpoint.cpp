@@ -7,6 +7,7 @@
 #include "main_prov/av.h"
 #include "main_prov/cntr.h"
 #include "main_prov/config.h"
+#include "main_prov/link/tcp_link.h"
 #include "main_prov/domain.h"
 #include "main_prov/interfaces.h"
 #include "main_prov/local_path.h"
@@ -630,7 +631,7 @@ int Endpoint::setname(void *addr, size_t addrlen) {
     EndpointName name;
     if (!EndpointName::from_bytes(addr, addrlen, name)) return -FI_EINVAL;
     if (type_ == FI_EP_RDM) {
-        auto fresh = std::make_unique<TcpTransport>(this, transport_->config());
+        std::unique_ptr<LinkTransport> fresh = transport_->fresh();
         int ret = fresh->listen(name.sa(), name.length(), 512);
         if (ret) return ret;
         transport_ = std::move(fresh);

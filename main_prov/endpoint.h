@@ -8,7 +8,7 @@
 #include "common/fid_adaptor.h"
 #include "main_prov/cq.h"
 #include "main_prov/eq.h"
-#include "main_prov/link/tcp_link.h"
+#include "main_prov/link/link.h"
 #include "main_prov/rx_matcher.h"
 #include "main_prov/trigger.h"
 #include "peer/peer_trigger.h"
@@ -501,7 +501,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     Av *av_ = nullptr;
     Eq *eq_ = nullptr;
 
-    std::unique_ptr<TcpTransport> transport_;
+    std::unique_ptr<LinkTransport> transport_;  // the link (the protocol sees LinkTransport only)
     // While the transport is idle (nothing but its listener to watch), progress polls it
     // every kIdleLinkPolls-th pass only (see progress()).
     static constexpr unsigned kIdleLinkPolls = 8;

@@ -2,6 +2,7 @@
 
 #include "common/log.h"
 #include "main_prov/config.h"
+#include "main_prov/link/tcp_link.h"
 #include "main_prov/fabric.h"
 #include "main_prov/interfaces.h"
 #include "common/wire.h"

@@ -6,7 +6,7 @@
 #include "common/fid_adaptor.h"
 #include "main_prov/eq.h"
 #include "main_prov/lock_order.h"
-#include "main_prov/link/tcp_link.h"
+#include "main_prov/link/link.h"
 #include "main_prov/types.h"
 
 #include <rdma/fi_cm.h>
@@ -62,7 +62,7 @@ class PassiveEndpoint : public FidObject<PassiveEndpoint, fid_pep>,
     Fabric *fabric_;
     fi_info *info_;
     PepMutex mutex_;  // before the EQ's in the lock order: progress_cm posts FI_CONNREQ
-    std::unique_ptr<TcpTransport> transport_;
+    std::unique_ptr<LinkTransport> transport_;
     EndpointName name_;
     Eq *eq_ = nullptr;
     bool listening_ = false;

@@ -178,6 +178,32 @@ class LinkTransport {
 
     // Descriptors that become readable when poll()/poll_cm() has work.
     virtual void wait_fds(std::vector<int> &out) const = 0;
+
+    // One pass that looks at everything now (the listener, every connection), for callers
+    // that progress rarely (a passive endpoint, from EQ reads): poll() may look at some
+    // sources only every so many passes.
+    virtual void progress_now() = 0;
+    // Progress hints. idle: nothing but the listener to watch (no connection, live or
+    // closing, and nothing waiting to be handed out). busy: something to do at the next poll
+    // whatever the peers send (work to send, a connection being made or closed, a completion
+    // or event not handed out).
+    virtual bool idle() const = 0;
+    virtual bool busy() const = 0;
+
+    // Closing: disconnect_all() starts an orderly close of every connection; drain() keeps
+    // progressing until all have closed, at most timeout_ms (true when all did); abort_all()
+    // closes what is left at once, its work requests flushed.
+    virtual void disconnect_all() = 0;
+    virtual bool drain(int timeout_ms) = 0;
+    virtual void abort_all() = 0;
+
+    // Detaches a connection from this transport (a passive endpoint handing a connection
+    // request to the endpoint that accepts it, whose transport adopt()s it).
+    virtual std::unique_ptr<LinkConnection> release(LinkConnection *conn) = 0;
+
+    // A new transport of the same kind and settings, for the same resolver, not listening
+    // (an endpoint given another address before it is enabled).
+    virtual std::unique_ptr<LinkTransport> fresh() const = 0;
 };
 
 }  // namespace tandem

@@ -174,10 +174,10 @@ class TcpConnection final : public LinkConnection {
     std::deque<FramePtr> outq_;
     std::vector<FramePtr> spare_frames_;
     std::deque<PendingWr> pending_;
-    uint32_t next_seq_ = 0;      // sequence number of the next work request we post
-    uint32_t rx_count_ = 0;      // work requests of the peer received and processed
-    uint32_t acked_sent_ = 0;    // last rx_count_ we told the peer about
-    uint32_t idle_passes_ = 0;   // passes in a row that received no work request
+    uint32_t next_seq_ = 0;     // sequence number of the next work request we post
+    uint32_t rx_count_ = 0;     // work requests of the peer received and processed
+    uint32_t acked_sent_ = 0;   // last rx_count_ we told the peer about
+    uint32_t idle_passes_ = 0;  // passes in a row that received no work request
     // A write ended in this pass: its initiator completes it only on our acknowledgement, and
     // the application here may make no further call (manual progress) to send one later.
     bool write_ended_ = false;
@@ -235,28 +235,22 @@ class TcpTransport final : public LinkTransport {
     bool poll_cm(CmEvent &event) override;
     void wait_fds(std::vector<int> &out) const override;
 
-    // Keeps progressing until every connection has closed (after disconnect()), at most
-    // timeout_ms; true when all did.
-    bool drain(int timeout_ms);
-    // Nothing but the listener to watch: no connection (live or closing), and no completion
-    // or connection event waiting to be handed out.
-    bool idle() const {
+    bool drain(int timeout_ms) override;
+    bool idle() const override {
         return conns_.empty() && graveyard_.empty() && completions_.empty() && cm_events_.empty();
     }
-    // Something to do at the next poll whatever the peers send: a frame to write, a connection
-    // being made or closed, a completion or event not handed out yet.
-    bool busy() const {
+    bool busy() const override {
         if (!graveyard_.empty() || !completions_.empty() || !cm_events_.empty()) return true;
         for (auto &c : conns_)
             if (c->wants_write()) return true;
         return false;
     }
-    void disconnect_all();
-    // Every connection closed at once, its work requests flushed (what drain left).
-    void abort_all();
-
-    // Detaches a connection (passive endpoint handing a request to a new endpoint).
-    std::unique_ptr<LinkConnection> release(LinkConnection *conn);
+    void disconnect_all() override;
+    void abort_all() override;
+    std::unique_ptr<LinkConnection> release(LinkConnection *conn) override;
+    std::unique_ptr<LinkTransport> fresh() const override {
+        return std::make_unique<TcpTransport>(resolver_, config_);
+    }
 
     // Used by connections.
     struct PostedRecv {
@@ -269,10 +263,7 @@ class TcpTransport final : public LinkTransport {
     void push_cm(CmEvent &&ev) { cm_events_.push_back(std::move(ev)); }
     RemoteKeyResolver *resolver() const { return resolver_; }
     const TcpLinkConfig &config() const { return config_; }
-    // One progress pass that looks at the listener and every socket now, for callers that
-    // progress rarely (a passive endpoint, from EQ reads), where the passes that the usual
-    // check counts could be far apart.
-    void progress_now() { progress(/*check_all=*/true); }
+    void progress_now() override { progress(/*check_all=*/true); }
     // Sets a connected socket's congestion control as config().congestion says.
     void choose_congestion(int fd);
 
