@@ -385,7 +385,13 @@ bool ShmSegment::owner_shares_pid_namespace() const {
 
 bool ProcessWatch::alive(uint32_t token) {
     if (token == own_process_token()) return true;
-    if (auto it = found_.find(token); it != found_.end()) return it->second.owner_alive();
+    if (auto it = found_.find(token); it != found_.end()) {
+        if (it->second.owner_alive()) return true;
+        // That segment's owner let go of it: it died, or only closed that endpoint (an
+        // owner in another pid namespace is seen through the segment's lock) and runs on
+        // with another. Look again.
+        found_.erase(it);
+    }
     // First question about this token: find a segment its process owns. Rare (a ring cell
     // left claimed, a collective member to check), so a walk of the directory is fine.
     DIR *dir = ::opendir(kShmDir);

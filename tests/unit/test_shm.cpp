@@ -781,6 +781,57 @@ TEST(ShmSegment, OwnerInAnotherPidNamespaceIsAliveWhileItHoldsItsLock) {
     EXPECT_FALSE(shm_exists(name));
 }
 
+// A process in another pid namespace that closes the segment a watch found, and keeps
+// another, still runs: the watch looks again instead of calling it dead (its claims in a
+// ring would otherwise be taken back under it).
+TEST(ShmSegment, ProcessWatchLooksAgainWhenTheSegmentItFoundIsClosed) {
+    std::string prefix = unique_name("rewatch") + "-";
+    Pipe started, report, command;
+    Child parent([&] {
+        if (::unshare(CLONE_NEWPID) != 0) {
+            started.send(-errno);
+            return 1;
+        }
+        pid_t inner = ::fork();
+        if (inner == 0) {
+            ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+            try {
+                std::optional<ShmSegment> first(ShmSegment::create(prefix + "first", 4096));
+                report.send(own_process_token());
+                int go = 0;
+                if (!command.receive(go, 20000)) ::_exit(4);
+                ShmSegment second = ShmSegment::create(prefix + "second", 4096);
+                first.reset();  // closed: its name and its lock are gone
+                report.send(uint32_t(1));
+                ::pause();
+            } catch (...) {
+            }
+            ::_exit(5);
+        }
+        started.send(int(inner));
+        ::waitpid(inner, nullptr, 0);
+        return 0;
+    });
+    int first = 0;
+    ASSERT_TRUE(started.receive(first));
+    if (first < 0) GTEST_SKIP() << "unshare(CLONE_NEWPID): " << std::strerror(-first);
+    uint32_t token = 0, done = 0;
+    ASSERT_TRUE(report.receive(token));
+    ProcessWatch watch(prefix);
+    EXPECT_TRUE(watch.alive(token)) << "found through its first segment";
+    ASSERT_TRUE(command.send(1));
+    ASSERT_TRUE(report.receive(done));
+    EXPECT_FALSE(shm_exists(prefix + "first"));
+    EXPECT_TRUE(watch.alive(token)) << "its first segment closed, it runs on with the second";
+    ::kill(pid_t(first), SIGKILL);
+    auto deadline = Clock::now() + std::chrono::seconds(5);
+    while (watch.alive(token) && Clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    EXPECT_FALSE(watch.alive(token));
+    EXPECT_EQ(parent.wait(), 0);
+    EXPECT_EQ(ShmSegment::reap_stale(prefix), 1u);
+}
+
 // Our own segments: same namespace, found by token while we live.
 TEST(ShmSegment, ProcessWatchFindsALiveOwnerByToken) {
     std::string prefix = unique_name("watch") + "-";
