@@ -100,7 +100,7 @@ class Child {
     }
 
   private:
-    pid_t pid_;
+    pid_t pid_ = -1;
 };
 
 // One-way channel between parent and child for small values; reads time out so that a
@@ -698,14 +698,14 @@ namespace {
 // and reports (its pid here, its token), then waits to be killed.
 struct ForeignOwner {
     Pipe started, report;
-    std::optional<Child> parent;
-    pid_t pid = -1;  // as seen from here
+    std::unique_ptr<Child> parent;  // (std::optional here draws a false -Wmaybe-uninitialized)
+    pid_t pid = -1;                 // as seen from here
     uint32_t token = 0;
     bool ok = false;
     std::string refusal;
 
     ForeignOwner(const std::string &name, const std::string &ring_name) {
-        parent.emplace([&] {
+        parent = std::make_unique<Child>([&] {
             if (::unshare(CLONE_NEWPID) != 0) {
                 started.send(-errno);
                 return 1;
@@ -872,11 +872,11 @@ unsigned char parent_pattern(size_t i) {
 // the buffer now holds parent_pattern and exits 0 if so.
 struct CmaPeer {
     Pipe to_parent, to_child;
-    std::optional<Child> child;
+    std::unique_ptr<Child> child;  // (std::optional here draws a false -Wmaybe-uninitialized)
     unsigned char *buffer = nullptr;
 
     CmaPeer() {
-        child.emplace([this] {
+        child = std::make_unique<Child>([this] {
             std::vector<unsigned char> own(kPeerBufferSize);
             for (size_t i = 0; i < own.size(); ++i) own[i] = child_pattern(i);
             unsigned char *addr = own.data();
