@@ -171,10 +171,10 @@ ssize_t transfer_comperr(fid_ep *ep, fi_cq_err_entry *err) noexcept try {
 fi_ops_transfer_peer transfer_ops = {sizeof(fi_ops_transfer_peer), transfer_complete,
                                      transfer_comperr};
 
-// What a peer's CMA probe must read from us (SegmentInfo::probe_value): random, so that a
-// read that lands in some other process, under a pid that means another process there,
-// cannot pass for one that reached us.
-uint64_t probe_word() {
+// What a peer's CMA probe must read from us (SegmentInfo::probe_value), at an address that
+// stays put: random, so that a read that lands in some other process, under a pid that means
+// another process there, cannot pass for one that reached us. Drawn at the first enable.
+const uint64_t &probe_word() {
     static const uint64_t word = [] {
         uint64_t w = 0;
         if (getrandom(&w, sizeof w, 0) != ssize_t(sizeof w))
@@ -183,7 +183,6 @@ uint64_t probe_word() {
     }();
     return word;
 }
-uint64_t g_probe_word = probe_word();
 
 }  // namespace
 
@@ -316,8 +315,8 @@ void Endpoint::enable() {
     *info = {};
     info->pid = getpid();
     info->cell_size = wire::kLocalCellSize;
-    info->probe_addr = reinterpret_cast<uint64_t>(&g_probe_word);
-    info->probe_value = g_probe_word;
+    info->probe_addr = reinterpret_cast<uint64_t>(&probe_word());
+    info->probe_value = probe_word();
     info->net_ns = own_net_namespace();
     inbox_ = ShmRing::init(static_cast<uint8_t *>(segment_->data()) + sizeof(SegmentInfo), cells,
                            wire::kLocalCellSize);

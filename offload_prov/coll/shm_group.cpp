@@ -1,6 +1,7 @@
 #include "offload_prov/coll/shm_group.h"
 
 #include "common/log.h"
+#include "offload_prov/endpoint.h"  // segment_prefix
 
 #include <rdma/fi_errno.h>
 
@@ -32,14 +33,11 @@ size_t layout_bytes(uint32_t n) {
 std::string ShmGroup::name_for(uint64_t ordered_key, uint32_t id) {
     char buf[64];
     snprintf(buf, sizeof buf, "coll-%016llx-%08x", (unsigned long long)ordered_key, id);
-    return "/tandem-" + std::to_string(geteuid()) + "-" + buf;
+    return segment_prefix() + buf;
 }
 
 ShmGroup::ShmGroup(ShmSegment seg, uint32_t n, uint32_t rank)
-    : seg_(std::move(seg)),
-      members_("/tandem-" + std::to_string(geteuid()) + "-"),
-      n_(n),
-      rank_(rank) {
+    : seg_(std::move(seg)), members_(segment_prefix()), n_(n), rank_(rank) {
     auto *base = static_cast<uint8_t *>(seg_.data());
     ctls_ = reinterpret_cast<Ctl *>(base + 64);
     slots_ = base + 64 + size_t(n) * sizeof(Ctl);
@@ -101,13 +99,11 @@ void ShmGroup::stamp_member(uint32_t rank) {
 }
 
 bool ShmGroup::check_members() {
-    const uint64_t our_ns = own_pid_namespace();
     for (uint32_t r = 0; r < n_; ++r) {
         if (r == rank_) continue;
         pid_t pid = ctl(r).pid.load(std::memory_order_relaxed);
         if (pid <= 0) continue;  // not attached yet
-        uint64_t ns = ctl(r).pid_ns.load(std::memory_order_relaxed);
-        bool alive = ns == 0 || our_ns == 0 || ns == our_ns
+        bool alive = pid_namespace_is_ours(ctl(r).pid_ns.load(std::memory_order_relaxed))
                          ? process_running(pid)
                          : members_.alive(ctl(r).token.load(std::memory_order_relaxed));
         if (!alive) {

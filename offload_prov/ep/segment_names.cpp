@@ -7,7 +7,6 @@
 #include "offload_prov/ep/endpoint_internal.h"
 
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <sys/stat.h>
 #include <netinet/in.h>
 #include <unistd.h>
@@ -60,22 +59,14 @@ std::string wake_path(const std::string &key) {
 // FIFOs without a segment (an endpoint creates its segment first and removes it last).
 void reap_stale() {
     size_t n = ShmSegment::reap_stale(segment_prefix());
-    std::string prefix = segment_prefix().substr(1);  // without the leading '/'
-    DIR *dir = opendir("/dev/shm");
-    if (dir) {
-        while (dirent *e = readdir(dir)) {
-            std::string name = e->d_name;
-            const std::string suffix = ".wake";
-            if (name.rfind(prefix, 0) != 0 || name.size() <= suffix.size() ||
-                name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0)
-                continue;
-            std::string segment = "/dev/shm/" + name.substr(0, name.size() - suffix.size());
-            struct stat st;
-            if (stat(segment.c_str(), &st) != 0 && errno == ENOENT &&
-                unlink(("/dev/shm/" + name).c_str()) == 0)
-                ++n;
-        }
-        closedir(dir);
+    const std::string suffix = ".wake";
+    for (const std::string &name : ShmSegment::names_with_prefix(segment_prefix())) {
+        if (!name.ends_with(suffix)) continue;
+        std::string segment = "/dev/shm" + name.substr(0, name.size() - suffix.size());
+        struct stat st;
+        if (stat(segment.c_str(), &st) != 0 && errno == ENOENT &&
+            unlink(("/dev/shm" + name).c_str()) == 0)
+            ++n;
     }
     if (n) TANDEM_INFO(FI_LOG_EP_CTRL, "removed %zu leftovers of dead processes\n", n);
 }

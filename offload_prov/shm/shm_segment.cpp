@@ -190,6 +190,14 @@ uint64_t own_net_namespace() {
     return namespace_inode("/proc/self/ns/net");
 }
 
+bool pid_namespace_is_ours(uint64_t ns) {
+    // Not cached: a child forked after unshare(CLONE_NEWPID) lives in another namespace
+    // than the parent whose memory it inherited.
+    uint64_t ours = own_pid_namespace();
+    // Unknown on either side (no /proc): the pid is all there is.
+    return ns == 0 || ours == 0 || ns == ours;
+}
+
 ShmSegment ShmSegment::create(const std::string &name, size_t size) {
     check_name(name, "segment name");
     if (size == 0 || size > size_t(std::numeric_limits<off_t>::max()) - kHeaderSize)
@@ -305,11 +313,10 @@ ShmSegment::Staleness ShmSegment::remove_if_stale(const std::string &name) {
     }
 }
 
-size_t ShmSegment::reap_stale(const std::string &prefix) {
+std::vector<std::string> ShmSegment::names_with_prefix(const std::string &prefix) {
     check_name(prefix, "segment name prefix");
     DIR *dir = ::opendir(kShmDir);
     if (!dir) throw_errno(errno, std::string("opendir ") + kShmDir);
-    // Collect first: the directory changes under us as segments are removed.
     std::vector<std::string> names;
     const char *entry_prefix = prefix.c_str() + 1;  // directory entries lack the '/'
     size_t entry_prefix_len = prefix.size() - 1;
@@ -320,9 +327,13 @@ size_t ShmSegment::reap_stale(const std::string &prefix) {
             names.push_back(std::move(name));
         }
     ::closedir(dir);
+    return names;
+}
 
+size_t ShmSegment::reap_stale(const std::string &prefix) {
+    // Collected first: the directory changes under us as segments are removed.
     size_t removed = 0;
-    for (const std::string &name : names)
+    for (const std::string &name : names_with_prefix(prefix))
         if (remove_if_stale(name) == Staleness::kRemoved) ++removed;
     return removed;
 }
@@ -375,12 +386,7 @@ bool ShmSegment::owner_alive() const {
 }
 
 bool ShmSegment::owner_shares_pid_namespace() const {
-    // Not cached: a child forked after unshare(CLONE_NEWPID) lives in another namespace
-    // than the parent whose memory it inherited.
-    uint64_t ours = own_pid_namespace();
-    uint64_t theirs = header()->owner_pid_ns;
-    // Unknown on either side (no /proc): the pid is all there is.
-    return theirs == 0 || ours == 0 || theirs == ours;
+    return pid_namespace_is_ours(header()->owner_pid_ns);
 }
 
 bool ProcessWatch::alive(uint32_t token) {
@@ -394,14 +400,12 @@ bool ProcessWatch::alive(uint32_t token) {
     }
     // First question about this token: find a segment its process owns. Rare (a ring cell
     // left claimed, a collective member to check), so a walk of the directory is fine.
-    DIR *dir = ::opendir(kShmDir);
-    if (!dir) return true;  // cannot tell: never hand a live producer's cell to another
     std::vector<std::string> names;
-    const char *entry_prefix = prefix_.c_str() + 1;
-    while (const dirent *entry = ::readdir(dir))
-        if (std::strncmp(entry->d_name, entry_prefix, prefix_.size() - 1) == 0)
-            names.push_back(std::string("/") + entry->d_name);
-    ::closedir(dir);
+    try {
+        names = ShmSegment::names_with_prefix(prefix_);
+    } catch (const ShmError &) {
+        return true;  // cannot tell: never hand a live producer's cell to another
+    }
     for (const std::string &name : names) {
         try {
             ShmSegment seg = ShmSegment::open(name);

@@ -20,6 +20,7 @@
 #include <string>
 #include <type_traits>
 #include <unordered_map>
+#include <vector>
 
 namespace tandem {
 
@@ -69,6 +70,9 @@ uint32_t own_process_token();
 // /proc/self/ns/net); 0 when unreadable.
 uint64_t own_pid_namespace();
 uint64_t own_net_namespace();
+// Whether a pid recorded with pid namespace `ns` (an own_pid_namespace() value) names the same
+// process here; true when either side's namespace is unknown (0).
+bool pid_namespace_is_ours(uint64_t ns);
 
 class ShmSegment {
   public:
@@ -91,6 +95,8 @@ class ShmSegment {
     // and whose owner is dead. Segments of live owners, of other users and ones that are not
     // of this layout are left alone. Returns how many were removed.
     static size_t reap_stale(const std::string &prefix);
+    // The names ("/something") in /dev/shm that start with `prefix`, whatever they are.
+    static std::vector<std::string> names_with_prefix(const std::string &prefix);
 
     ShmSegment(ShmSegment &&other) noexcept;
     ShmSegment &operator=(ShmSegment &&other) noexcept;
