@@ -11,6 +11,8 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 
+#include <netinet/in.h>
+
 #include <cstring>
 #include <string>
 #include <vector>
@@ -59,6 +61,13 @@ struct RdmEndpoint {
     void open(uint64_t caps = FI_MSG | FI_TAGGED) {
         std::string why;
         ASSERT_TRUE(try_open(why, caps)) << why;
+    }
+    // The endpoint's own address, when it is IPv4 (a zeroed one, family 0, otherwise).
+    sockaddr_in ipv4_name() const {
+        sockaddr_in name{};
+        size_t len = sizeof name;
+        if (!ep || fi_getname(&ep->fid, &name, &len) != 0 || name.sin_family != AF_INET) return {};
+        return name;
     }
     // other's address in this endpoint's AV.
     fi_addr_t insert(const RdmEndpoint &other) {

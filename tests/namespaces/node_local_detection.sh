@@ -23,17 +23,10 @@
 set -euo pipefail
 case_name=${1:?usage: node_local_detection.sh CASE}
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=../clients/common.sh
+. "$here/../clients/common.sh"  # fail, skip
 bench=${TANDEM_BENCH:?TANDEM_BENCH names bench/tandem_bench}
 port_base=${TANDEM_NS_PORT_BASE:-31900}
-
-skip() {
-    echo "SKIPPED: $*"
-    exit 77
-}
-fail() {
-    echo "FAIL: $*" >&2
-    exit 1
-}
 
 [ "$(id -u)" -eq 0 ] || skip "needs root for unshare and ip netns"
 unshare --net --mount --ipc --pid --fork true 2>/dev/null || skip "this kernel or sandbox refuses new namespaces"
@@ -70,15 +63,11 @@ make_hosts() {
     ip -n "$nsb" link set "$veth_b" up
 }
 
-# A command in a mount and IPC namespace of its own, with a /dev/shm nobody else sees.
-own_shm() {
-    unshare --mount --ipc --propagation private \
-        sh -c 'mount -t tmpfs -o mode=1777 tandem-shm /dev/shm && exec "$@"' own_shm "$@"
-}
-# A command in a pid namespace of its own (pid 1 there), /dev/shm still shared.
-own_pid() {
-    unshare --pid --fork --mount-proc "$@"
-}
+# A command prefix: a mount and IPC namespace of its own, with a /dev/shm nobody else sees.
+own_shm=(unshare --mount --ipc --propagation private
+    sh -c 'mount -t tmpfs -o mode=1777 tandem-shm /dev/shm && exec "$@"' own_shm)
+# A command prefix: a pid namespace of its own (pid 1 there), /dev/shm still shared.
+own_pid=(unshare --pid --fork --mount-proc)
 
 # run_pair PORT SERVER_PREFIX... -- CLIENT_PREFIX...: a server bound to the control port,
 # then the client; both outputs kept. The prefixes (possibly empty) wrap each command.
@@ -117,19 +106,17 @@ case $case_name in
         expect_path "node-local, single copy (CMA)"
         ;;
     own-shm)
-        run_pair "$port" 127.0.0.1 -- own_shm
+        run_pair "$port" 127.0.0.1 -- "${own_shm[@]}"
         expect_path "link"
         ;;
     own-pid)
-        run_pair "$port" 127.0.0.1 -- own_pid
+        run_pair "$port" 127.0.0.1 -- "${own_pid[@]}"
         expect_path "node-local, staged"
         ;;
     hosts)
         make_hosts
-        run_pair "$port" "$addr_a" ip netns exec "$nsa" unshare --mount --ipc --propagation private \
-            sh -c 'mount -t tmpfs -o mode=1777 tandem-shm /dev/shm && exec "$@"' own_shm \
-            -- ip netns exec "$nsb" unshare --mount --ipc --propagation private \
-            sh -c 'mount -t tmpfs -o mode=1777 tandem-shm /dev/shm && exec "$@"' own_shm
+        run_pair "$port" "$addr_a" ip netns exec "$nsa" "${own_shm[@]}" \
+            -- ip netns exec "$nsb" "${own_shm[@]}"
         expect_path "link"
         # The fabric addresses were the veth's: the traffic crossed the pair.
         rx=$(ip -n "$nsb" -s link show "$veth_b" | awk '/RX:/ { getline; print $1 }')
@@ -138,7 +125,7 @@ case $case_name in
         ;;
     hosts-shared-shm)
         make_hosts
-        run_pair "$port" "$addr_a" ip netns exec "$nsa" -- ip netns exec "$nsb" unshare --pid --fork --mount-proc
+        run_pair "$port" "$addr_a" ip netns exec "$nsa" -- ip netns exec "$nsb" "${own_pid[@]}"
         expect_path "node-local, staged"
         ;;
     carrier)

@@ -8,14 +8,8 @@
 #   nccl_tests.sh PLUGIN_DIR
 set -u
 plugin_dir=$1
-skip() {
-    echo "SKIPPED: $*"
-    exit 77
-}
-fail() {
-    echo "FAIL: $*" >&2
-    exit 1
-}
+# shellcheck source=../clients/common.sh
+. "$(dirname "$0")/../clients/common.sh"  # fail, skip
 
 command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU' ||
     skip "no NVIDIA GPU (nvidia-smi lists none)"

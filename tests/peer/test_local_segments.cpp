@@ -58,9 +58,7 @@ TEST(LocalSegments, PrivateToTheUserAndRemovedOnClose) {
     auto during = tandem_segments();
     // This endpoint's files are named for its address; other tests running at the same time
     // (ctest -j) create theirs too, so only names ending in our port count.
-    sockaddr_in name{};
-    size_t len = sizeof name;
-    ASSERT_EQ(fi_getname(&rdm.ep->fid, &name, &len), 0);
+    sockaddr_in name = rdm.ipv4_name();
     ASSERT_EQ(name.sin_family, AF_INET);
     std::string port = "-";  // (not "-" + to_string(): GCC 12 -Wrestrict false positive at -O3)
     port += std::to_string(ntohs(name.sin_port));
@@ -94,9 +92,8 @@ TEST(LocalSegments, ADeadProcessesSegmentsAreReapedByTheNextEndpoint) {
         Rdm rdm;
         std::string why;
         if (!rdm.try_open(why)) _exit(2);
-        sockaddr_in name{};
-        size_t len = sizeof name;
-        if (fi_getname(&rdm.ep->fid, &name, &len) != 0) _exit(3);
+        sockaddr_in name = rdm.ipv4_name();
+        if (name.sin_family != AF_INET) _exit(3);
         uint16_t port = ntohs(name.sin_port);
         if (write(port_pipe[1], &port, sizeof port) != sizeof port) _exit(4);
         _exit(0);  // dies holding its endpoint: nothing closed, nothing removed
@@ -153,9 +150,8 @@ TEST(LocalSegments, TheSameAddressInAnotherNetworkNamespaceIsAnotherEndpoint) {
         Rdm other;
         std::string why;
         if (!other.try_open(why)) _exit(4);
-        sockaddr_in name{};
-        size_t len = sizeof name;
-        if (fi_getname(&other.ep->fid, &name, &len) != 0) _exit(5);
+        sockaddr_in name = other.ipv4_name();
+        if (name.sin_family != AF_INET) _exit(5);
         report = ntohs(name.sin_port);
         (void)!write(to_parent[1], &report, sizeof report);
         char done;
@@ -214,9 +210,8 @@ TEST(LocalSegments, TheSameAddressInAnotherNetworkNamespaceIsAnotherEndpoint) {
 // The inbox segment of an endpoint (named after its IPv4 address, as off_tandem names it),
 // and where its ring starts: after off_tandem's 64-byte SegmentInfo.
 std::string inbox_name(const Rdm &rdm) {
-    sockaddr_in name{};
-    size_t len = sizeof name;
-    if (fi_getname(&rdm.ep->fid, &name, &len) != 0 || name.sin_family != AF_INET) return {};
+    sockaddr_in name = rdm.ipv4_name();
+    if (name.sin_family != AF_INET) return {};
     char key[64];
     snprintf(key, sizeof key, "4-%08x-%u", ntohl(name.sin_addr.s_addr), ntohs(name.sin_port));
     return "/tandem-" + std::to_string(geteuid()) + "-" + key;
