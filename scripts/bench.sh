@@ -412,6 +412,17 @@ median() {  # median PROV METRIC
 ratio() {
     awk -v a="$1" -v b="$2" 'BEGIN { if (a == "n/a" || b == "n/a" || b + 0 == 0) print "n/a"; else printf "%.2f\n", a / b }'
 }
+# awk_sz: sz(BYTES), a size as the per-run lines name it (8, 64K, 1M)
+awk_sz='function sz(b) {
+            if (b >= 1048576 && b % 1048576 == 0) return b / 1048576 "M"
+            if (b >= 1024 && b % 1024 == 0) return b / 1024 "K"
+            return b }'
+# size_name BYTES: a size as the tables name it (8 B, 64 KiB, 1 MiB)
+size_name() {
+    awk -v b="$1" 'BEGIN { if (b >= 1048576 && b % 1048576 == 0) print b / 1048576 " MiB"
+                           else if (b >= 1024 && b % 1024 == 0) print b / 1024 " KiB"
+                           else print b " B" }'
+}
 
 if [ "$nccl" = 1 ]; then
     out=$tmp/out
@@ -557,14 +568,8 @@ if [ "$coll" = 1 ]; then
             exit 1
         }
     done
-    # The buffer sizes (bytes) and how the tables name them.
+    # The buffer sizes (bytes), named in the tables by size_name.
     coll_sizes=(8 65536 1048576 16777216)
-    size_name() {
-        case $1 in
-            8) echo "8 B" ;; 65536) echo "64 KiB" ;; 1048576) echo "1 MiB" ;; 16777216) echo "16 MiB" ;;
-            *) echo "$1 B" ;;
-        esac
-    }
     # libfabric 1.17's ofi_rxm completes a collective's transfers to its collective engine
     # on the eager path only: above the eager limit (rendezvous, segmentation) the completion
     # goes to the application's CQ with the engine's context and the operation never ends.
@@ -629,10 +634,7 @@ if [ "$coll" = 1 ]; then
                 r = $0; sub(/^[^(]*\(/, "", r); sub(/\)[^)]*$/, "", r)
                 print p ": " ($2 == "n/a" ? "np " n " n/a" : $2 " " $3 " B n/a") ": " r }' "$out" >>"$tmp/notes"
         printf '  np %-2s %-15s' "$np" "$label"
-        awk 'function sz(b) {
-                 if (b >= 1048576 && b % 1048576 == 0) return b / 1048576 "M"
-                 if (b >= 1024 && b % 1024 == 0) return b / 1024 "K"
-                 return b }
+        awk "$awk_sz"'
              $1 == "coll" && $2 == "n/a" { printf " n/a" }
              $1 == "coll" && $2 == "allreduce" && $4 == "n/a" { printf " %s n/a |", sz($3) }
              $1 == "coll" && $2 == "allreduce" && $4 == "lat_us" { printf " %s %sus %sGB/s |", sz($3), $5, $7 }
@@ -786,17 +788,6 @@ lw=14  # the width of the providers' names in the per-run lines
 # tandem_bench's watchdog: 280 s as ever for up to two sizes, 30 s more per further size
 bench_watchdog=280
 [ "${#bench_sizes[@]}" -gt 2 ] && bench_watchdog=$((280 + 30 * (${#bench_sizes[@]} - 2)))
-# awk_sz: sz(BYTES), a size as the per-run lines name it (8, 64K, 1M)
-awk_sz='function sz(b) {
-            if (b >= 1048576 && b % 1048576 == 0) return b / 1048576 "M"
-            if (b >= 1024 && b % 1024 == 0) return b / 1024 "K"
-            return b }'
-# size_name BYTES: a size as the tables name it (8 B, 64 KiB, 1 MiB)
-size_name() {
-    awk -v b="$1" 'BEGIN { if (b >= 1048576 && b % 1048576 == 0) print b / 1048576 " MiB"
-                           else if (b >= 1024 && b % 1024 == 0) print b / 1024 " KiB"
-                           else print b " B" }'
-}
 # label PROV PATH: how the per-run lines name a provider (with the path when there are two)
 label() {
     if [ "$multi" = 1 ]; then echo "$1 ($2)"; else echo "$1"; fi
