@@ -1,5 +1,6 @@
 #include "main_prov/config.h"
 
+#include "common/log.h"
 #include "common/params.h"
 
 namespace tandem {
@@ -58,6 +59,23 @@ void Config::load(fi_provider *prov) {
                "offers it; off (the default): by offset into the region, which every link of "
                "tandem supports, so tandem does not ask applications for FI_MR_VIRT_ADDR",
                false);
+    g_config.link = p.text("link",
+                           "Link to other nodes: auto (an RDMA device's domain for each address "
+                           "a device serves, listed first, and a TCP domain for every "
+                           "interface), verbs (RDMA devices only), tcp (TCP only)",
+                           "auto");
+    if (g_config.link != "auto" && g_config.link != "tcp" && g_config.link != "verbs") {
+        TANDEM_WARN(FI_LOG_CORE, "FI_TANDEM_LINK=%s is none of auto, tcp, verbs: auto\n",
+                    g_config.link.c_str());
+        g_config.link = "auto";
+    }
+    g_config.verbs_lib =
+        p.text("verbs_lib",
+               "libibverbs to load for the verbs link (a path, or a name the dynamic loader "
+               "finds); scripts/with-emulated-rdma.sh names the emulated device's library",
+               "libibverbs.so.1");
+    g_config.rdmacm_lib =
+        p.text("rdmacm_lib", "librdmacm to load for the verbs link", "librdmacm.so.1");
     g_config.local_path = p.flag("local",
                                  "Send to endpoints on the same node through the offload "
                                  "provider's shared memory (off: over the network path, as "

@@ -24,6 +24,9 @@ struct Config {
     bool include_loopback;   // offer the loopback interface as a domain
     bool local_path;         // node-local peers through off_tandem (shared memory)
     bool mr_virt_addr;       // take FI_MR_VIRT_ADDR when the application offers it
+    std::string link;        // auto (verbs where an RDMA device serves the address), tcp, verbs
+    std::string verbs_lib;   // libibverbs to load (the emulated device's library in tests)
+    std::string rdmacm_lib;  // librdmacm to load
 
     static const Config &get();
     static void load(fi_provider *prov);

@@ -8,6 +8,7 @@
 #include "main_prov/endpoint.h"
 #include "main_prov/config.h"
 #include "main_prov/fabric.h"
+#include "main_prov/interfaces.h"
 #include "main_prov/local_path.h"
 #include "main_prov/srx.h"
 #include "main_prov/wait.h"
@@ -58,6 +59,10 @@ Domain::Domain(Fabric *fabric, const fi_info *info, void *context)
       mutex_(!info || !info->domain_attr || info->domain_attr->threading != FI_THREAD_DOMAIN) {
     if (!info_) fail(FI_ENOMEM, "fi_dupinfo");
     mr_mode_ = info_->domain_attr->mr_mode;
+    std::string why;
+    link_ = open_link_domain(info_->domain_attr->name ? info_->domain_attr->name : "", &why);
+    if (!link_) fail(FI_ENODEV, why.c_str());
+    if (link_->caps().link_keys) mr_table_.set_link(link_.get());
     threading_ = info_->domain_attr->threading;
     init_fid(FI_CLASS_DOMAIN, context, &domain_fi_ops);
     fid()->ops = &domain_ops;

@@ -68,6 +68,8 @@ class Domain : public FidObject<Domain, fid_domain> {
     // Puts the descriptors of every endpoint into the wait set (before an application sleeps).
     void watch_fds(WaitSet &set);
     MrTable &mr_table() { return mr_table_; }
+    // The link of this domain's endpoints: an RDMA device's (verbs) or TCP.
+    LinkDomain &link() { return *link_; }
     Fabric *fabric() const { return fabric_; }
     const fi_info *info() const { return info_; }
     uint64_t mr_mode() const { return mr_mode_; }
@@ -99,6 +101,7 @@ class Domain : public FidObject<Domain, fid_domain> {
     fi_threading threading_;
     Lock mutex_;
     std::vector<Endpoint *> endpoints_;
+    std::shared_ptr<LinkDomain> link_;  // before mr_table_: regions hold its registrations
     MrTable mr_table_;
     std::atomic<int> refs_{0};  // objects opened on this domain and not closed yet
     std::unique_ptr<OffloadDomain> offload_;

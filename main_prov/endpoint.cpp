@@ -242,12 +242,11 @@ Endpoint::Endpoint(Domain *domain, fi_info *info, void *context)
     rx_buf_size_ =
         sizeof(wire::ProtoHeader) + std::max({eager_limit_, sizeof(wire::RtsBody),
                                               sizeof(wire::AtomicBody) + 2 * atomic::kMaxBytes});
-    TcpLinkConfig link = cfg.link_settings();
-    link.max_send_size = rx_buf_size_;
-    // The protocol keeps every buffer it posts until the link completes it (eager payloads
-    // are already its own copies), so the link never needs to copy.
-    link.max_inline = 0;
-    transport_ = std::make_unique<TcpTransport>(this, link);
+    transport_ = domain_->link().transport(this, rx_buf_size_);
+    // MSG connection data rides in the request after our hello: what the link leaves of it.
+    if (size_t carried = transport_->caps().max_connect_data)
+        cm_data_size_ = cm_data_max_ =
+            std::min(wire::kMaxCmPrivate, carried - sizeof(wire::ConnHello));
 
     init_fid(FI_CLASS_EP, context, &ep_fi_ops);
     fid()->ops = &ep_ops;
@@ -525,6 +524,7 @@ int Endpoint::enable_locked() {
         if (OffloadDomain *off = domain_->offload())
             local_ = LocalPath::open(*this, *off, *av_, *rx_, eq_ ? eq_->fid() : nullptr);
     if (local_ && (caps_ & FI_HMEM)) local_->set_p2p(p2p_.mode());
+    transport_->set_device_p2p(p2p_.mode() != FI_HMEM_P2P_DISABLED);
     // One line per endpoint at info level: a user's log then says which endpoint ran and
     // whether its node-local peers go through off_tandem.
     TANDEM_INFO(FI_LOG_EP_CTRL, "%s endpoint enabled on %s, node-local path %s\n",
@@ -576,7 +576,7 @@ int Endpoint::setopt(int level, int optname, const void *optval, size_t optlen) 
         case FI_OPT_CM_DATA_SIZE: {
             if (optlen != sizeof(size_t)) return -FI_EINVAL;
             size_t want = *static_cast<const size_t *>(optval);
-            if (want > wire::kMaxCmPrivate) return -FI_EINVAL;
+            if (want > cm_data_max_) return -FI_EINVAL;
             cm_data_size_ = want;
             return 0;
         }
@@ -593,6 +593,7 @@ int Endpoint::setopt(int level, int optname, const void *optval, size_t optlen) 
                  (type_ == FI_EP_RDM && Config::get().local_path && domain_->offload() != nullptr));
             int ret = p2p_.set(mode, can_p2p);
             if (!ret && local_ && (caps_ & FI_HMEM)) local_->set_p2p(p2p_.mode());
+            if (!ret && transport_) transport_->set_device_p2p(p2p_.mode() != FI_HMEM_P2P_DISABLED);
             return ret;
         }
         case kOptCudaApiPermitted: {

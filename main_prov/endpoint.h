@@ -422,7 +422,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     bool memory_of(const iovec *iov, void **desc, size_t count, uint64_t flags,
                    hmem::MemRef *mem) const;
     // A transfer of device memory over a link: what the P2P policy says (counted).
-    hmem::P2pDecision link_decision(size_t len);
+    // How device memory of a transfer of len bytes crosses the link (and the counters); `small`:
+    // what FI_HMEM_P2P_ENABLED stages anyway (messages up to the eager limit).
+    hmem::P2pDecision link_decision(size_t len, size_t small = 0);
     void free_tx(TxOp *op);
     void send_control(LinkConnection *conn, wire::ProtoOp op, const void *body, size_t len,
                       uint64_t msg_id);
@@ -515,6 +517,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     size_t eager_limit_ = 0;
     size_t inject_size_ = 0;
     size_t cm_data_size_ = wire::kMaxCmPrivate;
+    size_t cm_data_max_ = wire::kMaxCmPrivate;  // what the link's connection requests carry
     hmem::P2pPolicy p2p_;
 
     // Peers: RDM keyed by name; MSG has exactly one.

@@ -58,6 +58,8 @@ int error_of(WcStatus s) {
             return FI_EIO;
         case WcStatus::Flushed:
             return FI_ECONNRESET;
+        case WcStatus::Timeout:
+            return FI_ETIMEDOUT;
     }
     return FI_EIO;
 }
@@ -371,12 +373,16 @@ ssize_t Endpoint::issue_send(SendRequest &r) {
     op->hdr.cq_data = r.data;
     op->hdr.size = len;
     op->hdr.msg_id = op->id;
-    if (device && link_decision(len) == hmem::P2pDecision::Fail) {
+    // Device memory the link moves peer to peer (a NIC reading it through its dma-buf) goes by
+    // rendezvous whatever its size: an eager message is a copy into the protocol's buffer.
+    const hmem::P2pDecision decision =
+        device ? link_decision(len, eager_limit_) : hmem::P2pDecision::Stage;
+    if (decision == hmem::P2pDecision::Fail) {
         ++tx_outstanding_;
         fail_tx(op, FI_EOPNOTSUPP);  // FI_HMEM_P2P_REQUIRED, and the link can only stage
         return 0;
     }
-    if (len <= eager_limit_) {
+    if (len <= eager_limit_ && decision != hmem::P2pDecision::PeerToPeer) {
         op->hdr.op = static_cast<uint8_t>(wire::ProtoOp::Eager);
         if (r.flags & FI_DELIVERY_COMPLETE) {
             op->hdr.flags |= wire::kProtoAckReq;
@@ -394,12 +400,32 @@ ssize_t Endpoint::issue_send(SendRequest &r) {
     } else {
         op->hdr.op = static_cast<uint8_t>(wire::ProtoOp::Rts);
         op->await_remote = true;
-        for (size_t i = 0; i < count; ++i) {
-            if (!iov[i].iov_len) continue;
-            uint64_t key = domain_->mr_table().insert_internal(iov[i], mem[i]);
+        // A NIC reads the source itself (the link's own keys): device memory that is to be
+        // staged is copied to host memory first, and that is what the peer reads.
+        const iovec *src = iov;
+        size_t src_count = count;
+        const hmem::MemRef *src_mem = mem;
+        if (device && decision == hmem::P2pDecision::Stage && transport_->caps().link_keys) {
+            if (int ret = take_payload(op, iov, mem, count, len, true)) {
+                free_tx(op);
+                return ret;
+            }
+            src = op->iov.data();
+            src_count = op->iov.size();
+            src_mem = nullptr;
+        }
+        for (size_t i = 0; i < src_count; ++i) {
+            if (!src[i].iov_len) continue;
+            const hmem::MemRef where = src_mem ? src_mem[i] : hmem::kHost;
+            uint64_t key = domain_->mr_table().insert_internal(src[i], where);
+            if (!key) {  // the link cannot register it (device memory its NIC cannot reach)
+                for (uint64_t k : op->internal_keys) domain_->mr_table().erase_internal(k);
+                free_tx(op);
+                return where.on_host() ? -FI_EIO : -FI_EOPNOTSUPP;
+            }
             op->internal_keys.push_back(key);
             auto &e = op->rts.iov[op->rts.iov_count++];
-            e = {reinterpret_cast<uint64_t>(iov[i].iov_base), iov[i].iov_len, key};
+            e = {reinterpret_cast<uint64_t>(src[i].iov_base), src[i].iov_len, key};
         }
     }
     ++tx_outstanding_;
@@ -707,8 +733,8 @@ bool Endpoint::memory_of(const iovec *iov, void **desc, size_t count, uint64_t f
     return device;
 }
 
-hmem::P2pDecision Endpoint::link_decision(size_t len) {
-    hmem::P2pDecision d = p2p_.decide(transport_ && transport_->caps().device_p2p, len, 0);
+hmem::P2pDecision Endpoint::link_decision(size_t len, size_t small) {
+    hmem::P2pDecision d = p2p_.decide(transport_ && transport_->caps().device_p2p, len, small);
     auto &c = hmem::counters();
     switch (d) {
         case hmem::P2pDecision::PeerToPeer:

@@ -1,6 +1,10 @@
 #include "main_prov/interfaces.h"
 
 #include "main_prov/config.h"
+#include "main_prov/link/tcp_link.h"
+#include "main_prov/link/verbs_link.h"
+
+#include "common/log.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -9,6 +13,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <sstream>
 
 namespace tandem {
@@ -68,7 +74,63 @@ bool is_wildcard(const EndpointName &name) {
     return false;
 }
 
+// The RDMA device rdma_cm binds this local address to ("" when none serves it): what the
+// device's port carries, RoCE or IPoIB.
+std::string rdma_device_serving(const VerbsApi &api, const EndpointName &address) {
+    rdma_event_channel *channel = api.create_event_channel();
+    if (!channel) return {};
+    std::string name;
+    rdma_cm_id *id = nullptr;
+    if (api.create_id(channel, &id, nullptr, RDMA_PS_TCP) == 0) {
+        EndpointName probe = address;
+        if (api.bind_addr(id, const_cast<sockaddr *>(probe.sa())) == 0 && id->verbs)
+            name = api.get_device_name(id->verbs->device);
+        api.destroy_id(id);
+    }
+    api.destroy_event_channel(channel);
+    return name;
+}
+
 }  // namespace
+
+const VerbsApi *verbs_api() {
+    static std::once_flag once;
+    static const VerbsApi *api = nullptr;
+    std::call_once(once, [] {
+        const Config &cfg = Config::get();
+        if (cfg.link == "tcp") return;
+        std::string why;
+        api = VerbsApi::load(cfg.verbs_lib, cfg.rdmacm_lib, &why);
+        if (!api && cfg.link == "verbs")
+            TANDEM_WARN(FI_LOG_CORE, "FI_TANDEM_LINK=verbs, but no verbs: %s\n", why.c_str());
+        else if (!api)
+            TANDEM_INFO(FI_LOG_CORE, "no verbs link (TCP only): %s\n", why.c_str());
+    });
+    return api;
+}
+
+std::shared_ptr<LinkDomain> open_link_domain(const std::string &domain_name, std::string *why) {
+    const VerbsApi *api = verbs_api();
+    bool is_device = false;
+    if (api) {
+        int n = 0;
+        ibv_device **list = api->get_device_list(&n);
+        for (int i = 0; list && i < n && !is_device; ++i)
+            is_device = domain_name == api->get_device_name(list[i]);
+        if (list) api->free_device_list(list);
+    }
+    if (!is_device) return std::make_shared<TcpLinkDomain>(Config::get().link_settings());
+    // One device object per process: a passive endpoint's connection requests are accepted
+    // by endpoints of a domain, and both must use one protection domain.
+    static std::mutex mu;
+    static std::map<std::string, std::weak_ptr<VerbsDevice>> devices;
+    std::lock_guard lk(mu);
+    if (auto dev = devices[domain_name].lock()) return dev;
+    std::shared_ptr<VerbsDevice> dev;
+    if (VerbsDevice::open(api, domain_name, VerbsLinkConfig{}, dev, why) != 0) return nullptr;
+    devices[domain_name] = dev;
+    return dev;
+}
 
 std::vector<Interface> usable_interfaces(int family) {
     std::vector<Interface> out;
@@ -87,7 +149,7 @@ std::vector<Interface> usable_interfaces(int family) {
                                 [&](const Interface &i) { return i.name == ifa->ifa_name; });
         if (seen) continue;  // first address of an interface names its domain
         Interface itf;
-        itf.name = ifa->ifa_name;
+        itf.name = itf.ifname = ifa->ifa_name;
         EndpointName::from_bytes(ifa->ifa_addr,
                                  family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6),
                                  itf.address);
@@ -97,7 +159,22 @@ std::vector<Interface> usable_interfaces(int family) {
     }
     freeifaddrs(list);
     std::stable_partition(out.begin(), out.end(), [](const Interface &i) { return !i.loopback; });
-    return out;
+    const VerbsApi *api = verbs_api();
+    if (!api) return out;
+    // One domain per device: the first address it serves names it.
+    std::vector<Interface> rdma;
+    for (const Interface &itf : out) {
+        std::string dev = rdma_device_serving(*api, itf.address);
+        if (dev.empty() || std::any_of(rdma.begin(), rdma.end(),
+                                       [&](const Interface &i) { return i.name == dev; }))
+            continue;
+        Interface v = itf;
+        v.name = v.rdma_device = dev;
+        rdma.push_back(std::move(v));
+    }
+    if (Config::get().link == "verbs") return rdma;
+    rdma.insert(rdma.end(), out.begin(), out.end());
+    return rdma;
 }
 
 void substitute_interface_address(const char *ifname, EndpointName &name) {

@@ -51,7 +51,24 @@ MemoryRegion::MemoryRegion(Domain *domain, const fi_mr_attr &attr, uint64_t flag
     desc_.owner = this;
     fid()->mem_desc = &desc_;
     bool prov_key = domain->mr_mode() & (FI_MR_PROV_KEY | FI_MR_BASIC);
-    int ret = domain->mr_table().insert(this, attr.requested_key, prov_key);
+    uint64_t key = attr.requested_key;
+    LinkDomain *link = domain->mr_table().link();
+    // Where the domain takes a NIC's keys (a device domain with RMA) the region is the NIC's;
+    // otherwise (no RMA there: keys of the application's choosing) it is for local use.
+    if (link && total_ > 0 && prov_key && virt_addr_) {
+        // A link with keys of its own (a NIC's rkeys) names the region: one range, addressed
+        // by virtual address, the key the link's.
+        if (int ret =
+                link->register_region(iov_.empty() ? iovec{} : iov_[0], desc_.mem,
+                                      access_ & (FI_REMOTE_READ | FI_REMOTE_WRITE), registered_))
+            fail(-ret, "the link cannot register this memory");
+        if (registered_) {
+            if (iov_.size() != 1) fail(FI_EINVAL, "the link registers one range per region");
+            key = registered_->key;
+            prov_key = false;
+        }
+    }
+    int ret = domain->mr_table().insert(this, key, prov_key);
     if (ret) fail(-ret, "memory key in use");
     fid()->key = key_;
     // FI_MR_ENDPOINT regions are usable only after fi_mr_bind + fi_mr_enable.
@@ -130,8 +147,10 @@ void MemoryRegion::count_remote_access(uint64_t access) {
 int MrTable::insert(MemoryRegion *mr, uint64_t requested_key, bool prov_key) {
     uint64_t key;
     if (prov_key) {
+        // Beside a link's own keys (32-bit rkeys), ours stay out of their range.
+        uint64_t base = link_ ? uint64_t{1} << 62 : 0;
         do {
-            key = next_prov_key_++;
+            key = base | next_prov_key_++;
         } while (regions_.count(key));
     } else {
         key = requested_key;
@@ -154,13 +173,22 @@ MemoryRegion *MrTable::find(uint64_t key) const {
 }
 
 uint64_t MrTable::insert_internal(const iovec &iov, hmem::MemRef mem) {
+    if (link_) {
+        std::unique_ptr<LinkRegion> region;
+        if (link_->register_region(iov, mem, FI_REMOTE_READ, region) != 0) return 0;
+        if (region) {
+            uint64_t key = region->key;
+            internal_[key] = {iov, mem, std::move(region)};
+            return key;
+        }
+    }
     if (next_internal_ == 1) {
         // Start at a random point so a stale key from an earlier process is unlikely to hit.
         std::random_device rd;
         next_internal_ = (uint64_t(rd()) << 20) | 1;
     }
     uint64_t key = kInternalBit | (next_internal_++ & ~kInternalBit);
-    internal_[key] = {iov, mem};
+    internal_[key] = {iov, mem, nullptr};
     return key;
 }
 
@@ -172,9 +200,14 @@ void MrTable::erase_internal(uint64_t key) {
 bool MrTable::resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access,
                       LocalPieces &out) const {
     out.count = 0;
-    out.application = !(key & kInternalBit);
-    if (key & kInternalBit) {
-        auto it = internal_.find(key);
+    // Internal keys carry kInternalBit, except a link's own (verbs rkeys): those are looked
+    // up too (the node-local path and atomics resolve keys here as well).
+    auto internal = key & kInternalBit
+                        ? internal_.find(key)
+                        : (internal_.empty() ? internal_.end() : internal_.find(key));
+    out.application = internal == internal_.end();
+    if (key & kInternalBit || internal != internal_.end()) {
+        auto it = internal;
         if (it == internal_.end() || access != FI_REMOTE_READ) return false;
         const iovec &v = it->second.iov;
         uint64_t base = reinterpret_cast<uint64_t>(v.iov_base);

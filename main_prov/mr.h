@@ -11,6 +11,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <unordered_map>
 #include <vector>
 
@@ -49,7 +50,8 @@ class MemoryRegion : public FidObject<MemoryRegion, fid_mr> {
     uint64_t total_ = 0;  // bytes of all iovecs
     bool virt_addr_;
     bool enabled_ = true;
-    Cntr *cntr_ = nullptr;  // FI_RMA_EVENT counter bound with fi_mr_bind
+    Cntr *cntr_ = nullptr;                    // FI_RMA_EVENT counter bound with fi_mr_bind
+    std::unique_ptr<LinkRegion> registered_;  // with the link, where it has keys (verbs)
 };
 
 class MrTable {
@@ -60,7 +62,13 @@ class MrTable {
     void erase(MemoryRegion *mr);
     MemoryRegion *find(uint64_t key) const;
 
-    // Protocol-internal registration of a local buffer for remote reads (rendezvous source).
+    // The link whose peers reach this table's memory, where it has keys of its own (verbs
+    // rkeys, LinkCaps::link_keys): regions are registered with it and named by its key.
+    void set_link(LinkDomain *link) { link_ = link; }
+    LinkDomain *link() const { return link_; }
+
+    // Protocol-internal registration of a local buffer for remote reads (rendezvous source);
+    // 0 when the link cannot register it.
     uint64_t insert_internal(const iovec &iov, hmem::MemRef mem = hmem::kHost);
     void erase_internal(uint64_t key);
 
@@ -77,7 +85,9 @@ class MrTable {
     struct Internal {
         iovec iov;
         hmem::MemRef mem;
+        std::unique_ptr<LinkRegion> registered;  // the link's registration, if it has keys
     };
+    LinkDomain *link_ = nullptr;
     std::unordered_map<uint64_t, Internal> internal_;
     uint64_t next_prov_key_ = 1;
     uint64_t next_internal_ = 1;

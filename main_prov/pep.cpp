@@ -71,8 +71,16 @@ PassiveEndpoint::PassiveEndpoint(Fabric *fabric, fi_info *info, void *context)
     : fabric_(fabric), info_(fi_dupinfo(info)), cm_data_size_(wire::kMaxCmPrivate) {
     if (!info_ || !info_->ep_attr || info_->ep_attr->type != FI_EP_MSG)
         fail(FI_EINVAL, "passive endpoints are FI_EP_MSG");
-    // Accepted sockets start here: they get the endpoints' socket settings from the start.
-    transport_ = std::make_unique<TcpTransport>(this, Config::get().link_settings());
+    // Connections start here: they get the endpoints' link settings from the start.
+    std::string why;
+    link_ = open_link_domain(
+        info_->domain_attr && info_->domain_attr->name ? info_->domain_attr->name : "", &why);
+    if (!link_) fail(FI_ENODEV, why.c_str());
+    transport_ = link_->transport(this, Config::get().link_settings().max_send_size);
+    // Connection data rides in the request after our hello: what the link leaves of it.
+    if (size_t carried = transport_->caps().max_connect_data)
+        cm_data_size_ = cm_data_max_ =
+            std::min(wire::kMaxCmPrivate, carried - sizeof(wire::ConnHello));
     if (info_->src_addr) {
         if (!EndpointName::from_bytes(info_->src_addr, info_->src_addrlen, name_))
             fail(FI_EINVAL, "bad source address");
@@ -128,7 +136,7 @@ int PassiveEndpoint::setopt(int level, int optname, const void *optval, size_t o
     if (optname != FI_OPT_CM_DATA_SIZE) return -FI_ENOPROTOOPT;
     if (!optval || optlen != sizeof(size_t)) return -FI_EINVAL;
     size_t want = *static_cast<const size_t *>(optval);
-    if (want > wire::kMaxCmPrivate) return -FI_EINVAL;
+    if (want > cm_data_max_) return -FI_EINVAL;
     cm_data_size_ = want;
     return 0;
 }
@@ -160,7 +168,7 @@ EndpointName PassiveEndpoint::surrender_address() {
     if (listening_) name.ss = transport_->name();
     substitute_interface_address(info_->domain_attr ? info_->domain_attr->name : nullptr, name);
     // Its listener (and any request not yet read) goes: the address is the new endpoint's.
-    transport_ = std::make_unique<TcpTransport>(this, Config::get().link_settings());
+    transport_ = transport_->fresh();
     listening_ = false;
     surrendered_ = true;
     return name;
@@ -210,7 +218,10 @@ void PassiveEndpoint::progress_cm() {
         if (hello.magic != wire::kProtoMagic || hello.version != wire::kProtoVersion ||
             hello.kind != static_cast<uint8_t>(wire::ConnKind::Msg) ||
             sizeof hello + hello.user_len != ev.private_data.size()) {
-            TANDEM_WARN(FI_LOG_EP_CTRL, "rejecting a malformed connection request\n");
+            TANDEM_WARN(FI_LOG_EP_CTRL,
+                        "rejecting a malformed connection request (%zu bytes, kind %u, %u of "
+                        "user data)\n",
+                        ev.private_data.size(), unsigned(hello.kind), unsigned(hello.user_len));
             ev.conn->reject(nullptr, 0);
             continue;
         }

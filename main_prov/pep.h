@@ -6,6 +6,7 @@
 #include "common/fid_adaptor.h"
 #include "main_prov/eq.h"
 #include "main_prov/lock_order.h"
+#include "common/wire.h"
 #include "main_prov/link/link.h"
 #include "main_prov/types.h"
 
@@ -62,12 +63,14 @@ class PassiveEndpoint : public FidObject<PassiveEndpoint, fid_pep>,
     Fabric *fabric_;
     fi_info *info_;
     PepMutex mutex_;  // before the EQ's in the lock order: progress_cm posts FI_CONNREQ
+    std::shared_ptr<LinkDomain> link_;
     std::unique_ptr<LinkTransport> transport_;
     EndpointName name_;
     Eq *eq_ = nullptr;
     bool listening_ = false;
     bool surrendered_ = false;  // its address went to an active endpoint
     size_t cm_data_size_;
+    size_t cm_data_max_ = wire::kMaxCmPrivate;  // what the link's connection requests carry
 };
 
 }  // namespace tandem

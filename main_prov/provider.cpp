@@ -92,7 +92,21 @@ bool subset(uint64_t want, uint64_t have) {
 bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint32_t format,
                fi_info *fi) {
     const Config &cfg = Config::get();
+    const bool verbs = !itf.rdma_device.empty();
     uint64_t caps = (type == FI_EP_RDM ? kRdmCaps : kMsgCaps) | hmem_caps(hints);
+    // A NIC does not tell the target of remote reads and writes: no FI_RMA_EVENT counters.
+    if (verbs) caps &= ~uint64_t(FI_RMA_EVENT);
+    // Its keys are its own and name memory by virtual address: an application that cannot
+    // take both (mr_mode without FI_MR_PROV_KEY | FI_MR_VIRT_ADDR, as Open MPI's mtl ofi asks)
+    // gets the device's domain for messages only, no RMA and no atomics.
+    const uint64_t want_mr_mode =
+        hints && hints->domain_attr ? uint64_t(hints->domain_attr->mr_mode) : 0;
+    const bool nic_keys =
+        !hints || !hints->domain_attr || want_mr_mode == FI_MR_BASIC ||
+        (want_mr_mode != FI_MR_SCALABLE && subset(FI_MR_PROV_KEY | FI_MR_VIRT_ADDR, want_mr_mode));
+    if (verbs && !nic_keys)
+        caps &=
+            ~uint64_t(FI_RMA | FI_ATOMIC | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE);
     // XPU triggers: an RDM endpoint's triggered operations started by a device's write.
     if (type == FI_EP_RDM && (caps & FI_HMEM)) caps |= FI_XPU_TRIGGER;
     if (hints) {
@@ -102,7 +116,9 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
             if (e.max_msg_size > kMaxMsgSize) return false;
             if (e.tx_ctx_cnt > 1 && e.tx_ctx_cnt != FI_SHARED_CONTEXT) return false;
             if (e.rx_ctx_cnt > 1 && e.rx_ctx_cnt != FI_SHARED_CONTEXT) return false;
-            if (e.protocol != FI_PROTO_UNSPEC && e.protocol != FI_PROTO_SOCK_TCP) return false;
+            if (e.protocol != FI_PROTO_UNSPEC &&
+                e.protocol != (verbs ? FI_PROTO_RDMA_CM_IB_RC : FI_PROTO_SOCK_TCP))
+                return false;
             if (e.auth_key_size) return false;
         }
         if (hints->domain_attr) {
@@ -118,7 +134,13 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
                                               (type == FI_EP_RDM ? FI_SHARED_AV : 0)))
                 return false;
             if (d.auth_key_size) return false;
-            if (d.mr_mode == FI_MR_SCALABLE && (hints->caps & FI_RMA) == 0) {
+            if (verbs && !nic_keys && (hints->caps & (FI_RMA | FI_ATOMIC))) {
+                TANDEM_INFO(FI_LOG_CORE,
+                            "%s not offered for RMA or atomics: its keys are the NIC's and "
+                            "address memory by virtual address, and the hints' mr_mode (0x%x) "
+                            "lacks FI_MR_PROV_KEY | FI_MR_VIRT_ADDR\n",
+                            itf.name.c_str(), unsigned(d.mr_mode));
+                return false;
             }
         }
         if (hints->fabric_attr && hints->fabric_attr->name &&
@@ -178,7 +200,7 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
 
     fi_ep_attr &ep = *fi->ep_attr;
     ep.type = type;
-    ep.protocol = FI_PROTO_SOCK_TCP;
+    ep.protocol = verbs ? FI_PROTO_RDMA_CM_IB_RC : FI_PROTO_SOCK_TCP;
     ep.protocol_version = wire::kProtoVersion;
     ep.max_msg_size = kMaxMsgSize;
     ep.msg_prefix_size = 0;
@@ -208,6 +230,9 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
     uint64_t want_mr = hints && hints->domain_attr ? hints->domain_attr->mr_mode : 0;
     if (want_mr == FI_MR_BASIC || want_mr == FI_MR_SCALABLE)
         d.mr_mode = static_cast<int>(want_mr);  // the pre-1.5 enumeration
+    else if (verbs && nic_keys)
+        d.mr_mode =
+            static_cast<int>((want_mr & kMrModeSupported) | FI_MR_PROV_KEY | FI_MR_VIRT_ADDR);
     else
         d.mr_mode = static_cast<int>(want_mr & kMrModeSupported &
                                      (cfg.mr_virt_addr ? ~0ull : ~uint64_t(FI_MR_VIRT_ADDR)));
@@ -226,7 +251,7 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
     d.max_ep_stx_ctx = 1;
     d.max_ep_srx_ctx = 1;
     d.cntr_cnt = 1024;
-    d.mr_iov_limit = kMaxIov;
+    d.mr_iov_limit = verbs ? 1 : kMaxIov;  // a NIC registers one range per key
     d.caps = FI_LOCAL_COMM | FI_REMOTE_COMM | (type == FI_EP_RDM ? FI_SHARED_AV : 0);
     d.mode = 0;
     d.max_err_data = wire::kMaxCmPrivate;

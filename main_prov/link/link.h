@@ -39,6 +39,19 @@ struct LinkCaps {
     // a NIC reading and writing it through a dma-buf or peer-memory registration. A link
     // without it still accepts device buffers and stages them through host bounce buffers.
     bool device_p2p = false;
+    // A remote access error (bad key, bounds, access) ends the connection: a verbs RC queue
+    // pair moves to the error state and flushes what follows. The TCP link refuses the one
+    // request and the connection goes on.
+    bool access_error_ends_connection = false;
+    // A request outstanding when the peer vanished completes Timeout (RC: the transport's
+    // retries ran out), those after it Flushed. TCP: all Flushed.
+    bool peer_loss_times_out = false;
+    // Remote memory is named by keys the link makes (LinkDomain::register_region: a NIC's
+    // rkeys), not by the domain's own through the RemoteKeyResolver.
+    bool link_keys = false;
+    // Bytes of private data a connection request carries (rdma_cm: 56); 0: what the protocol
+    // sends.
+    size_t max_connect_data = 0;
 };
 
 // Remote memory as the link sees it: an address in the peer's key space and its key.
@@ -81,6 +94,35 @@ enum class WcStatus : uint8_t {
     RemoteOpError,      // the target failed to carry it out (its device memory faulted)
     LocalFault,         // our own memory could not be read for it (a device copy failed)
     Flushed,            // the connection went down before the request completed
+    Timeout,            // the peer did not answer within the link's retries (verbs RC
+                        // transport or RNR retries exhausted: gone, or no buffer for too long)
+};
+
+// Memory a peer reaches by RDMA under a key the link made (a verbs memory region's rkey).
+// Destroying it deregisters the memory.
+class LinkRegion {
+  public:
+    virtual ~LinkRegion() = default;
+    uint64_t key = 0;
+};
+
+// What one kind of link has per libfabric domain, shared by the domain's transports: the
+// device and its protection domain (verbs), or nothing (TCP).
+class LinkDomain {
+  public:
+    virtual ~LinkDomain() = default;
+    virtual const char *kind() const = 0;  // "tcp", "verbs"
+    virtual const LinkCaps &caps() const = 0;
+    // Registers [iov) for remote access (FI_REMOTE_READ / FI_REMOTE_WRITE) by the peers of
+    // every transport of this domain. 0 with out left empty where the link has no keys of its
+    // own and asks the transport's RemoteKeyResolver at the target (TCP); a negative fabric
+    // errno when the memory cannot be registered.
+    virtual int register_region(const iovec &iov, hmem::MemRef mem, uint64_t access,
+                                std::unique_ptr<LinkRegion> &out) = 0;
+    // A transport of this domain for one endpoint, not listening yet, whose sends carry up to
+    // max_send_size bytes (the size of the buffers the protocol posts).
+    virtual std::unique_ptr<class LinkTransport> transport(RemoteKeyResolver *resolver,
+                                                           size_t max_send_size) = 0;
 };
 
 class LinkConnection;
@@ -200,6 +242,11 @@ class LinkTransport {
     // Detaches a connection from this transport (a passive endpoint handing a connection
     // request to the endpoint that accepts it, whose transport adopt()s it).
     virtual std::unique_ptr<LinkConnection> release(LinkConnection *conn) = 0;
+
+    // Whether device memory may go to the wire without host staging where the link can
+    // (LinkCaps::device_p2p): off under FI_HMEM_P2P_DISABLED. A link that always stages
+    // ignores it.
+    virtual void set_device_p2p(bool allowed) { (void)allowed; }
 
     // A new transport of the same kind and settings, for the same resolver, not listening
     // (an endpoint given another address before it is enabled).

@@ -1163,13 +1163,19 @@ void TcpConnection::fail_connection(const char *why, int err) {
 TcpTransport::TcpTransport(RemoteKeyResolver *resolver, const TcpLinkConfig &config)
     : resolver_(resolver), config_(config), epfd_(epoll_create1(EPOLL_CLOEXEC)) {
     if (epfd_ < 0) fail(errno, "epoll_create1");
-    caps_.max_inline = config.max_inline;
-    caps_.max_send_size = config.max_send_size;
-    caps_.max_rdma_size = size_t{1} << 40;
-    caps_.max_sge = 16;
-    caps_.rdma_read = true;
-    caps_.rdma_write = true;
-    caps_.remote_access_events = true;
+    caps_ = caps_for(config);
+}
+
+LinkCaps TcpTransport::caps_for(const TcpLinkConfig &config) {
+    LinkCaps caps;
+    caps.max_inline = config.max_inline;
+    caps.max_send_size = config.max_send_size;
+    caps.max_rdma_size = size_t{1} << 40;
+    caps.max_sge = 16;
+    caps.rdma_read = true;
+    caps.rdma_write = true;
+    caps.remote_access_events = true;
+    return caps;
 }
 
 TcpTransport::~TcpTransport() {

@@ -223,6 +223,7 @@ class TcpTransport final : public LinkTransport {
     TcpTransport(RemoteKeyResolver *resolver, const TcpLinkConfig &config);
     ~TcpTransport() override;
 
+    static LinkCaps caps_for(const TcpLinkConfig &config);
     const LinkCaps &caps() const override { return caps_; }
     int listen(const sockaddr *addr, socklen_t len, int backlog) override;
     sockaddr_storage name() const override;
@@ -286,6 +287,34 @@ class TcpTransport final : public LinkTransport {
     std::deque<PostedRecv> posted_;
     RingQueue<WorkCompletion> completions_;
     std::deque<CmEvent> cm_events_;
+};
+
+// The TCP link's domain: nothing shared but the settings. Keys are the domain's own (the
+// target's link asks its RemoteKeyResolver), so regions need no registration here.
+class TcpLinkDomain final : public LinkDomain {
+  public:
+    explicit TcpLinkDomain(const TcpLinkConfig &config)
+        : config_(config), caps_(TcpTransport::caps_for(config)) {}
+    const char *kind() const override { return "tcp"; }
+    const LinkCaps &caps() const override { return caps_; }
+    int register_region(const iovec &, hmem::MemRef, uint64_t,
+                        std::unique_ptr<LinkRegion> &out) override {
+        out.reset();
+        return 0;
+    }
+    std::unique_ptr<LinkTransport> transport(RemoteKeyResolver *resolver,
+                                             size_t max_send_size) override {
+        TcpLinkConfig cfg = config_;
+        cfg.max_send_size = max_send_size;
+        // The protocol keeps every buffer it posts until the link completes it (eager
+        // payloads are already its own copies), so the link never needs to copy.
+        cfg.max_inline = 0;
+        return std::make_unique<TcpTransport>(resolver, cfg);
+    }
+
+  private:
+    TcpLinkConfig config_;
+    LinkCaps caps_;
 };
 
 }  // namespace tandem

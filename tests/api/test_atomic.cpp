@@ -1008,6 +1008,7 @@ class AtomicRmaOrderTest : public AtomicTest {
     static constexpr int kRounds = 50;
     void SetUp() override {
         ASSERT_NO_FATAL_FAILURE(AtomicTest::SetUp());
+        if (IsSkipped()) return;
         target = buf(64, 0, true);
         local = buf(4096);
         t = reinterpret_cast<uint64_t *>(target->data());

@@ -86,5 +86,13 @@ for side in server client; do
             fi ;;
     esac
 done
-[ "$status" -eq 0 ] && echo "PASS: fi_pingpong -p '$prov' -e $ep $*"
+# The domain the endpoints ran on, where the caller names one (an RDMA device's: the verbs
+# link).
+if [ -n "${EXPECT_DOMAIN:-}" ]; then
+    for side in server client; do
+        grep -Eq "::tandem:ep_ctrl:.* endpoint enabled on $EXPECT_DOMAIN," "$tmp/$side" ||
+            { echo "FAIL: $side: no endpoint enabled on $EXPECT_DOMAIN" >&2; status=1; }
+    done
+fi
+[ "$status" -eq 0 ] && echo "PASS: fi_pingpong -p '$prov' -e $ep $* ${EXPECT_DOMAIN:+on $EXPECT_DOMAIN}"
 exit "$status"

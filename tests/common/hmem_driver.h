@@ -324,6 +324,13 @@ inline bool net_variant() {
     return v && strcmp(v, "0") == 0;
 }
 
+// FI_TANDEM_LINK=verbs (ctest's hmem.emu_verbs.*): the processes talk over the verbs link on
+// the emulated RDMA device, whose NIC reaches device memory through its dma-buf.
+inline bool verbs_variant() {
+    const char *v = getenv("FI_TANDEM_LINK");
+    return net_variant() && v && strcmp(v, "verbs") == 0;
+}
+
 // A value of FI_OPT_FI_HMEM_P2P, by name.
 inline const char *p2p_name(int mode) {
     switch (mode) {

@@ -833,6 +833,8 @@ enum class Mech {
     Resent,      // the receiver could not open the handle: the sender staged it after all
     RxStages,    // the receiver opens no handle: staged (at once, or after an IPC offer)
     Refused,     // FI_HMEM_P2P_REQUIRED and no P2P: nothing moved at all
+    NicDmaBuf,   // a NIC moved it: both sides registered their device memory by its dma-buf,
+                 // nobody copied (the verbs link, GPUDirect RDMA)
 };
 enum class Outcome {
     Delivered,      // both complete successfully
@@ -937,6 +939,11 @@ void check_sender(Role &r, const Stats &st, const Xfer &x) {
             else
                 R_MECH(r, st, s.ipc_gets >= 1);
             break;
+        case Mech::NicDmaBuf:
+            R_MECH(r, st, s.ipc_gets == 0);
+            R_MECH(r, st, s.htod_copies + s.dtoh_copies + s.dtod_copies == 0);
+            if (x.src_dev) R_MECH(r, st, s.dmabuf_gets >= 1);
+            break;
     }
 }
 
@@ -974,6 +981,11 @@ void check_receiver(Role &r, const Stats &st, const Xfer &x) {
         case Mech::Refused:
             R_MECH(r, st, s.ipc_opens == 0);
             R_MECH(r, st, s.htod_copies + s.dtod_copies == 0);
+            break;
+        case Mech::NicDmaBuf:
+            R_MECH(r, st, s.ipc_opens == 0);
+            R_MECH(r, st, s.htod_copies + s.dtoh_copies + s.dtod_copies == 0);
+            if (x.dst_dev) R_MECH(r, st, s.dmabuf_gets >= 1);
             break;
     }
 }
@@ -1274,6 +1286,72 @@ TEST(P2pMode, EnvironmentDisablesReceiverOnly1MiB) {
     x.len = MiB;
     x.rx_env_disables_p2p = true;
     x.mech = net_variant() ? Mech::Staged : Mech::RxStages;
+    run_xfer(x);
+}
+
+// ---- The verbs link (hmem.emu_verbs.*: the emulated RDMA device)
+// --------------------------------- Its NIC reads and writes device memory registered by dma-buf:
+// under ENABLED (above the eager limit), PREFERRED and REQUIRED a device-to-device message goes NIC
+// to NIC (a rendezvous whatever its size, except ENABLED's small messages, which are staged as on
+// every path), and under DISABLED it is staged through host memory.
+
+#define REQUIRE_VERBS()                                                                    \
+    do {                                                                                   \
+        REQUIRE_DEVICE();                                                                  \
+        if (!verbs_variant()) GTEST_SKIP() << "only over the verbs link (hmem.emu_verbs)"; \
+    } while (0)
+
+TEST(VerbsLink, Enabled1MiBGoesNicToNic) {
+    REQUIRE_VERBS();
+    Xfer x;
+    x.len = MiB;
+    x.mech = Mech::NicDmaBuf;
+    run_xfer(x);
+}
+
+TEST(VerbsLink, Enabled64BIsStaged) {
+    REQUIRE_VERBS();
+    Xfer x;
+    x.len = 64;
+    x.mech = Mech::Staged;
+    run_xfer(x);
+}
+
+TEST(VerbsLink, Preferred64BGoesNicToNic) {
+    REQUIRE_VERBS();
+    Xfer x;
+    x.len = 64;
+    x.mode = FI_HMEM_P2P_PREFERRED;
+    x.mech = Mech::NicDmaBuf;
+    run_xfer(x);
+}
+
+TEST(VerbsLink, Required1MiBGoesNicToNic) {
+    REQUIRE_VERBS();
+    Xfer x;
+    x.len = MiB;
+    x.mode = FI_HMEM_P2P_REQUIRED;
+    x.mech = Mech::NicDmaBuf;
+    run_xfer(x);
+}
+
+TEST(VerbsLink, Disabled1MiBIsStaged) {
+    REQUIRE_VERBS();
+    Xfer x;
+    x.len = MiB;
+    x.mode = FI_HMEM_P2P_DISABLED;
+    x.mech = Mech::Staged;
+    run_xfer(x);
+}
+
+TEST(VerbsLink, TaggedHostToDevice1MiBRegistersOnlyTheDevice) {
+    REQUIRE_VERBS();
+    Xfer x;
+    x.len = MiB;
+    x.tagged = true;
+    x.src_dev = false;
+    x.mode = FI_HMEM_P2P_PREFERRED;
+    x.mech = Mech::NicDmaBuf;
     run_xfer(x);
 }
 

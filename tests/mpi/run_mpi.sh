@@ -42,6 +42,10 @@ xargs=(-x FI_LOG_LEVEL -x MPI_TEST_WATCHDOG)
 [ -n "${FI_PROVIDER:-}" ] && xargs+=(-x FI_PROVIDER)
 [ -n "${FI_PROVIDER_PATH:-}" ] && xargs+=(-x FI_PROVIDER_PATH)
 [ -n "${FI_TANDEM_LOCAL:-}" ] && xargs+=(-x FI_TANDEM_LOCAL)
+# The verbs link and the emulated RDMA device (scripts/with-emulated-rdma.sh) reach every rank.
+for v in FI_TANDEM_LINK FI_TANDEM_VERBS_LIB FI_TANDEM_RDMACM_LIB EMURDMA_NETDEV; do
+    [ -n "${!v:-}" ] && xargs+=(-x "$v")
+done
 
 mode=${MPI_TEST_MODE:-p2p}
 if [ "$mode" = osc ]; then
@@ -105,8 +109,9 @@ case $prov in
         # layering it skipped, do not count). Every rank enabled tandem's own RDM endpoint.
         n=$(grep -Ec '::(ofi_rxm|ofi_rxd|ofi_mrail):(av|ep_ctrl|ep_data|cq|domain):|rxm_ep_settings_init' "$log")
         [ "$n" -eq 0 ] || { echo "FAIL: a utility provider logged $n lines: not plain $prov" >&2; status=1; }
-        n=$(grep -Ec "::$core:ep_ctrl:.*RDM endpoint enabled on " "$log")
-        [ "$n" -ge "$np" ] || { echo "FAIL: $n of $np ranks enabled a $core RDM endpoint" >&2; status=1; } ;;
+        n=$(grep -Ec "::$core:ep_ctrl:.*RDM endpoint enabled on ${EXPECT_DOMAIN:-}" "$log")
+        [ "$n" -ge "$np" ] ||
+            { echo "FAIL: $n of $np ranks enabled a $core RDM endpoint ${EXPECT_DOMAIN:+on $EXPECT_DOMAIN}" >&2; status=1; } ;;
 esac
 [ "$status" -eq 0 ] && echo "PASS: $name on $np ranks over $prov"
 exit "$status"

@@ -1,7 +1,10 @@
 // The link contract: what the protocol relies on from any link (link.h), checked on the TCP
-// link. Written against LinkTransport / LinkConnection only, so a verbs link (and the
-// emulated RC device) can run the same suite when they exist.
+// link (sendmsg and splice) and on the verbs link (over the RDMA device tests/common/
+// verbs_device.h finds: a real one, or the emulated device of tests/emurdma). Written against
+// LinkDomain / LinkTransport / LinkConnection only. Where links differ by design, the test
+// asks LinkCaps and asserts the one outcome that link promises.
 #include "main_prov/link/tcp_link.h"
+#include "tests/common/verbs_device.h"
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -10,6 +13,7 @@
 #include <rdma/fabric.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <fstream>
@@ -21,7 +25,8 @@ using namespace tandem;
 
 namespace {
 
-// One registered region with one key, checked the way an RNIC checks an rkey.
+// One registered region with one key, checked the way an RNIC checks an rkey (for links that
+// ask the resolver: TCP).
 class OneRegion : public RemoteKeyResolver {
   public:
     std::vector<uint8_t> mem = std::vector<uint8_t>(1 << 16);
@@ -51,11 +56,26 @@ class OneRegion : public RemoteKeyResolver {
 
 struct Side {
     OneRegion region;
+    std::shared_ptr<LinkDomain> domain;
+    std::unique_ptr<LinkRegion> registered;  // the link's own key for region.mem, if it has keys
     std::unique_ptr<LinkTransport> transport;
     std::deque<WorkCompletion> wcs;
     std::deque<CmEvent> events;
     std::vector<std::vector<uint8_t>> rx_buffers;
 
+    // The key peers name region.mem by: the link's (verbs rkey) or the resolver's; and the
+    // address of its byte `offset`: a virtual address under the link's key, else the offset.
+    uint64_t key() const { return registered ? registered->key : region.key; }
+    uint64_t at(uint64_t offset) const {
+        return registered ? reinterpret_cast<uint64_t>(region.mem.data()) + offset : offset;
+    }
+    // (Again) after region.mem or region.access changed.
+    void expose() {
+        registered.reset();
+        ASSERT_EQ(domain->register_region({region.mem.data(), region.mem.size()}, hmem::kHost,
+                                          region.access, registered),
+                  0);
+    }
     void pump() {
         WorkCompletion wc[16];
         int n = transport->poll(wc, 16);
@@ -71,16 +91,39 @@ struct Side {
     }
 };
 
-std::unique_ptr<LinkTransport> make_link(const std::string &kind, RemoteKeyResolver *r,
-                                         TcpLinkConfig cfg = {}) {
+// The variants: TCP (inline copies up to 64 bytes, sendmsg or splice above), and verbs on
+// the device of this host.
+struct Variant {
+    std::shared_ptr<LinkDomain> domain;
+    TcpLinkConfig tcp;
+    std::unique_ptr<LinkTransport> transport(RemoteKeyResolver *resolver) const {
+        if (domain->kind() == std::string("tcp"))
+            return std::make_unique<TcpTransport>(resolver, tcp);
+        return domain->transport(resolver, 4096);
+    }
+};
+
+Variant make_variant(const std::string &kind, TcpLinkConfig cfg, std::string *why) {
+    Variant v;
     if (kind == "tcp" || kind == "tcp_splice") {
         cfg.max_send_size = 4096;
         cfg.max_inline = 64;
         // Every payload above the inline size by vmsplice + splice instead of sendmsg.
         if (kind == "tcp_splice") cfg.splice_min = 65;
-        return std::make_unique<TcpTransport>(r, cfg);
+        v.tcp = cfg;
+        v.domain = std::make_shared<TcpLinkDomain>(cfg);
+        return v;
     }
-    return nullptr;
+    static test::VerbsTestDevice dev = test::open_test_verbs_device();
+    static bool said = false;
+    if (!dev.device) {
+        *why = dev.why;
+        return v;
+    }
+    if (!said) printf("[ verbs link on %s ]\n", dev.label.c_str());
+    said = true;
+    v.domain = dev.device;
+    return v;
 }
 
 class LinkContract : public ::testing::TestWithParam<std::string> {
@@ -92,14 +135,20 @@ class LinkContract : public ::testing::TestWithParam<std::string> {
     void SetUp() override { start(); }
 
     void start(const TcpLinkConfig &cfg = {}) {
-        a.transport = make_link(GetParam(), &a.region, cfg);
-        b.transport = make_link(GetParam(), &b.region, cfg);
-        if (!a.transport) GTEST_SKIP() << "link " << GetParam() << " is not available here";
+        std::string why;
+        Variant v = make_variant(GetParam(), cfg, &why);
+        if (!v.domain) GTEST_SKIP() << "link " << GetParam() << " is not available here: " << why;
+        a.domain = b.domain = v.domain;
+        a.transport = v.transport(&a.region);
+        b.transport = v.transport(&b.region);
+        a.expose();
+        b.expose();
         sockaddr_in sin{};
         sin.sin_family = AF_INET;
         sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         ASSERT_EQ(b.transport->listen(reinterpret_cast<sockaddr *>(&sin), sizeof sin, 8), 0);
     }
+    const LinkCaps &caps() const { return a.domain->caps(); }
 
     bool pump_until(const std::function<bool()> &done, int ms = 5000) {
         auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
@@ -209,10 +258,10 @@ TEST_P(LinkContract, WriteAndReadMoveDataUnderAKey) {
     std::vector<uint8_t> src(10000);
     for (size_t i = 0; i < src.size(); ++i) src[i] = uint8_t(i * 7);
     iovec wiov{src.data(), src.size()};
-    ASSERT_EQ(ab->post_write(&wiov, nullptr, 1, {100, b.region.key}, nullptr, 2), 0);
+    ASSERT_EQ(ab->post_write(&wiov, nullptr, 1, {b.at(100), b.key()}, nullptr, 2), 0);
     std::vector<uint8_t> back(src.size());
     iovec riov{back.data(), back.size()};
-    ASSERT_EQ(ab->post_read(&riov, nullptr, 1, {100, b.region.key}, 3), 0);
+    ASSERT_EQ(ab->post_read(&riov, nullptr, 1, {b.at(100), b.key()}, 3), 0);
     ASSERT_TRUE(pump_until([&] { return a.wcs.size() == 2; }));
     EXPECT_EQ(a.wcs[0].opcode, WcOpcode::Write);
     EXPECT_EQ(a.wcs[0].status, WcStatus::Success);
@@ -220,24 +269,38 @@ TEST_P(LinkContract, WriteAndReadMoveDataUnderAKey) {
     EXPECT_EQ(a.wcs[1].status, WcStatus::Success);
     EXPECT_EQ(memcmp(b.region.mem.data() + 100, src.data(), src.size()), 0);
     EXPECT_EQ(back, src);
-    EXPECT_EQ(b.region.writes_done, 1);
-    EXPECT_EQ(b.region.reads_done, 1);
+    // Only a link whose target sees remote accesses counts them (FI_RMA_EVENT).
+    int events = caps().remote_access_events ? 1 : 0;
+    EXPECT_EQ(b.region.writes_done, events);
+    EXPECT_EQ(b.region.reads_done, events);
 }
 
 TEST_P(LinkContract, BadKeysAndRangesFailAtTheInitiatorAndWriteNothing) {
     connect();
     std::vector<uint8_t> src(64, 0xee);
     iovec iov{src.data(), src.size()};
-    ASSERT_EQ(ab->post_write(&iov, nullptr, 1, {0, b.region.key + 1}, nullptr, 1), 0);  // bad key
+    ASSERT_EQ(ab->post_write(&iov, nullptr, 1, {b.at(0), b.key() + 1}, nullptr, 1), 0);  // bad key
     ASSERT_EQ(
-        ab->post_write(&iov, nullptr, 1, {b.region.mem.size() - 10, b.region.key}, nullptr, 2), 0);
+        ab->post_write(&iov, nullptr, 1, {b.at(b.region.mem.size() - 10), b.key()}, nullptr, 2), 0);
     std::vector<uint8_t> dst(64);
     iovec riov{dst.data(), dst.size()};
     ASSERT_EQ(ab->post_read(&riov, nullptr, 1, {0, 999}, 3), 0);  // bad key
     ASSERT_TRUE(pump_until([&] { return a.wcs.size() == 3; }));
-    for (const auto &wc : a.wcs) EXPECT_EQ(wc.status, WcStatus::RemoteAccessError) << wc.wr_id;
     for (uint8_t v : b.region.mem) ASSERT_EQ(v, 0);
     EXPECT_EQ(b.region.writes_done, 0);
+    if (caps().access_error_ends_connection) {
+        // RC: the first refusal moves the queue pair to the error state; what follows is
+        // flushed and the connection is over.
+        EXPECT_EQ(a.wcs[0].status, WcStatus::RemoteAccessError);
+        EXPECT_EQ(a.wcs[1].status, WcStatus::Flushed);
+        EXPECT_EQ(a.wcs[2].status, WcStatus::Flushed);
+        ASSERT_TRUE(pump_until([&] { return !a.events.empty(); }));
+        EXPECT_EQ(a.events.front().type, CmEventType::Disconnected);
+        EXPECT_TRUE(ab->failed());
+        EXPECT_EQ(ab->post_send(&iov, 1, nullptr, 4), -FI_ENOTCONN);
+        return;
+    }
+    for (const auto &wc : a.wcs) EXPECT_EQ(wc.status, WcStatus::RemoteAccessError) << wc.wr_id;
     // The connection survives a refused access.
     b.post_buffers(1, 4096);
     ASSERT_EQ(ab->post_send(&iov, 1, nullptr, 4), 0);
@@ -247,9 +310,10 @@ TEST_P(LinkContract, BadKeysAndRangesFailAtTheInitiatorAndWriteNothing) {
 TEST_P(LinkContract, ReadOnlyRegionRefusesWrites) {
     connect();
     b.region.access = FI_REMOTE_READ;
+    b.expose();
     std::vector<uint8_t> src(8, 1);
     iovec iov{src.data(), src.size()};
-    ASSERT_EQ(ab->post_write(&iov, nullptr, 1, {0, b.region.key}, nullptr, 1), 0);
+    ASSERT_EQ(ab->post_write(&iov, nullptr, 1, {b.at(0), b.key()}, nullptr, 1), 0);
     ASSERT_TRUE(pump_until([&] { return !a.wcs.empty(); }));
     EXPECT_EQ(a.wcs.front().status, WcStatus::RemoteAccessError);
 }
@@ -260,8 +324,8 @@ TEST_P(LinkContract, CompletionsComeInPostingOrder) {
     std::vector<uint8_t> data(3000, 5), back(3000);
     iovec iov{data.data(), data.size()}, riov{back.data(), back.size()};
     ASSERT_EQ(ab->post_send(&iov, 1, nullptr, 1), 0);
-    ASSERT_EQ(ab->post_read(&riov, nullptr, 1, {0, b.region.key}, 2), 0);
-    ASSERT_EQ(ab->post_write(&iov, nullptr, 1, {0, b.region.key}, nullptr, 3), 0);
+    ASSERT_EQ(ab->post_read(&riov, nullptr, 1, {b.at(0), b.key()}, 2), 0);
+    ASSERT_EQ(ab->post_write(&iov, nullptr, 1, {b.at(0), b.key()}, nullptr, 3), 0);
     ASSERT_EQ(ab->post_send(&iov, 1, nullptr, 4), 0);
     ASSERT_TRUE(pump_until([&] { return a.wcs.size() == 4; }));
     for (uint64_t i = 0; i < 4; ++i) EXPECT_EQ(a.wcs[i].wr_id, i + 1);
@@ -270,13 +334,12 @@ TEST_P(LinkContract, CompletionsComeInPostingOrder) {
 TEST_P(LinkContract, LargeTransfersSurvivePartialSocketWrites) {
     connect();
     const size_t size = 8 << 20;
-    OneRegion big;
-    big.mem.assign(size, 0);
     std::vector<uint8_t> src(size);
     for (size_t i = 0; i < size; ++i) src[i] = uint8_t(i ^ (i >> 9));
     b.region.mem.assign(size, 0);
+    b.expose();
     iovec iov{src.data(), src.size()};
-    ASSERT_EQ(ab->post_write(&iov, nullptr, 1, {0, b.region.key}, nullptr, 1), 0);
+    ASSERT_EQ(ab->post_write(&iov, nullptr, 1, {b.at(0), b.key()}, nullptr, 1), 0);
     ASSERT_TRUE(pump_until([&] { return !a.wcs.empty(); }, 20000));
     EXPECT_EQ(a.wcs.front().status, WcStatus::Success);
     EXPECT_TRUE(b.region.mem == src);
@@ -289,12 +352,13 @@ TEST_P(LinkContract, APayloadIsFreeAgainOnceItsWorkRequestCompletes) {
     connect();
     const size_t size = 3 << 20;
     b.region.mem.assign(2 * size, 0);
+    b.expose();
     std::vector<uint8_t> src(size), expect(2 * size, 0);
     for (size_t round = 0; round < 2; ++round) {
         for (size_t i = 0; i < size; ++i) src[i] = uint8_t(i * 13 + round * 101);
         std::copy(src.begin(), src.end(), expect.begin() + round * size);
         iovec iov{src.data(), src.size()};
-        ASSERT_EQ(ab->post_write(&iov, nullptr, 1, {round * size, b.region.key}, nullptr, round),
+        ASSERT_EQ(ab->post_write(&iov, nullptr, 1, {b.at(round * size), b.key()}, nullptr, round),
                   0);
         ASSERT_TRUE(pump_until([&] { return a.wcs.size() == round + 1; }, 20000));
         EXPECT_EQ(a.wcs.back().status, WcStatus::Success);
@@ -314,6 +378,7 @@ TEST_P(LinkContract, QueuedLargeAndSmallFramesKeepOrderAndBytes) {
     connect();
     const size_t big = 300 * 1024;
     b.region.mem.assign(4 * big, 0);
+    b.expose();
     b.post_buffers(4, 4096);
     std::vector<std::vector<uint8_t>> payloads;
     for (int k = 0; k < 4; ++k) {
@@ -324,14 +389,14 @@ TEST_P(LinkContract, QueuedLargeAndSmallFramesKeepOrderAndBytes) {
     uint64_t id = 1;
     for (int k = 0; k < 4; ++k) {
         iovec w{payloads[k].data(), big};
-        ASSERT_EQ(ab->post_write(&w, nullptr, 1, {k * big, b.region.key}, nullptr, id++), 0);
+        ASSERT_EQ(ab->post_write(&w, nullptr, 1, {b.at(k * big), b.key()}, nullptr, id++), 0);
         notes.emplace_back(100, uint8_t(k + 1));
         iovec s{notes.back().data(), notes.back().size()};
         ASSERT_EQ(ab->post_send(&s, 1, nullptr, id++), 0);
     }
     std::vector<uint8_t> back(2 * big);
     iovec r{back.data(), back.size()};
-    ASSERT_EQ(ab->post_read(&r, nullptr, 1, {big, b.region.key}, id++), 0);
+    ASSERT_EQ(ab->post_read(&r, nullptr, 1, {b.at(big), b.key()}, id++), 0);
     ASSERT_TRUE(pump_until([&] { return a.wcs.size() == 9 && b.wcs.size() == 4; }, 20000));
     for (uint64_t i = 0; i < 9; ++i) {
         EXPECT_EQ(a.wcs[i].wr_id, i + 1);
@@ -347,16 +412,21 @@ TEST_P(LinkContract, QueuedLargeAndSmallFramesKeepOrderAndBytes) {
 
 TEST_P(LinkContract, DisconnectFlushesOutstandingWorkAndTellsThePeer) {
     connect();
-    std::vector<uint8_t> dst(64);
-    iovec riov{dst.data(), dst.size()};
-    ASSERT_EQ(ab->post_read(&riov, nullptr, 1, {0, b.region.key}, 9), 0);
-    ba->disconnect();  // before b ever serves the read
+    // A send b has no buffer for stays outstanding (a read would not: an RNIC serves it
+    // without b's help).
+    char msg[64] = {};
+    iovec iov{msg, sizeof msg};
+    ASSERT_EQ(ab->post_send(&iov, 1, nullptr, 9), 0);
+    pump_until([] { return false; }, 50);
+    ASSERT_TRUE(a.wcs.empty());
+    ba->disconnect();
     ASSERT_TRUE(pump_until([&] { return !a.events.empty() && !a.wcs.empty(); }));
     EXPECT_EQ(a.events.front().type, CmEventType::Disconnected);
     EXPECT_EQ(a.wcs.front().wr_id, 9u);
     EXPECT_EQ(a.wcs.front().status, WcStatus::Flushed);
     EXPECT_TRUE(ab->failed());
-    EXPECT_EQ(ab->post_send(&riov, 1, nullptr, 10), -FI_ENOTCONN);
+    EXPECT_EQ(ab->post_send(&iov, 1, nullptr, 10), -FI_ENOTCONN);
+    EXPECT_TRUE(b.wcs.empty()) << "b got what it had no buffer for";
 }
 
 // The ownership rule the protocol builds on (link.h): a work request the link accepted
@@ -364,25 +434,40 @@ TEST_P(LinkContract, DisconnectFlushesOutstandingWorkAndTellsThePeer) {
 // posted; one the link refused never completes.
 TEST_P(LinkContract, AWorkRequestAcceptedAsTheConnectionFailsCompletesOnce) {
     connect();
-    // A message b never reads: b's end then closes with unread data, which resets the
-    // connection, so a's next send on it fails inside the post.
+    // A message b never reads: b's end then goes away with it unread (TCP: a reset; verbs:
+    // the peer's queue pair is gone), so a's next post meets a dead connection.
     char msg[100] = {};
     iovec iov{msg, sizeof msg};
     ASSERT_EQ(ab->post_send(&iov, 1, nullptr, 1), 0);
     b.transport.reset();
-    pollfd pfd{ab->wait_fd(), POLLIN, 0};
-    ASSERT_EQ(::poll(&pfd, 1, 5000), 1) << "the reset never reached a's socket";
+    // Wait, without progressing a, until the failure reached a's descriptors: the
+    // connection's own socket, or the transport's channels.
+    std::vector<int> fds;
+    if (ab->wait_fd() >= 0)
+        fds.push_back(ab->wait_fd());
+    else
+        a.transport->wait_fds(fds);
+    std::vector<pollfd> pfds;
+    for (int fd : fds) pfds.push_back({fd, POLLIN, 0});
+    ASSERT_GT(::poll(pfds.data(), pfds.size(), 5000), 0) << "the failure never reached a";
     std::vector<uint8_t> src(64, 3);
     iovec wiov{src.data(), src.size()};
-    ASSERT_EQ(ab->post_write(&wiov, nullptr, 1, {0, b.region.key}, nullptr, 2), 0);
-    EXPECT_TRUE(ab->failed()) << "the post did not meet the reset";
+    ASSERT_EQ(ab->post_write(&wiov, nullptr, 1, {b.at(0), b.key()}, nullptr, 2), 0);
+    // A socket's reset is met by the post itself; a queue pair's by the next poll.
+    if (ab->wait_fd() < 0) a.pump();
+    EXPECT_TRUE(ab->failed()) << "the failure was not noticed";
     EXPECT_EQ(ab->post_send(&iov, 1, nullptr, 3), -FI_ENOTCONN);
-    // (b is gone: only a is pumped.) Both flushed completions are queued by the failed post.
+    // (b is gone: only a is pumped.)
     for (int i = 0; i < 4; ++i) a.pump();
+    // The NIC's flushes may take a moment to come.
+    for (auto end = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+         ab->wait_fd() < 0 && a.wcs.size() < 2 && std::chrono::steady_clock::now() < end;)
+        a.pump();
     ASSERT_EQ(a.wcs.size(), 2u);
     EXPECT_EQ(a.wcs[0].wr_id, 1u);
     EXPECT_EQ(a.wcs[1].wr_id, 2u);
-    for (const auto &wc : a.wcs) EXPECT_EQ(wc.status, WcStatus::Flushed) << wc.wr_id;
+    EXPECT_EQ(a.wcs[0].status, caps().peer_loss_times_out ? WcStatus::Timeout : WcStatus::Flushed);
+    EXPECT_EQ(a.wcs[1].status, WcStatus::Flushed);
 }
 
 // What only the TCP link has: the settings of its sockets.
@@ -440,7 +525,8 @@ INSTANTIATE_TEST_SUITE_P(Tcp, TcpLinkSockets, ::testing::Values(std::string("tcp
                          [](const auto &info) { return info.param; });
 
 INSTANTIATE_TEST_SUITE_P(Links, LinkContract,
-                         ::testing::Values(std::string("tcp"), std::string("tcp_splice")),
+                         ::testing::Values(std::string("tcp"), std::string("tcp_splice"),
+                                           std::string("verbs")),
                          [](const auto &info) { return info.param; });
 
 }  // namespace
