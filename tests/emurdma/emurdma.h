@@ -376,6 +376,15 @@ struct State {
     emurdma_stats stats{};
 };
 
+// A new object whose public struct starts zeroed, as libibverbs and librdmacm hand out theirs:
+// the fields the emulator does not set read as 0 (its own members have their initializers).
+template <class T>
+T *new_object() {
+    auto *o = new T;
+    memset(&o->pub, 0, sizeof(o->pub));
+    return o;
+}
+
 // The process's state (replaced in a child after fork: see emurdma_verbs.cpp).
 State &S();
 

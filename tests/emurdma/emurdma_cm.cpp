@@ -231,14 +231,49 @@ void kill_embryo(CmId *e) {
     S().graveyard.push_back(e);
 }
 
+// An IB CM message to the peer of a connection (code: the REJ's reason).
+void send_cm(CmId *c, FrameType type, const void *msg = nullptr, std::size_t len = 0,
+             int code = 0) {
+    Hdr h{};
+    h.type = type;
+    h.code = static_cast<std::uint8_t>(code);
+    send_frame(c, h, msg, len);
+}
+
 void send_rej(CmId *c, int reason, const void *pdata, std::size_t len) {
     CmRejMsg m{};
     m.pdlen = static_cast<std::uint8_t>(len);
     if (len) memcpy(m.pdata, pdata, len);
-    Hdr h{};
-    h.type = kCmRej;
-    h.code = static_cast<std::uint8_t>(reason);
-    send_frame(c, h, &m, sizeof(m));
+    send_cm(c, kCmRej, &m, sizeof(m), reason);
+}
+
+// rdma_connect's and rdma_accept's checks of the app's parameters (null: none), max the private
+// data the message carries.
+bool conn_param_ok(const rdma_conn_param *param, std::size_t max) {
+    if (!param) return true;
+    if (param->private_data_len > max) return false;
+    return !param->private_data_len || param->private_data;
+}
+
+// The app's parameters that a REQ or a REP carries to the peer (null: none, all zero).
+template <class Msg>
+void put_conn_param(Msg *m, const rdma_conn_param *param) {
+    if (!param) return;
+    m->responder_resources = param->responder_resources;
+    m->initiator_depth = param->initiator_depth;
+    m->pdlen = param->private_data_len;
+    if (m->pdlen) memcpy(m->pdata, param->private_data, m->pdlen);
+}
+
+// What the peer's REQ or REP said, in the event that delivers it (e null: none was queued, the
+// id having no channel).
+template <class Msg>
+void get_conn_param(Event *e, const Msg &m) {
+    if (!e) return;
+    e->pub.param.conn.responder_resources = m.responder_resources;
+    e->pub.param.conn.initiator_depth = m.initiator_depth;
+    e->pub.param.conn.rnr_retry_count = m.rnr_retry;
+    e->pub.param.conn.qp_num = m.qpn;
 }
 
 void move_events(Channel *from, Channel *to, CmId *c) {
@@ -293,12 +328,9 @@ void destroy_locked(CmId *c) {
             send_rej(c, kRejConsumer, nullptr, 0);
             break;
         case CmState::kEstablished:
-        case CmState::kAccepted: {
-            Hdr h{};
-            h.type = kCmDreq;
-            send_frame(c, h, nullptr, 0);
+        case CmState::kAccepted:
+            send_cm(c, kCmDreq);
             break;
-        }
         default:
             break;
     }
@@ -388,8 +420,7 @@ Event *queue_cm_event_impl(CmId *c, rdma_cm_event_type type, int status, const v
                            std::size_t len, std::size_t padded, CmId *listen_id) {
     Channel *ch = c->ch;
     if (!ch) return nullptr;
-    auto *e = new Event;
-    memset(&e->pub, 0, sizeof(e->pub));
+    auto *e = new_object<Event>();
     e->owner = c;
     e->pub.id = &c->pub;
     e->pub.listen_id = listen_id ? &listen_id->pub : nullptr;
@@ -421,8 +452,7 @@ void cm_on_accept(CmId *l) {
             if (errno == EINTR) continue;
             return;  // EAGAIN, or out of descriptors: the peer's connect then times out
         }
-        auto *e = new CmId;
-        memset(&e->pub, 0, sizeof(e->pub));
+        auto *e = new_object<CmId>();
         e->serial = s.next_serial++;
         e->state = CmState::kEmbryo;
         e->ch = l->ch;
@@ -465,13 +495,8 @@ void cm_on_frame(CmId *c, const Hdr &h, const std::uint8_t *payload) {
             S().ids.insert(c);
             Event *e = queue_cm_event_impl(c, RDMA_CM_EVENT_CONNECT_REQUEST, 0, m.pdata, m.pdlen,
                                            kReqPrivMax, l);
-            if (e) {
-                e->pub.param.conn.responder_resources = m.responder_resources;
-                e->pub.param.conn.initiator_depth = m.initiator_depth;
-                e->pub.param.conn.rnr_retry_count = m.rnr_retry;
-                e->pub.param.conn.retry_count = m.retry_count;
-                e->pub.param.conn.qp_num = m.qpn;
-            }
+            get_conn_param(e, m);
+            if (e) e->pub.param.conn.retry_count = m.retry_count;  // only a REQ carries it
             return;
         }
         case kCmRep: {
@@ -485,18 +510,11 @@ void cm_on_frame(CmId *c, const Hdr &h, const std::uint8_t *payload) {
                 qp->peer_rnr_retry = m.rnr_retry;
                 if (qp->pub.state != IBV_QPS_ERR) qp->pub.state = IBV_QPS_RTS;
             }
-            Hdr rtu{};
-            rtu.type = kCmRtu;
-            send_frame(c, rtu, nullptr, 0);
+            send_cm(c, kCmRtu);
             c->state = CmState::kEstablished;
             Event *e = queue_cm_event_impl(c, RDMA_CM_EVENT_ESTABLISHED, 0, m.pdata, m.pdlen,
                                            kRepPrivMax, nullptr);
-            if (e) {
-                e->pub.param.conn.responder_resources = m.responder_resources;
-                e->pub.param.conn.initiator_depth = m.initiator_depth;
-                e->pub.param.conn.rnr_retry_count = m.rnr_retry;
-                e->pub.param.conn.qp_num = m.qpn;
-            }
+            get_conn_param(e, m);
             wake(c->ctx);
             return;
         }
@@ -524,9 +542,7 @@ void cm_on_frame(CmId *c, const Hdr &h, const std::uint8_t *payload) {
                 c->state != CmState::kDisconnecting)
                 return;
             if (c->qp) qp_to_error(c->qp, false);
-            Hdr drep{};
-            drep.type = kCmDrep;
-            send_frame(c, drep, nullptr, 0);
+            send_cm(c, kCmDrep);
             c->state = CmState::kDisconnected;
             report_disconnected(c);
             c->close_after_flush = true;
@@ -618,8 +634,7 @@ int rdma_create_id(rdma_event_channel *channel, rdma_cm_id **id, void *context,
     std::lock_guard lk(s.mu);
     // Only RC over RDMA_PS_TCP, and only with an event channel (no synchronous mode).
     if (!id || !channel || ps != RDMA_PS_TCP) return fail(EINVAL);
-    auto *c = new CmId;
-    memset(&c->pub, 0, sizeof(c->pub));
+    auto *c = new_object<CmId>();
     c->pub.channel = channel;
     c->pub.context = context;
     c->pub.ps = ps;
@@ -754,8 +769,7 @@ int rdma_connect(rdma_cm_id *id, rdma_conn_param *param) {
     std::unique_lock lk(s.mu);
     CmId *c = cm(id);
     if (!c || c->state != CmState::kRouteResolved || !c->qp) return fail(EINVAL);
-    if (param && param->private_data_len > kReqPrivMax) return fail(EINVAL);
-    if (param && param->private_data_len && !param->private_data) return fail(EINVAL);
+    if (!conn_param_ok(param, kReqPrivMax)) return fail(EINVAL);
     if (!s.port_up || c->ctx->dead) {
         queue_cm_event(c, RDMA_CM_EVENT_UNREACHABLE, -ENETUNREACH, nullptr, 0, 0);
         return 0;
@@ -780,15 +794,8 @@ int rdma_connect(rdma_cm_id *id, rdma_conn_param *param) {
     m.qpn = qp->pub.qp_num;
     m.rnr_retry = qp->rnr_retry;
     m.retry_count = qp->retry_cnt;
-    if (param) {
-        m.responder_resources = param->responder_resources;
-        m.initiator_depth = param->initiator_depth;
-        m.pdlen = param->private_data_len;
-        if (m.pdlen) memcpy(m.pdata, param->private_data, m.pdlen);
-    }
-    Hdr h{};
-    h.type = kCmReq;
-    send_frame(c, h, &m, sizeof(m));
+    put_conn_param(&m, param);
+    send_cm(c, kCmReq, &m, sizeof(m));
     cm_serve(c);
     return 0;
 }
@@ -797,8 +804,7 @@ int rdma_accept(rdma_cm_id *id, rdma_conn_param *param) {
     std::lock_guard lk(S().mu);
     CmId *c = cm(id);
     if (!c || c->state != CmState::kReqRcvd || !c->qp) return fail(EINVAL);
-    if (param && param->private_data_len > kRepPrivMax) return fail(EINVAL);
-    if (param && param->private_data_len && !param->private_data) return fail(EINVAL);
+    if (!conn_param_ok(param, kRepPrivMax)) return fail(EINVAL);
     Qp *qp = c->qp;
     if (c->peer_closed || c->sock < 0) {
         // The requester went away: the REP is never answered.
@@ -814,15 +820,8 @@ int rdma_accept(rdma_cm_id *id, rdma_conn_param *param) {
     CmRepMsg m{};
     m.qpn = qp->pub.qp_num;
     m.rnr_retry = qp->rnr_retry;
-    if (param) {
-        m.responder_resources = param->responder_resources;
-        m.initiator_depth = param->initiator_depth;
-        m.pdlen = param->private_data_len;
-        if (m.pdlen) memcpy(m.pdata, param->private_data, m.pdlen);
-    }
-    Hdr h{};
-    h.type = kCmRep;
-    send_frame(c, h, &m, sizeof(m));
+    put_conn_param(&m, param);
+    send_cm(c, kCmRep, &m, sizeof(m));
     c->state = CmState::kAccepted;
     wake(c->ctx);
     return 0;
@@ -847,9 +846,7 @@ int rdma_disconnect(rdma_cm_id *id) {
         case CmState::kEstablished:
         case CmState::kAccepted: {
             if (c->qp) qp_to_error(c->qp, false);
-            Hdr h{};
-            h.type = kCmDreq;
-            send_frame(c, h, nullptr, 0);
+            send_cm(c, kCmDreq);
             c->state = CmState::kDisconnecting;
             wake(c->ctx);
             return 0;

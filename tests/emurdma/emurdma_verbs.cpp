@@ -99,6 +99,26 @@ namespace emurdma {
 
 namespace {
 
+// The failure of a verbs call that returns an object: NULL, with errno saying why.
+std::nullptr_t fail_null(int err) {
+    errno = err;
+    return nullptr;
+}
+
+// The mutex and condition variable in the public struct of a CQ, SRQ or QP: libibverbs' own,
+// for its callers (the emulator's locking is State::mu), made and destroyed with the object.
+template <class Pub>
+void init_pub_sync(Pub &pub) {
+    pthread_mutex_init(&pub.mutex, nullptr);
+    pthread_cond_init(&pub.cond, nullptr);
+}
+
+template <class Pub>
+void destroy_pub_sync(Pub &pub) {
+    pthread_cond_destroy(&pub.cond);
+    pthread_mutex_destroy(&pub.mutex);
+}
+
 State *g_state = nullptr;
 pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
@@ -191,8 +211,7 @@ bool lkey_taken(std::uint32_t k) {
 ibv_mr *new_mr(Pd *pd, std::uint64_t base, std::uint64_t length, std::uint8_t *host, int access,
                void *map_addr, std::size_t map_len) {
     State &s = S();
-    auto *mr = new Mr;
-    memset(&mr->pub, 0, sizeof(mr->pub));
+    auto *mr = new_object<Mr>();
     mr->pd = pd;
     mr->base = base;
     mr->length = length;
@@ -217,14 +236,9 @@ ibv_mr *new_mr(Pd *pd, std::uint64_t base, std::uint64_t length, std::uint8_t *h
 ibv_mr *reg_host(ibv_pd *ibpd, void *addr, size_t length, std::uint64_t iova, unsigned access) {
     std::lock_guard lk(S().mu);
     auto *pd = reinterpret_cast<Pd *>(ibpd);
-    if (!pd || !addr || length == 0 || length > kMaxMrSize || !access_valid(access)) {
-        errno = EINVAL;
-        return nullptr;
-    }
-    if (pd->ctx->dead) {
-        errno = EIO;
-        return nullptr;
-    }
+    if (!pd || !addr || length == 0 || length > kMaxMrSize || !access_valid(access))
+        return fail_null(EINVAL);
+    if (pd->ctx->dead) return fail_null(EIO);
     return new_mr(pd, iova, length, static_cast<std::uint8_t *>(addr), static_cast<int>(access),
                   nullptr, 0);
 }
@@ -267,8 +281,7 @@ std::uint32_t random_key(bool (*taken)(std::uint32_t)) {
 
 Context *open_context() {
     State &s = S();
-    auto *c = new Context;
-    memset(&c->pub, 0, sizeof(c->pub));
+    auto *c = new_object<Context>();
     c->pub.device = &g_device;
     c->pub.ops.poll_cq = op_poll_cq;
     c->pub.ops.req_notify_cq = op_req_notify_cq;
@@ -366,8 +379,7 @@ void destroy_qp_locked(Qp *qp) {
     qp->pd->users--;
     s.qps.erase(qp->pub.qp_num);
     s.stats.qps--;
-    pthread_cond_destroy(&qp->pub.cond);
-    pthread_mutex_destroy(&qp->pub.mutex);
+    destroy_pub_sync(qp->pub);
     delete qp;
 }
 
@@ -382,32 +394,25 @@ bool qpn_taken(std::uint32_t n) {
 // rdma_create_qp's QP (RC only). Returns nullptr with *err set.
 Qp *create_qp_locked(Pd *pd, ibv_qp_init_attr *attr, int *err) {
     State &s = S();
+    auto fail = [err](int e) {
+        *err = e;
+        return nullptr;
+    };
     ibv_qp_cap &c = attr->cap;
     if (attr->qp_type != IBV_QPT_RC || !attr->send_cq || !attr->recv_cq ||
         c.max_send_wr > kMaxQpWr || c.max_recv_wr > kMaxQpWr ||
         c.max_send_sge > static_cast<std::uint32_t>(s.max_sge) ||
         c.max_recv_sge > static_cast<std::uint32_t>(s.max_sge) ||
-        c.max_inline_data > static_cast<std::uint32_t>(s.max_inline)) {
-        *err = EINVAL;
-        return nullptr;
-    }
+        c.max_inline_data > static_cast<std::uint32_t>(s.max_inline))
+        return fail(EINVAL);
     auto *scq = reinterpret_cast<Cq *>(attr->send_cq);
     auto *rcq = reinterpret_cast<Cq *>(attr->recv_cq);
     auto *srq = reinterpret_cast<Srq *>(attr->srq);
-    if (scq->ctx != pd->ctx || rcq->ctx != pd->ctx || (srq && srq->pd->ctx != pd->ctx)) {
-        *err = EINVAL;
-        return nullptr;
-    }
-    if (pd->ctx->dead) {
-        *err = EIO;
-        return nullptr;
-    }
-    if (static_cast<int>(s.qps.size()) >= kMaxQp) {
-        *err = ENOMEM;
-        return nullptr;
-    }
-    auto *qp = new Qp;
-    memset(&qp->pub, 0, sizeof(qp->pub));
+    if (scq->ctx != pd->ctx || rcq->ctx != pd->ctx || (srq && srq->pd->ctx != pd->ctx))
+        return fail(EINVAL);
+    if (pd->ctx->dead) return fail(EIO);
+    if (static_cast<int>(s.qps.size()) >= kMaxQp) return fail(ENOMEM);
+    auto *qp = new_object<Qp>();
     qp->pd = pd;
     qp->scq = scq;
     qp->rcq = rcq;
@@ -431,8 +436,7 @@ Qp *create_qp_locked(Pd *pd, ibv_qp_init_attr *attr, int *err) {
     qp->pub.handle = qp->pub.qp_num;
     qp->pub.state = IBV_QPS_INIT;  // rdma_cm's QPs start in INIT
     qp->pub.qp_type = IBV_QPT_RC;
-    pthread_mutex_init(&qp->pub.mutex, nullptr);
-    pthread_cond_init(&qp->pub.cond, nullptr);
+    init_pub_sync(qp->pub);
     scq->users++;
     rcq->users++;
     if (srq) srq->users++;
@@ -615,10 +619,7 @@ using namespace emurdma;
 ibv_device **ibv_get_device_list(int *num_devices) {
     S();
     auto **list = static_cast<ibv_device **>(calloc(2, sizeof(ibv_device *)));
-    if (!list) {
-        errno = ENOMEM;
-        return nullptr;
-    }
+    if (!list) return fail_null(ENOMEM);
     list[0] = &g_device;
     if (num_devices) *num_devices = 1;
     return list;
@@ -637,10 +638,7 @@ __be64 ibv_get_device_guid(ibv_device *device) {
 }
 
 ibv_context *ibv_open_device(ibv_device *device) {
-    if (!is_ours(device)) {
-        errno = ENODEV;
-        return nullptr;
-    }
+    if (!is_ours(device)) return fail_null(ENODEV);
     std::lock_guard lk(S().mu);
     Context *c = open_context();
     return c ? &c->pub : nullptr;
@@ -748,16 +746,9 @@ int ibv_query_gid(ibv_context *context, uint8_t port_num, int index, ibv_gid *gi
 ibv_pd *ibv_alloc_pd(ibv_context *context) {
     std::lock_guard lk(S().mu);
     auto *c = reinterpret_cast<Context *>(context);
-    if (!c) {
-        errno = EINVAL;
-        return nullptr;
-    }
-    if (c->dead) {
-        errno = EIO;
-        return nullptr;
-    }
-    auto *pd = new Pd;
-    memset(&pd->pub, 0, sizeof(pd->pub));
+    if (!c) return fail_null(EINVAL);
+    if (c->dead) return fail_null(EIO);
+    auto *pd = new_object<Pd>();
     pd->pub.context = context;
     pd->ctx = c;
     pd->pub.handle = static_cast<std::uint32_t>(S().next_serial++);
@@ -788,25 +779,15 @@ ibv_mr *ibv_reg_dmabuf_mr(ibv_pd *ibpd, uint64_t offset, size_t length, uint64_t
                           int access) {
     std::lock_guard lk(S().mu);
     auto *pd = reinterpret_cast<Pd *>(ibpd);
-    if (!pd || length == 0 || length > kMaxMrSize || !access_valid(static_cast<unsigned>(access))) {
-        errno = EINVAL;
-        return nullptr;
-    }
-    if (pd->ctx->dead) {
-        errno = EIO;
-        return nullptr;
-    }
+    if (!pd || length == 0 || length > kMaxMrSize || !access_valid(static_cast<unsigned>(access)))
+        return fail_null(EINVAL);
+    if (pd->ctx->dead) return fail_null(EIO);
     // The range must lie inside the object: the NIC would fault (SIGBUS) beyond its end.
     struct stat st;
-    if (fd < 0 || fstat(fd, &st) != 0) {
-        errno = EBADF;
-        return nullptr;
-    }
+    if (fd < 0 || fstat(fd, &st) != 0) return fail_null(EBADF);
     if (offset > static_cast<std::uint64_t>(st.st_size) ||
-        length > static_cast<std::uint64_t>(st.st_size) - offset) {
-        errno = EINVAL;
-        return nullptr;
-    }
+        length > static_cast<std::uint64_t>(st.st_size) - offset)
+        return fail_null(EINVAL);
     // The NIC's view of the buffer: our own read-write mapping of the fd. The device address
     // (iova) is never touched: in the emulated CUDA it is PROT_NONE.
     auto page = static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE));
@@ -841,10 +822,7 @@ int ibv_dereg_mr(ibv_mr *ibmr) {
 ibv_comp_channel *ibv_create_comp_channel(ibv_context *context) {
     std::lock_guard lk(S().mu);
     auto *c = reinterpret_cast<Context *>(context);
-    if (!c) {
-        errno = EINVAL;
-        return nullptr;
-    }
+    if (!c) return fail_null(EINVAL);
     int fd = eventfd(0, EFD_SEMAPHORE | EFD_CLOEXEC);
     if (fd < 0) return nullptr;
     auto *ch = new CompChannel;
@@ -872,23 +850,16 @@ ibv_cq *ibv_create_cq(ibv_context *context, int cqe, void *cq_context, ibv_comp_
     auto *c = reinterpret_cast<Context *>(context);
     auto *ch = reinterpret_cast<CompChannel *>(channel);
     if (!c || cqe < 1 || cqe > kMaxCqe || comp_vector < 0 ||
-        comp_vector >= c->pub.num_comp_vectors || (ch && ch->ctx != c)) {
-        errno = EINVAL;
-        return nullptr;
-    }
-    if (c->dead) {
-        errno = EIO;
-        return nullptr;
-    }
-    auto *cq = new Cq;
-    memset(&cq->pub, 0, sizeof(cq->pub));
+        comp_vector >= c->pub.num_comp_vectors || (ch && ch->ctx != c))
+        return fail_null(EINVAL);
+    if (c->dead) return fail_null(EIO);
+    auto *cq = new_object<Cq>();
     cq->pub.context = context;
     cq->pub.channel = channel;
     cq->pub.cq_context = cq_context;
     cq->pub.cqe = cqe;
     cq->pub.handle = static_cast<std::uint32_t>(S().next_serial++);
-    pthread_mutex_init(&cq->pub.mutex, nullptr);
-    pthread_cond_init(&cq->pub.cond, nullptr);
+    init_pub_sync(cq->pub);
     cq->ctx = c;
     cq->ch = ch;
     cq->cap = cqe;
@@ -918,8 +889,7 @@ int ibv_destroy_cq(ibv_cq *ibcq) {
         ch->pub.refcnt--;
     }
     cq->ctx->users--;
-    pthread_cond_destroy(&cq->pub.cond);
-    pthread_mutex_destroy(&cq->pub.mutex);
+    destroy_pub_sync(cq->pub);
     delete cq;
     return 0;
 }
@@ -948,22 +918,15 @@ ibv_srq *ibv_create_srq(ibv_pd *ibpd, ibv_srq_init_attr *init) {
     std::lock_guard lk(s.mu);
     auto *pd = reinterpret_cast<Pd *>(ibpd);
     if (!pd || !init || init->attr.max_wr == 0 || init->attr.max_wr > kMaxSrqWr ||
-        init->attr.max_sge > static_cast<std::uint32_t>(s.max_sge)) {
-        errno = EINVAL;
-        return nullptr;
-    }
-    if (pd->ctx->dead) {
-        errno = EIO;
-        return nullptr;
-    }
-    auto *srq = new Srq;
-    memset(&srq->pub, 0, sizeof(srq->pub));
+        init->attr.max_sge > static_cast<std::uint32_t>(s.max_sge))
+        return fail_null(EINVAL);
+    if (pd->ctx->dead) return fail_null(EIO);
+    auto *srq = new_object<Srq>();
     srq->pub.context = &pd->ctx->pub;
     srq->pub.srq_context = init->srq_context;
     srq->pub.pd = ibpd;
     srq->pub.handle = static_cast<std::uint32_t>(s.next_serial++);
-    pthread_mutex_init(&srq->pub.mutex, nullptr);
-    pthread_cond_init(&srq->pub.cond, nullptr);
+    init_pub_sync(srq->pub);
     srq->pd = pd;
     srq->max_wr = init->attr.max_wr;
     srq->max_sge = static_cast<std::uint32_t>(s.max_sge);
@@ -977,8 +940,7 @@ int ibv_destroy_srq(ibv_srq *ibsrq) {
     auto *srq = reinterpret_cast<Srq *>(ibsrq);
     if (srq->users > 0) return EBUSY;
     srq->pd->users--;
-    pthread_cond_destroy(&srq->pub.cond);
-    pthread_mutex_destroy(&srq->pub.mutex);
+    destroy_pub_sync(srq->pub);
     delete srq;
     return 0;
 }

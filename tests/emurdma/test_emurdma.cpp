@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <thread>
 #include <vector>
@@ -175,6 +176,25 @@ std::vector<ibv_wc> poll_wc(ibv_cq *cq, size_t n, int timeout_ms = kTimeoutMs) {
     return out;
 }
 
+// A completion a test expects: of that request, with that status.
+struct Done {
+    uint64_t wr_id;
+    ibv_wc_status status;
+};
+
+// The next completions of cq, as many as want lists, are those, in that order. Fewer ends the
+// test (call it in ASSERT_NO_FATAL_FAILURE); a wrong one is reported and the test goes on.
+void expect_completions(ibv_cq *cq, std::initializer_list<Done> want) {
+    std::vector<ibv_wc> wc = poll_wc(cq, want.size());
+    ASSERT_EQ(wc.size(), want.size());
+    size_t i = 0;
+    for (const Done &w : want) {
+        EXPECT_EQ(wc[i].wr_id, w.wr_id) << "completion " << i;
+        EXPECT_EQ(wc[i].status, w.status) << "completion " << i;
+        ++i;
+    }
+}
+
 std::vector<ibv_wc> drain_wc(ibv_cq *cq, int settle_ms = 50) {
     std::this_thread::sleep_for(std::chrono::milliseconds(settle_ms));
     std::vector<ibv_wc> out;
@@ -215,20 +235,23 @@ int post_send(ibv_qp *qp, ibv_wr_opcode op, uint64_t wr_id, std::vector<ibv_sge>
     return rc;
 }
 
-int post_recv(ibv_qp *qp, uint64_t wr_id, std::vector<ibv_sge> sges) {
+// One receive request over sges (which must outlive its posting), for a QP or an SRQ.
+ibv_recv_wr recv_wr(uint64_t wr_id, std::vector<ibv_sge> &sges) {
     ibv_recv_wr wr{};
     wr.wr_id = wr_id;
     wr.sg_list = sges.data();
     wr.num_sge = static_cast<int>(sges.size());
+    return wr;
+}
+
+int post_recv(ibv_qp *qp, uint64_t wr_id, std::vector<ibv_sge> sges) {
+    ibv_recv_wr wr = recv_wr(wr_id, sges);
     ibv_recv_wr *bad = nullptr;
     return ibv_post_recv(qp, &wr, &bad);
 }
 
 int post_srq(ibv_srq *srq, uint64_t wr_id, std::vector<ibv_sge> sges) {
-    ibv_recv_wr wr{};
-    wr.wr_id = wr_id;
-    wr.sg_list = sges.data();
-    wr.num_sge = static_cast<int>(sges.size());
+    ibv_recv_wr wr = recv_wr(wr_id, sges);
     ibv_recv_wr *bad = nullptr;
     return ibv_post_srq_recv(srq, &wr, &bad);
 }
@@ -327,42 +350,89 @@ rdma_cm_id *make_listener(rdma_event_channel *ch, uint16_t *port) {
     return id;
 }
 
-// The active side up to rdma_connect (ADDR_RESOLVED, ROUTE_RESOLVED, QP). 0: done.
-int start_connect(Side &s, uint16_t port, const QpOptions &o, const void *pdata = nullptr,
-                  uint8_t pdlen = 0) {
+// The active side up to its QP: a channel of its own, the id, ADDR_RESOLVED, ROUTE_RESOLVED.
+// 0: done, else the step that failed (start_connect's codes).
+int resolve(Side &s, sockaddr_in dst, int timeout_ms) {
     const Api &a = api();
     s.ch = a.rdma_create_event_channel();
     s.own_ch = true;
     if (!s.ch || a.rdma_create_id(s.ch, &s.id, nullptr, RDMA_PS_TCP)) return 1;
-    sockaddr_in dst = loopback(port);
-    if (a.rdma_resolve_addr(s.id, nullptr, reinterpret_cast<sockaddr *>(&dst), 1000)) return 2;
+    if (a.rdma_resolve_addr(s.id, nullptr, reinterpret_cast<sockaddr *>(&dst), timeout_ms))
+        return 2;
     if (next_event(s.ch).type != RDMA_CM_EVENT_ADDR_RESOLVED) return 3;
-    if (a.rdma_resolve_route(s.id, 1000)) return 4;
+    if (a.rdma_resolve_route(s.id, timeout_ms)) return 4;
     if (next_event(s.ch).type != RDMA_CM_EVENT_ROUTE_RESOLVED) return 5;
+    return 0;
+}
+
+// The active side up to rdma_connect (ADDR_RESOLVED, ROUTE_RESOLVED, QP). 0: done.
+int start_connect(Side &s, uint16_t port, const QpOptions &o, const void *pdata = nullptr,
+                  uint8_t pdlen = 0) {
+    if (int rc = resolve(s, loopback(port), 1000)) return rc;
     if (!make_qp(s, o)) return 6;
     rdma_conn_param cp{};
     cp.private_data = pdata;
     cp.private_data_len = pdlen;
     cp.rnr_retry_count = o.rnr_retry;
     cp.retry_count = 7;
-    if (a.rdma_connect(s.id, &cp)) return 7;
+    if (api().rdma_connect(s.id, &cp)) return 7;
     return 0;
 }
 
-// The passive side: the CONNECT_REQUEST, a QP, rdma_accept. 0: done.
-int accept_one(Side &s, rdma_event_channel *lch, const QpOptions &o, EventInfo *req,
-               const void *pdata = nullptr, uint8_t pdlen = 0) {
+// The passive side up to its accept: the CONNECT_REQUEST and a QP on its id (a test that posts
+// receives or registers memory before it accepts stops here). 0: done.
+int take_request(Side &s, rdma_event_channel *lch, const QpOptions &o, EventInfo *req) {
     *req = next_event(lch);
     if (req->type != RDMA_CM_EVENT_CONNECT_REQUEST) return 1;
     s.ch = lch;
     s.id = req->id;
     if (!make_qp(s, o)) return 2;
+    return 0;
+}
+
+// rdma_accept with that private data and the QP's RNR retry count: rdma_accept's result.
+int accept_request(Side &s, const QpOptions &o, const void *pdata = nullptr, uint8_t pdlen = 0) {
     rdma_conn_param cp{};
     cp.private_data = pdata;
     cp.private_data_len = pdlen;
     cp.rnr_retry_count = o.rnr_retry;
-    if (api().rdma_accept(s.id, &cp)) return 3;
+    return api().rdma_accept(s.id, &cp);
+}
+
+// The passive side: the CONNECT_REQUEST, a QP, rdma_accept. 0: done.
+int accept_one(Side &s, rdma_event_channel *lch, const QpOptions &o, EventInfo *req,
+               const void *pdata = nullptr, uint8_t pdlen = 0) {
+    if (int rc = take_request(s, lch, o, req)) return rc;
+    if (accept_request(s, o, pdata, pdlen)) return 3;
     return 0;
+}
+
+// Where an RDMA target's memory is, as the passive side tells its peer in the accept's private
+// data (address, then rkey), the way the providers exchange it.
+struct RemoteBuf {
+    uint64_t addr = 0;
+    uint32_t rkey = 0;
+};
+
+void put_remote(uint8_t *pdata, const void *addr, const ibv_mr *mr) {
+    uint64_t a = reinterpret_cast<uintptr_t>(addr);
+    memcpy(pdata, &a, 8);
+    memcpy(pdata + 8, &mr->rkey, 4);
+}
+
+RemoteBuf get_remote(const std::vector<uint8_t> &pdata) {
+    RemoteBuf r;
+    memcpy(&r.addr, pdata.data(), 8);
+    memcpy(&r.rkey, pdata.data() + 8, 4);
+    return r;
+}
+
+// Reaps a forked child: it passed if it exited with 0 (a failed CHILD_CHECK exits with 1). The
+// caller wraps it in ASSERT_NO_FATAL_FAILURE: without the child reaped the test cannot go on.
+void expect_child_passed(pid_t pid) {
+    int status = -1;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
 }
 
 // A connected pair of QPs in this process: a (active) and p (passive).
@@ -406,6 +476,16 @@ using Errors = Pair;
 using Channels = Pair;
 using Fault = Pair;
 using Memory = Pair;
+// The two-process tests: the listener and the passive side p in this process, the active side
+// in a forked child (which never returns to gtest, so never tears anything down). The listener
+// is there before the fork: the child connects to its port.
+class TwoProcess : public Pair {
+  protected:
+    void SetUp() override {
+        ASSERT_NO_FATAL_FAILURE(Pair::SetUp());
+        ASSERT_NO_FATAL_FAILURE(listen());
+    }
+};
 
 // ---- The device ----
 
@@ -580,16 +660,10 @@ TEST_F(Cm, PrivateDataLimits) {
     listen();
     std::vector<uint8_t> d(200, 7);
     ASSERT_EQ(start_connect(a, port, {}, d.data(), 56), 0);
-    EventInfo req = next_event(lch);
-    ASSERT_EQ(req.type, RDMA_CM_EVENT_CONNECT_REQUEST);
+    EventInfo req;
+    ASSERT_EQ(take_request(p, lch, {}, &req), 0);
     EXPECT_EQ(req.pdata.size(), 56U);
-    p.ch = lch;
-    p.id = req.id;
-    ASSERT_TRUE(make_qp(p, {}));
-    rdma_conn_param cp{};
-    cp.private_data = d.data();
-    cp.private_data_len = 197;
-    EXPECT_EQ(api().rdma_accept(p.id, &cp), -1);
+    EXPECT_EQ(accept_request(p, {}, d.data(), 197), -1);
     EXPECT_EQ(errno, EINVAL);
 
     Side b;
@@ -624,14 +698,7 @@ TEST_F(Cm, NonBlockingChannelSaysEagain) {
 
 // Two processes: the child connects with 56 bytes of private data, the parent accepts with 196
 // (its MR's address and rkey in them); then data both ways and an RDMA write by the child.
-TEST(TwoProcess, ConnectPrivateDataBothWaysAndData) {
-    const Api &a = api();
-    ASSERT_TRUE(a.ok);
-    rdma_event_channel *lch = a.rdma_create_event_channel();
-    uint16_t port = 0;
-    rdma_cm_id *listener = make_listener(lch, &port);
-    ASSERT_NE(listener, nullptr);
-
+TEST_F(TwoProcess, ConnectPrivateDataBothWaysAndData) {
     pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
@@ -643,10 +710,7 @@ TEST(TwoProcess, ConnectPrivateDataBothWaysAndData) {
         CHILD_CHECK(est.type == RDMA_CM_EVENT_ESTABLISHED);
         CHILD_CHECK(est.pdata.size() == 196);
         for (int i = 16; i < 196; ++i) CHILD_CHECK(est.pdata[i] == static_cast<uint8_t>(255 - i));
-        uint64_t raddr;
-        uint32_t rkey;
-        memcpy(&raddr, est.pdata.data(), 8);
-        memcpy(&rkey, est.pdata.data() + 8, 4);
+        RemoteBuf target = get_remote(est.pdata);
         char in[64] = {};
         char out[64] = "written by the child";
         ibv_mr *mr_in = c.reg(in, sizeof(in));
@@ -658,7 +722,7 @@ TEST(TwoProcess, ConnectPrivateDataBothWaysAndData) {
         CHILD_CHECK(wc[0].opcode == IBV_WC_RECV && wc[0].byte_len == 6);
         CHILD_CHECK(strcmp(in, "hello") == 0);
         CHILD_CHECK(post_send(c.qp(), IBV_WR_RDMA_WRITE, 2, {sge(out, sizeof(out), mr_out)},
-                              IBV_SEND_SIGNALED, raddr, rkey) == 0);
+                              IBV_SEND_SIGNALED, target.addr, target.rkey) == 0);
         CHILD_CHECK(post_send(c.qp(), IBV_WR_SEND, 3, {sge(out, 4, mr_out)}) == 0);
         wc = poll_wc(c.cq, 2);
         CHILD_CHECK(wc.size() == 2 && wc[0].wr_id == 2 && wc[0].status == IBV_WC_SUCCESS &&
@@ -668,31 +732,21 @@ TEST(TwoProcess, ConnectPrivateDataBothWaysAndData) {
         _exit(0);
     }
 
-    Side p;
     char target[64] = {};
     char msg[8] = "hello";
     char note[16] = {};
-    EventInfo req = next_event(lch);
-    ASSERT_EQ(req.type, RDMA_CM_EVENT_CONNECT_REQUEST);
+    EventInfo req;
+    ASSERT_EQ(take_request(p, lch, {}, &req), 0);
     ASSERT_EQ(req.pdata.size(), 56U);
     for (int i = 0; i < 56; ++i) EXPECT_EQ(req.pdata[i], i + 1);
-    p.ch = lch;
-    p.id = req.id;
-    ASSERT_TRUE(make_qp(p, {}));
     ibv_mr *mr_t = p.reg(target, sizeof(target));
     ibv_mr *mr_m = p.reg(msg, sizeof(msg));
     ibv_mr *mr_n = p.reg(note, sizeof(note));
     uint8_t rep[196];
     for (int i = 0; i < 196; ++i) rep[i] = static_cast<uint8_t>(255 - i);
-    uint64_t addr = reinterpret_cast<uintptr_t>(target);
-    memcpy(rep, &addr, 8);
-    memcpy(rep + 8, &mr_t->rkey, 4);
+    put_remote(rep, target, mr_t);
     ASSERT_EQ(post_recv(p.qp(), 10, {sge(note, sizeof(note), mr_n)}), 0);
-    rdma_conn_param cp{};
-    cp.private_data = rep;
-    cp.private_data_len = sizeof(rep);
-    cp.rnr_retry_count = 7;
-    ASSERT_EQ(a.rdma_accept(p.id, &cp), 0);
+    ASSERT_EQ(accept_request(p, {}, rep, sizeof(rep)), 0);
     ASSERT_EQ(next_event(lch).type, RDMA_CM_EVENT_ESTABLISHED);
     ASSERT_EQ(post_send(p.qp(), IBV_WR_SEND, 11, {sge(msg, 6, mr_m)}), 0);
     std::vector<ibv_wc> wc = poll_wc(p.cq, 2);
@@ -701,26 +755,14 @@ TEST(TwoProcess, ConnectPrivateDataBothWaysAndData) {
     EXPECT_EQ(wc[1].wr_id, 10U);  // the child's send, after its write
     EXPECT_EQ(wc[1].byte_len, 4U);
     EXPECT_STREQ(target, "written by the child");
-    ASSERT_EQ(a.rdma_disconnect(p.id), 0);
+    ASSERT_EQ(api().rdma_disconnect(p.id), 0);
     EXPECT_EQ(next_event(lch).type, RDMA_CM_EVENT_DISCONNECTED);
-    int status = -1;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
-    p.destroy();
-    a.rdma_destroy_id(listener);
-    a.rdma_destroy_event_channel(lch);
+    ASSERT_NO_FATAL_FAILURE(expect_child_passed(pid));
 }
 
 // The app's polls drive the NIC; a process that stops making calls still has its NIC thread
 // serve its memory (an RDMA READ needs nothing of the target's app) and take its messages.
-TEST(TwoProcess, IdleTargetIsServedByItsNic) {
-    const Api &a = api();
-    ASSERT_TRUE(a.ok);
-    rdma_event_channel *lch = a.rdma_create_event_channel();
-    uint16_t port = 0;
-    rdma_cm_id *listener = make_listener(lch, &port);
-    ASSERT_NE(listener, nullptr);
-
+TEST_F(TwoProcess, IdleTargetIsServedByItsNic) {
     pid_t pid = fork();
     ASSERT_GE(pid, 0);
     if (pid == 0) {
@@ -728,10 +770,7 @@ TEST(TwoProcess, IdleTargetIsServedByItsNic) {
         CHILD_CHECK(start_connect(c, port, {}) == 0);
         EventInfo est = next_event(c.ch);
         CHILD_CHECK(est.type == RDMA_CM_EVENT_ESTABLISHED);
-        uint64_t raddr;
-        uint32_t rkey;
-        memcpy(&raddr, est.pdata.data(), 8);
-        memcpy(&rkey, est.pdata.data() + 8, 4);
+        RemoteBuf target = get_remote(est.pdata);
         // The target polled its CQ just before it went quiet: its NIC takes over after a while.
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
         char got[32] = {};
@@ -741,14 +780,14 @@ TEST(TwoProcess, IdleTargetIsServedByItsNic) {
         CHILD_CHECK(mr_got && mr_out);
         for (int round = 0; round < 3; ++round) {
             CHILD_CHECK(post_send(c.qp(), IBV_WR_RDMA_READ, 1, {sge(got, sizeof(got), mr_got)},
-                                  IBV_SEND_SIGNALED, raddr, rkey) == 0);
+                                  IBV_SEND_SIGNALED, target.addr, target.rkey) == 0);
             std::vector<ibv_wc> wc = poll_wc(c.cq, 1);
             CHILD_CHECK(wc.size() == 1 && wc[0].status == IBV_WC_SUCCESS);
             CHILD_CHECK(strcmp(got, "the target's memory") == 0);
             std::this_thread::sleep_for(std::chrono::milliseconds(5));
         }
         CHILD_CHECK(post_send(c.qp(), IBV_WR_RDMA_WRITE, 2, {sge(out, sizeof(out), mr_out)},
-                              IBV_SEND_SIGNALED, raddr + 32, rkey) == 0);
+                              IBV_SEND_SIGNALED, target.addr + 32, target.rkey) == 0);
         CHILD_CHECK(post_send(c.qp(), IBV_WR_SEND, 3, {sge(out, 8, mr_out)}) == 0);
         std::vector<ibv_wc> wc = poll_wc(c.cq, 2);
         CHILD_CHECK(wc.size() == 2 && wc[0].wr_id == 2 && wc[0].status == IBV_WC_SUCCESS &&
@@ -757,33 +796,21 @@ TEST(TwoProcess, IdleTargetIsServedByItsNic) {
         _exit(0);
     }
 
-    Side p;
     char target[64] = "the target's memory";
     char note[16] = {};
-    EventInfo req = next_event(lch);
-    ASSERT_EQ(req.type, RDMA_CM_EVENT_CONNECT_REQUEST);
-    p.ch = lch;
-    p.id = req.id;
-    ASSERT_TRUE(make_qp(p, {}));
+    EventInfo req;
+    ASSERT_EQ(take_request(p, lch, {}, &req), 0);
     ibv_mr *mr_t = p.reg(target, sizeof(target));
     ibv_mr *mr_n = p.reg(note, sizeof(note));
     uint8_t rep[16];
-    uint64_t addr = reinterpret_cast<uintptr_t>(target);
-    memcpy(rep, &addr, 8);
-    memcpy(rep + 8, &mr_t->rkey, 4);
+    put_remote(rep, target, mr_t);
     ASSERT_EQ(post_recv(p.qp(), 10, {sge(note, sizeof(note), mr_n)}), 0);
-    rdma_conn_param cp{};
-    cp.private_data = rep;
-    cp.private_data_len = sizeof(rep);
-    cp.rnr_retry_count = 7;
-    ASSERT_EQ(a.rdma_accept(p.id, &cp), 0);
+    ASSERT_EQ(accept_request(p, {}, rep, sizeof(rep)), 0);
     ASSERT_EQ(next_event(lch).type, RDMA_CM_EVENT_ESTABLISHED);
     ibv_wc none[4];
     for (int i = 0; i < 100; ++i) EXPECT_EQ(ibv_poll_cq(p.cq, 4, none), 0);
     // No call into the library until the child is done.
-    int status = -1;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+    ASSERT_NO_FATAL_FAILURE(expect_child_passed(pid));
     // The send came after the write: its completion says the write has landed.
     std::vector<ibv_wc> wc = poll_wc(p.cq, 1);
     ASSERT_GE(wc.size(), 1U);
@@ -792,20 +819,11 @@ TEST(TwoProcess, IdleTargetIsServedByItsNic) {
     EXPECT_EQ(wc[0].byte_len, 8U);
     EXPECT_EQ(memcmp(note, "written ", 8), 0);
     EXPECT_STREQ(target + 32, "written while idle");
-    p.destroy();
-    a.rdma_destroy_id(listener);
-    a.rdma_destroy_event_channel(lch);
 }
 
 // Round trips between two processes that busy-poll their CQs, as a polling provider does. The
 // time is information, not a check (it depends on the machine and its load).
-TEST(TwoProcess, PingPongBetweenPollingProcesses) {
-    const Api &a = api();
-    ASSERT_TRUE(a.ok);
-    rdma_event_channel *lch = a.rdma_create_event_channel();
-    uint16_t port = 0;
-    rdma_cm_id *listener = make_listener(lch, &port);
-    ASSERT_NE(listener, nullptr);
+TEST_F(TwoProcess, PingPongBetweenPollingProcesses) {
     constexpr int kRounds = 5000;
     constexpr int kWindow = 16;  // receives kept posted
 
@@ -840,7 +858,6 @@ TEST(TwoProcess, PingPongBetweenPollingProcesses) {
         _exit(0);
     }
 
-    Side p;
     EventInfo req;
     char buf[kWindow][64] = {};
     char out[8] = {};
@@ -873,25 +890,14 @@ TEST(TwoProcess, PingPongBetweenPollingProcesses) {
                   .count();
     printf("%d round trips between processes, %.1f us each\n", kRounds,
            static_cast<double>(us) / kRounds);
-    ASSERT_EQ(a.rdma_disconnect(p.id), 0);
+    ASSERT_EQ(api().rdma_disconnect(p.id), 0);
     EXPECT_EQ(next_event(lch).type, RDMA_CM_EVENT_DISCONNECTED);
-    int status = -1;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
-    p.destroy();
-    a.rdma_destroy_id(listener);
-    a.rdma_destroy_event_channel(lch);
+    ASSERT_NO_FATAL_FAILURE(expect_child_passed(pid));
 }
 
 // EMURDMA_FAULT is read when a process starts using the device: the child of a fork starts
 // afresh with the environment it was forked with.
-TEST(TwoProcess, FaultEnvFailsTheQpAfterNSends) {
-    const Api &a = api();
-    ASSERT_TRUE(a.ok);
-    rdma_event_channel *lch = a.rdma_create_event_channel();
-    uint16_t port = 0;
-    rdma_cm_id *listener = make_listener(lch, &port);
-    ASSERT_NE(listener, nullptr);
+TEST_F(TwoProcess, FaultEnvFailsTheQpAfterNSends) {
     setenv("EMURDMA_FAULT", "qp_error_after:3", 1);
     pid_t pid = fork();
     if (pid == 0) {
@@ -915,16 +921,12 @@ TEST(TwoProcess, FaultEnvFailsTheQpAfterNSends) {
     }
     unsetenv("EMURDMA_FAULT");
     ASSERT_GT(pid, 0);
-    Side p;
-    EventInfo req = next_event(lch);
-    ASSERT_EQ(req.type, RDMA_CM_EVENT_CONNECT_REQUEST);
-    p.ch = lch;
-    p.id = req.id;
-    ASSERT_TRUE(make_qp(p, {}));
+    EventInfo req;
+    ASSERT_EQ(take_request(p, lch, {}, &req), 0);
     char buf[8 * 5];
     ibv_mr *mr = p.reg(buf, sizeof(buf));
     for (int i = 0; i < 5; ++i) ASSERT_EQ(post_recv(p.qp(), 100 + i, {sge(buf + 8 * i, 8, mr)}), 0);
-    ASSERT_EQ(a.rdma_accept(p.id, nullptr), 0);
+    ASSERT_EQ(api().rdma_accept(p.id, nullptr), 0);
     ASSERT_EQ(next_event(lch).type, RDMA_CM_EVENT_ESTABLISHED);
     EXPECT_EQ(next_event(lch).type, RDMA_CM_EVENT_DISCONNECTED);
     // The first three arrived; the other two were flushed at the sender (whether or not they
@@ -932,25 +934,14 @@ TEST(TwoProcess, FaultEnvFailsTheQpAfterNSends) {
     std::vector<ibv_wc> wc = poll_wc(p.cq, 5);
     ASSERT_EQ(wc.size(), 5U);
     for (int i = 0; i < 3; ++i) EXPECT_EQ(wc[i].status, IBV_WC_SUCCESS);
-    int status = -1;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
-    p.destroy();
-    a.rdma_destroy_id(listener);
-    a.rdma_destroy_event_channel(lch);
+    ASSERT_NO_FATAL_FAILURE(expect_child_passed(pid));
 }
 
 TEST_F(Cm, ListenerOnOneAddressIgnoresAnother) {
     listen();  // on 127.0.0.1
-    a.ch = api().rdma_create_event_channel();
-    a.own_ch = true;
-    ASSERT_EQ(api().rdma_create_id(a.ch, &a.id, nullptr, RDMA_PS_TCP), 0);
     sockaddr_in dst = loopback(port);
     dst.sin_addr.s_addr = inet_addr("127.0.0.2");
-    ASSERT_EQ(api().rdma_resolve_addr(a.id, nullptr, reinterpret_cast<sockaddr *>(&dst), 100), 0);
-    ASSERT_EQ(next_event(a.ch).type, RDMA_CM_EVENT_ADDR_RESOLVED);
-    ASSERT_EQ(api().rdma_resolve_route(a.id, 100), 0);
-    ASSERT_EQ(next_event(a.ch).type, RDMA_CM_EVENT_ROUTE_RESOLVED);
+    ASSERT_EQ(resolve(a, dst, 100), 0);
     ASSERT_TRUE(make_qp(a, {}));
     ASSERT_EQ(api().rdma_connect(a.id, nullptr), 0);
     EventInfo ev = next_event(a.ch);
@@ -979,9 +970,7 @@ TEST(Netdev, OnlyTheInterfacesAddressesAreServed) {
     }
     unsetenv("EMURDMA_NETDEV");
     ASSERT_GT(pid, 0);
-    int status = -1;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+    ASSERT_NO_FATAL_FAILURE(expect_child_passed(pid));
 }
 
 TEST_F(Cm, BlockingGetWakesOnEvent) {
@@ -1316,12 +1305,9 @@ TEST_P(KeysP, RemoteAccessErrorWritesNothingAndFlushesWhatFollows) {
     api().emurdma_get_stats(&before);
     ASSERT_EQ(post_send(a.qp(), IBV_WR_RDMA_WRITE, 1, {sge(src, 64, ms)}, 0, raddr, rkey), 0);
     ASSERT_EQ(post_send(a.qp(), IBV_WR_SEND, 2, {sge(src, 8, ms)}, 0), 0);
-    std::vector<ibv_wc> tx = poll_wc(a.cq, 2);
-    ASSERT_EQ(tx.size(), 2U);  // unsignaled, but errors always complete
-    EXPECT_EQ(tx[0].wr_id, 1U);
-    EXPECT_EQ(tx[0].status, IBV_WC_REM_ACCESS_ERR);
-    EXPECT_EQ(tx[1].wr_id, 2U);
-    EXPECT_EQ(tx[1].status, IBV_WC_WR_FLUSH_ERR);
+    // Both unsignaled, but errors always complete.
+    ASSERT_NO_FATAL_FAILURE(
+        expect_completions(a.cq, {{1, IBV_WC_REM_ACCESS_ERR}, {2, IBV_WC_WR_FLUSH_ERR}}));
     for (char c : remote) ASSERT_EQ(c, 'R');
     EXPECT_EQ(qp_state(a.qp()), IBV_QPS_ERR);
     // The target's QP fails too (as on real RC).
@@ -1331,10 +1317,7 @@ TEST_P(KeysP, RemoteAccessErrorWritesNothingAndFlushesWhatFollows) {
     EXPECT_EQ(qp_state(p.qp()), IBV_QPS_ERR);
     // A QP in error takes new work and flushes it at once.
     ASSERT_EQ(post_send(a.qp(), IBV_WR_SEND, 3, {sge(src, 8, ms)}, 0), 0);
-    tx = poll_wc(a.cq, 1);
-    ASSERT_EQ(tx.size(), 1U);
-    EXPECT_EQ(tx[0].wr_id, 3U);
-    EXPECT_EQ(tx[0].status, IBV_WC_WR_FLUSH_ERR);
+    ASSERT_NO_FATAL_FAILURE(expect_completions(a.cq, {{3, IBV_WC_WR_FLUSH_ERR}}));
     emurdma_stats after{};
     api().emurdma_get_stats(&after);
     EXPECT_EQ(after.remote_access_errors, before.remote_access_errors + 1);
@@ -1390,13 +1373,10 @@ TEST_F(Rnr, SendWaitsForAReceive) {
     EXPECT_EQ(rx[0].wr_id, 7U);
     EXPECT_EQ(rx[0].byte_len, 13U);
     EXPECT_STREQ(dst, "late receive");
-    std::vector<ibv_wc> tx = poll_wc(a.cq, 1);
-    ASSERT_EQ(tx.size(), 1U);
-    EXPECT_EQ(tx[0].wr_id, 1U);
-    EXPECT_EQ(tx[0].status, IBV_WC_SUCCESS);
+    ASSERT_NO_FATAL_FAILURE(expect_completions(a.cq, {{1, IBV_WC_SUCCESS}}));
     EXPECT_TRUE(drain_wc(a.cq).empty());  // the second still waits for its receive
     ASSERT_EQ(post_recv(p.qp(), 8, {sge(dst, sizeof(dst), md)}), 0);
-    tx = poll_wc(a.cq, 1);
+    std::vector<ibv_wc> tx = poll_wc(a.cq, 1);
     ASSERT_EQ(tx.size(), 1U);
     EXPECT_EQ(tx[0].wr_id, 2U);
     emurdma_stats st{};
@@ -1470,12 +1450,8 @@ TEST_F(Errors, DisconnectFlushesAndBothSidesAreDisconnected) {
     ASSERT_EQ(poll_wc(p.cq, 1).size(), 1U);
     ASSERT_EQ(api().rdma_disconnect(a.id), 0);
     EXPECT_EQ(qp_state(a.qp()), IBV_QPS_ERR);
-    wc = poll_wc(a.cq, 2);
-    ASSERT_EQ(wc.size(), 2U);
-    EXPECT_EQ(wc[0].wr_id, 2U);
-    EXPECT_EQ(wc[0].status, IBV_WC_WR_FLUSH_ERR);
-    EXPECT_EQ(wc[1].wr_id, 11U);
-    EXPECT_EQ(wc[1].status, IBV_WC_WR_FLUSH_ERR);
+    ASSERT_NO_FATAL_FAILURE(
+        expect_completions(a.cq, {{2, IBV_WC_WR_FLUSH_ERR}, {11, IBV_WC_WR_FLUSH_ERR}}));
     EXPECT_EQ(next_event(a.ch).type, RDMA_CM_EVENT_DISCONNECTED);
     EventInfo ev = next_event(lch);
     EXPECT_EQ(ev.type, RDMA_CM_EVENT_DISCONNECTED);
@@ -1486,13 +1462,7 @@ TEST_F(Errors, DisconnectFlushesAndBothSidesAreDisconnected) {
     EXPECT_FALSE(next_event(lch, 50).got);
 }
 
-TEST(TwoProcess, PeerKilledIsDisconnectedAndFlushes) {
-    const Api &a = api();
-    ASSERT_TRUE(a.ok);
-    rdma_event_channel *lch = a.rdma_create_event_channel();
-    uint16_t port = 0;
-    rdma_cm_id *listener = make_listener(lch, &port);
-    ASSERT_NE(listener, nullptr);
+TEST_F(TwoProcess, PeerKilledIsDisconnectedAndFlushes) {
     int ready[2];
     ASSERT_EQ(pipe(ready), 0);
     pid_t pid = fork();
@@ -1505,7 +1475,6 @@ TEST(TwoProcess, PeerKilledIsDisconnectedAndFlushes) {
         CHILD_CHECK(write(ready[1], &one, 1) == 1);
         for (;;) pause();  // never posts a receive: the parent's send waits (RNR)
     }
-    Side p;
     EventInfo req;
     ASSERT_EQ(accept_one(p, lch, {}, &req), 0);
     ASSERT_EQ(next_event(lch).type, RDMA_CM_EVENT_ESTABLISHED);
@@ -1522,18 +1491,11 @@ TEST(TwoProcess, PeerKilledIsDisconnectedAndFlushes) {
     EventInfo ev = next_event(lch);
     EXPECT_EQ(ev.type, RDMA_CM_EVENT_DISCONNECTED);
     EXPECT_EQ(ev.id, p.id);
-    std::vector<ibv_wc> wc = poll_wc(p.cq, 2);
-    ASSERT_EQ(wc.size(), 2U);
-    EXPECT_EQ(wc[0].wr_id, 32U);
-    EXPECT_EQ(wc[0].status, IBV_WC_WR_FLUSH_ERR);
-    EXPECT_EQ(wc[1].wr_id, 31U);
-    EXPECT_EQ(wc[1].status, IBV_WC_WR_FLUSH_ERR);
+    ASSERT_NO_FATAL_FAILURE(
+        expect_completions(p.cq, {{32, IBV_WC_WR_FLUSH_ERR}, {31, IBV_WC_WR_FLUSH_ERR}}));
     EXPECT_EQ(qp_state(p.qp()), IBV_QPS_ERR);
     close(ready[0]);
     close(ready[1]);
-    p.destroy();
-    a.rdma_destroy_id(listener);
-    a.rdma_destroy_event_channel(lch);
 }
 
 // ---- Channels ----
@@ -1596,12 +1558,8 @@ TEST_F(Fault, InjectQpError) {
     EXPECT_EQ(api().emurdma_inject_qp_error(0xffffffff), -1);
     ASSERT_EQ(api().emurdma_inject_qp_error(p.qp()->qp_num), 0);
     EXPECT_EQ(qp_state(p.qp()), IBV_QPS_ERR);
-    std::vector<ibv_wc> wc = poll_wc(a.cq, 2);
-    ASSERT_EQ(wc.size(), 2U);
-    EXPECT_EQ(wc[0].wr_id, 1U);
-    EXPECT_EQ(wc[0].status, IBV_WC_RETRY_EXC_ERR);
-    EXPECT_EQ(wc[1].wr_id, 2U);
-    EXPECT_EQ(wc[1].status, IBV_WC_WR_FLUSH_ERR);
+    ASSERT_NO_FATAL_FAILURE(
+        expect_completions(a.cq, {{1, IBV_WC_RETRY_EXC_ERR}, {2, IBV_WC_WR_FLUSH_ERR}}));
     EXPECT_EQ(qp_state(a.qp()), IBV_QPS_ERR);
     EXPECT_EQ(next_event(a.ch).type, RDMA_CM_EVENT_DISCONNECTED);
     EXPECT_EQ(next_event(lch).type, RDMA_CM_EVENT_DISCONNECTED);
