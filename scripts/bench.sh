@@ -28,9 +28,13 @@
 #                 within 200..20000; bandwidth 1000 * 1 MiB / size, within 50..100000). With
 #                 sizes other than 8,1m each run prints one line per provider of
 #                 SIZE:latency/tagged bandwidth, and the tables have a row per metric and size.
-#   --paths LIST  link, local or link,local: the comparisons to make, each with the defaults
-#                 of its own (link: providers "tandem,tcp;ofi_rxm", UCX_TLS=tcp,
-#                 FI_TANDEM_LOCAL=0; local: as --local). -p only with a single path. Default:
+#   --paths LIST  link, local, verbs, or several of them (link,local): the comparisons to
+#                 make, each with the defaults of its own (link: providers "tandem,tcp;ofi_rxm",
+#                 UCX_TLS=tcp, FI_TANDEM_LOCAL=0; local: as --local; verbs: tandem alone over
+#                 its verbs link on the EMULATED RDMA device of the tests, as
+#                 scripts/with-emulated-rdma.sh sets it up, serving loopback, FI_TANDEM_LOCAL=0
+#                 and FI_TANDEM_LINK=verbs: figures of the emulator's sockets and threads, not
+#                 of a NIC, labelled EMULATED everywhere). -p only with a single path. Default:
 #                 local with --local, else link; --local and --paths exclude each other. Each
 #                 run goes through every path; the medians and ratios are printed per path.
 #   --json FILE   also write the results as JSON. The default mode always does (default FILE
@@ -218,12 +222,16 @@ else
     IFS=',' read -ra items <<<"$path_list"
     for item in "${items[@]}"; do
         case $item in
-            link|local) ;;
-            *) echo "bench.sh: bad --paths \"$path_list\" (link, local or link,local)" >&2; exit 1 ;;
+            link|local|verbs) ;;
+            *) echo "bench.sh: bad --paths \"$path_list\" (link, local, verbs or a list of them)" >&2; exit 1 ;;
         esac
         case " ${bench_paths[*]} " in *" $item "*) ;; *) bench_paths+=("$item") ;; esac
     done
     [ "${#bench_paths[@]}" -gt 0 ] || { echo "bench.sh: bad --paths \"$path_list\" (link, local or link,local)" >&2; exit 1; }
+    if [[ " ${bench_paths[*]} " == *" verbs "* ]] && [ ! -f "$build/tests/emurdma/libtandem-emurdma.so" ]; then
+        echo "bench.sh: --paths verbs needs the emulated RDMA device, $build/tests/emurdma/libtandem-emurdma.so (build the tests)" >&2
+        exit 1
+    fi
     if [ "${#bench_paths[@]}" -gt 1 ] && [ -n "$providers" ]; then
         echo "bench.sh: -p needs a single path (with --paths $path_list each path has its own providers; see -h)" >&2
         exit 1
@@ -313,14 +321,31 @@ fi
 # node-local switch of one path. local: tandem through off_tandem's shared memory against shm
 # and UCX's shared-memory transports; link: tandem with FI_TANDEM_LOCAL=0 against tcp;ofi_rxm
 # and UCX over TCP. -p replaces the providers (one path only).
+# path_config PATH: the providers of a path, UCX's transports, tandem's settings (tandem_env:
+# more of its environment; path_ucx: whether UCX is compared there).
+emulated_rdma=$build/tests/emurdma/libtandem-emurdma.so
 path_config() {
-    if [ "$1" = local ]; then
-        IFS=',' read -ra provs <<<"${providers:-"tandem,shm"}"
-        ucx_tls=posix,cma ucx_name="ucx(sm)" tandem_local=1
-    else
-        IFS=',' read -ra provs <<<"${providers:-"tandem,tcp;ofi_rxm"}"
-        ucx_tls=tcp ucx_name="ucx(tcp)" tandem_local=0
-    fi
+    tandem_env=() path_ucx=1
+    case $1 in
+        local)
+            IFS=',' read -ra provs <<<"${providers:-"tandem,shm"}"
+            ucx_tls=posix,cma ucx_name="ucx(sm)" tandem_local=1 ;;
+        verbs)
+            IFS=',' read -ra provs <<<"${providers:-"tandem"}"
+            tandem_local=0 path_ucx=0
+            tandem_env=(FI_TANDEM_LINK=verbs EMURDMA_NETDEV=lo FI_TANDEM_VERBS_LIB="$emulated_rdma"
+                        FI_TANDEM_RDMACM_LIB="$emulated_rdma") ;;
+        *)
+            IFS=',' read -ra provs <<<"${providers:-"tandem,tcp;ofi_rxm"}"
+            ucx_tls=tcp ucx_name="ucx(tcp)" tandem_local=0 ;;
+    esac
+}
+# path_title PATH: how the tables name a path
+path_title() {
+    case $1 in
+        verbs) echo "verbs: EMULATED RDMA device emu_rdma0 (tests/emurdma), not a NIC's figures" ;;
+        *) echo "$1" ;;
+    esac
 }
 if [ "$use_ucx" = 1 ] && ! command -v ucx_perftest >/dev/null 2>&1; then
     echo "bench.sh: ucx_perftest not found, skipping UCX (apt-get install ucx-utils)"
@@ -785,12 +810,15 @@ multi=0
 [ "${#bench_paths[@]}" -gt 1 ] && multi=1
 lw=14  # the width of the providers' names in the per-run lines
 [ "$multi" = 1 ] && lw=20
+[[ " ${bench_paths[*]} " == *" verbs "* ]] && lw=24
 # tandem_bench's watchdog: 280 s as ever for up to two sizes, 30 s more per further size
 bench_watchdog=280
 [ "${#bench_sizes[@]}" -gt 2 ] && bench_watchdog=$((280 + 30 * (${#bench_sizes[@]} - 2)))
 # label PROV PATH: how the per-run lines name a provider (with the path when there are two)
 label() {
-    if [ "$multi" = 1 ]; then echo "$1 ($2)"; else echo "$1"; fi
+    if [ "$2" = verbs ]; then echo "$1 (verbs, EMULATED)"
+    elif [ "$multi" = 1 ]; then echo "$1 ($2)"
+    else echo "$1"; fi
 }
 
 # run_libfabric PATH PROV RUN: one tandem_bench run at every size; appends to $tmp/runs.
@@ -799,7 +827,7 @@ run_libfabric() {
     name=$(label "$prov" "$path")
     local -a envs=(env -u FI_PROVIDER)
     case $prov in
-        tandem|tandem\;*) envs+=(FI_PROVIDER_PATH="$build/lib" FI_TANDEM_LOCAL=$tandem_local) ;;
+        tandem|tandem\;*) envs+=(FI_PROVIDER_PATH="$build/lib" FI_TANDEM_LOCAL=$tandem_local "${tandem_env[@]}") ;;
         *) envs+=(-u FI_PROVIDER_PATH) ;;
     esac
     if ! timeout $((bench_watchdog + 20)) "${envs[@]}" "$bench" -p "$prov" -S "$size_list" -t lat,bw,rma \
@@ -888,12 +916,13 @@ run_ucx_sizes() {
     fi
 }
 
-ucx_note() { [ "$use_ucx" = 1 ] && echo ", ucx_perftest (UCX_TLS=$ucx_tls)"; }
+ucx_note() { [ "$use_ucx" = 1 ] && [ "$path_ucx" = 1 ] && echo ", ucx_perftest (UCX_TLS=$ucx_tls)"; }
 local_note() { if [ "$tandem_local" = 1 ]; then echo on; else echo off; fi; }
 if [ "$multi" = 0 ]; then
     path_config "${bench_paths[0]}"
     echo "bench.sh: $runs runs of: ${provs[*]}$(ucx_note)"
     echo "          tandem's node-local path: $(local_note)"
+    [ "${bench_paths[0]}" = verbs ] && echo "          path $(path_title verbs)"
 else
     echo "bench.sh: $runs runs, each through the paths ${bench_paths[*]}:"
     for path in "${bench_paths[@]}"; do
@@ -917,7 +946,7 @@ for r in $(seq 1 "$runs"); do
     for path in "${bench_paths[@]}"; do
         path_config "$path"
         for prov in "${provs[@]}"; do run_libfabric "$path" "$prov" "$r"; done
-        [ "$use_ucx" = 1 ] && run_ucx_sizes "$path" "$r"
+        [ "$use_ucx" = 1 ] && [ "$path_ucx" = 1 ] && run_ucx_sizes "$path" "$r"
     done
 done
 
@@ -926,7 +955,7 @@ done
 for path in "${bench_paths[@]}"; do
     path_config "$path"
     names=("${provs[@]}")
-    [ "$use_ucx" = 1 ] && names+=("$ucx_name")
+    [ "$use_ucx" = 1 ] && [ "$path_ucx" = 1 ] && names+=("$ucx_name")
     for n in "${names[@]}"; do
         for m in latency tagged_bw rma_write_bw; do
             for s in "${bench_sizes[@]}"; do echo "$path $n $m $s"; done
@@ -945,12 +974,12 @@ median_of() { echo "${med["$1|$2|$3|$4"]:-n/a}"; }
 for path in "${bench_paths[@]}"; do
     path_config "$path"
     names=("${provs[@]}")
-    [ "$use_ucx" = 1 ] && names+=("$ucx_name")
+    [ "$use_ucx" = 1 ] && [ "$path_ucx" = 1 ] && names+=("$ucx_name")
     echo
     if [ "$multi" = 1 ]; then
-        echo "medians over $runs runs, path $path (tandem's node-local path: $(local_note))"
+        echo "medians over $runs runs, path $(path_title "$path") (tandem's node-local path: $(local_note))"
     else
-        echo "medians over $runs runs"
+        echo "medians over $runs runs$([ "$path" = verbs ] && echo ", path $(path_title verbs)")"
     fi
     printf '%-26s' "metric"
     for n in "${names[@]}"; do printf ' %14s' "$n"; done
