@@ -212,6 +212,12 @@ inline void say_verbs_device(const fi_info *info) {
     std::printf("[ verbs link on %s%s ]\n", info->domain_attr->name, emulated ? " (EMULATED)" : "");
 }
 
+// The api_verbs variant (FI_TANDEM_LINK=verbs): a device domain offers no FI_RMA_EVENT.
+inline bool verbs_link_refuses_rma_event() {
+    const char *link = std::getenv("FI_TANDEM_LINK");
+    return link && std::strcmp(link, "verbs") == 0;
+}
+
 // Under the api_verbs variant (FI_TANDEM_LINK=verbs: RDMA device domains only), why these
 // hints find no domain, when they ask for what a NIC does not do: remote access events, or
 // keys and addresses of the application's choosing. Empty elsewhere.
