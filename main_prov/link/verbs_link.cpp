@@ -109,6 +109,19 @@ uint8_t *map_slab(size_t bytes) {
     return p == MAP_FAILED ? nullptr : static_cast<uint8_t *>(p);
 }
 
+// An index of `slots` free for use: one given back earlier, else a new slot at the end. (The
+// send-queue records and the posted receives are both found again by index from a CQE.)
+template <class T>
+uint32_t take_index(std::vector<T> &slots, std::vector<uint32_t> &free) {
+    if (!free.empty()) {
+        uint32_t index = free.back();
+        free.pop_back();
+        return index;
+    }
+    slots.emplace_back();
+    return static_cast<uint32_t>(slots.size() - 1);
+}
+
 class VerbsRegion final : public LinkRegion {
   public:
     VerbsRegion(const VerbsApi &api, ibv_mr *mr) : api_(api), mr_(mr) { key = mr->rkey; }
@@ -628,16 +641,7 @@ ibv_mr *VerbsTransport::recv_registration(void *buf, size_t len) {
 }
 
 uint32_t VerbsTransport::new_record() {
-    uint32_t index;
-    if (!free_records_.empty()) {
-        index = free_records_.back();
-        free_records_.pop_back();
-    } else {
-        index = static_cast<uint32_t>(records_.size());
-        records_.emplace_back();
-    }
-    records_[index].in_use = true;
-    return index;
+    return take_index(records_, free_records_);
 }
 
 void VerbsTransport::free_record(uint32_t index) {
@@ -954,14 +958,7 @@ int VerbsTransport::post_recv(void *buf, size_t len, uint64_t wr_id) {
     if (status_) return status_;
     ibv_mr *mr = recv_registration(buf, len);
     if (!mr) return -FI_EFAULT;
-    uint32_t index;
-    if (!free_posted_.empty()) {
-        index = free_posted_.back();
-        free_posted_.pop_back();
-    } else {
-        index = static_cast<uint32_t>(posted_.size());
-        posted_.emplace_back();
-    }
+    uint32_t index = take_index(posted_, free_posted_);
     posted_[index] = {wr_id, len};
     ibv_sge sge{reinterpret_cast<uint64_t>(buf), static_cast<uint32_t>(len), mr->lkey};
     ibv_recv_wr w{};

@@ -214,7 +214,6 @@ class VerbsTransport final : public LinkTransport {
         std::vector<iovec> scatter_iov;
         std::vector<hmem::MemRef> scatter_mem;
         bool reported = false;  // its completion was already given (aborted): drop the CQE
-        bool in_use = false;
     };
     // A receive buffer of the protocol at the NIC (its receive work request carries the
     // index).
