@@ -95,6 +95,7 @@ enum class ProtoOp : uint8_t {
     WriteNotify = 5,  // an RMA write with remote CQ data just landed: WriteNotifyBody
     AtomicReq = 6,    // an atomic operation for the target to execute: AtomicBody + operands
     AtomicResp = 7,   // its answer (msg_id of the request): AtomicRespBody + fetched values
+    RmaReq = 8,       // an RMA the target carries out itself: RmaReqBody; answered by a Fin
 };
 
 enum ProtoFlags : uint8_t {
@@ -132,7 +133,7 @@ struct RtsBody {
 };
 static_assert(sizeof(RtsBody) == 8 + 24 * kMaxRtsIov);
 
-enum class FinStatus : uint32_t { Ok = 0, ReadFailed = 1, Canceled = 2 };
+enum class FinStatus : uint32_t { Ok = 0, ReadFailed = 1, Canceled = 2, AccessDenied = 3 };
 
 struct FinBody {
     uint64_t msg_id;
@@ -140,6 +141,31 @@ struct FinBody {
     uint32_t reserved;
 };
 static_assert(sizeof(FinBody) == 16);
+
+// RMA served by the target (RmaReq), where the link has keys of its own but the domain's
+// regions are not the NIC's (Domain::rma_served: remote-access events, keys of the
+// application's choosing, offset addressing). The target resolves (addr, key) in its MR
+// table, moves the data itself with RDMA reads from (fi_write) or writes into (fi_read) the
+// initiator's buffers, exposed in `buf` under the link's keys as a rendezvous source is,
+// counts the access and answers with a Fin: Ok, AccessDenied (key, bounds or access refused)
+// or ReadFailed (a transfer failed). hdr.size is the length, hdr.msg_id the initiator's
+// operation, kProtoCqData the remote CQ data of an fi_writedata. Requests from one
+// connection are served one at a time, and what that connection sends meanwhile waits behind
+// them, so every ordering the endpoint promises holds as for RMA the NIC moves.
+struct RmaReqTarget {
+    uint64_t addr;  // the target address as the initiator named it
+    uint64_t key;
+    uint32_t write;  // 1: fi_write (data to the target), 0: fi_read
+    uint32_t reserved;
+};
+static_assert(sizeof(RmaReqTarget) == 24);
+
+struct RmaReqBody {
+    RmaReqTarget target;
+    RtsBody buf;  // iov_count 0 for a zero-length access
+};
+static_assert(sizeof(RmaReqBody) == 24 + sizeof(RtsBody) &&
+              std::is_trivially_copyable_v<RmaReqBody>);
 
 struct WriteNotifyBody {
     uint64_t addr;  // the target address as the initiator named it

@@ -70,6 +70,11 @@ class Domain : public FidObject<Domain, fid_domain> {
     MrTable &mr_table() { return mr_table_; }
     // The link of this domain's endpoints: an RDMA device's (verbs) or TCP.
     LinkDomain &link() { return *link_; }
+    // RMA the target's protocol carries out (wire::ProtoOp::RmaReq) instead of the NIC: a
+    // link with keys of its own (verbs) in a domain whose regions cannot be the NIC's, because
+    // the application counts remote accesses (FI_RMA_EVENT) or names its keys or offsets
+    // (mr_mode without FI_MR_PROV_KEY | FI_MR_VIRT_ADDR).
+    bool rma_served() const { return rma_served_; }
     Fabric *fabric() const { return fabric_; }
     const fi_info *info() const { return info_; }
     uint64_t mr_mode() const { return mr_mode_; }
@@ -98,6 +103,7 @@ class Domain : public FidObject<Domain, fid_domain> {
     Fabric *fabric_;
     fi_info *info_;
     uint64_t mr_mode_;
+    bool rma_served_ = false;
     fi_threading threading_;
     Lock mutex_;
     std::vector<Endpoint *> endpoints_;

@@ -888,6 +888,7 @@ void Endpoint::handle_cm_event(CmEvent &ev) {
                 fail_peer(peer, FI_ECONNREFUSED);
                 if (peer->conn == conn) peer->conn = nullptr;
             }
+            forget_served(conn);
             transport_->destroy(conn);
             return;
         }
@@ -910,6 +911,7 @@ void Endpoint::handle_cm_event(CmEvent &ev) {
                     peer->established = false;
                 }
             }
+            forget_served(conn);
             transport_->destroy(conn);
             return;
     }

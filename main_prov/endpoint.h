@@ -31,6 +31,7 @@
 #include <list>
 #include <memory>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace tandem {
@@ -90,6 +91,12 @@ struct TxOp {
     Cntr *work_cntr = nullptr;
     int link_wrs = 0;           // link work requests not completed yet
     bool await_remote = false;  // rendezvous Fin or DeliveryAck pending
+    // RMA the target serves (Domain::rma_served): sent as an RmaReq naming served_target,
+    // the local buffers exposed in rts; stage_back: a read of device memory lands in
+    // inject_copy and is copied to iov/mem when the Fin comes.
+    bool served = false;
+    bool stage_back = false;
+    wire::RmaReqTarget served_target{};
     int error = 0;
 
     // Back to the state of a new op, keeping the vectors' capacity: ops are recycled, and
@@ -120,11 +127,13 @@ struct TxOp {
         work_cntr = nullptr;
         link_wrs = 0;
         await_remote = false;
+        served = stage_back = false;
+        served_target = {};
         error = 0;
     }
 };
 // A new field must be reset above: this fails when the layout changes.
-static_assert(sizeof(TxOp) == 392, "TxOp changed: update TxOp::reset()");
+static_assert(sizeof(TxOp) == 416, "TxOp changed: update TxOp::reset()");
 
 // Default operation flags of the fid a data call came through: the endpoint's own, or those
 // of an alias (fi_ep_alias) of it.
@@ -393,6 +402,21 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     void serve_atomic(LinkConnection *conn, const wire::ProtoHeader &hdr, const uint8_t *body,
                       size_t len);
     bool finish_atomic(const wire::ProtoHeader &hdr, const uint8_t *body, size_t len);
+    // RMA the target serves (Domain::rma_served; main_prov/endpoint_served_rma.cpp): the
+    // initiator's request, and the target's side of it.
+    ssize_t issue_served_rma(TxOp *op, const RmaRequest &r, const hmem::MemRef *mem, bool stage);
+    bool serve_rma(LinkConnection *conn, const wire::ProtoHeader &hdr, const uint8_t *body,
+                   size_t len);
+    struct ServedRma;
+    // One of a job's reads or writes completed; the last one finishes it.
+    void served_done(ServedRma *job, WcStatus status);
+    void finish_served(ServedRma *job);
+    // Whether messages from conn wait behind a served RMA (then buf is kept for later).
+    bool hold_behind_served(LinkConnection *conn, const uint8_t *buf, size_t len);
+    void resume_connection(LinkConnection *conn);
+    // A connection about to be destroyed: served RMA on it answers nobody, nothing waits.
+    void forget_served(LinkConnection *conn);
+    void discard_served();
     void deliver_unexpected(RxOp *rx, Unexpected &ux);
     static void deliver_unexpected_any(RxOp *rx, Unexpected &ux);
     void check_tx_ready(uint64_t cap) const;
@@ -546,6 +570,10 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     struct fid *srx_ = nullptr;
     struct fid *stx_ = nullptr;
     std::unordered_map<uint64_t, TxOp *> await_remote_;
+    // Served RMA in progress at this target, and the connections whose messages wait behind
+    // it (copies, in arrival order).
+    std::unordered_set<ServedRma *> served_;
+    std::unordered_map<LinkConnection *, std::deque<std::vector<uint8_t>>> held_behind_served_;
     // Every TxOp this endpoint made, whatever holds it now (the link, the offload twin, a
     // peer's waiting list, the free list): all go with the endpoint, so closing it while
     // operations are still out loses none. As many as were ever outstanding at once.

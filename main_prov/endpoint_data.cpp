@@ -14,6 +14,7 @@
 #include "main_prov/config.h"
 #include "main_prov/domain.h"
 #include "main_prov/endpoint.h"
+#include "main_prov/endpoint_wr.h"
 #include "main_prov/interfaces.h"
 #include "main_prov/local_path.h"
 #include "main_prov/peer_rx_queue.h"
@@ -25,19 +26,6 @@
 namespace tandem {
 
 namespace {
-
-// Link work-request ids carry what they belong to in their low bits (objects are 8-aligned).
-enum WrKind : uint64_t { kWrTx = 1, kWrBuffer = 2, kWrRxRead = 3, kWrControl = 4 };
-constexpr uint64_t kWrKindMask = 7;
-
-template <class T>
-uint64_t wr_id(T *p, WrKind kind) {
-    return reinterpret_cast<uint64_t>(p) | kind;
-}
-template <class T>
-T *wr_ptr(uint64_t id) {
-    return reinterpret_cast<T *>(id & ~kWrKindMask);
-}
 
 // A protocol message of our own (Fin, DeliveryAck, an atomic's answer with its values).
 struct ControlMsg {
@@ -507,11 +495,15 @@ ssize_t Endpoint::issue_rma(RmaRequest &r) {
         return ret;
     }
     op->remote = {r.addr, r.key};
-    if (device && link_decision(len) == hmem::P2pDecision::Fail) {
+    const hmem::P2pDecision decision = device ? link_decision(len) : hmem::P2pDecision::PeerToPeer;
+    if (decision == hmem::P2pDecision::Fail) {
         ++tx_outstanding_;
         fail_tx(op, FI_EOPNOTSUPP);
         return 0;
     }
+    if (domain_->rma_served())
+        return issue_served_rma(op, r, device ? mem : nullptr,
+                                decision == hmem::P2pDecision::Stage);
     // Small writes are copied (the buffer is free at once); larger ones and reads use the
     // application's buffers until the link completes them.
     int ret = take_payload(op, iov, device ? mem : nullptr, count, len,
@@ -626,6 +618,22 @@ void Endpoint::issue_tx(TxOp *op) {
             break;
         }
         case TxOp::Kind::Write:
+        case TxOp::Kind::Read:
+            if (op->served) {
+                iovec iov[3] = {{&op->hdr, sizeof op->hdr},
+                                {&op->served_target, sizeof op->served_target},
+                                {&op->rts, sizeof op->rts}};
+                await_remote_[op->id] = op;
+                ret = conn->post_send(iov, 3, nullptr, wr_id(op, kWrTx));
+                if (!ret) ++op->link_wrs;
+                break;
+            }
+            if (op->kind == TxOp::Kind::Read) {
+                ret = conn->post_read(op->iov.data(), op->mem.empty() ? nullptr : op->mem.data(),
+                                      op->iov.size(), op->remote, wr_id(op, kWrTx));
+                if (!ret) ++op->link_wrs;
+                break;
+            }
             ret = conn->post_write(op->iov.data(), op->mem.empty() ? nullptr : op->mem.data(),
                                    op->iov.size(), op->remote, nullptr, wr_id(op, kWrTx));
             if (ret) break;
@@ -637,11 +645,6 @@ void Endpoint::issue_tx(TxOp *op) {
                 ret = conn->post_send(iov, 2, nullptr, wr_id(op, kWrTx), true);
                 if (!ret) ++op->link_wrs;
             }
-            break;
-        case TxOp::Kind::Read:
-            ret = conn->post_read(op->iov.data(), op->mem.empty() ? nullptr : op->mem.data(),
-                                  op->iov.size(), op->remote, wr_id(op, kWrTx));
-            if (!ret) ++op->link_wrs;
             break;
         case TxOp::Kind::Atomic: {
             iovec iov[2] = {{&op->hdr, sizeof op->hdr},
@@ -1310,7 +1313,16 @@ void Endpoint::handle_message(LinkConnection *conn, const uint8_t *buf, size_t l
             if (hdr.op == static_cast<uint8_t>(wire::ProtoOp::Fin)) {
                 wire::FinBody fin{};
                 if (body_len >= sizeof fin) memcpy(&fin, body, sizeof fin);
-                if (fin.status != uint32_t(wire::FinStatus::Ok)) op->error = FI_EIO;
+                if (fin.status == uint32_t(wire::FinStatus::AccessDenied))
+                    op->error = FI_EACCES;
+                else if (fin.status != uint32_t(wire::FinStatus::Ok))
+                    op->error = FI_EIO;
+                if (!op->error && op->stage_back) {
+                    // A served read of device memory: the data came to host memory.
+                    if (hmem::scatter(op->iov.data(), op->mem.data(), op->iov.size(), 0,
+                                      op->inject_copy.data(), op->len) < 0)
+                        op->error = FI_EIO;
+                }
             }
             op->await_remote = false;
             if (op->link_wrs == 0) finish_tx(op);
@@ -1334,6 +1346,9 @@ void Endpoint::handle_message(LinkConnection *conn, const uint8_t *buf, size_t l
         case wire::ProtoOp::AtomicResp:
             if (hdr.size != body_len || !finish_atomic(hdr, body, body_len)) break;
             return;
+        case wire::ProtoOp::RmaReq:
+            if (!serve_rma(conn, hdr, body, body_len)) break;
+            return;
     }
     TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed message (op %u, %zu bytes)\n", hdr.op, len);
 }
@@ -1346,7 +1361,8 @@ void Endpoint::handle_wc(const WorkCompletion &wc) {
     switch (static_cast<WrKind>(wc.wr_id & kWrKindMask)) {
         case kWrBuffer: {
             auto *buf = wr_ptr<uint8_t>(wc.wr_id);
-            if (wc.status == WcStatus::Success && wc.conn && wc.conn->context)
+            if (wc.status == WcStatus::Success && wc.conn && wc.conn->context &&
+                !hold_behind_served(wc.conn, buf, wc.byte_len))
                 handle_message(wc.conn, buf, wc.byte_len);
             repost(buf);
             return;
@@ -1372,6 +1388,9 @@ void Endpoint::handle_wc(const WorkCompletion &wc) {
         }
         case kWrControl:
             delete wr_ptr<ControlMsg>(wc.wr_id);
+            return;
+        case kWrServed:
+            served_done(wr_ptr<ServedRma>(wc.wr_id), wc.status);
             return;
     }
 }
@@ -1399,6 +1418,8 @@ void Endpoint::discard_link_work() {
                 case kWrControl:
                     delete wr_ptr<ControlMsg>(wc[i].wr_id);
                     break;
+                case kWrServed:
+                    break;  // the jobs go below, unanswered
                 case kWrBuffer:
                     break;  // our receive buffers, freed with the endpoint
             }
@@ -1409,6 +1430,7 @@ void Endpoint::discard_link_work() {
     for (auto &[id, op] : await_remote_)
         if (op->link_wrs == 0) retire_tx(op);
     await_remote_.clear();
+    discard_served();
 }
 
 void Endpoint::fail_peer(Peer *peer, int err) {

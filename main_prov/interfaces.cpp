@@ -10,6 +10,8 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -175,6 +177,34 @@ std::vector<Interface> usable_interfaces(int family) {
     if (Config::get().link == "verbs") return rdma;
     rdma.insert(rdma.end(), out.begin(), out.end());
     return rdma;
+}
+
+bool reaches(const Interface &itf, const EndpointName &dst) {
+    if (itf.rdma_device.empty()) return true;
+    const VerbsApi *api = verbs_api();
+    if (!api || is_wildcard(dst)) return api != nullptr;
+    // The source address of the route: a datagram socket "connected" to dst sends nothing.
+    int fd = socket(dst.ss.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return false;
+    EndpointName probe = dst;
+    if (dst.ss.ss_family == AF_INET) {
+        auto *in = reinterpret_cast<sockaddr_in *>(&probe.ss);
+        if (!in->sin_port) in->sin_port = htons(9);
+    } else {
+        auto *in6 = reinterpret_cast<sockaddr_in6 *>(&probe.ss);
+        if (!in6->sin6_port) in6->sin6_port = htons(9);
+    }
+    EndpointName src;
+    socklen_t len = sizeof src.ss;
+    bool routed = connect(fd, probe.sa(), probe.length()) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr *>(&src.ss), &len) == 0;
+    close(fd);
+    if (!routed) return false;
+    if (src.ss.ss_family == AF_INET)
+        reinterpret_cast<sockaddr_in *>(&src.ss)->sin_port = 0;
+    else
+        reinterpret_cast<sockaddr_in6 *>(&src.ss)->sin6_port = 0;
+    return rdma_device_serving(*api, src) == itf.rdma_device;
 }
 
 void substitute_interface_address(const char *ifname, EndpointName &name) {

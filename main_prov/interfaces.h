@@ -27,6 +27,13 @@ struct Interface {
 // loopback last.
 std::vector<Interface> usable_interfaces(int family);
 
+// Whether the domain of itf reaches dst over its own link: always for a TCP domain (the
+// kernel routes), and for a device's domain when the address the kernel sends to dst from
+// is one the device serves (rdma_cm would bind a connection to dst to this device). How
+// fi_getinfo with a destination picks the link per peer: verbs where a device serves the
+// route, TCP otherwise.
+bool reaches(const Interface &itf, const EndpointName &dst);
+
 // The verbs calls, loaded on first use; nullptr where FI_TANDEM_LINK=tcp or rdma-core (or the
 // library FI_TANDEM_VERBS_LIB names) is missing.
 const VerbsApi *verbs_api();

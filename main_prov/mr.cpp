@@ -52,7 +52,7 @@ MemoryRegion::MemoryRegion(Domain *domain, const fi_mr_attr &attr, uint64_t flag
     fid()->mem_desc = &desc_;
     bool prov_key = domain->mr_mode() & (FI_MR_PROV_KEY | FI_MR_BASIC);
     uint64_t key = attr.requested_key;
-    LinkDomain *link = domain->mr_table().link();
+    LinkDomain *link = domain->mr_table().region_link();
     // Where the domain takes a NIC's keys (a device domain with RMA) the region is the NIC's;
     // otherwise (no RMA there: keys of the application's choosing) it is for local use.
     if (link && total_ > 0 && prov_key && virt_addr_) {
@@ -148,7 +148,7 @@ int MrTable::insert(MemoryRegion *mr, uint64_t requested_key, bool prov_key) {
     uint64_t key;
     if (prov_key) {
         // Beside a link's own keys (32-bit rkeys), ours stay out of their range.
-        uint64_t base = link_ ? uint64_t{1} << 62 : 0;
+        uint64_t base = link_names_regions_ ? uint64_t{1} << 62 : 0;
         do {
             key = base | next_prov_key_++;
         } while (regions_.count(key));
@@ -172,13 +172,13 @@ MemoryRegion *MrTable::find(uint64_t key) const {
     return it == regions_.end() ? nullptr : it->second;
 }
 
-uint64_t MrTable::insert_internal(const iovec &iov, hmem::MemRef mem) {
+uint64_t MrTable::insert_internal(const iovec &iov, hmem::MemRef mem, uint64_t access) {
     if (link_) {
         std::unique_ptr<LinkRegion> region;
-        if (link_->register_region(iov, mem, FI_REMOTE_READ, region) != 0) return 0;
+        if (link_->register_region(iov, mem, access, region) != 0) return 0;
         if (region) {
-            uint64_t key = region->key;
-            internal_[key] = {iov, mem, std::move(region)};
+            uint64_t key = kInternalBit | region->key;
+            internal_[key] = {iov, mem, access, std::move(region)};
             return key;
         }
     }
@@ -188,7 +188,7 @@ uint64_t MrTable::insert_internal(const iovec &iov, hmem::MemRef mem) {
         next_internal_ = (uint64_t(rd()) << 20) | 1;
     }
     uint64_t key = kInternalBit | (next_internal_++ & ~kInternalBit);
-    internal_[key] = {iov, mem, nullptr};
+    internal_[key] = {iov, mem, access, nullptr};
     return key;
 }
 
@@ -200,15 +200,10 @@ void MrTable::erase_internal(uint64_t key) {
 bool MrTable::resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access,
                       LocalPieces &out) const {
     out.count = 0;
-    // Internal keys carry kInternalBit, except a link's own (verbs rkeys): those are looked
-    // up too (the node-local path and atomics resolve keys here as well).
-    auto internal = key & kInternalBit
-                        ? internal_.find(key)
-                        : (internal_.empty() ? internal_.end() : internal_.find(key));
-    out.application = internal == internal_.end();
-    if (key & kInternalBit || internal != internal_.end()) {
-        auto it = internal;
-        if (it == internal_.end() || access != FI_REMOTE_READ) return false;
+    out.application = !(key & kInternalBit);
+    if (key & kInternalBit) {
+        auto it = internal_.find(key);
+        if (it == internal_.end() || access != it->second.access) return false;
         const iovec &v = it->second.iov;
         uint64_t base = reinterpret_cast<uint64_t>(v.iov_base);
         if (addr < base || addr - base > v.iov_len || len > v.iov_len - (addr - base)) return false;

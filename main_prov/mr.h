@@ -63,13 +63,25 @@ class MrTable {
     MemoryRegion *find(uint64_t key) const;
 
     // The link whose peers reach this table's memory, where it has keys of its own (verbs
-    // rkeys, LinkCaps::link_keys): regions are registered with it and named by its key.
-    void set_link(LinkDomain *link) { link_ = link; }
+    // rkeys, LinkCaps::link_keys). The protocol's own buffers are registered with it; the
+    // application's regions too when `application` (their keys are then the link's), else
+    // they keep the domain's keys and the target serves their RMA itself (a domain with
+    // remote-access events or keys of the application's choosing: Domain::rma_served).
+    void set_link(LinkDomain *link, bool application) {
+        link_ = link;
+        link_names_regions_ = link && application;
+    }
     LinkDomain *link() const { return link_; }
+    // The link an application region registers with and takes its key from (null: none).
+    LinkDomain *region_link() const { return link_names_regions_ ? link_ : nullptr; }
 
-    // Protocol-internal registration of a local buffer for remote reads (rendezvous source);
-    // 0 when the link cannot register it.
-    uint64_t insert_internal(const iovec &iov, hmem::MemRef mem = hmem::kHost);
+    // Protocol-internal registration of a local buffer for the peer's remote access
+    // (FI_REMOTE_READ: a rendezvous source or the source of a served write; FI_REMOTE_WRITE:
+    // the destination of a served read); 0 when the link cannot register it. Its key carries
+    // kInternalBit, so it never meets an application's key; a link's own key is its low 32
+    // bits.
+    uint64_t insert_internal(const iovec &iov, hmem::MemRef mem = hmem::kHost,
+                             uint64_t access = FI_REMOTE_READ);
     void erase_internal(uint64_t key);
 
     // Resolves a remote access (addr, len) under key with the given access bit.
@@ -80,14 +92,16 @@ class MrTable {
     const std::atomic<uint64_t> *generation() const { return &generation_; }
 
   private:
-    static constexpr uint64_t kInternalBit = 1ull << 63;
+    static constexpr uint64_t kInternalBit = kLinkKeyOwnerBit;
     std::unordered_map<uint64_t, MemoryRegion *> regions_;
     struct Internal {
         iovec iov;
         hmem::MemRef mem;
+        uint64_t access;                         // FI_REMOTE_READ or FI_REMOTE_WRITE
         std::unique_ptr<LinkRegion> registered;  // the link's registration, if it has keys
     };
     LinkDomain *link_ = nullptr;
+    bool link_names_regions_ = false;
     std::unordered_map<uint64_t, Internal> internal_;
     uint64_t next_prov_key_ = 1;
     uint64_t next_internal_ = 1;

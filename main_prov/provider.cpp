@@ -94,19 +94,20 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
     const Config &cfg = Config::get();
     const bool verbs = !itf.rdma_device.empty();
     uint64_t caps = (type == FI_EP_RDM ? kRdmCaps : kMsgCaps) | hmem_caps(hints);
-    // A NIC does not tell the target of remote reads and writes: no FI_RMA_EVENT counters.
-    if (verbs) caps &= ~uint64_t(FI_RMA_EVENT);
-    // Its keys are its own and name memory by virtual address: an application that cannot
-    // take both (mr_mode without FI_MR_PROV_KEY | FI_MR_VIRT_ADDR, as Open MPI's mtl ofi asks)
-    // gets the device's domain for messages only, no RMA and no atomics.
+    // A device domain moves RMA with the NIC's keys, by virtual address, and the NIC tells
+    // the target nothing. An application that counts remote accesses (FI_RMA_EVENT) or names
+    // its keys (mr_mode without FI_MR_PROV_KEY | FI_MR_VIRT_ADDR, as Open MPI's mtl ofi asks)
+    // gets RMA that the target's protocol serves (Domain::rma_served): FI_RMA_EVENT, a
+    // secondary capability, is therefore reported only when asked for, as it costs the NIC
+    // path.
+    const bool want_rma_event = hints && (hints->caps & FI_RMA_EVENT);
+    if (verbs && !want_rma_event) caps &= ~uint64_t(FI_RMA_EVENT);
     const uint64_t want_mr_mode =
         hints && hints->domain_attr ? uint64_t(hints->domain_attr->mr_mode) : 0;
-    const bool nic_keys =
-        !hints || !hints->domain_attr || want_mr_mode == FI_MR_BASIC ||
-        (want_mr_mode != FI_MR_SCALABLE && subset(FI_MR_PROV_KEY | FI_MR_VIRT_ADDR, want_mr_mode));
-    if (verbs && !nic_keys)
-        caps &=
-            ~uint64_t(FI_RMA | FI_ATOMIC | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE);
+    const bool nic_keys = verbs && !want_rma_event &&
+                          (!hints || !hints->domain_attr || want_mr_mode == FI_MR_BASIC ||
+                           (want_mr_mode != FI_MR_SCALABLE &&
+                            subset(FI_MR_PROV_KEY | FI_MR_VIRT_ADDR, want_mr_mode)));
     // XPU triggers: an RDM endpoint's triggered operations started by a device's write.
     if (type == FI_EP_RDM && (caps & FI_HMEM)) caps |= FI_XPU_TRIGGER;
     if (hints) {
@@ -134,14 +135,6 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
                                               (type == FI_EP_RDM ? FI_SHARED_AV : 0)))
                 return false;
             if (d.auth_key_size) return false;
-            if (verbs && !nic_keys && (hints->caps & (FI_RMA | FI_ATOMIC))) {
-                TANDEM_INFO(FI_LOG_CORE,
-                            "%s not offered for RMA or atomics: its keys are the NIC's and "
-                            "address memory by virtual address, and the hints' mr_mode (0x%x) "
-                            "lacks FI_MR_PROV_KEY | FI_MR_VIRT_ADDR\n",
-                            itf.name.c_str(), unsigned(d.mr_mode));
-                return false;
-            }
         }
         if (hints->fabric_attr && hints->fabric_attr->name &&
             strcmp(hints->fabric_attr->name, itf.fabric_name.c_str()) != 0)
@@ -230,7 +223,7 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
     uint64_t want_mr = hints && hints->domain_attr ? hints->domain_attr->mr_mode : 0;
     if (want_mr == FI_MR_BASIC || want_mr == FI_MR_SCALABLE)
         d.mr_mode = static_cast<int>(want_mr);  // the pre-1.5 enumeration
-    else if (verbs && nic_keys)
+    else if (nic_keys)
         d.mr_mode =
             static_cast<int>((want_mr & kMrModeSupported) | FI_MR_PROV_KEY | FI_MR_VIRT_ADDR);
     else
@@ -251,7 +244,7 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
     d.max_ep_stx_ctx = 1;
     d.max_ep_srx_ctx = 1;
     d.cntr_cnt = 1024;
-    d.mr_iov_limit = verbs ? 1 : kMaxIov;  // a NIC registers one range per key
+    d.mr_iov_limit = nic_keys ? 1 : kMaxIov;  // a NIC registers one range per key
     d.caps = FI_LOCAL_COMM | FI_REMOTE_COMM | (type == FI_EP_RDM ? FI_SHARED_AV : 0);
     d.mode = 0;
     d.max_err_data = wire::kMaxCmPrivate;
@@ -345,6 +338,13 @@ int tandem_getinfo(uint32_t version, const char *node, const char *service, uint
                     continue;
                 }
             }
+        }
+        // A destination picks the link too: a device's domain only where the device serves
+        // the route to it.
+        if (have_dst && !reaches(itf, dst)) {
+            TANDEM_INFO(FI_LOG_CORE, "%s does not serve the route to the destination\n",
+                        itf.name.c_str());
+            continue;
         }
         for (fi_ep_type type : types) {
             fi_info *fi = fi_allocinfo();

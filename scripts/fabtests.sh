@@ -146,7 +146,7 @@ chmod +x "$shim/ps"
 # --- patterns ---------------------------------------------------------------------------------
 # A pattern file: one regex per line (matched against the runner's test name as the runner
 # does), with the reason on the comment line just above it.
-declare -a ex_pat=() ex_why=() nr_pat=() nr_why=() vnr_pat=() vnr_why=()
+declare -a ex_pat=() ex_why=() nr_pat=() nr_why=()
 load_patterns() {
     local file=$1 line why=""
     local -n pats=$2 whys=$3
@@ -161,8 +161,6 @@ load_patterns() {
 }
 load_patterns "$excluded_file" ex_pat ex_why
 load_patterns "$notrun_file" nr_pat nr_why
-# The verbs mode's own: what a NIC does not do (FI_RMA_EVENT, keys of the application's choosing).
-[[ ",$modes," == *,verbs,* ]] && load_patterns "$root/scripts/fabtests-notrun-verbs.txt" vnr_pat vnr_why
 
 # Prints the reason of the first pattern that matches the test, or fails.
 reason_for() {
@@ -324,8 +322,7 @@ for name in "${order[@]}"; do
             Pass*) cell=pass ;;
             Excluded) cell=excluded ;;
             Notrun)
-                if why=$(reason_for "$name" nr) || why=$(reason_for "$name" ex) ||
-                    { [ "$mode" = verbs ] && why=$(reason_for "$name" vnr); }; then
+                if why=$(reason_for "$name" nr) || why=$(reason_for "$name" ex); then
                     cell=notrun
                 else
                     cell=NOTRUN!

@@ -54,6 +54,11 @@ struct LinkCaps {
     size_t max_connect_data = 0;
 };
 
+// A bit of a key that a link with keys of its own (LinkCaps::link_keys) ignores: the keys'
+// owner may set it to tell apart the keys it made through the link (the MR table marks its
+// internal registrations with it).
+inline constexpr uint64_t kLinkKeyOwnerBit = uint64_t{1} << 63;
+
 // Remote memory as the link sees it: an address in the peer's key space and its key.
 struct RemoteRegion {
     uint64_t addr;

@@ -477,8 +477,10 @@ int VerbsConnection::issue(Deferred &wr) {
         bool write = wr.opcode == WcOpcode::Write;
         w.opcode = write ? (wr.has_imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE)
                          : IBV_WR_RDMA_READ;
-        // A verbs rkey is 32 bits; a larger key is no key of this link (0 is none either).
-        w.wr.rdma.rkey = wr.remote.key <= UINT32_MAX ? static_cast<uint32_t>(wr.remote.key) : 0;
+        // A verbs rkey is 32 bits (beside the owner's bit); a larger key is no key of this
+        // link (0 is none either).
+        const uint64_t rkey = wr.remote.key & ~kLinkKeyOwnerBit;
+        w.wr.rdma.rkey = rkey <= UINT32_MAX ? static_cast<uint32_t>(rkey) : 0;
         w.wr.rdma.remote_addr = wr.remote.addr;
         int access = write ? 0 : IBV_ACCESS_LOCAL_WRITE;
         const hmem::MemRef *mem = wr.mem.empty() ? nullptr : wr.mem.data();

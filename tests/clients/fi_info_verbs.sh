@@ -26,6 +26,10 @@ verbs_only=$(FI_TANDEM_LINK=verbs timeout 60 "$wrapper" "$FI_INFO_BIN" -p tandem
 # (fi_info -v prints the environment variables it read with NUL bytes around their values.)
 verbose=$(FI_TANDEM_LINK=verbs timeout 60 "$wrapper" "$FI_INFO_BIN" -p tandem -t FI_EP_RDM -v 2>&1 |
     tr -d '\000') || fail "fi_info -v with FI_TANDEM_LINK=verbs failed: $verbose"
+# Asked for remote-access events, the device's domain offers them (its target serves RMA).
+rma_event=$(FI_TANDEM_LINK=verbs timeout 60 "$wrapper" "$FI_INFO_BIN" -p tandem -t FI_EP_RDM \
+    -c "FI_RMA|FI_RMA_EVENT" -v 2>&1 | tr -d '\000') ||
+    fail "fi_info -c 'FI_RMA|FI_RMA_EVENT' with FI_TANDEM_LINK=verbs failed: $rma_event"
 
 echo "--- with the emulated device: $(domains "$with" | tr '\n' ' ')"
 echo "--- without it:               $(domains "$without" | tr '\n' ' ')"
@@ -40,11 +44,36 @@ domains "$without" | grep -qx emu_rdma0 && fail "emu_rdma0 listed without the em
 [ "$(domains "$tcp_only")" = "$(domains "$without")" ] || fail "FI_TANDEM_LINK=tcp lists other domains than TCP's"
 [ "$(domains "$verbs_only" | sort -u)" = "emu_rdma0" ] || fail "FI_TANDEM_LINK=verbs lists other domains than the device's"
 
-# The device's entries: the link's protocol and memory-registration needs, no FI_RMA_EVENT.
+# The device's entries: the link's protocol and memory-registration needs, no FI_RMA_EVENT
+# unless asked for (a secondary capability that would cost the NIC's RMA path).
 device_block=$verbose
 grep -q "protocol: FI_PROTO_RDMA_CM_IB_RC" <<<"$device_block" || fail "no FI_PROTO_RDMA_CM_IB_RC on the device's entry"
 grep -Eq "mr_mode: .*FI_MR_VIRT_ADDR" <<<"$device_block" || fail "no FI_MR_VIRT_ADDR in the device's mr_mode"
 grep -Eq "mr_mode: .*FI_MR_PROV_KEY" <<<"$device_block" || fail "no FI_MR_PROV_KEY in the device's mr_mode"
 grep -Eq "mr_iov_limit: 1$" <<<"$device_block" || fail "the device's mr_iov_limit is not 1"
 grep -v '^FI_' <<<"$device_block" | grep -q "FI_RMA_EVENT" && fail "the device's entry offers FI_RMA_EVENT"
+rma_event_domains=$(awk '/fi_domain_attr:/ { d = 1 } d && $1 == "name:" { print $2; d = 0 }' <<<"$rma_event" | sort -u)
+[ "$rma_event_domains" = "emu_rdma0" ] ||
+    fail "asked for FI_RMA_EVENT, the device's domain is not listed: $rma_event_domains"
+grep -v '^FI_' <<<"$rma_event" | grep -Eq "caps: .*FI_RMA_EVENT" ||
+    fail "asked for FI_RMA_EVENT, the device's entry does not offer it"
+grep -Eq "mr_iov_limit: 1$" <<<"$rma_event" &&
+    fail "with FI_RMA_EVENT the device's regions are the domain's own, yet mr_iov_limit is 1"
+# A destination picks the link: the device (serving loopback here) for 127.0.0.1, TCP for an
+# address the route reaches from another interface.
+to_lo=$(timeout 60 "$wrapper" "$FI_INFO_BIN" -p tandem -n 127.0.0.1 2>&1) ||
+    fail "fi_info -n 127.0.0.1 failed: $to_lo"
+[ "$(domains "$to_lo" | head -1)" = "emu_rdma0" ] ||
+    fail "for destination 127.0.0.1 the device is not listed first: $(domains "$to_lo" | tr '\n' ' ')"
+other=$(ip -4 -o addr show scope global 2>/dev/null | awk '{ sub("/.*", "", $4); print $4; exit }')
+if [ -n "$other" ]; then
+    to_other=$(timeout 60 "$wrapper" "$FI_INFO_BIN" -p tandem -n "$other" 2>&1) ||
+        fail "fi_info -n $other failed: $to_other"
+    echo "--- destination $other:     $(domains "$to_other" | tr '\n' ' ')"
+    domains "$to_other" | grep -qx emu_rdma0 &&
+        fail "for destination $other (not routed through loopback's device) emu_rdma0 is listed"
+    [ -n "$(domains "$to_other")" ] || fail "for destination $other no TCP domain is listed"
+else
+    echo "(no global IPv4 address here: only the loopback destination checked)"
+fi
 echo "PASS: emu_rdma0 listed first (verbs link), TCP listing unchanged without it"
