@@ -527,9 +527,11 @@ int Endpoint::enable_locked() {
     transport_->set_device_p2p(p2p_.mode() != FI_HMEM_P2P_DISABLED);
     // One line per endpoint at info level: a user's log then says which endpoint ran and
     // whether its node-local peers go through off_tandem.
-    TANDEM_INFO(FI_LOG_EP_CTRL, "%s endpoint enabled on %s, node-local path %s\n",
-                type_ == FI_EP_RDM ? "RDM" : "MSG", info_->domain_attr->name,
-                local_ ? "on" : "off");
+    EndpointName at;
+    at.ss = transport_->name();
+    TANDEM_INFO(FI_LOG_EP_CTRL, "%s endpoint enabled on %s, node-local path %s, at %s\n",
+                type_ == FI_EP_RDM ? "RDM" : "MSG", info_->domain_attr->name, local_ ? "on" : "off",
+                at.to_string().c_str());
     if (info_->handle) {
         // Passive side: the connection request this endpoint was created for.
         auto *req = reinterpret_cast<struct fid *>(info_->handle);

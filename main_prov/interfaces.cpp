@@ -163,13 +163,13 @@ std::vector<Interface> usable_interfaces(int family) {
     std::stable_partition(out.begin(), out.end(), [](const Interface &i) { return !i.loopback; });
     const VerbsApi *api = verbs_api();
     if (!api) return out;
-    // One domain per device: the first address it serves names it.
+    // The device's domain on every interface it serves (a port's netdev each, or IPoIB
+    // children): one domain name, the device's, with that interface's address and fabric, as
+    // libfabric's verbs provider lists a device once per subnet it reaches.
     std::vector<Interface> rdma;
     for (const Interface &itf : out) {
         std::string dev = rdma_device_serving(*api, itf.address);
-        if (dev.empty() || std::any_of(rdma.begin(), rdma.end(),
-                                       [&](const Interface &i) { return i.name == dev; }))
-            continue;
+        if (dev.empty()) continue;
         Interface v = itf;
         v.name = v.rdma_device = dev;
         rdma.push_back(std::move(v));

@@ -21,10 +21,10 @@ struct Interface {
     std::string rdma_device;  // the RDMA device serving the address (verbs link), or empty
 };
 
-// The domains of the family (AF_INET or AF_INET6): one per RDMA device (port) that serves an
-// address of an interface, named for the device and listed first (FI_TANDEM_LINK auto or
-// verbs), then one per interface that is up, running and has an address (auto or tcp),
-// loopback last.
+// The domains of the family (AF_INET or AF_INET6): an RDMA device's on each interface whose
+// address it serves (one per port's netdev), named for the device and listed first
+// (FI_TANDEM_LINK auto or verbs), then one per interface that is up, running and has an
+// address (auto or tcp), loopback last.
 std::vector<Interface> usable_interfaces(int family);
 
 // Whether the domain of itf reaches dst over its own link: always for a TCP domain (the

@@ -158,13 +158,20 @@ int VerbsDevice::open(const VerbsApi *api, const std::string &name, const VerbsL
         *why = "ibv_query_device failed on " + name;
         return -FI_ENODEV;
     }
-    memset(&d->port_, 0, sizeof d->port_);
-    if (api->query_port(d->ctx_, 1, &d->port_) != 0) {
-        *why = "ibv_query_port failed on " + name;
-        return -FI_ENODEV;
+    // rdma_cm puts each connection on the port its address routes through: the device is
+    // usable while one of its ports is active, and its limits are the smallest of those.
+    bool active = false;
+    size_t max_msg = 0;
+    for (int p = 1; p <= std::max<int>(d->attr_.phys_port_cnt, 1); ++p) {
+        ibv_port_attr port{};
+        if (api->query_port(d->ctx_, static_cast<uint8_t>(p), &port) != 0 ||
+            port.state != IBV_PORT_ACTIVE)
+            continue;
+        if (!active || port.max_msg_sz < max_msg) max_msg = port.max_msg_sz;
+        active = true;
     }
-    if (d->port_.state != IBV_PORT_ACTIVE) {
-        *why = "port 1 of " + name + " is not active";
+    if (!active) {
+        *why = "no port of " + name + " is active";
         return -FI_ENODEV;
     }
     d->pd_ = api->alloc_pd(d->ctx_);
@@ -173,7 +180,7 @@ int VerbsDevice::open(const VerbsApi *api, const std::string &name, const VerbsL
         return -FI_ENOMEM;
     }
     LinkCaps &c = d->caps_;  // message sizes are each transport's
-    c.max_rdma_size = d->port_.max_msg_sz ? d->port_.max_msg_sz : (size_t{1} << 31);
+    c.max_rdma_size = max_msg ? max_msg : (size_t{1} << 31);
     c.max_sge = std::min<size_t>({size_t(std::max(d->attr_.max_sge, 1)), LocalPieces::kMax});
     c.rdma_read = c.rdma_write = true;
     c.remote_access_events = false;

@@ -51,8 +51,8 @@ class VerbsTransport;
 
 class VerbsDevice final : public LinkDomain, public std::enable_shared_from_this<VerbsDevice> {
   public:
-    // Port 1 of the device named `name` (ibv_get_device_name), through rdma_cm's own context
-    // for it: a queue pair rdma_cm creates must be in a PD of that context.
+    // The device named `name` (ibv_get_device_name), with an active port, through rdma_cm's own
+    // context for it: a queue pair rdma_cm creates must be in a PD of that context.
     static int open(const VerbsApi *api, const std::string &name, const VerbsLinkConfig &config,
                     std::shared_ptr<VerbsDevice> &out, std::string *why);
     ~VerbsDevice() override;
@@ -84,7 +84,6 @@ class VerbsDevice final : public LinkDomain, public std::enable_shared_from_this
     ibv_pd *pd_ = nullptr;
     std::string name_;
     ibv_device_attr attr_{};
-    ibv_port_attr port_{};
     VerbsLinkConfig config_;
     LinkCaps caps_;
 };

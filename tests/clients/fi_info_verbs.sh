@@ -73,6 +73,16 @@ if [ -n "$other" ]; then
     domains "$to_other" | grep -qx emu_rdma0 &&
         fail "for destination $other (not routed through loopback's device) emu_rdma0 is listed"
     [ -n "$(domains "$to_other")" ] || fail "for destination $other no TCP domain is listed"
+    # A device serving two interfaces (a port on each) is listed on each, under its own name.
+    other_if=$(ip -4 -o addr show scope global | awk '{ print $2; exit }')
+    two=$(EMURDMA_NETDEV="lo,$other_if" FI_TANDEM_LINK=verbs timeout 60 "$wrapper" "$FI_INFO_BIN" \
+        -p tandem -t FI_EP_RDM 2>&1) || fail "fi_info with the device on lo and $other_if failed: $two"
+    fabrics=$(awk '$1 == "fabric:" { print $2 }' <<<"$two" | sort | tr '\n' ' ')
+    echo "--- device on lo and $other_if: $(domains "$two" | tr '\n' ' ')/ $fabrics"
+    [ "$(domains "$two" | tr '\n' ' ')" = "emu_rdma0 emu_rdma0 " ] ||
+        fail "the device serving lo and $other_if is not listed once on each"
+    grep -q "127.0.0.0/8" <<<"$fabrics" || fail "the device's loopback fabric is missing: $fabrics"
+    [ "$(wc -w <<<"$fabrics")" -eq 2 ] || fail "the device's two entries are not on two fabrics: $fabrics"
 else
     echo "(no global IPv4 address here: only the loopback destination checked)"
 fi

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # usage: fi_pingpong.sh PROV EP_TYPE PORT [extra fi_pingpong options...]
-# Runs fi_pingpong's server in the background and its client against 127.0.0.1, both under
+# Runs fi_pingpong's server in the background and its client against 127.0.0.1 (or
+# PINGPONG_ADDR: fi_pingpong has no source option, the server takes the first entry of
+# fi_getinfo), both under
 # timeout(1), with data integrity checks (-c). Fails if either side exits non-zero, or either
 # side prints no result table.
 set -u
@@ -13,6 +15,7 @@ need_tool FI_PINGPONG_BIN fi_pingpong
 select_provider "$prov"
 limit=${PINGPONG_TIMEOUT:-90}
 iters=${PINGPONG_ITERS:-20}
+addr=${PINGPONG_ADDR:-127.0.0.1}
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -24,8 +27,9 @@ fi
 export FI_LOG_LEVEL=info
 echo "FI_PROVIDER=${FI_PROVIDER:-<unset>} FI_PROVIDER_PATH=${FI_PROVIDER_PATH:-<unset>} FI_TANDEM_LOCAL=${FI_TANDEM_LOCAL:-<unset>}"
 common=(-p "$prov" -e "$ep" -I "$iters" -S all -c "$@")
-echo "server: fi_pingpong ${common[*]} -B $port"
-timeout "$limit" "$FI_PINGPONG_BIN" "${common[@]}" -B "$port" >"$tmp/server" 2>&1 &
+server_opts=(-B "$port")
+echo "server: fi_pingpong ${common[*]} ${server_opts[*]}"
+timeout "$limit" "$FI_PINGPONG_BIN" "${common[@]}" "${server_opts[@]}" >"$tmp/server" 2>&1 &
 server_pid=$!
 
 # Start the client only once the server listens on its control port.
@@ -37,8 +41,8 @@ done
 
 client_rc=0
 if tcp_port_listening "$port"; then
-    echo "client: fi_pingpong ${common[*]} -P $port 127.0.0.1"
-    timeout "$limit" "$FI_PINGPONG_BIN" "${common[@]}" -P "$port" 127.0.0.1 >"$tmp/client" 2>&1
+    echo "client: fi_pingpong ${common[*]} -P $port $addr"
+    timeout "$limit" "$FI_PINGPONG_BIN" "${common[@]}" -P "$port" "$addr" >"$tmp/client" 2>&1
     client_rc=$?
 else
     echo "the server never listened on port $port" >"$tmp/client"
@@ -87,11 +91,13 @@ for side in server client; do
     esac
 done
 # The domain the endpoints ran on, where the caller names one (an RDMA device's: the verbs
-# link).
+# link), and for RDM (whose endpoint listens from the start) at the address asked for.
 if [ -n "${EXPECT_DOMAIN:-}" ]; then
+    at=""
+    [ "$ep" = rdm ] && at=".* at fi_sockaddr_in://$addr:"
     for side in server client; do
-        grep -Eq "::tandem:ep_ctrl:.* endpoint enabled on $EXPECT_DOMAIN," "$tmp/$side" ||
-            { echo "FAIL: $side: no endpoint enabled on $EXPECT_DOMAIN" >&2; status=1; }
+        grep -Eq "::tandem:ep_ctrl:.* endpoint enabled on $EXPECT_DOMAIN,$at" "$tmp/$side" ||
+            { echo "FAIL: $side: no endpoint enabled on $EXPECT_DOMAIN${at:+ at $addr}" >&2; status=1; }
     done
 fi
 [ "$status" -eq 0 ] && echo "PASS: fi_pingpong -p '$prov' -e $ep $* ${EXPECT_DOMAIN:+on $EXPECT_DOMAIN}"

@@ -363,7 +363,7 @@ struct State {
     int max_inline = kDefaultMaxInline;
     int max_sge = kDefaultMaxSge;
     std::uint64_t fault_after = 0;
-    std::string netdev = "lo";
+    std::vector<std::string> netdevs{"lo"};  // the interfaces whose addresses it serves
     bool port_up = true;
     Context *cm_ctx = nullptr;
     std::vector<Context *> contexts;  // open, including removed ones

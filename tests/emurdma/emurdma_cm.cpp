@@ -128,11 +128,16 @@ void for_each_if_addr(const std::string &netdev, Fn fn) {
 }
 
 bool served(const sockaddr *a) {
-    const std::string &dev = S().netdev;
-    if (dev == "lo") return is_loopback(a);
-    bool found = false;
-    for_each_if_addr(dev, [&](const sockaddr *x) { return found = same_ip(a, x); });
-    return found;
+    for (const std::string &dev : S().netdevs) {
+        if (dev == "lo") {
+            if (is_loopback(a)) return true;
+            continue;
+        }
+        bool found = false;
+        for_each_if_addr(dev, [&](const sockaddr *x) { return found = same_ip(a, x); });
+        if (found) return true;
+    }
+    return false;
 }
 
 // Abstract Unix socket names (no file, per network namespace).
@@ -388,8 +393,7 @@ int connect_listener(const sockaddr *dst, std::unique_lock<std::mutex> &lk, CmId
 
 bool served_source(int family, const sockaddr *dst, sockaddr_storage *out) {
     memset(out, 0, sizeof(*out));
-    const std::string &dev = S().netdev;
-    if (dev == "lo") {
+    auto loopback = [&] {
         if (family == AF_INET) {
             auto *in = reinterpret_cast<sockaddr_in *>(out);
             in->sin_family = AF_INET;
@@ -399,21 +403,29 @@ bool served_source(int family, const sockaddr *dst, sockaddr_storage *out) {
             in6->sin6_family = AF_INET6;
             in6->sin6_addr = in6addr_loopback;
         }
-        return dst == nullptr || is_loopback(dst);
-    }
+        return true;
+    };
+    const auto &devs = S().netdevs;
+    const bool serves_lo = std::find(devs.begin(), devs.end(), "lo") != devs.end();
     if (dst) {
+        if (serves_lo && is_loopback(dst)) return loopback();
         if (!served(dst)) return false;
         memcpy(out, dst, addr_len(dst));
         set_port(out, 0);
         return true;
     }
-    bool found = false;
-    for_each_if_addr(dev, [&](const sockaddr *x) {
-        if (x->sa_family != family) return false;
-        memcpy(out, x, addr_len(x));
-        return found = true;
-    });
-    return found;
+    // No destination: the first address of the family of the first interface that has one.
+    for (const std::string &dev : devs) {
+        if (dev == "lo") return loopback();
+        bool found = false;
+        for_each_if_addr(dev, [&](const sockaddr *x) {
+            if (x->sa_family != family) return false;
+            memcpy(out, x, addr_len(x));
+            return found = true;
+        });
+        if (found) return true;
+    }
+    return false;
 }
 
 Event *queue_cm_event_impl(CmId *c, rdma_cm_event_type type, int status, const void *pdata,

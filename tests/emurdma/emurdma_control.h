@@ -4,8 +4,9 @@
  * handle, so the provider and the test see one device).
  *
  * Environment, read once at the first call into the library:
- *   EMURDMA_NETDEV       network interface whose IPv4/IPv6 addresses the device serves
- *                        (default lo: then every 127.0.0.0/8 address and ::1)
+ *   EMURDMA_NETDEV       network interfaces whose IPv4/IPv6 addresses the device serves, comma
+ *                        separated, as a NIC with a port on each (default lo: every
+ *                        127.0.0.0/8 address and ::1)
  *   EMURDMA_MAX_INLINE   largest IBV_SEND_INLINE payload (default 128 bytes)
  *   EMURDMA_MAX_SGE      scatter/gather entries per work request, send and receive (default 16)
  *   EMURDMA_FAULT        "qp_error_after:N": every QP of the process goes to the error state right

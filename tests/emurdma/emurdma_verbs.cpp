@@ -123,7 +123,15 @@ State *g_state = nullptr;
 pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
 void read_env(State &s) {
-    if (const char *v = getenv("EMURDMA_NETDEV"); v && *v) s.netdev = v;
+    if (const char *v = getenv("EMURDMA_NETDEV"); v && *v) {
+        s.netdevs.clear();
+        std::string list = v;
+        for (size_t at = 0; at <= list.size();) {
+            size_t comma = std::min(list.find(',', at), list.size());
+            if (comma > at) s.netdevs.push_back(list.substr(at, comma - at));
+            at = comma + 1;
+        }
+    }
     if (const char *v = getenv("EMURDMA_MAX_INLINE"); v && *v)
         s.max_inline = std::clamp(atoi(v), 0, 1 << 20);
     if (const char *v = getenv("EMURDMA_MAX_SGE"); v && *v) s.max_sge = std::clamp(atoi(v), 1, 64);
