@@ -115,7 +115,12 @@ WcStatus status_from_wire(uint8_t status) {
 // TcpConnection
 
 TcpConnection::TcpConnection(TcpTransport *transport, int fd, State state)
-    : transport_(transport), fd_(fd), state_(state), rxbuf_(kRxBufferSize) {}
+    : transport_(transport), fd_(fd), state_(state), rxbuf_(kRxBufferSize) {
+    if (state == State::AwaitingRequest) {
+        unannounced_ = true;
+        accepted_ms_ = coarse_now_ms();
+    }
+}
 
 TcpConnection::~TcpConnection() {
     if (fd_ >= 0) close(fd_);
@@ -650,6 +655,8 @@ bool TcpConnection::fill_rx(size_t want) {
         size_t space = rxbuf_.size() - rx_tail_;
         ssize_t got = recv(fd_, rxbuf_.data() + rx_tail_, space, MSG_DONTWAIT);
         if (got > 0) {
+            if (state_ == State::AwaitingRequest && request_started_ms_ < 0)
+                request_started_ms_ = coarse_now_ms();
             rx_tail_ += static_cast<size_t>(got);
             // A short read drained the socket: do not ask again in this pass.
             if (static_cast<size_t>(got) < space) recv_allowed_ = false;
@@ -849,6 +856,7 @@ void TcpConnection::handle_cm_frame() {
             return;
         }
         state_ = State::RequestReceived;
+        unannounced_ = false;
         transport_->push_cm(
             {CmEventType::ConnectRequest, this,
              std::vector<uint8_t>(cm_payload_.begin() + sizeof hello, cm_payload_.end())});
@@ -1319,7 +1327,36 @@ void TcpTransport::accept_new() {
         conns_.push_back(
             std::make_unique<TcpConnection>(this, fd, TcpConnection::State::AwaitingRequest));
         watch(conns_.back().get());
+        ++strangers_;
+        check_strangers();
     }
+}
+
+void TcpTransport::check_strangers() {
+    size_t awaiting = 0;
+    TcpConnection *oldest = nullptr;
+    int64_t now = -1;
+    for (auto &c : conns_) {
+        if (c->state() != TcpConnection::State::AwaitingRequest) continue;
+        if (c->request_started_ms() >= 0) {
+            if (now < 0) now = coarse_now_ms();
+            if (now - c->request_started_ms() > kRequestTimeoutMs) {
+                c->close_stranger("connection request not completed in time (slowloris?)");
+                continue;
+            }
+        }
+        ++awaiting;
+        if (!oldest || c->accepted_ms() < oldest->accepted_ms()) oldest = c.get();
+    }
+    if (awaiting > kMaxAwaiting && oldest) {
+        oldest->close_stranger("too many connections waiting to identify themselves");
+        --awaiting;
+    }
+    strangers_ = awaiting;
+    // What failed before its request was reported is nobody's: it goes now.
+    std::erase_if(conns_, [](const std::unique_ptr<TcpConnection> &c) {
+        return c->failed() && c->unannounced();
+    });
 }
 
 // Congestion control matters where there is a network to share. Between two sockets of one
@@ -1399,6 +1436,7 @@ void TcpTransport::progress(bool check_all) {
         }
     }
     for (auto &c : graveyard_) c->progress(true);
+    if (full && has_strangers()) check_strangers();
 }
 
 int TcpTransport::poll(WorkCompletion *wc, int max) {

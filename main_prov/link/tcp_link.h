@@ -73,6 +73,14 @@ class TcpConnection final : public LinkConnection {
     void progress(bool readable);
     bool wants_write() const { return !outq_.empty() || state_ == State::Connecting; }
     void send_cm_request(const void *priv, size_t len);
+    // A connection the owner never heard of: accepted, its request not reported yet. When it
+    // fails it is dropped without an event.
+    bool unannounced() const { return unannounced_; }
+    // Accepted and still to identify itself: since when (ms, coarse clock), and since when its
+    // request's first bytes arrived (-1: none yet).
+    int64_t accepted_ms() const { return accepted_ms_; }
+    int64_t request_started_ms() const { return request_started_ms_; }
+    void close_stranger(const char *why) { fail_connection(why, ETIMEDOUT); }
 
   private:
     struct OutFrame {
@@ -216,6 +224,9 @@ class TcpConnection final : public LinkConnection {
     bool last_write_ok_ = true;
     bool dropping_send_ = false;         // the Send arriving follows a failed write: dropped
     bool pending_ext_consumed_ = false;  // stalled frame: header and extension already read
+    bool unannounced_ = false;
+    int64_t accepted_ms_ = -1;
+    int64_t request_started_ms_ = -1;
 };
 
 class TcpTransport final : public LinkTransport {
@@ -268,8 +279,18 @@ class TcpTransport final : public LinkTransport {
     // Sets a connected socket's congestion control as config().congestion says.
     void choose_congestion(int fd);
 
+    // Strangers: an accepted connection must send its whole connection request within
+    // kRequestTimeoutMs of its first byte, and at most kMaxAwaiting connections wait to
+    // identify themselves (beyond, the one that waited longest is closed). A peer that
+    // trickles bytes or opens connections and says nothing then holds neither a socket nor
+    // memory for ever.
+    static constexpr int64_t kRequestTimeoutMs = 5000;
+    static constexpr size_t kMaxAwaiting = 64;
+
   private:
     void accept_new();
+    void check_strangers();
+    bool has_strangers() const { return strangers_ > 0; }
     void progress(bool check_all = false);
     void watch(TcpConnection *conn);
     void unwatch(TcpConnection *conn);
@@ -282,6 +303,7 @@ class TcpTransport final : public LinkTransport {
     uint64_t passes_ = 0;
     int64_t last_full_ms_ = 0;
     bool congestion_refused_ = false;  // warned once that the named algorithm is not allowed
+    size_t strangers_ = 0;  // accepted connections not identified at the last check (or since)
     std::vector<std::unique_ptr<TcpConnection>> conns_;
     std::vector<std::unique_ptr<TcpConnection>> graveyard_;  // destroyed, completions unread
     std::deque<PostedRecv> posted_;

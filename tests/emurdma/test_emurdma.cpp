@@ -477,14 +477,48 @@ using Channels = Pair;
 using Fault = Pair;
 using Memory = Pair;
 // The two-process tests: the listener and the passive side p in this process, the active side
-// in a forked child (which never returns to gtest, so never tears anything down). The listener
-// is there before the fork: the child connects to its port.
+// in a forked child (which never returns to gtest, so never tears anything down). The child is
+// forked before this process makes any device object, so that it never inherits a NIC thread's
+// half-held lock (an allocator's, under AddressSanitizer, whose fork handling does not cover its
+// allocator: a child forked while a NIC thread allocated hung in its first allocation). It
+// learns the listener's port through a pipe (in_child), and `ready` is a pipe from child to
+// parent for tests that need one.
 class TwoProcess : public Pair {
   protected:
     void SetUp() override {
+        ASSERT_EQ(pipe(port_pipe_), 0);
+        ASSERT_EQ(pipe(ready), 0);
+        pid = fork();
+        ASSERT_GE(pid, 0);
+        if (pid == 0) return;  // the test body's in_child() branch takes over
+        close(port_pipe_[0]);
         ASSERT_NO_FATAL_FAILURE(Pair::SetUp());
         ASSERT_NO_FATAL_FAILURE(listen());
+        ASSERT_EQ(write(port_pipe_[1], &port, sizeof port), static_cast<ssize_t>(sizeof port));
+        close(port_pipe_[1]);
     }
+    void TearDown() override {
+        if (pid > 0) {
+            // A child a failed test left behind.
+            if (waitpid(pid, nullptr, WNOHANG) == 0) kill(pid, SIGKILL);
+            waitpid(pid, nullptr, 0);
+        }
+        Pair::TearDown();
+    }
+
+    // In the child: waits for the listener's port and returns true. In the parent: false.
+    bool in_child() {
+        if (pid != 0) return false;
+        close(port_pipe_[1]);
+        if (read(port_pipe_[0], &port, sizeof port) != static_cast<ssize_t>(sizeof port)) _exit(99);
+        return true;
+    }
+
+    pid_t pid = -1;
+    int ready[2] = {-1, -1};
+
+  private:
+    int port_pipe_[2] = {-1, -1};
 };
 
 // ---- The device ----
@@ -699,9 +733,7 @@ TEST_F(Cm, NonBlockingChannelSaysEagain) {
 // Two processes: the child connects with 56 bytes of private data, the parent accepts with 196
 // (its MR's address and rkey in them); then data both ways and an RDMA write by the child.
 TEST_F(TwoProcess, ConnectPrivateDataBothWaysAndData) {
-    pid_t pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
+    if (in_child()) {
         Side c;
         uint8_t req[56];
         for (int i = 0; i < 56; ++i) req[i] = static_cast<uint8_t>(i + 1);
@@ -763,9 +795,7 @@ TEST_F(TwoProcess, ConnectPrivateDataBothWaysAndData) {
 // The app's polls drive the NIC; a process that stops making calls still has its NIC thread
 // serve its memory (an RDMA READ needs nothing of the target's app) and take its messages.
 TEST_F(TwoProcess, IdleTargetIsServedByItsNic) {
-    pid_t pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
+    if (in_child()) {
         Side c;
         CHILD_CHECK(start_connect(c, port, {}) == 0);
         EventInfo est = next_event(c.ch);
@@ -827,9 +857,7 @@ TEST_F(TwoProcess, PingPongBetweenPollingProcesses) {
     constexpr int kRounds = 5000;
     constexpr int kWindow = 16;  // receives kept posted
 
-    pid_t pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
+    if (in_child()) {
         Side c;
         CHILD_CHECK(start_connect(c, port, {}) == 0);
         char buf[kWindow][64] = {};
@@ -899,8 +927,7 @@ TEST_F(TwoProcess, PingPongBetweenPollingProcesses) {
 // afresh with the environment it was forked with.
 TEST_F(TwoProcess, FaultEnvFailsTheQpAfterNSends) {
     setenv("EMURDMA_FAULT", "qp_error_after:3", 1);
-    pid_t pid = fork();
-    if (pid == 0) {
+    if (in_child()) {
         Side c;
         CHILD_CHECK(start_connect(c, port, {}) == 0);
         CHILD_CHECK(next_event(c.ch).type == RDMA_CM_EVENT_ESTABLISHED);
@@ -1463,11 +1490,7 @@ TEST_F(Errors, DisconnectFlushesAndBothSidesAreDisconnected) {
 }
 
 TEST_F(TwoProcess, PeerKilledIsDisconnectedAndFlushes) {
-    int ready[2];
-    ASSERT_EQ(pipe(ready), 0);
-    pid_t pid = fork();
-    ASSERT_GE(pid, 0);
-    if (pid == 0) {
+    if (in_child()) {
         Side c;
         CHILD_CHECK(start_connect(c, port, {}) == 0);
         CHILD_CHECK(next_event(c.ch).type == RDMA_CM_EVENT_ESTABLISHED);
