@@ -4,7 +4,10 @@
 #include "main_prov/domain.h"
 
 #include <algorithm>
+#include <mutex>
 #include <random>
+
+#include <sys/random.h>
 
 namespace tandem {
 
@@ -144,14 +147,29 @@ void MemoryRegion::count_remote_access(uint64_t access) {
     if (cntr_ && (access_ & access)) cntr_->inc();
 }
 
+// 64 bits from the kernel's random source (getrandom); should it fail, from a generator
+// seeded once. (Not thread_local: a dlopen'ed provider has little static TLS, and a 2.5 KB
+// generator there made the AddressSanitizer build unloadable.)
+uint64_t MrTable::random_key() {
+    uint64_t v = 0;
+    if (getrandom(&v, sizeof v, 0) == static_cast<ssize_t>(sizeof v)) return v;
+    static std::mutex mu;
+    static std::mt19937_64 fallback{std::random_device{}()};
+    std::lock_guard lk(mu);
+    return fallback();
+}
+
 int MrTable::insert(MemoryRegion *mr, uint64_t requested_key, bool prov_key) {
     uint64_t key;
     if (prov_key) {
-        // Beside a link's own keys (32-bit rkeys), ours stay out of their range.
-        uint64_t base = link_names_regions_ ? uint64_t{1} << 62 : 0;
+        // Random, so that a peer cannot guess a key it was not given (a counter made the
+        // next region's key the last one plus one). Beside a link's own keys (32-bit rkeys),
+        // ours keep bit 62 set, out of their range; never the internal bit, never 0.
+        const uint64_t base = link_names_regions_ ? uint64_t{1} << 62 : 0;
+        const uint64_t mask = link_names_regions_ ? (uint64_t{1} << 62) - 1 : ~kInternalBit;
         do {
-            key = base | next_prov_key_++;
-        } while (regions_.count(key));
+            key = base | (random_key() & mask);
+        } while (key == 0 || regions_.count(key));
     } else {
         key = requested_key;
         if (key & kInternalBit || regions_.count(key)) return -FI_ENOKEY;
@@ -182,12 +200,13 @@ uint64_t MrTable::insert_internal(const iovec &iov, hmem::MemRef mem, uint64_t a
             return key;
         }
     }
-    if (next_internal_ == 1) {
-        // Start at a random point so a stale key from an earlier process is unlikely to hit.
-        std::random_device rd;
-        next_internal_ = (uint64_t(rd()) << 20) | 1;
-    }
-    uint64_t key = kInternalBit | (next_internal_++ & ~kInternalBit);
+    // Random as the application's provider keys are: a rendezvous source is exposed to every
+    // connection of the domain while its message is in flight, so its key must not be one a
+    // peer could count its way to.
+    uint64_t key;
+    do {
+        key = kInternalBit | random_key();
+    } while (internal_.count(key));
     internal_[key] = {iov, mem, access, nullptr};
     return key;
 }

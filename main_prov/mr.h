@@ -92,6 +92,7 @@ class MrTable {
     const std::atomic<uint64_t> *generation() const { return &generation_; }
 
   private:
+    static uint64_t random_key();
     static constexpr uint64_t kInternalBit = kLinkKeyOwnerBit;
     std::unordered_map<uint64_t, MemoryRegion *> regions_;
     struct Internal {
@@ -103,8 +104,6 @@ class MrTable {
     LinkDomain *link_ = nullptr;
     bool link_names_regions_ = false;
     std::unordered_map<uint64_t, Internal> internal_;
-    uint64_t next_prov_key_ = 1;
-    uint64_t next_internal_ = 1;
     std::atomic<uint64_t> generation_{0};
 };
 

@@ -2,6 +2,7 @@
 // mr_mode negotiation (everything offered, nothing offered).
 #include "fabric_fixture.h"
 
+#include <algorithm>
 #include <set>
 
 namespace tandem_test {
@@ -70,6 +71,27 @@ TEST_P(MrTest, KeysOfLiveRegionsAreDistinct) {
         keys.insert(fi_mr_key(mrs[i]));
     }
     EXPECT_EQ(keys.size(), 4u);
+}
+
+// Provider keys a peer cannot count its way to: no key is another's neighbour, and they
+// spread over the key space (a counter gives 1, 2, 3, ...).
+TEST_P(MrTest, ProviderKeysCannotBeCountedTo) {
+    if (!prov_key()) GTEST_SKIP() << "keys of the application's choosing";
+    if (on_verbs_link()) GTEST_SKIP() << "a device domain's keys are its NIC's rkeys";
+    constexpr int kRegions = 64;
+    AlignedBuf mem(kRegions * 64);
+    std::vector<Fid<fid_mr>> mrs(kRegions);
+    std::vector<uint64_t> keys;
+    for (int i = 0; i < kRegions; ++i) {
+        ASSERT_FI_OK(
+            fi_mr_reg(domain, mem.data() + 64 * i, 64, kAllAccess, 0, 0, 0, mrs[i].out(), nullptr));
+        keys.push_back(fi_mr_key(mrs[i]));
+    }
+    std::sort(keys.begin(), keys.end());
+    for (int i = 1; i < kRegions; ++i)
+        EXPECT_GT(keys[i] - keys[i - 1], 1u) << "keys " << keys[i - 1] << " and " << keys[i];
+    EXPECT_GT(keys.back() - keys.front(), uint64_t{1} << 40)
+        << "64 keys within " << (keys.back() - keys.front());
 }
 
 TEST_P(MrTest, DuplicateRequestedKeyIsRejected) {

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <vector>
 
 using namespace tandem;
@@ -29,6 +30,17 @@ TEST(MrTable, InternalKeysGrantRemoteReadOfExactlyTheirRange) {
     EXPECT_EQ(one(t, key ^ 1, base, 8, FI_REMOTE_READ), nullptr);      // wrong key
     t.erase_internal(key);
     EXPECT_EQ(one(t, key, base, 8, FI_REMOTE_READ), nullptr);
+}
+
+// A rendezvous source's key is random: no peer counts its way from one message's to the next.
+TEST(MrTable, InternalKeysCannotBeCountedTo) {
+    MrTable t;
+    char a[64];
+    std::vector<uint64_t> keys;
+    for (int i = 0; i < 64; ++i) keys.push_back(t.insert_internal({a + i, 1}));
+    std::sort(keys.begin(), keys.end());
+    for (size_t i = 1; i < keys.size(); ++i) EXPECT_GT(keys[i] - keys[i - 1], 1u);
+    EXPECT_GT(keys.back() - keys.front(), uint64_t{1} << 40);
 }
 
 TEST(MrTable, InternalKeysAreDistinct) {
