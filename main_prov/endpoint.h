@@ -405,6 +405,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     // RMA the target serves (Domain::rma_served; main_prov/endpoint_served_rma.cpp): the
     // initiator's request, and the target's side of it.
     ssize_t issue_served_rma(TxOp *op, const RmaRequest &r, const hmem::MemRef *mem, bool stage);
+    int expose(TxOp *op, const iovec *iov, const hmem::MemRef *mem, size_t count, uint64_t access);
     bool serve_rma(LinkConnection *conn, const wire::ProtoHeader &hdr, const uint8_t *body,
                    size_t len);
     struct ServedRma;

@@ -402,22 +402,35 @@ ssize_t Endpoint::issue_send(SendRequest &r) {
             src_count = op->iov.size();
             src_mem = nullptr;
         }
-        for (size_t i = 0; i < src_count; ++i) {
-            if (!src[i].iov_len) continue;
-            const hmem::MemRef where = src_mem ? src_mem[i] : hmem::kHost;
-            uint64_t key = domain_->mr_table().insert_internal(src[i], where);
-            if (!key) {  // the link cannot register it (device memory its NIC cannot reach)
-                for (uint64_t k : op->internal_keys) domain_->mr_table().erase_internal(k);
-                free_tx(op);
-                return where.on_host() ? -FI_EIO : -FI_EOPNOTSUPP;
-            }
-            op->internal_keys.push_back(key);
-            auto &e = op->rts.iov[op->rts.iov_count++];
-            e = {reinterpret_cast<uint64_t>(src[i].iov_base), src[i].iov_len, key};
+        if (int ret = expose(op, src, src_mem, src_count, FI_REMOTE_READ)) {
+            free_tx(op);
+            return ret;
         }
     }
     ++tx_outstanding_;
     submit(op);
+    return 0;
+}
+
+// Registers an operation's local buffers for the peer's access (a rendezvous source, a served
+// RMA's buffers) and names them in op->rts; the keys go with the operation (retire_tx). 0, or
+// a negative errno with nothing left registered when the link cannot register one (device
+// memory its NIC cannot reach).
+int Endpoint::expose(TxOp *op, const iovec *iov, const hmem::MemRef *mem, size_t count,
+                     uint64_t access) {
+    for (size_t i = 0; i < count; ++i) {
+        if (!iov[i].iov_len) continue;
+        const hmem::MemRef where = mem ? mem[i] : hmem::kHost;
+        uint64_t key = domain_->mr_table().insert_internal(iov[i], where, access);
+        if (!key) {
+            for (uint64_t k : op->internal_keys) domain_->mr_table().erase_internal(k);
+            op->internal_keys.clear();
+            return where.on_host() ? -FI_EIO : -FI_EOPNOTSUPP;
+        }
+        op->internal_keys.push_back(key);
+        op->rts.iov[op->rts.iov_count++] = {reinterpret_cast<uint64_t>(iov[i].iov_base),
+                                            iov[i].iov_len, key};
+    }
     return 0;
 }
 

@@ -56,21 +56,11 @@ ssize_t Endpoint::issue_served_rma(TxOp *op, const RmaRequest &r, const hmem::Me
         return ret;
     }
     const uint64_t access = r.write ? FI_REMOTE_READ : FI_REMOTE_WRITE;
-    auto expose = [&](const iovec &v, hmem::MemRef where) {
-        uint64_t key = domain_->mr_table().insert_internal(v, where, access);
-        if (!key) return where.on_host() ? -FI_EIO : -FI_EOPNOTSUPP;
-        op->internal_keys.push_back(key);
-        op->rts.iov[op->rts.iov_count++] = {reinterpret_cast<uint64_t>(v.iov_base), v.iov_len, key};
-        return 0;
-    };
-    if (op->stage_back) {
-        if (len) ret = expose({op->inject_copy.data(), len}, hmem::kHost);
-    } else {
-        for (size_t i = 0; i < op->iov.size() && !ret; ++i)
-            ret = expose(op->iov[i], op->mem.empty() ? hmem::kHost : op->mem[i]);
-    }
+    const iovec staged{op->inject_copy.data(), len};
+    ret = op->stage_back ? expose(op, &staged, nullptr, 1, access)
+                         : expose(op, op->iov.data(), op->mem.empty() ? nullptr : op->mem.data(),
+                                  op->iov.size(), access);
     if (ret) {
-        for (uint64_t k : op->internal_keys) domain_->mr_table().erase_internal(k);
         free_tx(op);
         return ret;
     }
@@ -103,27 +93,22 @@ bool Endpoint::serve_rma(LinkConnection *conn, const wire::ProtoHeader &hdr, con
     }
     if (total != hdr.size) return false;
 
-    auto *job = new ServedRma{
-        conn,           hdr.msg_id,
-        req.target.key, req.target.write ? uint64_t(FI_REMOTE_WRITE) : uint64_t(FI_REMOTE_READ),
-        hdr.size,       (hdr.flags & wire::kProtoCqData) != 0,
-        hdr.cq_data,    source_of(conn)};
-    served_.insert(job);
+    const uint64_t access = req.target.write ? uint64_t(FI_REMOTE_WRITE) : uint64_t(FI_REMOTE_READ);
     LocalPieces mine;
-    if (!(caps_ & FI_RMA) ||
-        !resolve(req.target.key, req.target.addr, hdr.size, job->access, mine)) {
+    if (!(caps_ & FI_RMA) || !resolve(req.target.key, req.target.addr, hdr.size, access, mine)) {
         TANDEM_INFO(
             FI_LOG_EP_DATA, "served %s refused: key 0x%llx, [0x%llx, +%llu) not accessible\n",
             req.target.write ? "write" : "read", static_cast<unsigned long long>(req.target.key),
             static_cast<unsigned long long>(req.target.addr),
             static_cast<unsigned long long>(hdr.size));
-        job->failed = true;
-        wire::FinBody fin{job->msg_id, uint32_t(wire::FinStatus::AccessDenied), 0};
-        send_control(conn, wire::ProtoOp::Fin, &fin, sizeof fin, job->msg_id);
-        served_.erase(job);
-        delete job;
+        wire::FinBody fin{hdr.msg_id, uint32_t(wire::FinStatus::AccessDenied), 0};
+        send_control(conn, wire::ProtoOp::Fin, &fin, sizeof fin, hdr.msg_id);
         return true;
     }
+    auto *job = new ServedRma{conn,        hdr.msg_id,     req.target.key,
+                              access,      hdr.size,       (hdr.flags & wire::kProtoCqData) != 0,
+                              hdr.cq_data, source_of(conn)};
+    served_.insert(job);
     // Walk their buffers and our pieces together: one read or write per overlap.
     iovec theirs[wire::kMaxRtsIov];
     for (uint32_t j = 0; j < buf.iov_count; ++j)
