@@ -3,6 +3,9 @@
 #include "common/log.h"
 #include "common/params.h"
 
+#include <algorithm>
+#include <cstdint>
+
 namespace tandem {
 
 namespace {
@@ -18,6 +21,7 @@ TcpLinkConfig Config::link_settings() const {
     link.socket_buffer = socket_buffer;
     link.splice_min = splice_min;
     link.congestion = congestion;
+    link.timeout_ms = static_cast<unsigned>(std::min<size_t>(link_timeout_ms, UINT32_MAX));
     return link;
 }
 
@@ -49,6 +53,13 @@ void Config::load(fi_provider *prov) {
                "system's default everywhere), or an algorithm the kernel allows "
                "(net.ipv4.tcp_allowed_congestion_control)",
                "auto");
+    g_config.link_timeout_ms =
+        p.size("link_timeout",
+               "Milliseconds after which a TCP link connection whose peer host stops answering "
+               "fails, with error completions for what was pending on it (unacknowledged data, "
+               "or keepalive probes from half this time on when idle); 0: the kernel's defaults "
+               "(about 15 minutes of retransmissions, no keepalive)",
+               30000);
     g_config.iface =
         p.text("iface", "Comma-separated interfaces to offer as domains (empty: all)", "");
     g_config.include_loopback =

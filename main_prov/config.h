@@ -20,6 +20,7 @@ struct Config {
     size_t socket_buffer;    // SO_SNDBUF / SO_RCVBUF for link sockets (0: kernel default)
     size_t splice_min;       // link payloads this large go by vmsplice + splice (0: never)
     std::string congestion;  // TCP congestion control of link sockets (auto, system, a name)
+    size_t link_timeout_ms;  // a silent peer host fails its TCP connections after this long
     std::string iface;       // restrict domains to these interfaces (comma separated)
     bool include_loopback;   // offer the loopback interface as a domain
     bool local_path;         // node-local peers through off_tandem (shared memory)

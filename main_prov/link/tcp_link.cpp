@@ -50,13 +50,29 @@ bool op_is_wr(wire::TcpOp op) {
     return op == wire::TcpOp::Send || op == wire::TcpOp::Write || op == wire::TcpOp::ReadReq;
 }
 
-void set_socket_options(int fd, size_t buffer) {
+void set_socket_options(int fd, const TcpLinkConfig &config) {
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    if (buffer) {
-        int size = static_cast<int>(buffer);
+    if (config.socket_buffer) {
+        int size = static_cast<int>(config.socket_buffer);
         setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof size);
         setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof size);
+    }
+    // A peer host that vanishes (power, cable, a partition) sends no reset: without a bound
+    // the kernel retransmits for about 15 minutes, and an idle connection, on which the other
+    // side may still owe us a rendezvous read or an acknowledgement, never fails at all. Data
+    // unacknowledged for timeout_ms fails the socket (ETIMEDOUT); an idle one is probed from
+    // timeout/2 on, and the same bound applies to the probes (Linux counts TCP_USER_TIMEOUT
+    // against unanswered keepalives too). The peer's kernel answers both whatever its
+    // application is doing, so a process that simply makes no progress calls is not failed.
+    if (config.timeout_ms) {
+        unsigned timeout = config.timeout_ms;
+        int idle = std::max(1u, timeout / 2000), interval = std::max(1u, timeout / 4000), count = 4;
+        setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout, sizeof timeout);
+        setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+        setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
     }
 }
 
@@ -1221,7 +1237,7 @@ LinkConnection *TcpTransport::connect(const sockaddr *dst, socklen_t len, const 
     if (priv_len > wire::kMaxCmPrivate + 64) fail(FI_EINVAL, "connection data too large");
     int fd = socket(dst->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) fail(errno, "socket");
-    set_socket_options(fd, config_.socket_buffer);
+    set_socket_options(fd, config_);
     if (src) {
         // The address was reserved by the application (a passive endpoint's, or setname):
         // SO_REUSEADDR lets the connection take it while a socket that held it lingers.
@@ -1322,7 +1338,7 @@ void TcpTransport::accept_new() {
             if (errno == EINTR) continue;
             return;
         }
-        set_socket_options(fd, config_.socket_buffer);
+        set_socket_options(fd, config_);
         choose_congestion(fd);
         conns_.push_back(
             std::make_unique<TcpConnection>(this, fd, TcpConnection::State::AwaitingRequest));

@@ -30,6 +30,10 @@ struct TcpLinkConfig {
     // host, the system's default otherwise), "system" (always the system's default) or the
     // name of an algorithm the kernel offers.
     std::string congestion = "auto";
+    // A connection whose peer's host stops answering fails after this many milliseconds
+    // (TCP_USER_TIMEOUT for data in flight, keepalive probes when idle); 0: the kernel's
+    // defaults (about 15 minutes of retransmissions, no keepalive).
+    unsigned timeout_ms = 30000;
 };
 
 class TcpConnection final : public LinkConnection {
