@@ -205,18 +205,23 @@ struct AtomicRespBody {
 };
 static_assert(sizeof(AtomicRespBody) == 16);
 
-// Private data of a connection request (after the link's own hello).
+// Private data of a connection request (after the link's own hello): this, then addr_len
+// bytes of name, then user_len bytes of application data, and nothing else
+// (main_prov/conn_hello.cpp builds and checks it).
 enum class ConnKind : uint8_t { Msg = 1, Rdm = 2 };
+inline constexpr uint16_t kConnHelloVersion = 2;
 
 struct ConnHello {
     uint32_t magic;     // kProtoMagic
-    uint16_t version;   // kProtoVersion
+    uint16_t version;   // kConnHelloVersion
     uint8_t kind;       // ConnKind
     uint8_t addr_len;   // bytes of the sender's RDM endpoint name that follow (RDM only)
     uint32_t user_len;  // bytes of application connection data that follow the name (MSG only)
     uint32_t reserved;
+    uint64_t auth;  // the connecting endpoint's authorization key, as a digest (0: none); the
+                    // listener refuses a request whose key is not its endpoint's
 };
-static_assert(sizeof(ConnHello) == 16);
+static_assert(sizeof(ConnHello) == 24 && std::is_trivially_copyable_v<ConnHello>);
 
 // ---------------------------------------------------------------------------------------
 // Node-local path (off_tandem): cells of the receiver's inbox ring in its shared segment.

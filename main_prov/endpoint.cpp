@@ -7,6 +7,7 @@
 #include "main_prov/av.h"
 #include "main_prov/cntr.h"
 #include "main_prov/config.h"
+#include "main_prov/conn_hello.h"
 #include "main_prov/link/tcp_link.h"
 #include "main_prov/domain.h"
 #include "main_prov/interfaces.h"
@@ -692,15 +693,8 @@ int Endpoint::connect(const void *addr, const void *param, size_t paramlen) {
     const void *target = addr ? addr : info_->dest_addr;
     size_t target_len = addr ? sizeof(sockaddr_storage) : info_->dest_addrlen;
     if (!target || !EndpointName::from_bytes(target, target_len, dst)) return -FI_EINVAL;
-    std::vector<uint8_t> priv(sizeof(wire::ConnHello) + paramlen);
-    wire::ConnHello hello{wire::kProtoMagic,
-                          wire::kProtoVersion,
-                          static_cast<uint8_t>(wire::ConnKind::Msg),
-                          0,
-                          static_cast<uint32_t>(paramlen),
-                          0};
-    memcpy(priv.data(), &hello, sizeof hello);
-    if (paramlen) memcpy(priv.data() + sizeof hello, param, paramlen);
+    std::vector<uint8_t> priv = build_conn_hello(wire::ConnKind::Msg, auth_, {},
+                                                 {static_cast<const uint8_t *>(param), paramlen});
     auto peer = std::make_unique<Peer>();
     peer->name = dst;
     // An address the application reserved (setname, or a passive endpoint's) is the
@@ -819,19 +813,26 @@ void Endpoint::handle_cm_event(CmEvent &ev) {
     switch (ev.type) {
         case CmEventType::ConnectRequest: {
             // RDM: a peer connecting on demand. Its hello names its listening address.
-            wire::ConnHello hello{};
             EndpointName name;
-            if (type_ != FI_EP_RDM || ev.private_data.size() < sizeof hello) {
+            std::string why;
+            auto hello = parse_conn_hello(ev.private_data, &why);
+            if (type_ != FI_EP_RDM) {
                 conn->reject(nullptr, 0);
                 return;
             }
-            memcpy(&hello, ev.private_data.data(), sizeof hello);
-            if (hello.magic != wire::kProtoMagic || hello.version != wire::kProtoVersion ||
-                hello.kind != static_cast<uint8_t>(wire::ConnKind::Rdm) ||
-                sizeof hello + hello.addr_len > ev.private_data.size() ||
-                !EndpointName::from_bytes(ev.private_data.data() + sizeof hello, hello.addr_len,
-                                          name)) {
-                TANDEM_WARN(FI_LOG_EP_CTRL, "rejecting a malformed connection request\n");
+            if (hello && hello->kind != wire::ConnKind::Rdm) why = "not from an RDM endpoint";
+            if (hello && why.empty() &&
+                !EndpointName::from_bytes(hello->name.data(), hello->name.size(), name))
+                why = "a malformed endpoint name";
+            if (!why.empty()) {
+                TANDEM_WARN(FI_LOG_EP_CTRL, "rejecting a connection request: %s\n", why.c_str());
+                conn->reject(nullptr, 0);
+                return;
+            }
+            if (hello->auth != auth_) {
+                TANDEM_WARN(FI_LOG_EP_CTRL,
+                            "rejecting a connection request from %s: another authorization key\n",
+                            name.to_string().c_str());
                 conn->reject(nullptr, 0);
                 return;
             }

@@ -543,6 +543,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     size_t inject_size_ = 0;
     size_t cm_data_size_ = wire::kMaxCmPrivate;
     size_t cm_data_max_ = wire::kMaxCmPrivate;  // what the link's connection requests carry
+    // Digest of the authorization key (fi_endpoint(3) auth_key; 0: none): connection
+    // requests carry it, and only a request with the same one is accepted.
+    uint64_t auth_ = 0;
     hmem::P2pPolicy p2p_;
 
     // Peers: RDM keyed by name; MSG has exactly one.

@@ -12,6 +12,7 @@
 #include "main_prov/av.h"
 #include "main_prov/cntr.h"
 #include "main_prov/config.h"
+#include "main_prov/conn_hello.h"
 #include "main_prov/domain.h"
 #include "main_prov/endpoint.h"
 #include "main_prov/endpoint_wr.h"
@@ -589,15 +590,9 @@ void Endpoint::start_tx(TxOp *op) {
     EndpointName me;
     me.ss = transport_->name();
     substitute_interface_address(domain_->info()->domain_attr->name, me);
-    std::vector<uint8_t> priv(sizeof(wire::ConnHello) + me.length());
-    wire::ConnHello hello{wire::kProtoMagic,
-                          wire::kProtoVersion,
-                          static_cast<uint8_t>(wire::ConnKind::Rdm),
-                          static_cast<uint8_t>(me.length()),
-                          0,
-                          0};
-    memcpy(priv.data(), &hello, sizeof hello);
-    memcpy(priv.data() + sizeof hello, &me.ss, me.length());
+    std::vector<uint8_t> priv =
+        build_conn_hello(wire::ConnKind::Rdm, auth_,
+                         {reinterpret_cast<const uint8_t *>(&me.ss), size_t(me.length())}, {});
     peer->conn =
         transport_->connect(peer->name.sa(), peer->name.length(), priv.data(), priv.size());
     peer->conn->context = peer;

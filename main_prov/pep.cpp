@@ -2,6 +2,7 @@
 
 #include "common/log.h"
 #include "main_prov/config.h"
+#include "main_prov/conn_hello.h"
 #include "main_prov/link/tcp_link.h"
 #include "main_prov/fabric.h"
 #include "main_prov/interfaces.h"
@@ -209,19 +210,14 @@ void PassiveEndpoint::progress_cm() {
     CmEvent ev;
     while (transport_->poll_cm(ev)) {
         if (ev.type != CmEventType::ConnectRequest) continue;
-        wire::ConnHello hello{};
-        if (ev.private_data.size() < sizeof hello) {
-            ev.conn->reject(nullptr, 0);
-            continue;
-        }
-        memcpy(&hello, ev.private_data.data(), sizeof hello);
-        if (hello.magic != wire::kProtoMagic || hello.version != wire::kProtoVersion ||
-            hello.kind != static_cast<uint8_t>(wire::ConnKind::Msg) ||
-            sizeof hello + hello.user_len != ev.private_data.size()) {
-            TANDEM_WARN(FI_LOG_EP_CTRL,
-                        "rejecting a malformed connection request (%zu bytes, kind %u, %u of "
-                        "user data)\n",
-                        ev.private_data.size(), unsigned(hello.kind), unsigned(hello.user_len));
+        std::string why;
+        auto hello = parse_conn_hello(ev.private_data, &why);
+        if (hello && (hello->kind != wire::ConnKind::Msg || !hello->name.empty()))
+            why = "not from a MSG endpoint";
+        else if (hello && hello->auth != auth_)
+            why = "another authorization key";
+        if (!why.empty()) {
+            TANDEM_WARN(FI_LOG_EP_CTRL, "rejecting a connection request: %s\n", why.c_str());
             ev.conn->reject(nullptr, 0);
             continue;
         }
@@ -235,12 +231,11 @@ void PassiveEndpoint::progress_cm() {
         info->dest_addrlen = peer.length();
         auto *req = new ConnRequest(transport_->release(ev.conn));
         info->handle = req->base_fid();
-        std::vector<uint8_t> buf(sizeof(fi_eq_cm_entry) + hello.user_len);
+        std::vector<uint8_t> buf(sizeof(fi_eq_cm_entry) + hello->user.size());
         auto *entry = reinterpret_cast<fi_eq_cm_entry *>(buf.data());
         entry->fid = base_fid();
         entry->info = info;
-        if (hello.user_len)
-            memcpy(entry->data, ev.private_data.data() + sizeof hello, hello.user_len);
+        if (!hello->user.empty()) memcpy(entry->data, hello->user.data(), hello->user.size());
         eq_->post(FI_CONNREQ, buf.data(), buf.size());
     }
 }

@@ -71,6 +71,9 @@ class PassiveEndpoint : public FidObject<PassiveEndpoint, fid_pep>,
     bool surrendered_ = false;  // its address went to an active endpoint
     size_t cm_data_size_;
     size_t cm_data_max_ = wire::kMaxCmPrivate;  // what the link's connection requests carry
+    // Digest of the authorization key (fi_endpoint(3) auth_key; 0: none): connection
+    // requests carry it, and only a request with the same one is accepted.
+    uint64_t auth_ = 0;
 };
 
 }  // namespace tandem

@@ -125,12 +125,13 @@ class RoguePeerTest : public FabricTest {
         me.sin_family = AF_INET;
         me.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
         me.sin_port = htons(9);  // nobody listens: tandem never needs to connect back here
-        wire::ConnHello hello{wire::kProtoMagic,
-                              wire::kProtoVersion,
-                              static_cast<uint8_t>(wire::ConnKind::Rdm),
-                              static_cast<uint8_t>(sizeof me),
-                              0,
-                              0};
+        wire::ConnHello hello{.magic = wire::kProtoMagic,
+                              .version = wire::kConnHelloVersion,
+                              .kind = static_cast<uint8_t>(wire::ConnKind::Rdm),
+                              .addr_len = static_cast<uint8_t>(sizeof me),
+                              .user_len = 0,
+                              .reserved = 0,
+                              .auth = 0};
         const uint32_t priv_len = sizeof hello + sizeof me;
         wire::TcpCmHello cm{wire::kTcpMagic, tcp_version, 0, priv_len, 0};
         wire::TcpFrame f{};
