@@ -45,13 +45,18 @@ void IpcImportCache::close_entry(const Entry &e) {
         ops->ipc_close(e.mem.device, e.base);
 }
 
-int IpcImportCache::map(uint64_t peer, uint64_t device, const IpcExport &ex, void **addr) {
+int IpcImportCache::map(uint64_t peer, uint64_t device, const IpcExport &ex, size_t len,
+                        void **addr) {
     const IfaceOps *ops = Registry::instance().ops(ex.mem.iface);
     if (!ops || ex.mem.on_host()) return -FI_EOPNOTSUPP;
+    auto inside = [&](const Entry &e) {
+        return ex.offset <= e.length && len <= e.length - ex.offset;
+    };
     Key key{peer, ex.buffer_id, device};
     std::lock_guard lock(mu_);
     auto it = entries_.find(key);
     if (it != entries_.end() && !memcmp(&it->second.handle, &ex.handle, sizeof ex.handle)) {
+        if (!inside(it->second)) return -FI_EINVAL;
         lru_.splice(lru_.begin(), lru_, it->second.lru);
         counters().ipc_hits.fetch_add(1, std::memory_order_relaxed);
         *addr = static_cast<uint8_t *>(it->second.base) + ex.offset;
@@ -65,9 +70,23 @@ int IpcImportCache::map(uint64_t peer, uint64_t device, const IpcExport &ex, voi
     void *base = nullptr;
     int ret = ops->ipc_open(device, ex.handle, &base);
     if (ret) return ret;
+    // How much the handle really maps: the peer's alloc_len is only its word for it.
+    AddrInfo info;
+    Entry entry{MemRef{ex.mem.iface, device}, base, 0, ex.handle, {}};
+    if (ops->query(base, &info) != 1 || info.base != reinterpret_cast<uintptr_t>(base)) {
+        TANDEM_WARN(FI_LOG_CORE, "a peer's IPC mapping cannot be sized: not used\n");
+        close_entry(entry);
+        return -FI_EINVAL;
+    }
+    entry.length = info.length;
+    if (!inside(entry)) {
+        close_entry(entry);
+        return -FI_EINVAL;
+    }
     counters().ipc_imports.fetch_add(1, std::memory_order_relaxed);
     lru_.push_front(key);
-    entries_[key] = {MemRef{ex.mem.iface, device}, base, ex.handle, lru_.begin()};
+    entry.lru = lru_.begin();
+    entries_[key] = entry;
     while (entries_.size() > capacity_) {
         auto victim = entries_.find(lru_.back());
         close_entry(victim->second);
@@ -94,6 +113,26 @@ void IpcImportCache::forget_peer(uint64_t peer) {
 size_t IpcImportCache::size() const {
     std::lock_guard lock(mu_);
     return entries_.size();
+}
+
+int import_ipc_entry(IpcImportCache &cache, uint64_t peer, uint64_t local_device,
+                     const wire::LocalIpc &e, void **addr, MemRef *mem) {
+    Registry &reg = Registry::instance();
+    auto iface = static_cast<fi_hmem_iface>(e.iface);
+    if (e.iface > FI_HMEM_SYNAPSEAI || iface == FI_HMEM_SYSTEM || !reg.available(iface) ||
+        e.offset > e.alloc_len || e.length > e.alloc_len - e.offset)
+        return -FI_EINVAL;
+    uint64_t device = local_device != UINT64_MAX ? local_device : e.device;
+    if (device >= static_cast<uint64_t>(reg.device_count(iface))) device = 0;
+    IpcExport ex;
+    memcpy(ex.handle.bytes, e.handle, sizeof ex.handle.bytes);
+    ex.mem = {iface, e.device};
+    ex.buffer_id = e.buffer_id;
+    ex.offset = e.offset;
+    ex.alloc_len = e.alloc_len;
+    if (int ret = cache.map(peer, device, ex, e.length, addr)) return ret;
+    *mem = {iface, device};
+    return 0;
 }
 
 }  // namespace tandem::hmem

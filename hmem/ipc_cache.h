@@ -9,6 +9,7 @@
 //    used closed first, and all of a peer's closed when it goes away.
 #pragma once
 
+#include "common/wire.h"
 #include "hmem/hmem.h"
 
 #include <cstdint>
@@ -50,8 +51,10 @@ class IpcImportCache {
     IpcImportCache(const IpcImportCache &) = delete;
     IpcImportCache &operator=(const IpcImportCache &) = delete;
 
-    // The local address of the exported range (mapping it on `device` on a miss).
-    int map(uint64_t peer, uint64_t device, const IpcExport &ex, void **addr);
+    // The local address of `len` bytes at ex.offset of the exported allocation (mapping it on
+    // `device` on a miss). The range must lie in what the handle really maps, whatever the
+    // peer claims ex.alloc_len to be: -FI_EINVAL otherwise.
+    int map(uint64_t peer, uint64_t device, const IpcExport &ex, size_t len, void **addr);
     void forget_peer(uint64_t peer);
     size_t size() const;
 
@@ -63,6 +66,7 @@ class IpcImportCache {
     struct Entry {
         MemRef mem;  // the local device it is mapped on
         void *base;
+        size_t length;  // of the mapping, as the interface reports it
         IpcHandle handle;
         std::list<Key>::iterator lru;
     };
@@ -73,5 +77,14 @@ class IpcImportCache {
     std::map<Key, Entry> entries_;
     std::list<Key> lru_;  // front: most recently used
 };
+
+// One of a peer's device buffers as the node-local protocol names it (wire::LocalIpc: the
+// allocation's handle, where the buffer lies in it, on which interface and device), mapped
+// here through `cache` on `local_device` (UINT64_MAX: the peer's device). Every field comes
+// from another process and is checked: 0 with *addr and *mem set, -FI_EINVAL for an entry
+// that contradicts itself or the allocation its handle maps, -FI_EOPNOTSUPP (or the
+// interface's error) when it cannot be mapped here.
+int import_ipc_entry(IpcImportCache &cache, uint64_t peer, uint64_t local_device,
+                     const wire::LocalIpc &e, void **addr, MemRef *mem);
 
 }  // namespace tandem::hmem

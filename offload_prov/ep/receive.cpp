@@ -173,27 +173,18 @@ int Endpoint::map_ipc(const LocalHeader &hdr, const wire::LocalIpc *ipc, uint64_
     for (size_t i = 0; i < hdr.iov_count; ++i) {
         const wire::LocalIpc &e = ipc[i];
         auto iface = static_cast<fi_hmem_iface>(e.iface);
-        if (!reg.available(iface) || iface == FI_HMEM_SYSTEM || e.offset > e.alloc_len ||
-            e.length > e.alloc_len - e.offset)
-            return FI_EINVAL;
         if (hdr.pid == getpid()) {  // a peer in our own process: its memory is ours
+            if (!reg.available(iface) || iface == FI_HMEM_SYSTEM) return FI_EINVAL;
             remote[i] = {reinterpret_cast<void *>(e.addr), e.length};
             rmem[i] = {iface, e.device};
             continue;
         }
-        uint64_t device = local_device != UINT64_MAX ? local_device : e.device;
-        if (device >= static_cast<uint64_t>(reg.device_count(iface))) device = 0;
-        hmem::IpcExport ex;
-        memcpy(ex.handle.bytes, e.handle, sizeof ex.handle.bytes);
-        ex.mem = {iface, e.device};
-        ex.buffer_id = e.buffer_id;
-        ex.offset = e.offset;
-        ex.alloc_len = e.alloc_len;
         void *addr = nullptr;
-        if (ipc_import_.map(static_cast<uint64_t>(hdr.pid), device, ex, &addr))
-            return FI_EOPNOTSUPP;
+        int ret = hmem::import_ipc_entry(ipc_import_, static_cast<uint64_t>(hdr.pid), local_device,
+                                         e, &addr, &rmem[i]);
+        if (ret == -FI_EINVAL) return FI_EINVAL;
+        if (ret) return FI_EOPNOTSUPP;
         remote[i] = {addr, e.length};
-        rmem[i] = {iface, device};
     }
     return 0;
 }

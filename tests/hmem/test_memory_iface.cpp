@@ -302,10 +302,14 @@ int ipc_child(const char *hex, uint64_t parent) {
     const size_t len = ex.alloc_len - ex.offset;
     IpcImportCache imports(2);
     void *addr = nullptr;
-    if (imports.map(parent, 0, ex, &addr)) return 4;
+    if (imports.map(parent, 0, ex, len, &addr)) return 4;
     auto &hits = tandem::hmem::counters().ipc_hits;
     void *again = nullptr;
-    if (imports.map(parent, 0, ex, &again) || again != addr || hits.load() != 1) return 5;
+    if (imports.map(parent, 0, ex, len, &again) || again != addr || hits.load() != 1) return 5;
+    // A range past what the handle maps is refused, whatever alloc_len the peer claims.
+    IpcExport lying = ex;
+    lying.alloc_len += 4096;
+    if (imports.map(parent, 0, lying, len + 1, &again) != -FI_EINVAL) return 11;
     std::vector<uint8_t> got(len);
     if (tandem::hmem::copy(tandem::hmem::kHost, got.data(), {FI_HMEM_CUDA, 0}, addr, len)) return 6;
     auto p = pattern(ex.alloc_len, 42);
