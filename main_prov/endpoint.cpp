@@ -2,6 +2,7 @@
 // The data path is in endpoint_data.cpp.
 #include "main_prov/endpoint.h"
 
+#include "common/auth_key.h"
 #include "common/log.h"
 #include "common/unsupported_ops.h"
 #include "main_prov/av.h"
@@ -231,6 +232,9 @@ Endpoint::Endpoint(Domain *domain, fi_info *info, void *context)
     type_ = info_->ep_attr->type;
     if (type_ != FI_EP_RDM && type_ != FI_EP_MSG) fail(FI_EINVAL, "unsupported endpoint type");
     caps_ = info_->caps ? info_->caps : (FI_MSG | FI_TAGGED | FI_RMA);
+    if (info_->ep_attr->auth_key_size > kMaxAuthKeySize)
+        fail(FI_EINVAL, "authorization key longer than tandem takes");
+    auth_ = endpoint_auth_digest(info_, domain_->info());
     // Without FI_HMEM there is no device memory to move: report P2P as not in use.
     if (!(caps_ & FI_HMEM)) p2p_.set(FI_HMEM_P2P_DISABLED, false);
     defaults_.tx = info_->tx_attr ? info_->tx_attr->op_flags : 0;

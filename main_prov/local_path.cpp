@@ -1,5 +1,6 @@
 #include "main_prov/local_path.h"
 
+#include "common/auth_key.h"
 #include "common/iov.h"
 #include "common/log.h"
 #include "main_prov/av.h"
@@ -81,7 +82,22 @@ std::unique_ptr<LocalPath> LocalPath::open(Endpoint &ep, OffloadDomain &off, Av 
     if (!ret) {
         step = "fi_endpoint2";
         lp->transfer_ = {sizeof lp->transfer_, off.info(), ep.fid(), nullptr};
-        ret = fi_endpoint2(off.domain(), off.info(), &lp->twin_, FI_PEER_TRANSFER, &lp->transfer_);
+        // The twin takes the endpoint's authorization key: node-local peers of another key
+        // are no peers of its (each side compares the keys in the other's segment).
+        fi_info *twin_info = fi_dupinfo(off.info());
+        auto [key, key_len] = endpoint_auth_key(ep.info_, ep.domain()->info());
+        if (twin_info && key_len) {
+            twin_info->ep_attr->auth_key = static_cast<uint8_t *>(malloc(key_len));
+            if (twin_info->ep_attr->auth_key) {
+                memcpy(twin_info->ep_attr->auth_key, key, key_len);
+                twin_info->ep_attr->auth_key_size = key_len;
+            }
+        }
+        ret = twin_info && twin_info->ep_attr->auth_key_size == key_len
+                  ? fi_endpoint2(off.domain(), twin_info, &lp->twin_, FI_PEER_TRANSFER,
+                                 &lp->transfer_)
+                  : -FI_ENOMEM;
+        fi_freeinfo(twin_info);
         // fi_peer(3): the peer sets its callbacks before fi_endpoint2 returns.
         const fi_ops_transfer_peer *t = lp->transfer_.peer_ops;
         if (!ret && (!t || !t->complete || !t->comperr)) ret = -FI_EINVAL;

@@ -1,5 +1,6 @@
 #include "main_prov/pep.h"
 
+#include "common/auth_key.h"
 #include "common/log.h"
 #include "main_prov/config.h"
 #include "main_prov/conn_hello.h"
@@ -72,6 +73,7 @@ PassiveEndpoint::PassiveEndpoint(Fabric *fabric, fi_info *info, void *context)
     : fabric_(fabric), info_(fi_dupinfo(info)), cm_data_size_(wire::kMaxCmPrivate) {
     if (!info_ || !info_->ep_attr || info_->ep_attr->type != FI_EP_MSG)
         fail(FI_EINVAL, "passive endpoints are FI_EP_MSG");
+    auth_ = endpoint_auth_digest(info_, info_);
     // Connections start here: they get the endpoints' link settings from the start.
     std::string why;
     link_ = open_link_domain(

@@ -1,4 +1,5 @@
 // The provider entry point (fi_prov_ini), its parameters, and fi_getinfo.
+#include "common/auth_key.h"
 #include "common/fabric_error.h"
 #include "common/log.h"
 #include "common/params.h"
@@ -89,6 +90,13 @@ bool subset(uint64_t want, uint64_t have) {
 }
 
 // Decides whether one (interface, endpoint type) pair can satisfy the hints; fills info.
+// A key of the hints, in memory fi_freeinfo frees.
+uint8_t *copy_key(const uint8_t *key, size_t len) {
+    auto *out = static_cast<uint8_t *>(malloc(len));
+    if (out) memcpy(out, key, len);
+    return out;
+}
+
 bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint32_t format,
                fi_info *fi) {
     const Config &cfg = Config::get();
@@ -120,7 +128,7 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
             if (e.protocol != FI_PROTO_UNSPEC &&
                 e.protocol != (verbs ? FI_PROTO_RDMA_CM_IB_RC : FI_PROTO_SOCK_TCP))
                 return false;
-            if (e.auth_key_size) return false;
+            if (e.auth_key_size > kMaxAuthKeySize || (e.auth_key_size && !e.auth_key)) return false;
         }
         if (hints->domain_attr) {
             const fi_domain_attr &d = *hints->domain_attr;
@@ -134,7 +142,7 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
             if (d.caps && !subset(d.caps, FI_LOCAL_COMM | FI_REMOTE_COMM |
                                               (type == FI_EP_RDM ? FI_SHARED_AV : 0)))
                 return false;
-            if (d.auth_key_size) return false;
+            if (d.auth_key_size > kMaxAuthKeySize || (d.auth_key_size && !d.auth_key)) return false;
         }
         if (hints->fabric_attr && hints->fabric_attr->name &&
             strcmp(hints->fabric_attr->name, itf.fabric_name.c_str()) != 0)
@@ -249,6 +257,18 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
     d.mode = 0;
     d.max_err_data = wire::kMaxCmPrivate;
     d.mr_cnt = 1 << 20;
+    // Authorization keys are honoured (common/auth_key.h): the hints' keys come back, as the
+    // keys of the domain and of endpoints opened with this info.
+    if (hints && hints->domain_attr && hints->domain_attr->auth_key_size) {
+        d.auth_key = copy_key(hints->domain_attr->auth_key, hints->domain_attr->auth_key_size);
+        if (!d.auth_key) return false;
+        d.auth_key_size = hints->domain_attr->auth_key_size;
+    }
+    if (hints && hints->ep_attr && hints->ep_attr->auth_key_size) {
+        ep.auth_key = copy_key(hints->ep_attr->auth_key, hints->ep_attr->auth_key_size);
+        if (!ep.auth_key) return false;
+        ep.auth_key_size = hints->ep_attr->auth_key_size;
+    }
 
     fi_fabric_attr &f = *fi->fabric_attr;
     free(f.name);

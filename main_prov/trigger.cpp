@@ -22,6 +22,9 @@ template <class... F>
 struct Overload : F... {
     using F::operator()...;
 };
+// Spelled out for compilers without C++20's deduction for aggregates (clang before 17).
+template <class... F>
+Overload(F...) -> Overload<F...>;
 
 // The completion flags of an operation that never started (its error completion).
 uint64_t cq_flags_of(const TriggeredRequest &r) {

@@ -3,6 +3,7 @@
 // What the endpoint does once enabled is in ep/, one file a job; endpoint.h names them.
 #include "offload_prov/endpoint.h"
 
+#include "common/auth_key.h"
 #include "common/unsupported_ops.h"
 #include "offload_prov/av.h"
 #include "offload_prov/config.h"
@@ -189,6 +190,7 @@ const uint64_t &probe_word() {
 Endpoint::Endpoint(Domain *domain, const fi_info *info, fi_peer_transfer_context *transfer)
     : domain_(domain), info_(fi_dupinfo(info)), owner_ep_(transfer->ep) {
     if (!info_) fail(FI_ENOMEM, "fi_dupinfo");
+    auth_ = endpoint_auth_digest(info_, nullptr);  // the owner passes its endpoint's key
     init_fid(FI_CLASS_EP, nullptr, &ep_fi_ops);
     fid()->ops = &ep_ops;
     fid()->msg = &msg_ops;
@@ -318,6 +320,8 @@ void Endpoint::enable() {
     info->probe_addr = reinterpret_cast<uint64_t>(&probe_word());
     info->probe_value = probe_word();
     info->net_ns = own_net_namespace();
+    info->auth = auth_;
+    info->job = Config::get().job;
     inbox_ = ShmRing::init(static_cast<uint8_t *>(segment_->data()) + sizeof(SegmentInfo), cells,
                            wire::kLocalCellSize);
     if (!inbox_) fail(FI_EINVAL, "inbox ring shape");

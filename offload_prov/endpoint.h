@@ -57,6 +57,9 @@ class Av;
 class Srx;
 class Eq;
 
+// Largest message or RMA an endpoint takes (ep_attr->max_msg_size).
+inline constexpr uint64_t kMaxMessage = 1ull << 31;
+
 // The key naming a node-local endpoint: from its sockaddr (family, address, port), so the
 // bytes an application inserted into the AV and those an endpoint reports for itself agree.
 std::optional<std::string> local_key(const void *addr, size_t len);
@@ -310,6 +313,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // ep/progress.cpp: cells dispatched by op, and completions to the owner's CQ.
     void complete_tx(void *context, uint64_t flags, size_t len, int err);
     void handle_cell(const uint8_t *cell);
+    static bool names_process(const wire::LocalHeader &hdr);
+    bool vouch_for_process(wire::LocalHeader &hdr, std::string_view sender);
     void handle_short(const uint8_t *cell);
     struct CqWrite;
     void write_cq(const CqWrite &w);
@@ -355,6 +360,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
 
     std::string key_;           // our own
     uint32_t producer_id_ = 0;  // own_process_token(): our claims in peers' rings
+    uint64_t auth_ = 0;         // our owner's authorization key (digest): only peers of the same
     // Who claimed a cell of our inbox and never published it: still running, or dead?
     ProcessWatch claimants_{segment_prefix()};
     wire::LocalHeader proto_{};  // name_len filled

@@ -6,6 +6,7 @@
 #include "common/log.h"
 #include "common/wire.h"
 #include "offload_prov/config.h"
+#include "offload_prov/endpoint.h"
 #include "offload_prov/fabric.h"
 #include "hmem/hmem.h"
 #include "peer/peer_abi.h"
@@ -83,7 +84,7 @@ int off_getinfo(uint32_t version, const char *, const char *, uint64_t, const fi
     fi->rx_attr->iov_limit = wire::kLocalMaxIov;
     fi->ep_attr->type = FI_EP_RDM;
     fi->ep_attr->protocol = FI_PROTO_UNSPEC;
-    fi->ep_attr->max_msg_size = 1ull << 31;
+    fi->ep_attr->max_msg_size = off::kMaxMessage;
     fi->ep_attr->mem_tag_format = 0xAAAAAAAAAAAAAAAAull;
     fi->ep_attr->tx_ctx_cnt = 1;
     fi->ep_attr->rx_ctx_cnt = FI_SHARED_CONTEXT;  // receives come from the owner's SRX

@@ -11,6 +11,7 @@ packages=(
     libgtest-dev googletest
     ucx-utils
     clang-format
+    clang libclang-rt-dev
     gnuplot-nox
 )
 

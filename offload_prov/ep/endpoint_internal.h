@@ -25,7 +25,8 @@ struct SegmentInfo {
     uint32_t reserved0;
     uint64_t probe_value;  // what those 8 bytes hold: a CMA probe that reads it reached the owner
     uint64_t net_ns;       // the owner's network namespace (inode of /proc/self/ns/net), 0 unknown
-    uint8_t reserved[16];
+    uint64_t auth;  // the owner's authorization key (common/auth_key.h digest; 0: none)
+    uint64_t job;   // the owner's job (Config::job): cross-memory attach only within one
 };
 static_assert(sizeof(SegmentInfo) == 64);
 

@@ -95,6 +95,13 @@ Endpoint::PeerLink *Endpoint::link_for_key(const std::string &key, std::string_v
     // Segments are named by address, and two network namespaces that share /dev/shm may use
     // the same address: the one made in another namespace is not the peer meant when a
     // socket here holds that address.
+    // Another authorization key: not a peer of ours at all (fi_endpoint(3)). The owner's link
+    // then tries it, and is refused there too.
+    if (info->auth != auth_) {
+        TANDEM_INFO(FI_LOG_EP_CTRL, "%s: another authorization key: not a node-local peer\n",
+                    key.c_str());
+        return nullptr;
+    }
     static const uint64_t our_net_ns = own_net_namespace();
     if (info->net_ns && our_net_ns && info->net_ns != our_net_ns && address_taken_here(addr)) {
         TANDEM_INFO(FI_LOG_EP_CTRL,
@@ -117,6 +124,8 @@ Endpoint::PeerLink *Endpoint::link_for_key(const std::string &key, std::string_v
         why = " (FI_OFF_TANDEM_CMA=0)";
     else if (!link->same_pid_ns)
         why = " (another pid namespace)";
+    else if (info->job != Config::get().job)
+        why = " (another job)";
     else if (!(link->cma = cma_probe(link->pid, reinterpret_cast<const void *>(info->probe_addr),
                                      info->probe_value)))
         why = " (the kernel refused the probe read)";
@@ -161,7 +170,8 @@ fi_addr_t Endpoint::source_of(std::string_view sender) {
 void Endpoint::check_peers() {
     if (uint32_t n = inbox_->reclaim_dead([this](uint32_t id) { return claimants_.alive(id); }))
         TANDEM_INFO(FI_LOG_EP_DATA, "skipped %u inbox cells claimed by dead processes\n", n);
-    for (auto &[key, link] : links_) {
+    for (auto &[link_key, link] : links_) {
+        const std::string &key = link_key;  // (lambdas below take it: not a structured binding)
         if (link->dead || link->segment.owner_alive()) continue;
         link->dead = true;
         if (!link->backlog.empty()) --backlogged_;

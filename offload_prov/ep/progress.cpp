@@ -102,8 +102,14 @@ void Endpoint::handle_cell(const uint8_t *cell) {
         TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed cell (op %u)\n", hdr.op);
         return;
     }
+    if (names_process(hdr) && !vouch_for_process(hdr, sender)) return;
     switch (static_cast<LocalOp>(hdr.op)) {
         case LocalOp::Eager:
+            if (hdr.total != hdr.size) {  // the whole message is in the cell, or it is no Eager
+                TANDEM_WARN(FI_LOG_EP_DATA, "dropping an eager cell of %u bytes claiming %llu\n",
+                            hdr.size, (unsigned long long)hdr.total);
+                return;
+            }
             handle_message(hdr, sender, source_of(sender), body, nullptr, nullptr);
             return;
         case LocalOp::Rts:
@@ -128,19 +134,32 @@ void Endpoint::handle_cell(const uint8_t *cell) {
                 staged_.erase(id);
                 return;
             }
-            auto &st = staged_[id];
-            if (st.data.empty() && hdr.total) {
-                st.hdr = hdr;
-                st.data.resize(hdr.total);
+            // A message of 0 bytes goes whole (Eager), and none is larger than an endpoint
+            // takes: the first fragment's total is what we allocate, so it is checked first.
+            if (hdr.total == 0 || hdr.total > kMaxMessage) {
+                staged_.erase(id);
+                TANDEM_WARN(FI_LOG_EP_DATA, "dropping a fragment of a %llu-byte message\n",
+                            (unsigned long long)hdr.total);
+                return;
             }
-            if (hdr.offset + hdr.size > st.data.size()) {
+            // The fragments of a message come in order (one sender, one ring): each goes at
+            // the end of what came before, so the memory held is what was sent, not what the
+            // first fragment claims.
+            auto &st = staged_[id];
+            if (st.received == 0) {
+                st.hdr = hdr;
+                // One allocation for messages up to 64 MiB (untouched pages cost nothing).
+                st.data.reserve(std::min<uint64_t>(hdr.total, 64u << 20));
+            }
+            if (hdr.total != st.hdr.total || hdr.offset != st.received ||
+                hdr.size > hdr.total - hdr.offset) {
                 staged_.erase(id);
                 TANDEM_WARN(FI_LOG_EP_DATA, "dropping a fragment out of its message\n");
                 return;
             }
-            memcpy(st.data.data() + hdr.offset, body, hdr.size);
+            st.data.insert(st.data.end(), body, body + hdr.size);
             st.received += hdr.size;
-            if (st.received < st.data.size()) return;
+            if (st.received < hdr.total) return;
             Staged whole = std::move(st);
             staged_.erase(id);
             // The staged copy of an IpcRts we could not map already has its receive.
@@ -193,6 +212,54 @@ void Endpoint::handle_cell(const uint8_t *cell) {
             return;  // handled above, before the long header is read
     }
     TANDEM_WARN(FI_LOG_EP_DATA, "dropping a cell with unknown op %u\n", hdr.op);
+}
+
+// Whether the cell names a process we are to read from or write into (cross-memory attach),
+// or whose device memory we are to map: its pid field then matters.
+bool Endpoint::names_process(const LocalHeader &hdr) {
+    switch (static_cast<LocalOp>(hdr.op)) {
+        case LocalOp::Rts:
+        case LocalOp::Cts:
+        case LocalOp::Read:
+        case LocalOp::IpcRts:
+        case LocalOp::IpcWrite:
+            return true;
+        case LocalOp::Write:
+            return hdr.iov_count > 0;  // otherwise its data is inline
+        default:
+            return false;
+    }
+}
+
+// The pid a cell gives is only the sender's word. The process we read from or write into is
+// the one that owns the sender's segment (where its name leads), and cross-memory attach to
+// it must be allowed (the same job, pid namespace and the kernel's permission: PeerLink::cma):
+// otherwise a local process could have us copy a third process's memory into a receive, or
+// our data into a third process. A cell that fails this is answered as refused, so that a
+// sender that meant it does not wait for ever. True when hdr.pid now names the sender.
+bool Endpoint::vouch_for_process(LocalHeader &hdr, std::string_view sender) {
+    PeerLink *link = link_to(sender);
+    const auto op = static_cast<LocalOp>(hdr.op);
+    const bool cma = op != LocalOp::IpcRts && op != LocalOp::IpcWrite;
+    if (link && (!cma || link->cma)) {
+        hdr.pid = link->pid;
+        return true;
+    }
+    TANDEM_WARN(
+        FI_LOG_EP_DATA, "refusing a cell (op %u) that names process %d: %s\n", hdr.op, hdr.pid,
+        !link ? "its sender has no segment here" : "no cross-memory attach with its sender");
+    if (!link) return false;
+    LocalHeader answer = proto_;
+    answer.msg_id = hdr.msg_id;
+    if (op == LocalOp::Cts) {
+        answer.op = static_cast<uint8_t>(LocalOp::WriteDone);
+        answer.status = FI_EIO;  // the receiver then copies that part itself
+    } else {
+        answer.op = static_cast<uint8_t>(LocalOp::Fin);
+        answer.status = FI_EACCES;
+    }
+    push(*link, answer, nullptr, 0);
+    return false;
 }
 
 // A Short cell is an Eager message with the fields it leaves out implied.
