@@ -12,6 +12,7 @@ packages=(
     ucx-utils
     clang-format
     clang libclang-rt-dev
+    iproute2 iptables
     gnuplot-nox
 )
 
