@@ -207,7 +207,9 @@ class MsgEpTest : public ::testing::Test {
 
     // Client endpoint aimed at the listener, then fi_connect with `data`. The endpoint is
     // enabled explicitly unless `implicit_enable` (fi_connect must then enable it).
-    Conn *connect(const void *data, size_t len, uint16_t port = 0, bool implicit_enable = false) {
+    // auth_key: the client endpoint's own authorization key (the listener has none).
+    Conn *connect(const void *data, size_t len, uint16_t port = 0, bool implicit_enable = false,
+                  const char *auth_key = nullptr) {
         InfoPtr hints(fi_dupinfo(info.get()));
         std::free(hints->src_addr);
         hints->src_addr = nullptr;
@@ -217,6 +219,10 @@ class MsgEpTest : public ::testing::Test {
         int ret = getinfo_own("127.0.0.1", svc.c_str(), 0, hints.get(), &cinfo);
         EXPECT_EQ(ret, 0) << "fi_getinfo for the client: " << fi_err_str(ret);
         if (ret) return nullptr;
+        if (auth_key) {
+            cinfo->ep_attr->auth_key_size = std::strlen(auth_key);
+            cinfo->ep_attr->auth_key = reinterpret_cast<uint8_t *>(strdup(auth_key));
+        }
         Conn &c = new_conn(cinfo.get(), cli_eq);
         if (!c.ep) return nullptr;
         if (!implicit_enable) {
@@ -553,6 +559,24 @@ TEST_F(MsgEpTest, RejectDeliversEconnrefusedWithData) {
     ASSERT_GE(err->err_data.size(), sizeof(why)) << "reject data missing from the error event";
     EXPECT_EQ(std::memcmp(err->err_data.data(), why, sizeof(why)), 0);
     // The listener keeps working after a reject.
+    auto [c2, s2] = establish();
+    EXPECT_TRUE(c2 && s2);
+}
+
+// fi_endpoint(3): only endpoints of the same authorization key communicate. The listener
+// refuses the request itself (the application never sees it), and takes the next one.
+TEST_F(MsgEpTest, ConnectWithAnotherAuthKeyIsRefused) {
+    Conn *cli = connect("hello", 5, 0, false, "another-job");
+    ASSERT_NE(cli, nullptr);
+    ASSERT_TRUE(poll_until([&] {
+        return !cli_log.errs.empty() || cli_log.find(FI_CONNECTED) != nullptr;
+    })) << "the client of another key heard nothing: "
+        << cli_log.summary();
+    EXPECT_EQ(cli_log.find(FI_CONNECTED), nullptr) << cli_log.summary();
+    const EqError *err = cli_log.find_err();
+    ASSERT_NE(err, nullptr);
+    EXPECT_EQ(err->e.err, FI_ECONNREFUSED) << fi_strerror(err->e.err);
+    EXPECT_EQ(srv_log.find(FI_CONNREQ), nullptr) << "a request of another key reached the listener";
     auto [c2, s2] = establish();
     EXPECT_TRUE(c2 && s2);
 }
