@@ -187,6 +187,13 @@ void Av::join_shared(int fd) {
         ::close(fd);
         fail(FI_EINVAL, "shared AV segment is not a tandem AV");
     }
+    // Ours alone, as we create them: a file of that name that another user owns, or that
+    // others may write, could hold addresses someone else chose for us.
+    if (st.st_uid != geteuid() || (st.st_mode & 077)) {
+        ::close(fd);
+        fail(FI_EACCES, "the shared AV " + shared_name_ +
+                            " is another user's or others may write it: not joined");
+    }
     shared_size_ = static_cast<size_t>(st.st_size);
     void *mem = mmap(nullptr, shared_size_, read_only_ ? PROT_READ : PROT_READ | PROT_WRITE,
                      MAP_SHARED, fd, 0);

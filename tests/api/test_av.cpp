@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -279,6 +280,39 @@ TEST_F(AvTest, NamedAvIsSharedWithReadOnlyOpen) {
         ASSERT_FI_OK(fi_av_lookup(reader, out[i], &got, &len));
         EXPECT_EQ(got.sin_port, addrs[i].sin_port);
         EXPECT_EQ(got.sin_addr.s_addr, addrs[i].sin_addr.s_addr);
+    }
+}
+
+// A named AV is the user's alone: created 0600 whatever the umask, owned by the user.
+TEST_F(AvTest, NamedAvIsPrivateToTheUser) {
+    const std::string name = "/tandem-api-av-mode-" + std::to_string(getpid());
+    mode_t old_mask = umask(0);
+    Fid<fid_av> owner;
+    open_typed_av(owner, FI_AV_TABLE, name.c_str());
+    umask(old_mask);
+    ASSERT_TRUE(owner);
+    struct stat st {};
+    ASSERT_EQ(stat(("/dev/shm" + name).c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 07777, 0600u);
+    EXPECT_EQ(st.st_uid, geteuid());
+}
+
+// A file of that name that others may write (made by someone else, or chmod-ed) is not joined:
+// it could hold addresses another user chose for this job.
+TEST_F(AvTest, NamedAvOthersMayWriteIsNotJoined) {
+    const std::string name = "/tandem-api-av-open-" + std::to_string(getpid());
+    Fid<fid_av> owner;
+    ASSERT_NO_FATAL_FAILURE(open_typed_av(owner, FI_AV_TABLE, name.c_str()));
+    ASSERT_EQ(chmod(("/dev/shm" + name).c_str(), 0666), 0);
+    for (uint64_t flags : {uint64_t(0), uint64_t(FI_READ)}) {
+        fi_av_attr attr{};
+        attr.type = FI_AV_TABLE;
+        attr.count = 64;
+        attr.name = name.c_str();
+        attr.flags = flags;
+        Fid<fid_av> joiner;
+        EXPECT_EQ(fi_av_open(domain, &attr, joiner.out(), nullptr), -FI_EACCES)
+            << (flags ? "read-only" : "read-write") << " open of a world-writable AV";
     }
 }
 
