@@ -4,6 +4,7 @@
 #include "common/coarse_clock.h"
 #include "common/iov.h"
 #include "common/log.h"
+#include "common/test_hook.h"
 
 #include <rdma/fabric.h>
 #include <rdma/fi_errno.h>
@@ -871,6 +872,7 @@ void TcpConnection::handle_cm_frame() {
             fail_connection("connection request from an incompatible peer", EPROTO);
             return;
         }
+        stop_at("link.request_received");
         state_ = State::RequestReceived;
         unannounced_ = false;
         transport_->push_cm(
@@ -953,6 +955,7 @@ void TcpConnection::finish_frame() {
             write_bytes_ = 0;
             break;
         case wire::TcpOp::ReadReq: {
+            stop_at("link.read_requested");
             LocalPieces pieces;
             bool ok = transport_->resolver()->resolve(cur_ext_.key, cur_ext_.addr, cur_ext_.length,
                                                       FI_REMOTE_READ, pieces);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "offload_prov/endpoint.h"
+#include "common/test_hook.h"
 #include "offload_prov/shm/shm_segment.h"
 
 #include <cstdint>
@@ -25,8 +26,8 @@ struct SegmentInfo {
     uint32_t reserved0;
     uint64_t probe_value;  // what those 8 bytes hold: a CMA probe that reads it reached the owner
     uint64_t net_ns;       // the owner's network namespace (inode of /proc/self/ns/net), 0 unknown
-    uint64_t auth;  // the owner's authorization key (common/auth_key.h digest; 0: none)
-    uint64_t job;   // the owner's job (Config::job): cross-memory attach only within one
+    uint64_t auth;         // the owner's authorization key (common/auth_key.h digest; 0: none)
+    uint64_t job;          // the owner's job (Config::job): cross-memory attach only within one
 };
 static_assert(sizeof(SegmentInfo) == 64);
 
@@ -48,6 +49,7 @@ inline bool Endpoint::try_push(PeerLink &link, const wire::LocalHeader &hdr, con
     if (!link.backlog.empty()) return false;
     void *cell = link.ring->try_reserve(producer_id_);
     if (!cell) return false;
+    stop_at("local.ring_reserved");
     fill_cell(static_cast<uint8_t *>(cell), hdr, iov, count, offset, len, staged);
     link.ring->publish(cell);
     notify(link);

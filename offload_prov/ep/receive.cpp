@@ -5,6 +5,7 @@
 
 #include "common/iov.h"
 #include "common/log.h"
+#include "common/test_hook.h"
 #include "offload_prov/shm/cma.h"
 #include "offload_prov/srx.h"
 
@@ -112,6 +113,7 @@ void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::str
             // half into our buffer while we read the first (two cores, twice the copy rate).
             size_t half = (n / 2) & ~size_t(4095);
             PeerLink *link = n >= wire::kLocalSplitMin ? link_to(sender) : nullptr;
+            stop_at("local.before_cma_read");
             if (link && link->cma &&
                 send_cts(*link, hdr.msg_id, entry->iov, entry->count, half, n)) {
                 iovec local[wire::kLocalMaxIov * 4], first[wire::kLocalMaxIov];

@@ -4,6 +4,7 @@
 #include "offload_prov/endpoint.h"
 
 #include "common/iov.h"
+#include "common/test_hook.h"
 #include "offload_prov/config.h"
 #include "offload_prov/shm/cma.h"
 
@@ -37,6 +38,7 @@ bool Endpoint::send_cts(PeerLink &link, uint64_t msg_id, const iovec *dst, size_
 
 // Sender side of a split copy: write our part into the receiver's buffer.
 void Endpoint::handle_cts(const LocalHeader &hdr, std::string_view sender, const uint8_t *body) {
+    stop_at("local.cts_received");
     int status = FI_EIO;
     auto it = pending_.find(hdr.msg_id);
     if (it != pending_.end() && !it->second.iov.empty()) {

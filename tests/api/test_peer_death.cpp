@@ -126,8 +126,8 @@ bool read_all(int fd, void *p, size_t n, int timeout_ms) {
     uint8_t flag = 1;
     if (!write_all(wfd, &flag, 1)) die("write ready", -FI_EIO);
     for (;;) {
-        if (mode == "sender" && !sending) {
-            ssize_t r = fi_send(ep, mem.data(), len, desc, peer, &sctx);
+        if ((mode == "sender" || mode == "small_sender") && !sending) {
+            ssize_t r = fi_send(ep, mem.data(), mode == "sender" ? len : 64, desc, peer, &sctx);
             if (r == 0) sending = true;
         }
         fi_cq_tagged_entry e[8];
@@ -169,7 +169,9 @@ class Child {
         if (rfd >= 0) close(rfd);
         if (wfd >= 0) close(wfd);
     }
-    bool start(const std::string &mode) {
+    // stop_at: a point of tandem's protocol where the child stops itself (common/test_hook.h),
+    // to be killed there.
+    bool start(const std::string &mode, const std::string &stop_at = "") {
         int to_child[2], to_parent[2];
         if (pipe(to_child) || pipe(to_parent)) return false;
         pid = fork();
@@ -179,6 +181,7 @@ class Child {
             close(to_parent[0]);
             const std::string fds =
                 std::to_string(to_child[0]) + "," + std::to_string(to_parent[1]);
+            if (!stop_at.empty()) setenv("TANDEM_TEST_STOP_AT", stop_at.c_str(), 1);
             execl(g_self.c_str(), g_self.c_str(), "--tandem-peer-child", fds.c_str(), mode.c_str(),
                   static_cast<char *>(nullptr));
             _exit(127);
@@ -188,6 +191,21 @@ class Child {
         wfd = to_child[1];
         rfd = to_parent[0];
         return true;
+    }
+    // Waits (driving the parent's progress) until the child has stopped at its point.
+    bool wait_stopped(const std::function<void()> &progress, Ms timeout) {
+        const auto deadline = Clock::now() + timeout;
+        while (Clock::now() < deadline) {
+            int status = 0;
+            pid_t r = waitpid(pid, &status, WNOHANG | WUNTRACED);
+            if (r == pid && WIFSTOPPED(status)) return true;
+            if (r == pid) {
+                pid = -1;  // it ended instead
+                return false;
+            }
+            progress();
+        }
+        return false;
     }
     void kill_and_reap() {
         if (pid > 0) {
@@ -212,8 +230,8 @@ class PeerDeathTest : public FabricTest {
     }
 
     // Starts the child, swaps names with a, inserts the child into a's AV.
-    void start_child(const std::string &mode) {
-        ASSERT_TRUE(child.start(mode));
+    void start_child(const std::string &mode, const std::string &stop_at = "") {
+        ASSERT_TRUE(child.start(mode, stop_at));
         ASSERT_TRUE(read_all(child.rfd, &child.hello, sizeof(child.hello), 20000))
             << "the child did not report its address";
         Hello me;
@@ -224,6 +242,13 @@ class PeerDeathTest : public FabricTest {
         uint8_t ready = 0;
         ASSERT_TRUE(read_all(child.rfd, &ready, 1, 20000)) << "the child did not get ready";
         ASSERT_FI_RET(fi_av_insert(a().av, child.hello.name, 1, &dead, 0, nullptr), 1);
+    }
+
+    // Kills the child once it stopped at its point (within 20 s).
+    void kill_when_stopped(const char *point) {
+        ASSERT_TRUE(child.wait_stopped([&] { progress(); }, 20s))
+            << "the child never reached " << point << ": " << a().log.summary();
+        child.kill_and_reap();
     }
 
     void check_survivor_works(uint32_t seed) {
@@ -341,9 +366,28 @@ TEST_F(PeerDeathTest, SendToKilledPeerFails) {
 }
 
 TEST_F(PeerDeathTest, KilledSenderLeavesReceiverUsable) {
-    ASSERT_NO_FATAL_FAILURE(start_child("sender"));
     std::vector<std::unique_ptr<DataBuf>> r;
     for (int i = 0; i < 2; ++i) r.push_back(buf(kChildMsg));
+    if (!over_link()) {
+        // Node-local, a 32 MiB message is copied by both sides: the receiver reads the first
+        // half out of the sender's memory and asks the sender (Cts) to write the second. The
+        // sender stops where it got that request, and is killed there: mid rendezvous, in
+        // every run. The receive fails with FI_ECONNRESET once the death is noticed (the
+        // peers' liveness is checked every 200 ms).
+        ASSERT_NO_FATAL_FAILURE(start_child("sender", "local.cts_received"));
+        ASSERT_FI_OK(post([&] {
+            return fi_recv(a().ep, r[0]->data(), kChildMsg, r[0]->desc, FI_ADDR_UNSPEC, ctx(0));
+        }));
+        ASSERT_NO_FATAL_FAILURE(kill_when_stopped("local.cts_received"));
+        auto err = wait_err(a(), ctx(0), 5s);
+        ASSERT_TRUE(err) << "the receive whose sender died mid copy did not fail within 5 s: "
+                         << a().log.summary();
+        EXPECT_EQ(err->e.err, FI_ECONNRESET) << "got " << fi_strerror(err->e.err);
+        EXPECT_FALSE(a().log.has(ctx(0))) << "a half-copied message reported as received";
+        ASSERT_NO_FATAL_FAILURE(check_survivor_works(712));
+        return;
+    }
+    ASSERT_NO_FATAL_FAILURE(start_child("sender"));
     ASSERT_FI_OK(post([&] {
         return fi_recv(a().ep, r[0]->data(), kChildMsg, r[0]->desc, FI_ADDR_UNSPEC, ctx(0));
     }));
@@ -375,25 +419,91 @@ TEST_F(PeerDeathTest, KilledSenderLeavesReceiverUsable) {
         EXPECT_EQ(err->e.err, FI_ECONNRESET) << "got " << fi_strerror(err->e.err);
         EXPECT_FALSE(a().log.has(ctx(1))) << "a partial message reported as received";
     } else {
-        // Node-local the receiver copies the message out of the sender's memory itself, in one
-        // go once it has seen the request: the sender's death a few milliseconds into it finds
-        // the message delivered, whole. On the emulated NIC, killed once the first bytes have
-        // landed, likewise.
-        if (emulated_nic)
-            ASSERT_TRUE(
-                poll_until([&] { return r[1]->data()[0] != 0 || a().log.has(ctx(1)); }, 20s))
-                << "no byte of the second message arrived";
-        else
-            poll_for(5ms);
+        // The emulated NIC places a read's response whole: killed once the first bytes have
+        // landed, the message is delivered, whole.
+        ASSERT_TRUE(poll_until([&] { return r[1]->data()[0] != 0 || a().log.has(ctx(1)); }, 20s))
+            << "no byte of the second message arrived";
         child.kill_and_reap();
         auto c = wait_comp(a(), ctx(1), 15s);
         ASSERT_TRUE(c && !a().log.has_err(ctx(1)))
-            << "the node-local receive did not complete: " << a().log.summary();
+            << "the receive on the emulated NIC did not complete: " << a().log.summary();
         EXPECT_EQ(c->len, kChildMsg) << "partial message reported as a successful receive";
         EXPECT_EQ(check_pattern(r[1]->data(), kChildMsg, kChildSeed), -1)
             << "corrupt message reported as a successful receive";
     }
     ASSERT_NO_FATAL_FAILURE(check_survivor_works(712));
+}
+
+// Death at chosen points of the protocol: the child stops itself there (common/test_hook.h) and
+// is killed. Each survivor outcome within a bound, one per path.
+
+// Node-local: the receiver stops as it is about to copy a message out of the sender's memory
+// (its Cts not sent, nothing copied), and dies there. The sender, waiting for its Fin, fails
+// the send with FI_ECONNRESET when the death is noticed.
+TEST_F(PeerDeathTest, ReceiverKilledBeforeItsCopyFailsTheSend) {
+    if (over_link()) GTEST_SKIP() << "cross-memory attach is the node-local path's";
+    ASSERT_NO_FATAL_FAILURE(start_child("serve", "local.before_cma_read"));
+    auto big = buf(1 << 20);
+    ASSERT_FI_OK(
+        post([&] { return fi_send(a().ep, big->data(), 1 << 20, big->desc, dead, ctx(0)); }));
+    ASSERT_NO_FATAL_FAILURE(kill_when_stopped("local.before_cma_read"));
+    auto err = wait_err(a(), ctx(0), 5s);
+    ASSERT_TRUE(err) << "the send to a receiver that died mid copy did not fail within 5 s: "
+                     << a().log.summary();
+    EXPECT_EQ(err->e.err, FI_ECONNRESET) << "got " << fi_strerror(err->e.err);
+    ASSERT_NO_FATAL_FAILURE(check_survivor_works(713));
+}
+
+// Node-local: a sender dies holding a cell of our inbox it claimed and never published. The
+// cells other peers publish behind it are consumed all the same once the claimant is found
+// dead (within 5 s), so b's message reaches a.
+TEST_F(PeerDeathTest, PeerKilledHoldingARingCellBlocksNobody) {
+    if (over_link()) GTEST_SKIP() << "the inbox ring is the node-local path's";
+    ASSERT_NO_FATAL_FAILURE(start_child("small_sender", "local.ring_reserved"));
+    ASSERT_NO_FATAL_FAILURE(kill_when_stopped("local.ring_reserved"));
+    auto s = buf(256), r = buf(256);
+    fill_pattern(s->data(), 256, 714);
+    ASSERT_FI_OK(post([&] {
+        return fi_trecv(a().ep, r->data(), 256, r->desc, FI_ADDR_UNSPEC, 0x714, 0, ctx(0));
+    }));
+    ASSERT_FI_OK(post(
+        [&] { return fi_tsend(b().ep, s->data(), 256, s->desc, b().peer[0], 0x714, ctx(1)); }));
+    ASSERT_TRUE(wait_comp(a(), ctx(0), 5s))
+        << "a message published behind the dead peer's cell never arrived: " << a().log.summary();
+    EXPECT_EQ(check_pattern(r->data(), 256, 714), -1);
+}
+
+// TCP link: the peer dies having read our connection request and not answered it. The send
+// that opened the connection fails with FI_ECONNREFUSED (the connection never came up).
+TEST_F(PeerDeathTest, PeerKilledDuringConnectionSetUpFailsTheSend) {
+    if (!over_link() || on_verbs_link()) GTEST_SKIP() << "the TCP link's connection set-up";
+    ASSERT_NO_FATAL_FAILURE(start_child("serve", "link.request_received"));
+    auto small = buf(64);
+    ASSERT_FI_OK(
+        post([&] { return fi_send(a().ep, small->data(), 64, small->desc, dead, ctx(0)); }));
+    ASSERT_NO_FATAL_FAILURE(kill_when_stopped("link.request_received"));
+    auto err = wait_err(a(), ctx(0), 5s);
+    ASSERT_TRUE(err) << "a send whose connection's listener died did not fail within 5 s: "
+                     << a().log.summary();
+    EXPECT_EQ(err->e.err, FI_ECONNREFUSED) << "got " << fi_strerror(err->e.err);
+    ASSERT_NO_FATAL_FAILURE(check_survivor_works(715));
+}
+
+// TCP link: the target dies having read an RDMA read request and not answered it. The read
+// fails with FI_ECONNRESET.
+TEST_F(PeerDeathTest, TargetKilledOnAReadRequestFailsTheRead) {
+    if (!over_link() || on_verbs_link()) GTEST_SKIP() << "the TCP link serves reads in software";
+    ASSERT_NO_FATAL_FAILURE(start_child("serve", "link.read_requested"));
+    auto dst = buf(1 << 20);
+    ASSERT_FI_OK(post([&] {
+        return fi_read(a().ep, dst->data(), 1 << 20, dst->desc, dead, child.hello.addr,
+                       child.hello.key, ctx(0));
+    }));
+    ASSERT_NO_FATAL_FAILURE(kill_when_stopped("link.read_requested"));
+    auto err = wait_err(a(), ctx(0), 5s);
+    ASSERT_TRUE(err) << "a read whose target died did not fail within 5 s: " << a().log.summary();
+    EXPECT_EQ(err->e.err, FI_ECONNRESET) << "got " << fi_strerror(err->e.err);
+    ASSERT_NO_FATAL_FAILURE(check_survivor_works(716));
 }
 
 // The parent's CQ can be slept on (FI_WAIT_FD), so the test can wait for the dead peer's reset

@@ -1,0 +1,44 @@
+// Points where a test can freeze this process, to kill it there: peer death at a chosen moment
+// of a protocol (tests/api/test_peer_death.cpp), where a SIGKILL at a random time would hit a
+// different state on each run. TANDEM_TEST_STOP_AT=<point> (test processes only; documented
+// for nobody else) makes the process stop itself (SIGSTOP) the first time it reaches that
+// point; the test waits for it to be stopped, then kills it. Unset, a hook is one
+// well-predicted branch on a flag read once.
+#pragma once
+
+#include <signal.h>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace tandem {
+
+namespace test_hook_detail {
+// Read when the library loads (a plain load at each hook, no guard of a function's static).
+inline const char *const g_stop_point = [] {
+    const char *p = std::getenv("TANDEM_TEST_STOP_AT");
+    return p && *p ? p : nullptr;
+}();
+}  // namespace test_hook_detail
+
+// The points (each named where it is placed):
+//   local.ring_reserved   a node-local sender has claimed a cell of a peer's inbox and not
+//                         published it
+//   local.cts_received    a node-local sender of a large message got the receiver's Cts and
+//                         has not written its half
+//   local.before_cma_read a node-local receiver is about to copy a message out of its
+//                         sender's memory
+//   link.request_received a TCP link listener has read a connection request, not answered it
+//   link.read_requested   a TCP link target has read an RDMA read request, not answered it
+inline void stop_at(const char *point) {
+    const char *armed = test_hook_detail::g_stop_point;
+    if (__builtin_expect(armed != nullptr, 0) && std::strcmp(armed, point) == 0) {
+        static bool stopped = false;
+        if (!stopped) {
+            stopped = true;
+            raise(SIGSTOP);
+        }
+    }
+}
+
+}  // namespace tandem
