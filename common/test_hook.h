@@ -30,6 +30,8 @@ inline const char *const g_stop_point = [] {
 //                         sender's memory
 //   link.request_received a TCP link listener has read a connection request, not answered it
 //   link.read_requested   a TCP link target has read an RDMA read request, not answered it
+//   link.write_received   a TCP link target has read an RDMA write's header, not its data
+//   link.frame_partly_sent  a TCP link sender has put part of a frame on the socket
 inline void stop_at(const char *point) {
     const char *armed = test_hook_detail::g_stop_point;
     if (__builtin_expect(armed != nullptr, 0) && std::strcmp(armed, point) == 0) {

@@ -517,6 +517,7 @@ bool TcpConnection::flush_send() {
             left -= take;
             if (f.sent == f.total) retire_sent();
         }
+        if (!outq_.empty() && outq_.front()->sent) stop_at("link.frame_partly_sent");
         if (static_cast<size_t>(sent) < bytes) return false;  // socket buffer full
     }
     return true;
@@ -736,6 +737,7 @@ bool TcpConnection::begin_frame() {
                 fail_connection("malformed write", EPROTO);
                 return false;
             }
+            stop_at("link.write_received");
             if (fault) {
                 cur_status_ = wire::TcpStatus::SourceFault;
                 dst_discard_ = true;

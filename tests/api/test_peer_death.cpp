@@ -22,6 +22,7 @@ constexpr size_t kServeLen = 16 << 20;  // RMA region the "serve" child exposes
 constexpr uint32_t kServeSeed = 700;
 constexpr size_t kChildMsg = 32 << 20;  // message size the "sender" child streams
 constexpr uint32_t kChildSeed = 701;
+constexpr size_t kEagerMsg = 60 << 10;  // under tandem's eager limit (64 KiB)
 
 struct Hello {
     uint32_t name_len = 0;
@@ -122,12 +123,17 @@ bool read_all(int fd, void *p, size_t n, int timeout_ms) {
     for (size_t i = 0; i < rctx.size(); ++i)
         fi_recv(ep, rbuf.data() + i * 4096, 4096, rdesc, FI_ADDR_UNSPEC, &rctx[i]);
     fi_context2 sctx{};
-    bool sending = false;
+    bool sending = false, idle = false;
     uint8_t flag = 1;
     if (!write_all(wfd, &flag, 1)) die("write ready", -FI_EIO);
     for (;;) {
-        if ((mode == "sender" || mode == "small_sender") && !sending) {
-            ssize_t r = fi_send(ep, mem.data(), mode == "sender" ? len : 64, desc, peer, &sctx);
+        if (mode == "idle" && idle) {  // reads nothing more: what arrives stays unread
+            pause();
+            continue;
+        }
+        if ((mode == "sender" || mode == "small_sender" || mode == "eager_sender") && !sending) {
+            const size_t n = mode == "sender" ? len : mode == "eager_sender" ? kEagerMsg : 64;
+            ssize_t r = fi_send(ep, mem.data(), n, desc, peer, &sctx);
             if (r == 0) sending = true;
         }
         fi_cq_tagged_entry e[8];
@@ -141,6 +147,7 @@ bool read_all(int fd, void *p, size_t n, int timeout_ms) {
             if (e[i].op_context == &sctx) {
                 sending = false;
             } else if (e[i].flags & FI_RECV) {
+                idle = true;  // ("idle": connected now, it reads nothing after this message)
                 auto *c = static_cast<fi_context2 *>(e[i].op_context);
                 size_t slot = static_cast<size_t>(c - rctx.data());
                 fi_recv(ep, rbuf.data() + slot * 4096, 4096, rdesc, FI_ADDR_UNSPEC, c);
@@ -171,7 +178,8 @@ class Child {
     }
     // stop_at: a point of tandem's protocol where the child stops itself (common/test_hook.h),
     // to be killed there.
-    bool start(const std::string &mode, const std::string &stop_at = "") {
+    bool start(const std::string &mode, const std::string &stop_at = "",
+               const std::vector<std::string> &env = {}) {
         int to_child[2], to_parent[2];
         if (pipe(to_child) || pipe(to_parent)) return false;
         pid = fork();
@@ -182,6 +190,7 @@ class Child {
             const std::string fds =
                 std::to_string(to_child[0]) + "," + std::to_string(to_parent[1]);
             if (!stop_at.empty()) setenv("TANDEM_TEST_STOP_AT", stop_at.c_str(), 1);
+            for (const std::string &kv : env) putenv(const_cast<char *>(kv.c_str()));
             execl(g_self.c_str(), g_self.c_str(), "--tandem-peer-child", fds.c_str(), mode.c_str(),
                   static_cast<char *>(nullptr));
             _exit(127);
@@ -230,8 +239,9 @@ class PeerDeathTest : public FabricTest {
     }
 
     // Starts the child, swaps names with a, inserts the child into a's AV.
-    void start_child(const std::string &mode, const std::string &stop_at = "") {
-        ASSERT_TRUE(child.start(mode, stop_at));
+    void start_child(const std::string &mode, const std::string &stop_at = "",
+                     const std::vector<std::string> &env = {}) {
+        ASSERT_TRUE(child.start(mode, stop_at, env));
         ASSERT_TRUE(read_all(child.rfd, &child.hello, sizeof(child.hello), 20000))
             << "the child did not report its address";
         Hello me;
@@ -504,6 +514,74 @@ TEST_F(PeerDeathTest, TargetKilledOnAReadRequestFailsTheRead) {
     ASSERT_TRUE(err) << "a read whose target died did not fail within 5 s: " << a().log.summary();
     EXPECT_EQ(err->e.err, FI_ECONNRESET) << "got " << fi_strerror(err->e.err);
     ASSERT_NO_FATAL_FAILURE(check_survivor_works(716));
+}
+
+// TCP link: the target dies having read an RDMA write's header and none of its data. The
+// write fails with FI_ECONNRESET.
+TEST_F(PeerDeathTest, TargetKilledOnAWriteFailsTheWrite) {
+    if (!over_link() || on_verbs_link()) GTEST_SKIP() << "the TCP link places writes in software";
+    ASSERT_NO_FATAL_FAILURE(start_child("serve", "link.write_received"));
+    auto src = buf(1 << 20);
+    ASSERT_FI_OK(post([&] {
+        return fi_write(a().ep, src->data(), 1 << 20, src->desc, dead, child.hello.addr,
+                        child.hello.key, ctx(0));
+    }));
+    ASSERT_NO_FATAL_FAILURE(kill_when_stopped("link.write_received"));
+    auto err = wait_err(a(), ctx(0), 5s);
+    ASSERT_TRUE(err) << "a write whose target died did not fail within 5 s: " << a().log.summary();
+    EXPECT_EQ(err->e.err, FI_ECONNRESET) << "got " << fi_strerror(err->e.err);
+    ASSERT_NO_FATAL_FAILURE(check_survivor_works(717));
+}
+
+// TCP link: the sender of an eager message dies with part of its frame on the wire (a 4 KiB
+// socket buffer makes the 60 KiB frame leave in pieces). Nothing of it is delivered: the
+// receive it would have taken stays posted, and takes b's message next, whole.
+TEST_F(PeerDeathTest, SenderKilledMidEagerFrameDeliversNothing) {
+    if (!over_link() || on_verbs_link()) GTEST_SKIP() << "the TCP link's frames";
+    ASSERT_NO_FATAL_FAILURE(
+        start_child("eager_sender", "link.frame_partly_sent", {"FI_TANDEM_SOCKET_BUFFER=4096"}));
+    auto r = buf(kEagerMsg), s = buf(kEagerMsg);
+    ASSERT_FI_OK(post(
+        [&] { return fi_recv(a().ep, r->data(), kEagerMsg, r->desc, FI_ADDR_UNSPEC, ctx(0)); }));
+    ASSERT_NO_FATAL_FAILURE(kill_when_stopped("link.frame_partly_sent"));
+    poll_for(500ms);
+    ASSERT_FALSE(a().log.has(ctx(0)) || a().log.has_err(ctx(0)))
+        << "the receive ended when its sender died mid frame: " << a().log.summary();
+    fill_pattern(s->data(), kEagerMsg, 718);
+    ASSERT_FI_OK(
+        post([&] { return fi_send(b().ep, s->data(), kEagerMsg, s->desc, b().peer[0], ctx(1)); }));
+    auto c = wait_comp(a(), ctx(0), 5s);
+    ASSERT_TRUE(c) << a().log.summary();
+    EXPECT_EQ(c->len, kEagerMsg);
+    EXPECT_EQ(check_pattern(r->data(), kEagerMsg, 718), -1) << "the receive holds other bytes";
+}
+
+// A peer that never read what it was sent (its completions, and on a link its socket, hold
+// them) dies: sends to it afterwards fail as they do to any dead peer, and the survivor's
+// other peers are unaffected.
+TEST_F(PeerDeathTest, PeerKilledWithCompletionsUnreadLeavesTheSurvivorWorking) {
+    ASSERT_NO_FATAL_FAILURE(start_child("idle"));
+    auto small = buf(64);
+    // The first message connects them (over a link the child's progress accepts the
+    // connection); the child reads nothing after it.
+    ASSERT_FI_OK(
+        post([&] { return fi_send(a().ep, small->data(), 64, small->desc, dead, ctx(20)); }));
+    ASSERT_TRUE(wait_comp(a(), ctx(20))) << a().log.summary();
+    poll_for(100ms);
+    for (int i = 0; i < 8; ++i)
+        ASSERT_FI_OK(
+            post([&] { return fi_send(a().ep, small->data(), 64, small->desc, dead, ctx(i)); }));
+    for (int i = 0; i < 8; ++i)
+        ASSERT_TRUE(wait_comp(a(), ctx(i))) << "send " << i << ": " << a().log.summary();
+    child.kill_and_reap();
+    poll_for(1s);
+    const int expected = over_link() ? FI_ECONNREFUSED : FI_ECONNRESET;
+    ASSERT_FI_OK(
+        post([&] { return fi_send(a().ep, small->data(), 64, small->desc, dead, ctx(9)); }));
+    auto err = wait_err(a(), ctx(9), 15s);
+    ASSERT_TRUE(err) << "a send to the dead peer did not fail: " << a().log.summary();
+    EXPECT_EQ(err->e.err, expected) << "got " << fi_strerror(err->e.err);
+    ASSERT_NO_FATAL_FAILURE(check_survivor_works(719));
 }
 
 // The parent's CQ can be slept on (FI_WAIT_FD), so the test can wait for the dead peer's reset
