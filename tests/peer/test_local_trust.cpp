@@ -164,6 +164,7 @@ const int g_env = setenv("FI_OFF_TANDEM_JOB", "job-a", 1) | setenv("FI_TANDEM_LO
 
 struct Opened : Rdm {
     tandem::peer::EpDiagOps *diag = nullptr;
+    ~Opened() { close(); }
     void open() {
         ASSERT_NO_FATAL_FAILURE(Rdm::open());
         void *ops = nullptr;
