@@ -179,8 +179,27 @@ std::vector<Interface> usable_interfaces(int family) {
     return rdma;
 }
 
+namespace {
+
+// dst is an address of this host (of any of its interfaces, loopback included): one a socket
+// can be bound to.
+bool is_own_address(const EndpointName &dst) {
+    int fd = socket(dst.ss.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return false;
+    EndpointName probe = dst;
+    if (probe.ss.ss_family == AF_INET)
+        reinterpret_cast<sockaddr_in *>(&probe.ss)->sin_port = 0;
+    else
+        reinterpret_cast<sockaddr_in6 *>(&probe.ss)->sin6_port = 0;
+    bool own = bind(fd, probe.sa(), probe.length()) == 0;
+    close(fd);
+    return own;
+}
+
+}  // namespace
+
 bool reaches(const Interface &itf, const EndpointName &dst) {
-    if (itf.rdma_device.empty()) return true;
+    if (itf.rdma_device.empty()) return !itf.loopback || is_wildcard(dst) || is_own_address(dst);
     const VerbsApi *api = verbs_api();
     if (!api || is_wildcard(dst)) return api != nullptr;
     // The source address of the route: a datagram socket "connected" to dst sends nothing.

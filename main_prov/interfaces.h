@@ -27,8 +27,10 @@ struct Interface {
 // address (auto or tcp), loopback last.
 std::vector<Interface> usable_interfaces(int family);
 
-// Whether the domain of itf reaches dst over its own link: always for a TCP domain (the
-// kernel routes), and for a device's domain when the address the kernel sends to dst from
+// Whether the domain of itf reaches dst over its own link: for a TCP domain always (the kernel
+// routes) but the loopback's, which reaches this host's own addresses only (an endpoint at
+// 127.0.0.1 that connects to another host could never be connected to in return); for a
+// device's domain when the address the kernel sends to dst from
 // is one the device serves (rdma_cm would bind a connection to dst to this device). How
 // fi_getinfo with a destination picks the link per peer: verbs where a device serves the
 // route, TCP otherwise.

@@ -528,3 +528,26 @@ TEST(GetInfo, DupInfoOfProviderInfoOpensFabric) {
 
 }  // namespace
 }  // namespace tandem_test
+
+namespace tandem_test {
+namespace {
+
+// A destination on another host is not reached from the loopback domain: an endpoint at
+// 127.0.0.1 could connect out but never be connected to in return. A destination of this
+// host (its own address, or loopback) is.
+TEST(GetInfo, LoopbackDomainOnlyForThisHostsAddresses) {
+    auto domains = [](const char *node) {
+        InfoPtr hints = alloc_hints();
+        hints->fabric_attr->prov_name = strdup(provider_name());
+        InfoPtr out;
+        std::set<std::string> names;
+        if (getinfo(hints.get(), &out, node, "4711") == 0)
+            for (fi_info *i = out.get(); i; i = i->next) names.insert(i->domain_attr->name);
+        return names;
+    };
+    EXPECT_EQ(domains("203.0.113.7").count("lo"), 0u) << "lo offered for a host of TEST-NET-3";
+    EXPECT_EQ(domains("127.0.0.2").count("lo"), 1u);
+}
+
+}  // namespace
+}  // namespace tandem_test
