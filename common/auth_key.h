@@ -9,12 +9,21 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 
 namespace tandem {
 
 // Largest key tandem takes (fi_getinfo refuses hints with a longer one).
 inline constexpr size_t kMaxAuthKeySize = 64;
+
+// A copy of a key in memory fi_freeinfo frees (malloc); nullptr when out of memory.
+inline uint8_t *copy_auth_key(const uint8_t *key, size_t len) {
+    auto *out = static_cast<uint8_t *>(std::malloc(len));
+    if (out) std::memcpy(out, key, len);
+    return out;
+}
 
 // 0 for no key; a nonzero digest of the bytes otherwise.
 inline uint64_t auth_key_digest(const uint8_t *key, size_t len) {

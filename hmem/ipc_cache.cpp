@@ -115,13 +115,18 @@ size_t IpcImportCache::size() const {
     return entries_.size();
 }
 
+bool ipc_entry_consistent(const wire::LocalIpc &e) {
+    auto iface = static_cast<fi_hmem_iface>(e.iface);
+    return e.iface <= FI_HMEM_SYNAPSEAI && iface != FI_HMEM_SYSTEM &&
+           Registry::instance().available(iface) && e.offset <= e.alloc_len &&
+           e.length <= e.alloc_len - e.offset;
+}
+
 int import_ipc_entry(IpcImportCache &cache, uint64_t peer, uint64_t local_device,
                      const wire::LocalIpc &e, void **addr, MemRef *mem) {
+    if (!ipc_entry_consistent(e)) return -FI_EINVAL;
     Registry &reg = Registry::instance();
     auto iface = static_cast<fi_hmem_iface>(e.iface);
-    if (e.iface > FI_HMEM_SYNAPSEAI || iface == FI_HMEM_SYSTEM || !reg.available(iface) ||
-        e.offset > e.alloc_len || e.length > e.alloc_len - e.offset)
-        return -FI_EINVAL;
     uint64_t device = local_device != UINT64_MAX ? local_device : e.device;
     if (device >= static_cast<uint64_t>(reg.device_count(iface))) device = 0;
     IpcExport ex;

@@ -84,6 +84,10 @@ class IpcImportCache {
 // from another process and is checked: 0 with *addr and *mem set, -FI_EINVAL for an entry
 // that contradicts itself or the allocation its handle maps, -FI_EOPNOTSUPP (or the
 // interface's error) when it cannot be mapped here.
+// Whether the entry names an interface that has IPC here and a buffer inside the allocation it
+// claims (the first checks of import_ipc_entry; a peer in our own process needs no more).
+bool ipc_entry_consistent(const wire::LocalIpc &e);
+
 int import_ipc_entry(IpcImportCache &cache, uint64_t peer, uint64_t local_device,
                      const wire::LocalIpc &e, void **addr, MemRef *mem);
 

@@ -49,4 +49,20 @@ std::optional<ParsedHello> parse_conn_hello(std::span<const uint8_t> data, std::
     return req;
 }
 
+std::optional<ParsedHello> accept_conn_hello(std::span<const uint8_t> data, wire::ConnKind want,
+                                             uint64_t auth, std::string *why) {
+    auto hello = parse_conn_hello(data, why);
+    const char *refused = nullptr;
+    if (!hello)
+        return hello;
+    else if (hello->kind != want || (want == wire::ConnKind::Msg && !hello->name.empty()))
+        refused =
+            want == wire::ConnKind::Msg ? "not from a MSG endpoint" : "not from an RDM endpoint";
+    else if (hello->auth != auth)
+        refused = "another authorization key";
+    if (!refused) return hello;
+    if (why) *why = refused;
+    return std::nullopt;
+}
+
 }  // namespace tandem

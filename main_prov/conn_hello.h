@@ -30,4 +30,9 @@ std::vector<uint8_t> build_conn_hello(wire::ConnKind kind, uint64_t auth,
 // (*why says what was wrong, for the log). The spans point into `data`.
 std::optional<ParsedHello> parse_conn_hello(std::span<const uint8_t> data, std::string *why);
 
+// What a listener takes: a request parse_conn_hello accepts, from an endpoint of the kind
+// `want` (a MSG request names nobody), with the listener's authorization key digest `auth`.
+std::optional<ParsedHello> accept_conn_hello(std::span<const uint8_t> data, wire::ConnKind want,
+                                             uint64_t auth, std::string *why);
+
 }  // namespace tandem

@@ -819,24 +819,18 @@ void Endpoint::handle_cm_event(CmEvent &ev) {
             // RDM: a peer connecting on demand. Its hello names its listening address.
             EndpointName name;
             std::string why;
-            auto hello = parse_conn_hello(ev.private_data, &why);
             if (type_ != FI_EP_RDM) {
                 conn->reject(nullptr, 0);
                 return;
             }
-            if (hello && hello->kind != wire::ConnKind::Rdm) why = "not from an RDM endpoint";
-            if (hello && why.empty() &&
-                !EndpointName::from_bytes(hello->name.data(), hello->name.size(), name))
+            auto hello = accept_conn_hello(ev.private_data, wire::ConnKind::Rdm, auth_, &why);
+            if (hello && !EndpointName::from_bytes(hello->name.data(), hello->name.size(), name))
                 why = "a malformed endpoint name";
             if (!why.empty()) {
-                TANDEM_WARN(FI_LOG_EP_CTRL, "rejecting a connection request: %s\n", why.c_str());
-                conn->reject(nullptr, 0);
-                return;
-            }
-            if (hello->auth != auth_) {
-                TANDEM_WARN(FI_LOG_EP_CTRL,
-                            "rejecting a connection request from %s: another authorization key\n",
-                            name.to_string().c_str());
+                EndpointName from;
+                from.ss = conn->peer_address();
+                TANDEM_WARN(FI_LOG_EP_CTRL, "rejecting a connection request from %s: %s\n",
+                            from.to_string().c_str(), why.c_str());
                 conn->reject(nullptr, 0);
                 return;
             }

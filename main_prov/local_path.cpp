@@ -84,15 +84,10 @@ std::unique_ptr<LocalPath> LocalPath::open(Endpoint &ep, OffloadDomain &off, Av 
         lp->transfer_ = {sizeof lp->transfer_, off.info(), ep.fid(), nullptr};
         // The twin takes the endpoint's authorization key: node-local peers of another key
         // are no peers of its (each side compares the keys in the other's segment).
-        fi_info *twin_info = fi_dupinfo(off.info());
         auto [key, key_len] = endpoint_auth_key(ep.info_, ep.domain()->info());
-        if (twin_info && key_len) {
-            twin_info->ep_attr->auth_key = static_cast<uint8_t *>(malloc(key_len));
-            if (twin_info->ep_attr->auth_key) {
-                memcpy(twin_info->ep_attr->auth_key, key, key_len);
-                twin_info->ep_attr->auth_key_size = key_len;
-            }
-        }
+        fi_info *twin_info = fi_dupinfo(off.info());
+        if (twin_info && key_len && (twin_info->ep_attr->auth_key = copy_auth_key(key, key_len)))
+            twin_info->ep_attr->auth_key_size = key_len;
         ret = twin_info && twin_info->ep_attr->auth_key_size == key_len
                   ? fi_endpoint2(off.domain(), twin_info, &lp->twin_, FI_PEER_TRANSFER,
                                  &lp->transfer_)

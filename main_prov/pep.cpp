@@ -213,12 +213,8 @@ void PassiveEndpoint::progress_cm() {
     while (transport_->poll_cm(ev)) {
         if (ev.type != CmEventType::ConnectRequest) continue;
         std::string why;
-        auto hello = parse_conn_hello(ev.private_data, &why);
-        if (hello && (hello->kind != wire::ConnKind::Msg || !hello->name.empty()))
-            why = "not from a MSG endpoint";
-        else if (hello && hello->auth != auth_)
-            why = "another authorization key";
-        if (!why.empty()) {
+        auto hello = accept_conn_hello(ev.private_data, wire::ConnKind::Msg, auth_, &why);
+        if (!hello) {
             TANDEM_WARN(FI_LOG_EP_CTRL, "rejecting a connection request: %s\n", why.c_str());
             ev.conn->reject(nullptr, 0);
             continue;

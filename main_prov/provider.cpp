@@ -90,13 +90,6 @@ bool subset(uint64_t want, uint64_t have) {
 }
 
 // Decides whether one (interface, endpoint type) pair can satisfy the hints; fills info.
-// A key of the hints, in memory fi_freeinfo frees.
-uint8_t *copy_key(const uint8_t *key, size_t len) {
-    auto *out = static_cast<uint8_t *>(malloc(len));
-    if (out) memcpy(out, key, len);
-    return out;
-}
-
 bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint32_t format,
                fi_info *fi) {
     const Config &cfg = Config::get();
@@ -260,12 +253,12 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
     // Authorization keys are honoured (common/auth_key.h): the hints' keys come back, as the
     // keys of the domain and of endpoints opened with this info.
     if (hints && hints->domain_attr && hints->domain_attr->auth_key_size) {
-        d.auth_key = copy_key(hints->domain_attr->auth_key, hints->domain_attr->auth_key_size);
+        d.auth_key = copy_auth_key(hints->domain_attr->auth_key, hints->domain_attr->auth_key_size);
         if (!d.auth_key) return false;
         d.auth_key_size = hints->domain_attr->auth_key_size;
     }
     if (hints && hints->ep_attr && hints->ep_attr->auth_key_size) {
-        ep.auth_key = copy_key(hints->ep_attr->auth_key, hints->ep_attr->auth_key_size);
+        ep.auth_key = copy_auth_key(hints->ep_attr->auth_key, hints->ep_attr->auth_key_size);
         if (!ep.auth_key) return false;
         ep.auth_key_size = hints->ep_attr->auth_key_size;
     }

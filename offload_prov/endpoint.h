@@ -215,8 +215,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     };
     struct Staged {  // a Frag message being assembled
         wire::LocalHeader hdr{};
-        std::vector<uint8_t> data;
-        size_t received = 0;
+        std::vector<uint8_t> data;  // what arrived so far, in order
     };
 
     // endpoint.cpp: the rest of the lifecycle.

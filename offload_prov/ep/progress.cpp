@@ -146,20 +146,19 @@ void Endpoint::handle_cell(const uint8_t *cell) {
             // the end of what came before, so the memory held is what was sent, not what the
             // first fragment claims.
             auto &st = staged_[id];
-            if (st.received == 0) {
+            if (st.data.empty()) {
                 st.hdr = hdr;
                 // One allocation for messages up to 64 MiB (untouched pages cost nothing).
                 st.data.reserve(std::min<uint64_t>(hdr.total, 64u << 20));
             }
-            if (hdr.total != st.hdr.total || hdr.offset != st.received ||
+            if (hdr.total != st.hdr.total || hdr.offset != st.data.size() ||
                 hdr.size > hdr.total - hdr.offset) {
                 staged_.erase(id);
                 TANDEM_WARN(FI_LOG_EP_DATA, "dropping a fragment out of its message\n");
                 return;
             }
             st.data.insert(st.data.end(), body, body + hdr.size);
-            st.received += hdr.size;
-            if (st.received < hdr.total) return;
+            if (st.data.size() < hdr.total) return;
             Staged whole = std::move(st);
             staged_.erase(id);
             // The staged copy of an IpcRts we could not map already has its receive.

@@ -171,14 +171,12 @@ int Endpoint::copy_from_ipc(const LocalHeader &hdr, const wire::LocalIpc *ipc, c
 // FI_EOPNOTSUPP when a buffer cannot be mapped here, FI_EINVAL for a malformed entry.
 int Endpoint::map_ipc(const LocalHeader &hdr, const wire::LocalIpc *ipc, uint64_t local_device,
                       iovec *remote, hmem::MemRef *rmem) {
-    hmem::Registry &reg = hmem::Registry::instance();
     for (size_t i = 0; i < hdr.iov_count; ++i) {
         const wire::LocalIpc &e = ipc[i];
-        auto iface = static_cast<fi_hmem_iface>(e.iface);
         if (hdr.pid == getpid()) {  // a peer in our own process: its memory is ours
-            if (!reg.available(iface) || iface == FI_HMEM_SYSTEM) return FI_EINVAL;
+            if (!hmem::ipc_entry_consistent(e)) return FI_EINVAL;
             remote[i] = {reinterpret_cast<void *>(e.addr), e.length};
-            rmem[i] = {iface, e.device};
+            rmem[i] = {static_cast<fi_hmem_iface>(e.iface), e.device};
             continue;
         }
         void *addr = nullptr;
