@@ -236,6 +236,15 @@ crossed() {
 # The data a run moves: per round and direction about 2.3 MiB of messages, 0.5 MiB of RMA.
 min_bytes=$((2 << 20))
 
+# outage SECONDS: host A's link down that long, then up again.
+outage() {
+    ip -n "$nsa" link set "$veth_a" down
+    echo "host A's link down at $(since_start) s"
+    sleep "$1"
+    ip -n "$nsa" link set "$veth_a" up
+    echo "host A's link up again"
+}
+
 case $case_name in
     loss1 | loss10)
         p=0.01 bound=20000 rounds=8
@@ -290,11 +299,7 @@ case $case_name in
         # Rounds go on for 12 s, so traffic is in flight when the link goes and comes back.
         start_probes "$bound" "" "--rounds 3 --min-seconds 12"
         wait_line "$tmp/client" ' round 1 complete' 20 || fail "no traffic before the outage"
-        ip -n "$nsa" link set "$veth_a" down
-        echo "host A's link down at $(since_start) s"
-        sleep 3
-        ip -n "$nsa" link set "$veth_a" up
-        echo "host A's link up again"
+        outage 3
         wait_probes
         expect_pass
         crossed "$min_bytes"
@@ -316,11 +321,7 @@ case $case_name in
         start_probes "$bound" "--expect reconnect" "--expect reconnect --after-rounds 3 --gate $gate" \
             FI_TANDEM_LINK_TIMEOUT=$timeout_ms
         wait_line "$tmp/client" ' round 2 complete' 20 || fail "no traffic before the outage"
-        ip -n "$nsa" link set "$veth_a" down
-        echo "host A's link down at $(since_start) s"
-        sleep 8
-        ip -n "$nsa" link set "$veth_a" up
-        echo "host A's link up again"
+        outage 8
         touch "$gate"
         wait_probes
         expect_pass
