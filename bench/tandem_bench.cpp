@@ -1764,7 +1764,7 @@ int run(const Options &o, bool is_server, int ctrl_fd) {
                 return buf;
             };
             char a[32], b[32], d[32];
-            std::printf("  %10" PRIu64 " %12s %14s %14s%s\n", size, col(lat, "%.2f", a, sizeof a),
+            std::printf("  %10" PRIu64 " %12s %14s %14s%s\n", size, col(lat, "%.3f", a, sizeof a),
                         col(bw, "%.1f", b, sizeof b), col(rma, "%.1f", d, sizeof d),
                         errors != before ? "   DATA ERROR" : "");
             std::fflush(stdout);

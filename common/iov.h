@@ -87,11 +87,41 @@ inline bool iov_in_first(const iovec *iov, size_t count, size_t offset, size_t l
     return count && offset <= iov[0].iov_len && len <= iov[0].iov_len - offset;
 }
 
+// n (at most 16) bytes from src to dst without a call: a small message's bytes, where a
+// call to memcpy cost more than the copy.
+inline void copy_small(void *dst, const void *src, size_t n) {
+    auto *d = static_cast<uint8_t *>(dst);
+    auto *s = static_cast<const uint8_t *>(src);
+    if (n >= 8) {  // two overlapping words
+        uint64_t a, b;
+        memcpy(&a, s, 8);
+        memcpy(&b, s + n - 8, 8);
+        memcpy(d, &a, 8);
+        memcpy(d + n - 8, &b, 8);
+    } else if (n >= 4) {
+        uint32_t a, b;
+        memcpy(&a, s, 4);
+        memcpy(&b, s + n - 4, 4);
+        memcpy(d, &a, 4);
+        memcpy(d + n - 4, &b, 4);
+    } else {
+        for (size_t i = 0; i < n; ++i) d[i] = s[i];
+    }
+}
+
+// memcpy, with copy_small for a few bytes.
+inline void copy_bytes(void *dst, const void *src, size_t n) {
+    if (n <= 16)
+        copy_small(dst, src, n);
+    else
+        memcpy(dst, src, n);
+}
+
 // Copies len bytes of src into the list from `offset` on; returns the bytes copied.
 inline size_t iov_scatter(const iovec *iov, size_t count, size_t offset, const void *src,
                           size_t len) {
     if (iov_in_first(iov, count, offset, len)) {
-        if (len) memcpy(static_cast<uint8_t *>(iov[0].iov_base) + offset, src, len);
+        copy_bytes(static_cast<uint8_t *>(iov[0].iov_base) + offset, src, len);
         return len;
     }
     auto *from = static_cast<const uint8_t *>(src);

@@ -25,6 +25,11 @@ class RingQueue {
         if (tail_ - head_ == capacity_) grow();
         slots_[tail_++ & mask_] = value;
     }
+    // The slot of a new last value, for the caller to fill in place (no copy of a built one).
+    T &push_slot() {
+        if (tail_ - head_ == capacity_) grow();
+        return slots_[tail_++ & mask_];
+    }
     void clear() { head_ = tail_ = 0; }
     // Removes the values pred accepts, keeping the others in order; returns how many went.
     template <class Pred>

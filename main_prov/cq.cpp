@@ -122,16 +122,21 @@ ssize_t Cq::read_locked(void *buf, size_t count, fi_addr_t *src_addr) {
     // An error waiting at the head is reported before later successes (fi_cq(3)).
     if (!errors_.empty()) return -FI_EAVAIL;
     if (entries_.empty()) return -FI_EAGAIN;
+    return take(buf, count, src_addr);
+}
+
+ssize_t Cq::take(void *buf, size_t count, fi_addr_t *src_addr) {
     size_t n = 0;
     auto *out = static_cast<uint8_t *>(buf);
     while (n < count && !entries_.empty()) {
-        copy_out(entries_.front(), out + n * entry_size_);
-        if (src_addr) src_addr[n] = entries_.front().src;
-        if (entries_.front().owner) --entries_.front().owner->queued;
+        const Completion &c = entries_.front();
+        copy_out(c, out + n * entry_size_);
+        if (src_addr) src_addr[n] = c.src;
+        if (c.owner) --c.owner->queued;
         entries_.pop_front();
         ++n;
     }
-    drain_signal_if_empty();
+    if (signal_pending_) drain_signal_if_empty();
     return static_cast<ssize_t>(n);
 }
 
@@ -251,14 +256,10 @@ const char *Cq::strerror(int prov_errno, const void *err_data, char *buf, size_t
 
 // The eventfd is written only when someone may be asleep (armed by sread or fi_trywait),
 // so a busy-polling application pays no system call per completion.
-void Cq::write(const Completion &c) {
-    if (c.owner) ++c.owner->queued;
-    entries_.push_back(c);
-    if (armed_) {
-        armed_ = false;
-        signal_pending_ = true;
-        wait_.signal().signal();
-    }
+void Cq::signal_sleeper() {
+    armed_ = false;
+    signal_pending_ = true;
+    wait_.signal().signal();
 }
 
 void Cq::write_error(const CompletionError &e) {

@@ -60,7 +60,25 @@ class Cq final : public FidObject<Cq, fid_cq>, public peer::CqOwner {
     const char *strerror(int prov_errno, const void *err_data, char *buf, size_t len);
 
     // Inside tandem, with the domain lock held.
-    void write(const Completion &c);
+    void write(const Completion &c) {
+        push(c.op_context, c.flags, c.len, c.buf, c.data, c.tag, c.src, c.owner);
+    }
+    // The same from its fields, built in the queue's slot (inline: a completion of every
+    // small message).
+    void push(void *context, uint64_t flags, size_t len, void *buf, uint64_t data, uint64_t tag,
+              fi_addr_t src, CompletionOwner *owner) {
+        if (owner) ++owner->queued;
+        Completion &c = entries_.push_slot();
+        c.op_context = context;
+        c.flags = flags;
+        c.len = len;
+        c.buf = buf;
+        c.data = data;
+        c.tag = tag;
+        c.src = src;
+        c.owner = owner;
+        if (armed_) signal_sleeper();
+    }
     void write_error(const CompletionError &e);
     bool has_entries() const { return !entries_.empty() || !errors_.empty(); }
     // fi_close of an endpoint: its receive completions not read yet are dropped, as
@@ -81,7 +99,11 @@ class Cq final : public FidObject<Cq, fid_cq>, public peer::CqOwner {
     ssize_t peer_writeerr(const fi_cq_err_entry &err) override;
 
   private:
+    // A reader may sleep on the wait set: the eventfd is written (not inline: it is rare).
+    void signal_sleeper();
     ssize_t read_locked(void *buf, size_t count, fi_addr_t *src_addr);
+    // Up to count entries out (there is at least one, and no error before them).
+    ssize_t take(void *buf, size_t count, fi_addr_t *src_addr);
     void copy_out(const Completion &c, void *dst) const;
     void drain_signal_if_empty();
 

@@ -413,6 +413,7 @@ int Endpoint::bind(struct fid *bfid, uint64_t flags) {
             if (flags) return -FI_EBADFLAGS;
             av_ = Av::of(bfid);
             av_->hold();
+            av_version_word_ = av_->peer_version_word();
             return 0;
         case FI_CLASS_SRX_CTX: {
             if (flags) return -FI_EBADFLAGS;
@@ -529,6 +530,8 @@ int Endpoint::enable_locked() {
         if (OffloadDomain *off = domain_->offload())
             local_ = LocalPath::open(*this, *off, *av_, *rx_, eq_ ? eq_->fid() : nullptr);
     if (local_ && (caps_ & FI_HMEM)) local_->set_p2p(p2p_.mode());
+    if (local_)
+        lane_limit_ = std::min<size_t>(local_->inject_limit(), info_->ep_attr->max_msg_size);
     transport_->set_device_p2p(p2p_.mode() != FI_HMEM_P2P_DISABLED);
     // One line per endpoint at info level: a user's log then says which endpoint ran and
     // whether its node-local peers go through off_tandem.
@@ -786,7 +789,7 @@ void Endpoint::cm_watch(WaitSet &set) {
 void Endpoint::wait_fds(std::vector<int> &out) const {
     // The application may sleep on the listener, and wake because a peer connects: the next
     // progress pass polls the transport.
-    idle_link_passes_ = kIdleLinkPolls;
+    link_countdown_ = 1;
     empty_link_polls_ = 0;
     transport_->wait_fds(out);
     if (local_) local_->wait_fds(out);

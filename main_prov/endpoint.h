@@ -11,6 +11,7 @@
 #include "main_prov/link/link.h"
 #include "main_prov/rx_matcher.h"
 #include "main_prov/trigger.h"
+#include "peer/peer_abi.h"
 #include "peer/peer_trigger.h"
 #include "main_prov/tx_request.h"
 #include "main_prov/types.h"
@@ -55,6 +56,8 @@ struct Peer {
     // RDM: how operations to this peer travel, decided at the first one and then kept, so
     // that the order of one peer's operations is one path's order.
     enum class Route : uint8_t { Undecided, Link, Local } route = Route::Undecided;
+    // Local: the twin's lane to it (small sends go straight into its ring), or nullptr.
+    peer::LocalLane *lane = nullptr;
     // Over a link, atomics sent whose answer has not come, and the operations posted behind
     // one that must not overtake it (see Endpoint::submit), in order.
     uint32_t atomics_out = 0;
@@ -308,6 +311,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
 
     // Inside tandem, with the domain lock held.
     void progress();
+    // Work for the link (or completions of the twin's transfers to report): the next pass
+    // polls it, however long the link was idle or quiet.
+    void poll_link_soon() const { link_countdown_ = 1; }
     void wait_fds(std::vector<int> &out) const;
     // Passive side of an MSG connection: the request this endpoint answers with fi_accept.
     void adopt_request(std::unique_ptr<LinkConnection> conn);
@@ -381,6 +387,22 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     // Each transmit is prepared (checked, its lists copied into a request: tx_request.h) and
     // then issued, at once or, with FI_TRIGGER, when off_tandem's trigger queue starts it.
     ssize_t post_send(const SendArgs &a);
+    // A small send of one host buffer to a node-local peer through its lane (Peer::lane),
+    // complete when it returns 0; kNotTaken when it needs the general path (post_send).
+    static constexpr ssize_t kNotTaken = 1;
+    ssize_t send_by_lane(const void *buf, size_t len, void *desc, fi_addr_t dest, void *context,
+                         uint64_t flags, uint64_t tag, uint64_t data, bool tagged);
+    // A receive of one buffer with no flag that needs more (post_recv_on), posted where no
+    // unexpected message waits: kNotTaken otherwise.
+    ssize_t recv_one(void *buf, size_t len, void *desc, fi_addr_t src, uint64_t tag,
+                     uint64_t ignore, void *context, uint64_t flags, bool tagged);
+    // peer_for, without a call while the sends go to one peer.
+    Peer *peer_of(fi_addr_t addr) {
+        if (addr == last_peer_addr_ && last_peer_ && type_ == FI_EP_RDM &&
+            peer_cache_version_ == av_version_word_->load(std::memory_order_acquire))
+            return last_peer_;
+        return peer_for(addr);
+    }
     ssize_t post_recv(const RecvArgs &a);
     ssize_t post_rma(const RmaArgs &a);
     ssize_t post_atomic(const AtomicCall &a);
@@ -469,6 +491,10 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     static RxOp *slice_for(RxMatcher &m, RxOp *rx, size_t len);
     void rx_complete(RxOp *rx, size_t len, uint64_t tag, uint64_t data, uint8_t proto_flags,
                      fi_addr_t src, int err, size_t olen);
+    // A whole message the twin handed over (PeerRxQueue::deliver_whole) into rx, a posted
+    // host-memory receive of m that is no multi-receive buffer: copied, and completed as
+    // rx_complete would, with report_rx's common case inline.
+    void complete_whole(RxMatcher &m, RxOp *rx, const peer::WholeMessage &msg);
     void release_rx(RxOp *rx);
     fi_addr_t source_of(LinkConnection *conn);
     RxMatcher &matcher_for(uint8_t proto_flags) {
@@ -526,21 +552,26 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     Cntr *send_cntr_ = nullptr, *recv_cntr_ = nullptr, *read_cntr_ = nullptr,
          *write_cntr_ = nullptr, *rread_cntr_ = nullptr, *rwrite_cntr_ = nullptr;
     Av *av_ = nullptr;
+    const std::atomic<uint64_t> *av_version_word_ = nullptr;  // Av::version()'s word
     Eq *eq_ = nullptr;
 
     std::unique_ptr<LinkTransport> transport_;  // the link (the protocol sees LinkTransport only)
+    void progress_link();
     // While the transport is idle (nothing but its listener to watch), progress polls it
-    // every kIdleLinkPolls-th pass only (see progress()).
+    // every kIdleLinkPolls-th pass only (see progress_link()).
     static constexpr unsigned kIdleLinkPolls = 8;
     // Connections that have brought nothing for kQuietAfter polls in a row, with nothing to
-    // write, are polled every kQuietLinkPolls-th pass only (see progress()).
+    // write, are polled every kQuietLinkPolls-th pass only (see progress_link()).
     static constexpr unsigned kQuietAfter = 1024, kQuietLinkPolls = 64;
     mutable unsigned empty_link_polls_ = 0;
-    mutable unsigned idle_link_passes_ = 0;
-    std::vector<uint8_t> rx_slab_;  // link receive buffers
+    mutable unsigned link_countdown_ = 1;  // passes until progress_link() is due
+    std::vector<uint8_t> rx_slab_;         // link receive buffers
     size_t rx_buf_size_ = 0;
     size_t eager_limit_ = 0;
     size_t inject_size_ = 0;
+    // The largest send send_by_lane takes: the twin's cell or the endpoint's max_msg_size,
+    // whichever is less; 0 without a twin.
+    size_t lane_limit_ = 0;
     size_t cm_data_size_ = wire::kMaxCmPrivate;
     size_t cm_data_max_ = wire::kMaxCmPrivate;  // what the link's connection requests carry
     // Digest of the authorization key (fi_endpoint(3) auth_key; 0: none): connection

@@ -60,6 +60,8 @@ int error_of(WcStatus s) {
 
 ssize_t Endpoint::msg_recv(const OpDefaults &d, void *buf, size_t len, void *desc, fi_addr_t src,
                            void *context) {
+    if (ssize_t ret = recv_one(buf, len, desc, src, 0, 0, context, d.rx, false); ret != kNotTaken)
+        return ret;
     iovec iov{buf, len};
     return post_recv({&iov, &desc, 1, src, context, d.rx, 0, 0, false});
 }
@@ -74,6 +76,9 @@ ssize_t Endpoint::msg_recvmsg(const OpDefaults &, const fi_msg *msg, uint64_t fl
 }
 ssize_t Endpoint::msg_send(const OpDefaults &d, const void *buf, size_t len, void *desc,
                            fi_addr_t dest, void *context) {
+    if (ssize_t ret = send_by_lane(buf, len, desc, dest, context, d.tx, 0, 0, false);
+        ret != kNotTaken)
+        return ret;
     iovec iov{const_cast<void *>(buf), len};
     return post_send({&iov, &desc, 1, dest, context, d.tx, 0, 0, false});
 }
@@ -87,16 +92,28 @@ ssize_t Endpoint::msg_sendmsg(const OpDefaults &, const fi_msg *msg, uint64_t fl
                       flags & ~kNoCompletion, 0, msg->data, false});
 }
 ssize_t Endpoint::msg_inject(const OpDefaults &, const void *buf, size_t len, fi_addr_t dest) {
+    if (ssize_t ret =
+            send_by_lane(buf, len, nullptr, dest, nullptr, FI_INJECT | kNoCompletion, 0, 0, false);
+        ret != kNotTaken)
+        return ret;
     iovec iov{const_cast<void *>(buf), len};
     return post_send({&iov, nullptr, 1, dest, nullptr, FI_INJECT | kNoCompletion, 0, 0, false});
 }
 ssize_t Endpoint::msg_senddata(const OpDefaults &d, const void *buf, size_t len, void *desc,
                                uint64_t data, fi_addr_t dest, void *context) {
+    if (ssize_t ret =
+            send_by_lane(buf, len, desc, dest, context, d.tx | FI_REMOTE_CQ_DATA, 0, data, false);
+        ret != kNotTaken)
+        return ret;
     iovec iov{const_cast<void *>(buf), len};
     return post_send({&iov, &desc, 1, dest, context, d.tx | FI_REMOTE_CQ_DATA, 0, data, false});
 }
 ssize_t Endpoint::msg_injectdata(const OpDefaults &, const void *buf, size_t len, uint64_t data,
                                  fi_addr_t dest) {
+    if (ssize_t ret = send_by_lane(buf, len, nullptr, dest, nullptr,
+                                   FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, 0, data, false);
+        ret != kNotTaken)
+        return ret;
     iovec iov{const_cast<void *>(buf), len};
     return post_send({&iov, nullptr, 1, dest, nullptr,
                       FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, 0, data, false});
@@ -104,6 +121,9 @@ ssize_t Endpoint::msg_injectdata(const OpDefaults &, const void *buf, size_t len
 
 ssize_t Endpoint::tag_recv(const OpDefaults &d, void *buf, size_t len, void *desc, fi_addr_t src,
                            uint64_t tag, uint64_t ignore, void *context) {
+    if (ssize_t ret = recv_one(buf, len, desc, src, tag, ignore, context, d.rx, true);
+        ret != kNotTaken)
+        return ret;
     iovec iov{buf, len};
     return post_recv({&iov, &desc, 1, src, context, d.rx, tag, ignore, true});
 }
@@ -125,6 +145,9 @@ ssize_t Endpoint::tag_recvmsg(const OpDefaults &, const fi_msg_tagged *msg, uint
 }
 ssize_t Endpoint::tag_send(const OpDefaults &d, const void *buf, size_t len, void *desc,
                            fi_addr_t dest, uint64_t tag, void *context) {
+    if (ssize_t ret = send_by_lane(buf, len, desc, dest, context, d.tx, tag, 0, true);
+        ret != kNotTaken)
+        return ret;
     iovec iov{const_cast<void *>(buf), len};
     return post_send({&iov, &desc, 1, dest, context, d.tx, tag, 0, true});
 }
@@ -139,16 +162,28 @@ ssize_t Endpoint::tag_sendmsg(const OpDefaults &, const fi_msg_tagged *msg, uint
 }
 ssize_t Endpoint::tag_inject(const OpDefaults &, const void *buf, size_t len, fi_addr_t dest,
                              uint64_t tag) {
+    if (ssize_t ret =
+            send_by_lane(buf, len, nullptr, dest, nullptr, FI_INJECT | kNoCompletion, tag, 0, true);
+        ret != kNotTaken)
+        return ret;
     iovec iov{const_cast<void *>(buf), len};
     return post_send({&iov, nullptr, 1, dest, nullptr, FI_INJECT | kNoCompletion, tag, 0, true});
 }
 ssize_t Endpoint::tag_senddata(const OpDefaults &d, const void *buf, size_t len, void *desc,
                                uint64_t data, fi_addr_t dest, uint64_t tag, void *context) {
+    if (ssize_t ret =
+            send_by_lane(buf, len, desc, dest, context, d.tx | FI_REMOTE_CQ_DATA, tag, data, true);
+        ret != kNotTaken)
+        return ret;
     iovec iov{const_cast<void *>(buf), len};
     return post_send({&iov, &desc, 1, dest, context, d.tx | FI_REMOTE_CQ_DATA, tag, data, true});
 }
 ssize_t Endpoint::tag_injectdata(const OpDefaults &, const void *buf, size_t len, uint64_t data,
                                  fi_addr_t dest, uint64_t tag) {
+    if (ssize_t ret = send_by_lane(buf, len, nullptr, dest, nullptr,
+                                   FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, tag, data, true);
+        ret != kNotTaken)
+        return ret;
     iovec iov{const_cast<void *>(buf), len};
     return post_send({&iov, nullptr, 1, dest, nullptr,
                       FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, tag, data, true});
@@ -272,6 +307,67 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
     if (r.flags & FI_TRIGGER) return queue_triggered(TriggeredRequest(std::move(r)));
     if (!make_tx_room()) return -FI_EAGAIN;
     return issue_send(r);
+}
+
+// The small node-local send of issue_send, for the calls that name one buffer, before any
+// of the general path's work (a request, its lists, the memory query): what it needs it
+// checks here, and anything else (a device buffer, a peer not known to be node-local yet, a
+// full ring, operations through the twin still pending, flags that ask for more than the
+// ring gives) goes the general way, which reports errors and keeps the order.
+ssize_t Endpoint::send_by_lane(const void *buf, size_t len, void *desc, fi_addr_t dest,
+                               void *context, uint64_t flags, uint64_t tag, uint64_t data,
+                               bool tagged) {
+    constexpr uint64_t kNotByLane = FI_TRIGGER | FI_DELIVERY_COMPLETE | FI_PEER_TRANSFER;
+    if (!local_ || (flags & kNotByLane) || len > lane_limit_ ||
+        ((flags & FI_INJECT) && len > inject_size_))
+        return kNotTaken;
+    std::lock_guard guard(domain_->lock());
+    if (!enabled_ || !(caps_ & (tagged ? FI_TAGGED : FI_MSG)) || local_tx_pending_ ||
+        tx_outstanding_ + tx_triggered_ >= info_->tx_attr->size)
+        return kNotTaken;
+    if ((caps_ & FI_HMEM) &&
+        (desc ? !peer::mem_of(desc).on_host()
+              : (flags & FI_INJECT) && hmem::Registry::instance().any_device()))
+        return kNotTaken;
+    Peer *peer = peer_of(dest);
+    if (!peer->lane &&
+        !(peer->route == Peer::Route::Undecided && goes_local(peer, dest) && peer->lane))
+        return kNotTaken;
+    if (peer->lane->send(peer->lane, buf, len, tag, data,
+                         (tagged ? FI_TAGGED : 0) | (flags & FI_REMOTE_CQ_DATA)) != 0)
+        return kNotTaken;
+    if (send_cntr_) send_cntr_->inc();
+    if (tx_cq_ && tx_reports(flags))
+        tx_cq_->push(context, FI_SEND | (tagged ? FI_TAGGED : FI_MSG), 0, nullptr, 0, 0,
+                     FI_ADDR_NOTAVAIL, nullptr);
+    return 0;
+}
+
+ssize_t Endpoint::recv_one(void *buf, size_t len, void *desc, fi_addr_t src, uint64_t tag,
+                           uint64_t ignore, void *context, uint64_t flags, bool tagged) {
+    constexpr uint64_t kNotOne = FI_PEER_TRANSFER | FI_TRIGGER | FI_MULTI_RECV;
+    if (flags & kNotOne) return kNotTaken;
+    std::lock_guard guard(domain_->lock());
+    RxMatcher &m = *rx_;
+    if (!enabled_ || !(caps_ & (tagged ? FI_TAGGED : FI_MSG)) || m.has_unexpected(tagged) ||
+        m.outstanding + rx_triggered_ >= info_->rx_attr->size)
+        return kNotTaken;
+    RxOp *rx = m.new_op();
+    rx->context = context;
+    rx->op_flags = flags;
+    rx->count = 1;
+    rx->iov[0] = {buf, len};
+    rx->desc[0] = desc;
+    rx->mem[0] = peer::mem_of(desc);
+    rx->device = !rx->mem[0].on_host();
+    rx->total = len;
+    if ((caps_ & FI_DIRECTED_RECV) && type_ == FI_EP_RDM) rx->src = src;
+    rx->tag = tag;
+    rx->ignore = ignore;
+    rx->tagged = tagged;
+    ++m.outstanding;
+    m.post(rx);
+    return 0;
 }
 
 // Room for one more transmit in the queue (tx_attr->size), after a progress pass if needed.
@@ -578,6 +674,7 @@ void Endpoint::release_held(Peer *peer) {
 }
 
 void Endpoint::start_tx(TxOp *op) {
+    poll_link_soon();
     Peer *peer = op->peer;
     if (peer->established && peer->conn) {
         op->conn = peer->conn;
@@ -831,6 +928,7 @@ void Endpoint::free_tx(TxOp *op) {
 void Endpoint::send_control(LinkConnection *conn, wire::ProtoOp op, const void *body, size_t len,
                             uint64_t msg_id) {
     if (!conn || conn->failed()) return;
+    poll_link_soon();
     auto *msg = new ControlMsg{};
     msg->hdr.op = static_cast<uint8_t>(op);
     msg->hdr.size = len;
@@ -981,7 +1079,10 @@ bool Endpoint::goes_local(Peer *peer, fi_addr_t addr) {
     if (peer->route == Peer::Route::Undecided) {
         bool local = Config::get().local_path && local_->reaches(addr);
         peer->route = local ? Peer::Route::Local : Peer::Route::Link;
-        if (!local) local_->introduce(addr);
+        if (local)
+            peer->lane = local_->lane(addr);
+        else
+            local_->introduce(addr);
     }
     return peer->route == Peer::Route::Local;
 }
@@ -1148,6 +1249,32 @@ void Endpoint::rx_complete(RxOp *rx, size_t len, uint64_t tag, uint64_t data, ui
         queue->pop_front();
         report_rx(next);
     }
+}
+
+void Endpoint::complete_whole(RxMatcher &m, RxOp *rx, const peer::WholeMessage &msg) {
+    size_t n = msg.len;
+    if (rx->count == 1 && n <= rx->iov[0].iov_len) [[likely]]
+        copy_bytes(rx->iov[0].iov_base, msg.data, n);
+    else
+        n = iov_scatter(rx->iov, rx->count, 0, msg.data, n);
+    const size_t olen = msg.len - n;
+    if (olen || rx->deferred || rx->order_queue || rx->parent || (rx->op_flags & FI_PEER_TRANSFER))
+        [[unlikely]] {
+        rx_complete(rx, n, msg.tag, msg.cq_data,
+                    uint8_t((msg.tagged ? wire::kProtoTagged : 0) |
+                            (msg.has_data ? wire::kProtoCqData : 0)),
+                    msg.src, olen ? FI_ETRUNC : 0, olen);
+        return;
+    }
+    if (recv_cntr_) recv_cntr_->inc();
+    if (rx_cq_ && (!rx_selective_ || (rx->op_flags & FI_COMPLETION)))
+        rx_cq_->push(
+            rx->context,
+            FI_RECV | (msg.tagged ? FI_TAGGED : FI_MSG) | (msg.has_data ? FI_REMOTE_CQ_DATA : 0), n,
+            rx->count ? rx->iov[0].iov_base : nullptr, msg.cq_data, msg.tag, msg.src,
+            &rx_completions_);
+    --m.outstanding;
+    m.free_op(rx);
 }
 
 void Endpoint::report_rx(RxOp *rx) {
@@ -1467,28 +1594,26 @@ void Endpoint::fail_peer(Peer *peer, int err) {
 }
 
 void Endpoint::progress() {
-    if (shutdown_held_) post_held_shutdown();
     if (local_) local_->progress();
-    // No link connection (every peer so far is node-local, or none yet): the transport has
-    // only its listener, which need not cost a busy poll of the node-local path on every
-    // pass. A peer that connects is accepted at a later pass (the transport's own check of
-    // its listener then runs every kIdleLinkPolls times as many passes), or at the first
-    // pass after the application slept on the descriptors (wait_fds).
-    if (transport_->idle() && ++idle_link_passes_ < kIdleLinkPolls) {
-        if (local_) local_->flush_transfers();
-        return;
-    }
-    // Connections that have been silent for a long while (collectives' and other peer
-    // transfers' connections while the traffic is node-local), with nothing to write: their
-    // sockets are read every kQuietLinkPolls-th pass only, which spares the node-local path a
-    // system call per socket on most passes. A poll that finds anything, or anything to
-    // write, brings back a poll on every pass.
-    if (empty_link_polls_ >= kQuietAfter && !transport_->busy() &&
-        ++idle_link_passes_ < kQuietLinkPolls) {
-        if (local_) local_->flush_transfers();
-        return;
-    }
-    idle_link_passes_ = 0;
+    // The link's side of the pass only when due (see progress_link): most passes of an
+    // endpoint whose traffic is node-local end here.
+    if (--link_countdown_ > 0) return;
+    progress_link();
+}
+
+// The link's side of a progress pass, and what the twin's transfers left to report. Due on
+// every pass while the link has anything to do; while the transport is idle (no connection:
+// every peer so far is node-local, or none yet) only every kIdleLinkPolls-th pass, as the
+// transport has only its listener, which need not cost a busy poll of the node-local path on
+// every pass: a peer that connects is accepted at a later pass, or at the first pass after
+// the application slept on the descriptors (wait_fds). Connections that have been silent for
+// a long while (collectives' and other peer transfers' connections while the traffic is
+// node-local), with nothing to write, are read every kQuietLinkPolls-th pass only, which spares
+// the node-local path a system call per socket on most passes. A poll that finds anything, or
+// anything to write, brings back a poll on every pass; so does every operation that gives the
+// link work (poll_link_soon).
+void Endpoint::progress_link() {
+    if (shutdown_held_) post_held_shutdown();
     WorkCompletion wc[32];
     int found = 0;
     for (;;) {
@@ -1503,6 +1628,15 @@ void Endpoint::progress() {
         ++found;
     }
     empty_link_polls_ = found ? 0 : empty_link_polls_ + 1;
+    // The passes until the next poll.
+    if (shutdown_held_)
+        link_countdown_ = 1;
+    else if (transport_->idle())
+        link_countdown_ = kIdleLinkPolls;
+    else if (empty_link_polls_ >= kQuietAfter && !transport_->busy())
+        link_countdown_ = kQuietLinkPolls;
+    else
+        link_countdown_ = 1;
     // Completions of the twin's own transfers, delivered last and outside every other call
     // into it (fi_peer(3): no recursion into its callbacks).
     if (local_) local_->flush_transfers();

@@ -132,6 +132,9 @@ std::unique_ptr<LocalPath> LocalPath::open(Endpoint &ep, OffloadDomain &off, Av 
             lp->rx_queue_.set_data_source([self](fi_peer_rx_entry *entry) {
                 return self->ops_->queued_data(self->twin_, entry);
             });
+            // Whole messages of our own twin take the fused path (peer::OwnerRx).
+            const peer::OwnerRx owner_rx{&lp->rx_queue_, &PeerRxQueue::deliver_whole};
+            lp->ops_->set_owner_rx(lp->twin_, &owner_rx);
         }
     }
     if (ret) {
@@ -214,6 +217,7 @@ void LocalPath::set_p2p(int mode) {
 void LocalPath::transfer_done(const fi_cq_tagged_entry &entry, int err, size_t olen,
                               fi_addr_t src) {
     transfers_done_.push_back({entry, err, olen, src});
+    ep_.poll_link_soon();  // reported from the link's side of the next pass
 }
 
 void LocalPath::flush_transfers_now() {
@@ -239,10 +243,6 @@ void LocalPath::flush_transfers_now() {
         }
     }
     transfers_flushing_.clear();
-}
-
-void LocalPath::progress() {
-    fi_cq_read(cq_, nullptr, 0);
 }
 
 void LocalPath::wait_fds(std::vector<int> &out) {

@@ -83,8 +83,11 @@ class LocalPath final : public peer::CqOwner {
     // An atomic operation for the twin to carry to the peer's twin, which executes it; the
     // previous values land in the call's result buffers before the completion.
     int atomic(TxOp *op, const AtomicCall &a);
-    // fi_peer(3): the owner drives the peer's progress with fi_cq_read(cq, NULL, 0).
-    void progress();
+    // fi_peer(3): the owner drives the peer's progress with fi_cq_read(cq, NULL, 0); the
+    // twin offers the same without the CQ's call in between (on every pass: inline).
+    void progress() { ops_->progress(twin_); }
+    // The node-local peer at addr's lane (peer::LocalLane), or nullptr.
+    peer::LocalLane *lane(fi_addr_t addr) { return ops_->lane(twin_, addr); }
     // The endpoint's FI_OPT_FI_HMEM_P2P, which the twin applies to its transfers.
     void set_p2p(int mode);
     // Before the application sleeps: the twin's wake descriptor, armed.

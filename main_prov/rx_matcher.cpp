@@ -6,30 +6,6 @@
 
 namespace tandem {
 
-namespace {
-
-constexpr size_t kSpareMax = 1024;
-
-}  // namespace
-
-RxOp *RxMatcher::new_op() {
-    if (spare_.empty()) return new RxOp;
-    RxOp *rx = spare_.back();
-    spare_.pop_back();
-    return new (rx) RxOp;  // (trivially destructible: nothing to end first)
-}
-
-void RxMatcher::free_op(RxOp *rx) {
-    if (spare_.size() < kSpareMax) {
-        try {
-            spare_.push_back(rx);
-            return;
-        } catch (...) {
-        }
-    }
-    delete rx;
-}
-
 RxMatcher::~RxMatcher() {
     for (PostedQueue *q : {&posted_msg_, &posted_tag_}) {
         while (RxOp *rx = q->front()) {
@@ -40,17 +16,6 @@ RxMatcher::~RxMatcher() {
     for (RxOp *rx : spare_) delete rx;
     for (auto *list : {&unexpected_msg_, &unexpected_tag_})
         for (auto &ux : *list) delete ux.peer_entry;
-}
-
-RxOp *RxMatcher::match_posted(bool tagged, uint64_t tag, fi_addr_t src) {
-    PostedQueue &q = list_for(tagged);
-    for (RxOp *rx = q.front(); rx; rx = rx->posted_next) {
-        if (tagged && !rx->matches_tag(tag)) continue;
-        if (!rx->matches_src(src)) continue;
-        if (!rx->multi) q.erase(rx);
-        return rx;
-    }
-    return nullptr;
 }
 
 bool RxMatcher::take_claimed(void *context, Unexpected &out) {

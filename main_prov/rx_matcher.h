@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <list>
 #include <type_traits>
@@ -40,54 +41,68 @@ struct RxBuffers {
 };
 
 struct RxOp : RxBuffers {
-    void *context = nullptr;
-    uint64_t op_flags = 0;
-    size_t count = 0;
-    size_t total = 0;
-    bool device = false;
-    fi_addr_t src = FI_ADDR_UNSPEC;
-    uint64_t tag = 0, ignore = 0;
-    bool tagged = false;
-    bool deferred = false;  // deferred work: completes on work_cntr (DeferredDone)
-    Cntr *work_cntr = nullptr;
-    // FI_MULTI_RECV
-    bool multi = false;
-    size_t consumed = 0;
-    bool retired = false;  // no more messages will be matched into it
-    int children = 0;      // slices whose completion is still to come
-    RxOp *parent = nullptr;
-    // Rendezvous in progress.
-    LinkConnection *conn = nullptr;
-    uint64_t msg_id = 0;
-    size_t msg_len = 0;   // the sender's length
-    size_t recv_len = 0;  // what fits
-    uint64_t cq_data = 0;
-    uint64_t msg_tag = 0;
-    uint8_t proto_flags = 0;
-    fi_addr_t msg_src = FI_ADDR_NOTAVAIL;
-    int reads = 0;
-    int error = 0;
+    // reset() zeroes the fields from `context` to `posted` (and sets src to FI_ADDR_UNSPEC);
+    // the others are written before they are read: by start_rendezvous (the rendezvous
+    // state), rx_complete (done_*) and post (posted_prev / posted_next).
+    void *context;
+    uint64_t op_flags;
+    size_t count;
+    size_t total;
+    fi_addr_t src;
+    uint64_t tag, ignore;
+    Cntr *work_cntr;  // deferred work: completes on work_cntr (DeferredDone)
+    size_t consumed;  // FI_MULTI_RECV: bytes of it matched so far
+    RxOp *parent;     // a multi-receive slice's buffer
     // The completion, held until every message that arrived before it from the same peer has
     // completed: a rendezvous still reading delays the eager messages sent after it, so
     // completions come in the order the peer sent (what FI_ORDER_SAS users like ofi_rxm's
     // segmentation rely on).
-    std::deque<RxOp *> *order_queue = nullptr;
-    bool done = false;
-    size_t done_len = 0, done_olen = 0;
-    uint64_t done_tag = 0, done_data = 0;
-    uint8_t done_proto_flags = 0;
-    fi_addr_t done_src = FI_ADDR_NOTAVAIL;
-    int done_err = 0;
+    std::deque<RxOp *> *order_queue;
+    int children;  // FI_MULTI_RECV: slices whose completion is still to come
+    int error;     // rendezvous: the first failure
+    bool device;
+    bool tagged;
+    bool deferred;
+    bool multi;    // FI_MULTI_RECV
+    bool retired;  // no more messages will be matched into it
+    bool done;     // completed, held in order_queue until the ones before it are
+    bool posted;   // among the matcher's posted receives (RxMatcher::PostedQueue)
 
-    // Its place among the matcher's posted receives (RxMatcher::PostedQueue).
-    RxOp *posted_prev = nullptr, *posted_next = nullptr;
-    bool posted = false;
+    // Its place among the matcher's posted receives.
+    RxOp *posted_prev, *posted_next;
+    // Rendezvous in progress.
+    LinkConnection *conn;
+    uint64_t msg_id;
+    size_t msg_len;   // the sender's length
+    size_t recv_len;  // what fits
+    uint64_t cq_data;
+    uint64_t msg_tag;
+    uint8_t proto_flags;
+    fi_addr_t msg_src;
+    int reads;
+    // The completion held (done).
+    size_t done_len, done_olen;
+    uint64_t done_tag, done_data;
+    uint8_t done_proto_flags;
+    fi_addr_t done_src;
+    int done_err;
+
+    RxOp() { reset(); }
+    // The state of a new receive, buffers aside (those are written when it is posted): one
+    // clear of the fields that start zero, where assigning a fresh RxOp wrote every field
+    // (a tenth of a small node-local receive's instructions).
+    void reset() {
+        char *from = reinterpret_cast<char *>(&context);
+        std::memset(from, 0, size_t(reinterpret_cast<char *>(&posted + 1) - from));
+        src = FI_ADDR_UNSPEC;
+    }
 
     bool matches_tag(uint64_t t) const { return ((tag ^ t) & ~ignore) == 0; }
     bool matches_src(fi_addr_t s) const { return src == FI_ADDR_UNSPEC || src == s; }
 };
-// Recycled by constructing a fresh one in place (RxMatcher::new_op): nothing to destroy.
-static_assert(std::is_trivially_destructible_v<RxOp>);
+// Recycled by reset() (RxMatcher::new_op), which clears it as bytes: nothing to destroy, and
+// zero bytes are a valid value of every field.
+static_assert(std::is_trivially_destructible_v<RxOp> && std::is_trivially_copyable_v<RxOp>);
 
 // A message that arrived before a receive matched it: the eager payload, or for a
 // rendezvous only the sender's buffer description.
@@ -113,13 +128,35 @@ class RxMatcher {
 
     // A receive is allocated per posted buffer and freed at its completion: recycled here
     // (under the same serialisation as the matcher), so that path does not call malloc.
-    RxOp *new_op();
-    void free_op(RxOp *rx);
+    RxOp *new_op() {
+        if (spare_.empty()) return new RxOp;
+        RxOp *rx = spare_.back();
+        spare_.pop_back();
+        rx->reset();
+        return rx;
+    }
+    void free_op(RxOp *rx) {
+        if (spare_.size() < kSpareMax) {
+            spare_.push_back(rx);  // (within the capacity reserved at construction: no throw)
+            return;
+        }
+        delete rx;
+    }
+    RxMatcher() { spare_.reserve(kSpareMax); }
 
     void post(RxOp *rx) { list_for(rx->tagged).push_back(rx); }
     // The first posted receive for an arriving message; removed unless it is a multi-receive
     // buffer (which stays until retired).
-    RxOp *match_posted(bool tagged, uint64_t tag, fi_addr_t src);
+    RxOp *match_posted(bool tagged, uint64_t tag, fi_addr_t src) {
+        PostedQueue &q = list_for(tagged);
+        for (RxOp *rx = q.front(); rx; rx = rx->posted_next) {
+            if (tagged && !rx->matches_tag(tag)) continue;
+            if (!rx->matches_src(src)) continue;
+            if (!rx->multi) q.erase(rx);
+            return rx;
+        }
+        return nullptr;
+    }
     void remove_posted(RxOp *rx) { list_for(rx->tagged).erase(rx); }
     void push_unexpected(Unexpected &&ux) { unexpected_for(ux.tagged()).push_back(std::move(ux)); }
     bool has_unexpected(bool tagged) { return !unexpected_for(tagged).empty(); }
@@ -145,6 +182,7 @@ class RxMatcher {
     size_t min_multi_recv = 0;
 
   private:
+    static constexpr size_t kSpareMax = 1024;
     // Posted receives in posting order, linked through the receives themselves: posting and
     // matching allocate nothing, and a receive leaves from anywhere in the queue at once.
     class PostedQueue {

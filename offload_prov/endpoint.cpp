@@ -122,16 +122,32 @@ ssize_t local_inject(fid_ep *ep, const iovec *iov, size_t count, fi_addr_t dest,
     return current_exception_errno();
 }
 
-peer::LocalPathOps local_path_ops = {sizeof(peer::LocalPathOps),
-                                     local_reachable,
-                                     local_wait_fd,
-                                     local_arm,
-                                     local_queued_data,
-                                     local_introduce,
-                                     local_remote_twin,
-                                     local_inject_limit,
-                                     local_inject,
-                                     local_single_copy};
+peer::LocalLane *local_lane(fid_ep *ep, fi_addr_t addr) noexcept try {
+    return Endpoint::of(ep)->lane(addr);
+} catch (...) {
+    return nullptr;
+}
+
+void local_progress(fid_ep *ep) noexcept try { Endpoint::of(ep)->progress(); } catch (...) {
+}
+
+void local_set_owner_rx(fid_ep *ep, const peer::OwnerRx *rx) noexcept {
+    Endpoint::of(ep)->set_owner_rx(rx ? *rx : peer::OwnerRx{});
+}
+
+peer::LocalPathOps local_path_ops = {.size = sizeof(peer::LocalPathOps),
+                                     .reachable = local_reachable,
+                                     .wait_fd = local_wait_fd,
+                                     .arm = local_arm,
+                                     .queued_data = local_queued_data,
+                                     .introduce = local_introduce,
+                                     .remote_twin = local_remote_twin,
+                                     .inject_limit = local_inject_limit,
+                                     .inject = local_inject,
+                                     .single_copy = local_single_copy,
+                                     .lane = local_lane,
+                                     .progress = local_progress,
+                                     .set_owner_rx = local_set_owner_rx};
 
 // peer::CollOps: the owner's collectives (coll/engine.h).
 int coll_join(fid_ep *ep, const peer::CollJoin *join, uint64_t *group) noexcept try {
@@ -296,6 +312,18 @@ void Endpoint::enable() {
     key_ = *key;
     memcpy(name_, name, len);
     proto_.name_len = static_cast<uint8_t>(len);
+    av_version_word_ = av_->owner().version_word();
+    // A Short cell's first line as lane_send starts it: header and name (zero-padded).
+    wire::LocalShortHeader h{.op = static_cast<uint8_t>(wire::LocalOp::Short),
+                             .flags = 0,
+                             .name_len = proto_.name_len,
+                             .reserved = 0,
+                             .size = 0,
+                             .tag = 0,
+                             .cq_data = 0};
+    short_at_ = wire::local_short_body_offset(len);
+    memcpy(short_line_, &h, sizeof h);
+    memcpy(short_line_ + sizeof h, name_, std::min(short_at_, sizeof short_line_) - sizeof h);
     proto_.pid = getpid();
     producer_id_ = own_process_token();
 
@@ -322,8 +350,9 @@ void Endpoint::enable() {
     info->net_ns = own_net_namespace();
     info->auth = auth_;
     info->job = Config::get().job;
+    // (A segment we just created: its memory is zero, and no cell is touched before use.)
     inbox_ = ShmRing::init(static_cast<uint8_t *>(segment_->data()) + sizeof(SegmentInfo), cells,
-                           wire::kLocalCellSize);
+                           wire::kLocalCellSize, /*zeroed=*/true);
     if (!inbox_) fail(FI_EINVAL, "inbox ring shape");
     // Written last: a peer that sees the magic sees an initialised ring.
     __atomic_store_n(&info->magic, SegmentInfo::kMagic, __ATOMIC_RELEASE);

@@ -130,19 +130,30 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     int reachable(fi_addr_t addr);
     int wait_fd() const { return wake_rd_; }
     int arm();
-    void introduce(fi_addr_t addr) { introductions_.push_back(addr); }
+    void introduce(fi_addr_t addr) {
+        note_work();
+        introductions_.push_back(addr);
+    }
     int remote_twin(fi_addr_t addr, uint64_t *caps) const;
     // LocalPathOps::single_copy: 1 CMA, 0 staged, -FI_ENOENT when not node-local.
     int single_copy(fi_addr_t addr);
     // peer::LocalPathOps::inject: one Eager cell straight into the peer's ring, or nothing.
     ssize_t inject(const iovec *iov, size_t count, fi_addr_t dest, uint64_t tag, uint64_t data,
                    uint64_t flags);
+    // peer::LocalPathOps::lane: the node-local peer at addr as the owner's sends hold it.
+    peer::LocalLane *lane(fi_addr_t addr);
+    // peer::LocalPathOps::set_owner_rx.
+    void set_owner_rx(const peer::OwnerRx &rx) { owner_rx_ = rx; }
     // Peer transfer completions from the owner (fi_ops_transfer_peer).
     void transfer_complete(const fi_cq_tagged_entry &entry, fi_addr_t src);
     void transfer_error(const fi_cq_err_entry &err);
     static int start_held(fi_peer_rx_entry *entry);
     static int discard_held(fi_peer_rx_entry *entry);
-    coll::Engine &coll() { return coll_; }
+    // (The owner's collective calls come through here: they bring work.)
+    coll::Engine &coll() {
+        note_work();
+        return coll_;
+    }
 
   private:
     // The public calls above live with their job: sendmsg, tsendmsg, inject in ep/send.cpp;
@@ -179,11 +190,18 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         std::vector<uint8_t> cell{};
         std::unique_ptr<Stream> stream{};
     };
+    struct PeerLink;
+    // What the owner holds of a node-local peer (peer::LocalLane): its link and us.
+    struct Lane : peer::LocalLane {
+        Endpoint *ep = nullptr;
+        PeerLink *link = nullptr;
+    };
     // A peer endpoint's inbox, opened on first use.
     struct PeerLink {
         std::string key;
         ShmSegment segment;
         ShmRing *ring = nullptr;
+        ShmRing::ProducerView view{};  // ours, of the peer's ring
         pid_t pid = 0;
         // The owner's pid names the same process here: CMA and device IPC may be tried.
         bool same_pid_ns = false;
@@ -195,6 +213,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         // at most one of theirs (a message whose room another producer took first) besides
         // our answers to the peer's own operations (bounded by its transmit queue).
         std::deque<Outgoing> backlog{};
+        Lane lane{};
     };
     // An operation waiting for the target's Fin (Rts, RMA) or for ReadData cells.
     struct Pending {
@@ -226,7 +245,24 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // addr: the peer's address bytes, of which key is made.
     PeerLink *link_for_key(const std::string &key, std::string_view addr);
     PeerLink *link_to(std::string_view sender);
-    fi_addr_t source_of(std::string_view sender);
+    // (Inline: every cell asks. The last sender's name is compared word by word: names are
+    // padded with zeros to whole words in cells and here.)
+    fi_addr_t source_of(std::string_view sender) {
+        if (sender.size() == last_source_len_ && av_version_word_ &&
+            sources_version_ == av_version_word_->load(std::memory_order_acquire)) {
+            const size_t words = (sender.size() + 7) / 8;
+            uint64_t diff = 0;
+            for (size_t i = 0; i < words; ++i) {
+                uint64_t a, b;
+                memcpy(&a, sender.data() + 8 * i, 8);
+                memcpy(&b, last_source_name_ + 8 * i, 8);
+                diff |= a ^ b;
+            }
+            if (!diff) return last_source_;
+        }
+        return find_source(sender);
+    }
+    fi_addr_t find_source(std::string_view sender);
     void check_peers();
 
     // ep/cell_send.cpp: cells into a peer's ring or its link's backlog, and wake-ups.
@@ -236,6 +272,13 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // (Defined in ep/endpoint_internal.h: inject inlines it too.)
     bool try_push(PeerLink &link, const wire::LocalHeader &hdr, const iovec *iov, size_t count,
                   size_t offset, size_t len, const uint8_t *staged);
+    // peer::LocalLane::send of a link's lane.
+    static ssize_t lane_send(peer::LocalLane *lane, const void *buf, size_t len, uint64_t tag,
+                             uint64_t data, uint64_t flags);
+    // A Short cell (wire::LocalShortHeader, our name, len bytes of the list from offset, or
+    // of staged) into cell.
+    void fill_short(uint8_t *cell, const wire::LocalShortHeader &s, const iovec *iov, size_t count,
+                    size_t offset, size_t len, const uint8_t *staged) const;
     // A cell's bytes: hdr, our name, then len bytes of the list from offset (or of staged).
     void fill_cell(uint8_t *cell, const wire::LocalHeader &hdr, const iovec *iov, size_t count,
                    size_t offset, size_t len, const uint8_t *staged) const;
@@ -243,11 +286,15 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
                      size_t len, const hmem::MemRef *mem, StreamEnd end);
     bool pump(PeerLink &link, Stream &stream, int *status);
     void finish_stream(const Stream &stream, int status);
-    bool admits(const PeerLink &link) const {
-        return link.backlog.empty() && link.ring->has_room();
+    bool admits(PeerLink &link) const {
+        return link.backlog.empty() && link.ring->has_room(link.view);
     }
     bool flush(PeerLink &link);
-    void notify(PeerLink &link);
+    // After a publish: wakes the peer if our claim found it asleep (inline: every cell).
+    void notify(PeerLink &link) {
+        if (link.view.wake) wake(link);
+    }
+    void wake(PeerLink &link);
     void answer(std::string_view sender, uint64_t msg_id, int status);
     // A cell under a LocalShortHeader: the header, our name when h.name_len says so, then len
     // bytes of body; into the ring now, or kept in order for the next progress call.
@@ -295,6 +342,11 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     void handle_message(const wire::LocalHeader &hdr, std::string_view sender, fi_addr_t src,
                         const uint8_t *data, const wire::LocalIov *rts_iov,
                         std::vector<uint8_t> *owned, const wire::LocalIpc *ipc = nullptr);
+    // The same once the owner's SRX answered (ret and entry as its get_tag / get_msg).
+    void place_message(int ret, fi_peer_rx_entry *entry, const wire::LocalHeader &hdr,
+                       std::string_view sender, fi_addr_t src, const uint8_t *data,
+                       const wire::LocalIov *rts_iov, std::vector<uint8_t> *owned,
+                       const wire::LocalIpc *ipc);
     void deliver(fi_peer_rx_entry *entry, const wire::LocalHeader &hdr, std::string_view sender,
                  const uint8_t *data, const wire::LocalIov *iov, fi_addr_t src,
                  const wire::LocalIpc *ipc = nullptr);
@@ -315,6 +367,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     static bool names_process(const wire::LocalHeader &hdr);
     bool vouch_for_process(wire::LocalHeader &hdr, std::string_view sender);
     void handle_short(const uint8_t *cell);
+    [[gnu::noinline]] void place_short(const uint8_t *cell, fi_addr_t src, int ret,
+                                       fi_peer_rx_entry *entry);
     struct CqWrite;
     void write_cq(const CqWrite &w);
     bool try_write_cq(const CqWrite &w);
@@ -364,6 +418,10 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     ProcessWatch claimants_{segment_prefix()};
     wire::LocalHeader proto_{};  // name_len filled
     uint8_t name_[wire::kLocalNameRoom]{};
+    // The first line of our Short cells but for size, flags, tag and data (lane_send), and
+    // where their data starts (after the name).
+    uint8_t short_line_[ShmRing::kFirstLinePayload]{};
+    size_t short_at_ = 0;
     std::optional<ShmSegment> segment_;
     ShmRing *inbox_ = nullptr;
     std::string wake_path_;  // FIFO next to the segment: wakes us when we sleep
@@ -379,6 +437,12 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     uint64_t links_version_ = ~0ull;
     std::vector<std::pair<std::string, fi_addr_t>> sources_;  // sender address -> fi_addr
     uint64_t sources_version_ = ~0ull;
+    // source_of's last answer (same AV version): a run of cells from one sender compares
+    // its name with this one and looks no further.
+    uint8_t last_source_name_[wire::kLocalNameRoom]{};
+    const std::atomic<uint64_t> *av_version_word_ = nullptr;  // the owner AV's (enable())
+    size_t last_source_len_ = SIZE_MAX;
+    fi_addr_t last_source_ = FI_ADDR_NOTAVAIL;
     // The last sender link_to() found (links live as long as the endpoint): a run of cells
     // from one peer that need answers skips building its key.
     std::string last_sender_;
@@ -465,6 +529,15 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     };
     RingQueue<CqWrite> cq_backlog_;  // refused by the owner's CQ (-FI_EAGAIN), in order
     uint64_t passes_ = 0;
+    // Nothing waits for a progress pass but what a cell may bring (no backlog, completion,
+    // pending operation, collective, introduction): progress only peeks at the inbox. Set at
+    // the end of a pass that leaves nothing behind; cleared by every call of the owner's that
+    // may bring work (note_work). One that forgot to would only wait for the whole pass that
+    // comes every 1024 passes.
+    bool quiet_ = false;
+    void note_work() { quiet_ = false; }
+    // The owner's fused receive path for whole messages (its own twin's only).
+    peer::OwnerRx owner_rx_{};
 
     // ep/twin_hello.cpp: peer transfers with remote twins (wire::TwinHello over the owner's
     // endpoint).

@@ -99,9 +99,47 @@ struct PeerEpOps {
     const std::atomic<uint64_t> *(*mr_generation)(fid_ep *ep);
 };
 
+// A small message the twin carries whole, as it asks the owner for a receive buffer
+// (OwnerRx::deliver).
+struct WholeMessage {
+    const void *data;
+    size_t len;
+    uint64_t tag;
+    uint64_t cq_data;
+    fi_addr_t src;
+    bool tagged;
+    bool has_data;  // FI_REMOTE_CQ_DATA
+};
+
+// The owner's receive side for the messages its own twin carries whole in one cell: the peer
+// SRX's get_msg / get_tag and the twin's delivery and completion fused into one call, for the
+// common case of a posted host-memory receive (fi_peer(3)'s path takes a dozen calls across
+// the two providers for each message). Handed to the twin with LocalPathOps::set_owner_rx.
+struct OwnerRx {
+    void *context;
+    // 1: a posted receive took the message: its bytes are copied and its completion written
+    // (nothing is left for the twin). Otherwise exactly what get_tag / get_msg return with
+    // *entry: 0 and a receive for the twin to deliver into (one the fused path does not fill:
+    // device memory, a multi-receive slice); -FI_ENOENT and an entry to queue with the SRX.
+    int (*deliver)(void *context, const WholeMessage &msg, fi_peer_rx_entry **entry);
+};
+
+// A node-local peer as the owner's sends see it (LocalPathOps::lane): the owner keeps it per
+// peer, so that a small send goes into the peer's ring without a lookup. Valid as long as the
+// twin endpoint.
+struct LocalLane {
+    // A message of host memory (at most inject_limit bytes) into the peer's ring, with no
+    // completion of the twin's: the owner completes the send when this returns 0. -FI_EAGAIN
+    // when it cannot go in now (the ring is full, or earlier cells wait for room: post it the
+    // ordinary way, which keeps the order); another negative errno when refused (the peer
+    // died). flags: FI_TAGGED, FI_REMOTE_CQ_DATA.
+    ssize_t (*send)(LocalLane *lane, const void *buf, size_t len, uint64_t tag, uint64_t data,
+                    uint64_t flags);
+};
+
 // fi_open_ops name of off_tandem's endpoint extension: whether a peer (an fi_addr of the
 // shared AV) is reachable over the node-local path, so the owner routes it there.
-inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v2";
+inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v3";
 
 struct LocalPathOps {
     size_t size;
@@ -119,20 +157,22 @@ struct LocalPathOps {
     void (*introduce)(fid_ep *ep, fi_addr_t addr);
     // Whether the twin of the peer at addr introduced itself (1), with its capabilities.
     int (*remote_twin)(fid_ep *ep, fi_addr_t addr, uint64_t *caps);
-    // The largest message inject takes (what fits one ring cell).
+    // The largest message inject and a lane's send take (what fits one ring cell).
     size_t (*inject_limit)(fid_ep *ep);
-    // The small-message fast path: a message of host memory (at most inject_limit bytes) put
-    // straight into the peer's ring, where the peer's endpoint takes it. No operation, no
-    // completion: the owner completes the send itself when this returns 0. -FI_EAGAIN when
-    // it cannot go in now (the ring is full, or earlier cells to that peer wait for room:
-    // they keep their order if the owner posts it the ordinary way); another negative errno
-    // when the twin refuses it (unknown or dead peer, too large). flags: FI_TAGGED,
-    // FI_REMOTE_CQ_DATA.
+    // A small message of host memory (at most inject_limit bytes) straight into the peer's
+    // ring, as LocalLane::send, for an owner that keeps no lane.
     ssize_t (*inject)(fid_ep *ep, const iovec *iov, size_t count, fi_addr_t dest, uint64_t tag,
                       uint64_t data, uint64_t flags);
     // How large transfers to the peer at addr are copied: 1 single copy (cross-memory
-    // attach), 0 staged through the rings, -FI_ENOENT when the peer is not node-local.
+    // attach), 0 staged through the rings, -FI_ENOENT when not node-local.
     int (*single_copy)(fid_ep *ep, fi_addr_t addr);
+    // The node-local peer at addr's lane, or nullptr (not node-local).
+    LocalLane *(*lane)(fid_ep *ep, fi_addr_t addr);
+    // fi_peer(3)'s fi_cq_read(cq, NULL, 0), without the CQ in between: the owner calls it on
+    // every pass of its progress.
+    void (*progress)(fid_ep *ep);
+    // The owner's fused receive path (its own twin only; the twin copies *rx).
+    void (*set_owner_rx)(fid_ep *ep, const OwnerRx *rx);
 };
 
 // fid ops for the fids an owner exports: the peer uses only their owner ops, so fi_close and

@@ -55,6 +55,8 @@ class ImportedAv {
     fi_addr_t addr_of(const void *addr, size_t addrlen) const {
         return ext_ ? ext_->addr_of(av_, addr, addrlen) : FI_ADDR_NOTAVAIL;
     }
+    // The owner's version word, or nullptr without tandem's extension.
+    const std::atomic<uint64_t> *version_word() const { return version_word_; }
     // Without tandem's extension every call is a new version: nothing gets cached.
     uint64_t version() const {
         return version_word_ ? version_word_->load(std::memory_order_acquire) : ++uncached_;

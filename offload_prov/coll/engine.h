@@ -60,6 +60,8 @@ class Engine final : public Transport {
     int leave(uint64_t group);
     // Advances every operation; reports those that finished.
     void progress();
+    // Nothing for progress() to do (inline: the owner's every pass asks).
+    bool idle() const { return !repost_notices_ && running_.empty(); }
     bool busy() const { return !running_.empty(); }
 
     // Completions of peer transfers: whether the context is one of ours, and its end.

@@ -80,6 +80,7 @@ ssize_t Endpoint::compare_atomicmsg(const fi_msg_atomic *msg, const fi_ioc *comp
 ssize_t Endpoint::post_atomic(atomic::Kind kind, const fi_msg_atomic &m, const fi_ioc *compare,
                               void **compare_desc, size_t ncompare, const fi_ioc *result,
                               void **result_desc, size_t nresult, uint64_t flags) {
+    note_work();
     if (!enabled_) return -FI_EOPBADSTATE;
     const bool fetches = kind != atomic::Kind::Base;
     const bool compares = kind == atomic::Kind::Compare;

@@ -53,42 +53,50 @@ bool Endpoint::push_gather(PeerLink &link, const LocalHeader &hdr, const iovec *
 // An Eager message nobody waits a Fin for goes as a Short cell (see wire::LocalShortHeader).
 void Endpoint::fill_cell(uint8_t *cell, const LocalHeader &hdr, const iovec *iov, size_t count,
                          size_t offset, size_t len, const uint8_t *staged) const {
-    uint8_t *body;
     if (hdr.op == static_cast<uint8_t>(LocalOp::Eager) && !(hdr.flags & wire::kLocalAckReq)) {
-        wire::LocalShortHeader s{.op = static_cast<uint8_t>(LocalOp::Short),
-                                 .flags = hdr.flags,
-                                 .name_len = hdr.name_len,
-                                 .reserved = 0,
-                                 .size = hdr.size,
-                                 .tag = hdr.tag,
-                                 .cq_data = hdr.cq_data};
-        size_t at = wire::local_short_body_offset(hdr.name_len);
-        uint8_t head[sizeof s + wire::kLocalNameRoom];  // header and name, built here
-        static_assert(sizeof head >= ShmRing::kFirstLinePayload);
-        memcpy(head, &s, sizeof s);
-        memcpy(head + sizeof s, name_, at - sizeof s);  // name_ is zero-padded
-        if (at + len <= ShmRing::kFirstLinePayload) {
-            // The whole cell is in the line the receiver polls: the data joins the head here
-            // and the line is stored in one burst, so that the receiver's polling cannot take
-            // it back between our stores.
-            if (staged)
-                memcpy(head + at, staged, len);
-            else
-                iov_gather(head + at, iov, count, offset, len);
-            memcpy(cell, head, ShmRing::kFirstLinePayload);
-            return;
-        }
-        memcpy(cell, head, at);
-        body = cell + at;
-    } else {
-        memcpy(cell, &hdr, sizeof hdr);
-        memcpy(cell + sizeof hdr, name_, wire::kLocalNameRoom);
-        body = cell + sizeof hdr + wire::kLocalNameRoom;
+        fill_short(cell,
+                   {.op = static_cast<uint8_t>(LocalOp::Short),
+                    .flags = hdr.flags,
+                    .name_len = hdr.name_len,
+                    .reserved = 0,
+                    .size = hdr.size,
+                    .tag = hdr.tag,
+                    .cq_data = hdr.cq_data},
+                   iov, count, offset, len, staged);
+        return;
     }
+    memcpy(cell, &hdr, sizeof hdr);
+    memcpy(cell + sizeof hdr, name_, wire::kLocalNameRoom);
+    uint8_t *body = cell + sizeof hdr + wire::kLocalNameRoom;
     if (staged)
         memcpy(body, staged, len);
     else
         iov_gather(body, iov, count, offset, len);
+}
+
+void Endpoint::fill_short(uint8_t *cell, const wire::LocalShortHeader &s, const iovec *iov,
+                          size_t count, size_t offset, size_t len, const uint8_t *staged) const {
+    size_t at = wire::local_short_body_offset(s.name_len);
+    uint8_t head[sizeof s + wire::kLocalNameRoom];  // header and name, built here
+    static_assert(sizeof head >= ShmRing::kFirstLinePayload);
+    memcpy(head, &s, sizeof s);
+    memcpy(head + sizeof s, name_, at - sizeof s);  // name_ is zero-padded
+    if (at + len <= ShmRing::kFirstLinePayload) {
+        // The whole cell is in the line the receiver polls: the data joins the head here
+        // and the line is stored in one burst, so that the receiver's polling cannot take
+        // it back between our stores.
+        if (staged)
+            memcpy(head + at, staged, len);
+        else
+            iov_gather(head + at, iov, count, offset, len);
+        memcpy(cell, head, ShmRing::kFirstLinePayload);
+        return;
+    }
+    memcpy(cell, head, at);
+    if (staged)
+        memcpy(cell + at, staged, len);
+    else
+        iov_gather(cell + at, iov, count, offset, len);
 }
 
 // A payload in as many cells as it takes (Frag, WriteFrag, ReadData): each carries its
@@ -119,7 +127,7 @@ void Endpoint::push_staged(PeerLink &link, LocalHeader hdr, const iovec *iov, si
 bool Endpoint::pump(PeerLink &link, Stream &stream, int *status) {
     LocalHeader &hdr = stream.hdr;
     for (;;) {
-        void *reserved = link.ring->try_reserve(producer_id_);
+        void *reserved = link.ring->try_reserve(producer_id_, link.view);
         if (!reserved) return false;
         auto *cell = static_cast<uint8_t *>(reserved);
         const size_t off = hdr.offset;
@@ -180,7 +188,7 @@ bool Endpoint::flush(PeerLink &link) {
             finish_stream(*done, status);
             continue;
         }
-        void *cell = link.ring->try_reserve(producer_id_);
+        void *cell = link.ring->try_reserve(producer_id_, link.view);
         if (!cell) return false;
         memcpy(cell, next.cell.data(), next.cell.size());
         link.ring->publish(cell);
@@ -191,14 +199,11 @@ bool Endpoint::flush(PeerLink &link) {
     return true;
 }
 
-// The receiver armed its wake FIFO before sleeping: the first sender after that wakes it.
-// The fence orders our publish before reading `armed`, against the receiver's store of
-// `armed` before it looks at its ring again (arm()): one of the two sees the other.
-void Endpoint::notify(PeerLink &link) {
-    SegmentInfo *info = info_of(link.segment);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (!__atomic_load_n(&info->armed, __ATOMIC_RELAXED)) return;
-    if (!__atomic_exchange_n(&info->armed, 0u, __ATOMIC_ACQ_REL)) return;
+// The receiver armed its ring before sleeping and our last claim saw it (ShmRing's sleep
+// protocol): after publishing, the producer that takes the flag writes the wake FIFO.
+void Endpoint::wake(PeerLink &link) {
+    link.view.wake = false;
+    if (!link.ring->take_wake()) return;
     if (link.wake_fd < 0)
         link.wake_fd = ::open(wake_path(link.key).c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
     char byte = 0;
@@ -211,11 +216,7 @@ int Endpoint::arm() {
     char drain[64];
     while (::read(wake_rd_, drain, sizeof drain) > 0) {
     }
-    SegmentInfo *info = info_of(*segment_);
-    __atomic_store_n(&info->armed, 1u, __ATOMIC_RELAXED);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    bool pending =
-        inbox_->peek() != nullptr || !tx_done_.empty() || !cq_backlog_.empty() || backlogged_;
+    bool pending = !inbox_->arm() || !tx_done_.empty() || !cq_backlog_.empty() || backlogged_;
     if (pending) {
         char byte = 0;
         (void)!::write(wake_wr_, &byte, 1);
@@ -245,7 +246,7 @@ void Endpoint::push_compact(PeerLink &link, const wire::LocalShortHeader &h, con
 
 void Endpoint::push_cell(PeerLink &link, const uint8_t *cell, size_t n) {
     if (link.backlog.empty()) {
-        if (void *slot = link.ring->try_reserve(producer_id_)) {
+        if (void *slot = link.ring->try_reserve(producer_id_, link.view)) {
             // (A small cell is the one line the receiver polls: one copy, one burst.)
             memcpy(slot, cell, n);
             link.ring->publish(slot);

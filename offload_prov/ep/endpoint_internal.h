@@ -22,7 +22,7 @@ struct SegmentInfo {
     int32_t pid;
     uint32_t cell_size;
     uint64_t probe_addr;  // an address in the owner's memory a peer may read 8 bytes from
-    uint32_t armed;       // the owner may sleep: the next sender writes its wake FIFO
+    uint32_t reserved1;   // (was the sleep flag, now in the ring: ShmRing::arm)
     uint32_t reserved0;
     uint64_t probe_value;  // what those 8 bytes hold: a CMA probe that reads it reached the owner
     uint64_t net_ns;       // the owner's network namespace (inode of /proc/self/ns/net), 0 unknown
@@ -47,7 +47,7 @@ void reap_stale();
 inline bool Endpoint::try_push(PeerLink &link, const wire::LocalHeader &hdr, const iovec *iov,
                                size_t count, size_t offset, size_t len, const uint8_t *staged) {
     if (!link.backlog.empty()) return false;
-    void *cell = link.ring->try_reserve(producer_id_);
+    void *cell = link.ring->try_reserve(producer_id_, link.view);
     if (!cell) return false;
     stop_at("local.ring_reserved");
     fill_cell(static_cast<uint8_t *>(cell), hdr, iov, count, offset, len, staged);

@@ -151,17 +151,35 @@ Endpoint::PeerLink *Endpoint::link_to(std::string_view sender) {
 
 // The sender's fi_addr_t in the shared AV. Looked up through the owner once per sender and
 // AV version: a receive completion must not pay a reverse lookup.
-fi_addr_t Endpoint::source_of(std::string_view sender) {
+// source_of past its last-sender check. The name is read as whole words there: it comes from
+// a cell (zero-padded to a multiple of 8, the rest of the cell after it) and is kept here the
+// same way.
+fi_addr_t Endpoint::find_source(std::string_view sender) {
     uint64_t version = av_->owner().version();
     if (version != sources_version_) {
         sources_.clear();
         sources_version_ = version;
+        last_source_len_ = SIZE_MAX;
     }
-    for (const auto &[name, addr] : sources_)
-        if (name == sender) return addr;
-    fi_addr_t addr = av_->owner().addr_of(sender.data(), sender.size());
-    if (sources_.size() >= 64) sources_.clear();
-    sources_.emplace_back(std::string(sender), addr);
+    fi_addr_t addr = FI_ADDR_NOTAVAIL;
+    bool found = false;
+    for (const auto &[name, a] : sources_)
+        if (name == sender) {
+            addr = a;
+            found = true;
+            break;
+        }
+    if (!found) {
+        addr = av_->owner().addr_of(sender.data(), sender.size());
+        if (sources_.size() >= 64) sources_.clear();
+        sources_.emplace_back(std::string(sender), addr);
+    }
+    if (sender.size() <= sizeof last_source_name_) {
+        memset(last_source_name_, 0, sizeof last_source_name_);
+        memcpy(last_source_name_, sender.data(), sender.size());
+        last_source_len_ = sender.size();
+        last_source_ = addr;
+    }
     return addr;
 }
 

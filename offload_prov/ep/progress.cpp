@@ -27,15 +27,40 @@ const uint8_t *body_of(const uint8_t *cell) {
 }  // namespace
 
 void Endpoint::progress() {
+    if (quiet_) {
+        // Nothing of ours waits for a pass (see quiet_): only the inbox to look at, and a whole
+        // pass every 1024th time (the peers' liveness). Short cells are taken here, and the
+        // pass stays quiet unless one left a completion waiting for room in the owner's CQ.
+        for (int i = 0; i < 64; ++i) {
+            const auto *cell = static_cast<const uint8_t *>(inbox_->peek());
+            if (!cell) {
+                if (((passes_ + 1) & 1023) != 0) {
+                    ++passes_;
+                    return;
+                }
+                break;
+            }
+            if (cell[0] != static_cast<uint8_t>(LocalOp::Short) || !deferred_.empty()) break;
+            handle_short(cell);
+            inbox_->release();
+            if (!cq_backlog_.empty()) break;
+        }
+        quiet_ = false;
+    }
     if (!enabled_) return;
     if (!hello_posted_) post_hello_receive();
     if (!introductions_.empty()) send_hellos();
-    coll_.progress();
+    if (!coll_.idle()) coll_.progress();
     // A bounded batch: a sender that never stops must not starve the rest of the owner.
     for (int i = 0; i < 64; ++i) {
         const void *cell = inbox_->peek();
         if (!cell) break;
-        handle_cell(static_cast<const uint8_t *>(cell));
+        auto *c = static_cast<const uint8_t *>(cell);
+        // (The commonest cell first, without the dispatch's other checks.)
+        if (c[0] == static_cast<uint8_t>(LocalOp::Short) && deferred_.empty())
+            handle_short(c);
+        else
+            handle_cell(c);
         inbox_->release();
     }
     if (backlogged_)
@@ -59,6 +84,8 @@ void Endpoint::progress() {
     // answers (a small atomic's round trip is a few passes: a clock read each would be a
     // tenth of it), and on every pass while other operations wait on a peer.
     ++passes_;
+    const bool waiting =
+        atomics_pending_ || !pending_.empty() || !splits_.empty() || !restaging_.empty();
     if (passes_ % 1024 == 0 || (atomics_pending_ && passes_ % 32 == 0) || !pending_.empty() ||
         !splits_.empty() || !restaging_.empty()) {
         int64_t now = coarse_now_ms();
@@ -67,6 +94,10 @@ void Endpoint::progress() {
             check_peers();
         }
     }
+    // Quiet when nothing but a cell can give this endpoint work: then the next passes only
+    // look at the inbox until a cell comes or a call of the owner's brings work (note_work).
+    quiet_ = hello_posted_ && introductions_.empty() && coll_.idle() && !backlogged_ &&
+             cq_backlog_.empty() && tx_done_.empty() && !waiting;
 }
 
 void Endpoint::complete_tx(void *context, uint64_t flags, size_t len, int err) {
@@ -261,14 +292,45 @@ bool Endpoint::vouch_for_process(LocalHeader &hdr, std::string_view sender) {
     return false;
 }
 
-// A Short cell is an Eager message with the fields it leaves out implied.
+// A Short cell is an Eager message with the fields it leaves out implied. The owner's fused
+// path (peer::OwnerRx) takes it straight into a posted receive when it can; otherwise it goes
+// the way of every message, with what the owner answered (place_short, out of this line: the
+// common case keeps a small frame).
 void Endpoint::handle_short(const uint8_t *cell) {
     wire::LocalShortHeader s;
     memcpy(&s, cell, sizeof s);
-    if (s.name_len > wire::kLocalNameRoom || s.size > wire::kLocalBodyRoom) {
+    if (s.name_len > wire::kLocalNameRoom || s.size > wire::kLocalBodyRoom) [[unlikely]] {
         TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed cell\n");
         return;
     }
+    std::string_view sender(reinterpret_cast<const char *>(cell + sizeof s), s.name_len);
+    const uint8_t *data = cell + wire::local_short_body_offset(s.name_len);
+    const fi_addr_t src = source_of(sender);
+    // (Not while completions wait for room in the owner's CQ: this one would overtake them.)
+    if (owner_rx_.deliver && cq_backlog_.empty()) [[likely]] {
+        peer::WholeMessage m{.data = data,
+                             .len = s.size,
+                             .tag = s.tag,
+                             .cq_data = s.cq_data,
+                             .src = src,
+                             .tagged = (s.flags & wire::kLocalTagged) != 0,
+                             .has_data = (s.flags & wire::kLocalCqData) != 0};
+        fi_peer_rx_entry *entry = nullptr;
+        int ret = owner_rx_.deliver(owner_rx_.context, m, &entry);
+        if (ret != 1) place_short(cell, src, ret, entry);
+        return;
+    }
+    const peer::ImportedSrx &srx = srx_->owner();
+    fi_peer_rx_entry *entry = nullptr;
+    int ret = (s.flags & wire::kLocalTagged) ? srx.get_tag(src, s.tag, &entry)
+                                             : srx.get_msg(src, s.size, &entry);
+    place_short(cell, src, ret, entry);
+}
+
+// A Short cell's message once the owner answered (ret, entry: as its get_tag / get_msg).
+void Endpoint::place_short(const uint8_t *cell, fi_addr_t src, int ret, fi_peer_rx_entry *entry) {
+    wire::LocalShortHeader s;
+    memcpy(&s, cell, sizeof s);
     LocalHeader hdr{};
     hdr.op = static_cast<uint8_t>(LocalOp::Eager);
     hdr.flags = s.flags;
@@ -278,8 +340,8 @@ void Endpoint::handle_short(const uint8_t *cell) {
     hdr.tag = s.tag;
     hdr.cq_data = s.cq_data;
     std::string_view sender(reinterpret_cast<const char *>(cell + sizeof s), s.name_len);
-    handle_message(hdr, sender, source_of(sender), cell + wire::local_short_body_offset(s.name_len),
-                   nullptr, nullptr);
+    place_message(ret, entry, hdr, sender, src, cell + wire::local_short_body_offset(s.name_len),
+                  nullptr, nullptr, nullptr);
 }
 
 // A completion to the owner's CQ, behind those it refused before (kept, in order, and

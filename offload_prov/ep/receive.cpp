@@ -30,6 +30,13 @@ void Endpoint::handle_message(const LocalHeader &hdr, std::string_view sender, f
     fi_peer_rx_entry *entry = nullptr;
     const peer::ImportedSrx &srx = srx_->owner();
     int ret = tagged ? srx.get_tag(src, hdr.tag, &entry) : srx.get_msg(src, hdr.total, &entry);
+    place_message(ret, entry, hdr, sender, src, data, rts_iov, owned, ipc);
+}
+
+void Endpoint::place_message(int ret, fi_peer_rx_entry *entry, const LocalHeader &hdr,
+                             std::string_view sender, fi_addr_t src, const uint8_t *data,
+                             const LocalIov *rts_iov, std::vector<uint8_t> *owned,
+                             const wire::LocalIpc *ipc) {
     if (ret == 0 && entry) {
         deliver(entry, hdr, sender, data, rts_iov, src, ipc);
         return;
@@ -60,7 +67,7 @@ void Endpoint::handle_message(const LocalHeader &hdr, std::string_view sender, f
     entry->addr = src;
     if (hdr.flags & wire::kLocalCqData) entry->flags |= FI_REMOTE_CQ_DATA;
     held_.insert(held);
-    srx.queue(entry, tagged);
+    srx_->owner().queue(entry, hdr.flags & wire::kLocalTagged);
 }
 
 // Copies a message into the receive buffer the owner gave, writes its completion to the
@@ -239,6 +246,7 @@ int Endpoint::start_held(fi_peer_rx_entry *entry) {
     auto *held = static_cast<HeldMessage *>(entry->peer_context);
     if (!held) return -FI_EINVAL;
     Endpoint *ep = held->ep;
+    ep->note_work();
     ep->held_.erase(held);
     bool rts = held->hdr.op == static_cast<uint8_t>(LocalOp::Rts);
     bool ipc = held->hdr.op == static_cast<uint8_t>(LocalOp::IpcRts);
@@ -252,6 +260,7 @@ int Endpoint::discard_held(fi_peer_rx_entry *entry) {
     auto *held = static_cast<HeldMessage *>(entry->peer_context);
     if (!held) return -FI_EINVAL;
     Endpoint *ep = held->ep;
+    ep->note_work();
     ep->held_.erase(held);
     // The receiver dropped it: a sender waiting to have its buffers read is done with them.
     if (held->hdr.op == static_cast<uint8_t>(LocalOp::Rts) ||

@@ -36,6 +36,7 @@ ssize_t Endpoint::readmsg(const fi_msg_rma *msg, uint64_t flags) {
 }
 
 ssize_t Endpoint::issue_rma(LocalRequest &r) {
+    note_work();
     const iovec *const iov = r.iov;
     const size_t count = r.count;
     const size_t len = r.len;

@@ -5,6 +5,7 @@
 #include "offload_prov/endpoint.h"
 
 #include "common/iov.h"
+#include "common/test_hook.h"
 #include "offload_prov/config.h"
 #include "offload_prov/ep/endpoint_internal.h"
 
@@ -58,6 +59,7 @@ int Endpoint::prepare(const iovec *iov, void **desc, size_t count, fi_addr_t pee
 
 // Issue: the message goes out as the peer's ring and the memory allow.
 ssize_t Endpoint::issue_send(LocalRequest &r) {
+    note_work();
     const iovec *const iov = r.iov;
     const size_t count = r.count;
     const size_t len = r.len;
@@ -192,6 +194,56 @@ ssize_t Endpoint::inject(const iovec *iov, size_t count, fi_addr_t dest, uint64_
     hdr.size = static_cast<uint32_t>(len);
     // (An id not sent is skipped: ids only name operations, they need not be consecutive.)
     return try_push(*link, hdr, iov, count, 0, len, nullptr) ? 0 : -FI_EAGAIN;
+}
+
+peer::LocalLane *Endpoint::lane(fi_addr_t addr) {
+    PeerLink *link = enabled_ ? link_for(addr) : nullptr;
+    if (!link || link->dead) return nullptr;
+    if (!link->lane.send) link->lane = {{&Endpoint::lane_send}, this, link};
+    return &link->lane;
+}
+
+// The owner's small send to a peer it holds the lane of: a Short cell built straight from
+// its buffer, with no lookup and no operation. The cell's first line (the one the receiver
+// polls) is built on the stack from our template and stored in one burst, as fill_short does.
+ssize_t Endpoint::lane_send(peer::LocalLane *lane, const void *buf, size_t len, uint64_t tag,
+                            uint64_t data, uint64_t flags) {
+    auto *l = static_cast<Lane *>(lane);
+    Endpoint *ep = l->ep;
+    PeerLink &link = *l->link;
+    if (link.dead) return -FI_ECONNRESET;
+    if (!link.backlog.empty()) return -FI_EAGAIN;  // earlier cells wait for room: behind them
+    if (len > wire::kLocalBodyRoom) return -FI_EMSGSIZE;
+    void *slot = link.ring->try_reserve(ep->producer_id_, link.view);
+    if (!slot) return -FI_EAGAIN;
+    stop_at("local.ring_reserved");
+    auto *cell = static_cast<uint8_t *>(slot);
+    uint8_t line[sizeof ep->short_line_];
+    memcpy(line, ep->short_line_, sizeof line);
+    wire::LocalShortHeader h;
+    memcpy(&h, line, sizeof h);
+    h.flags = uint8_t(((flags & FI_TAGGED) ? wire::kLocalTagged : 0) |
+                      ((flags & FI_REMOTE_CQ_DATA) ? wire::kLocalCqData : 0));
+    h.size = static_cast<uint32_t>(len);
+    h.tag = tag;
+    h.cq_data = data;
+    memcpy(line, &h, sizeof h);
+    const size_t at = ep->short_at_;
+    if (at + len <= sizeof line) {
+        if (len <= 16)
+            copy_small(line + at, buf, len);
+        else
+            memcpy(line + at, buf, len);
+        memcpy(cell, line, sizeof line);
+    } else {
+        memcpy(cell, line, std::min(at, sizeof line));
+        if (at > sizeof line)
+            memcpy(cell + sizeof line, ep->name_ + (sizeof line - sizeof h), at - sizeof line);
+        memcpy(cell + at, buf, len);
+    }
+    link.ring->publish(cell);
+    ep->notify(link);
+    return 0;
 }
 
 // The header of a message's first (or only) cell, with a fresh id; op and size are the

@@ -42,6 +42,7 @@ void Endpoint::send_hellos() {
 }
 
 void Endpoint::transfer_complete(const fi_cq_tagged_entry &entry, fi_addr_t src) {
+    note_work();
     if (entry.op_context != &hello_rx_ctx_ && coll::Engine::owns(entry.op_context)) {
         coll_.transfer_done(entry.op_context, 0);
         return;
@@ -64,6 +65,7 @@ void Endpoint::transfer_complete(const fi_cq_tagged_entry &entry, fi_addr_t src)
 }
 
 void Endpoint::transfer_error(const fi_cq_err_entry &err) {
+    note_work();
     if (err.op_context != &hello_rx_ctx_ && coll::Engine::owns(err.op_context)) {
         coll_.transfer_done(err.op_context, err.err ? err.err : FI_EIO);
         return;

@@ -2,25 +2,41 @@
 // inside shared memory, so that several processes on a node can post to one process's
 // queue without a lock or a system call.
 //
-// The algorithm is Dmitry Vyukov's bounded queue: every cell carries a sequence number that
-// says whose turn it is. Cell i of lap L (position p = L * cells + i) is
-//   free for the producer of position p      when sequence == p,
-//   published, waiting for the consumer      when sequence == p + 1,
-//   and handed to the next lap by the consumer by setting sequence = p + cells.
-// The consumer alone advances `head`. Positions are 64-bit and never wrap in practice.
+// Positions count up from 0 and never wrap in practice (64 bits); position p lives in cell
+// p % cells. Three words decide everything:
+//  - each cell's *owner word* (an array of its own, away from the cells) holds the last
+//    position claimed in that cell and its claimant's id. A producer claims position p by
+//    compare-exchanging it from the previous lap's stamp (p - cells) to (p, its id): the one
+//    locked instruction of a send, and it leaves every claimed cell naming its producer;
+//  - each cell's *sequence* becomes p + 1 when the producer publishes position p (a plain
+//    release store; the consumer never writes it);
+//  - `head` is the consumer's next position, stored (release) once it has read a cell.
+// Position p is free when the consumer is past p - cells. A producer knows that from the
+// head it read last (a ProducerView it keeps), and reads `head` again only when that says the
+// ring may be full: the line the consumer writes on every cell is not fetched on every send.
+// `tail` is only a hint of where to start looking, stored without a locked instruction:
+// every position below any value it ever holds has been claimed (a producer stores p + 1
+// only after claiming p, and claims p only after finding every position from its own start
+// to p claimed), so starting from a stale value costs a few steps, never a lost cell.
 //
-// A producer claims position p by stamping the cell's owner word (an array of its own, away
-// from the line the consumer polls) with its producer id and p, in one compare-exchange; `tail`
-// then moves past p, by the claimant or by any producer that finds p stamped (so a claimant that
-// dies right after its stamp does not stop the others). A claimed cell therefore always
-// names its producer, and a producer that dies between try_reserve() and publish() can be
-// told from a slow one: reclaim_dead() hands such a cell back to the next lap, and the
-// consumer moves on to the cells behind it. Without that, the consumer would stop at that
-// cell for ever and producers would stop once the ring is full.
+// A producer that dies between try_reserve() and publish() can be told from a slow one by
+// its stamp: reclaim_dead() hands such a cell back (head moves past it) and the consumer
+// moves on to the cells behind it. Without that, the consumer would stop at that cell for
+// ever and producers would stop once the ring is full.
+//
+// Sleep: a consumer that wants to sleep calls arm() and sleeps only if it returns false. A
+// producer learns in try_reserve (ProducerView::wake) whether the consumer was armed, reading
+// the flag after its claim, and then calls take_wake() after publishing; the one of them that
+// wins take_wake() wakes the consumer. arm() stores the flag and then looks for a claim or a
+// publish at head: the producer's claim and the consumer's store are both sequentially
+// consistent, so either the producer sees the flag or the consumer sees the claim and stays
+// awake (a claimed cell is about to be published). No fence on the producer's side.
 //
 // Everything in the ring is an offset from the ring itself, never a pointer, because each
 // process maps the memory at its own address. Peers are the same user (the segment is 0600)
-// and trusted not to scribble on it.
+// and trusted not to scribble on it. A ring starts as zeroed memory (a fresh segment) plus
+// its header line: init() touches no cell, so an endpoint's inbox costs resident memory only
+// for the cells traffic has used.
 #pragma once
 
 #include <atomic>
@@ -41,10 +57,15 @@ class ShmRing {
     static constexpr uint32_t kMaxCells = 1u << 24;
     static constexpr uint32_t kMaxCellSize = 1u << 20;
 
+    // What one producer keeps of one ring between its calls (process-local memory).
+    struct ProducerView {
+        uint64_t head = 0;  // the consumer's head, as last read
+        bool wake = false;  // the last try_reserve found the consumer armed: take_wake()
+    };
+
     // Bytes of shared memory a ring of `cells` cells of `cell_size` payload bytes takes, or 0
     // when cells is not a power of two in [2, kMaxCells] or cell_size not in
-    // [1, kMaxCellSize]. (With a single cell, "free for the next lap" and "published" would
-    // be the same sequence number.)
+    // [1, kMaxCellSize].
     static size_t bytes_for(uint32_t cells, uint32_t cell_size) {
         if (cells < 2 || cells > kMaxCells || (cells & (cells - 1)) != 0) return 0;
         if (cell_size == 0 || cell_size > kMaxCellSize) return 0;
@@ -52,8 +73,10 @@ class ShmRing {
     }
 
     // Builds an empty ring in `mem` (kCacheLine-aligned, bytes_for(cells, cell_size) long).
-    // Called once, by the consumer, before any producer attaches. nullptr on bad arguments.
-    static ShmRing *init(void *mem, uint32_t cells, uint32_t cell_size) {
+    // Called once, by the consumer, before any producer attaches. `zeroed`: the memory is
+    // known to be all zero bytes (a fresh shared-memory object), so no cell needs writing and
+    // none becomes resident before traffic uses it. nullptr on bad arguments.
+    static ShmRing *init(void *mem, uint32_t cells, uint32_t cell_size, bool zeroed = false) {
         if (bytes_for(cells, cell_size) == 0 || !aligned(mem)) return nullptr;
         auto *ring = new (mem) ShmRing();
         ring->version_ = kVersion;
@@ -62,12 +85,16 @@ class ShmRing {
         ring->cell_stride_ = uint32_t(stride_for(cell_size));
         ring->cells_offset_ = sizeof(ShmRing);
         ring->owners_offset_ = sizeof(ShmRing) + uint64_t(cells) * ring->cell_stride_;
+        ring->armed_.store(0, std::memory_order_relaxed);
         ring->tail_.store(0, std::memory_order_relaxed);
         ring->head_.store(0, std::memory_order_relaxed);
-        for (uint32_t i = 0; i < cells; ++i) {
-            new (ring->cell_at(i)) Cell{i};  // cell i is free for position i
-            // Claimed by nobody, for the position of the lap before.
-            new (&ring->owner_at(i)) std::atomic<uint64_t>(stamp(uint64_t(i) - cells, 0));
+        // Sequence 0 is no position's publish (those are p + 1), and owner word 0 is what a
+        // first-lap claim expects (see claimable).
+        if (!zeroed) {
+            for (uint32_t i = 0; i < cells; ++i) {
+                new (ring->cell_at(i)) Cell{0, 0};
+                new (&ring->owner_at(i)) std::atomic<uint64_t>(0);
+            }
         }
         // Release: a process that sees the magic (acquire in attach) sees the whole layout.
         ring->magic_.store(kMagic, std::memory_order_release);
@@ -98,58 +125,88 @@ class ShmRing {
     // as own_process_token(), which the consumer's reclaim_dead check understands): claims the next
     // cell and returns its payload area (cell_size() bytes, 16-byte aligned), or nullptr when the
     // ring is full. The cell reaches the consumer when publish() is called on it; cells published
-    // out of claim order are still consumed in claim order.
-    void *try_reserve(uint32_t producer) {
-        // Relaxed: tail is only a hint of where to try; the sequence check below decides.
+    // out of claim order are still consumed in claim order. `view` is this producer's own
+    // (one per thread that produces).
+    void *try_reserve(uint32_t producer, ProducerView &view) {
+        // Relaxed: tail is only a hint of where to start (see the top of the file).
         uint64_t position = tail_.load(std::memory_order_relaxed);
         for (;;) {
-            Cell *cell = cell_at(position);
-            // Acquire pairs with the consumer's release in release(): once the cell says it
-            // is free for this position, the consumer has finished reading its old payload,
-            // so writing the new one cannot overwrite bytes still being read.
-            uint64_t sequence = cell->sequence.load(std::memory_order_acquire);
-            auto lag = int64_t(sequence - position);
-            if (lag < 0) return nullptr;  // the cell still holds the previous lap's entry: full
-            if (lag == 0) {
-                // Free for this position: whoever stamps the owner word first owns it. The
-                // word still holds the stamp of the lap before while nobody has; expecting
-                // exactly that keeps a producer whose view is a lap old (the cell claimed,
-                // consumed and claimed again meanwhile) from stamping over a newer claim.
-                // Relaxed: the stamp only decides who owns the position and names the owner
-                // for reclaim_dead; the payload is published through the cell's sequence.
-                std::atomic<uint64_t> &owner = owner_at(position);
-                uint64_t word = owner.load(std::memory_order_relaxed);
-                if (uint32_t(word >> 32) == uint32_t(position - cell_count_) &&
-                    owner.compare_exchange_strong(word, stamp(position, producer),
-                                                  std::memory_order_relaxed)) {
-                    advance_tail(position);
-                    return payload_of(cell);
+            if (position - view.head >= cell_count_) {
+                // Acquire pairs with the consumer's release in release(): once head is past
+                // p - cells, the consumer has finished reading that cell, so writing the new
+                // payload cannot overwrite bytes still being read.
+                view.head = head_.load(std::memory_order_acquire);
+                if (int64_t(position - view.head) >= int64_t(cell_count_)) return nullptr;
+                if (int64_t(position - view.head) < 0) {  // a stale start: catch up
+                    position = view.head;
+                    continue;
                 }
             }
-            // The position is someone else's (stamped, or already published or consumed):
-            // tail moves past it, by us if its claimant has not done it yet.
-            advance_tail(position);
-            position = tail_.load(std::memory_order_relaxed);
+            std::atomic<uint64_t> &owner = owner_at(position);
+            // Relaxed: a stale word only sends us to the next position (or makes the
+            // compare-exchange below fail).
+            uint64_t word = owner.load(std::memory_order_relaxed);
+            // Sequentially consistent: the claim must come before our load of armed_ below
+            // in the single order that also holds the consumer's arm() (see the top).
+            if (claimable(word, position) &&
+                owner.compare_exchange_strong(word, stamp(position, producer),
+                                              std::memory_order_seq_cst)) {
+                tail_.store(position + 1, std::memory_order_relaxed);
+                view.wake = armed_.load(std::memory_order_seq_cst) != 0;
+                Cell *cell = cell_at(position);
+                cell->claimed = position;  // for publish(); the consumer never reads it
+                return payload_of(cell);
+            }
+            // The position is someone else's already: the next one.
+            ++position;
         }
+    }
+    // The same, for a caller that keeps no view (tests, rare paths): reads head every time.
+    void *try_reserve(uint32_t producer) {
+        ProducerView view;
+        view.head = head_.load(std::memory_order_acquire);
+        return try_reserve(producer, view);
     }
 
     // Producer's hint: whether try_reserve would find a free cell now (another producer may
     // take it first).
-    bool has_room() const {
+    bool has_room(ProducerView &view) const {
         uint64_t position = tail_.load(std::memory_order_relaxed);
-        return int64_t(cell_at(position)->sequence.load(std::memory_order_acquire) - position) >= 0;
+        if (position - view.head < cell_count_) return true;
+        view.head = head_.load(std::memory_order_acquire);
+        return int64_t(position - view.head) < int64_t(cell_count_);
+    }
+    bool has_room() const {
+        ProducerView view;
+        view.head = head_.load(std::memory_order_acquire);
+        return has_room(view);
     }
 
     // Producer: hands the cell returned by try_reserve() to the consumer.
     void publish(void *payload) {
         Cell *cell = cell_of(payload);
-        // Relaxed: between claim and publish only this producer touches the cell, and it
-        // read this very value (its position) in try_reserve.
-        uint64_t position = cell->sequence.load(std::memory_order_relaxed);
+        uint64_t position = cell->claimed;
         // Release pairs with the consumer's acquire in peek(): the payload written before
         // this store is visible to the consumer that sees position + 1.
         cell->sequence.store(position + 1, std::memory_order_release);
     }
+
+    // Producer, after publishing a cell whose try_reserve set view.wake: true when this
+    // producer is the one to wake the consumer (the flag was still set; it is cleared).
+    bool take_wake() { return armed_.exchange(0, std::memory_order_acq_rel) != 0; }
+
+    // Consumer: about to sleep. True when it may (the producers' next claim will see the
+    // flag); false when a cell is already claimed or published at head (it will be ready
+    // without a wake-up). disarm() when done sleeping, or when not sleeping after all.
+    bool arm() {
+        armed_.store(1, std::memory_order_seq_cst);
+        uint64_t position = head_.load(std::memory_order_relaxed);
+        // Sequentially consistent, against the producer's claim (see the top of the file).
+        uint64_t word = owner_at(position).load(std::memory_order_seq_cst);
+        if (uint32_t(word >> 32) == uint32_t(position) && uint32_t(word) != 0) return false;
+        return cell_at(position)->sequence.load(std::memory_order_acquire) != position + 1;
+    }
+    void disarm() { armed_.store(0, std::memory_order_relaxed); }
 
     // Consumer (one thread of one process): the oldest entry's payload, to be read in place,
     // or nullptr when there is none yet. Repeated calls return the same entry until release().
@@ -166,13 +223,10 @@ class ShmRing {
     // Consumer: done with the entry peek() returned; its cell goes back to the producers.
     void release() {
         uint64_t position = head_.load(std::memory_order_relaxed);
-        Cell *cell = cell_at(position);
-        assert(cell->sequence.load(std::memory_order_relaxed) == position + 1);
-        // Release pairs with the producer's acquire in try_reserve(): every read of the
-        // payload made in place happens before the next lap's producer may write it.
-        cell->sequence.store(position + cell_count_, std::memory_order_release);
-        // Relaxed: no other process or thread reads head.
-        head_.store(position + 1, std::memory_order_relaxed);
+        assert(cell_at(position)->sequence.load(std::memory_order_relaxed) == position + 1);
+        // Release pairs with the producer's acquire of head in try_reserve(): every read of
+        // the payload made in place happens before the next lap's producer may write it.
+        head_.store(position + 1, std::memory_order_release);
     }
 
     // Consumer: hands the oldest cells back to the next lap while they were claimed by a
@@ -185,13 +239,15 @@ class ShmRing {
         for (;;) {
             uint64_t position = head_.load(std::memory_order_relaxed);
             Cell *cell = cell_at(position);
-            if (cell->sequence.load(std::memory_order_acquire) != position) return reclaimed;
+            if (cell->sequence.load(std::memory_order_acquire) == position + 1) return reclaimed;
             // Relaxed: a stale word (the lap before) only makes us leave the cell for now.
             uint64_t word = owner_at(position).load(std::memory_order_relaxed);
             if (!claimed_for(word, position) || is_alive(uint32_t(word))) return reclaimed;
+            // Dead: it publishes nothing more. Looked at again in case it published just
+            // before it died.
+            if (cell->sequence.load(std::memory_order_acquire) == position + 1) return reclaimed;
             // As release() does; the dead producer will not write the payload any more.
-            cell->sequence.store(position + cell_count_, std::memory_order_release);
-            head_.store(position + 1, std::memory_order_relaxed);
+            head_.store(position + 1, std::memory_order_release);
             ++reclaimed;
         }
     }
@@ -205,14 +261,16 @@ class ShmRing {
 
   private:
     static constexpr uint64_t kMagic = 0x54414e44454d5251ULL;  // "TANDEMRQ"
-    // 2: owner words (claims that name their producer).
-    static constexpr uint32_t kVersion = 2;
-    // The sequence number sits in front of each payload; 16 keeps payloads aligned for any
-    // scalar type.
+    // 2: owner words (claims that name their producer). 3: one locked instruction per claim
+    // (tail a hint, head read by producers only when full), the sleep flag in the ring.
+    static constexpr uint32_t kVersion = 3;
+    // The sequence number and the claimed position sit in front of each payload; 16 keeps
+    // payloads aligned for any scalar type.
     static constexpr size_t kPayloadOffset = 16;
 
     struct Cell {
         std::atomic<uint64_t> sequence;
+        uint64_t claimed;  // the position its producer claimed, kept for publish()
     };
     static_assert(sizeof(Cell) <= kPayloadOffset);
     static_assert(kFirstLinePayload == kCacheLine - kPayloadOffset);
@@ -235,9 +293,12 @@ class ShmRing {
     static bool claimed_for(uint64_t word, uint64_t position) {
         return uint32_t(word >> 32) == uint32_t(position) && uint32_t(word) != 0;
     }
-    void advance_tail(uint64_t position) {
-        // Relaxed: only moves the hint past a claimed position (see try_reserve).
-        tail_.compare_exchange_strong(position, position + 1, std::memory_order_relaxed);
+    // Whether a claim of `position` may replace `word`: it holds the stamp of the lap
+    // before (whoever claimed it), or, in the first lap, nothing yet. Expecting exactly that
+    // keeps a producer whose view is a lap old from stamping over a newer claim.
+    bool claimable(uint64_t word, uint64_t position) const {
+        if (position < cell_count_) return word == 0;
+        return uint32_t(word >> 32) == uint32_t(position - cell_count_) && uint32_t(word) != 0;
     }
     static bool aligned(const void *mem) {
         return mem && reinterpret_cast<uintptr_t>(mem) % kCacheLine == 0;
@@ -260,8 +321,8 @@ class ShmRing {
                0);
         return cell;
     }
-
-    // Line 0: written once by init(), read-only afterwards. magic_ is stored last.
+    // Line 0: written once by init(), read-only afterwards but for armed_ (the consumer's,
+    // rarely), which every producer reads after each claim.
     std::atomic<uint64_t> magic_;
     uint32_t version_;
     uint32_t cell_count_;
@@ -269,9 +330,10 @@ class ShmRing {
     uint32_t cell_stride_;
     uint64_t cells_offset_;
     uint64_t owners_offset_;
-    // Line 1: contended by every producer.
+    std::atomic<uint32_t> armed_;
+    // Line 1: the producers' hint.
     alignas(kCacheLine) std::atomic<uint64_t> tail_;
-    // Line 2: the consumer's alone, so producers' traffic on tail does not slow it down.
+    // Line 2: the consumer's alone (producers read it when the ring looks full).
     alignas(kCacheLine) std::atomic<uint64_t> head_;
 };
 

@@ -527,6 +527,133 @@ TEST(ShmRing, SingleThreadFifoFullAndEmpty) {
     EXPECT_EQ(ring->peek(), nullptr);
 }
 
+// The sleep handshake (ShmRing's header): a consumer about to sleep arms the ring; the
+// producer's claim then sees the flag, and the first producer to take it after publishing
+// is the one that wakes the consumer. A claimed or published cell at head keeps the consumer
+// awake instead (arm() says so), so no wake-up can fall between its look and its sleep.
+TEST(ShmRing, ArmIsSeenByTheNextClaimAndAClaimKeepsTheConsumerAwake) {
+    constexpr uint32_t kCells = 8, kCellSize = 64;
+    RingMemory mem(ShmRing::bytes_for(kCells, kCellSize));
+    ShmRing *ring = ShmRing::init(mem.get(), kCells, kCellSize);
+    ASSERT_NE(ring, nullptr);
+    ShmRing::ProducerView a, b;
+
+    // Not armed: a claim asks for no wake-up.
+    void *cell = ring->try_reserve(7, a);
+    ASSERT_NE(cell, nullptr);
+    EXPECT_FALSE(a.wake);
+    // Claimed, not yet published: the consumer must not sleep.
+    EXPECT_FALSE(ring->arm());
+    ring->publish(cell);
+    // Published, not consumed: nor now.
+    EXPECT_FALSE(ring->arm());
+    ASSERT_NE(ring->peek(), nullptr);
+    ring->release();
+
+    // Empty: the consumer may sleep, and the next claim sees it asleep.
+    EXPECT_TRUE(ring->arm());
+    cell = ring->try_reserve(7, a);
+    ASSERT_NE(cell, nullptr);
+    EXPECT_TRUE(a.wake);
+    // A second producer claiming before the first published sees the flag too; only the first
+    // to take it wakes the consumer.
+    void *other = ring->try_reserve(9, b);
+    ASSERT_NE(other, nullptr);
+    EXPECT_TRUE(b.wake);
+    ring->publish(cell);
+    EXPECT_TRUE(ring->take_wake());
+    ring->publish(other);
+    EXPECT_FALSE(ring->take_wake());
+    // Flag taken: later claims ask for nothing.
+    for (int i = 0; i < 2; ++i) {
+        ASSERT_NE(ring->peek(), nullptr);
+        ring->release();
+    }
+    cell = ring->try_reserve(7, a);
+    ASSERT_NE(cell, nullptr);
+    EXPECT_FALSE(a.wake);
+    ring->publish(cell);
+    // disarm(): a consumer that did not sleep after all leaves no flag for the producers.
+    ASSERT_NE(ring->peek(), nullptr);
+    ring->release();
+    EXPECT_TRUE(ring->arm());
+    ring->disarm();
+    cell = ring->try_reserve(7, a);
+    ASSERT_NE(cell, nullptr);
+    EXPECT_FALSE(a.wake);
+}
+
+// A producer's view keeps the consumer's head as it last read it and reads it again only when
+// the ring looks full: cells the consumer freed meanwhile are found then, none is lost, and a
+// ring that is still full stays full.
+TEST(ShmRing, AProducerViewReadsHeadAgainWhenTheRingLooksFull) {
+    constexpr uint32_t kCells = 4, kCellSize = 64;
+    RingMemory mem(ShmRing::bytes_for(kCells, kCellSize));
+    ShmRing *ring = ShmRing::init(mem.get(), kCells, kCellSize);
+    ASSERT_NE(ring, nullptr);
+    ShmRing::ProducerView view;
+    for (int lap = 0; lap < 5; ++lap) {
+        for (uint32_t i = 0; i < kCells; ++i) {
+            void *cell = ring->try_reserve(7, view);
+            ASSERT_NE(cell, nullptr) << "lap " << lap << " cell " << i;
+            std::memset(cell, lap * 8 + int(i), kCellSize);
+            ring->publish(cell);
+        }
+        EXPECT_EQ(ring->try_reserve(7, view), nullptr) << "full";
+        EXPECT_FALSE(ring->has_room(view));
+        // One consumed: exactly one more goes in.
+        ASSERT_NE(ring->peek(), nullptr);
+        ring->release();
+        EXPECT_TRUE(ring->has_room(view));
+        void *cell = ring->try_reserve(7, view);
+        ASSERT_NE(cell, nullptr);
+        std::memset(cell, 0xee, kCellSize);
+        ring->publish(cell);
+        EXPECT_EQ(ring->try_reserve(7, view), nullptr);
+        for (uint32_t i = 1; i <= kCells; ++i) {
+            const void *c = ring->peek();
+            ASSERT_NE(c, nullptr);
+            unsigned char want = i < kCells ? (unsigned char)(lap * 8 + int(i)) : 0xee;
+            EXPECT_EQ(*static_cast<const unsigned char *>(c), want) << "lap " << lap;
+            ring->release();
+        }
+        EXPECT_EQ(ring->peek(), nullptr);
+    }
+}
+
+// A ring built in fresh zeroed memory (a new segment) writes its header line and no cell:
+// an endpoint's inbox costs resident memory only for the cells traffic uses.
+TEST(ShmRing, InitOfZeroedMemoryTouchesNoCell) {
+    constexpr uint32_t kCells = 64, kCellSize = 8192;
+    const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+    size_t bytes = ShmRing::bytes_for(kCells, kCellSize);
+    size_t pages = (bytes + page - 1) / page;
+    void *mem =
+        ::mmap(nullptr, pages * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(mem, MAP_FAILED);
+    auto resident = [&] {
+        std::vector<unsigned char> in(pages);
+        EXPECT_EQ(::mincore(mem, pages * page, in.data()), 0);
+        size_t n = 0;
+        for (unsigned char c : in) n += c & 1;
+        return n;
+    };
+    ASSERT_EQ(resident(), 0u);
+    ShmRing *ring = ShmRing::init(mem, kCells, kCellSize, /*zeroed=*/true);
+    ASSERT_NE(ring, nullptr);
+    EXPECT_EQ(resident(), 1u) << "the header line's page only";
+    EXPECT_EQ(ring->peek(), nullptr);
+    // One message: its cell's first page and the owner words' page, no more.
+    void *cell = ring->try_reserve(7);
+    ASSERT_NE(cell, nullptr);
+    std::memset(cell, 1, 64);
+    ring->publish(cell);
+    ASSERT_NE(ring->peek(), nullptr);
+    ring->release();
+    EXPECT_LE(resident(), 3u);
+    ::munmap(mem, pages * page);
+}
+
 TEST(ShmRing, FourProducerThreadsOneConsumerLoseNothingAndKeepOrder) {
     constexpr uint32_t kProducers = 4;
     constexpr uint64_t kItems = 100000;
