@@ -149,8 +149,16 @@ void Cq::drain_signal_if_empty() {
     }
 }
 
+// (readfrom without the source list, spelled out: the busy poll of most applications.)
 ssize_t Cq::read(void *buf, size_t count) {
-    return readfrom(buf, count, nullptr);
+    if (count && !buf) return -FI_EINVAL;
+    std::lock_guard guard(domain_->lock());
+    if (entries_.empty() || !errors_.empty()) {
+        domain_->progress();
+        if (!errors_.empty()) return -FI_EAVAIL;
+        if (entries_.empty()) return -FI_EAGAIN;
+    }
+    return take(buf, count, nullptr);
 }
 
 ssize_t Cq::readfrom(void *buf, size_t count, fi_addr_t *src_addr) {

@@ -329,6 +329,8 @@ int Endpoint::close() {
         // The twin's own receives go before the twin: nothing that arrives while the endpoint
         // drains below may land in its memory.
         peer_rx_.drop_posted();
+        twin_progress_ = nullptr;  // (the drain below progresses the link alone)
+        twin_ep_ = nullptr;
         local_.reset();  // the twin first: it holds entries of rx_ until it is closed
         rx_->forget_endpoint(this);
         if (srx_) SharedRxContext::of(srx_)->detach(this);
@@ -530,16 +532,22 @@ int Endpoint::enable_locked() {
         if (OffloadDomain *off = domain_->offload())
             local_ = LocalPath::open(*this, *off, *av_, *rx_, eq_ ? eq_->fid() : nullptr);
     if (local_ && (caps_ & FI_HMEM)) local_->set_p2p(p2p_.mode());
-    if (local_)
+    if (local_) {
         lane_limit_ = std::min<size_t>(local_->inject_limit(), info_->ep_attr->max_msg_size);
+        twin_progress_ = local_->progress_entry();
+        twin_ep_ = local_->twin();
+    }
     transport_->set_device_p2p(p2p_.mode() != FI_HMEM_P2P_DISABLED);
     // One line per endpoint at info level: a user's log then says which endpoint ran and
     // whether its node-local peers go through off_tandem.
     EndpointName at;
     at.ss = transport_->name();
-    TANDEM_INFO(FI_LOG_EP_CTRL, "%s endpoint enabled on %s, node-local path %s, at %s\n",
+    const fi_threading threading = domain_->threading();
+    TANDEM_INFO(FI_LOG_EP_CTRL,
+                "%s endpoint enabled on %s, node-local path %s, at %s, %s (domain lock %s)\n",
                 type_ == FI_EP_RDM ? "RDM" : "MSG", info_->domain_attr->name, local_ ? "on" : "off",
-                at.to_string().c_str());
+                at.to_string().c_str(), fi_tostr(&threading, FI_TYPE_THREADING),
+                domain_->lock().taken() ? "taken" : "skipped");
     if (info_->handle) {
         // Passive side: the connection request this endpoint was created for.
         auto *req = reinterpret_cast<struct fid *>(info_->handle);

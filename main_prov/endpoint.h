@@ -309,8 +309,15 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
                  LocalPieces &out) noexcept override;
     void remote_access_done(uint64_t key, uint64_t access) noexcept override;
 
-    // Inside tandem, with the domain lock held.
-    void progress();
+    // Inside tandem, with the domain lock held. (Inline: every poll of every CQ of the domain
+    // comes through here; the twin's progress is called straight through its ops table.)
+    void progress() {
+        if (twin_progress_) twin_progress_(twin_ep_);
+        // The link's side of the pass only when due (see progress_link): most passes of an
+        // endpoint whose traffic is node-local end here.
+        if (--link_countdown_ > 0) return;
+        progress_link();
+    }
     // Work for the link (or completions of the twin's transfers to report): the next pass
     // polls it, however long the link was idle or quiet.
     void poll_link_soon() const { link_countdown_ = 1; }
@@ -598,6 +605,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     std::unique_ptr<LinkConnection> pending_request_;
 
     std::unique_ptr<LocalPath> local_;  // RDM: node-local peers through off_tandem
+    // local_'s progress entry (LocalPathOps::progress) and twin, or null without local_.
+    void (*twin_progress_)(fid_ep *) = nullptr;
+    fid_ep *twin_ep_ = nullptr;
     // FI_PEER_TRANSFER: the twin's receives (its traffic never meets the application's).
     RxMatcher peer_rx_;
     RxMatcher own_rx_;

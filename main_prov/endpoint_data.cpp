@@ -1593,14 +1593,6 @@ void Endpoint::fail_peer(Peer *peer, int err) {
     }
 }
 
-void Endpoint::progress() {
-    if (local_) local_->progress();
-    // The link's side of the pass only when due (see progress_link): most passes of an
-    // endpoint whose traffic is node-local end here.
-    if (--link_countdown_ > 0) return;
-    progress_link();
-}
-
 // The link's side of a progress pass, and what the twin's transfers left to report. Due on
 // every pass while the link has anything to do; while the transport is idle (no connection:
 // every peer so far is node-local, or none yet) only every kIdleLinkPolls-th pass, as the

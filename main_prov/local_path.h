@@ -86,6 +86,8 @@ class LocalPath final : public peer::CqOwner {
     // fi_peer(3): the owner drives the peer's progress with fi_cq_read(cq, NULL, 0); the
     // twin offers the same without the CQ's call in between (on every pass: inline).
     void progress() { ops_->progress(twin_); }
+    // The same as a function and its argument, for an owner that calls it directly.
+    void (*progress_entry() const)(fid_ep *) { return ops_->progress; }
     // The node-local peer at addr's lane (peer::LocalLane), or nullptr.
     peer::LocalLane *lane(fi_addr_t addr) { return ops_->lane(twin_, addr); }
     // The endpoint's FI_OPT_FI_HMEM_P2P, which the twin applies to its transfers.

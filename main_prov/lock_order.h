@@ -115,6 +115,10 @@ class DomainLock {
     void require() noexcept {
         needed_.store(true, std::memory_order_relaxed);
     }
+    // Whether the lock is taken (for the log).
+    bool taken() const noexcept {
+        return needed_.load(std::memory_order_relaxed);
+    }
 #if TANDEM_LOCK_CHECKS
     // Whether the calling thread may touch the domain's objects: it holds the lock, or the
     // lock is skipped (the application serialises).

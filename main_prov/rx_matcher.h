@@ -40,10 +40,11 @@ struct RxBuffers {
     void *desc[kMaxIov];
 };
 
-struct RxOp : RxBuffers {
-    // reset() zeroes the fields from `context` to `posted` (and sets src to FI_ADDR_UNSPEC);
-    // the others are written before they are read: by start_rendezvous (the rendezvous
-    // state), rx_complete (done_*) and post (posted_prev / posted_next).
+struct RxOp;
+
+// What a new receive starts with: zero, but src (FI_ADDR_UNSPEC). A base of RxOp of its own, so
+// that RxOp::reset clears exactly these bytes, a size the compiler knows.
+struct RxState {
     void *context;
     uint64_t op_flags;
     size_t count;
@@ -67,7 +68,12 @@ struct RxOp : RxBuffers {
     bool retired;  // no more messages will be matched into it
     bool done;     // completed, held in order_queue until the ones before it are
     bool posted;   // among the matcher's posted receives (RxMatcher::PostedQueue)
+};
 
+// reset() clears the RxState; the other fields are written before they are read: by
+// start_rendezvous (the rendezvous state), rx_complete (done_*) and post (posted_prev /
+// posted_next).
+struct RxOp : RxState, RxBuffers {
     // Its place among the matcher's posted receives.
     RxOp *posted_prev, *posted_next;
     // Rendezvous in progress.
@@ -89,11 +95,10 @@ struct RxOp : RxBuffers {
 
     RxOp() { reset(); }
     // The state of a new receive, buffers aside (those are written when it is posted): one
-    // clear of the fields that start zero, where assigning a fresh RxOp wrote every field
-    // (a tenth of a small node-local receive's instructions).
+    // clear, where assigning a fresh RxOp wrote every field (a tenth of a small node-local
+    // receive's instructions).
     void reset() {
-        char *from = reinterpret_cast<char *>(&context);
-        std::memset(from, 0, size_t(reinterpret_cast<char *>(&posted + 1) - from));
+        static_cast<RxState &>(*this) = RxState{};
         src = FI_ADDR_UNSPEC;
     }
 

@@ -127,6 +127,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
 
     // Called by the owner, under its serialisation.
     void progress();
+    [[gnu::noinline]] void progress_all();
     int reachable(fi_addr_t addr);
     int wait_fd() const { return wake_rd_; }
     int arm();

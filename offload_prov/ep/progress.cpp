@@ -38,7 +38,7 @@ void Endpoint::progress() {
                     ++passes_;
                     return;
                 }
-                break;
+                break;  // (progress_all counts this pass)
             }
             if (cell[0] != static_cast<uint8_t>(LocalOp::Short) || !deferred_.empty()) break;
             handle_short(cell);
@@ -47,6 +47,11 @@ void Endpoint::progress() {
         }
         quiet_ = false;
     }
+    progress_all();
+}
+
+// A whole pass: everything that may wait for one, then the inbox.
+void Endpoint::progress_all() {
     if (!enabled_) return;
     if (!hello_posted_) post_hello_receive();
     if (!introductions_.empty()) send_hellos();
