@@ -21,11 +21,23 @@ inline const char *const g_stop_point = [] {
 }();
 }  // namespace test_hook_detail
 
+// TANDEM_TEST_SPLIT_WAIT=1 (test processes only): a node-local receiver that split a copy
+// never takes the sender's part back (ep/split_copy.cpp) but waits for the sender, as a
+// receiver does when the sender claimed its part first: the test of a sender killed in that
+// state cannot otherwise tell in advance which of the two claims first. Read at each split
+// (a test sets it for one case; a split copies at least 128 KiB, beside which getenv is
+// nothing).
+inline bool test_split_wait() {
+    const char *p = std::getenv("TANDEM_TEST_SPLIT_WAIT");
+    return p && std::strcmp(p, "1") == 0;
+}
+
 // The points (each named where it is placed):
 //   local.ring_reserved   a node-local sender has claimed a cell of a peer's inbox and not
 //                         published it
-//   local.cts_received    a node-local sender of a large message got the receiver's Cts and
-//                         has not written its half
+//   local.cts_arrived     a node-local sender of a large message got the receiver's Cts and
+//                         has not claimed its half
+//   local.cts_claimed     ... has claimed its half and not written it
 //   local.before_cma_read a node-local receiver is about to copy a message out of its
 //                         sender's memory
 //   link.request_received a TCP link listener has read a connection request, not answered it

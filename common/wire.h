@@ -242,7 +242,9 @@ enum class LocalOp : uint8_t {
     WriteFrag = 7,    // staged RMA write: `size` bytes for rma_addr + offset
     ReadData = 8,     // staged RMA read answer: `size` bytes at `offset` of read msg_id
     Cts = 9,          // receiver to sender of Rts msg_id: write your bytes from `offset`, `total`
-                      // of them, into my LocalIov list (process `pid`), while I read the rest
+                      // of them, into my LocalIov list (process `pid`), while I read the rest;
+                      // `rma_key`: the claim (slot << 32 | generation) in my segment's split
+                      // table that whoever copies that part takes first (kLocalNoClaim: none)
     WriteDone = 10,   // sender to receiver: the Cts part of msg_id is written (`status`)
     IpcRts = 11,      // device memory peer to peer: the receiver maps the sender's LocalIpc
                       // handles and copies with its device's engine, then answers Fin
@@ -259,6 +261,7 @@ enum class LocalOp : uint8_t {
 // Rts messages of at least this size are copied by both sides at once (Cts / WriteDone):
 // the receiver reads the first half while the sender writes the second.
 inline constexpr uint64_t kLocalSplitMin = 256 * 1024;
+inline constexpr uint64_t kLocalNoClaim = ~uint64_t(0);
 
 enum LocalFlags : uint8_t {
     kLocalTagged = 1u << 0,

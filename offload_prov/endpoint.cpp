@@ -330,7 +330,7 @@ void Endpoint::enable() {
     reap_stale();
     const Config &cfg = Config::get();
     uint32_t cells = static_cast<uint32_t>(cfg.ring_cells);
-    size_t bytes = sizeof(SegmentInfo) + ShmRing::bytes_for(cells, wire::kLocalCellSize);
+    size_t bytes = detail::segment_bytes(cells, wire::kLocalCellSize);
     segment_.emplace(ShmSegment::create(segment_name(key_), bytes));
     // We own the key now (the segment was created exclusively): a FIFO left by a dead owner
     // of the same key goes. We keep a write end ourselves so that the read end never sees
@@ -354,6 +354,13 @@ void Endpoint::enable() {
     inbox_ = ShmRing::init(static_cast<uint8_t *>(segment_->data()) + sizeof(SegmentInfo), cells,
                            wire::kLocalCellSize, /*zeroed=*/true);
     if (!inbox_) fail(FI_EINVAL, "inbox ring shape");
+    info->split_claims = detail::kSplitClaims;  // (all free: the memory is zero)
+    heartbeat_ = &info->heartbeat;
+    beat();
+    split_claims_ = detail::split_claims_of(*segment_, *inbox_);
+    claim_generation_.assign(detail::kSplitClaims, 0);
+    free_claims_.clear();
+    for (uint32_t i = detail::kSplitClaims; i-- > 0;) free_claims_.push_back(i);
     // Written last: a peer that sees the magic sees an initialised ring.
     __atomic_store_n(&info->magic, SegmentInfo::kMagic, __ATOMIC_RELEASE);
     enabled_ = true;

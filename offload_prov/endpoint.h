@@ -21,6 +21,7 @@
 // owner is never re-entered from inside its own send.
 #pragma once
 
+#include "common/coarse_clock.h"
 #include "common/fid_adaptor.h"
 #include "common/ring_queue.h"
 #include "common/wire.h"
@@ -127,7 +128,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
 
     // Called by the owner, under its serialisation.
     void progress();
-    [[gnu::noinline]] void progress_all();
+    [[gnu::noinline]] void progress_all(bool counted);
     int reachable(fi_addr_t addr);
     int wait_fd() const { return wake_rd_; }
     int arm();
@@ -202,7 +203,12 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         std::string key;
         ShmSegment segment;
         ShmRing *ring = nullptr;
-        ShmRing::ProducerView view{};  // ours, of the peer's ring
+        ShmRing::ProducerView view{};                   // ours, of the peer's ring
+        std::atomic<uint64_t> *split_claims = nullptr;  // its segment's (Cts it sends us)
+
+        // How much later than their copies' cost our Rts got their Fin lately (a moving
+        // average, ns): what waiting for this receiver costs beyond the copy.
+        double rts_lateness_ns = 0;
         pid_t pid = 0;
         // The owner's pid names the same process here: CMA and device IPC may be tried.
         bool same_pid_ns = false;
@@ -232,6 +238,10 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         std::vector<uint8_t> bounce{};  // staged device memory the receiver reads (Rts)
         uint64_t tag = 0, data = 0;
         uint8_t hdr_flags = 0;
+        // A host Rts: when it was posted, and what its copy was expected to take (the Fin's
+        // lateness beyond that is the receiver's, stages_better).
+        int64_t posted_ns = 0;
+        double expected_ns = 0;
     };
     struct Staged {  // a Frag message being assembled
         wire::LocalHeader hdr{};
@@ -313,6 +323,14 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     wire::LocalHeader message_header(size_t len, uint64_t tag, uint64_t data, uint64_t flags,
                                      bool tagged);
     void send_rts(PeerLink &link, wire::LocalHeader hdr, Pending p);
+    // Whether a host message of len bytes (more than a cell) to a peer we may read with CMA
+    // goes through the rings rather than by single copy (see the definition).
+    bool stages_better(PeerLink &link, size_t len, double *rts_ns);
+    // Whether the peer has polled within the last kPeerPollMs, as far as its heartbeat (of
+    // the coarse clock, a tick or so behind) tells.
+    bool peer_polls(PeerLink &link);
+    static constexpr uint32_t kPeerPollMs = 6;
+    static int64_t now_ns();
     bool post_ipc(PeerLink &link, wire::LocalHeader hdr, const iovec *iov, const hmem::MemRef *mem,
                   size_t count, Pending p, wire::LocalOp op = wire::LocalOp::IpcRts);
     // A staged send's end: at the receiver's Fin (FI_DELIVERY_COMPLETE), else when sent.
@@ -332,8 +350,16 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     void finish_rma(const wire::LocalHeader &hdr, std::string_view sender, int status);
 
     // ep/split_copy.cpp: copies by both sides (Cts, WriteDone), and the cells held behind them.
+    struct Split;
     bool send_cts(PeerLink &link, uint64_t msg_id, const iovec *dst, size_t ndst, size_t half,
-                  size_t n);
+                  size_t n, uint64_t *claim);
+    // After our part of a split: true when we took the sender's part back (it had not begun:
+    // we read it ourselves, and no WriteDone will come), false when the sender has it.
+    bool take_back(uint64_t claim);
+    void release_claim(uint64_t claim);
+    // Our part done: the rest read by us (take_back) or waited for (splits_), then finished.
+    void split_read(Split split, std::string_view sender);
+    void finish_split(const Split &split, std::string_view sender, int err);
     void handle_cts(const wire::LocalHeader &hdr, std::string_view sender, const uint8_t *body);
     void handle_write_done(const wire::LocalHeader &hdr, std::string_view sender);
     bool defer_if_held(const uint8_t *cell);
@@ -426,6 +452,11 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     std::optional<ShmSegment> segment_;
     ShmRing *inbox_ = nullptr;
     std::string wake_path_;  // FIFO next to the segment: wakes us when we sleep
+    // Our segment's split-copy claims (ep/split_copy.cpp): the table, each slot's generation,
+    // and the slots free for a Cts.
+    std::atomic<uint64_t> *split_claims_ = nullptr;
+    std::vector<uint32_t> claim_generation_;
+    std::vector<uint32_t> free_claims_;
     int wake_rd_ = -1, wake_wr_ = -1;
 
     // ep/peer_links.cpp
@@ -499,6 +530,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         fi_addr_t src;
         iovec target[kMaxRmaPieces];  // an RMA write's target region (what the key resolved to)
         size_t ntarget;
+        uint64_t claim;  // the Cts's claim (wire::kLocalNoClaim: none)
     };
     std::map<std::pair<std::string, uint64_t>, Split> splits_;
     // Staged writes (WriteFrag) whose fragment failed here, by initiator and id: the first
@@ -530,6 +562,11 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     };
     RingQueue<CqWrite> cq_backlog_;  // refused by the owner's CQ (-FI_EAGAIN), in order
     uint64_t passes_ = 0;
+    // Our heartbeat in our segment (SegmentInfo::heartbeat): the coarse clock (ms) of one of
+    // our last 64 passes, so that peers see whether we poll (the clock read costs a pass's
+    // worth of instructions: once in 64).
+    uint32_t *heartbeat_ = nullptr;
+    void beat() { __atomic_store_n(heartbeat_, uint32_t(coarse_now_ms()), __ATOMIC_RELAXED); }
     // Nothing waits for a progress pass but what a cell may bring (no backlog, completion,
     // pending operation, collective, introduction): progress only peeks at the inbox. Set at
     // the end of a pass that leaves nothing behind; cleared by every call of the owner's that
@@ -537,6 +574,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // comes every 1024 passes.
     bool quiet_ = false;
     void note_work() { quiet_ = false; }
+    // Passes in a row that found nothing while operations waited on a peer (progress_all).
+    static constexpr unsigned kYieldAfter = 4;
+    unsigned fruitless_passes_ = 0;
     // The owner's fused receive path for whole messages (its own twin's only).
     peer::OwnerRx owner_rx_{};
 

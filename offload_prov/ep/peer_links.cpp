@@ -115,6 +115,7 @@ Endpoint::PeerLink *Endpoint::link_for_key(const std::string &key, std::string_v
     // Named members: PeerLink grows, and a positional {} once landed in wake_fd (0: stdin).
     auto link = std::make_unique<PeerLink>(
         PeerLink{.key = key, .segment = std::move(*seg), .ring = ring, .pid = info->pid});
+    link->split_claims = detail::split_claims_of(link->segment, *ring);
     // Single copy needs the peer's pid to mean the peer here (one pid namespace, or the pid
     // would name another process) and the kernel's permission, which the probe finds out by
     // reading a random word the peer published: reading it proves both. Staged otherwise.
@@ -217,6 +218,7 @@ void Endpoint::check_peers() {
             }
             Split split = it->second;
             it = splits_.erase(it);
+            release_claim(split.claim);
             if (split.entry) complete_rx(split.entry, split.hdr, split.n, FI_ECONNRESET, split.src);
         }
         // Its staged writes that failed here, and what it sent behind a split write of its:

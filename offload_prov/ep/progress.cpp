@@ -9,6 +9,8 @@
 #include "offload_prov/cq.h"
 #include "offload_prov/srx.h"
 
+#include <sched.h>
+
 #include <chrono>
 #include <cstring>
 
@@ -34,11 +36,10 @@ void Endpoint::progress() {
         for (int i = 0; i < 64; ++i) {
             const auto *cell = static_cast<const uint8_t *>(inbox_->peek());
             if (!cell) {
-                if (((passes_ + 1) & 1023) != 0) {
-                    ++passes_;
-                    return;
-                }
-                break;  // (progress_all counts this pass)
+                if ((++passes_ & 63) == 0) beat();
+                if ((passes_ & 1023) != 0) return;
+                progress_all(true);
+                return;
             }
             if (cell[0] != static_cast<uint8_t>(LocalOp::Short) || !deferred_.empty()) break;
             handle_short(cell);
@@ -47,17 +48,20 @@ void Endpoint::progress() {
         }
         quiet_ = false;
     }
-    progress_all();
+    progress_all(false);
 }
 
-// A whole pass: everything that may wait for one, then the inbox.
-void Endpoint::progress_all() {
+// A whole pass: everything that may wait for one, then the inbox. `counted`: progress()
+// counted this pass already.
+void Endpoint::progress_all(bool counted) {
+    if (!counted && (++passes_ & 63) == 0) beat();
     if (!enabled_) return;
     if (!hello_posted_) post_hello_receive();
     if (!introductions_.empty()) send_hellos();
     if (!coll_.idle()) coll_.progress();
     // A bounded batch: a sender that never stops must not starve the rest of the owner.
-    for (int i = 0; i < 64; ++i) {
+    int handled = 0;
+    for (; handled < 64; ++handled) {
         const void *cell = inbox_->peek();
         if (!cell) break;
         auto *c = static_cast<const uint8_t *>(cell);
@@ -88,7 +92,6 @@ void Endpoint::progress_all() {
     // every poll showed up as a tenth of a ping-pong's time), every 32 while atomics wait for
     // answers (a small atomic's round trip is a few passes: a clock read each would be a
     // tenth of it), and on every pass while other operations wait on a peer.
-    ++passes_;
     const bool waiting =
         atomics_pending_ || !pending_.empty() || !splits_.empty() || !restaging_.empty();
     if (passes_ % 1024 == 0 || (atomics_pending_ && passes_ % 32 == 0) || !pending_.empty() ||
@@ -98,6 +101,18 @@ void Endpoint::progress_all() {
             next_check_ms_ = now + 200;
             check_peers();
         }
+    }
+    // Operations that wait on a peer (its answer, or room in its ring), and pass after pass
+    // brings nothing: the peer may have no core (more processes than cores), and our busy
+    // poll would keep it off ours until the scheduler's time slice ends. Every kYieldAfter
+    // fruitless passes we give the core away.
+    if ((waiting || backlogged_) && handled == 0) {
+        if (++fruitless_passes_ >= kYieldAfter) {
+            fruitless_passes_ = 0;
+            sched_yield();
+        }
+    } else {
+        fruitless_passes_ = 0;
     }
     // Quiet when nothing but a cell can give this endpoint work: then the next passes only
     // look at the inbox until a cell comes or a call of the owner's brings work (note_work).

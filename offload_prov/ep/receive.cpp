@@ -121,19 +121,20 @@ void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::str
             size_t half = (n / 2) & ~size_t(4095);
             PeerLink *link = n >= wire::kLocalSplitMin ? link_to(sender) : nullptr;
             stop_at("local.before_cma_read");
+            uint64_t claim = wire::kLocalNoClaim;
             if (link && link->cma &&
-                send_cts(*link, hdr.msg_id, entry->iov, entry->count, half, n)) {
+                send_cts(*link, hdr.msg_id, entry->iov, entry->count, half, n, &claim)) {
                 iovec local[wire::kLocalMaxIov * 4], first[wire::kLocalMaxIov];
                 size_t nlocal =
                     iov_slice(entry->iov, entry->count, 0, half, local, std::size(local));
                 size_t nfirst = iov_slice(remote, nremote, 0, half, first, std::size(first));
                 ssize_t got = cma_read(hdr.pid, local, nlocal, first, nfirst);
-                Split split{entry, hdr, n, half, {}, nremote, 0, src, {}, 0};
+                Split split{entry, hdr, n, half, {}, nremote, 0, src, {}, 0, claim};
                 for (size_t i = 0; i < nremote; ++i) split.remote[i] = remote[i];
                 if (got < 0 || size_t(got) != half)
                     split.err = got == -ESRCH ? FI_ECONNRESET : FI_EIO;
-                splits_.emplace(std::make_pair(std::string(sender), hdr.msg_id), split);
-                return;  // completed by the sender's WriteDone
+                split_read(split, sender);  // completed now, or by the sender's WriteDone
+                return;
             }
             iovec local[wire::kLocalMaxIov * 4];
             size_t nlocal = iov_slice(entry->iov, entry->count, 0, n, local, std::size(local));

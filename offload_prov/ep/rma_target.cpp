@@ -94,21 +94,25 @@ void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const
                 // deliver): the initiator writes the second half while we read the first.
                 size_t half = (len / 2) & ~size_t(4095);
                 PeerLink *link = len >= wire::kLocalSplitMin ? link_to(sender) : nullptr;
-                if (link && link->cma && send_cts(*link, hdr.msg_id, pieces, npieces, half, len)) {
+                uint64_t claim = wire::kLocalNoClaim;
+                if (link && link->cma &&
+                    send_cts(*link, hdr.msg_id, pieces, npieces, half, len, &claim)) {
                     iovec local[kMaxRmaPieces], first[wire::kLocalMaxIov];
                     size_t nlocal = iov_slice(pieces, npieces, 0, half, local, std::size(local));
                     size_t nfirst =
                         iov_slice(remote, hdr.iov_count, 0, half, first, std::size(first));
                     ssize_t got = cma_read(hdr.pid, local, nlocal, first, nfirst);
-                    Split split{nullptr,          hdr, len,    half, {}, hdr.iov_count, 0,
-                                FI_ADDR_NOTAVAIL, {},  npieces};
+                    Split split{nullptr,          hdr, len,     half, {}, hdr.iov_count, 0,
+                                FI_ADDR_NOTAVAIL, {},  npieces, claim};
                     std::copy(remote, remote + hdr.iov_count, split.remote);
                     std::copy(pieces, pieces + npieces, split.target);
                     if (got < 0 || size_t(got) != half)
                         split.err = got == -ESRCH ? FI_ECONNRESET : FI_EIO;
-                    splits_.emplace(std::make_pair(std::string(sender), hdr.msg_id), split);
+                    // What the initiator sends meanwhile waits behind the write (deferred_),
+                    // until the split is finished: now, or at the initiator's WriteDone.
                     deferred_.try_emplace(std::string(sender));
-                    return;  // finished by the initiator's WriteDone
+                    split_read(split, sender);
+                    return;
                 }
                 ssize_t got = cma_read(hdr.pid, pieces, npieces, remote, hdr.iov_count);
                 if (got < 0 || size_t(got) != len) status = FI_EIO;

@@ -7,9 +7,12 @@
 #include "common/iov.h"
 #include "common/test_hook.h"
 #include "offload_prov/config.h"
+#include "offload_prov/shm/copy_costs.h"
 #include "offload_prov/ep/endpoint_internal.h"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 
 namespace tandem::off {
@@ -161,16 +164,19 @@ ssize_t Endpoint::issue_send(LocalRequest &r) {
         if (!ack) complete_tx(context, cq_flags, len, 0);
         return 0;
     }
-    if (link->cma) {
+    double rts_ns = 0;
+    if (link->cma && !stages_better(*link, len, &rts_ns)) {
         send_rts(*link, hdr,
                  Pending{.context = context,
                          .flags = cq_flags,
                          .len = len,
                          .link = link,
-                         .iov = {iov, iov + count}});
+                         .iov = {iov, iov + count},
+                         .posted_ns = now_ns(),
+                         .expected_ns = rts_ns});
         return 0;
     }
-    // No cross-memory attach: stage the message through the ring, a cell at a time.
+    // No cross-memory attach, or staging is better: through the ring, a cell at a time.
     hdr.op = static_cast<uint8_t>(LocalOp::Frag);
     push_staged(*link, hdr, iov, count, len, nullptr, send_end(ack, context, cq_flags));
     return 0;
@@ -260,6 +266,45 @@ LocalHeader Endpoint::message_header(size_t len, uint64_t tag, uint64_t data, ui
     return hdr;
 }
 
+// Staged or single copy, from what copying costs here (CopyCosts, measured) and whether the
+// receiver polls now:
+//  - staged: our memcpy into cells and the receiver's out of them, and each cell's handling
+//    (kCellNs a side); the send completes once the last cell is in the receiver's ring;
+//  - single copy: the receiver's CMA read (from kLocalSplitMin split between both sides, each
+//    copying half); the send completes at the receiver's Fin, so it waits for the receiver
+//    to have a core.
+// A receiver that has not polled lately (no core: more processes than cores) gets the
+// message staged when it fits the room left in its ring, so that the send completes without
+// it; otherwise the cheaper of the two.
+bool Endpoint::stages_better(PeerLink &link, size_t len, double *rts_ns) {
+    const CopyCosts &costs = CopyCosts::get();
+    if (!costs.cma_measured()) return true;
+    constexpr double kCellNs = 100;
+    const size_t cells = (len + wire::kLocalBodyRoom - 1) / wire::kLocalBodyRoom;
+    const double staged = 2 * costs.memcpy_ns(len) + 2 * kCellNs * double(cells);
+    *rts_ns = len >= wire::kLocalSplitMin ? costs.cma_ns(len / 2) : costs.cma_ns(len);
+    const bool fits = link.backlog.empty() && link.ring->free_cells(link.view) >= cells;
+    if (fits && (!peer_polls(link) || staged < *rts_ns + link.rts_lateness_ns)) {
+        // Staged now: what we learnt of the receiver's lateness fades, so that single copy
+        // is tried again once in a while (otherwise the estimate could never come down).
+        link.rts_lateness_ns *= 0.875;
+        return true;
+    }
+    return false;
+}
+
+int64_t Endpoint::now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+bool Endpoint::peer_polls(PeerLink &link) {
+    auto *info = detail::info_of(link.segment);
+    uint32_t beat = __atomic_load_n(&info->heartbeat, __ATOMIC_RELAXED);
+    return uint32_t(coarse_now_ms()) - beat < kPeerPollMs;
+}
+
 // Single copy: the receiver reads the buffers of p.iov (or p.bounce) with CMA; they stay ours
 // until its Fin.
 void Endpoint::send_rts(PeerLink &link, LocalHeader hdr, Pending p) {
@@ -312,6 +357,10 @@ void Endpoint::finish_pending(uint64_t msg_id, int status) {
     if (it == pending_.end()) return;  // already failed (a dead peer) or a duplicate answer
     Pending p = std::move(it->second);
     pending_.erase(it);
+    if (p.posted_ns && !status && p.link) {
+        double late = std::max(0.0, double(now_ns() - p.posted_ns) - p.expected_ns);
+        p.link->rts_lateness_ns += (late - p.link->rts_lateness_ns) / 4;
+    }
     if (p.ipc && status == FI_EOPNOTSUPP && p2p_.mode() != FI_HMEM_P2P_REQUIRED && !p.link->dead) {
         // The peer could not map our memory: the same message again, staged by our device's
         // copies into cells, for the receive it is holding (Frag); or the same write again

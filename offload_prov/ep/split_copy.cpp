@@ -6,6 +6,7 @@
 #include "common/iov.h"
 #include "common/test_hook.h"
 #include "offload_prov/config.h"
+#include "offload_prov/ep/endpoint_internal.h"
 #include "offload_prov/shm/cma.h"
 
 #include <cstring>
@@ -17,18 +18,26 @@ using wire::LocalIov;
 using wire::LocalOp;
 
 // Asks the sender of msg_id to write bytes [half, n) of its buffers into ours (`dst` holds
-// all n): false, with nothing sent, when that part does not fit one Cts (we copy it all then).
+// all n): false, with nothing sent, when that part does not fit one Cts or no claim slot is
+// free (we copy it all then). *claim: the slot the Cts names, open.
 bool Endpoint::send_cts(PeerLink &link, uint64_t msg_id, const iovec *dst, size_t ndst, size_t half,
-                        size_t n) {
+                        size_t n, uint64_t *claim) {
     iovec mine[wire::kLocalMaxIov];
     size_t nmine = iov_slice(dst, ndst, half, n - half, mine, wire::kLocalMaxIov);
-    if (!nmine || iov_length(mine, nmine) != n - half) return false;
+    if (!nmine || iov_length(mine, nmine) != n - half || free_claims_.empty()) return false;
+    uint32_t slot = free_claims_.back();
+    free_claims_.pop_back();
+    uint32_t gen = claim_generation_[slot];
+    // Release: the slot is open before the Cts that names it can be read.
+    split_claims_[slot].store(uint64_t(gen) << 2 | detail::kClaimOpen, std::memory_order_release);
+    *claim = uint64_t(slot) << 32 | gen;
     LocalHeader cts = proto_;
     cts.op = static_cast<uint8_t>(LocalOp::Cts);
     cts.msg_id = msg_id;
     cts.offset = half;
     cts.total = n - half;
     cts.iov_count = static_cast<uint8_t>(nmine);
+    cts.rma_key = *claim;
     LocalIov body[wire::kLocalMaxIov];
     for (size_t i = 0; i < nmine; ++i)
         body[i] = {reinterpret_cast<uint64_t>(mine[i].iov_base), mine[i].iov_len};
@@ -36,9 +45,48 @@ bool Endpoint::send_cts(PeerLink &link, uint64_t msg_id, const iovec *dst, size_
     return true;
 }
 
-// Sender side of a split copy: write our part into the receiver's buffer.
+bool Endpoint::take_back(uint64_t claim) {
+    if (claim == wire::kLocalNoClaim) return false;
+    uint32_t slot = uint32_t(claim >> 32), gen = uint32_t(claim);
+    uint64_t open = uint64_t(gen) << 2 | detail::kClaimOpen;
+    return split_claims_[slot].compare_exchange_strong(
+        open, uint64_t(gen) << 2 | detail::kClaimReceiver, std::memory_order_acq_rel);
+}
+
+// The slot free again, under its next generation (a late Cts of the old one finds it taken).
+void Endpoint::release_claim(uint64_t claim) {
+    if (claim == wire::kLocalNoClaim) return;
+    uint32_t slot = uint32_t(claim >> 32);
+    uint32_t gen = ++claim_generation_[slot];
+    split_claims_[slot].store(uint64_t(gen) << 2 | detail::kClaimFree, std::memory_order_release);
+    free_claims_.push_back(slot);
+}
+
+// Our part of a split is read: if the sender has not taken its part by now (it had no core
+// while we copied ours), we take it back and read it too, rather than wait for the sender to
+// be scheduled; otherwise its WriteDone finishes the split.
+void Endpoint::split_read(Split split, std::string_view sender) {
+    if (!split.err && !test_split_wait() && take_back(split.claim)) {
+        finish_split(split, sender, FI_EAGAIN);
+        return;
+    }
+    splits_.emplace(std::make_pair(std::string(sender), split.hdr.msg_id), split);
+}
+
+// Sender side of a split copy: write our part into the receiver's buffer, once the claim is
+// ours (the receiver may have taken it back already: then it reads the part itself).
 void Endpoint::handle_cts(const LocalHeader &hdr, std::string_view sender, const uint8_t *body) {
-    stop_at("local.cts_received");
+    stop_at("local.cts_arrived");
+    PeerLink *link = link_to(sender);
+    if (hdr.rma_key != wire::kLocalNoClaim) {
+        uint32_t slot = uint32_t(hdr.rma_key >> 32), gen = uint32_t(hdr.rma_key);
+        if (!link || !link->split_claims || slot >= detail::kSplitClaims) return;
+        uint64_t open = uint64_t(gen) << 2 | detail::kClaimOpen;
+        if (!link->split_claims[slot].compare_exchange_strong(
+                open, uint64_t(gen) << 2 | detail::kClaimSender, std::memory_order_acq_rel))
+            return;  // taken back: nothing of ours to write, nobody waits for a WriteDone
+    }
+    stop_at("local.cts_claimed");
     int status = FI_EIO;
     auto it = pending_.find(hdr.msg_id);
     if (it != pending_.end() && !it->second.iov.empty()) {
@@ -54,7 +102,6 @@ void Endpoint::handle_cts(const LocalHeader &hdr, std::string_view sender, const
         ssize_t put = whole ? cma_write(hdr.pid, local, nlocal, remote, hdr.iov_count) : -EINVAL;
         status = (put >= 0 && uint64_t(put) == hdr.total) ? 0 : FI_EIO;
     }
-    PeerLink *link = link_to(sender);
     if (!link) return;
     LocalHeader done = proto_;
     done.op = static_cast<uint8_t>(LocalOp::WriteDone);
@@ -69,8 +116,15 @@ void Endpoint::handle_write_done(const LocalHeader &hdr, std::string_view sender
     if (it == splits_.end()) return;
     Split split = it->second;
     splits_.erase(it);
+    finish_split(split, sender, hdr.status);
+}
+
+// The split's end: `sender_status` is the sender's part's (0 written; otherwise we read it
+// here: FI_EAGAIN when we took it back, an error when the sender could not write it).
+void Endpoint::finish_split(const Split &split, std::string_view sender, int sender_status) {
+    release_claim(split.claim);
     int err = split.err;
-    if (!err && hdr.status != 0) {
+    if (!err && sender_status != 0) {
         // Our buffer and the sender's, both from `half` to `n`.
         iovec local[wire::kLocalMaxIov * 4], rest[wire::kLocalMaxIov];
         size_t nlocal = split.entry ? iov_slice(split.entry->iov, split.entry->count, split.half,

@@ -182,6 +182,14 @@ class ShmRing {
         return has_room(view);
     }
 
+    // Producer's estimate of the cells free now (head read again).
+    uint32_t free_cells(ProducerView &view) const {
+        view.head = head_.load(std::memory_order_acquire);
+        auto used = int64_t(tail_.load(std::memory_order_relaxed) - view.head);
+        if (used < 0) used = 0;  // (tail is a hint, and may lag behind)
+        return used >= int64_t(cell_count_) ? 0 : uint32_t(int64_t(cell_count_) - used);
+    }
+
     // Producer: hands the cell returned by try_reserve() to the consumer.
     void publish(void *payload) {
         Cell *cell = cell_of(payload);

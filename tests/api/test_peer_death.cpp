@@ -14,15 +14,26 @@
 
 #include <climits>
 #include <cstdio>
+#include <thread>
 
 namespace tandem_test {
 namespace {
 
 constexpr size_t kServeLen = 16 << 20;  // RMA region the "serve" child exposes
 constexpr uint32_t kServeSeed = 700;
+// An environment variable set for one scope (a test of this process), then unset.
+struct ScopedEnv {
+    const char *name;
+    ScopedEnv(const char *n, const char *value) : name(n) { setenv(n, value, 1); }
+    ~ScopedEnv() { unsetenv(name); }
+};
+
 constexpr size_t kChildMsg = 32 << 20;  // message size the "sender" child streams
 constexpr uint32_t kChildSeed = 701;
-constexpr size_t kEagerMsg = 60 << 10;  // under tandem's eager limit (64 KiB)
+constexpr size_t kEagerMsg = 60 << 10;
+constexpr size_t kLargeMsg = 1 << 20;  // what the parent sends a "large_receiver" child
+constexpr uint32_t kLargeSeed = 702;
+constexpr uint64_t kLargeTag = 0x1a;  // under tandem's eager limit (64 KiB)
 
 struct Hello {
     uint32_t name_len = 0;
@@ -124,6 +135,14 @@ bool read_all(int fd, void *p, size_t n, int timeout_ms) {
         fi_recv(ep, rbuf.data() + i * 4096, 4096, rdesc, FI_ADDR_UNSPEC, &rctx[i]);
     fi_context2 sctx{};
     bool sending = false, idle = false;
+    // "large_receiver": one tagged receive of kLargeMsg (kLargeTag: apart from the small
+    // untagged ones above) into its own buffer, whose completion and contents it reports to
+    // the parent (a byte: 1 the pattern is whole, 0 it is not).
+    AlignedBuf large(mode == "large_receiver" ? kLargeMsg : 0);
+    fi_context2 lctx{};
+    if (mode == "large_receiver" &&
+        (ret = fi_trecv(ep, large.data(), kLargeMsg, nullptr, FI_ADDR_UNSPEC, kLargeTag, 0, &lctx)))
+        die("fi_trecv large", ret);
     uint8_t flag = 1;
     if (!write_all(wfd, &flag, 1)) die("write ready", -FI_EIO);
     for (;;) {
@@ -142,10 +161,20 @@ bool read_all(int fd, void *p, size_t n, int timeout_ms) {
             fi_cq_err_entry err{};
             fi_cq_readerr(cq, &err, 0);
             if (err.op_context == &sctx) sending = false;
+            if (err.op_context == &lctx) {
+                std::fprintf(stderr, "peer child: the large receive failed: %s\n",
+                             fi_strerror(err.err));
+                uint8_t bad = 0;
+                if (!write_all(wfd, &bad, 1)) die("write verdict", -FI_EIO);
+            }
         }
         for (ssize_t i = 0; i < n; ++i) {
             if (e[i].op_context == &sctx) {
                 sending = false;
+            } else if (e[i].op_context == &lctx) {
+                uint8_t ok = e[i].len == kLargeMsg &&
+                             check_pattern(large.data(), kLargeMsg, kLargeSeed) == -1;
+                if (!write_all(wfd, &ok, 1)) die("write verdict", -FI_EIO);
             } else if (e[i].flags & FI_RECV) {
                 idle = true;  // ("idle": connected now, it reads nothing after this message)
                 auto *c = static_cast<fi_context2 *>(e[i].op_context);
@@ -381,14 +410,17 @@ TEST_F(PeerDeathTest, KilledSenderLeavesReceiverUsable) {
     if (!over_link()) {
         // Node-local, a 32 MiB message is copied by both sides: the receiver reads the first
         // half out of the sender's memory and asks the sender (Cts) to write the second. The
-        // sender stops where it got that request, and is killed there: mid rendezvous, in
-        // every run. The receive fails with FI_ECONNRESET once the death is noticed (the
-        // peers' liveness is checked every 200 ms).
-        ASSERT_NO_FATAL_FAILURE(start_child("sender", "local.cts_received"));
+        // sender claims that half, stops there, and is killed: mid rendezvous, in every run
+        // (TANDEM_TEST_SPLIT_WAIT: this receiver waits for the sender's claim rather than
+        // take the half back first, which SenderWithoutACoreDoesNotHoldTheReceive covers).
+        // The receive fails with FI_ECONNRESET once the death is noticed (the peers' liveness
+        // is checked every 200 ms).
+        ScopedEnv wait("TANDEM_TEST_SPLIT_WAIT", "1");
+        ASSERT_NO_FATAL_FAILURE(start_child("sender", "local.cts_claimed"));
         ASSERT_FI_OK(post([&] {
             return fi_recv(a().ep, r[0]->data(), kChildMsg, r[0]->desc, FI_ADDR_UNSPEC, ctx(0));
         }));
-        ASSERT_NO_FATAL_FAILURE(kill_when_stopped("local.cts_received"));
+        ASSERT_NO_FATAL_FAILURE(kill_when_stopped("local.cts_claimed"));
         auto err = wait_err(a(), ctx(0), 5s);
         ASSERT_TRUE(err) << "the receive whose sender died mid copy did not fail within 5 s: "
                          << a().log.summary();
@@ -450,6 +482,60 @@ TEST_F(PeerDeathTest, KilledSenderLeavesReceiverUsable) {
 // Node-local: the receiver stops as it is about to copy a message out of the sender's memory
 // (its Cts not sent, nothing copied), and dies there. The sender, waiting for its Fin, fails
 // the send with FI_ECONNRESET when the death is noticed.
+
+// A large node-local message must not wait for a sender that has no core. The sender stops
+// (SIGSTOP, as the scheduler would leave it) when the receiver's Cts reaches it, before it
+// claims its half: the receiver, its own half read, takes the other half back and completes
+// the whole message alone. When the sender runs again it finds the half taken and writes
+// nothing: the buffer, cleared after the completion, stays clear.
+TEST_F(PeerDeathTest, SenderWithoutACoreDoesNotHoldTheReceive) {
+    if (over_link()) GTEST_SKIP() << "a node-local split copy (a link reads the whole message)";
+    auto r = buf(kChildMsg);
+    ASSERT_NO_FATAL_FAILURE(start_child("sender", "local.cts_arrived"));
+    ASSERT_FI_OK(post(
+        [&] { return fi_recv(a().ep, r->data(), kChildMsg, r->desc, FI_ADDR_UNSPEC, ctx(0)); }));
+    auto c = wait_comp(a(), ctx(0), 5s);
+    ASSERT_TRUE(c) << "the receive waited for a sender without a core: " << a().log.summary();
+    EXPECT_EQ(c->len, kChildMsg);
+    EXPECT_EQ(check_pattern(r->data(), kChildMsg, kChildSeed), -1);
+    ASSERT_TRUE(child.wait_stopped([&] { progress(); }, 20s)) << "the child never got the Cts";
+    std::memset(r->data(), 0, kChildMsg);
+    ASSERT_EQ(kill(child.pid, SIGCONT), 0);
+    // The child's send completes with our Fin, and it sends its next message, which finds no
+    // receive (unexpected): nothing more may land in r.
+    const auto until = Clock::now() + 300ms;
+    while (Clock::now() < until) progress();
+    std::vector<uint8_t> zero(4096, 0);
+    for (size_t at = 0; at < kChildMsg; at += zero.size())
+        ASSERT_EQ(std::memcmp(r->data() + at, zero.data(), zero.size()), 0)
+            << "the sender wrote into a receive that had completed, at byte " << at;
+    child.kill_and_reap();
+    ASSERT_NO_FATAL_FAILURE(check_survivor_works(713));
+}
+
+// The other way round: a large node-local send to a receiver that has no core (stopped, as
+// the scheduler leaves a process when processes outnumber cores) completes without it, the
+// message staged through the receiver's ring; the receiver, running again, gets it whole.
+TEST_F(PeerDeathTest, LargeSendToAReceiverWithoutACoreCompletes) {
+    if (over_link()) GTEST_SKIP() << "a node-local choice (a link sends what its socket takes)";
+    auto s = buf(kLargeMsg);
+    fill_pattern(s->data(), kLargeMsg, kLargeSeed);
+    ASSERT_NO_FATAL_FAILURE(start_child("large_receiver"));
+    ASSERT_EQ(kill(child.pid, SIGSTOP), 0);
+    int status = 0;
+    ASSERT_EQ(waitpid(child.pid, &status, WUNTRACED), child.pid);
+    ASSERT_TRUE(WIFSTOPPED(status));
+    std::this_thread::sleep_for(50ms);  // long enough for its heartbeat to look stale
+    ASSERT_FI_OK(post(
+        [&] { return fi_tsend(a().ep, s->data(), kLargeMsg, s->desc, dead, kLargeTag, ctx(0)); }));
+    auto c = wait_comp(a(), ctx(0), 2s);
+    ASSERT_TRUE(c) << "the send waited for a receiver without a core: " << a().log.summary();
+    ASSERT_EQ(kill(child.pid, SIGCONT), 0);
+    uint8_t ok = 0;
+    ASSERT_TRUE(read_all(child.rfd, &ok, 1, 20000)) << "the child did not report its receive";
+    EXPECT_EQ(ok, 1) << "the child's receive was not the message, whole";
+}
+
 TEST_F(PeerDeathTest, ReceiverKilledBeforeItsCopyFailsTheSend) {
     if (over_link()) GTEST_SKIP() << "cross-memory attach is the node-local path's";
     ASSERT_NO_FATAL_FAILURE(start_child("serve", "local.before_cma_read"));

@@ -1,6 +1,7 @@
 // off_tandem's node-local building blocks: ShmSegment (named shared memory and its stale
 // owners), ShmRing (the MPSC queue inside it) and cross-memory attach.
 #include "offload_prov/shm/cma.h"
+#include "offload_prov/shm/copy_costs.h"
 #include "offload_prov/shm/shm_ring.h"
 #include "offload_prov/shm/shm_segment.h"
 
@@ -1035,6 +1036,29 @@ struct CmaPeer {
 };
 
 }  // namespace
+
+// The figures the node-local path chooses its copies by: measured here, positive, growing
+// with the size, and extended past the sizes measured in proportion.
+TEST(CopyCosts, MeasuredHereAndGrowingWithTheSize) {
+    CopyCosts c = CopyCosts::measure();
+    ASSERT_TRUE(c.cma_measured()) << "cross-memory attach to ourselves is refused here";
+    double last_copy = 0, last_cma = 0;
+    for (size_t n : CopyCosts::kSizes) {
+        EXPECT_GT(c.memcpy_ns(n), 0.0) << n;
+        EXPECT_GT(c.cma_ns(n), 0.0) << n;
+        EXPECT_GE(c.memcpy_ns(n), last_copy * 0.5) << "memcpy of " << n << " B";
+        EXPECT_GE(c.cma_ns(n), last_cma * 0.5) << "CMA of " << n << " B";
+        last_copy = c.memcpy_ns(n);
+        last_cma = c.cma_ns(n);
+    }
+    const size_t top = CopyCosts::kSizes[CopyCosts::kPoints - 1];
+    EXPECT_DOUBLE_EQ(c.memcpy_ns(4 * top), 4 * c.memcpy_ns(top));
+    // Between two sizes measured: between their figures.
+    const size_t a = CopyCosts::kSizes[1], b = CopyCosts::kSizes[2];
+    double mid = c.memcpy_ns((a + b) / 2);
+    EXPECT_GE(mid, std::min(c.memcpy_ns(a), c.memcpy_ns(b)));
+    EXPECT_LE(mid, std::max(c.memcpy_ns(a), c.memcpy_ns(b)));
+}
 
 TEST(Cma, ReadsAndWritesAForkedChildsBuffer) {
     CmaPeer peer;
