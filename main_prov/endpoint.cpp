@@ -524,8 +524,10 @@ int Endpoint::enable_locked() {
     if (type_ == FI_EP_MSG && !eq_) return -FI_ENOEQ;
     // Post the link's receive buffers (the SRQ of a verbs link).
     size_t count = Config::get().rx_buffers;
-    rx_slab_.assign(count * rx_buf_size_, 0);
-    for (size_t i = 0; i < count; ++i) repost(rx_slab_.data() + i * rx_buf_size_);
+    // Not cleared: a page of it costs resident memory only once the link has put a message
+    // in it (an endpoint whose peers are all node-local never touches it).
+    rx_slab_ = std::make_unique_for_overwrite<uint8_t[]>(count * rx_buf_size_);
+    for (size_t i = 0; i < count; ++i) repost(rx_slab_.get() + i * rx_buf_size_);
     enabled_ = true;
     domain_->add_endpoint(this);
     if (type_ == FI_EP_RDM)

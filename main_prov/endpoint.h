@@ -572,7 +572,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     static constexpr unsigned kQuietAfter = 1024, kQuietLinkPolls = 64;
     mutable unsigned empty_link_polls_ = 0;
     mutable unsigned link_countdown_ = 1;  // passes until progress_link() is due
-    std::vector<uint8_t> rx_slab_;         // link receive buffers
+    std::unique_ptr<uint8_t[]> rx_slab_;   // link receive buffers
     size_t rx_buf_size_ = 0;
     size_t eager_limit_ = 0;
     size_t inject_size_ = 0;

@@ -40,7 +40,7 @@ constexpr uint32_t kAckIdlePasses = 4;
 // Up to this many connections a pass tries recv() on each; beyond, one epoll_wait tells
 // which sockets are readable.
 constexpr size_t kDirectPollConnections = 2;
-constexpr uint64_t kListenerCheckPasses = 64;
+constexpr uint64_t kListenerCheckPasses = 1024;
 constexpr uint64_t kMaxCmPayload = sizeof(wire::TcpCmHello) + 4096;
 
 bool op_has_extension(wire::TcpOp op) {
