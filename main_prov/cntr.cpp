@@ -96,9 +96,21 @@ void Cntr::wake() {
 }
 
 uint64_t Cntr::read() {
-    std::lock_guard guard(domain_->lock());
-    domain_->progress();
-    return value_.load(std::memory_order_acquire);
+    uint64_t value;
+    {
+        std::lock_guard guard(domain_->lock());
+        domain_->progress();
+        value = value_.load(std::memory_order_acquire);
+        // An unchanged value is an empty poll (see IdleYield).
+        if (value != last_read_) {
+            last_read_ = value;
+            idle_.found();
+            return value;
+        }
+        if (!idle_.empty_poll()) return value;
+    }
+    IdleYield::yield();
+    return value;
 }
 
 uint64_t Cntr::readerr() {

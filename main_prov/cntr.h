@@ -1,6 +1,8 @@
 // fid_cntr: success and error counts of the operations bound to it. Reading drives progress.
 #pragma once
 
+#include "common/idle_yield.h"
+
 #include "common/fid_adaptor.h"
 #include "common/wait_fd.h"
 #include "main_prov/wait.h"
@@ -53,6 +55,9 @@ class Cntr : public FidObject<Cntr, fid_cntr> {
     std::atomic<uint64_t> errors_{0};
     WaitBinding wait_;
     std::atomic<bool> armed_{false};
+    // fi_cntr_read polled with the value unchanged (guarded by the domain lock).
+    IdleYield idle_;
+    uint64_t last_read_ = 0;
     int refs_ = 0;
 };
 

@@ -152,19 +152,36 @@ void Cq::drain_signal_if_empty() {
 // (readfrom without the source list, spelled out: the busy poll of most applications.)
 ssize_t Cq::read(void *buf, size_t count) {
     if (count && !buf) return -FI_EINVAL;
-    std::lock_guard guard(domain_->lock());
-    if (entries_.empty() || !errors_.empty()) {
-        domain_->progress();
-        if (!errors_.empty()) return -FI_EAVAIL;
-        if (entries_.empty()) return -FI_EAGAIN;
+    {
+        std::lock_guard guard(domain_->lock());
+        if (entries_.empty() || !errors_.empty()) {
+            domain_->progress();
+            if (!errors_.empty()) return -FI_EAVAIL;
+        }
+        if (!entries_.empty()) {
+            idle_.found();
+            return take(buf, count, nullptr);
+        }
+        if (!idle_.empty_poll()) return -FI_EAGAIN;
     }
-    return take(buf, count, nullptr);
+    IdleYield::yield();  // (see IdleYield: outside the lock)
+    return -FI_EAGAIN;
 }
 
 ssize_t Cq::readfrom(void *buf, size_t count, fi_addr_t *src_addr) {
     if (count && !buf) return -FI_EINVAL;
-    std::lock_guard guard(domain_->lock());
-    return read_locked(buf, count, src_addr);
+    ssize_t n;
+    {
+        std::lock_guard guard(domain_->lock());
+        n = read_locked(buf, count, src_addr);
+        if (n != -FI_EAGAIN) {
+            idle_.found();
+            return n;
+        }
+        if (!idle_.empty_poll()) return n;
+    }
+    IdleYield::yield();
+    return n;
 }
 
 ssize_t Cq::readerr(fi_cq_err_entry *buf, uint64_t flags) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "common/fid_adaptor.h"
+#include "common/idle_yield.h"
 #include "common/ring_queue.h"
 #include "common/wait_fd.h"
 #include "main_prov/wait.h"
@@ -116,6 +117,7 @@ class Cq final : public FidObject<Cq, fid_cq>, public peer::CqOwner {
     bool signalled_ = false;
     bool signal_pending_ = false;  // the eventfd holds a count to drain
     bool armed_ = false;  // a reader may sleep on the wait set: signal the eventfd on write
+    IdleYield idle_;      // fi_cq_read / readfrom finding nothing
     int refs_ = 0;        // endpoints bound to this CQ
     // fi_cq_readerr's err_data must stay valid until the next readerr: keep the last one.
     std::unique_ptr<uint8_t[]> last_err_data_;
