@@ -9,6 +9,7 @@
 #   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --trigger [--local] [--json FILE]
 #   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --coll [--np "2 4 8"] [--json FILE]
 #   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --nccl [--local] [--json FILE]
+#   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --targets [--json FILE]
 #
 #   -b BUILD_DIR  the CMake build directory (default: <repo>/build); needs
 #                 BUILD_DIR/bench/tandem_bench (--coll: BUILD_DIR/bench/coll_bench) and, for
@@ -94,6 +95,10 @@
 #                 to FI_OFI_RXM_BUFFER_SIZE (passed on when set; its receive buffers cost that
 #                 much each). No UCX; -p and --local do not apply.
 #   --np LIST     with --coll: the rank counts, space-separated (default "2 4 8")
+#   --targets     the latency, memory and oversubscription targets in one invocation (node-local
+#                 and TCP 8 B latency against UCX, Open MPI over tandem against vader, 1 MiB
+#                 bandwidth, MPI_Allreduce of 4 ranks on this host's cores, two processes on one
+#                 core, resident memory with 1, 16, 64 peers): scripts/bench-targets.sh -h
 #   --nccl        the NCCL network plugin instead: BUILD_DIR/bench/nccl_bench (the plugin
 #                 BUILD_DIR/lib/libnccl-net-tandem.so driven as NCCL's proxy does, host
 #                 buffers) against tandem's raw tagged bandwidth (tandem_bench -t bw), both
@@ -114,6 +119,14 @@
 set -u
 
 here=$(cd "$(dirname "$0")" && pwd)
+# --targets is a script of its own (scripts/bench-targets.sh), with the other options given.
+for arg in "$@"; do
+    if [ "$arg" = --targets ]; then
+        args=()
+        for a in "$@"; do [ "$a" = --targets ] || args+=("$a"); done
+        exec bash "$here/bench-targets.sh" "${args[@]}"
+    fi
+done
 repo=$(cd "$here/.." && pwd)
 build=$repo/build
 runs=5
