@@ -331,6 +331,8 @@ int Endpoint::close() {
         peer_rx_.drop_posted();
         twin_progress_ = nullptr;  // (the drain below progresses the link alone)
         twin_ep_ = nullptr;
+        twin_quiet_ = nullptr;
+        inbox_ring_ = nullptr;
         local_.reset();  // the twin first: it holds entries of rx_ until it is closed
         rx_->forget_endpoint(this);
         if (srx_) SharedRxContext::of(srx_)->detach(this);
@@ -538,6 +540,9 @@ int Endpoint::enable_locked() {
         lane_limit_ = std::min<size_t>(local_->inject_limit(), info_->ep_attr->max_msg_size);
         twin_progress_ = local_->progress_entry();
         twin_ep_ = local_->twin();
+        peer::LocalInbox inbox = local_->inbox();
+        inbox_ring_ = inbox.ring;
+        twin_quiet_ = inbox.ring ? inbox.quiet : nullptr;
     }
     transport_->set_device_p2p(p2p_.mode() != FI_HMEM_P2P_DISABLED);
     // One line per endpoint at info level: a user's log then says which endpoint ran and

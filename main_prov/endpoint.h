@@ -6,6 +6,7 @@
 #pragma once
 
 #include "common/fid_adaptor.h"
+#include "common/short_cell.h"
 #include "main_prov/cq.h"
 #include "main_prov/eq.h"
 #include "main_prov/link/link.h"
@@ -312,7 +313,21 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     // Inside tandem, with the domain lock held. (Inline: every poll of every CQ of the domain
     // comes through here; the twin's progress is called straight through its ops table.)
     void progress() {
-        if (twin_progress_) twin_progress_(twin_ep_);
+        if (twin_quiet_) {
+            // The twin has nothing to do but take cells (peer::LocalInbox): a Short cell at
+            // the head of its inbox we take ourselves, anything else is the twin's, and the
+            // twin still runs every kTwinEvery passes (its checks and heartbeat).
+            if (*twin_quiet_) {
+                if (const void *cell = inbox_ring_->peek())
+                    take_local(static_cast<const uint8_t *>(cell));
+                else if ((++express_passes_ & (kTwinEvery - 1)) == 0)
+                    twin_progress_(twin_ep_);
+            } else {
+                twin_progress_(twin_ep_);
+            }
+        } else if (twin_progress_) {
+            twin_progress_(twin_ep_);
+        }
         // The link's side of the pass only when due (see progress_link): most passes of an
         // endpoint whose traffic is node-local end here.
         if (--link_countdown_ > 0) return;
@@ -566,7 +581,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     void progress_link();
     // While the transport is idle (nothing but its listener to watch), progress polls it
     // every kIdleLinkPolls-th pass only (see progress_link()).
-    static constexpr unsigned kIdleLinkPolls = 8;
+    static constexpr unsigned kIdleLinkPolls = 256;
     // Connections that have brought nothing for kQuietAfter polls in a row, with nothing to
     // write, are polled every kQuietLinkPolls-th pass only (see progress_link()).
     static constexpr unsigned kQuietAfter = 1024, kQuietLinkPolls = 64;
@@ -608,6 +623,17 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     // local_'s progress entry (LocalPathOps::progress) and twin, or null without local_.
     void (*twin_progress_)(fid_ep *) = nullptr;
     fid_ep *twin_ep_ = nullptr;
+    // The twin's inbox (LocalPathOps::inbox): its ring and whether the twin is quiet (null
+    // without local_), the passes since the twin last ran, and the last sender resolved.
+    ShmRing *inbox_ring_ = nullptr;
+    const bool *twin_quiet_ = nullptr;
+    static constexpr unsigned kTwinEvery = 16;
+    unsigned express_passes_ = 0;
+    LastSender last_sender_;
+    // Short cells from the head of the twin's inbox, first `cell`, while each finds a posted
+    // host receive that takes it whole; the first that does not goes to the twin's progress.
+    void take_local(const uint8_t *cell);
+    bool take_short(const uint8_t *cell);
     // FI_PEER_TRANSFER: the twin's receives (its traffic never meets the application's).
     RxMatcher peer_rx_;
     RxMatcher own_rx_;

@@ -8,6 +8,7 @@
 // the receiver for a message nobody asked for.
 #include "common/iov.h"
 #include "common/log.h"
+#include "common/test_hook.h"
 #include "hmem/atomic.h"
 #include "main_prov/av.h"
 #include "main_prov/cntr.h"
@@ -333,9 +334,19 @@ ssize_t Endpoint::send_by_lane(const void *buf, size_t len, void *desc, fi_addr_
     if (!peer->lane &&
         !(peer->route == Peer::Route::Undecided && goes_local(peer, dest) && peer->lane))
         return kNotTaken;
-    if (peer->lane->send(peer->lane, buf, len, tag, data,
-                         (tagged ? FI_TAGGED : 0) | (flags & FI_REMOTE_CQ_DATA)) != 0)
-        return kNotTaken;
+    // The Short cell into the peer's ring ourselves (peer::LocalLane), unless cells of the
+    // twin's wait for room there (ours would overtake them) or the ring is full.
+    peer::LocalLane *lane = peer->lane;
+    if (*lane->blocked) return kNotTaken;
+    void *slot = lane->ring->try_reserve(lane->producer, *lane->view);
+    if (!slot) return kNotTaken;
+    stop_at("local.ring_reserved");
+    write_short(static_cast<uint8_t *>(slot), *lane->line,
+                uint8_t((tagged ? wire::kLocalTagged : 0) |
+                        ((flags & FI_REMOTE_CQ_DATA) ? wire::kLocalCqData : 0)),
+                buf, len, tag, data);
+    lane->ring->publish(slot);
+    if (lane->view->wake) lane->wake(lane);
     if (send_cntr_) send_cntr_->inc();
     if (tx_cq_ && tx_reports(flags))
         tx_cq_->push(context, FI_SEND | (tagged ? FI_TAGGED : FI_MSG), 0, nullptr, 0, 0,
@@ -1249,6 +1260,47 @@ void Endpoint::rx_complete(RxOp *rx, size_t len, uint64_t tag, uint64_t data, ui
         queue->pop_front();
         report_rx(next);
     }
+}
+
+void Endpoint::take_local(const uint8_t *cell) {
+    for (int i = 0; i < 64; ++i) {
+        if (cell[0] != static_cast<uint8_t>(wire::LocalOp::Short) || !take_short(cell)) {
+            twin_progress_(twin_ep_);
+            return;
+        }
+        inbox_ring_->release();
+        cell = static_cast<const uint8_t *>(inbox_ring_->peek());
+        if (!cell) return;
+    }
+}
+
+// A Short cell into the posted receive that takes it whole (host memory, no multi-receive
+// buffer), as the twin's handle_short and PeerRxQueue::deliver_whole would put it there;
+// false when none does (nothing taken: the twin queues or delivers the message).
+bool Endpoint::take_short(const uint8_t *cell) {
+    ShortView v;
+    if (!read_short(cell, v)) return false;  // (the twin drops it, and says so)
+    const uint64_t version = av_version_word_->load(std::memory_order_acquire);
+    fi_addr_t src;
+    if (last_sender_.matches(v.sender, version)) {
+        src = last_sender_.addr;
+    } else {
+        src = av_->peer_addr_of(v.sender.data(), v.sender.size());
+        last_sender_.remember(v.sender, version, src);
+    }
+    const bool tagged = v.hdr.flags & wire::kLocalTagged;
+    RxMatcher &m = *rx_;
+    RxOp *rx = m.match_plain(tagged, v.hdr.tag, src);
+    if (!rx) return false;
+    complete_whole(m, rx,
+                   {.data = v.data,
+                    .len = v.hdr.size,
+                    .tag = v.hdr.tag,
+                    .cq_data = v.hdr.cq_data,
+                    .src = src,
+                    .tagged = tagged,
+                    .has_data = (v.hdr.flags & wire::kLocalCqData) != 0});
+    return true;
 }
 
 void Endpoint::complete_whole(RxMatcher &m, RxOp *rx, const peer::WholeMessage &msg) {

@@ -88,6 +88,8 @@ class LocalPath final : public peer::CqOwner {
     void progress() { ops_->progress(twin_); }
     // The same as a function and its argument, for an owner that calls it directly.
     void (*progress_entry() const)(fid_ep *) { return ops_->progress; }
+    // The twin's inbox (peer::LocalInbox).
+    peer::LocalInbox inbox() { return ops_->inbox(twin_); }
     // The node-local peer at addr's lane (peer::LocalLane), or nullptr.
     peer::LocalLane *lane(fi_addr_t addr) { return ops_->lane(twin_, addr); }
     // The endpoint's FI_OPT_FI_HMEM_P2P, which the twin applies to its transfers.

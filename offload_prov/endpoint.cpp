@@ -135,6 +135,10 @@ void local_set_owner_rx(fid_ep *ep, const peer::OwnerRx *rx) noexcept {
     Endpoint::of(ep)->set_owner_rx(rx ? *rx : peer::OwnerRx{});
 }
 
+peer::LocalInbox local_inbox(fid_ep *ep) noexcept {
+    return Endpoint::of(ep)->inbox();
+}
+
 peer::LocalPathOps local_path_ops = {.size = sizeof(peer::LocalPathOps),
                                      .reachable = local_reachable,
                                      .wait_fd = local_wait_fd,
@@ -147,7 +151,8 @@ peer::LocalPathOps local_path_ops = {.size = sizeof(peer::LocalPathOps),
                                      .single_copy = local_single_copy,
                                      .lane = local_lane,
                                      .progress = local_progress,
-                                     .set_owner_rx = local_set_owner_rx};
+                                     .set_owner_rx = local_set_owner_rx,
+                                     .inbox = local_inbox};
 
 // peer::CollOps: the owner's collectives (coll/engine.h).
 int coll_join(fid_ep *ep, const peer::CollJoin *join, uint64_t *group) noexcept try {
@@ -313,17 +318,7 @@ void Endpoint::enable() {
     memcpy(name_, name, len);
     proto_.name_len = static_cast<uint8_t>(len);
     av_version_word_ = av_->owner().version_word();
-    // A Short cell's first line as lane_send starts it: header and name (zero-padded).
-    wire::LocalShortHeader h{.op = static_cast<uint8_t>(wire::LocalOp::Short),
-                             .flags = 0,
-                             .name_len = proto_.name_len,
-                             .reserved = 0,
-                             .size = 0,
-                             .tag = 0,
-                             .cq_data = 0};
-    short_at_ = wire::local_short_body_offset(len);
-    memcpy(short_line_, &h, sizeof h);
-    memcpy(short_line_ + sizeof h, name_, std::min(short_at_, sizeof short_line_) - sizeof h);
+    short_line_.build(name_, len);
     proto_.pid = getpid();
     producer_id_ = own_process_token();
 

@@ -24,12 +24,13 @@
 #include "common/coarse_clock.h"
 #include "common/fid_adaptor.h"
 #include "common/ring_queue.h"
+#include "common/short_cell.h"
 #include "common/wire.h"
 #include "hmem/atomic.h"
 #include "hmem/ipc_cache.h"
 #include "hmem/p2p_policy.h"
 #include "offload_prov/coll/engine.h"
-#include "offload_prov/shm/shm_ring.h"
+#include "common/shm_ring.h"
 #include "offload_prov/shm/shm_segment.h"
 #include "peer/peer_abi.h"
 #include "peer/peer_cq.h"
@@ -146,6 +147,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     peer::LocalLane *lane(fi_addr_t addr);
     // peer::LocalPathOps::set_owner_rx.
     void set_owner_rx(const peer::OwnerRx &rx) { owner_rx_ = rx; }
+    // peer::LocalPathOps::inbox.
+    peer::LocalInbox inbox() const { return {inbox_, &quiet_}; }
     // Peer transfer completions from the owner (fi_ops_transfer_peer).
     void transfer_complete(const fi_cq_tagged_entry &entry, fi_addr_t src);
     void transfer_error(const fi_cq_err_entry &err);
@@ -220,6 +223,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         // at most one of theirs (a message whose room another producer took first) besides
         // our answers to the peer's own operations (bounded by its transmit queue).
         std::deque<Outgoing> backlog{};
+        uint8_t blocked = 0;  // dead, or cells in backlog: LocalLane::blocked
         Lane lane{};
     };
     // An operation waiting for the target's Fin (Rts, RMA) or for ReadData cells.
@@ -256,21 +260,11 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // addr: the peer's address bytes, of which key is made.
     PeerLink *link_for_key(const std::string &key, std::string_view addr);
     PeerLink *link_to(std::string_view sender);
-    // (Inline: every cell asks. The last sender's name is compared word by word: names are
-    // padded with zeros to whole words in cells and here.)
+    // (Inline: every cell asks. The last sender is compared word by word: LastSender.)
     fi_addr_t source_of(std::string_view sender) {
-        if (sender.size() == last_source_len_ && av_version_word_ &&
-            sources_version_ == av_version_word_->load(std::memory_order_acquire)) {
-            const size_t words = (sender.size() + 7) / 8;
-            uint64_t diff = 0;
-            for (size_t i = 0; i < words; ++i) {
-                uint64_t a, b;
-                memcpy(&a, sender.data() + 8 * i, 8);
-                memcpy(&b, last_source_name_ + 8 * i, 8);
-                diff |= a ^ b;
-            }
-            if (!diff) return last_source_;
-        }
+        if (av_version_word_ &&
+            last_source_.matches(sender, av_version_word_->load(std::memory_order_acquire)))
+            return last_source_.addr;
         return find_source(sender);
     }
     fi_addr_t find_source(std::string_view sender);
@@ -283,9 +277,10 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // (Defined in ep/endpoint_internal.h: inject inlines it too.)
     bool try_push(PeerLink &link, const wire::LocalHeader &hdr, const iovec *iov, size_t count,
                   size_t offset, size_t len, const uint8_t *staged);
-    // peer::LocalLane::send of a link's lane.
+    // peer::LocalLane::send and wake of a link's lane.
     static ssize_t lane_send(peer::LocalLane *lane, const void *buf, size_t len, uint64_t tag,
                              uint64_t data, uint64_t flags);
+    static void lane_wake(peer::LocalLane *lane);
     // A Short cell (wire::LocalShortHeader, our name, len bytes of the list from offset, or
     // of staged) into cell.
     void fill_short(uint8_t *cell, const wire::LocalShortHeader &s, const iovec *iov, size_t count,
@@ -445,10 +440,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     ProcessWatch claimants_{segment_prefix()};
     wire::LocalHeader proto_{};  // name_len filled
     uint8_t name_[wire::kLocalNameRoom]{};
-    // The first line of our Short cells but for size, flags, tag and data (lane_send), and
-    // where their data starts (after the name).
-    uint8_t short_line_[ShmRing::kFirstLinePayload]{};
-    size_t short_at_ = 0;
+    // Our Short cells' line (common/short_cell.h), our lanes' senders' too.
+    ShortLine short_line_;
     std::optional<ShmSegment> segment_;
     ShmRing *inbox_ = nullptr;
     std::string wake_path_;  // FIFO next to the segment: wakes us when we sleep
@@ -469,12 +462,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     uint64_t links_version_ = ~0ull;
     std::vector<std::pair<std::string, fi_addr_t>> sources_;  // sender address -> fi_addr
     uint64_t sources_version_ = ~0ull;
-    // source_of's last answer (same AV version): a run of cells from one sender compares
-    // its name with this one and looks no further.
-    uint8_t last_source_name_[wire::kLocalNameRoom]{};
+    // source_of's last answer (same AV version).
+    LastSender last_source_;
     const std::atomic<uint64_t> *av_version_word_ = nullptr;  // the owner AV's (enable())
-    size_t last_source_len_ = SIZE_MAX;
-    fi_addr_t last_source_ = FI_ADDR_NOTAVAIL;
     // The last sender link_to() found (links live as long as the endpoint): a run of cells
     // from one peer that need answers skips building its key.
     std::string last_sender_;

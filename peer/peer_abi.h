@@ -21,6 +21,7 @@
 
 #include <cstdint>
 
+#include "common/short_cell.h"
 #include "hmem/hmem.h"
 #include "peer/ep_diag.h"
 
@@ -126,7 +127,9 @@ struct OwnerRx {
 
 // A node-local peer as the owner's sends see it (LocalPathOps::lane): the owner keeps it per
 // peer, so that a small send goes into the peer's ring without a lookup. Valid as long as the
-// twin endpoint.
+// twin endpoint. The owner writes a Short cell (common/short_cell.h) into `ring` itself,
+// claiming with `producer` and `view`, when `*blocked` is 0, and calls `wake` when the claim
+// asked for it (view->wake); `send` does the same in the twin, for an owner that does not.
 struct LocalLane {
     // A message of host memory (at most inject_limit bytes) into the peer's ring, with no
     // completion of the twin's: the owner completes the send when this returns 0. -FI_EAGAIN
@@ -135,11 +138,30 @@ struct LocalLane {
     // died). flags: FI_TAGGED, FI_REMOTE_CQ_DATA.
     ssize_t (*send)(LocalLane *lane, const void *buf, size_t len, uint64_t tag, uint64_t data,
                     uint64_t flags);
+    // After a publish whose claim found the peer asleep: wakes it.
+    void (*wake)(LocalLane *lane);
+    ShmRing *ring;
+    ShmRing::ProducerView *view;  // the twin's, of this ring: one producer view per link
+    uint32_t producer;            // the claimant id of this process
+    const ShortLine *line;        // the twin's Short cell line (its name)
+    // Nonzero while cells of the twin's wait for room in this ring, or the peer is dead: the
+    // owner's cell would overtake them (or go nowhere), so it takes the ordinary way.
+    const uint8_t *blocked;
+};
+
+// The twin's inbox as the owner's progress sees it (LocalPathOps::inbox): while `*quiet` is
+// true (the twin has nothing to do but take cells: no backlog, no operation waiting, no
+// completion held, no cell held behind a split write), the owner may take a Short cell at the
+// head itself, when a posted receive of host memory takes it whole; it leaves every other cell,
+// and calls the twin's progress then and every few passes (its periodic checks, heartbeat).
+struct LocalInbox {
+    ShmRing *ring;
+    const bool *quiet;
 };
 
 // fi_open_ops name of off_tandem's endpoint extension: whether a peer (an fi_addr of the
 // shared AV) is reachable over the node-local path, so the owner routes it there.
-inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v3";
+inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v4";
 
 struct LocalPathOps {
     size_t size;
@@ -173,6 +195,8 @@ struct LocalPathOps {
     void (*progress)(fid_ep *ep);
     // The owner's fused receive path (its own twin only; the twin copies *rx).
     void (*set_owner_rx)(fid_ep *ep, const OwnerRx *rx);
+    // The twin's inbox (see LocalInbox), valid as long as the twin endpoint, once enabled.
+    LocalInbox (*inbox)(fid_ep *ep);
 };
 
 // fid ops for the fids an owner exports: the peer uses only their owner ops, so fi_close and

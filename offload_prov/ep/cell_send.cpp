@@ -47,6 +47,7 @@ bool Endpoint::push_gather(PeerLink &link, const LocalHeader &hdr, const iovec *
     fill_cell(cell.data(), hdr, iov, count, offset, len, staged);
     if (link.backlog.empty()) ++backlogged_;
     link.backlog.push_back(Outgoing{std::move(cell), nullptr});
+    link.blocked = 1;
     return true;
 }
 
@@ -76,27 +77,16 @@ void Endpoint::fill_cell(uint8_t *cell, const LocalHeader &hdr, const iovec *iov
 
 void Endpoint::fill_short(uint8_t *cell, const wire::LocalShortHeader &s, const iovec *iov,
                           size_t count, size_t offset, size_t len, const uint8_t *staged) const {
-    size_t at = wire::local_short_body_offset(s.name_len);
-    uint8_t head[sizeof s + wire::kLocalNameRoom];  // header and name, built here
-    static_assert(sizeof head >= ShmRing::kFirstLinePayload);
-    memcpy(head, &s, sizeof s);
-    memcpy(head + sizeof s, name_, at - sizeof s);  // name_ is zero-padded
-    if (at + len <= ShmRing::kFirstLinePayload) {
-        // The whole cell is in the line the receiver polls: the data joins the head here
-        // and the line is stored in one burst, so that the receiver's polling cannot take
-        // it back between our stores.
-        if (staged)
-            memcpy(head + at, staged, len);
-        else
-            iov_gather(head + at, iov, count, offset, len);
-        memcpy(cell, head, ShmRing::kFirstLinePayload);
-        return;
+    const void *from = staged;
+    if (!from && count == 1 && offset <= iov[0].iov_len && len <= iov[0].iov_len - offset)
+        from = static_cast<const uint8_t *>(iov[0].iov_base) + offset;
+    if (!from && len) {
+        thread_local std::vector<uint8_t> gathered;
+        gathered.resize(len);
+        iov_gather(gathered.data(), iov, count, offset, len);
+        from = gathered.data();
     }
-    memcpy(cell, head, at);
-    if (staged)
-        memcpy(cell + at, staged, len);
-    else
-        iov_gather(cell + at, iov, count, offset, len);
+    write_short(cell, short_line_, s.flags, from, len, s.tag, s.cq_data);
 }
 
 // A payload in as many cells as it takes (Frag, WriteFrag, ReadData): each carries its
@@ -119,6 +109,7 @@ void Endpoint::push_staged(PeerLink &link, LocalHeader hdr, const iovec *iov, si
     }
     if (link.backlog.empty()) ++backlogged_;
     link.backlog.push_back(Outgoing{{}, std::move(stream)});
+    link.blocked = 1;
 }
 
 // The stream's next cells into the ring while it has room: true when the stream ended, with
@@ -184,7 +175,10 @@ bool Endpoint::flush(PeerLink &link) {
             if (!pump(link, *next.stream, &status)) return false;
             std::unique_ptr<Stream> done = std::move(next.stream);
             link.backlog.pop_front();
-            if (link.backlog.empty()) --backlogged_;
+            if (link.backlog.empty()) {
+                --backlogged_;
+                link.blocked = link.dead;
+            }
             finish_stream(*done, status);
             continue;
         }
@@ -193,7 +187,10 @@ bool Endpoint::flush(PeerLink &link) {
         memcpy(cell, next.cell.data(), next.cell.size());
         link.ring->publish(cell);
         link.backlog.pop_front();
-        if (link.backlog.empty()) --backlogged_;
+        if (link.backlog.empty()) {
+            --backlogged_;
+            link.blocked = link.dead;
+        }
         notify(link);
     }
     return true;
@@ -256,6 +253,7 @@ void Endpoint::push_cell(PeerLink &link, const uint8_t *cell, size_t n) {
     }
     if (link.backlog.empty()) ++backlogged_;
     link.backlog.push_back(Outgoing{std::vector<uint8_t>(cell, cell + n), nullptr});
+    link.blocked = 1;
 }
 
 }  // namespace tandem::off

@@ -160,7 +160,6 @@ fi_addr_t Endpoint::find_source(std::string_view sender) {
     if (version != sources_version_) {
         sources_.clear();
         sources_version_ = version;
-        last_source_len_ = SIZE_MAX;
     }
     fi_addr_t addr = FI_ADDR_NOTAVAIL;
     bool found = false;
@@ -175,12 +174,7 @@ fi_addr_t Endpoint::find_source(std::string_view sender) {
         if (sources_.size() >= 64) sources_.clear();
         sources_.emplace_back(std::string(sender), addr);
     }
-    if (sender.size() <= sizeof last_source_name_) {
-        memset(last_source_name_, 0, sizeof last_source_name_);
-        memcpy(last_source_name_, sender.data(), sender.size());
-        last_source_len_ = sender.size();
-        last_source_ = addr;
-    }
+    if (av_version_word_) last_source_.remember(sender, version, addr);
     return addr;
 }
 
@@ -193,6 +187,7 @@ void Endpoint::check_peers() {
         const std::string &key = link_key;  // (lambdas below take it: not a structured binding)
         if (link->dead || link->segment.owner_alive()) continue;
         link->dead = true;
+        link->blocked = 1;
         if (!link->backlog.empty()) --backlogged_;
         std::deque<Outgoing> unsent = std::move(link->backlog);
         link->backlog.clear();

@@ -205,13 +205,21 @@ ssize_t Endpoint::inject(const iovec *iov, size_t count, fi_addr_t dest, uint64_
 peer::LocalLane *Endpoint::lane(fi_addr_t addr) {
     PeerLink *link = enabled_ ? link_for(addr) : nullptr;
     if (!link || link->dead) return nullptr;
-    if (!link->lane.send) link->lane = {{&Endpoint::lane_send}, this, link};
+    if (!link->lane.send)
+        link->lane = {{.send = &Endpoint::lane_send,
+                       .wake = &Endpoint::lane_wake,
+                       .ring = link->ring,
+                       .view = &link->view,
+                       .producer = producer_id_,
+                       .line = &short_line_,
+                       .blocked = &link->blocked},
+                      this,
+                      link};
     return &link->lane;
 }
 
 // The owner's small send to a peer it holds the lane of: a Short cell built straight from
-// its buffer, with no lookup and no operation. The cell's first line (the one the receiver
-// polls) is built on the stack from our template and stored in one burst, as fill_short does.
+// its buffer, with no lookup and no operation.
 ssize_t Endpoint::lane_send(peer::LocalLane *lane, const void *buf, size_t len, uint64_t tag,
                             uint64_t data, uint64_t flags) {
     auto *l = static_cast<Lane *>(lane);
@@ -223,33 +231,18 @@ ssize_t Endpoint::lane_send(peer::LocalLane *lane, const void *buf, size_t len, 
     void *slot = link.ring->try_reserve(ep->producer_id_, link.view);
     if (!slot) return -FI_EAGAIN;
     stop_at("local.ring_reserved");
-    auto *cell = static_cast<uint8_t *>(slot);
-    uint8_t line[sizeof ep->short_line_];
-    memcpy(line, ep->short_line_, sizeof line);
-    wire::LocalShortHeader h;
-    memcpy(&h, line, sizeof h);
-    h.flags = uint8_t(((flags & FI_TAGGED) ? wire::kLocalTagged : 0) |
-                      ((flags & FI_REMOTE_CQ_DATA) ? wire::kLocalCqData : 0));
-    h.size = static_cast<uint32_t>(len);
-    h.tag = tag;
-    h.cq_data = data;
-    memcpy(line, &h, sizeof h);
-    const size_t at = ep->short_at_;
-    if (at + len <= sizeof line) {
-        if (len <= 16)
-            copy_small(line + at, buf, len);
-        else
-            memcpy(line + at, buf, len);
-        memcpy(cell, line, sizeof line);
-    } else {
-        memcpy(cell, line, std::min(at, sizeof line));
-        if (at > sizeof line)
-            memcpy(cell + sizeof line, ep->name_ + (sizeof line - sizeof h), at - sizeof line);
-        memcpy(cell + at, buf, len);
-    }
-    link.ring->publish(cell);
+    write_short(static_cast<uint8_t *>(slot), ep->short_line_,
+                uint8_t(((flags & FI_TAGGED) ? wire::kLocalTagged : 0) |
+                        ((flags & FI_REMOTE_CQ_DATA) ? wire::kLocalCqData : 0)),
+                buf, len, tag, data);
+    link.ring->publish(slot);
     ep->notify(link);
     return 0;
+}
+
+void Endpoint::lane_wake(peer::LocalLane *lane) {
+    auto *l = static_cast<Lane *>(lane);
+    l->ep->wake(*l->link);
 }
 
 // The header of a message's first (or only) cell, with a fresh id; op and size are the

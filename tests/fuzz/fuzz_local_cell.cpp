@@ -9,7 +9,7 @@
 // running, and its receive buffers' guard bytes are never written.
 #include "offload_prov/endpoint.h"
 #include "offload_prov/ep/endpoint_internal.h"
-#include "offload_prov/shm/shm_ring.h"
+#include "common/shm_ring.h"
 #include "offload_prov/shm/shm_segment.h"
 #include "tests/common/rdm_endpoint.h"
 

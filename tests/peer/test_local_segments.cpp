@@ -1,7 +1,7 @@
 // The node-local path's shared segments as a user sees them in /dev/shm: private to the
 // user (0600), removed when the endpoint closes, and removed after a process that died
 // without closing, by the next endpoint created.
-#include "offload_prov/shm/shm_ring.h"
+#include "common/shm_ring.h"
 #include "offload_prov/shm/shm_segment.h"
 #include "tests/common/rdm_endpoint.h"
 

@@ -9,7 +9,7 @@
 #include "common/wire.h"
 #include "offload_prov/endpoint.h"
 #include "offload_prov/ep/endpoint_internal.h"
-#include "offload_prov/shm/shm_ring.h"
+#include "common/shm_ring.h"
 #include "offload_prov/shm/shm_segment.h"
 #include "peer/ep_diag.h"
 #include "tests/common/rdm_endpoint.h"

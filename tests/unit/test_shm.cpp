@@ -2,7 +2,7 @@
 // owners), ShmRing (the MPSC queue inside it) and cross-memory attach.
 #include "offload_prov/shm/cma.h"
 #include "offload_prov/shm/copy_costs.h"
-#include "offload_prov/shm/shm_ring.h"
+#include "common/shm_ring.h"
 #include "offload_prov/shm/shm_segment.h"
 
 #include <gtest/gtest.h>
