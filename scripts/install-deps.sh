@@ -14,6 +14,7 @@ packages=(
     clang libclang-rt-dev
     iproute2 iptables
     gnuplot-nox
+    valgrind
 )
 
 missing=()
