@@ -545,6 +545,14 @@ int Endpoint::enable_locked() {
         twin_quiet_ = inbox.ring ? inbox.quiet : nullptr;
     }
     transport_->set_device_p2p(p2p_.mode() != FI_HMEM_P2P_DISABLED);
+    // What send_by_link takes: an eager message the link sends from the caller's buffer
+    // before returning (LinkConnection::post_send_now).
+    const size_t send_now = transport_->caps().max_send_now;
+    link_direct_limit_ = send_now > sizeof(wire::ProtoHeader)
+                             ? std::min({eager_limit_, send_now - sizeof(wire::ProtoHeader),
+                                         size_t(info_->ep_attr->max_msg_size)})
+                             : 0;
+    direct_limit_ = std::max(lane_limit_, link_direct_limit_);
     // One line per endpoint at info level: a user's log then says which endpoint ran and
     // whether its node-local peers go through off_tandem.
     EndpointName at;

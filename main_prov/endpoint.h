@@ -409,11 +409,16 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     // Each transmit is prepared (checked, its lists copied into a request: tx_request.h) and
     // then issued, at once or, with FI_TRIGGER, when off_tandem's trigger queue starts it.
     ssize_t post_send(const SendArgs &a);
-    // A small send of one host buffer to a node-local peer through its lane (Peer::lane),
-    // complete when it returns 0; kNotTaken when it needs the general path (post_send).
+    // A small send of one host buffer, complete when it returns 0: to a node-local peer
+    // through its lane (Peer::lane), to a peer over the link when the connection takes it at
+    // once (send_by_link); kNotTaken when it needs the general path (post_send).
     static constexpr ssize_t kNotTaken = 1;
-    ssize_t send_by_lane(const void *buf, size_t len, void *desc, fi_addr_t dest, void *context,
+    ssize_t send_direct(const void *buf, size_t len, void *desc, fi_addr_t dest, void *context,
+                        uint64_t flags, uint64_t tag, uint64_t data, bool tagged);
+    ssize_t send_by_lane(peer::LocalLane *lane, const void *buf, size_t len, void *context,
                          uint64_t flags, uint64_t tag, uint64_t data, bool tagged);
+    ssize_t send_by_link(Peer *peer, const void *buf, size_t len, void *context, uint64_t flags,
+                         uint64_t tag, uint64_t data, bool tagged);
     // A receive of one buffer with no flag that needs more (post_recv_on), posted where no
     // unexpected message waits: kNotTaken otherwise.
     ssize_t recv_one(void *buf, size_t len, void *desc, fi_addr_t src, uint64_t tag,
@@ -594,6 +599,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     // The largest send send_by_lane takes: the twin's cell or the endpoint's max_msg_size,
     // whichever is less; 0 without a twin.
     size_t lane_limit_ = 0;
+    size_t link_direct_limit_ = 0;  // send_by_link's largest payload
+    size_t direct_limit_ = 0;       // the larger of the two: send_direct's first check
     size_t cm_data_size_ = wire::kMaxCmPrivate;
     size_t cm_data_max_ = wire::kMaxCmPrivate;  // what the link's connection requests carry
     // Digest of the authorization key (fi_endpoint(3) auth_key; 0: none): connection

@@ -77,7 +77,7 @@ ssize_t Endpoint::msg_recvmsg(const OpDefaults &, const fi_msg *msg, uint64_t fl
 }
 ssize_t Endpoint::msg_send(const OpDefaults &d, const void *buf, size_t len, void *desc,
                            fi_addr_t dest, void *context) {
-    if (ssize_t ret = send_by_lane(buf, len, desc, dest, context, d.tx, 0, 0, false);
+    if (ssize_t ret = send_direct(buf, len, desc, dest, context, d.tx, 0, 0, false);
         ret != kNotTaken)
         return ret;
     iovec iov{const_cast<void *>(buf), len};
@@ -94,7 +94,7 @@ ssize_t Endpoint::msg_sendmsg(const OpDefaults &, const fi_msg *msg, uint64_t fl
 }
 ssize_t Endpoint::msg_inject(const OpDefaults &, const void *buf, size_t len, fi_addr_t dest) {
     if (ssize_t ret =
-            send_by_lane(buf, len, nullptr, dest, nullptr, FI_INJECT | kNoCompletion, 0, 0, false);
+            send_direct(buf, len, nullptr, dest, nullptr, FI_INJECT | kNoCompletion, 0, 0, false);
         ret != kNotTaken)
         return ret;
     iovec iov{const_cast<void *>(buf), len};
@@ -103,7 +103,7 @@ ssize_t Endpoint::msg_inject(const OpDefaults &, const void *buf, size_t len, fi
 ssize_t Endpoint::msg_senddata(const OpDefaults &d, const void *buf, size_t len, void *desc,
                                uint64_t data, fi_addr_t dest, void *context) {
     if (ssize_t ret =
-            send_by_lane(buf, len, desc, dest, context, d.tx | FI_REMOTE_CQ_DATA, 0, data, false);
+            send_direct(buf, len, desc, dest, context, d.tx | FI_REMOTE_CQ_DATA, 0, data, false);
         ret != kNotTaken)
         return ret;
     iovec iov{const_cast<void *>(buf), len};
@@ -111,8 +111,8 @@ ssize_t Endpoint::msg_senddata(const OpDefaults &d, const void *buf, size_t len,
 }
 ssize_t Endpoint::msg_injectdata(const OpDefaults &, const void *buf, size_t len, uint64_t data,
                                  fi_addr_t dest) {
-    if (ssize_t ret = send_by_lane(buf, len, nullptr, dest, nullptr,
-                                   FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, 0, data, false);
+    if (ssize_t ret = send_direct(buf, len, nullptr, dest, nullptr,
+                                  FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, 0, data, false);
         ret != kNotTaken)
         return ret;
     iovec iov{const_cast<void *>(buf), len};
@@ -146,7 +146,7 @@ ssize_t Endpoint::tag_recvmsg(const OpDefaults &, const fi_msg_tagged *msg, uint
 }
 ssize_t Endpoint::tag_send(const OpDefaults &d, const void *buf, size_t len, void *desc,
                            fi_addr_t dest, uint64_t tag, void *context) {
-    if (ssize_t ret = send_by_lane(buf, len, desc, dest, context, d.tx, tag, 0, true);
+    if (ssize_t ret = send_direct(buf, len, desc, dest, context, d.tx, tag, 0, true);
         ret != kNotTaken)
         return ret;
     iovec iov{const_cast<void *>(buf), len};
@@ -164,7 +164,7 @@ ssize_t Endpoint::tag_sendmsg(const OpDefaults &, const fi_msg_tagged *msg, uint
 ssize_t Endpoint::tag_inject(const OpDefaults &, const void *buf, size_t len, fi_addr_t dest,
                              uint64_t tag) {
     if (ssize_t ret =
-            send_by_lane(buf, len, nullptr, dest, nullptr, FI_INJECT | kNoCompletion, tag, 0, true);
+            send_direct(buf, len, nullptr, dest, nullptr, FI_INJECT | kNoCompletion, tag, 0, true);
         ret != kNotTaken)
         return ret;
     iovec iov{const_cast<void *>(buf), len};
@@ -173,7 +173,7 @@ ssize_t Endpoint::tag_inject(const OpDefaults &, const void *buf, size_t len, fi
 ssize_t Endpoint::tag_senddata(const OpDefaults &d, const void *buf, size_t len, void *desc,
                                uint64_t data, fi_addr_t dest, uint64_t tag, void *context) {
     if (ssize_t ret =
-            send_by_lane(buf, len, desc, dest, context, d.tx | FI_REMOTE_CQ_DATA, tag, data, true);
+            send_direct(buf, len, desc, dest, context, d.tx | FI_REMOTE_CQ_DATA, tag, data, true);
         ret != kNotTaken)
         return ret;
     iovec iov{const_cast<void *>(buf), len};
@@ -181,8 +181,8 @@ ssize_t Endpoint::tag_senddata(const OpDefaults &d, const void *buf, size_t len,
 }
 ssize_t Endpoint::tag_injectdata(const OpDefaults &, const void *buf, size_t len, uint64_t data,
                                  fi_addr_t dest, uint64_t tag) {
-    if (ssize_t ret = send_by_lane(buf, len, nullptr, dest, nullptr,
-                                   FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, tag, data, true);
+    if (ssize_t ret = send_direct(buf, len, nullptr, dest, nullptr,
+                                  FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, tag, data, true);
         ret != kNotTaken)
         return ret;
     iovec iov{const_cast<void *>(buf), len};
@@ -310,20 +310,19 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
     return issue_send(r);
 }
 
-// The small node-local send of issue_send, for the calls that name one buffer, before any
-// of the general path's work (a request, its lists, the memory query): what it needs it
-// checks here, and anything else (a device buffer, a peer not known to be node-local yet, a
-// full ring, operations through the twin still pending, flags that ask for more than the
-// ring gives) goes the general way, which reports errors and keeps the order.
-ssize_t Endpoint::send_by_lane(const void *buf, size_t len, void *desc, fi_addr_t dest,
-                               void *context, uint64_t flags, uint64_t tag, uint64_t data,
-                               bool tagged) {
-    constexpr uint64_t kNotByLane = FI_TRIGGER | FI_DELIVERY_COMPLETE | FI_PEER_TRANSFER;
-    if (!local_ || (flags & kNotByLane) || len > lane_limit_ ||
-        ((flags & FI_INJECT) && len > inject_size_))
+// The small sends of issue_send, for the calls that name one buffer, before any of the
+// general path's work (a request, its lists, the memory query): what they need is checked
+// here, and anything else (a device buffer, a peer whose path is not known yet, a full ring
+// or socket, earlier operations still queued, flags that ask for more than these give) goes
+// the general way, which reports errors and keeps the order.
+ssize_t Endpoint::send_direct(const void *buf, size_t len, void *desc, fi_addr_t dest,
+                              void *context, uint64_t flags, uint64_t tag, uint64_t data,
+                              bool tagged) {
+    constexpr uint64_t kNotDirect = FI_TRIGGER | FI_DELIVERY_COMPLETE | FI_PEER_TRANSFER;
+    if ((flags & kNotDirect) || len > direct_limit_ || ((flags & FI_INJECT) && len > inject_size_))
         return kNotTaken;
     std::lock_guard guard(domain_->lock());
-    if (!enabled_ || !(caps_ & (tagged ? FI_TAGGED : FI_MSG)) || local_tx_pending_ ||
+    if (!enabled_ || !(caps_ & (tagged ? FI_TAGGED : FI_MSG)) ||
         tx_outstanding_ + tx_triggered_ >= info_->tx_attr->size)
         return kNotTaken;
     if ((caps_ & FI_HMEM) &&
@@ -331,12 +330,23 @@ ssize_t Endpoint::send_by_lane(const void *buf, size_t len, void *desc, fi_addr_
               : (flags & FI_INJECT) && hmem::Registry::instance().any_device()))
         return kNotTaken;
     Peer *peer = peer_of(dest);
-    if (!peer->lane &&
-        !(peer->route == Peer::Route::Undecided && goes_local(peer, dest) && peer->lane))
+    if (peer->lane ||
+        (peer->route == Peer::Route::Undecided && goes_local(peer, dest) && peer->lane)) {
+        if (local_tx_pending_ || len > lane_limit_) return kNotTaken;
+        return send_by_lane(peer->lane, buf, len, context, flags, tag, data, tagged);
+    }
+    // Over the link only at the level the general path reports at once (FI_INJECT_COMPLETE:
+    // the bytes are the link's), behind nothing of this peer's.
+    if (peer->route == Peer::Route::Local || !peer->established || !peer->conn ||
+        !peer->held.empty() || (flags & FI_TRANSMIT_COMPLETE) || len > link_direct_limit_)
         return kNotTaken;
-    // The Short cell into the peer's ring ourselves (peer::LocalLane), unless cells of the
-    // twin's wait for room there (ours would overtake them) or the ring is full.
-    peer::LocalLane *lane = peer->lane;
+    return send_by_link(peer, buf, len, context, flags, tag, data, tagged);
+}
+
+// The Short cell into the peer's ring ourselves (peer::LocalLane), unless cells of the twin's
+// wait for room there (ours would overtake them) or the ring is full.
+ssize_t Endpoint::send_by_lane(peer::LocalLane *lane, const void *buf, size_t len, void *context,
+                               uint64_t flags, uint64_t tag, uint64_t data, bool tagged) {
     if (*lane->blocked) return kNotTaken;
     void *slot = lane->ring->try_reserve(lane->producer, *lane->view);
     if (!slot) return kNotTaken;
@@ -347,6 +357,32 @@ ssize_t Endpoint::send_by_lane(const void *buf, size_t len, void *desc, fi_addr_
                 buf, len, tag, data);
     lane->ring->publish(slot);
     if (lane->view->wake) lane->wake(lane);
+    if (send_cntr_) send_cntr_->inc();
+    if (tx_cq_ && tx_reports(flags))
+        tx_cq_->push(context, FI_SEND | (tagged ? FI_TAGGED : FI_MSG), 0, nullptr, 0, 0,
+                     FI_ADDR_NOTAVAIL, nullptr);
+    return 0;
+}
+
+// An eager message the connection sends from the application's buffer before returning
+// (LinkConnection::post_send_now): no operation, no copy of ours. Complete at once, as the
+// general path completes an eager send once posted; the link's work request, acknowledged
+// by the peer later, only gives back its place in the transmit queue (kWrDirect).
+ssize_t Endpoint::send_by_link(Peer *peer, const void *buf, size_t len, void *context,
+                               uint64_t flags, uint64_t tag, uint64_t data, bool tagged) {
+    wire::ProtoHeader hdr{};
+    hdr.op = static_cast<uint8_t>(wire::ProtoOp::Eager);
+    hdr.flags = uint8_t((tagged ? wire::kProtoTagged : 0) |
+                        ((flags & FI_REMOTE_CQ_DATA) ? wire::kProtoCqData : 0));
+    hdr.tag = tag;
+    hdr.cq_data = data;
+    hdr.size = len;
+    hdr.msg_id = next_op_id_;
+    const iovec iov[2] = {{&hdr, sizeof hdr}, {const_cast<void *>(buf), len}};
+    if (peer->conn->post_send_now(iov, len ? 2 : 1, kWrDirect) != 0) return kNotTaken;
+    ++next_op_id_;
+    ++tx_outstanding_;
+    poll_link_soon();  // (the answer comes over the link)
     if (send_cntr_) send_cntr_->inc();
     if (tx_cq_ && tx_reports(flags))
         tx_cq_->push(context, FI_SEND | (tagged ? FI_TAGGED : FI_MSG), 0, nullptr, 0, 0,
@@ -1579,6 +1615,12 @@ void Endpoint::handle_wc(const WorkCompletion &wc) {
         case kWrServed:
             served_done(wr_ptr<ServedRma>(wc.wr_id), wc.status);
             return;
+        case kWrDirect:
+            --tx_outstanding_;
+            if (wc.status != WcStatus::Success)  // (reported complete when it was posted)
+                TANDEM_INFO(FI_LOG_EP_DATA, "send completed at inject level failed later: %s\n",
+                            fi_strerror(error_of(wc.status)));
+            return;
     }
 }
 
@@ -1604,6 +1646,9 @@ void Endpoint::discard_link_work() {
                 }
                 case kWrControl:
                     delete wr_ptr<ControlMsg>(wc[i].wr_id);
+                    break;
+                case kWrDirect:
+                    --tx_outstanding_;
                     break;
                 case kWrServed:
                     break;  // the jobs go below, unanswered

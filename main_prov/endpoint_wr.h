@@ -12,6 +12,7 @@ enum WrKind : uint64_t {
     kWrRxRead = 3,   // a rendezvous receive's read of the sender's buffer (RxOp)
     kWrControl = 4,  // a protocol message of the endpoint's own (ControlMsg)
     kWrServed = 5,   // a served RMA's read or write of the initiator's buffer (ServedRma)
+    kWrDirect = 6,   // a send_by_link message, reported already: no object behind it
 };
 inline constexpr uint64_t kWrKindMask = 7;
 

@@ -17,6 +17,7 @@
 
 #include "hmem/hmem.h"
 
+#include <rdma/fi_errno.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 
@@ -30,6 +31,7 @@ namespace tandem {
 struct LinkCaps {
     size_t max_inline = 0;     // bytes a send may carry without keeping the source buffer
     size_t max_send_size = 0;  // largest two-sided message (the posted buffer size)
+    size_t max_send_now = 0;   // largest send post_send_now takes (0: none)
     size_t max_rdma_size = 0;  // largest single RDMA read or write
     size_t max_sge = 0;        // scatter/gather entries per work request
     bool rdma_read = false;
@@ -170,6 +172,16 @@ class LinkConnection {
     // sent and the peer drops it.
     virtual int post_send(const iovec *iov, size_t count, const uint32_t *imm, uint64_t wr_id,
                           bool if_write_ok = false) = 0;
+    // A small send taken whole before the call returns (its bytes written to the wire or
+    // copied), so the caller's buffers are free again and no queue of the link holds them: the
+    // same work request as post_send otherwise. -FI_EAGAIN: the link cannot take it so now
+    // (earlier work queued, no room, not established); nothing was taken, post_send it.
+    virtual int post_send_now(const iovec *iov, size_t count, uint64_t wr_id) {
+        (void)iov;
+        (void)count;
+        (void)wr_id;
+        return -FI_EAGAIN;
+    }
     // `mem` says where each local iovec lives (null: all host memory); sends always come
     // from host memory (the protocol's own buffers).
     virtual int post_write(const iovec *iov, const hmem::MemRef *mem, size_t count,
@@ -179,6 +191,9 @@ class LinkConnection {
 
     // rdma_cm side of a connection.
     virtual int accept(const void *priv, size_t len) = 0;
+    // After a successful reject the connection is the link's: it goes once the requester has
+    // the answer, with no event. The caller may destroy() it at once, and must not name it
+    // after its next call into the transport.
     virtual int reject(const void *priv, size_t len) = 0;
     virtual void disconnect() = 0;
 

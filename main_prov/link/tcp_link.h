@@ -52,6 +52,7 @@ class TcpConnection final : public LinkConnection {
 
     int post_send(const iovec *iov, size_t count, const uint32_t *imm, uint64_t wr_id,
                   bool if_write_ok = false) override;
+    int post_send_now(const iovec *iov, size_t count, uint64_t wr_id) override;
     int post_write(const iovec *iov, const hmem::MemRef *mem, size_t count, RemoteRegion dst,
                    const uint32_t *imm, uint64_t wr_id) override;
     int post_read(const iovec *iov, const hmem::MemRef *mem, size_t count, RemoteRegion src,
@@ -77,9 +78,10 @@ class TcpConnection final : public LinkConnection {
     void progress(bool readable);
     bool wants_write() const { return !outq_.empty() || state_ == State::Connecting; }
     void send_cm_request(const void *priv, size_t len);
-    // A connection the owner never heard of: accepted, its request not reported yet. When it
-    // fails it is dropped without an event.
-    bool unannounced() const { return unannounced_; }
+    // A connection nobody above holds: accepted and its request not reported yet, or rejected
+    // (reject: no event names it again). When it fails it is dropped without an event.
+    bool unowned() const { return unannounced_ || rejected_; }
+    bool rejected() const { return rejected_; }
     // Accepted and still to identify itself: since when (ms, coarse clock), and since when its
     // request's first bytes arrived (-1: none yet).
     int64_t accepted_ms() const { return accepted_ms_; }
@@ -229,6 +231,7 @@ class TcpConnection final : public LinkConnection {
     bool dropping_send_ = false;         // the Send arriving follows a failed write: dropped
     bool pending_ext_consumed_ = false;  // stalled frame: header and extension already read
     bool unannounced_ = false;
+    bool rejected_ = false;
     int64_t accepted_ms_ = -1;
     int64_t request_started_ms_ = -1;
 };
@@ -277,6 +280,9 @@ class TcpTransport final : public LinkTransport {
     bool take_posted(PostedRecv &out);
     void push_completion(const WorkCompletion &wc) { completions_.push_back(wc); }
     void push_cm(CmEvent &&ev) { cm_events_.push_back(std::move(ev)); }
+    // A rejected connection stays until its peer has read the answer and closed; the check
+    // of strangers then drops it.
+    void note_rejected() { ++rejected_open_; }
     RemoteKeyResolver *resolver() const { return resolver_; }
     const TcpLinkConfig &config() const { return config_; }
     void progress_now() override { progress(/*check_all=*/true); }
@@ -294,7 +300,7 @@ class TcpTransport final : public LinkTransport {
   private:
     void accept_new();
     void check_strangers();
-    bool has_strangers() const { return strangers_ > 0; }
+    bool has_strangers() const { return strangers_ > 0 || rejected_open_ > 0; }
     void progress(bool check_all = false);
     void watch(TcpConnection *conn);
     void unwatch(TcpConnection *conn);
@@ -304,10 +310,12 @@ class TcpTransport final : public LinkTransport {
     LinkCaps caps_;
     int listen_fd_ = -1;
     int epfd_ = -1;  // listener and connection sockets, for readiness with many connections
+    bool conns_watched_ = false;  // the connection sockets are in epfd_ (see watch)
     uint64_t passes_ = 0;
     int64_t last_full_ms_ = 0;
     bool congestion_refused_ = false;  // warned once that the named algorithm is not allowed
-    size_t strangers_ = 0;  // accepted connections not identified at the last check (or since)
+    size_t strangers_ = 0;      // accepted connections not identified at the last check (or since)
+    size_t rejected_open_ = 0;  // rejected connections still open at the last check (or since)
     std::vector<std::unique_ptr<TcpConnection>> conns_;
     std::vector<std::unique_ptr<TcpConnection>> graveyard_;  // destroyed, completions unread
     std::deque<PostedRecv> posted_;

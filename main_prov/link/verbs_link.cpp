@@ -322,7 +322,19 @@ int VerbsConnection::accept(const void *priv, size_t len) {
     return 0;
 }
 
+// An owner's reject gives the connection up: nothing above names it again, and the link lets
+// it go at its next pass (bury_rejected). disconnect and destroy refuse a request through
+// send_reject, as the owner still holds the connection then.
 int VerbsConnection::reject(const void *priv, size_t len) {
+    int ret = send_reject(priv, len);
+    if (ret == 0) {
+        rejected_ = true;
+        transport_->rejected_waiting_ = true;
+    }
+    return ret;
+}
+
+int VerbsConnection::send_reject(const void *priv, size_t len) {
     if (state_ != State::RequestReceived) return -FI_EINVAL;
     if (len > kMaxRejectData) return -FI_EINVAL;
     std::vector<uint8_t> data = framed(priv, len);
@@ -336,7 +348,7 @@ int VerbsConnection::reject(const void *priv, size_t len) {
 void VerbsConnection::disconnect() {
     switch (state_) {
         case State::RequestReceived:
-            reject(nullptr, 0);
+            send_reject(nullptr, 0);
             return;
         case State::Resolving:
             fail(nullptr);
@@ -898,6 +910,21 @@ void VerbsTransport::reap_graveyard() {
     });
 }
 
+// Rejected connections go to the graveyard, where they wait for nothing (no work request was
+// ever posted on them) and are reaped with the others.
+void VerbsTransport::bury_rejected() {
+    rejected_waiting_ = false;
+    for (auto it = conns_.begin(); it != conns_.end();) {
+        if (!(*it)->rejected_) {
+            ++it;
+            continue;
+        }
+        (*it)->context = nullptr;
+        graveyard_.push_back(std::move(*it));
+        it = conns_.erase(it);
+    }
+}
+
 void VerbsTransport::read_cm_events() {
     rdma_cm_event *ev = nullptr;
     while (channel_ && api_.get_cm_event(channel_, &ev) == 0) {
@@ -908,6 +935,7 @@ void VerbsTransport::read_cm_events() {
 
 void VerbsTransport::progress() {
     if (status_ && !channel_) return;
+    if (rejected_waiting_) bury_rejected();
     reap_graveyard();
     if (transitional_ > 0 || ++passes_ % kChannelEvery == 0) {
         read_cm_events();
@@ -1006,7 +1034,7 @@ void VerbsTransport::destroy(LinkConnection *conn) {
     c->reported_down_ = true;  // the protocol gave it up: no event for it any more
     c->context = nullptr;      // nor a message that was already in the CQ
     if (c->state_ == VerbsConnection::State::RequestReceived)
-        c->reject(nullptr, 0);
+        c->send_reject(nullptr, 0);
     else
         c->fail(nullptr);
     graveyard_.push_back(std::move(c));

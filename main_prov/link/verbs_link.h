@@ -144,6 +144,7 @@ class VerbsConnection final : public LinkConnection {
     // 1: given to the NIC; 0: no room yet (stays deferred); <0: refused.
     int issue(Deferred &wr);
     int create_qp();
+    int send_reject(const void *priv, size_t len);
     void fail(const char *why);
     void flush_deferred();
 
@@ -153,6 +154,7 @@ class VerbsConnection final : public LinkConnection {
     ibv_qp *qp_ = nullptr;
     State state_;
     bool reported_down_ = false;
+    bool rejected_ = false;            // rejected by its owner: the link's, to let go (bury)
     bool ready_ = false;               // ESTABLISHED seen: the queue pair sends
     bool disconnect_pending_ = false;  // closing once what was posted has completed
     uint32_t max_inline_ = 0;
@@ -227,6 +229,7 @@ class VerbsTransport final : public LinkTransport {
     void poll_cq();
     void retry_deferred();
     void reap_graveyard();
+    void bury_rejected();
     ibv_mr *recv_registration(void *buf, size_t len);
     uint32_t new_record();
     void free_record(uint32_t index);
@@ -244,6 +247,7 @@ class VerbsTransport final : public LinkTransport {
     LinkCaps caps_;  // the device's, with this transport's message size
     RemoteKeyResolver *resolver_;
     int status_ = 0;
+    bool rejected_waiting_ = false;  // a rejected connection is still in conns_ (bury_rejected)
     rdma_event_channel *channel_ = nullptr;
     rdma_cm_id *listen_id_ = nullptr;
     ibv_comp_channel *comp_channel_ = nullptr;

@@ -32,6 +32,50 @@ TEST_F(RequestedQueueDepth, IsTheEndpointsLimit) {
     EXPECT_EQ(fi_recv(a().ep, r->data(), 64, r->desc, FI_ADDR_UNSPEC, ctx(8)), -FI_EAGAIN);
 }
 
+// fi_tx_size_left: deprecated in the API, still offered (tandem implements it), and the one
+// view a test has of the transmit queue's free places.
+ssize_t tx_places_left(fid_ep *ep) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    return fi_tx_size_left(ep);
+#pragma GCC diagnostic pop
+}
+
+// Over a link, a send holds its place in the transmit queue until the peer's link has it
+// (acknowledged), even though it was reported complete when posted: with the peer making no
+// progress, the queue's depth of sends go and the next waits (-FI_EAGAIN); the
+// acknowledgements give the places back. (Node-local sends complete into the peer's ring and
+// hold no place.)
+TEST_F(RequestedQueueDepth, LinkSendsHoldTheirPlaceUntilThePeerHasThem) {
+    const char *local = std::getenv("FI_TANDEM_LOCAL");
+    if (!local || std::string(local) != "0") GTEST_SKIP() << "sends over the link only";
+    auto s = buf(64), r = buf(64 * 8);
+    // The connection up, and its first message acknowledged.
+    ASSERT_FI_OK(fi_recv(b().ep, r->data(), 64, r->desc, FI_ADDR_UNSPEC, ctx(20)));
+    ASSERT_FI_OK(
+        post([&] { return fi_send(a().ep, s->data(), 64, s->desc, a().peer[1], ctx(30)); }));
+    ASSERT_TRUE(wait_comp(b(), ctx(20)));
+    ASSERT_TRUE(wait_comp(a(), ctx(30)));
+    ASSERT_TRUE(poll_until([&] { return tx_places_left(a().ep) == 8; }));
+    for (int i = 0; i < 8; ++i)
+        ASSERT_FI_OK(fi_recv(b().ep, r->data() + 64 * i, 64, r->desc, FI_ADDR_UNSPEC, ctx(i)));
+    // No progress from here until the ninth send: b's link reads nothing and acknowledges
+    // nothing.
+    for (int i = 0; i < 8; ++i) {
+        fill_pattern(s->data(), 64, 900 + i);
+        ASSERT_FI_OK(fi_send(a().ep, s->data(), 64, s->desc, a().peer[1], ctx(10 + i)));
+    }
+    EXPECT_EQ(tx_places_left(a().ep), 0);
+    EXPECT_EQ(fi_send(a().ep, s->data(), 64, s->desc, a().peer[1], ctx(18)), -FI_EAGAIN);
+    for (int i = 0; i < 8; ++i) {
+        ASSERT_TRUE(wait_comp(a(), ctx(10 + i))) << "send " << i;
+        ASSERT_TRUE(wait_comp(b(), ctx(i))) << "receive " << i;
+        EXPECT_EQ(check_pattern(r->data() + 64 * i, 64, 900 + i), -1) << "message " << i;
+    }
+    EXPECT_TRUE(poll_until([&] { return tx_places_left(a().ep) == 8; }))
+        << "places not given back: " << tx_places_left(a().ep) << " left";
+}
+
 // ---- sizes ---------------------------------------------------------------------------------
 
 class RdmSizeTest : public FabricTest, public ::testing::WithParamInterface<size_t> {};

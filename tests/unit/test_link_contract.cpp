@@ -12,6 +12,7 @@
 #include <poll.h>
 #include <rdma/fabric.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -199,6 +200,25 @@ TEST_P(LinkContract, RejectCarriesPrivateData) {
     EXPECT_EQ(
         std::string(a.events.front().private_data.begin(), a.events.front().private_data.end()),
         "no thanks");
+}
+
+// A rejected request names no connection of the application's (it never destroys it): the
+// link lets it go once the requester has the answer and closes.
+TEST_P(LinkContract, ARejectedConnectionIsLetGoOnceTheRequesterCloses) {
+    sockaddr_storage name = b.transport->name();
+    LinkConnection *req =
+        a.transport->connect(reinterpret_cast<sockaddr *>(&name), sizeof(sockaddr_in), "x", 1);
+    ASSERT_NE(req, nullptr);
+    ASSERT_TRUE(pump_until([&] { return !b.events.empty(); }));
+    ASSERT_EQ(b.events.front().type, CmEventType::ConnectRequest);
+    ASSERT_FALSE(b.transport->idle());
+    ASSERT_EQ(b.events.front().conn->reject(nullptr, 0), 0);
+    b.events.clear();
+    ASSERT_TRUE(pump_until([&] { return !a.events.empty(); }));
+    ASSERT_EQ(a.events.front().type, CmEventType::Rejected);
+    a.transport->destroy(req);
+    EXPECT_TRUE(pump_until([&] { return b.transport->idle(); }));
+    EXPECT_TRUE(b.events.empty());
 }
 
 TEST_P(LinkContract, ConnectToNobodyIsUnreachable) {
@@ -410,6 +430,59 @@ TEST_P(LinkContract, QueuedLargeAndSmallFramesKeepOrderAndBytes) {
     EXPECT_EQ(memcmp(back.data() + big, payloads[2].data(), big), 0);
 }
 
+// A send taken at once (post_send_now) is the link's when the call returns: the caller may
+// write its buffers again, and the work request completes like a posted one. A link that
+// takes none (LinkCaps::max_send_now 0) answers -FI_EAGAIN and takes nothing.
+TEST_P(LinkContract, ASendTakenNowLeavesTheBuffersFreeAndCompletesLikeAPostedOne) {
+    connect();
+    b.post_buffers(1, 4096);
+    std::vector<uint8_t> head(24, 0x5a), body(200);
+    for (size_t i = 0; i < body.size(); ++i) body[i] = uint8_t(i * 7 + 1);
+    const std::vector<uint8_t> sent_body = body;
+    iovec iov[2] = {{head.data(), head.size()}, {body.data(), body.size()}};
+    if (caps().max_send_now == 0) {
+        EXPECT_EQ(ab->post_send_now(iov, 2, 1), -FI_EAGAIN);
+        pump_until([] { return false; }, 50);
+        EXPECT_TRUE(a.wcs.empty()) << "a refused send completed";
+        EXPECT_TRUE(b.wcs.empty()) << "a refused send arrived";
+        return;
+    }
+    ASSERT_EQ(ab->post_send_now(iov, 2, 1), 0);
+    std::fill(head.begin(), head.end(), 0xee);
+    std::fill(body.begin(), body.end(), 0xee);
+    ASSERT_TRUE(pump_until([&] { return !b.wcs.empty() && !a.wcs.empty(); }));
+    ASSERT_EQ(b.wcs.front().status, WcStatus::Success);
+    ASSERT_EQ(b.wcs.front().byte_len, 24u + 200u);
+    const uint8_t *got = b.rx_buffers[0].data();
+    EXPECT_EQ(std::count(got, got + 24, 0x5a), 24);
+    EXPECT_EQ(memcmp(got + 24, sent_body.data(), sent_body.size()), 0);
+    EXPECT_EQ(a.wcs.front().opcode, WcOpcode::Send);
+    EXPECT_EQ(a.wcs.front().wr_id, 1u);
+    EXPECT_EQ(a.wcs.front().status, WcStatus::Success);
+}
+
+// Work queued on the connection goes first: a send is not taken at once behind it (it would
+// overtake it), and posted the ordinary way it completes after it.
+TEST_P(LinkContract, ASendIsNotTakenNowBehindQueuedWork) {
+    connect();
+    const size_t big = 8 << 20;  // more than a socket takes in one call
+    b.region.mem.assign(big, 0);
+    b.expose();
+    b.post_buffers(1, 4096);
+    std::vector<uint8_t> src(big, 9);
+    iovec w{src.data(), src.size()};
+    ASSERT_EQ(ab->post_write(&w, nullptr, 1, {b.at(0), b.key()}, nullptr, 1), 0);
+    char note[32] = "behind the write";
+    iovec n{note, sizeof note};
+    EXPECT_EQ(ab->post_send_now(&n, 1, 2), -FI_EAGAIN);
+    ASSERT_EQ(ab->post_send(&n, 1, nullptr, 2), 0);
+    ASSERT_TRUE(pump_until([&] { return a.wcs.size() == 2 && b.wcs.size() == 1; }, 20000));
+    EXPECT_EQ(a.wcs[0].wr_id, 1u);
+    EXPECT_EQ(a.wcs[1].wr_id, 2u);
+    EXPECT_TRUE(b.region.mem == src);
+    EXPECT_STREQ(reinterpret_cast<const char *>(b.rx_buffers[0].data()), note);
+}
+
 TEST_P(LinkContract, DisconnectFlushesOutstandingWorkAndTellsThePeer) {
     connect();
     // A send b has no buffer for stays outstanding (a read would not: an RNIC serves it
@@ -492,6 +565,43 @@ class TcpLinkSockets : public LinkContract {
         return name;
     }
 };
+
+// Sends taken at once into a socket that fills up (small buffers, a peer that reads nothing
+// yet): the one that finds it part full leaves part of its frame there and the rest waits in
+// the queue, the next ones are refused. Every send taken arrives whole and in order once the
+// peer reads, and completes once.
+TEST_P(TcpLinkSockets, SendsTakenNowIntoAFillingSocketArriveWholeAndInOrder) {
+    TcpLinkConfig cfg;
+    cfg.socket_buffer = 4096;
+    start(cfg);
+    connect();
+    std::vector<std::vector<uint8_t>> sent;
+    std::vector<uint8_t> buf;
+    for (uint64_t id = 1; id <= 10000; ++id) {
+        buf.assign(1000 + 37 * (id % 50), 0);
+        for (size_t i = 0; i < buf.size(); ++i) buf[i] = uint8_t(i * 3 + id);
+        iovec v{buf.data(), buf.size()};
+        int ret = ab->post_send_now(&v, 1, id);
+        if (ret == -FI_EAGAIN) break;
+        ASSERT_EQ(ret, 0);
+        sent.push_back(buf);
+        std::fill(buf.begin(), buf.end(), 0xee);  // the caller's again
+    }
+    ASSERT_FALSE(sent.empty());
+    ASSERT_LT(sent.size(), 10000u) << "the socket never filled";
+    b.post_buffers(static_cast<int>(sent.size()), 4096);
+    ASSERT_TRUE(pump_until(
+        [&] { return a.wcs.size() == sent.size() && b.wcs.size() == sent.size(); }, 20000));
+    for (size_t i = 0; i < sent.size(); ++i) {
+        EXPECT_EQ(a.wcs[i].wr_id, i + 1);
+        EXPECT_EQ(a.wcs[i].status, WcStatus::Success);
+        const WorkCompletion &r = b.wcs[i];
+        ASSERT_EQ(r.status, WcStatus::Success);
+        ASSERT_EQ(r.byte_len, sent[i].size()) << "message " << i;
+        EXPECT_EQ(memcmp(b.rx_buffers[r.wr_id - 1000].data(), sent[i].data(), sent[i].size()), 0)
+            << "message " << i;
+    }
+}
 
 TEST_P(TcpLinkSockets, AutoCongestionControlIsRenoBetweenSocketsOfThisHost) {
     restart("auto");
