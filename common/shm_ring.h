@@ -126,8 +126,10 @@ class ShmRing {
     // cell and returns its payload area (cell_size() bytes, 16-byte aligned), or nullptr when the
     // ring is full. The cell reaches the consumer when publish() is called on it; cells published
     // out of claim order are still consumed in claim order. `view` is this producer's own
-    // (one per thread that produces).
-    void *try_reserve(uint32_t producer, ProducerView &view) {
+    // (one per thread that produces). Always inline: it is most of a small send, and gcc
+    // otherwise moved it out of line in the send calls, where the claim's arguments then
+    // travelled through memory (docs/latency.md).
+    [[gnu::always_inline]] void *try_reserve(uint32_t producer, ProducerView &view) {
         // Relaxed: tail is only a hint of where to start (see the top of the file).
         uint64_t position = tail_.load(std::memory_order_relaxed);
         for (;;) {

@@ -43,9 +43,11 @@ struct ShortLine {
 
 // A Short cell of len bytes of buf into `cell` (a ring cell's payload). The first line, the
 // one the receiver polls, is built on the stack and stored in one burst, so that the
-// receiver's polling cannot take it back between our stores.
-inline void write_short(uint8_t *cell, const ShortLine &line, uint8_t flags, const void *buf,
-                        size_t len, uint64_t tag, uint64_t data) {
+// receiver's polling cannot take it back between our stores. Always inline, as the ring's
+// claim is (shm_ring.h).
+[[gnu::always_inline]] inline void write_short(uint8_t *cell, const ShortLine &line, uint8_t flags,
+                                               const void *buf, size_t len, uint64_t tag,
+                                               uint64_t data) {
     uint8_t first[sizeof line.bytes];
     memcpy(first, line.bytes, sizeof first);
     wire::LocalShortHeader h;

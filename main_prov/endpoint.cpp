@@ -11,6 +11,7 @@
 #include "main_prov/conn_hello.h"
 #include "main_prov/link/tcp_link.h"
 #include "main_prov/domain.h"
+#include "main_prov/endpoint_alias.h"
 #include "main_prov/interfaces.h"
 #include "main_prov/local_path.h"
 #include "main_prov/pep.h"
@@ -22,31 +23,6 @@
 
 namespace tandem {
 
-namespace {
-
-// FI_OPT_CUDA_API_PERMITTED arrived in libfabric 1.18 (value 10, after FI_OPT_XPU_TRIGGER);
-// handled by value so a 1.17 build answers it too.
-constexpr int kOptCudaApiPermitted = 10;
-
-// An alias (fi_ep_alias): another fid_ep for the same endpoint with its own default
-// operation flags for one direction. It shares the endpoint's data-path ops tables; DataCall
-// tells the two apart by their fi_ops table.
-class EndpointAlias : public FidObject<EndpointAlias, fid_ep> {
-  public:
-    EndpointAlias(Endpoint *parent, const OpDefaults &defaults)
-        : parent(parent), defaults(defaults) {
-        parent->alias_opened();
-    }
-    ~EndpointAlias() { parent->alias_closed(); }
-    int close() {
-        std::lock_guard guard(parent->domain()->lock());
-        delete this;
-        return 0;
-    }
-    Endpoint *parent;
-    OpDefaults defaults;
-};
-
 fi_ops alias_fi_ops = {
     .size = sizeof(fi_ops),
     .close = &Trampoline<&EndpointAlias::close>::call<fid>,
@@ -57,25 +33,11 @@ fi_ops alias_fi_ops = {
     .ops_set = enosys<decltype(fi_ops::ops_set)>,
 };
 
-// Data calls: the endpoint behind the fid, with the default flags of the fid used.
-template <auto Method>
-struct DataCall;
+namespace {
 
-template <class R, class... A, R (Endpoint::*M)(const OpDefaults &, A...)>
-struct DataCall<M> {
-    static R call(fid_ep *fid, A... args) noexcept {
-        try {
-            if (fid->fid.ops == &alias_fi_ops) {
-                EndpointAlias *alias = EndpointAlias::of(fid);
-                return (alias->parent->*M)(alias->defaults, args...);
-            }
-            Endpoint *ep = Endpoint::of(fid);
-            return (ep->*M)(ep->defaults(), args...);
-        } catch (...) {
-            return error_return<R>(current_exception_errno());
-        }
-    }
-};
+// FI_OPT_CUDA_API_PERMITTED arrived in libfabric 1.18 (value 10, after FI_OPT_XPU_TRIGGER);
+// handled by value so a 1.17 build answers it too.
+constexpr int kOptCudaApiPermitted = 10;
 
 // tandem's endpoint extension for its offload twin (peer::PeerEpOps): RMA arriving over the
 // node-local path is checked against this endpoint's domain like RMA arriving over a link.
@@ -149,32 +111,6 @@ fi_ops_cm ep_cm_ops = {
     .reject = enosys<decltype(fi_ops_cm::reject)>,
     .shutdown = &Trampoline<&Endpoint::shutdown>::call<fid_ep>,
     .join = &Trampoline<&Endpoint::join>::call<fid_ep>,
-};
-
-fi_ops_msg ep_msg_ops = {
-    .size = sizeof(fi_ops_msg),
-    .recv = &DataCall<&Endpoint::msg_recv>::call,
-    .recvv = &DataCall<&Endpoint::msg_recvv>::call,
-    .recvmsg = &DataCall<&Endpoint::msg_recvmsg>::call,
-    .send = &DataCall<&Endpoint::msg_send>::call,
-    .sendv = &DataCall<&Endpoint::msg_sendv>::call,
-    .sendmsg = &DataCall<&Endpoint::msg_sendmsg>::call,
-    .inject = &DataCall<&Endpoint::msg_inject>::call,
-    .senddata = &DataCall<&Endpoint::msg_senddata>::call,
-    .injectdata = &DataCall<&Endpoint::msg_injectdata>::call,
-};
-
-fi_ops_tagged ep_tagged_ops = {
-    .size = sizeof(fi_ops_tagged),
-    .recv = &DataCall<&Endpoint::tag_recv>::call,
-    .recvv = &DataCall<&Endpoint::tag_recvv>::call,
-    .recvmsg = &DataCall<&Endpoint::tag_recvmsg>::call,
-    .send = &DataCall<&Endpoint::tag_send>::call,
-    .sendv = &DataCall<&Endpoint::tag_sendv>::call,
-    .sendmsg = &DataCall<&Endpoint::tag_sendmsg>::call,
-    .inject = &DataCall<&Endpoint::tag_inject>::call,
-    .senddata = &DataCall<&Endpoint::tag_senddata>::call,
-    .injectdata = &DataCall<&Endpoint::tag_injectdata>::call,
 };
 
 fi_ops_collective ep_coll_ops = {

@@ -413,10 +413,11 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     // through its lane (Peer::lane), to a peer over the link when the connection takes it at
     // once (send_by_link); kNotTaken when it needs the general path (post_send).
     static constexpr ssize_t kNotTaken = 1;
-    ssize_t send_direct(const void *buf, size_t len, void *desc, fi_addr_t dest, void *context,
-                        uint64_t flags, uint64_t tag, uint64_t data, bool tagged);
-    ssize_t send_by_lane(peer::LocalLane *lane, const void *buf, size_t len, void *context,
-                         uint64_t flags, uint64_t tag, uint64_t data, bool tagged);
+    inline ssize_t send_direct(const void *buf, size_t len, void *desc, fi_addr_t dest,
+                               void *context, uint64_t flags, uint64_t tag, uint64_t data,
+                               bool tagged);
+    inline ssize_t send_by_lane(peer::LocalLane *lane, const void *buf, size_t len, void *context,
+                                uint64_t flags, uint64_t tag, uint64_t data, bool tagged);
     ssize_t send_by_link(Peer *peer, const void *buf, size_t len, void *context, uint64_t flags,
                          uint64_t tag, uint64_t data, bool tagged);
     // A receive of one buffer with no flag that needs more (post_recv_on), posted where no
@@ -522,6 +523,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     // host-memory receive of m that is no multi-receive buffer: copied, and completed as
     // rx_complete would, with report_rx's common case inline.
     void complete_whole(RxMatcher &m, RxOp *rx, const peer::WholeMessage &msg);
+    // Its body, inline into take_short (itself inline into take_local): the calls with their
+    // arguments were a tenth of the delivering read's instructions.
+    inline void whole_into(RxMatcher &m, RxOp *rx, const peer::WholeMessage &msg);
     void release_rx(RxOp *rx);
     fi_addr_t source_of(LinkConnection *conn);
     RxMatcher &matcher_for(uint8_t proto_flags) {
@@ -640,7 +644,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     // Short cells from the head of the twin's inbox, first `cell`, while each finds a posted
     // host receive that takes it whole; the first that does not goes to the twin's progress.
     void take_local(const uint8_t *cell);
-    bool take_short(const uint8_t *cell);
+    inline bool take_short(const uint8_t *cell);
     // FI_PEER_TRANSFER: the twin's receives (its traffic never meets the application's).
     RxMatcher peer_rx_;
     RxMatcher own_rx_;

@@ -16,6 +16,7 @@
 #include "main_prov/conn_hello.h"
 #include "main_prov/domain.h"
 #include "main_prov/endpoint.h"
+#include "main_prov/endpoint_alias.h"
 #include "main_prov/endpoint_wr.h"
 #include "main_prov/interfaces.h"
 #include "main_prov/local_path.h"
@@ -57,6 +58,63 @@ int error_of(WcStatus s) {
 }  // namespace
 
 // ------------------------------------------------------------------------------------------
+// The Short cell into the peer's ring ourselves (peer::LocalLane), unless cells of the twin's
+// wait for room there (ours would overtake them) or the ring is full.
+[[gnu::always_inline]] inline ssize_t Endpoint::send_by_lane(peer::LocalLane *lane, const void *buf,
+                                                             size_t len, void *context,
+                                                             uint64_t flags, uint64_t tag,
+                                                             uint64_t data, bool tagged) {
+    if (*lane->blocked) return kNotTaken;
+    void *slot = lane->ring->try_reserve(lane->producer, *lane->view);
+    if (!slot) return kNotTaken;
+    stop_at("local.ring_reserved");
+    write_short(static_cast<uint8_t *>(slot), *lane->line,
+                uint8_t((tagged ? wire::kLocalTagged : 0) |
+                        ((flags & FI_REMOTE_CQ_DATA) ? wire::kLocalCqData : 0)),
+                buf, len, tag, data);
+    lane->ring->publish(slot);
+    if (lane->view->wake) lane->wake(lane);
+    if (send_cntr_) send_cntr_->inc();
+    if (tx_cq_ && tx_reports(flags))
+        tx_cq_->push(context, FI_SEND | (tagged ? FI_TAGGED : FI_MSG), 0, nullptr, 0, 0,
+                     FI_ADDR_NOTAVAIL, nullptr);
+    return 0;
+}
+
+// The small sends of issue_send, for the calls that name one buffer, before any of the
+// general path's work (a request, its lists, the memory query): what they need is checked
+// here, and anything else (a device buffer, a peer whose path is not known yet, a full ring
+// or socket, earlier operations still queued, flags that ask for more than these give) goes
+// the general way, which reports errors and keeps the order.
+[[gnu::always_inline]] inline ssize_t Endpoint::send_direct(const void *buf, size_t len, void *desc,
+                                                            fi_addr_t dest, void *context,
+                                                            uint64_t flags, uint64_t tag,
+                                                            uint64_t data, bool tagged) {
+    constexpr uint64_t kNotDirect = FI_TRIGGER | FI_DELIVERY_COMPLETE | FI_PEER_TRANSFER;
+    if ((flags & kNotDirect) || len > direct_limit_ || ((flags & FI_INJECT) && len > inject_size_))
+        return kNotTaken;
+    std::lock_guard guard(domain_->lock());
+    if (!enabled_ || !(caps_ & (tagged ? FI_TAGGED : FI_MSG)) ||
+        tx_outstanding_ + tx_triggered_ >= info_->tx_attr->size)
+        return kNotTaken;
+    if ((caps_ & FI_HMEM) &&
+        (desc ? !peer::mem_of(desc).on_host()
+              : (flags & FI_INJECT) && hmem::Registry::instance().any_device()))
+        return kNotTaken;
+    Peer *peer = peer_of(dest);
+    if (peer->lane ||
+        (peer->route == Peer::Route::Undecided && goes_local(peer, dest) && peer->lane)) {
+        if (local_tx_pending_ || len > lane_limit_) return kNotTaken;
+        return send_by_lane(peer->lane, buf, len, context, flags, tag, data, tagged);
+    }
+    // Over the link only at the level the general path reports at once (FI_INJECT_COMPLETE:
+    // the bytes are the link's), behind nothing of this peer's.
+    if (peer->route == Peer::Route::Local || !peer->established || !peer->conn ||
+        !peer->held.empty() || (flags & FI_TRANSMIT_COMPLETE) || len > link_direct_limit_)
+        return kNotTaken;
+    return send_by_link(peer, buf, len, context, flags, tag, data, tagged);
+}
+
 // Entry points: the fi_msg / fi_tagged / fi_rma calls map onto three internal posts.
 
 ssize_t Endpoint::msg_recv(const OpDefaults &d, void *buf, size_t len, void *desc, fi_addr_t src,
@@ -308,60 +366,6 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
     if (r.flags & FI_TRIGGER) return queue_triggered(TriggeredRequest(std::move(r)));
     if (!make_tx_room()) return -FI_EAGAIN;
     return issue_send(r);
-}
-
-// The small sends of issue_send, for the calls that name one buffer, before any of the
-// general path's work (a request, its lists, the memory query): what they need is checked
-// here, and anything else (a device buffer, a peer whose path is not known yet, a full ring
-// or socket, earlier operations still queued, flags that ask for more than these give) goes
-// the general way, which reports errors and keeps the order.
-ssize_t Endpoint::send_direct(const void *buf, size_t len, void *desc, fi_addr_t dest,
-                              void *context, uint64_t flags, uint64_t tag, uint64_t data,
-                              bool tagged) {
-    constexpr uint64_t kNotDirect = FI_TRIGGER | FI_DELIVERY_COMPLETE | FI_PEER_TRANSFER;
-    if ((flags & kNotDirect) || len > direct_limit_ || ((flags & FI_INJECT) && len > inject_size_))
-        return kNotTaken;
-    std::lock_guard guard(domain_->lock());
-    if (!enabled_ || !(caps_ & (tagged ? FI_TAGGED : FI_MSG)) ||
-        tx_outstanding_ + tx_triggered_ >= info_->tx_attr->size)
-        return kNotTaken;
-    if ((caps_ & FI_HMEM) &&
-        (desc ? !peer::mem_of(desc).on_host()
-              : (flags & FI_INJECT) && hmem::Registry::instance().any_device()))
-        return kNotTaken;
-    Peer *peer = peer_of(dest);
-    if (peer->lane ||
-        (peer->route == Peer::Route::Undecided && goes_local(peer, dest) && peer->lane)) {
-        if (local_tx_pending_ || len > lane_limit_) return kNotTaken;
-        return send_by_lane(peer->lane, buf, len, context, flags, tag, data, tagged);
-    }
-    // Over the link only at the level the general path reports at once (FI_INJECT_COMPLETE:
-    // the bytes are the link's), behind nothing of this peer's.
-    if (peer->route == Peer::Route::Local || !peer->established || !peer->conn ||
-        !peer->held.empty() || (flags & FI_TRANSMIT_COMPLETE) || len > link_direct_limit_)
-        return kNotTaken;
-    return send_by_link(peer, buf, len, context, flags, tag, data, tagged);
-}
-
-// The Short cell into the peer's ring ourselves (peer::LocalLane), unless cells of the twin's
-// wait for room there (ours would overtake them) or the ring is full.
-ssize_t Endpoint::send_by_lane(peer::LocalLane *lane, const void *buf, size_t len, void *context,
-                               uint64_t flags, uint64_t tag, uint64_t data, bool tagged) {
-    if (*lane->blocked) return kNotTaken;
-    void *slot = lane->ring->try_reserve(lane->producer, *lane->view);
-    if (!slot) return kNotTaken;
-    stop_at("local.ring_reserved");
-    write_short(static_cast<uint8_t *>(slot), *lane->line,
-                uint8_t((tagged ? wire::kLocalTagged : 0) |
-                        ((flags & FI_REMOTE_CQ_DATA) ? wire::kLocalCqData : 0)),
-                buf, len, tag, data);
-    lane->ring->publish(slot);
-    if (lane->view->wake) lane->wake(lane);
-    if (send_cntr_) send_cntr_->inc();
-    if (tx_cq_ && tx_reports(flags))
-        tx_cq_->push(context, FI_SEND | (tagged ? FI_TAGGED : FI_MSG), 0, nullptr, 0, 0,
-                     FI_ADDR_NOTAVAIL, nullptr);
-    return 0;
 }
 
 // An eager message the connection sends from the application's buffer before returning
@@ -1298,48 +1302,8 @@ void Endpoint::rx_complete(RxOp *rx, size_t len, uint64_t tag, uint64_t data, ui
     }
 }
 
-void Endpoint::take_local(const uint8_t *cell) {
-    for (int i = 0; i < 64; ++i) {
-        if (cell[0] != static_cast<uint8_t>(wire::LocalOp::Short) || !take_short(cell)) {
-            twin_progress_(twin_ep_);
-            return;
-        }
-        inbox_ring_->release();
-        cell = static_cast<const uint8_t *>(inbox_ring_->peek());
-        if (!cell) return;
-    }
-}
-
-// A Short cell into the posted receive that takes it whole (host memory, no multi-receive
-// buffer), as the twin's handle_short and PeerRxQueue::deliver_whole would put it there;
-// false when none does (nothing taken: the twin queues or delivers the message).
-bool Endpoint::take_short(const uint8_t *cell) {
-    ShortView v;
-    if (!read_short(cell, v)) return false;  // (the twin drops it, and says so)
-    const uint64_t version = av_version_word_->load(std::memory_order_acquire);
-    fi_addr_t src;
-    if (last_sender_.matches(v.sender, version)) {
-        src = last_sender_.addr;
-    } else {
-        src = av_->peer_addr_of(v.sender.data(), v.sender.size());
-        last_sender_.remember(v.sender, version, src);
-    }
-    const bool tagged = v.hdr.flags & wire::kLocalTagged;
-    RxMatcher &m = *rx_;
-    RxOp *rx = m.match_plain(tagged, v.hdr.tag, src);
-    if (!rx) return false;
-    complete_whole(m, rx,
-                   {.data = v.data,
-                    .len = v.hdr.size,
-                    .tag = v.hdr.tag,
-                    .cq_data = v.hdr.cq_data,
-                    .src = src,
-                    .tagged = tagged,
-                    .has_data = (v.hdr.flags & wire::kLocalCqData) != 0});
-    return true;
-}
-
-void Endpoint::complete_whole(RxMatcher &m, RxOp *rx, const peer::WholeMessage &msg) {
+[[gnu::always_inline]] inline void Endpoint::whole_into(RxMatcher &m, RxOp *rx,
+                                                        const peer::WholeMessage &msg) {
     size_t n = msg.len;
     if (rx->count == 1 && n <= rx->iov[0].iov_len) [[likely]]
         copy_bytes(rx->iov[0].iov_base, msg.data, n);
@@ -1363,6 +1327,51 @@ void Endpoint::complete_whole(RxMatcher &m, RxOp *rx, const peer::WholeMessage &
             &rx_completions_);
     --m.outstanding;
     m.free_op(rx);
+}
+
+void Endpoint::complete_whole(RxMatcher &m, RxOp *rx, const peer::WholeMessage &msg) {
+    whole_into(m, rx, msg);
+}
+
+// A Short cell into the posted receive that takes it whole (host memory, no multi-receive
+// buffer), as the twin's handle_short and PeerRxQueue::deliver_whole would put it there;
+// false when none does (nothing taken: the twin queues or delivers the message).
+[[gnu::always_inline]] inline bool Endpoint::take_short(const uint8_t *cell) {
+    ShortView v;
+    if (!read_short(cell, v)) return false;  // (the twin drops it, and says so)
+    const uint64_t version = av_version_word_->load(std::memory_order_acquire);
+    fi_addr_t src;
+    if (last_sender_.matches(v.sender, version)) {
+        src = last_sender_.addr;
+    } else {
+        src = av_->peer_addr_of(v.sender.data(), v.sender.size());
+        last_sender_.remember(v.sender, version, src);
+    }
+    const bool tagged = v.hdr.flags & wire::kLocalTagged;
+    RxMatcher &m = *rx_;
+    RxOp *rx = m.match_plain(tagged, v.hdr.tag, src);
+    if (!rx) return false;
+    whole_into(m, rx,
+               {.data = v.data,
+                .len = v.hdr.size,
+                .tag = v.hdr.tag,
+                .cq_data = v.hdr.cq_data,
+                .src = src,
+                .tagged = tagged,
+                .has_data = (v.hdr.flags & wire::kLocalCqData) != 0});
+    return true;
+}
+
+void Endpoint::take_local(const uint8_t *cell) {
+    for (int i = 0; i < 64; ++i) {
+        if (cell[0] != static_cast<uint8_t>(wire::LocalOp::Short) || !take_short(cell)) {
+            twin_progress_(twin_ep_);
+            return;
+        }
+        inbox_ring_->release();
+        cell = static_cast<const uint8_t *>(inbox_ring_->peek());
+        if (!cell) return;
+    }
 }
 
 void Endpoint::report_rx(RxOp *rx) {
@@ -1783,5 +1792,32 @@ void Endpoint::remote_access_done(uint64_t key, uint64_t access) noexcept {
     if (access == FI_REMOTE_WRITE && rwrite_cntr_) rwrite_cntr_->inc();
     if (access == FI_REMOTE_READ && rread_cntr_) rread_cntr_->inc();
 }
+
+// The tables of the message and tagged calls, here with the calls (see endpoint_alias.h).
+fi_ops_msg ep_msg_ops = {
+    .size = sizeof(fi_ops_msg),
+    .recv = &DataCall<&Endpoint::msg_recv>::call,
+    .recvv = &DataCall<&Endpoint::msg_recvv>::call,
+    .recvmsg = &DataCall<&Endpoint::msg_recvmsg>::call,
+    .send = &DataCall<&Endpoint::msg_send>::call,
+    .sendv = &DataCall<&Endpoint::msg_sendv>::call,
+    .sendmsg = &DataCall<&Endpoint::msg_sendmsg>::call,
+    .inject = &DataCall<&Endpoint::msg_inject>::call,
+    .senddata = &DataCall<&Endpoint::msg_senddata>::call,
+    .injectdata = &DataCall<&Endpoint::msg_injectdata>::call,
+};
+
+fi_ops_tagged ep_tagged_ops = {
+    .size = sizeof(fi_ops_tagged),
+    .recv = &DataCall<&Endpoint::tag_recv>::call,
+    .recvv = &DataCall<&Endpoint::tag_recvv>::call,
+    .recvmsg = &DataCall<&Endpoint::tag_recvmsg>::call,
+    .send = &DataCall<&Endpoint::tag_send>::call,
+    .sendv = &DataCall<&Endpoint::tag_sendv>::call,
+    .sendmsg = &DataCall<&Endpoint::tag_sendmsg>::call,
+    .inject = &DataCall<&Endpoint::tag_inject>::call,
+    .senddata = &DataCall<&Endpoint::tag_senddata>::call,
+    .injectdata = &DataCall<&Endpoint::tag_injectdata>::call,
+};
 
 }  // namespace tandem

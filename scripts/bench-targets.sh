@@ -91,10 +91,11 @@ tb_run() {
 }
 
 ucx_port=$((41970 + RANDOM % 20))
-# ucx TLS TEST: ucx_perftest's overall latency (us) or bandwidth (MB/s) at 8 B or 1 MiB.
+# ucx TLS TEST [ITERS]: ucx_perftest's overall latency (us) or bandwidth (MB/s) at 8 B or
+# 1 MiB.
 ucx_run() {
-    local tls=$1 test=$2 size=8 iters=20000 field=5
-    [ "$test" = tag_bw ] && size=1048576 iters=1000 field=7
+    local tls=$1 test=$2 size=8 iters=${3:-20000} field=5
+    [ "$test" = tag_bw ] && size=1048576 iters=${3:-1000} field=7
     ucx_port=$((ucx_port + 1))
     UCX_TLS=$tls timeout 120 ucx_perftest -p "$ucx_port" >/dev/null 2>&1 &
     local spid=$! out=""
@@ -132,8 +133,10 @@ echo "bench.sh --targets: $runs runs on $(nproc) cores ($(hostname)), build $bui
 for run in $(seq 1 "$runs"); do
     elapsed=$(($(date +%s) - started))
     echo "run $run/$runs (elapsed ${elapsed}s)"
-    a() { record "$run" local_lat.tandem "$(tb_run tandem lat 8)" us; }
-    b() { record "$run" local_lat.ucx_sm "$(ucx_run posix,cma tag_lat)" us; }
+    # (200,000 round trips each, some 40 ms: at the default 10,000 a run lasts 2 ms, and one
+    # interruption moves its figure by several percent.)
+    a() { record "$run" local_lat.tandem "$(tb_iters=200000 tb_run tandem lat 8)" us; }
+    b() { record "$run" local_lat.ucx_sm "$(ucx_run posix,cma tag_lat 200000)" us; }
     pair "$run" a b
     a() { record "$run" link_lat.tandem "$(tb_run tandem lat 8 FI_TANDEM_LOCAL=0)" us; }
     b() { record "$run" link_lat.ucx_tcp "$(ucx_run tcp tag_lat)" us; }
