@@ -273,9 +273,16 @@ int Endpoint::close() {
         rx_->forget_endpoint(this);
         if (srx_) SharedRxContext::of(srx_)->detach(this);
         if (stx_) SharedTxContext::of(stx_)->detach();
+        // A request never accepted: refused through our own transport, before the disconnections
+        // below reach it (its connection still names the passive endpoint's transport, which
+        // may be closed already).
+        if (pending_request_) {
+            LinkConnection *request = pending_request_.get();
+            transport_->adopt(std::move(pending_request_));
+            request->reject(nullptr, 0);
+        }
         for (auto &[name, peer] : peers_)
             if (peer->conn) peer->conn->disconnect();
-        if (pending_request_) pending_request_->reject(nullptr, 0);
         // Let queued frames (rendezvous Fins, acknowledgements) reach the peers before the
         // sockets close; bounded, so a dead peer cannot hold up fi_close.
         transport_->disconnect_all();

@@ -563,6 +563,29 @@ TEST_F(MsgEpTest, RejectDeliversEconnrefusedWithData) {
     EXPECT_TRUE(c2 && s2);
 }
 
+// An endpoint opened and enabled for a request, then closed without fi_accept, refuses it
+// through its own link: the request's connection came from the listener, which may be closed
+// already.
+TEST_F(MsgEpTest, AnEndpointClosedWithoutAcceptingRefusesTheRequestAfterItsListenerClosed) {
+    Conn *cli = connect("x", 1);
+    ASSERT_NE(cli, nullptr);
+    auto req = next_connreq();
+    ASSERT_TRUE(req) << srv_log.summary();
+    Conn &srv = new_conn(req->info.get(), srv_eq);
+    ASSERT_TRUE(srv.ep);
+    ASSERT_FI_OK(fi_enable(srv.ep));  // (the endpoint holds the request from here on)
+    pep.reset();
+    srv.ep.reset();
+    ASSERT_TRUE(poll_until([&] {
+        return !cli_log.errs.empty() || cli_log.find(FI_CONNECTED) != nullptr;
+    })) << "the refused client heard nothing: "
+        << cli_log.summary();
+    EXPECT_EQ(cli_log.find(FI_CONNECTED), nullptr) << cli_log.summary();
+    const EqError *err = cli_log.find_err();
+    ASSERT_NE(err, nullptr);
+    EXPECT_EQ(err->e.err, FI_ECONNREFUSED) << fi_strerror(err->e.err);
+}
+
 // fi_endpoint(3): only endpoints of the same authorization key communicate. The listener
 // refuses the request itself (the application never sees it), and takes the next one.
 TEST_F(MsgEpTest, ConnectWithAnotherAuthKeyIsRefused) {
