@@ -244,6 +244,16 @@ class MsgEpTest : public ::testing::Test {
         return e;
     }
 
+    // The error event that refused the client's connection: nullptr (and a failure) when the
+    // client heard nothing; a failure too when it was reported connected.
+    const EqError *refusal(const char *who) {
+        bool heard = poll_until(
+            [&] { return !cli_log.errs.empty() || cli_log.find(FI_CONNECTED) != nullptr; });
+        EXPECT_TRUE(heard) << who << " heard nothing: " << cli_log.summary();
+        EXPECT_EQ(cli_log.find(FI_CONNECTED), nullptr) << who << " was reported connected";
+        return heard ? cli_log.find_err() : nullptr;
+    }
+
     // Accepts a connection request on a new endpoint, enabled explicitly unless
     // `implicit_enable` (fi_accept must then enable it).
     Conn *accept(EqEvent &req, const void *data, size_t len, bool implicit_enable = false) {
@@ -547,12 +557,7 @@ TEST_F(MsgEpTest, RejectDeliversEconnrefusedWithData) {
     ASSERT_TRUE(req) << srv_log.summary();
     const char why[] = "go away";
     ASSERT_FI_OK(fi_reject(pep, req->info->handle, why, sizeof(why)));
-    ASSERT_TRUE(poll_until([&] {
-        return !cli_log.errs.empty() || cli_log.find(FI_CONNECTED) != nullptr;
-    })) << "the rejected client heard nothing: "
-        << cli_log.summary();
-    EXPECT_EQ(cli_log.find(FI_CONNECTED), nullptr) << "rejected connection reported as connected";
-    const EqError *err = cli_log.find_err();
+    const EqError *err = refusal("the rejected client");
     ASSERT_NE(err, nullptr);
     EXPECT_EQ(err->e.err, FI_ECONNREFUSED) << fi_strerror(err->e.err);
     EXPECT_EQ(err->e.fid, &cli->ep->fid);
@@ -576,12 +581,7 @@ TEST_F(MsgEpTest, AnEndpointClosedWithoutAcceptingRefusesTheRequestAfterItsListe
     ASSERT_FI_OK(fi_enable(srv.ep));  // (the endpoint holds the request from here on)
     pep.reset();
     srv.ep.reset();
-    ASSERT_TRUE(poll_until([&] {
-        return !cli_log.errs.empty() || cli_log.find(FI_CONNECTED) != nullptr;
-    })) << "the refused client heard nothing: "
-        << cli_log.summary();
-    EXPECT_EQ(cli_log.find(FI_CONNECTED), nullptr) << cli_log.summary();
-    const EqError *err = cli_log.find_err();
+    const EqError *err = refusal("the refused client");
     ASSERT_NE(err, nullptr);
     EXPECT_EQ(err->e.err, FI_ECONNREFUSED) << fi_strerror(err->e.err);
 }
@@ -591,12 +591,7 @@ TEST_F(MsgEpTest, AnEndpointClosedWithoutAcceptingRefusesTheRequestAfterItsListe
 TEST_F(MsgEpTest, ConnectWithAnotherAuthKeyIsRefused) {
     Conn *cli = connect("hello", 5, 0, false, "another-job");
     ASSERT_NE(cli, nullptr);
-    ASSERT_TRUE(poll_until([&] {
-        return !cli_log.errs.empty() || cli_log.find(FI_CONNECTED) != nullptr;
-    })) << "the client of another key heard nothing: "
-        << cli_log.summary();
-    EXPECT_EQ(cli_log.find(FI_CONNECTED), nullptr) << cli_log.summary();
-    const EqError *err = cli_log.find_err();
+    const EqError *err = refusal("the client of another key");
     ASSERT_NE(err, nullptr);
     EXPECT_EQ(err->e.err, FI_ECONNREFUSED) << fi_strerror(err->e.err);
     EXPECT_EQ(srv_log.find(FI_CONNREQ), nullptr) << "a request of another key reached the listener";
