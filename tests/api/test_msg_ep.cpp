@@ -244,6 +244,22 @@ class MsgEpTest : public ::testing::Test {
         return e;
     }
 
+    // A client's request held by an enabled server endpoint, not accepted yet: {client,
+    // server}, or nulls (with a failure).
+    std::pair<Conn *, Conn *> request_held() {
+        Conn *cli = connect("x", 1);
+        if (!cli) return {nullptr, nullptr};
+        auto req = next_connreq();
+        EXPECT_TRUE(req) << srv_log.summary();
+        if (!req) return {nullptr, nullptr};
+        Conn &srv = new_conn(req->info.get(), srv_eq);
+        if (!srv.ep) return {nullptr, nullptr};
+        int ret = fi_enable(srv.ep);  // (the endpoint holds the request from here on)
+        EXPECT_EQ(ret, 0) << "fi_enable (server): " << fi_err_str(ret);
+        if (ret) return {nullptr, nullptr};
+        return {cli, &srv};
+    }
+
     // The error event that refused the client's connection: nullptr (and a failure) when the
     // client heard nothing; a failure too when it was reported connected.
     const EqError *refusal(const char *who) {
@@ -466,13 +482,9 @@ TEST_F(MsgEpTest, DataFlowsBothWaysAfterConnect) {
 }
 
 TEST_F(MsgEpTest, ReceivePostedBeforeAcceptGetsFirstMessage) {
-    Conn *cli = connect("x", 1);
-    ASSERT_NE(cli, nullptr);
-    auto req = next_connreq();
-    ASSERT_TRUE(req) << srv_log.summary();
-    Conn &srv = new_conn(req->info.get(), srv_eq);
-    ASSERT_TRUE(srv.ep);
-    ASSERT_FI_OK(fi_enable(srv.ep));
+    auto [cli, held] = request_held();
+    ASSERT_TRUE(cli && held);
+    Conn &srv = *held;
     AlignedBuf r(256), s(256);
     fill_pattern(s.data(), 256, 405);
     ASSERT_FI_OK(fi_recv(srv.ep, r.data(), 256, nullptr, 0, ctx(1)));
@@ -572,15 +584,10 @@ TEST_F(MsgEpTest, RejectDeliversEconnrefusedWithData) {
 // through its own link: the request's connection came from the listener, which may be closed
 // already.
 TEST_F(MsgEpTest, AnEndpointClosedWithoutAcceptingRefusesTheRequestAfterItsListenerClosed) {
-    Conn *cli = connect("x", 1);
-    ASSERT_NE(cli, nullptr);
-    auto req = next_connreq();
-    ASSERT_TRUE(req) << srv_log.summary();
-    Conn &srv = new_conn(req->info.get(), srv_eq);
-    ASSERT_TRUE(srv.ep);
-    ASSERT_FI_OK(fi_enable(srv.ep));  // (the endpoint holds the request from here on)
+    auto [cli, srv] = request_held();
+    ASSERT_TRUE(cli && srv);
     pep.reset();
-    srv.ep.reset();
+    srv->ep.reset();
     const EqError *err = refusal("the refused client");
     ASSERT_NE(err, nullptr);
     EXPECT_EQ(err->e.err, FI_ECONNREFUSED) << fi_strerror(err->e.err);
