@@ -9,7 +9,10 @@
 #include "common/shm_ring.h"
 #include "common/wire.h"
 
+#include <rdma/fabric.h>
+
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string_view>
@@ -67,36 +70,56 @@ struct ShortLine {
     memcpy(cell + line.at, buf, len);
 }
 
-// A Short cell as read: false for a malformed one (a name or size it cannot hold).
+// A Short cell as read: false for a malformed one (a name or size it cannot hold). The
+// header's fields are loaded one by one from the cell, where a copy of the whole header went
+// through the stack on every message.
 struct ShortView {
-    wire::LocalShortHeader hdr;
+    uint8_t flags;  // wire::LocalFlags
+    uint32_t size;
+    uint64_t tag;
+    uint64_t cq_data;
     std::string_view sender;  // its name: name_len bytes, zero-padded to a word in the cell
     const uint8_t *data;
 };
 inline bool read_short(const uint8_t *cell, ShortView &v) {
-    memcpy(&v.hdr, cell, sizeof v.hdr);
-    if (v.hdr.name_len > wire::kLocalNameRoom || v.hdr.size > wire::kLocalBodyRoom) return false;
-    v.sender = {reinterpret_cast<const char *>(cell + sizeof v.hdr), v.hdr.name_len};
-    v.data = cell + wire::local_short_body_offset(v.hdr.name_len);
+    using Header = wire::LocalShortHeader;
+    const uint8_t name_len = cell[offsetof(Header, name_len)];
+    memcpy(&v.size, cell + offsetof(Header, size), sizeof v.size);
+    if (name_len > wire::kLocalNameRoom || v.size > wire::kLocalBodyRoom) return false;
+    v.flags = cell[offsetof(Header, flags)];
+    memcpy(&v.tag, cell + offsetof(Header, tag), sizeof v.tag);
+    memcpy(&v.cq_data, cell + offsetof(Header, cq_data), sizeof v.cq_data);
+    v.sender = {reinterpret_cast<const char *>(cell + sizeof(Header)), name_len};
+    v.data = cell + wire::local_short_body_offset(name_len);
     return true;
 }
 
 // The last sender a receiver resolved, compared word by word (names are zero-padded to whole
-// words in cells and here): a run of cells from one sender resolves without a lookup.
+// words in cells and here): a run of cells from one sender resolves without a lookup. An IPv4
+// name (16 bytes, the usual one) is two words compared without a loop; longer names compare
+// the rest after them. The name's view must be readable to a whole word past its end and to
+// at least 16 bytes: a cell's name is followed by its body, and a cell holds both.
 struct LastSender {
     uint8_t name[wire::kLocalNameRoom] = {};
     size_t len = SIZE_MAX;
     uint64_t version = ~0ull;  // of the AV it was resolved in
     fi_addr_t addr = FI_ADDR_NOTAVAIL;
+    uint64_t second_mask = 0;  // all ones when the name has a second word
 
     bool matches(std::string_view sender, uint64_t av_version) const {
         if (sender.size() != len || version != av_version) return false;
-        uint64_t diff = 0;
-        for (size_t i = 0; i < (len + 7) / 8; ++i) {
-            uint64_t a, b;
-            memcpy(&a, sender.data() + 8 * i, 8);
-            memcpy(&b, name + 8 * i, 8);
-            diff |= a ^ b;
+        uint64_t a0, a1, b0, b1;
+        memcpy(&a0, sender.data(), 8);
+        memcpy(&a1, sender.data() + 8, 8);
+        memcpy(&b0, name, 8);
+        memcpy(&b1, name + 8, 8);
+        uint64_t diff = (a0 ^ b0) | ((a1 ^ b1) & second_mask);
+        if (len > 16) [[unlikely]] {
+            for (size_t i = 2; i < (len + 7) / 8; ++i) {
+                memcpy(&a0, sender.data() + 8 * i, 8);
+                memcpy(&b0, name + 8 * i, 8);
+                diff |= a0 ^ b0;
+            }
         }
         return diff == 0;
     }
@@ -107,6 +130,7 @@ struct LastSender {
         len = sender.size();
         version = av_version;
         addr = a;
+        second_mask = len > 8 ? ~uint64_t(0) : 0;
     }
 };
 

@@ -1347,18 +1347,18 @@ void Endpoint::complete_whole(RxMatcher &m, RxOp *rx, const peer::WholeMessage &
         src = av_->peer_addr_of(v.sender.data(), v.sender.size());
         last_sender_.remember(v.sender, version, src);
     }
-    const bool tagged = v.hdr.flags & wire::kLocalTagged;
+    const bool tagged = v.flags & wire::kLocalTagged;
     RxMatcher &m = *rx_;
-    RxOp *rx = m.match_plain(tagged, v.hdr.tag, src);
+    RxOp *rx = m.match_plain(tagged, v.tag, src);
     if (!rx) return false;
     whole_into(m, rx,
                {.data = v.data,
-                .len = v.hdr.size,
-                .tag = v.hdr.tag,
-                .cq_data = v.hdr.cq_data,
+                .len = v.size,
+                .tag = v.tag,
+                .cq_data = v.cq_data,
                 .src = src,
                 .tagged = tagged,
-                .has_data = (v.hdr.flags & wire::kLocalCqData) != 0});
+                .has_data = (v.flags & wire::kLocalCqData) != 0});
     return true;
 }
 
