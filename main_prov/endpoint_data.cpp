@@ -115,10 +115,12 @@ int error_of(WcStatus s) {
     return send_by_link(peer, buf, len, context, flags, tag, data, tagged);
 }
 
-// Entry points: the fi_msg / fi_tagged / fi_rma calls map onto three internal posts.
+// Entry points: the fi_msg / fi_tagged / fi_rma calls map onto three internal posts. The
+// one-buffer calls are always inline: each is called only from its DataCall trampoline, and
+// out of line its seven or eight arguments went through the stack (a tenth of fi_tsend).
 
-ssize_t Endpoint::msg_recv(const OpDefaults &d, void *buf, size_t len, void *desc, fi_addr_t src,
-                           void *context) {
+[[gnu::always_inline]] inline ssize_t Endpoint::msg_recv(const OpDefaults &d, void *buf, size_t len,
+                                                         void *desc, fi_addr_t src, void *context) {
     if (ssize_t ret = recv_one(buf, len, desc, src, 0, 0, context, d.rx, false); ret != kNotTaken)
         return ret;
     iovec iov{buf, len};
@@ -133,8 +135,9 @@ ssize_t Endpoint::msg_recvmsg(const OpDefaults &, const fi_msg *msg, uint64_t fl
     return post_recv({msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context,
                       flags & ~kNoCompletion, 0, 0, false});
 }
-ssize_t Endpoint::msg_send(const OpDefaults &d, const void *buf, size_t len, void *desc,
-                           fi_addr_t dest, void *context) {
+[[gnu::always_inline]] inline ssize_t Endpoint::msg_send(const OpDefaults &d, const void *buf,
+                                                         size_t len, void *desc, fi_addr_t dest,
+                                                         void *context) {
     if (ssize_t ret = send_direct(buf, len, desc, dest, context, d.tx, 0, 0, false);
         ret != kNotTaken)
         return ret;
@@ -150,7 +153,8 @@ ssize_t Endpoint::msg_sendmsg(const OpDefaults &, const fi_msg *msg, uint64_t fl
     return post_send({msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context,
                       flags & ~kNoCompletion, 0, msg->data, false});
 }
-ssize_t Endpoint::msg_inject(const OpDefaults &, const void *buf, size_t len, fi_addr_t dest) {
+[[gnu::always_inline]] inline ssize_t Endpoint::msg_inject(const OpDefaults &, const void *buf,
+                                                           size_t len, fi_addr_t dest) {
     if (ssize_t ret =
             send_direct(buf, len, nullptr, dest, nullptr, FI_INJECT | kNoCompletion, 0, 0, false);
         ret != kNotTaken)
@@ -158,8 +162,9 @@ ssize_t Endpoint::msg_inject(const OpDefaults &, const void *buf, size_t len, fi
     iovec iov{const_cast<void *>(buf), len};
     return post_send({&iov, nullptr, 1, dest, nullptr, FI_INJECT | kNoCompletion, 0, 0, false});
 }
-ssize_t Endpoint::msg_senddata(const OpDefaults &d, const void *buf, size_t len, void *desc,
-                               uint64_t data, fi_addr_t dest, void *context) {
+[[gnu::always_inline]] inline ssize_t Endpoint::msg_senddata(const OpDefaults &d, const void *buf,
+                                                             size_t len, void *desc, uint64_t data,
+                                                             fi_addr_t dest, void *context) {
     if (ssize_t ret =
             send_direct(buf, len, desc, dest, context, d.tx | FI_REMOTE_CQ_DATA, 0, data, false);
         ret != kNotTaken)
@@ -167,8 +172,9 @@ ssize_t Endpoint::msg_senddata(const OpDefaults &d, const void *buf, size_t len,
     iovec iov{const_cast<void *>(buf), len};
     return post_send({&iov, &desc, 1, dest, context, d.tx | FI_REMOTE_CQ_DATA, 0, data, false});
 }
-ssize_t Endpoint::msg_injectdata(const OpDefaults &, const void *buf, size_t len, uint64_t data,
-                                 fi_addr_t dest) {
+[[gnu::always_inline]] inline ssize_t Endpoint::msg_injectdata(const OpDefaults &, const void *buf,
+                                                               size_t len, uint64_t data,
+                                                               fi_addr_t dest) {
     if (ssize_t ret = send_direct(buf, len, nullptr, dest, nullptr,
                                   FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, 0, data, false);
         ret != kNotTaken)
@@ -178,8 +184,9 @@ ssize_t Endpoint::msg_injectdata(const OpDefaults &, const void *buf, size_t len
                       FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, 0, data, false});
 }
 
-ssize_t Endpoint::tag_recv(const OpDefaults &d, void *buf, size_t len, void *desc, fi_addr_t src,
-                           uint64_t tag, uint64_t ignore, void *context) {
+[[gnu::always_inline]] inline ssize_t Endpoint::tag_recv(const OpDefaults &d, void *buf, size_t len,
+                                                         void *desc, fi_addr_t src, uint64_t tag,
+                                                         uint64_t ignore, void *context) {
     if (ssize_t ret = recv_one(buf, len, desc, src, tag, ignore, context, d.rx, true);
         ret != kNotTaken)
         return ret;
@@ -202,8 +209,9 @@ ssize_t Endpoint::tag_recvmsg(const OpDefaults &, const fi_msg_tagged *msg, uint
     }
     return post_recv(a);
 }
-ssize_t Endpoint::tag_send(const OpDefaults &d, const void *buf, size_t len, void *desc,
-                           fi_addr_t dest, uint64_t tag, void *context) {
+[[gnu::always_inline]] inline ssize_t Endpoint::tag_send(const OpDefaults &d, const void *buf,
+                                                         size_t len, void *desc, fi_addr_t dest,
+                                                         uint64_t tag, void *context) {
     if (ssize_t ret = send_direct(buf, len, desc, dest, context, d.tx, tag, 0, true);
         ret != kNotTaken)
         return ret;
@@ -219,8 +227,9 @@ ssize_t Endpoint::tag_sendmsg(const OpDefaults &, const fi_msg_tagged *msg, uint
     return post_send({msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context,
                       flags & ~kNoCompletion, msg->tag, msg->data, true});
 }
-ssize_t Endpoint::tag_inject(const OpDefaults &, const void *buf, size_t len, fi_addr_t dest,
-                             uint64_t tag) {
+[[gnu::always_inline]] inline ssize_t Endpoint::tag_inject(const OpDefaults &, const void *buf,
+                                                           size_t len, fi_addr_t dest,
+                                                           uint64_t tag) {
     if (ssize_t ret =
             send_direct(buf, len, nullptr, dest, nullptr, FI_INJECT | kNoCompletion, tag, 0, true);
         ret != kNotTaken)
@@ -228,8 +237,10 @@ ssize_t Endpoint::tag_inject(const OpDefaults &, const void *buf, size_t len, fi
     iovec iov{const_cast<void *>(buf), len};
     return post_send({&iov, nullptr, 1, dest, nullptr, FI_INJECT | kNoCompletion, tag, 0, true});
 }
-ssize_t Endpoint::tag_senddata(const OpDefaults &d, const void *buf, size_t len, void *desc,
-                               uint64_t data, fi_addr_t dest, uint64_t tag, void *context) {
+[[gnu::always_inline]] inline ssize_t Endpoint::tag_senddata(const OpDefaults &d, const void *buf,
+                                                             size_t len, void *desc, uint64_t data,
+                                                             fi_addr_t dest, uint64_t tag,
+                                                             void *context) {
     if (ssize_t ret =
             send_direct(buf, len, desc, dest, context, d.tx | FI_REMOTE_CQ_DATA, tag, data, true);
         ret != kNotTaken)
@@ -237,8 +248,9 @@ ssize_t Endpoint::tag_senddata(const OpDefaults &d, const void *buf, size_t len,
     iovec iov{const_cast<void *>(buf), len};
     return post_send({&iov, &desc, 1, dest, context, d.tx | FI_REMOTE_CQ_DATA, tag, data, true});
 }
-ssize_t Endpoint::tag_injectdata(const OpDefaults &, const void *buf, size_t len, uint64_t data,
-                                 fi_addr_t dest, uint64_t tag) {
+[[gnu::always_inline]] inline ssize_t Endpoint::tag_injectdata(const OpDefaults &, const void *buf,
+                                                               size_t len, uint64_t data,
+                                                               fi_addr_t dest, uint64_t tag) {
     if (ssize_t ret = send_direct(buf, len, nullptr, dest, nullptr,
                                   FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, tag, data, true);
         ret != kNotTaken)
