@@ -64,7 +64,8 @@ struct ShortLine {
         return;
     }
     if (line.at > sizeof line.bytes) memcpy(cell + sizeof line.bytes, line.rest, sizeof line.rest);
-    memcpy(cell + line.at, buf, len);
+    // (An empty send may name no buffer at all: memcpy must not be given its null pointer.)
+    if (len) memcpy(cell + line.at, buf, len);
 }
 
 // A Short cell as read: false for a malformed one (a name or size it cannot hold). The
