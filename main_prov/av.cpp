@@ -270,6 +270,11 @@ void Av::sync_shared() const {
 }
 
 FabricAddr Av::append(const EndpointName &name) {
+    // (For a named AV, reverse_ is the segment as sync_shared last read it.)
+    if (auto it = reverse_.find(name.key()); it != reverse_.end()) {
+        ++extra_inserts_[it->second];
+        return it->second;
+    }
     if (!shared_) {
         FabricAddr fa;
         if (!free_.empty()) {
@@ -437,6 +442,10 @@ int Av::remove(fi_addr_t *fi_addr, size_t count, uint64_t flags) {
         if (fa >= names_.size() || !valid_[fa]) {
             ret = -FI_EINVAL;
             continue;
+        }
+        if (auto extra = extra_inserts_.find(fa); extra != extra_inserts_.end()) {
+            if (--extra->second == 0) extra_inserts_.erase(extra);
+            continue;  // still inserted by an earlier insert
         }
         valid_[fa] = false;
         auto it = reverse_.find(names_[fa].key());

@@ -83,6 +83,12 @@ class Av final : public FidObject<Av, fid_av>, public peer::AvOwner {
     mutable std::vector<bool> valid_;
     mutable std::unordered_map<std::string, FabricAddr> reverse_;
     std::set<FabricAddr> free_;  // removed indices, reused lowest first (fi_av(3))
+    // An address inserted again while present keeps its fi_addr_t, and each insert beyond the
+    // first is counted here: fi_av_remove gives back one insert, and the entry goes with the
+    // last. fi_av(3) leaves duplicates to the provider, but MPI relies on this (Open MPI
+    // inserts an intercommunicator's remote group again, then posts receives directed at the
+    // second fi_addr_t) and libfabric's util AV, under tcp;ofi_rxm, behaves so.
+    std::unordered_map<FabricAddr, uint32_t> extra_inserts_;
     Eq *eq_ = nullptr;
     // Opened with FI_EVENT: every insert is asynchronous (fi_av(3)), reported on eq_.
     bool async_ = false;

@@ -159,6 +159,33 @@ TEST_P(AvTypeTest, ReinsertedPeerIsReachable) {
     EXPECT_EQ(check_pattern(r->data(), 64, 41), -1);
 }
 
+// fi_av(3) leaves a duplicate insert to the provider; tandem keeps one entry per address,
+// as libfabric's util AV does, and counts the inserts: the same fi_addr_t comes back, each
+// remove gives back one insert, and the address goes with the last.
+TEST_P(AvTypeTest, DuplicateInsertReturnsTheSameAddressUntilTheLastRemove) {
+    fi_addr_t again = FI_ADDR_NOTAVAIL;
+    ASSERT_FI_RET(fi_av_insert(a().av, b().name.data(), 1, &again, 0, nullptr), 1);
+    EXPECT_EQ(again, a().peer[1]);
+    // Another address after it still gets an entry of its own.
+    sockaddr_in other = make_sin("127.0.0.1", 30071);
+    fi_addr_t other_addr = FI_ADDR_NOTAVAIL;
+    ASSERT_FI_RET(fi_av_insert(a().av, &other, 1, &other_addr, 0, nullptr), 1);
+    EXPECT_NE(other_addr, a().peer[1]);
+    EXPECT_NE(other_addr, a().peer[0]);
+
+    ASSERT_FI_OK(fi_av_remove(a().av, &again, 1, 0));
+    // One insert is left: the address stays, and b is reached through it.
+    std::vector<uint8_t> got(b().name.size());
+    size_t len = got.size();
+    ASSERT_FI_OK(fi_av_lookup(a().av, a().peer[1], got.data(), &len));
+    EXPECT_EQ(got, b().name);
+    ASSERT_NO_FATAL_FAILURE(exchange_checked(42));
+
+    ASSERT_FI_OK(fi_av_remove(a().av, &a().peer[1], 1, 0));
+    len = got.size();
+    EXPECT_FI_RET(fi_av_lookup(a().av, a().peer[1], got.data(), &len), -FI_EINVAL);
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, AvTypeTest, ::testing::Values(FI_AV_MAP, FI_AV_TABLE),
                          [](const ::testing::TestParamInfo<fi_av_type> &p) {
                              return std::string(p.param == FI_AV_MAP ? "map" : "table");

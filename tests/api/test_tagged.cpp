@@ -386,6 +386,36 @@ TEST_F(TaggedThreeTest, DirectedTaggedReceive) {
     EXPECT_EQ(check_pattern(r2->data(), 64, 220), -1);
 }
 
+// Open MPI's MPI_Intercomm_create: the remote group's processes, already in the AV, are
+// inserted again (ompi_comm_get_rprocs -> add_procs -> fi_av_insert), and the intercommunicator's
+// receives are directed at the fi_addr_t that second insert returned. Such a receive matches the
+// peer's messages, posted before they arrive and after, and reports that address as the source.
+// (It used to wait for ever: a second insert made a second fi_addr_t, and arriving messages
+// resolved to the first.)
+TEST_F(TaggedTest, ReceiveDirectedAtAReinsertedPeerMatchesIt) {
+    fi_addr_t again = FI_ADDR_NOTAVAIL;
+    ASSERT_FI_RET(fi_av_insert(b().av, a().name.data(), 1, &again, 0, nullptr), 1);
+    ASSERT_NE(again, FI_ADDR_NOTAVAIL);
+    auto s1 = buf(64), s2 = buf(64), r1 = buf(64), r2 = buf(64);
+    fill_pattern(s1->data(), 64, 230);
+    fill_pattern(s2->data(), 64, 231);
+    // Posted first, then the message.
+    ASSERT_FI_OK(trecv(b(), *r1, 64, 0x77, 0, ctx(1), again));
+    ASSERT_FI_OK(tsend(a(), *s1, 64, a().peer[1], 0x77, ctx(10)));
+    auto rc = wait_comp(b(), ctx(1));
+    ASSERT_TRUE(rc) << b().log.summary();
+    EXPECT_EQ(rc->src, again);
+    EXPECT_EQ(check_pattern(r1->data(), 64, 230), -1);
+    // The message first (unexpected), then the receive.
+    ASSERT_FI_OK(tsend(a(), *s2, 64, a().peer[1], 0x78, ctx(11)));
+    ASSERT_TRUE(wait_comp(a(), ctx(11))) << a().log.summary();
+    ASSERT_FI_OK(trecv(b(), *r2, 64, 0x78, 0, ctx(2), again));
+    rc = wait_comp(b(), ctx(2));
+    ASSERT_TRUE(rc) << b().log.summary();
+    EXPECT_EQ(rc->src, again);
+    EXPECT_EQ(check_pattern(r2->data(), 64, 231), -1);
+}
+
 // A burst of small sends posted without reading the sender's CQ, several times what a
 // node-local peer's inbox holds: the first ones go straight into the peer's ring, the rest
 // wait in the sender's backlog. Nothing may be lost or reordered, and every send is reported
