@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# usage: mpich-tests.sh SRC_DIR [-m MODULES] [-p MODES] [-n NPS] [-t SECONDS] [-o OUTDIR]
+# usage: mpich-tests.sh SRC_DIR [-m MODULES] [-p MODES] [-n NPS] [-t SECONDS] [-o OUTDIR] [-R N]
+#                         [-k REGEX] [-r]
 #
 # MPICH's test suite (test/mpi of pmodels/mpich, tag v4.3.2) against the system's Open MPI 4.1
 # over tandem, with the system's tcp;ofi_rxm as the reference (docs/mpi-suites.md).
@@ -34,6 +35,8 @@
 #   -R N        a test that fails over tandem but passes over rxm is run N more times in that
 #               mode and over rxm (default 2): if it fails over rxm too it is flaky in Open MPI
 #               or the test, not a tandem-only failure
+#   -k REGEX    only the testlist entries whose program name matches REGEX (awk), e.g.
+#               -m coll -k '^ic' for the intercommunicator collectives
 #   -r          report only: print the tables of the results already in OUTDIR
 #
 # The testlist is run as MPICH lists it, but for two things: an entry that differs from an
@@ -57,11 +60,12 @@ limit=60
 outdir=
 report_only=0
 reruns=2
+keep=
 
-[ $# -ge 1 ] || die "usage: $0 SRC_DIR [-m MODULES] [-p MODES] [-n NPS] [-t SECONDS] [-o OUTDIR] [-r]"
+[ $# -ge 1 ] || die "usage: $0 SRC_DIR [-m MODULES] [-p MODES] [-n NPS] [-t SECONDS] [-o OUTDIR] [-R N] [-k REGEX] [-r]"
 src=$1
 shift
-while getopts "m:p:n:t:o:rR:" o; do
+while getopts "m:p:n:t:o:rR:k:" o; do
     case $o in
         m) modules=$OPTARG ;;
         p) modes=$OPTARG ;;
@@ -70,6 +74,7 @@ while getopts "m:p:n:t:o:rR:" o; do
         o) outdir=$OPTARG ;;
         r) report_only=1 ;;
         R) reruns=$OPTARG ;;
+        k) keep=$OPTARG ;;
         *) die "unknown option" ;;
     esac
 done
@@ -128,7 +133,8 @@ fi
 
 # --- mpiexec as the runner calls it: WRAPPER -n NP ./program args ---------------------------
 wrapper=$bdir/mpiexec-wrapper
-cat >"$wrapper" <<EOF
+# Written to a new file and renamed, so that a run going on meanwhile never reads half of it.
+[ $report_only -eq 0 ] && cat >"$wrapper.new" <<EOF
 #!/usr/bin/env bash
 # Written by scripts/mpich-tests.sh: Open MPI's mpirun for MPICH's runtests, per mode
 # (MPICH_TESTS_MODE), killed after MPICH_TESTS_LIMIT seconds with its ranks' backtraces kept.
@@ -143,7 +149,7 @@ t=\${t%.*}
 lib=$lib
 btdir=$outdir/bt
 EOF
-cat >>"$wrapper" <<'EOF'
+[ $report_only -eq 0 ] && cat >>"$wrapper.new" <<'EOF'
 args=(--allow-run-as-root --oversubscribe --bind-to none)
 case $mode in
     local) args+=(-x FI_PROVIDER_PATH=$lib --mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include tandem) ;;
@@ -155,36 +161,49 @@ esac
 for v in $(compgen -e); do
     case $v in MPIR_CVAR_* | MPITEST_* | MPIR_* ) args+=(-x "$v") ;; esac
 done
-mpirun "${args[@]}" "$@" &
+# mpirun leads a session of its own (setsid), so that it and its ranks can be ended by id.
+flag=$(mktemp)
+rm -f "$flag"
+setsid mpirun "${args[@]}" "$@" &
 pid=$!
-sleep "$limit" &
-sp=$!
-wait -n -p done $pid $sp
-rc=$?
-if [ "$done" = "$pid" ]; then
-    kill $sp 2>/dev/null
-    wait $sp 2>/dev/null
-    exit $rc
-fi
-# Hung: the ranks' stacks first (children of mpirun), then everything killed by pid.
 prog=
 for a in "$@"; do case $a in ./*) prog=${a#./}; break ;; esac; done
 np=$2
 bt=$btdir/$(basename "$PWD")-$prog-np$np-$mode.bt
-ranks=$(pgrep -P $pid)
-: >"$bt"
-for r in $ranks; do
-    echo "=== rank pid $r: $(tr '\0' ' ' </proc/$r/cmdline 2>/dev/null)" >>"$bt"
-    timeout 30 gdb -p "$r" -batch -ex "thread apply all bt" >>"$bt" 2>&1
-done
-kill -TERM $pid 2>/dev/null
-sleep 2
-kill -KILL $pid $ranks 2>/dev/null
+# The watchdog: after the limit, the ranks' stacks (children of mpirun), then mpirun's process
+# group and the ranks killed by id.
+(
+    sleep "$limit"
+    kill -0 $pid 2>/dev/null || exit 0
+    touch "$flag"
+    ranks=$(pgrep -P $pid)
+    : >"$bt"
+    for r in $ranks; do
+        echo "=== rank pid $r: $(tr '\0' ' ' </proc/$r/cmdline 2>/dev/null)" >>"$bt"
+        timeout 30 gdb -p "$r" -batch -nx -ex "set pagination off" -ex "thread apply all bt" \
+            </dev/null >>"$bt" 2>&1
+    done
+    kill -TERM -- -$pid $ranks 2>/dev/null
+    sleep 2
+    kill -KILL -- -$pid $ranks 2>/dev/null
+) </dev/null >/dev/null 2>&1 &
+w=$!
 wait $pid 2>/dev/null
-echo "TIMEOUT: $prog on $np ranks ($mode) still running after $limit s; backtraces in $bt"
-exit 124
+rc=$?
+if [ -e "$flag" ]; then
+    wait $w
+    rm -f "$flag"
+    echo "TIMEOUT: $prog on $np ranks ($mode) still running after $limit s; backtraces in $bt"
+    exit 124
+fi
+kill $(pgrep -P $w) $w 2>/dev/null
+wait $w 2>/dev/null
+exit $rc
 EOF
-chmod +x "$wrapper"
+if [ $report_only -eq 0 ]; then
+    chmod +x "$wrapper.new"
+    mv "$wrapper.new" "$wrapper"
+fi
 
 # --- the selection: every rank on the intended provider (checked once per mode) ------------
 check_selection() {
@@ -246,7 +265,7 @@ run_module() {
         }
         /^## / && st == "fail" && why == "" {
             l = substr($0, 4)
-            if (l ~ /^Test output|^[ \t]*$|^Program .* exited without No Errors|^ *No Errors/) next
+            if (l ~ /^Test output|^[ \t]*$|^-+$|^Program .* exited without No Errors|^ *No Errors/) next
             if (l ~ /^Failed to build/) {
                 why = "build failed"
                 next
@@ -257,6 +276,10 @@ run_module() {
         /^## / && why == "build failed" && /undefined reference to/ {
             l = $0; sub(/^.*undefined reference to ./, "", l); sub(/.$/, "", l)
             why = "build failed: " l " missing"
+        }
+        /^## / && why == "build failed" && /error: static assertion failed: "MPI_[A-Za-z_]+ was removed/ {
+            l = $0; sub(/^.*failed: "/, "", l); sub(/ was removed.*$/, "", l)
+            why = "build failed: " l " (removed in MPI-3.0) refused by Open MPI'"'"'s mpi.h"
         }
         /^## / && why == "build failed" && /(error|warning): implicit declaration of function/ {
             l = $0; sub(/^.*of function ./, "", l); sub(/.;.*$/, "", l)
@@ -272,7 +295,7 @@ run_module() {
 make_testlist() {
     local mod=$1 f=$bdir/$1/testlist
     [ -f "$f" ] || f=$src/$1/testlist
-    awk '{ sub(/#.*/, ""); sub(/^[ \t]+/, "") } NF {
+    awk -v keep="$keep" '{ sub(/#.*/, ""); sub(/^[ \t]+/, "") } NF && (keep == "" || $1 ~ keep) {
         k = ""
         for (i = 1; i <= NF; i++) if ($i !~ /^env=MPIR_CVAR_/) k = k " " $i
         if (k in seen) { dropped++; next }
@@ -323,14 +346,18 @@ if [ $report_only -eq 0 ]; then
     for np in "${nps[@]}"; do
         for mod in "${modules[@]}"; do
             [ -d "$src/$mod" ] || die "no module $mod in $src"
-            if [ ! -f "$bdir/$mod/.built" ]; then
+            make_testlist "$mod"
+            if [ -n "$keep" ]; then
+                # only the programs of the entries kept
+                make -k -j2 -C "$bdir/$mod" $(awk '{ print $1 }' "$bdir/$mod/testlist.run" | sort -u) \
+                    >"$outdir/logs/build-$mod-part.log" 2>&1
+            elif [ ! -f "$bdir/$mod/.built" ]; then
                 echo "== building $mod"
                 # -k: a test that does not build (an MPI 4.0 function Open MPI 4.1 lacks) is
                 # reported by runtests as failed, the others still run.
                 make -k -j2 -C "$bdir/$mod" >"$outdir/logs/build-$mod.log" 2>&1
                 touch "$bdir/$mod/.built"
             fi
-            make_testlist "$mod"
             echo "   $mod: $(wc -l <"$bdir/$mod/testlist.run") tests listed, $(cat "$bdir/$mod/testlist.dropped") MPIR_CVAR_ variants left out"
             for mode in "${modes[@]}"; do
                 echo "== $mod, np <= $np, $mode ($(date -u +%H:%M:%S))"
