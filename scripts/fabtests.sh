@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Runs libfabric's conformance suite (fabtests) against this build's providers.
 #
-#   scripts/fabtests.sh SRC_DIR [options]
+#   scripts/fabtests.sh SRC [options]
 #
-# SRC_DIR is a libfabric source tree (or its fabtests/ directory) of the same version as the
+# SRC is a libfabric source tree (or its fabtests/ directory) of the same version as the
 # installed libfabric, e.g. made with
 #   git -C <libfabric clone> archive v1.17.0 fabtests | tar -x -C /tmp/fabtests-src
-# Nothing of it is kept in this repository. The script installs what it needs with apt,
+# or a fabtests tarball (fabtests-<version>.tar.gz), or a directory holding one of the
+# installed libfabric's version: CI passes ../shared/vendor, which is read-only there, so a
+# tarball is unpacked under <build>/fabtests. Nothing of it is kept in this repository.
+# The script installs what it needs with apt,
 # builds fabtests out of tree into <build>/fabtests, and runs the standard runner
 # (runfabtests.sh) against <build>/lib with `-p tandem` and no tuning variables, once per mode:
 #   local  both processes on 127.0.0.1, default settings (the node-local path)
@@ -15,9 +18,9 @@
 #   verbs  both processes on 127.0.0.1 over the verbs link on the EMULATED RDMA device of the
 #          tests (tests/emurdma, serving loopback, as scripts/with-emulated-rdma.sh sets it up),
 #          with FI_TANDEM_LOCAL=0 and FI_TANDEM_LINK=verbs; not in the default modes
-# With the quick or standard set, each mode also runs fi_multinode_coll (which the runner does
-# not: it needs a launcher) with 2, 3, 4 and 8 processes, and the local mode, as root, a job
-# of 5 spread over two "nodes" (mount namespaces with their own /dev/shm).
+# With the quick, standard or functional set, each mode also runs fi_multinode_coll (which the
+# runner does not: it needs a launcher) with 2, 3, 4 and 8 processes, and the local mode, as
+# root, a job of 5 spread over two "nodes" (mount namespaces with their own /dev/shm).
 # It prints one row per test and mode, and exits non-zero when a test fails that is not on
 # scripts/fabtests-excluded.txt, or is not run (ENODATA/ENOSYS) without being on
 # scripts/fabtests-notrun.txt. docs/fabtests.md has the results and the reasons.
@@ -35,7 +38,9 @@ run_excluded=0
 
 usage() {
     cat >&2 <<EOF
-usage: $0 SRC_DIR [options]
+usage: $0 SRC [options]
+  SRC           a libfabric source tree, its fabtests/ directory, a fabtests-<version>.tar.gz,
+                or a directory holding fabtests-<installed libfabric version>.tar.gz
   -b DIR        tandem build directory (default: \$BUILD_DIR or $root/build)
   -t SETS       runner test sets, e.g. quick, standard, unit,functional (default: $sets)
   -m MODES      comma-separated modes among local,tcp,nic,verbs (default: $modes)
@@ -48,6 +53,7 @@ EOF
 
 [ $# -ge 1 ] || usage
 src=$1
+sum=""
 shift
 while getopts "b:t:m:T:a:xh" opt; do
     case $opt in
@@ -61,13 +67,7 @@ while getopts "b:t:m:T:a:xh" opt; do
     esac
 done
 
-if [ -f "$src/fabtests/configure.ac" ]; then
-    src=$src/fabtests
-elif [ ! -f "$src/configure.ac" ] || ! grep -q 'AC_INIT(\[fabtests\]' "$src/configure.ac"; then
-    echo "error: $src is neither a libfabric source tree nor its fabtests directory" >&2
-    exit 2
-fi
-src=$(cd "$src" && pwd)
+[ -e "$src" ] || { echo "error: $src does not exist" >&2; exit 2; }
 [ -f "$build/lib/libtandem-fi.so" ] || {
     echo "error: no providers in $build/lib: build tandem first (scripts/build.sh)" >&2
     exit 2
@@ -77,7 +77,7 @@ src=$(cd "$src" && pwd)
 need=()
 for pair in autoreconf:autoconf aclocal:automake libtoolize:libtool make:make gcc:gcc \
     pkg-config:pkg-config python3:python3 ip:iproute2 ps:procps setsid:util-linux \
-    timeout:coreutils getopt:util-linux; do
+    timeout:coreutils getopt:util-linux tar:tar gzip:gzip sha256sum:coreutils; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
 done
 dpkg-query -W -f='${Status}' libfabric-dev 2>/dev/null | grep -q "install ok installed" ||
@@ -90,18 +90,53 @@ if ((${#need[@]})); then
         $(printf '%s\n' "${need[@]}" | sort -u)
 fi
 
+lib_version=$(pkg-config --modversion libfabric)
+ft=$build/fabtests
+
+# --- the source: a tree, or a tarball unpacked under the build tree --------------------------
+# A directory without configure.ac (a vendor directory) stands for its tarball of the installed
+# version. A tarball is unpacked once per content (its sha256), since its directory may be
+# read-only and a fresh clone has no other place for it.
+if [ -d "$src" ] && [ ! -f "$src/configure.ac" ] && [ ! -f "$src/fabtests/configure.ac" ]; then
+    if [ -f "$src/fabtests-$lib_version.tar.gz" ]; then
+        src=$src/fabtests-$lib_version.tar.gz
+    else
+        echo "error: $src is no source tree and holds no fabtests-$lib_version.tar.gz" >&2
+        exit 2
+    fi
+fi
+if [ -f "$src" ]; then
+    tarball=$(cd "$(dirname "$src")" && pwd)/$(basename "$src")
+    sum=$(sha256sum "$tarball" | cut -d' ' -f1)
+    unpacked=$ft/tarball
+    if [ "$(cat "$unpacked/.sha256" 2>/dev/null)" != "$sum" ]; then
+        rm -rf "$unpacked"
+        mkdir -p "$unpacked"
+        tar -xf "$tarball" -C "$unpacked" || { echo "error: cannot unpack $tarball" >&2; exit 2; }
+        echo "$sum" >"$unpacked/.sha256"
+    fi
+    # The tarball's one top folder (fabtests-<version>/).
+    src=$(find "$unpacked" -mindepth 1 -maxdepth 1 -type d | head -1)
+    [ -n "$src" ] || { echo "error: $tarball holds no top folder" >&2; exit 2; }
+fi
+if [ -f "$src/fabtests/configure.ac" ]; then
+    src=$src/fabtests
+elif [ ! -f "$src/configure.ac" ] || ! grep -q 'AC_INIT(\[fabtests\]' "$src/configure.ac"; then
+    echo "error: $src is neither a libfabric source tree nor its fabtests directory" >&2
+    exit 2
+fi
+src=$(cd "$src" && pwd)
+
 # fabtests speaks to the library through its headers and ABI: use the installed version's.
 src_version=$(sed -n 's/^AC_INIT(\[fabtests\], *\[\([^]]*\)\].*/\1/p' "$src/configure.ac")
-lib_version=$(pkg-config --modversion libfabric)
 if [ "$src_version" != "$lib_version" ]; then
     echo "error: fabtests $src_version in $src, but the installed libfabric is $lib_version" >&2
     exit 2
 fi
 
 # --- build fabtests out of tree ------------------------------------------------------------
-ft=$build/fabtests
 bin=$ft/install/bin
-stamp="$src_version $src"
+stamp="$src_version $src${sum:+ $sum}"
 if [ "$(cat "$ft/install/.source" 2>/dev/null)" != "$stamp" ] || [ ! -x "$bin/runfabtests.sh" ]; then
     echo "building fabtests $src_version from $src in $ft"
     rm -rf "$ft/src" "$ft/obj" "$ft/install"
@@ -239,6 +274,9 @@ for mode in "${mode_list[@]}"; do
         *) echo "error: unknown mode $mode" >&2 && exit 2 ;;
     esac
     log=$rundir/$mode.log
+    # This run's programs only: the side logs are appended to test by test.
+    : >"$log.deferred"
+    : >"$log.multinode"
     excl_args=()
     [ $run_excluded -eq 1 ] || excl_args=(-f "$excluded_file")
     echo "mode $mode: runfabtests.sh -t $sets on $addr ${envs[*]} (log: $log)"
@@ -257,7 +295,8 @@ for mode in "${mode_list[@]}"; do
                 continue
             fi
             targs=(-p tandem ${variant:+-T "$variant"})
-            before=$(grep -c 'fi_getinfo().*ret=-61' "$log.deferred" 2>/dev/null)
+            # (grep -c exits 1 on no match: not a failure here.)
+            before=$(grep -c 'fi_getinfo().*ret=-61' "$log.deferred" || true)
             (cd "$rundir" && env FI_PROVIDER_PATH="$build/lib" "${envs[@]}" \
                 timeout "$per_test_timeout" "$bin/fi_rdm_deferred_wq" "${targs[@]}" -s "$addr") \
                 >>"$log.deferred" 2>&1 </dev/null &
@@ -269,7 +308,7 @@ for mode in "${mode_list[@]}"; do
                 "$addr") >>"$log.deferred" 2>&1 </dev/null || res=Fail
             wait "$server" || res=Fail
             # Both sides found nothing to run on (-FI_ENODATA): not run, as the runner says.
-            after=$(grep -c 'fi_getinfo().*ret=-61' "$log.deferred" 2>/dev/null)
+            after=$(grep -c 'fi_getinfo().*ret=-61' "$log.deferred" || true)
             [ "$res" = Fail ] && [ $((after - before)) -ge 2 ] && res=Notrun
             printf -- '- name: %s -p "tandem"\n  result: %s\n' "$name" "$res" >>"$log"
         done
@@ -277,7 +316,7 @@ for mode in "${mode_list[@]}"; do
     # The runner's multinode set needs a job launcher; fi_multinode_coll's ranks meet at the
     # first one's address, so they run here directly: 2, 3, 4 and 8 processes, and in the
     # local mode also as two nodes (two mount namespaces, each its own /dev/shm: as root).
-    if [[ ",$sets," == *,quick,* || ",$sets," == *,standard,* ]]; then
+    if [[ ",$sets," == *,quick,* || ",$sets," == *,standard,* || ",$sets," == *,functional,* ]]; then
         for np in 2 3 4 8 2+3; do
             name="fi_multinode_coll -n $np"
             if [ "$np" = 2+3 ]; then
