@@ -12,8 +12,8 @@
 # ${BUILD_DIR:-build}/mpich-tests (configured once, each module built when it is run).
 #
 # The tests run through the suite's own runner (test/mpi/runtests), module by module (a
-# module is a directory of test/mpi with its testlist), with -maxnp=NP: like MPICH's own
-# "make testing MAXNP=NP", a test listed for more than NP ranks runs on NP. Its mpiexec is a
+# module is a directory of test/mpi with its testlist), with -maxnp=NP: a test listed for
+# more than NP ranks runs on NP (runtests lowers it, it does not skip it). Its mpiexec is a
 # wrapper (written into the build directory) that runs Open MPI's mpirun
 # --allow-run-as-root --oversubscribe --bind-to none with, per mode,
 #   local  -x FI_PROVIDER_PATH=<build>/lib, pml cm, mtl ofi, mtl_ofi_provider_include tandem
@@ -36,7 +36,8 @@
 #               mode and over rxm (default 2): if it fails over rxm too it is flaky in Open MPI
 #               or the test, not a tandem-only failure
 #   -k REGEX    only the testlist entries whose program name matches REGEX (awk), e.g.
-#               -m coll -k '^ic' for the intercommunicator collectives
+#               -m coll -k '^ic' for the intercommunicator collectives (a module's results
+#               replace its earlier ones in OUTDIR: give a subset its own -o)
 #   -r          report only: print the tables of the results already in OUTDIR
 #
 # The testlist is run as MPICH lists it, but for two things: an entry that differs from an
