@@ -45,7 +45,11 @@ ssize_t tx_places_left(fid_ep *ep) {
 // (acknowledged), even though it was reported complete when posted: with the peer making no
 // progress, the queue's depth of sends go and the next waits (-FI_EAGAIN); the
 // acknowledgements give the places back. (Node-local sends complete into the peer's ring and
-// hold no place.)
+// hold no place.) Over the verbs link the peer's NIC acknowledges, not its progress: the
+// emulated device, like a real one, does so from its own thread at any moment, and a
+// transmit that finds the queue full makes a progress pass that may reap them. So there the
+// ninth send's outcome is the NIC's timing, and it is not asserted; the places held and given
+// back are.
 TEST_F(RequestedQueueDepth, LinkSendsHoldTheirPlaceUntilThePeerHasThem) {
     const char *local = std::getenv("FI_TANDEM_LOCAL");
     if (!local || std::string(local) != "0") GTEST_SKIP() << "sends over the link only";
@@ -66,7 +70,10 @@ TEST_F(RequestedQueueDepth, LinkSendsHoldTheirPlaceUntilThePeerHasThem) {
         ASSERT_FI_OK(fi_send(a().ep, s->data(), 64, s->desc, a().peer[1], ctx(10 + i)));
     }
     EXPECT_EQ(tx_places_left(a().ep), 0);
-    EXPECT_EQ(fi_send(a().ep, s->data(), 64, s->desc, a().peer[1], ctx(18)), -FI_EAGAIN);
+    const char *link = std::getenv("FI_TANDEM_LINK");
+    if (!link || std::string(link) != "verbs") {
+        EXPECT_EQ(fi_send(a().ep, s->data(), 64, s->desc, a().peer[1], ctx(18)), -FI_EAGAIN);
+    }
     for (int i = 0; i < 8; ++i) {
         ASSERT_TRUE(wait_comp(a(), ctx(10 + i))) << "send " << i;
         ASSERT_TRUE(wait_comp(b(), ctx(i))) << "receive " << i;
