@@ -3,6 +3,8 @@
 #include "common/log.h"
 #include "common/params.h"
 
+#include <rdma/fi_endpoint.h>
+
 #include <algorithm>
 #include <cstdint>
 
@@ -10,7 +12,27 @@ namespace tandem {
 
 namespace {
 Config g_config;
+
+// For programs that cannot call fi_setopt (fabtests, benchmarks, an MPI that does not), the
+// policy every endpoint with FI_HMEM starts with; fi_setopt still changes it, and
+// FI_HMEM_DISABLE_P2P still wins over both.
+int read_hmem_p2p(const ParamReader &p) {
+    std::string mode =
+        p.text("hmem_p2p",
+               "FI_OPT_FI_HMEM_P2P of endpoints with FI_HMEM until the application sets it: "
+               "enabled (the default: tandem chooses), preferred, required or disabled",
+               "enabled");
+    if (mode == "enabled") return FI_HMEM_P2P_ENABLED;
+    if (mode == "preferred") return FI_HMEM_P2P_PREFERRED;
+    if (mode == "required") return FI_HMEM_P2P_REQUIRED;
+    if (mode == "disabled") return FI_HMEM_P2P_DISABLED;
+    TANDEM_WARN(FI_LOG_CORE,
+                "FI_TANDEM_HMEM_P2P=%s is none of enabled, preferred, required, disabled: "
+                "enabled\n",
+                mode.c_str());
+    return FI_HMEM_P2P_ENABLED;
 }
+}  // namespace
 
 const Config &Config::get() {
     return g_config;
@@ -87,6 +109,7 @@ void Config::load(fi_provider *prov) {
                "libibverbs.so.1");
     g_config.rdmacm_lib =
         p.text("rdmacm_lib", "librdmacm to load for the verbs link", "librdmacm.so.1");
+    g_config.hmem_p2p = read_hmem_p2p(p);
     g_config.local_path = p.flag("local",
                                  "Send to endpoints on the same node through the offload "
                                  "provider's shared memory (off: over the network path, as "

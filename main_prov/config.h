@@ -28,6 +28,7 @@ struct Config {
     std::string link;        // auto (verbs where an RDMA device serves the address), tcp, verbs
     std::string verbs_lib;   // libibverbs to load (the emulated device's library in tests)
     std::string rdmacm_lib;  // librdmacm to load
+    int hmem_p2p;            // FI_OPT_FI_HMEM_P2P an endpoint with FI_HMEM starts with
 
     static const Config &get();
     static void load(fi_provider *prov);

@@ -188,6 +188,7 @@ Endpoint::Endpoint(Domain *domain, fi_info *info, void *context)
     if (size_t carried = transport_->caps().max_connect_data)
         cm_data_size_ = cm_data_max_ =
             std::min(wire::kMaxCmPrivate, carried - sizeof(wire::ConnHello));
+    apply_default_p2p(cfg.hmem_p2p);
 
     init_fid(FI_CLASS_EP, context, &ep_fi_ops);
     fid()->ops = &ep_ops;
@@ -560,14 +561,7 @@ int Endpoint::setopt(int level, int optname, const void *optval, size_t optlen) 
             if (optlen != sizeof(int)) return -FI_EINVAL;
             int mode = *static_cast<const int *>(optval);
             std::lock_guard guard(domain_->lock());
-            // Only the node-local path (IPC handles and the device's copy engine) can move
-            // device memory peer to peer; the TCP link always stages. Without FI_HMEM no
-            // transfer can be peer to peer, so REQUIRED cannot be met there either.
-            bool can_p2p =
-                (caps_ & FI_HMEM) &&
-                ((transport_ && transport_->caps().device_p2p) ||
-                 (type_ == FI_EP_RDM && Config::get().local_path && domain_->offload() != nullptr));
-            int ret = p2p_.set(mode, can_p2p);
+            int ret = p2p_.set(mode, can_p2p());
             if (!ret && local_ && (caps_ & FI_HMEM)) local_->set_p2p(p2p_.mode());
             if (!ret && transport_) transport_->set_device_p2p(p2p_.mode() != FI_HMEM_P2P_DISABLED);
             return ret;
@@ -585,6 +579,26 @@ int Endpoint::setopt(int level, int optname, const void *optval, size_t optlen) 
         default:
             return -FI_ENOPROTOOPT;
     }
+}
+
+// Some path of this endpoint can move device memory peer to peer: the node-local one (IPC
+// handles and the device's copy engine) or a link that registers device memory with its NIC
+// (GPUDirect RDMA); the TCP link always stages. Without FI_HMEM no transfer can be peer to
+// peer, so REQUIRED cannot be met there either.
+bool Endpoint::can_p2p() const {
+    return (caps_ & FI_HMEM) &&
+           ((transport_ && transport_->caps().device_p2p) ||
+            (type_ == FI_EP_RDM && Config::get().local_path && domain_->offload() != nullptr));
+}
+
+// FI_TANDEM_HMEM_P2P: the policy an endpoint with FI_HMEM starts with, as if the application
+// had set it first thing. One it cannot keep (REQUIRED where no path can) is logged and the
+// endpoint keeps ENABLED, as the setopt would have been refused.
+void Endpoint::apply_default_p2p(int mode) {
+    if (!(caps_ & FI_HMEM) || mode == FI_HMEM_P2P_ENABLED) return;
+    if (int ret = p2p_.set(mode, can_p2p()))
+        TANDEM_WARN(FI_LOG_EP_CTRL, "FI_TANDEM_HMEM_P2P: this endpoint cannot take it (%s)\n",
+                    fi_strerror(-ret));
 }
 
 ssize_t Endpoint::rx_size_left() {

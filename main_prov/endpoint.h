@@ -165,6 +165,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     ssize_t cancel(void *context);
     int getopt(int level, int optname, void *optval, size_t *optlen);
     int setopt(int level, int optname, const void *optval, size_t optlen);
+    bool can_p2p() const;
+    void apply_default_p2p(int mode);
     ssize_t rx_size_left();
     ssize_t tx_size_left();
     // fi_ops_cm

@@ -852,6 +852,8 @@ struct Xfer {
     int rx_mode = -2;                  // the receiver's, when not the same (-2)
     bool env_disables_p2p = false;     // FI_HMEM_DISABLE_P2P=1 in both processes
     bool rx_env_disables_p2p = false;  // ... in the receiver's only
+    const char *env_p2p = nullptr;     // FI_TANDEM_HMEM_P2P in both processes
+    int default_mode = -1;             // what getopt must report then, before any setopt
     int devices = 1;                   // EMUCUDA_DEVICES
     bool peer_access = true;           // EMUCUDA_PEER_ACCESS
     bool sender_ipc_off = false, receiver_ipc_off = false;  // emucuda_set_ipc_enabled(0)
@@ -870,7 +872,22 @@ Env env_of(const Xfer &x, bool receiver) {
     if (!x.peer_access) env.emplace_back("EMUCUDA_PEER_ACCESS", "0");
     if (x.env_disables_p2p || (receiver && x.rx_env_disables_p2p))
         env.emplace_back("FI_HMEM_DISABLE_P2P", "1");
+    if (x.env_p2p) env.emplace_back("FI_TANDEM_HMEM_P2P", x.env_p2p);
     return env;
+}
+
+// The mode an endpoint starts with (FI_TANDEM_HMEM_P2P), before anything is set.
+bool check_default_mode(Role &r, Node &n, int expected) {
+    if (expected < 0) return true;
+    int got = -1;
+    int ret = n.get_p2p(&got);
+    if (ret || got != expected) {
+        r.fail(__FILE__, __LINE__,
+               cat("a new endpoint's FI_OPT_FI_HMEM_P2P: ", p2p_name(got), " (", fi_str(ret),
+                   "), expected ", p2p_name(expected)));
+        return false;
+    }
+    return true;
 }
 
 // FI_OPT_FI_HMEM_P2P before fi_enable, and what getopt says afterwards.
@@ -1012,6 +1029,7 @@ void xfer_sender(Role &r, const Xfer &x) {
     R_TRY(src.fill(r, kSeedData));
     Node n(r);
     R_TRY(n.open());
+    R_TRY(check_default_mode(r, n, x.default_mode));
     R_TRY(apply_mode(r, n, x.mode, x.env_disables_p2p));
     R_TRY(n.enable() && n.connect());
     fid_mr *mr = n.reg(src);
@@ -1047,6 +1065,7 @@ void xfer_receiver(Role &r, const Xfer &x) {
     R_TRY(dst.fill(r, kSeedStale));
     Node n(r);
     R_TRY(n.open());
+    R_TRY(check_default_mode(r, n, x.default_mode));
     R_TRY(apply_mode(r, n, x.rx_mode == -2 ? x.mode : x.rx_mode,
                      x.env_disables_p2p || x.rx_env_disables_p2p));
     R_TRY(n.enable() && n.connect());
@@ -1286,6 +1305,41 @@ TEST(P2pMode, EnvironmentDisablesReceiverOnly1MiB) {
     x.len = MiB;
     x.rx_env_disables_p2p = true;
     x.mech = net_variant() ? Mech::Staged : Mech::RxStages;
+    run_xfer(x);
+}
+
+// FI_TANDEM_HMEM_P2P: the mode every endpoint with FI_HMEM starts with, for programs that do
+// not set it (fabtests, benchmarks). A 1 MiB device message that goes peer to peer under the
+// default is staged under "disabled"; a 64 B one that the default stages goes peer to peer
+// under "preferred"; and fi_setopt still wins over it.
+TEST(P2pMode, EnvironmentDefaultDisabled1MiB) {
+    REQUIRE_DEVICE();
+    Xfer x;
+    x.len = MiB;
+    x.env_p2p = "disabled";
+    x.default_mode = FI_HMEM_P2P_DISABLED;
+    x.mech = Mech::Staged;
+    run_xfer(x);
+}
+
+TEST(P2pMode, EnvironmentDefaultPreferred64B) {
+    REQUIRE_DEVICE();
+    Xfer x;
+    x.len = 64;
+    x.env_p2p = "preferred";
+    x.default_mode = FI_HMEM_P2P_PREFERRED;
+    x.mech = net_variant() ? Mech::Staged : Mech::PeerToPeer;
+    run_xfer(x);
+}
+
+TEST(P2pMode, SetoptWinsOverEnvironmentDefault1MiB) {
+    REQUIRE_DEVICE();
+    Xfer x;
+    x.len = MiB;
+    x.env_p2p = "disabled";
+    x.default_mode = FI_HMEM_P2P_DISABLED;
+    x.mode = FI_HMEM_P2P_PREFERRED;
+    x.mech = net_variant() ? Mech::Staged : Mech::PeerToPeer;
     run_xfer(x);
 }
 
