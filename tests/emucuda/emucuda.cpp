@@ -74,12 +74,27 @@
 #define EMUCUDA_DECLARE(field, sym, ret, params) extern "C" EMUCUDA_EXPORT ret sym params;
 TANDEM_CUDA_DRIVER_CALLS(EMUCUDA_DECLARE)
 #undef EMUCUDA_DECLARE
+// Calls the providers do not make, which other programs of the device kit do: its driver probe
+// (name, memory, compute capability) and fabtests' CUDA support (cuPointerSetAttribute,
+// cuGetErrorString). Signatures as cuda.h has them.
+extern "C" EMUCUDA_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev);
+extern "C" EMUCUDA_EXPORT CUresult cuDeviceTotalMem_v2(std::size_t *bytes, CUdevice dev);
+extern "C" EMUCUDA_EXPORT CUresult cuGetErrorString(CUresult error, const char **str);
+extern "C" EMUCUDA_EXPORT CUresult cuPointerSetAttribute(const void *value, int attribute,
+                                                         CUdeviceptr ptr);
 
 namespace emucuda {
 
 constexpr int kMaxDevices = 16;
 constexpr unsigned kDefaultSyncTimeoutMs = 10000;
 constexpr int kDriverVersion = 13000;
+// What the device reports of itself: a compute capability of a current data-centre GPU, and
+// 16 GiB of memory unless EMUCUDA_MEM_LIMIT says less.
+constexpr int kComputeMajor = 9;
+constexpr int kComputeMinor = 0;
+constexpr std::size_t kDefaultTotalMem = std::size_t{16} << 30;
+constexpr int kAttrComputeMajor = 75;  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+constexpr int kAttrComputeMinor = 76;  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
 
 // The IPC handle's 64 bytes.
 constexpr std::uint32_t kIpcMagic = 0x55434d45;  // "EMCU"
@@ -739,6 +754,11 @@ CUresult cuGetErrorName(CUresult error, const char **name) {
     return emucuda::finish(CUDA_ERROR_INVALID_VALUE);
 }
 
+// The name stands for the description: the emulator has no longer text of its own.
+CUresult cuGetErrorString(CUresult error, const char **str) {
+    return cuGetErrorName(error, str);
+}
+
 CUresult cuDeviceGetCount(int *count) {
     return api([&](State &s) -> CUresult {
         if (!count) return CUDA_ERROR_INVALID_VALUE;
@@ -770,9 +790,34 @@ CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice dev) {
             case CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED:
                 *value = s.dmabuf ? 1 : 0;
                 return CUDA_SUCCESS;
+            case emucuda::kAttrComputeMajor:
+                *value = emucuda::kComputeMajor;
+                return CUDA_SUCCESS;
+            case emucuda::kAttrComputeMinor:
+                *value = emucuda::kComputeMinor;
+                return CUDA_SUCCESS;
             default:
                 return CUDA_ERROR_INVALID_VALUE;
         }
+    });
+}
+
+CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
+    return api([&](State &s) -> CUresult {
+        if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+        if (!emucuda::valid_device(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
+        snprintf(name, static_cast<std::size_t>(len), "tandem emulated GPU %d", dev);
+        return CUDA_SUCCESS;
+    });
+}
+
+CUresult cuDeviceTotalMem_v2(std::size_t *bytes, CUdevice dev) {
+    return api([&](State &s) -> CUresult {
+        if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+        if (!emucuda::valid_device(s, dev)) return CUDA_ERROR_INVALID_DEVICE;
+        unsigned long long limit = s.mem_limit.load();
+        *bytes = limit ? static_cast<std::size_t>(limit) : emucuda::kDefaultTotalMem;
+        return CUDA_SUCCESS;
     });
 }
 
@@ -895,6 +940,18 @@ CUresult cuPointerGetAttribute(void *data, int attribute, CUdeviceptr ptr) {
             default:  // incl. HOST_POINTER: device memory is not mapped for the host
                 return CUDA_ERROR_INVALID_VALUE;
         }
+    });
+}
+
+// SYNC_MEMOPS is the one attribute a program sets (fabtests does, on every allocation): the
+// emulator's copies are always synchronous with respect to other memory operations already.
+CUresult cuPointerSetAttribute(const void *value, int attribute, CUdeviceptr ptr) {
+    return api([&](State &s) -> CUresult {
+        if (!value) return CUDA_ERROR_INVALID_VALUE;
+        std::lock_guard lk(s.mu);
+        if (!emucuda::find(s, ptr)) return CUDA_ERROR_INVALID_VALUE;
+        return attribute == CU_POINTER_ATTRIBUTE_SYNC_MEMOPS ? CUDA_SUCCESS
+                                                             : CUDA_ERROR_INVALID_VALUE;
     });
 }
 
