@@ -35,12 +35,23 @@ MemoryRegion::MemoryRegion(Domain *domain, const fi_mr_attr &attr, uint64_t flag
       virt_addr_(domain->mr_mode() & (FI_MR_VIRT_ADDR | FI_MR_BASIC)) {
     if (!attr.mr_iov && attr.iov_count) fail(FI_EINVAL, "memory region without iov");
     if (attr.access & ~kAccessBits) fail(FI_EINVAL, "unsupported access flags");
-    if (flags & ~uint64_t(FI_RMA_EVENT)) fail(FI_EBADFLAGS, "unsupported registration flags");
+    constexpr uint64_t kHmemAllocFlags = FI_HMEM_DEVICE_ONLY | FI_HMEM_HOST_ALLOC;
+    if (flags & ~(FI_RMA_EVENT | kHmemAllocFlags))
+        fail(FI_EBADFLAGS, "unsupported registration flags");
+    // How the memory was allocated (fi_mr(3)): by the device API's device allocator
+    // (DEVICE_ONLY: the device's memory, as the checks below hold it to), or by its host
+    // allocator (HOST_ALLOC: the host's memory, pinned, which tandem's CPU copies reach; the
+    // device field is ignored). fabtests passes DEVICE_ONLY with every device buffer.
+    if ((flags & kHmemAllocFlags) == kHmemAllocFlags)
+        fail(FI_EINVAL, "FI_HMEM_DEVICE_ONLY and FI_HMEM_HOST_ALLOC together");
+    if ((flags & FI_HMEM_DEVICE_ONLY) && attr.iface == FI_HMEM_SYSTEM)
+        fail(FI_EINVAL, "FI_HMEM_DEVICE_ONLY for system memory");
     // Device memory: the iface must be one we have, with the device that really holds every
     // iovec (a wrong device would have copies run on the wrong engine).
     desc_.mem = {attr.iface, attr.iface == FI_HMEM_CUDA ? static_cast<uint64_t>(attr.device.cuda)
                                                         : attr.device.reserved};
-    if (attr.iface == FI_HMEM_SYSTEM) desc_.mem.device = 0;
+    if (attr.iface == FI_HMEM_SYSTEM || (flags & FI_HMEM_HOST_ALLOC))
+        desc_.mem = {FI_HMEM_SYSTEM, 0};
     if (!desc_.mem.on_host() && !(domain->info()->caps & FI_HMEM))
         fail(FI_EINVAL, "device memory on a domain opened without FI_HMEM");
     for (size_t i = 0; i < attr.iov_count; ++i) {

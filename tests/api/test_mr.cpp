@@ -162,6 +162,43 @@ TEST_P(MrTest, RegattrRegistersRegion) {
     EXPECT_EQ(eventually_pattern(mem.data() + 10, 100, 62), -1);
 }
 
+// fi_mr(3)'s allocation flags: FI_HMEM_DEVICE_ONLY names device memory, so system memory with
+// it is an error; FI_HMEM_HOST_ALLOC names host memory from a device API's host allocator,
+// whatever the iface (here CUDA's, on a domain without FI_HMEM): a region like any of host
+// memory, which an RMA write reaches.
+TEST_P(MrTest, DeviceOnlySystemMemoryIsInvalid) {
+    AlignedBuf mem(4096);
+    iovec iov = {mem.data(), mem.size()};
+    fi_mr_attr attr{};
+    attr.mr_iov = &iov;
+    attr.iov_count = 1;
+    attr.access = FI_REMOTE_WRITE;
+    attr.iface = FI_HMEM_SYSTEM;
+    Fid<fid_mr> mr;
+    EXPECT_EQ(fi_mr_regattr(domain, &attr, FI_HMEM_DEVICE_ONLY, mr.out()), -FI_EINVAL);
+}
+
+TEST_P(MrTest, HostAllocatedMemoryOfADeviceApiRegistersAsHostMemory) {
+    AlignedBuf mem(4096);
+    iovec iov = {mem.data(), mem.size()};
+    fi_mr_attr attr{};
+    attr.mr_iov = &iov;
+    attr.iov_count = 1;
+    attr.access = FI_REMOTE_WRITE | FI_REMOTE_READ;
+    attr.requested_key = 2025;
+    attr.iface = FI_HMEM_CUDA;
+    attr.device.cuda = 3;  // ignored under FI_HMEM_HOST_ALLOC
+    Fid<fid_mr> mr;
+    ASSERT_FI_OK(fi_mr_regattr(domain, &attr, FI_HMEM_HOST_ALLOC, mr.out()));
+    DataBuf view(0);
+    view.rma_base = virt_addr() ? reinterpret_cast<uintptr_t>(mem.data()) : 0;
+    auto local = buf(100);
+    fill_pattern(local->data(), 100, 63);
+    ASSERT_TRUE(rma(true, *local, 100, rma_addr(view, 10), fi_mr_key(mr), ctx(0)))
+        << a().log.summary();
+    EXPECT_EQ(eventually_pattern(mem.data() + 10, 100, 63), -1);
+}
+
 TEST_P(MrTest, LargeRegionRegisters) {
     auto big = buf(64 << 20, 0, true);
     EXPECT_NE(big->mr.get(), nullptr);
