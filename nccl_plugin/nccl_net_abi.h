@@ -1,10 +1,15 @@
-// The NCCL network plugin ABI, versions 6 to 11: NCCL 2.28 looks for `ncclNetPlugin_v11` first
-// and falls back, version by version, to `ncclNetPlugin_v6`. Declared here from NCCL's ext-net
-// documentation and headers (ext-net/example/nccl/net_v*.h at v2.28.9-1), not copied: the
-// static_asserts at the end pin every size and offset NCCL's own headers give on x86-64 and
-// aarch64 (LP64), so that a wrong declaration fails the build rather than a job.
+// The NCCL network plugin ABI, versions 6 to 12: NCCL 2.30 looks for `ncclNetPlugin_v12` first
+// (2.28 for `_v11`) and falls back, version by version, to `ncclNetPlugin_v6`. Declared here from
+// NCCL's ext-net documentation and headers (ext-net/example/nccl/net_v*.h at v2.28.9-1,
+// plugins/net/example/nccl/net_v12.h at v2.30.7-1), not copied: the static_asserts at the end
+// pin every size and offset NCCL's own headers give on x86-64 and aarch64 (LP64), so that a
+// wrong declaration fails the build rather than a job.
 //
-// The tables differ in three ways only, which the adaptors in exports.cpp bridge:
+// v12 has v11's table, function for function and signature for signature; what changed is in
+// the properties: a virtual NIC may fuse 8 devices (4 before), which moves every field after
+// vProps, and railId/planeId (int16_t) are appended.
+//
+// The older tables differ in three ways only, which the adaptors in exports.cpp bridge:
 //   - v11 has a per-communicator context (init returns it; listen and connect take it) and the
 //     traffic class in init's config; v10 passes the config to connect; v9 and older neither.
 //   - v9 widened isend/irecv sizes to size_t; v7 widened regMr's size to size_t (v8).
@@ -51,7 +56,9 @@ inline constexpr int kPtrDmabuf = 0x4;
 
 inline constexpr size_t kHandleMaxSize = 128;              // NCCL_NET_HANDLE_MAXSIZE
 inline constexpr int kMaxRequests = 32;                    // NCCL_NET_MAX_REQUESTS, per comm
-inline constexpr int kMaxDevsPerNic = 4;                   // NCCL_NET_MAX_DEVS_PER_NIC
+inline constexpr int kMaxDevsPerNic = 4;                   // NCCL_NET_MAX_DEVS_PER_NIC, v9-v11
+inline constexpr int kMaxDevsPerNicV12 = 8;                // NCCL_NET_MAX_DEVS_PER_NIC_V12
+inline constexpr int16_t kNetIdUndef = -1;                 // NCCL_NET_ID_UNDEF: railId, planeId
 inline constexpr uintptr_t kOptionalRecvCompletion = 0x1;  // *request on entry to irecv (LL)
 inline constexpr size_t kMaxNetSize = size_t{1} << 30;     // what NCCL's adaptors report before v9
 
@@ -71,6 +78,11 @@ struct DeviceHandle {
 struct VirtualDeviceProps {
     int ndevs;
     int devs[kMaxDevsPerNic];
+};
+
+struct VirtualDevicePropsV12 {
+    int ndevs;
+    int devs[kMaxDevsPerNicV12];
 };
 
 struct CommConfig {
@@ -162,6 +174,29 @@ struct PropertiesV11 {
     size_t max_p2p_bytes;
     size_t max_coll_bytes;
     int max_multi_request_size;
+};
+
+// v12: vprops of 8 devices, and the rail and plane of the NIC (kNetIdUndef: NCCL ignores them).
+struct PropertiesV12 {
+    char *name;
+    char *pci_path;
+    uint64_t guid;
+    int ptr_support;
+    int reg_is_global;
+    int force_flush;
+    int speed;
+    int port;
+    float latency;
+    int max_comms;
+    int max_recvs;
+    DeviceType device_type;
+    int device_version;
+    VirtualDevicePropsV12 vprops;
+    size_t max_p2p_bytes;
+    size_t max_coll_bytes;
+    int max_multi_request_size;
+    int16_t rail_id;
+    int16_t plane_id;
 };
 
 // ---- the tables --------------------------------------------------------------------------------
@@ -324,12 +359,47 @@ struct NetV11 {
     Result (*set_net_attr)(void *ctx, NetAttr *attr);
 };
 
+// v12: v11's calls; the properties and makeVDevice's argument are v12's.
+struct NetV12 {
+    static constexpr int kVersion = 12;
+    static constexpr const char *kSymbol = "ncclNetPlugin_v12";
+    using Properties = PropertiesV12;
+    const char *name;
+    Result (*init)(void **ctx, uint64_t comm_id, CommConfig *config, Logger, ProfilerCallback);
+    Result (*devices)(int *ndev);
+    Result (*get_properties)(int dev, PropertiesV12 *props);
+    Result (*listen)(void *ctx, int dev, void *handle, void **listen_comm);
+    Result (*connect)(void *ctx, int dev, void *handle, void **send_comm,
+                      DeviceHandle **send_dev_comm);
+    Result (*accept)(void *listen_comm, void **recv_comm, DeviceHandle **recv_dev_comm);
+    Result (*reg_mr)(void *comm, void *data, size_t size, int type, void **mhandle);
+    Result (*reg_mr_dmabuf)(void *comm, void *data, size_t size, int type, uint64_t offset, int fd,
+                            void **mhandle);
+    Result (*dereg_mr)(void *comm, void *mhandle);
+    Result (*isend)(void *send_comm, void *data, size_t size, int tag, void *mhandle, void *phandle,
+                    void **request);
+    Result (*irecv)(void *recv_comm, int n, void **data, size_t *sizes, int *tags, void **mhandles,
+                    void **phandles, void **request);
+    Result (*iflush)(void *recv_comm, int n, void **data, int *sizes, void **mhandles,
+                     void **request);
+    Result (*test)(void *request, int *done, int *sizes);
+    Result (*close_send)(void *send_comm);
+    Result (*close_recv)(void *recv_comm);
+    Result (*close_listen)(void *listen_comm);
+    Result (*get_device_mr)(void *comm, void *mhandle, void **dptr_mhandle);
+    Result (*irecv_consumed)(void *recv_comm, int n, void *request);
+    Result (*make_vdevice)(int *dev, VirtualDevicePropsV12 *props);
+    Result (*finalize)(void *ctx);
+    Result (*set_net_attr)(void *ctx, NetAttr *attr);
+};
+
 // ---- the layouts NCCL's headers define (LP64) ---------------------------------------------------
 
 static_assert(sizeof(Result) == 4 && sizeof(DeviceType) == 4);
 static_assert(sizeof(DeviceHandle) == 32 && offsetof(DeviceHandle, size) == 16 &&
               offsetof(DeviceHandle, needs_proxy_progress) == 24);
 static_assert(sizeof(VirtualDeviceProps) == 20 && sizeof(CommConfig) == 4);
+static_assert(sizeof(VirtualDevicePropsV12) == 36 && offsetof(VirtualDevicePropsV12, devs) == 4);
 static_assert(sizeof(NetAttr) == 44 && offsetof(NetAttr, op) == 32);
 
 static_assert(sizeof(PropertiesV6) == 48 && offsetof(PropertiesV6, ptr_support) == 24 &&
@@ -346,6 +416,13 @@ static_assert(sizeof(PropertiesV11) == 112 && offsetof(PropertiesV11, ptr_suppor
               offsetof(PropertiesV11, max_p2p_bytes) == 88 &&
               offsetof(PropertiesV11, max_coll_bytes) == 96 &&
               offsetof(PropertiesV11, max_multi_request_size) == 104);
+static_assert(sizeof(PropertiesV12) == 128 && offsetof(PropertiesV12, ptr_support) == 24 &&
+              offsetof(PropertiesV12, speed) == 36 && offsetof(PropertiesV12, latency) == 44 &&
+              offsetof(PropertiesV12, device_type) == 56 && offsetof(PropertiesV12, vprops) == 64 &&
+              offsetof(PropertiesV12, max_p2p_bytes) == 104 &&
+              offsetof(PropertiesV12, max_coll_bytes) == 112 &&
+              offsetof(PropertiesV12, max_multi_request_size) == 120 &&
+              offsetof(PropertiesV12, rail_id) == 124 && offsetof(PropertiesV12, plane_id) == 126);
 
 static_assert(sizeof(NetV6) == 136 && offsetof(NetV6, close_listen) == 128);
 static_assert(sizeof(NetV7) == 152 && offsetof(NetV7, irecv_consumed) == 144);
@@ -357,5 +434,9 @@ static_assert(sizeof(NetV11) == 176 && offsetof(NetV11, isend) == 80 &&
               offsetof(NetV11, test) == 104 && offsetof(NetV11, get_device_mr) == 136 &&
               offsetof(NetV11, make_vdevice) == 152 && offsetof(NetV11, finalize) == 160 &&
               offsetof(NetV11, set_net_attr) == 168);
+static_assert(sizeof(NetV12) == 176 && offsetof(NetV12, get_properties) == 24 &&
+              offsetof(NetV12, isend) == 80 && offsetof(NetV12, test) == 104 &&
+              offsetof(NetV12, make_vdevice) == 152 && offsetof(NetV12, finalize) == 160 &&
+              offsetof(NetV12, set_net_attr) == 168);
 
 }  // namespace tandem::nccl

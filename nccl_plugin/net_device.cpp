@@ -479,11 +479,11 @@ bool NetDevice::start_write(const QueuedWrite &w) {
     }
     uint64_t fin_tag =
         wire::nccl_tag(NcclTagKind::Data, comm->remote, w.cts.tag, tag_seq(w.cts.seq));
-    if (w.send.size > w.cts.size) {
+    if (w.send.offset > w.cts.size || w.send.size > w.cts.size - w.send.offset) {
         NCCL_TANDEM_WARN(
-            "NET/tandem: a send of %zu B with tag %d went to a receive buffer of "
+            "NET/tandem: a send of %zu B at offset %zu with tag %d went to a receive buffer of "
             "%llu B (NCCL sizes mismatch)",
-            w.send.size, w.cts.tag, (unsigned long long)w.cts.size);
+            w.send.size, w.send.offset, w.cts.tag, (unsigned long long)w.cts.size);
         send_control(comm->peer, fin_tag, nullptr, 0, wire::kNcclFinTruncated | w.send.size, true);
         release_mr(w.send.mr);
         sub_done(w.send.request, kInvalidUsage);  // the CTS
@@ -496,7 +496,7 @@ bool NetDevice::start_write(const QueuedWrite &w) {
     op->comm = w.comm;
     op->mr = w.send.mr;
     ssize_t ret = fi_write(ep_, w.send.data, w.send.size, m ? m->desc : nullptr, comm->peer,
-                           w.cts.addr, w.cts.key, &op->ctx);
+                           w.cts.addr + w.send.offset, w.cts.key, &op->ctx);
     if (ret == -FI_EAGAIN) {
         ops_.erase(op);
         delete op;
@@ -799,6 +799,11 @@ Result NetDevice::dereg_mr(void *comm, void *mhandle) {
 
 Result NetDevice::isend(void *send_comm, void *data, size_t size, int tag, void *mhandle,
                         void **request) {
+    return isend_at(send_comm, data, size, 0, tag, mhandle, request);
+}
+
+Result NetDevice::isend_at(void *send_comm, void *data, size_t size, size_t offset, int tag,
+                           void *mhandle, void **request) {
     if (!request) WARN_RETURN(kInternalError, "NET/tandem: isend without an output");
     *request = nullptr;
     std::lock_guard lk(mu_);
@@ -826,6 +831,9 @@ Result NetDevice::isend(void *send_comm, void *data, size_t size, int tag, void 
     const uint32_t seq = next;
     const uint64_t key = seq_key(tag, seq);
     const bool eager = size <= options_.eager_max;
+    if (eager && offset)
+        WARN_RETURN(kInternalError, "NET/tandem: isend: an eager send (%zu B) at offset %zu", size,
+                    offset);
     uint64_t rh;
     Request *r = requests_.emplace(&rh);
     r->comm = reinterpret_cast<uintptr_t>(send_comm);
@@ -854,7 +862,7 @@ Result NetDevice::isend(void *send_comm, void *data, size_t size, int tag, void 
         comm->cts.erase(key);
     } else {
         if (m) ++m->users;  // released when the write completes or is refused
-        PendingSend send{rh, data, size, mh};
+        PendingSend send{rh, data, size, mh, offset};
         if (auto it = comm->cts.find(key); it != comm->cts.end()) {
             writes_.push_back({reinterpret_cast<uintptr_t>(send_comm), send, it->second});
             comm->cts.erase(it);

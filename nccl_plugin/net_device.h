@@ -20,6 +20,7 @@
 #pragma once
 
 #include "common/wire.h"
+#include "nccl_plugin/device.h"
 #include "nccl_plugin/handle_table.h"
 #include "nccl_plugin/nccl_net_abi.h"
 
@@ -57,7 +58,7 @@ struct DeviceDescription {
     bool hmem = false;  // the domain offers FI_HMEM: CUDA buffers may be registered
 };
 
-class NetDevice {
+class NetDevice : public Device {
   public:
     // `info` is one of fi_getinfo's results for this device (copied).
     NetDevice(uint8_t index, const fi_info *info, DeviceDescription description,
@@ -68,25 +69,30 @@ class NetDevice {
 
     const DeviceDescription &description() const { return description_; }
 
-    Result listen(void *handle, void **listen_comm);
-    Result connect(void *handle, void **send_comm);
-    Result accept(void *listen_comm, void **recv_comm);
-    Result reg_mr(void *comm, void *data, size_t size, int type, void **mhandle);
+    Result listen(void *handle, void **listen_comm) override;
+    Result connect(void *handle, void **send_comm) override;
+    Result accept(void *listen_comm, void **recv_comm) override;
+    Result reg_mr(void *comm, void *data, size_t size, int type, void **mhandle) override;
     Result reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset, int fd,
-                         void **mhandle);
-    Result dereg_mr(void *comm, void *mhandle);
-    Result isend(void *send_comm, void *data, size_t size, int tag, void *mhandle, void **request);
+                         void **mhandle) override;
+    Result dereg_mr(void *comm, void *mhandle) override;
+    Result isend(void *send_comm, void *data, size_t size, int tag, void *mhandle,
+                 void **request) override;
+    // isend, written at `offset` into the receive buffer (a virtual NIC's part of a message).
+    // Only a send above the eager limit (an RMA write) may have an offset.
+    Result isend_at(void *send_comm, void *data, size_t size, size_t offset, int tag, void *mhandle,
+                    void **request);
     Result irecv(void *recv_comm, int n, void **data, const size_t *sizes, const int *tags,
-                 void **mhandles, void **request);
-    Result iflush(void *recv_comm, int n, void **mhandles, void **request);
-    Result test(void *request, int *done, int *sizes);
-    Result close_send(void *send_comm);
-    Result close_recv(void *recv_comm);
-    Result close_listen(void *listen_comm);
+                 void **mhandles, void **request) override;
+    Result iflush(void *recv_comm, int n, void **mhandles, void **request) override;
+    Result test(void *request, int *done, int *sizes) override;
+    Result close_send(void *send_comm) override;
+    Result close_recv(void *recv_comm) override;
+    Result close_listen(void *listen_comm) override;
 
-    // Closes the endpoint and everything on it (the last context finalized, no comm open).
-    void shut_down();
-    size_t open_comms();
+    void shut_down() override;
+    size_t open_comms() override;
+    size_t eager_max() const { return options_.eager_max; }
 
   private:
     // One operation posted to libfabric; its fi_context2 is what completions hand back.
@@ -139,6 +145,7 @@ class NetDevice {
         void *data = nullptr;
         size_t size = 0;
         uint64_t mr = 0;
+        size_t offset = 0;  // into the receive buffer
     };
     struct SendComm {
         uint32_t number = 0, remote = 0;

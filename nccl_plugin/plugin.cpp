@@ -3,6 +3,7 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdarg>
@@ -40,6 +41,14 @@ int p2p_mode(const char *value) {
     return -2;
 }
 
+// FI_TANDEM_IFACE names the loopback interface itself: the user asked for it as a device.
+bool loopback_asked() {
+    const char *list = getenv("FI_TANDEM_IFACE");
+    if (!list) return false;
+    std::string l = std::string(",") + list + ",";
+    return l.find(",lo,") != std::string::npos;
+}
+
 std::string read_line(const std::string &path) {
     std::ifstream in(path);
     std::string line;
@@ -48,6 +57,12 @@ std::string read_line(const std::string &path) {
 }
 
 }  // namespace
+
+#define WARN_RETURN_PLUGIN(result, ...) \
+    do {                                \
+        NCCL_TANDEM_WARN(__VA_ARGS__);  \
+        return result;                  \
+    } while (0)
 
 void log(LogLevel level, const char *file, int line, const char *fmt, ...) {
     char text[512];
@@ -86,6 +101,7 @@ Result Plugin::discover() {
         return kInvalidUsage;
     }
 
+    devices_.reserve(255);  // never reallocated: see plugin.h
     fi_info *hints = fi_allocinfo();
     if (!hints) return kSystemError;
     hints->caps = FI_TAGGED | FI_RMA | FI_DIRECTED_RECV | FI_HMEM;
@@ -112,12 +128,13 @@ Result Plugin::discover() {
             fi_strerror(-ret));
         return kSystemError;
     }
-    // One device per domain (interface); loopback only where nothing else exists.
+    // One device per domain (interface); loopback only where nothing else exists, or where
+    // FI_TANDEM_IFACE names it.
     std::vector<const fi_info *> picked;
     std::set<std::string> names;
     for (const fi_info *i = list; i; i = i->next)
         if (names.insert(i->domain_attr->name).second) picked.push_back(i);
-    if (picked.size() > 1)
+    if (picked.size() > 1 && !loopback_asked())
         std::erase_if(picked,
                       [](const fi_info *i) { return strcmp(i->domain_attr->name, "lo") == 0; });
     for (const fi_info *i : picked) {
@@ -133,8 +150,9 @@ Result Plugin::discover() {
         NCCL_TANDEM_INFO("NET/tandem: device %zu: %s (%s), %d Mb/s%s", devices_.size(),
                          d.name.c_str(), d.pci_path.empty() ? "virtual" : d.pci_path.c_str(),
                          d.speed_mbps, hmem ? ", CUDA memory" : "");
-        devices_.push_back(
-            std::make_unique<NetDevice>(uint8_t(devices_.size()), i, std::move(d), options_));
+        auto net = std::make_unique<NetDevice>(uint8_t(devices_.size()), i, std::move(d), options_);
+        NetDevice *raw = net.get();
+        devices_.push_back({std::move(net), raw, nullptr});
     }
     fi_freeinfo(list);
     device_count_.store(devices_.size(), std::memory_order_release);
@@ -169,8 +187,9 @@ Result Plugin::finalize(void *ctx) {
     }
     delete c;
     if (--contexts_ > 0) return kSuccess;
-    for (auto &d : devices_)
-        if (d->open_comms() == 0) d->shut_down();
+    // Virtual NICs first: their comms are their members'.
+    for (size_t i = devices_.size(); i-- > 0;)
+        if (devices_[i].device->open_comms() == 0) devices_[i].device->shut_down();
     return kSuccess;
 }
 
@@ -180,10 +199,10 @@ Result Plugin::devices(int *count) {
     return kSuccess;
 }
 
-Result Plugin::properties(int dev, PropertiesV11 *props) {
-    NetDevice *d = device(dev, "getProperties");
-    if (!d || !props) return kInternalError;
-    const DeviceDescription &desc = d->description();
+Result Plugin::properties(int dev, PropertiesV12 *props) {
+    if (!device(dev, "getProperties") || !props) return kInternalError;
+    const Slot &slot = devices_[size_t(dev)];
+    const DeviceDescription &desc = slot.virt ? slot.virt->description() : slot.net->description();
     *props = {};
     props->name = const_cast<char *>(desc.name.c_str());
     props->pci_path = desc.pci_path.empty() ? nullptr : const_cast<char *>(desc.pci_path.c_str());
@@ -191,32 +210,89 @@ Result Plugin::properties(int dev, PropertiesV11 *props) {
     props->ptr_support = kPtrHost | (desc.hmem ? kPtrCuda | kPtrDmabuf : 0);
     props->reg_is_global = 0;
     props->force_flush = 0;
-    props->speed = desc.speed_mbps;
+    props->speed = desc.speed_mbps;  // a virtual NIC's: the sum of its members'
     props->port = 1;
     props->latency = 0;  // unknown: NCCL's own model applies
     props->max_comms = int(wire::kNcclMaxComms);
     props->max_recvs = kMaxRecvs;
     props->device_type = kDeviceHost;
     props->device_version = kDeviceInvalidVersion;
-    props->vprops.ndevs = 1;
-    props->vprops.devs[0] = dev;
+    if (slot.virt) {
+        const std::vector<int> &ids = slot.virt->member_ids();
+        props->vprops.ndevs = int(ids.size());
+        std::copy(ids.begin(), ids.end(), props->vprops.devs);
+    } else {
+        props->vprops.ndevs = 1;
+        props->vprops.devs[0] = dev;
+    }
     constexpr size_t kNcclMaxNetSize = size_t{1} << 40;  // what NCCL accepts at most
     props->max_p2p_bytes = std::min(desc.max_msg_size, kNcclMaxNetSize);
     props->max_coll_bytes = props->max_p2p_bytes;
     props->max_multi_request_size = 1;
+    // Rails and planes are the fabric's wiring (which NICs of the nodes reach which switches),
+    // which tandem cannot see: an interface or an RDMA port says nothing of it, and NCCL's own
+    // socket transport reports the same. Undefined makes NCCL ignore them (NCCL_NET_ID_UNDEF),
+    // for physical and virtual devices alike.
+    props->rail_id = kNetIdUndef;
+    props->plane_id = kNetIdUndef;
     return kSuccess;
 }
 
-NetDevice *Plugin::device(int dev, const char *call) {
+Result Plugin::make_vdevice(int *dev, const int *devs, int ndevs, int max_devs) {
+    if (!dev || !devs)
+        WARN_RETURN_PLUGIN(kInternalError, "NET/tandem: makeVDevice without its arguments");
+    std::lock_guard lk(mu_);
+    if (ndevs < 1 || ndevs > max_devs)
+        WARN_RETURN_PLUGIN(kInvalidUsage, "NET/tandem: makeVDevice of %d devices (1 to %d)", ndevs,
+                           max_devs);
+    std::vector<NetDevice *> members;
+    std::vector<int> ids;
+    for (int i = 0; i < ndevs; ++i) {
+        const int d = devs[i];
+        if (d < 0 || size_t(d) >= devices_.size())
+            WARN_RETURN_PLUGIN(kInvalidUsage, "NET/tandem: makeVDevice: no device %d (%zu devices)",
+                               d, devices_.size());
+        if (!devices_[size_t(d)].net)
+            WARN_RETURN_PLUGIN(kInvalidUsage,
+                               "NET/tandem: makeVDevice: device %d is itself a virtual NIC (they "
+                               "do not nest)",
+                               d);
+        if (std::find(ids.begin(), ids.end(), d) != ids.end())
+            WARN_RETURN_PLUGIN(kInvalidUsage, "NET/tandem: makeVDevice: device %d given twice", d);
+        members.push_back(devices_[size_t(d)].net);
+        ids.push_back(d);
+    }
+    if (devices_.size() == 255)
+        WARN_RETURN_PLUGIN(kInvalidUsage, "NET/tandem: makeVDevice: 255 devices already");
+    const uint8_t index = uint8_t(devices_.size());
+    auto v = std::make_unique<VirtualDevice>(index, std::move(members), std::move(ids));
+    VirtualDevice *raw = v.get();
+    devices_.push_back({std::move(v), nullptr, raw});
+    device_count_.store(devices_.size(), std::memory_order_release);
+    NCCL_TANDEM_INFO(
+        "NET/tandem: made virtual device %u: %s, %d Mb/s, %d devices, rail %d plane %d", index,
+        raw->description().name.c_str(), raw->description().speed_mbps, ndevs, int(kNetIdUndef),
+        int(kNetIdUndef));
+    *dev = index;
+    return kSuccess;
+}
+
+bool Plugin::member_bytes(int dev, int member, uint64_t *sent, uint64_t *received) {
+    size_t count = device_count_.load(std::memory_order_acquire);
+    if (dev < 0 || size_t(dev) >= count || !devices_[size_t(dev)].virt || member < 0) return false;
+    return devices_[size_t(dev)].virt->member_bytes(size_t(member), sent, received);
+}
+
+Device *Plugin::device(int dev, const char *call) {
     size_t count = device_count_.load(std::memory_order_acquire);
     if (dev < 0 || size_t(dev) >= count) {
         NCCL_TANDEM_WARN("NET/tandem: %s: no device %d (%zu devices)", call, dev, count);
         return nullptr;
     }
-    return devices_[size_t(dev)].get();
+    return devices_[size_t(dev)].device.get();
 }
 
-NetDevice *Plugin::device_of(const void *handle, const char *call) {
+Device *Plugin::device_of(const void *handle, const char *call) {
     HandleBits b = HandleBits::decode(handle);
     if (uint8_t(b.kind) < uint8_t(HandleKind::Listen) ||
         uint8_t(b.kind) > uint8_t(HandleKind::Memory) ||
@@ -224,7 +300,7 @@ NetDevice *Plugin::device_of(const void *handle, const char *call) {
         NCCL_TANDEM_WARN("NET/tandem: %s: %p is none of the plugin's handles", call, handle);
         return nullptr;
     }
-    return devices_[b.device].get();
+    return devices_[b.device].device.get();
 }
 
 }  // namespace tandem::nccl

@@ -5,6 +5,7 @@
 
 #include "nccl_plugin/nccl_net_abi.h"
 #include "nccl_plugin/net_device.h"
+#include "nccl_plugin/vdevice.h"
 
 #include <atomic>
 #include <memory>
@@ -28,11 +29,16 @@ class Plugin {
     Result init(void **ctx, const CommConfig *config, Logger logger);
     Result finalize(void *ctx);
     Result devices(int *count);
-    Result properties(int dev, PropertiesV11 *props);
+    Result properties(int dev, PropertiesV12 *props);
+    // makeVDevice: a virtual NIC of `ndevs` physical devices (at most `max_devs`, the table's
+    // NCCL_NET_MAX_DEVS_PER_NIC), numbered after every device so far.
+    Result make_vdevice(int *dev, const int *devs, int ndevs, int max_devs);
+    // The bytes member `member` of virtual device `dev` has carried (the tests' view).
+    bool member_bytes(int dev, int member, uint64_t *sent, uint64_t *received);
 
     // The device of a comm, request or memory handle (nullptr, and a WARN, for a bad one).
-    NetDevice *device_of(const void *handle, const char *call);
-    NetDevice *device(int dev, const char *call);
+    Device *device_of(const void *handle, const char *call);
+    Device *device(int dev, const char *call);
 
   private:
     Plugin() = default;
@@ -42,9 +48,15 @@ class Plugin {
     bool discovered_ = false;
     Result discovery_result_ = kSuccess;
     Options options_;
-    // Filled once, by discover(); device_count_ publishes it, so that the calls of every
-    // message find their device without a lock.
-    std::vector<std::unique_ptr<NetDevice>> devices_;
+    // The physical devices, found by discover(), then the virtual NICs of makeVDevice; never
+    // reallocated (reserved for all 255 that handles can name) and published by device_count_,
+    // so that the calls of every message find their device without a lock.
+    struct Slot {
+        std::unique_ptr<Device> device;
+        NetDevice *net = nullptr;       // a physical device
+        VirtualDevice *virt = nullptr;  // a virtual NIC
+    };
+    std::vector<Slot> devices_;
     std::atomic<size_t> device_count_{0};
     int contexts_ = 0;
 };

@@ -375,10 +375,10 @@ class Net {
     using Props = typename T::Properties;
 
     const T *t = nullptr;
-    void *ctx = nullptr;  // v11: init's per-communicator context
+    void *ctx = nullptr;  // v11, v12: init's per-communicator context
 
     tn::Result init() {
-        if constexpr (kV == 11)
+        if constexpr (kV >= 11)
             return t->init(&ctx, kCommId, &config_, record_log, nullptr);
         else if constexpr (kV == 10)
             return t->init(record_log, nullptr);
@@ -386,13 +386,13 @@ class Net {
             return t->init(record_log);
     }
     tn::Result listen(int dev, void *handle, void **lcomm) {
-        if constexpr (kV == 11)
+        if constexpr (kV >= 11)
             return t->listen(ctx, dev, handle, lcomm);
         else
             return t->listen(dev, handle, lcomm);
     }
     tn::Result connect(int dev, void *handle, void **scomm, tn::DeviceHandle **dh) {
-        if constexpr (kV == 11)
+        if constexpr (kV >= 11)
             return t->connect(ctx, dev, handle, scomm, dh);
         else if constexpr (kV == 10)
             return t->connect(dev, &config_, handle, scomm, dh);
@@ -460,7 +460,7 @@ bool open_net(Report &r, Net<T> &net) {
 
 template <typename T>
 bool close_net(Report &r, Net<T> &net) {
-    if constexpr (Net<T>::kV == 11) N_OK(r, net.t->finalize(net.ctx));
+    if constexpr (Net<T>::kV >= 11) N_OK(r, net.t->finalize(net.ctx));
     return true;
 }
 
@@ -1088,9 +1088,10 @@ bool check_props(Report &r, Net<T> &net) {
     if constexpr (Net<T>::kV >= 9) {
         N_CHECK(r, p.force_flush == 0, "forceFlush ", p.force_flush);
         N_CHECK(r, p.max_p2p_bytes > 0, "maxP2pBytes ", p.max_p2p_bytes);
-        N_CHECK(r, net.t->make_vdevice == nullptr, "makeVDevice is set (the plugin fuses no NICs)");
+        N_CHECK(r, net.t->make_vdevice != nullptr,
+                "makeVDevice is not set (the plugin fuses NICs)");
     }
-    if constexpr (Net<T>::kV == 11)
+    if constexpr (Net<T>::kV >= 11)
         N_CHECK(r, p.max_multi_request_size == 1, "maxMultiRequestSize ", p.max_multi_request_size);
     return true;
 }
@@ -1135,17 +1136,17 @@ bool check_table(Report &r) {
         N_CHECK(r, t->get_device_mr && t->irecv_consumed, T::kSymbol,
                 " lacks getDeviceMr or irecvConsumed");
     if constexpr (T::kVersion >= 9)
-        N_CHECK(r, t->make_vdevice == nullptr, T::kSymbol, " has a makeVDevice");
-    if constexpr (T::kVersion == 11)
+        N_CHECK(r, t->make_vdevice != nullptr, T::kSymbol, " lacks makeVDevice");
+    if constexpr (T::kVersion >= 11)
         N_CHECK(r, t->finalize && t->set_net_attr, T::kSymbol, " lacks finalize or setNetAttr");
     return true;
 }
 
-TEST(Tables, AllSixVersionsExported) {
+TEST(Tables, AllSevenVersionsExported) {
     run_one([](Report &r) {
-        return check_table<tn::NetV11>(r) && check_table<tn::NetV10>(r) &&
-               check_table<tn::NetV9>(r) && check_table<tn::NetV8>(r) &&
-               check_table<tn::NetV7>(r) && check_table<tn::NetV6>(r);
+        return check_table<tn::NetV12>(r) && check_table<tn::NetV11>(r) &&
+               check_table<tn::NetV10>(r) && check_table<tn::NetV9>(r) &&
+               check_table<tn::NetV8>(r) && check_table<tn::NetV7>(r) && check_table<tn::NetV6>(r);
     });
 }
 
@@ -1179,7 +1180,8 @@ TEST(Init, PropertiesAndAttributes) {
         }
         tn::PropertiesV11 p{};
         N_EXPECT_RC(r, net.t->get_properties(n, &p), tn::kInternalError);
-        N_CHECK(r, net.t->make_vdevice == nullptr, "makeVDevice is set (the plugin fuses no NICs)");
+        N_CHECK(r, net.t->make_vdevice != nullptr,
+                "makeVDevice is not set (the plugin fuses NICs)");
         // What NCCL tells the plugin of an operation's communication pattern: taken, unused.
         tn::NetAttr attr{};
         attr.send_comm = {1, 1, 2, 1};
