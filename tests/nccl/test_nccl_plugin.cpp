@@ -26,6 +26,8 @@
 
 #include <dlfcn.h>
 #include <gtest/gtest.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -2209,6 +2211,265 @@ TEST(BadInput, DeregOfUnknownHandle) {
             N_OK(r, net.t->close_send(scomm));
             return close_net(r, net);
         });
+}
+
+}  // namespace
+
+// ---- interface v12 and virtual NICs (makeVDevice) ---------------------------------------------
+
+namespace {
+
+// v12 end to end: set-up, registrations, a grouped receive of 0 B, 100 B and 1 MiB, data and
+// sizes checked (plan_receiver with its properties check, which covers v12's fields below).
+TEST(V12, EndToEndThroughTheV12Table) {
+    run_older<tn::NetV12>(false, false);
+}
+
+// railId and planeId: tandem cannot see the fabric's wiring, so both are NCCL_NET_ID_UNDEF; a
+// physical device's vProps is itself.
+TEST(V12, PropertiesRailAndPlaneUndefined) {
+    run_one([](Report &r) {
+        Net<tn::NetV12> net;
+        N_TRY(open_net(r, net));
+        tn::PropertiesV12 p{};
+        p.rail_id = p.plane_id = 7;
+        N_OK(r, net.t->get_properties(0, &p));
+        N_CHECK(r,
+                p.rail_id == tn::kNetIdUndef && p.plane_id == tn::kNetIdUndef &&
+                    p.vprops.ndevs == 1 && p.vprops.devs[0] == 0 && p.max_multi_request_size == 1,
+                "railId ", p.rail_id, " planeId ", p.plane_id, " vProps ", p.vprops.ndevs, "/",
+                p.vprops.devs[0]);
+        return close_net(r, net);
+    });
+}
+
+// Two devices in one process without a second NIC: the loopback interface, named in
+// FI_TANDEM_IFACE with the first other interface that has an IPv4 address (set before the
+// plugin loads). "" when there is none.
+std::string two_interfaces() {
+    ifaddrs *list = nullptr;
+    if (getifaddrs(&list) != 0) return "";
+    std::string other;
+    for (ifaddrs *i = list; i && other.empty(); i = i->ifa_next)
+        if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && (i->ifa_flags & IFF_UP) &&
+            !(i->ifa_flags & IFF_LOOPBACK))
+            other = i->ifa_name;
+    freeifaddrs(list);
+    return other.empty() ? "" : other + ",lo";
+}
+
+// Opens v12 on two devices and fuses them: *vdev is the virtual NIC. false with a SKIP note
+// when this machine has no second interface.
+bool open_two(Report &r, Net<tn::NetV12> &net, int *vdev, bool *skip) {
+    *skip = false;
+    std::string ifaces = two_interfaces();
+    if (ifaces.empty()) {
+        r.note("SKIP no interface with an IPv4 address besides the loopback one");
+        *skip = true;
+        return false;
+    }
+    setenv("FI_TANDEM_IFACE", ifaces.c_str(), 1);
+    N_TRY(open_net(r, net));
+    int n = 0;
+    N_OK(r, net.t->devices(&n));
+    N_REQUIRE(r, n >= 2, "FI_TANDEM_IFACE=", ifaces, " gives ", n, " devices");
+    tn::VirtualDevicePropsV12 vp{};
+    vp.ndevs = 2;
+    vp.devs[0] = 0;
+    vp.devs[1] = 1;
+    N_OK(r, net.t->make_vdevice(vdev, &vp));
+    N_REQUIRE(r, *vdev == n, "makeVDevice gave device ", *vdev, ", expected ", n);
+    return true;
+}
+
+using MemberBytes = int (*)(int, int, uint64_t *, uint64_t *);
+
+std::vector<size_t> vnic_sizes() {
+    return {0, 1, 4096, 65536, 300 * KiB, 1 * MiB, 4 * MiB, 8 * MiB + 12345};
+}
+
+// What a vNIC role reports at the end: the bytes each member carried.
+struct Carried {
+    uint64_t bytes[2] = {};
+    bool valid = false;  // the role got that far
+};
+
+bool member_bytes(Report &r, int vdev, bool sent, Carried *c) {
+    auto fn = reinterpret_cast<MemberBytes>(dlsym(open_plugin(r), "tandem_nccl_test_member_bytes"));
+    N_REQUIRE(r, fn != nullptr, "the plugin exports no tandem_nccl_test_member_bytes");
+    for (int m = 0; m < 2; ++m) {
+        uint64_t s = 0, v = 0;
+        N_REQUIRE(r, fn(vdev, m, &s, &v) == 0, "no member ", m, " of device ", vdev);
+        c->bytes[m] = sent ? s : v;
+    }
+    c->valid = true;
+    return true;
+}
+
+// The receiver: every size into one buffer, checked; then what its members received.
+bool vnic_receiver(Report &r, Link &l, Carried *c) {
+    Net<tn::NetV12> net;
+    int vdev = -1;
+    bool skip;
+    if (!open_two(r, net, &vdev, &skip)) return skip;
+    char handle[tn::kHandleMaxSize] = {};
+    void *lcomm = nullptr, *rcomm = nullptr;
+    N_OK(r, net.listen(vdev, handle, &lcomm));
+    N_TRY(l.send(r, handle, sizeof handle, "the listen handle"));
+    tn::DeviceHandle *dh = nullptr;
+    N_TRY(poll_until(r, l, "accept", [&]() -> int {
+        return net.accept(lcomm, &rcomm, &dh) != tn::kSuccess ? -1 : rcomm != nullptr;
+    }));
+    const auto sizes = vnic_sizes();
+    Buf buf;
+    N_TRY(buf.alloc(r, false, sizes.back()));
+    void *mh = nullptr;
+    N_OK(r, net.reg_mr(rcomm, buf.ptr(), buf.len(), buf.type(), &mh));
+    for (size_t i = 0; i < sizes.size(); ++i) {
+        size_t posted = buf.len();
+        int tag = 3;
+        void *data = buf.ptr(), *req = nullptr;
+        const std::string what = cat("the ", sizes[i], " B message");
+        N_TRY(post_recv(r, l, net, rcomm, 1, &data, &posted, &tag, &mh, &req, what));
+        std::vector<int> got;
+        N_TRY(wait_done(r, l, net, req, 1, got, what));
+        N_REQUIRE(r, got[0] == int(sizes[i]), what, ": test gives size ", got[0]);
+        N_TRY(buf.check(r, size_seed(i), 0, sizes[i], what));
+    }
+    N_TRY(both_done(r, l, true));
+    N_TRY(member_bytes(r, vdev, false, c));
+    N_OK(r, net.t->dereg_mr(rcomm, mh));
+    N_OK(r, net.t->close_recv(rcomm));
+    N_OK(r, net.t->close_listen(lcomm));
+    return close_net(r, net);
+}
+
+bool vnic_sender(Report &r, Link &l, Carried *c) {
+    Net<tn::NetV12> net;
+    int vdev = -1;
+    bool skip;
+    if (!open_two(r, net, &vdev, &skip)) return skip;
+    char handle[tn::kHandleMaxSize];
+    N_TRY(l.recv_exact(r, handle, sizeof handle, "the listen handle"));
+    void *scomm = nullptr;
+    tn::DeviceHandle *dh = nullptr;
+    N_TRY(poll_until(r, l, "connect", [&]() -> int {
+        return net.connect(vdev, handle, &scomm, &dh) != tn::kSuccess ? -1 : scomm != nullptr;
+    }));
+    const auto sizes = vnic_sizes();
+    Buf buf;
+    N_TRY(buf.alloc(r, false, sizes.back()));
+    void *mh = nullptr;
+    N_OK(r, net.reg_mr(scomm, buf.ptr(), buf.len(), buf.type(), &mh));
+    for (size_t i = 0; i < sizes.size(); ++i) {
+        N_TRY(buf.fill(r, size_seed(i), 0, sizes[i]));
+        const std::string what = cat("the ", sizes[i], " B message");
+        void *req;
+        N_TRY(post_send(r, l, net, scomm, buf.ptr(), sizes[i], 3, mh, &req, what));
+        std::vector<int> got;
+        N_TRY(wait_done(r, l, net, req, 1, got, what));
+    }
+    N_TRY(both_done(r, l, false));
+    N_TRY(member_bytes(r, vdev, true, c));
+    N_OK(r, net.t->dereg_mr(scomm, mh));
+    N_OK(r, net.t->close_send(scomm));
+    return close_net(r, net);
+}
+
+// `check` judges what the receiver's and the sender's members carried.
+void run_vnic(std::function<bool(Report &, const Carried &)> check) {
+    run_pair(
+        [check](Report &r, Link &l) {
+            Carried c;
+            return vnic_receiver(r, l, &c) && (!c.valid || check(r, c));
+        },
+        [check](Report &r, Link &l) {
+            Carried c;
+            return vnic_sender(r, l, &c) && (!c.valid || check(r, c));
+        });
+}
+
+// Messages from 0 B to 8 MiB over a two-device vNIC arrive whole and intact (the roles check
+// every byte and size); what each member carried adds up to what was sent.
+TEST(VNic, StripedMessagesArriveIntact) {
+    uint64_t total = 0;
+    for (size_t s : vnic_sizes()) total += s;
+    run_vnic([total](Report &r, const Carried &c) {
+        N_CHECK(r, c.bytes[0] + c.bytes[1] == total, "the members carried ", c.bytes[0], " + ",
+                c.bytes[1], " B of ", total);
+        return true;
+    });
+}
+
+// Both members carry traffic: each at least a quarter of the bytes (the messages of 1 MiB and
+// more are split in halves).
+TEST(VNic, BothMembersCarryTraffic) {
+    run_vnic([](Report &r, const Carried &c) {
+        const uint64_t total = c.bytes[0] + c.bytes[1];
+        r.note(cat("member bytes: ", c.bytes[0], " + ", c.bytes[1]));
+        N_CHECK(r, c.bytes[0] >= total / 4 && c.bytes[1] >= total / 4, "member 0 carried ",
+                c.bytes[0], " B, member 1 ", c.bytes[1], " B");
+        return true;
+    });
+}
+
+// Bad input to makeVDevice: an error result and one WARN line, no device made.
+using Make = std::function<tn::Result(Report &, Net<tn::NetV12> &, int *)>;
+void bad_vdevice(tn::Result want, Make make) {
+    run_one([want, make](Report &r) {
+        Net<tn::NetV12> net;
+        int vdev = -1;
+        bool skip;
+        if (!open_two(r, net, &vdev, &skip)) return skip;
+        int before = 0, after = 0, made = -1;
+        N_OK(r, net.t->devices(&before));
+        size_t since = log_size();
+        N_RC(r, make(r, net, &made), want);
+        N_TRY(warned_once(r, since, "makeVDevice"));
+        N_OK(r, net.t->devices(&after));
+        N_CHECK(r, after == before, "devices() went from ", before, " to ", after);
+        return close_net(r, net);
+    });
+}
+
+tn::Result make_of(Net<tn::NetV12> &net, int *d, std::vector<int> devs) {
+    tn::VirtualDevicePropsV12 vp{};
+    vp.ndevs = int(devs.size());
+    for (size_t i = 0; i < devs.size() && i < 8; ++i) vp.devs[i] = devs[i];
+    return net.t->make_vdevice(d, &vp);
+}
+
+TEST(VNicBadInput, EmptyList) {
+    bad_vdevice(tn::kInvalidUsage, [](Report &, auto &net, int *d) { return make_of(net, d, {}); });
+}
+TEST(VNicBadInput, NineDevices) {
+    bad_vdevice(tn::kInvalidUsage, [](Report &, auto &net, int *d) {
+        return make_of(net, d, {0, 1, 0, 1, 0, 1, 0, 1, 0});
+    });
+}
+TEST(VNicBadInput, DuplicatedDevice) {
+    bad_vdevice(tn::kInvalidUsage, [](Report &, auto &net, int *d) {
+        return make_of(net, d, {0, 1, 0});
+    });
+}
+TEST(VNicBadInput, UnknownDevice) {
+    bad_vdevice(tn::kInvalidUsage, [](Report &, auto &net, int *d) {
+        return make_of(net, d, {0, 99});
+    });
+}
+// open_two made device 2, the vNIC of 0 and 1: it cannot be a member.
+TEST(VNicBadInput, NestedVirtualNic) {
+    bad_vdevice(tn::kInvalidUsage, [](Report &, auto &net, int *d) {
+        return make_of(net, d, {0, 2});
+    });
+}
+// v11's vProps hold 4 devices: 5 is refused there.
+TEST(VNicBadInput, FiveDevicesThroughV11) {
+    bad_vdevice(tn::kInvalidUsage, [](Report &r, auto &, int *d) {
+        const tn::NetV11 *t = load_table<tn::NetV11>(r);
+        tn::VirtualDeviceProps vp{5, {0, 1, 0, 1}};
+        return t ? t->make_vdevice(d, &vp) : tn::kInternalError;
+    });
 }
 
 }  // namespace
