@@ -1,10 +1,14 @@
 // nccl_bench: bandwidth through the NCCL network plugin, measured as tandem_bench measures
 // tandem's raw tagged bandwidth, so that scripts/bench.sh --nccl can set the two side by side.
 //
-//   nccl_bench [-S SIZES] [-w WINDOW] [-i WINDOWS]
+//   nccl_bench [-S SIZES] [-w WINDOW] [-i WINDOWS] [-v DEVS] [-n RECV_NS,SEND_NS]
+//
+// -v 0,1 fuses those plugin devices with makeVDevice and carries the data over the virtual
+// NIC (the acknowledgements stay on device 0); -n runs the receiver in the first named network
+// namespace (/var/run/netns/NAME, as `ip netns add` makes them) and the sender in the second.
 //
 // Forks a receiver and a sender. Each loads the plugin as NCCL does
-// (dlopen "libnccl-net-${NCCL_NET_PLUGIN:-tandem}.so", symbol ncclNetPlugin_v11) and plays the
+// (dlopen "libnccl-net-${NCCL_NET_PLUGIN:-tandem}.so", symbol ncclNetPlugin_v12) and plays the
 // part of NCCL's proxy thread: listen / connect / accept, a data connection to the receiver
 // and an acknowledgement connection back, both with host buffers registered once.
 // Per size: windows of WINDOW isends of one buffer against WINDOW irecvs of one buffer (the
@@ -19,6 +23,8 @@
 #include "nccl_plugin/nccl_net_abi.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -30,6 +36,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -94,38 +101,62 @@ void full_read(int fd, void *buf, size_t len) {
     }
 }
 
+VirtualDevicePropsV12 g_vdevs{};  // -v: the devices to fuse
+std::string g_netns[2];           // -n: the receiver's and the sender's network namespace
+
+// Enters network namespace `name` (before the plugin is loaded: its endpoints live there).
+void enter_netns(const std::string &name) {
+    if (name.empty()) return;
+    std::string path = "/var/run/netns/" + name;
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || setns(fd, CLONE_NEWNET) != 0)
+        die("entering %s: %s", path.c_str(), strerror(errno));
+    close(fd);
+}
+
+// "a,b" into its two parts.
+void split_pair(const char *arg, std::string *a, std::string *b) {
+    std::string s = arg;
+    size_t comma = s.find(',');
+    if (comma == std::string::npos) die("expected two comma-separated names: %s", arg);
+    *a = s.substr(0, comma);
+    *b = s.substr(comma + 1);
+}
+
 struct Plugin {
-    NetV11 *net = nullptr;
+    NetV12 *net = nullptr;
     void *ctx = nullptr;
+    int data_dev = 0;
 
     Plugin() {
         const char *name = getenv("NCCL_NET_PLUGIN");
         std::string lib = std::string("libnccl-net-") + (name && *name ? name : "tandem") + ".so";
         void *h = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
         if (!h) die("dlopen(%s): %s", lib.c_str(), dlerror());
-        net = static_cast<NetV11 *>(dlsym(h, NetV11::kSymbol));
-        if (!net) die("%s has no ncclNetPlugin_v11", lib.c_str());
+        net = static_cast<NetV12 *>(dlsym(h, NetV12::kSymbol));
+        if (!net) die("%s has no ncclNetPlugin_v12", lib.c_str());
         CommConfig config{-1};
         CHECK(net->init(&ctx, 1, &config, logger, nullptr));
+        if (g_vdevs.ndevs) CHECK(net->make_vdevice(&data_dev, &g_vdevs));
     }
 
     // Receiving end of a connection whose sender is the other process.
-    void *accept_from(int sock) {
+    void *accept_from(int sock, int dev) {
         char handle[kHandleMaxSize];
         void *listen = nullptr, *comm = nullptr;
-        DeviceHandle *dev = nullptr;
-        CHECK(net->listen(ctx, 0, handle, &listen));
+        DeviceHandle *dh = nullptr;
+        CHECK(net->listen(ctx, dev, handle, &listen));
         full_write(sock, handle, sizeof handle);
-        while (!comm) CHECK(net->accept(listen, &comm, &dev));
+        while (!comm) CHECK(net->accept(listen, &comm, &dh));
         CHECK(net->close_listen(listen));
         return comm;
     }
-    void *connect_to(int sock) {
+    void *connect_to(int sock, int dev) {
         char handle[kHandleMaxSize];
         full_read(sock, handle, sizeof handle);
         void *comm = nullptr;
-        DeviceHandle *dev = nullptr;
-        while (!comm) CHECK(net->connect(ctx, 0, handle, &comm, &dev));
+        DeviceHandle *dh = nullptr;
+        while (!comm) CHECK(net->connect(ctx, dev, handle, &comm, &dh));
         return comm;
     }
     void *isend(void *comm, void *data, size_t size, void *mh) {
@@ -160,11 +191,11 @@ struct Connections {
 
     Connections(int sock, const Options &o, bool receiving_) : receiving(receiving_) {
         if (receiving) {
-            data = p.accept_from(sock);
-            ack = p.connect_to(sock);
+            data = p.accept_from(sock, p.data_dev);
+            ack = p.connect_to(sock, 0);
         } else {
-            data = p.connect_to(sock);
-            ack = p.accept_from(sock);
+            data = p.connect_to(sock, p.data_dev);
+            ack = p.accept_from(sock, 0);
         }
         buf.resize(*std::max_element(o.sizes.begin(), o.sizes.end()));
         CHECK(p.net->reg_mr(data, buf.data(), buf.size(), kPtrHost, &mh));
@@ -237,14 +268,16 @@ void usage() {
             "usage: nccl_bench [-S SIZES] [-w WINDOW] [-i WINDOWS]\n"
             "  -S SIZES   comma list (64k,1m,16m; the default)\n"
             "  -w WINDOW  sends in flight (default 32, NCCL_NET_MAX_REQUESTS)\n"
-            "  -i N       timed windows per size (default: about 1 GiB's worth, 8 to 1000)\n");
+            "  -i N       timed windows per size (default: about 1 GiB's worth, 8 to 1000)\n"
+            "  -v DEVS    fuse these devices (makeVDevice) and send the data over the vNIC\n"
+            "  -n RX,TX   the receiver's and the sender's network namespaces\n");
 }
 
 }  // namespace
 
 int main(int argc, char **argv) {
     Options o;
-    for (int c; (c = getopt(argc, argv, "S:w:i:h")) != -1;) {
+    for (int c; (c = getopt(argc, argv, "S:w:i:v:n:h")) != -1;) {
         switch (c) {
             case 'S': {
                 o.sizes.clear();
@@ -266,6 +299,17 @@ int main(int argc, char **argv) {
             case 'i':
                 o.fixed = unsigned(atoi(optarg));
                 break;
+            case 'v':
+                for (const char *p = optarg; *p && g_vdevs.ndevs < kMaxDevsPerNicV12;) {
+                    g_vdevs.devs[g_vdevs.ndevs++] = atoi(p);
+                    p = strchr(p, ',');
+                    if (!p) break;
+                    ++p;
+                }
+                break;
+            case 'n':
+                split_pair(optarg, &g_netns[0], &g_netns[1]);
+                break;
             default:
                 usage();
                 return c == 'h' ? 0 : 1;
@@ -279,10 +323,12 @@ int main(int argc, char **argv) {
     if (pid == 0) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a sender that died
         close(sv[0]);
+        enter_netns(g_netns[0]);
         receiver(sv[1], o);
         _exit(0);
     }
     close(sv[1]);
+    enter_netns(g_netns[1]);
     sender(sv[0], o);
     int status = 0;
     waitpid(pid, &status, 0);
