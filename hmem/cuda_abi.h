@@ -1,7 +1,10 @@
 // The slice of the CUDA driver API's ABI that tandem uses, declared here so that neither the
 // providers nor the emulated driver of the tests need the CUDA toolkit to build: the driver is
-// loaded at run time with dlopen("libcuda.so.1"). Values are those of cuda.h (CUDA 12/13);
-// tests/unit/test_cuda_abi.cpp checks them against the real header wherever it is installed.
+// loaded at run time with dlopen("libcuda.so.1"). Values, types and calls are those of cuda.h:
+// tests/unit/test_cuda_abi.cpp checks every declaration here at compile time against each real
+// cuda.h found (CUDA 13's in /usr/local/cuda/include, 11.8's from scripts/cuda-headers.sh; ctest
+// -R cuda_abi), the calls by ABI (kinds, sizes and alignments of results, parameters and what
+// they point to), so a declaration added here must be checked there too.
 #pragma once
 
 #include <dlfcn.h>

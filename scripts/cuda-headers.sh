@@ -23,6 +23,9 @@ mkdir -p "$(dirname "$dest")"
 work=$(mktemp -d "$(dirname "$dest")/.fetch.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 
+# The first error or warning of an apt log, on one line.
+first_complaint() { grep -m1 -E '^(E|W|Err):' "$1" | tr -s ' \t' ' ' || tail -n1 "$1"; }
+
 fail() {
     echo "cuda-headers: $1" >&2
     echo "$1" >"$reason_file"
@@ -30,8 +33,9 @@ fail() {
 }
 
 # The bookworm suite of the archive the system already uses (its deb822 or one-line sources),
-# non-free component only.
-mirror=$(grep -rhoE 'https?://[^ ]+/debian/?( |$)' /etc/apt/sources.list /etc/apt/sources.list.d \
+# non-free component only; CUDA_HEADERS_ARCHIVE=URL names another.
+mirror=${CUDA_HEADERS_ARCHIVE:-}
+[ -n "$mirror" ] || mirror=$(grep -rhoE 'https?://[^ ]+/debian/?( |$)' /etc/apt/sources.list /etc/apt/sources.list.d \
     2>/dev/null | head -n1 | tr -d ' ' || true)
 [ -n "$mirror" ] || fail "no Debian archive in the system's apt sources to fetch nvidia-cuda-dev from"
 keyring=/usr/share/keyrings/debian-archive-keyring.gpg
@@ -49,11 +53,11 @@ apt_private=(
     -o Acquire::http::Timeout=30
     -o APT::Sandbox::User=root
 )
-apt-get "${apt_private[@]}" -qq update >"$work/update.log" 2>&1 ||
-    fail "apt-get update of the bookworm non-free list failed: $(tail -n1 "$work/update.log")"
+apt-get "${apt_private[@]}" -qq --error-on=any update >"$work/update.log" 2>&1 ||
+    fail "apt-get update of the bookworm non-free list failed: $(first_complaint "$work/update.log")"
 (cd "$work" && apt-get "${apt_private[@]}" -qq download nvidia-cuda-dev >"$work/download.log" 2>&1) ||
-    fail "downloading nvidia-cuda-dev failed: $(tail -n1 "$work/download.log")"
-deb=$(ls "$work"/nvidia-cuda-dev_*.deb 2>/dev/null | head -n1)
+    fail "downloading nvidia-cuda-dev failed: $(first_complaint "$work/download.log")"
+deb=$(find "$work" -maxdepth 1 -name "nvidia-cuda-dev_*.deb" | head -n1)
 [ -n "$deb" ] || fail "apt-get download left no nvidia-cuda-dev .deb"
 
 # One decompression pass: cuda.h and cudaTypedefs.h, and the runtime API's headers
