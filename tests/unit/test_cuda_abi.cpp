@@ -282,6 +282,8 @@ std::set<std::string> unchecked_names(const char *path, bool *read) {
         std::regex(R"(\binline\s+constexpr\s+[\w:]+\s+(\w+)\s*=)"),  // constants
         std::regex(R"(\busing\s+(CU\w+)\s*=)"),                      // aliases
         std::regex(R"(\bstruct\s+(CU\w+)\b)"),                       // structs
+        std::regex(R"(#\s*define\s+(CU(?:DA)?_\w+))"),               // macros
+        std::regex(R"(\btypedef\b[^;]*\b(CU\w+)\s*;)"),              // typedefs
     };
     for (const auto &pattern : patterns) {
         for (std::sregex_iterator it(text.begin(), text.end(), pattern), end; it != end; ++it)
