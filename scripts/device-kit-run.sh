@@ -194,6 +194,18 @@ for path in local net; do
     fi
 done
 
+# tandem_bench: host buffers only (it stamps and checks its buffers with the CPU), the host
+# baseline of the same machine beside hmem_bench's device figures.
+if timeout 120 "$kit/bin/tandem_bench" -p tandem -S 8,1048576 -t lat,bw -i $n \
+        >"$logs/tandem_bench.log" 2>&1 && grep -q 'all transfers verified' "$logs/tandem_bench.log"; then
+    while read -r size lat mbs _; do
+        row "tandem_bench.host.$size" PASS "$(awk -v m="$mbs" 'BEGIN { printf "%.2f", m / 1000 }')" \
+            "$lat" "host buffers, node-local, verified"
+    done < <(grep -E '^ *[0-9]+ +[0-9.]+ +[0-9.]+' "$logs/tandem_bench.log")
+else
+    row tandem_bench.host FAIL - - "$(tail -1 "$logs/tandem_bench.log")"
+fi
+
 # --- the table --------------------------------------------------------------------------------
 secs=$(( $(date +%s) - start ))
 mode=$([ $emulated = 1 ] && echo "emulated driver" || echo "the machine's driver")
