@@ -154,12 +154,13 @@ consteval bool params_match() {
     }
 }
 
+}  // namespace
+
 // ---- The calls: one block of checks per entry of TANDEM_CUDA_DRIVER_CALLS, against cuda.h's
-// declaration of the exported symbol (the global one; tandem's list lives in tabi::).
+// declaration of the exported symbol (the global one). Each block lives in tabi::, so that the
+// types of the entry are found as cuda_abi.h declares them, not as cuda.h does.
 #define CHECK_CALL(field, sym, ret, params)                                                       \
-    namespace call_##field {                                                                      \
-        using tabi::CUresult, tabi::CUdevice, tabi::CUdeviceptr, tabi::CUcontext, tabi::CUstream, \
-            tabi::CUevent, tabi::CUipcMemHandle;                                                  \
+    namespace tabi::check_##field {                                                               \
         using Tandem = ret params;                                                                \
         using Cuda = decltype(::sym);                                                             \
         using Check = SameCall<Tandem, Cuda>;                                                     \
@@ -173,6 +174,8 @@ consteval bool params_match() {
     }
 TANDEM_CUDA_DRIVER_CALLS(CHECK_CALL)
 #undef CHECK_CALL
+
+namespace {
 
 #define COUNT_CALL(field, sym, ret, params) +1
 constexpr int kCalls = 0 TANDEM_CUDA_DRIVER_CALLS(COUNT_CALL);
