@@ -270,12 +270,13 @@ bool Endpoint::names_process(const LocalHeader &hdr) {
     switch (static_cast<LocalOp>(hdr.op)) {
         case LocalOp::Rts:
         case LocalOp::Cts:
-        case LocalOp::Read:
         case LocalOp::IpcRts:
         case LocalOp::IpcWrite:
             return true;
         case LocalOp::Write:
             return hdr.iov_count > 0;  // otherwise its data is inline
+        case LocalOp::Read:
+            return hdr.iov_count > 0;  // otherwise its answer goes back in ReadData cells
         default:
             return false;
     }
