@@ -97,12 +97,14 @@ else
 fi
 
 # --- 2. the suites' real-GPU cases --------------------------------------------------------------
-# gtest's closing lines: "[  PASSED  ] N tests.", "[  SKIPPED ] N tests", "[  FAILED  ] N tests".
+# gtest's closing lines: "[  PASSED  ] N tests.", "[  SKIPPED ] N tests", and one
+# "[  FAILED  ] Suite.Name (N ms)" for each failed test.
 gtest_row() {
     local name=$1 logf=$2 rc=$3 pass skip fail result
     pass=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$logf" | tail -1)
     skip=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) test.*/\1/p' "$logf" | tail -1)
-    fail=$(sed -n 's/^\[  FAILED  \] \([0-9]*\) test.*/\1/p' "$logf" | tail -1)
+    # (--gtest_brief prints no count of failures: each failed test's own line is counted.)
+    fail=$(grep -cE '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$logf")
     pass=${pass:-0} skip=${skip:-0} fail=${fail:-0}
     result=PASS
     [ "$rc" -ne 0 ] || [ "$fail" -ne 0 ] && result=FAIL
