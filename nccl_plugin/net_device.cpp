@@ -42,12 +42,6 @@ Result result_of(int err) {
 
 }  // namespace
 
-#define WARN_RETURN(result, ...)       \
-    do {                               \
-        NCCL_TANDEM_WARN(__VA_ARGS__); \
-        return result;                 \
-    } while (0)
-
 NetDevice::NetDevice(uint8_t index, const fi_info *info, DeviceDescription description,
                      const Options &options)
     : index_(index),
@@ -949,22 +943,8 @@ Result NetDevice::irecv(void *recv_comm, int n, void **data, const size_t *sizes
     return kSuccess;
 }
 
-// tandem completes a receive into device memory after the CUDA copy that wrote it has finished
-// (node-local path and TCP link alike), so there is nothing to flush: no request, as NCCL's own
-// transports answer when no flush is needed.
 Result NetDevice::iflush(void *recv_comm, int n, void **mhandles, void **request) {
-    if (!request) WARN_RETURN(kInternalError, "NET/tandem: iflush without an output");
-    *request = nullptr;
-    if (n < 1 || n > kMaxRecvs)
-        WARN_RETURN(kInternalError, "NET/tandem: iflush of %d buffers (maxRecvs is %d)", n,
-                    kMaxRecvs);
-    std::lock_guard lk(mu_);
-    if (!recvs_.find(recv_comm))
-        WARN_RETURN(kInvalidUsage, "NET/tandem: iflush: %p is no receive comm", recv_comm);
-    for (int i = 0; i < n; ++i)
-        if (mhandles && mhandles[i] && !memory_.find(mhandles[i]))
-            WARN_RETURN(kInvalidUsage, "NET/tandem: iflush: %p is no memory handle", mhandles[i]);
-    return kSuccess;
+    return flush_nothing(mu_, recvs_, memory_, recv_comm, n, mhandles, request);
 }
 
 Result NetDevice::test(void *request, int *done, int *sizes) {

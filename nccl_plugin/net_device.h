@@ -22,6 +22,7 @@
 #include "common/wire.h"
 #include "nccl_plugin/device.h"
 #include "nccl_plugin/handle_table.h"
+#include "nccl_plugin/log.h"
 #include "nccl_plugin/nccl_net_abi.h"
 
 #include <rdma/fabric.h>
@@ -39,6 +40,27 @@
 namespace tandem::nccl {
 
 inline constexpr int kMaxRecvs = 8;  // buffers of one grouped receive (maxRecvs)
+
+// iflush of a device of the plugin. tandem completes a receive into device memory after the CUDA
+// copy that wrote it (node-local path and TCP link alike), so there is nothing to flush: no
+// request, as NCCL's own transports answer when no flush is needed, once the arguments are
+// checked against the device's receive comms and memory handles (under its lock).
+template <class RecvTable, class MemoryTable>
+Result flush_nothing(std::mutex &mu, const RecvTable &recvs, const MemoryTable &memory,
+                     void *recv_comm, int n, void **mhandles, void **request) {
+    if (!request) WARN_RETURN(kInternalError, "NET/tandem: iflush without an output");
+    *request = nullptr;
+    if (n < 1 || n > kMaxRecvs)
+        WARN_RETURN(kInternalError, "NET/tandem: iflush of %d buffers (maxRecvs is %d)", n,
+                    kMaxRecvs);
+    std::lock_guard lk(mu);
+    if (!recvs.find(recv_comm))
+        WARN_RETURN(kInvalidUsage, "NET/tandem: iflush: %p is no receive comm", recv_comm);
+    for (int i = 0; i < n; ++i)
+        if (mhandles && mhandles[i] && !memory.find(mhandles[i]))
+            WARN_RETURN(kInvalidUsage, "NET/tandem: iflush: %p is no memory handle", mhandles[i]);
+    return kSuccess;
+}
 
 // Settings read once, at the first init (docs/user-guide.md, "NCCL").
 struct Options {

@@ -58,12 +58,6 @@ std::string read_line(const std::string &path) {
 
 }  // namespace
 
-#define WARN_RETURN_PLUGIN(result, ...) \
-    do {                                \
-        NCCL_TANDEM_WARN(__VA_ARGS__);  \
-        return result;                  \
-    } while (0)
-
 void log(LogLevel level, const char *file, int line, const char *fmt, ...) {
     char text[512];
     va_list ap;
@@ -239,31 +233,30 @@ Result Plugin::properties(int dev, PropertiesV12 *props) {
 }
 
 Result Plugin::make_vdevice(int *dev, const int *devs, int ndevs, int max_devs) {
-    if (!dev || !devs)
-        WARN_RETURN_PLUGIN(kInternalError, "NET/tandem: makeVDevice without its arguments");
+    if (!dev || !devs) WARN_RETURN(kInternalError, "NET/tandem: makeVDevice without its arguments");
     std::lock_guard lk(mu_);
     if (ndevs < 1 || ndevs > max_devs)
-        WARN_RETURN_PLUGIN(kInvalidUsage, "NET/tandem: makeVDevice of %d devices (1 to %d)", ndevs,
-                           max_devs);
+        WARN_RETURN(kInvalidUsage, "NET/tandem: makeVDevice of %d devices (1 to %d)", ndevs,
+                    max_devs);
     std::vector<NetDevice *> members;
     std::vector<int> ids;
     for (int i = 0; i < ndevs; ++i) {
         const int d = devs[i];
         if (d < 0 || size_t(d) >= devices_.size())
-            WARN_RETURN_PLUGIN(kInvalidUsage, "NET/tandem: makeVDevice: no device %d (%zu devices)",
-                               d, devices_.size());
+            WARN_RETURN(kInvalidUsage, "NET/tandem: makeVDevice: no device %d (%zu devices)", d,
+                        devices_.size());
         if (!devices_[size_t(d)].net)
-            WARN_RETURN_PLUGIN(kInvalidUsage,
-                               "NET/tandem: makeVDevice: device %d is itself a virtual NIC (they "
-                               "do not nest)",
-                               d);
+            WARN_RETURN(kInvalidUsage,
+                        "NET/tandem: makeVDevice: device %d is itself a virtual NIC (they "
+                        "do not nest)",
+                        d);
         if (std::find(ids.begin(), ids.end(), d) != ids.end())
-            WARN_RETURN_PLUGIN(kInvalidUsage, "NET/tandem: makeVDevice: device %d given twice", d);
+            WARN_RETURN(kInvalidUsage, "NET/tandem: makeVDevice: device %d given twice", d);
         members.push_back(devices_[size_t(d)].net);
         ids.push_back(d);
     }
     if (devices_.size() == 255)
-        WARN_RETURN_PLUGIN(kInvalidUsage, "NET/tandem: makeVDevice: 255 devices already");
+        WARN_RETURN(kInvalidUsage, "NET/tandem: makeVDevice: 255 devices already");
     const uint8_t index = uint8_t(devices_.size());
     auto v = std::make_unique<VirtualDevice>(index, std::move(members), std::move(ids));
     VirtualDevice *raw = v.get();

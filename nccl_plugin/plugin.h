@@ -3,6 +3,7 @@
 // every table version to the calls below, which take the newest version's arguments.
 #pragma once
 
+#include "nccl_plugin/log.h"
 #include "nccl_plugin/nccl_net_abi.h"
 #include "nccl_plugin/net_device.h"
 #include "nccl_plugin/vdevice.h"
@@ -12,14 +13,6 @@
 #include <vector>
 
 namespace tandem::nccl {
-
-// Every error goes to NCCL's logger once, as a WARN with its libfabric cause.
-void log(LogLevel level, const char *file, int line, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-#define NCCL_TANDEM_WARN(...) \
-    ::tandem::nccl::log(::tandem::nccl::kLogWarn, __FILE__, __LINE__, __VA_ARGS__)
-#define NCCL_TANDEM_INFO(...) \
-    ::tandem::nccl::log(::tandem::nccl::kLogInfo, __FILE__, __LINE__, __VA_ARGS__)
 
 class Plugin {
   public:
