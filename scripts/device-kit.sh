@@ -34,15 +34,8 @@ log() { echo "device-kit: $*"; }
 die() { echo "device-kit: error: $*" >&2; exit 1; }
 
 # --- tools ----------------------------------------------------------------------------------
-need=()
-for pair in patchelf:patchelf autoreconf:autoconf aclocal:automake libtoolize:libtool; do
-    command -v "${pair%%:*}" >/dev/null || need+=("${pair#*:}")
-done
-if [ ${#need[@]} -gt 0 ]; then
-    log "installing ${need[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-fi
+source "$root/scripts/need-commands.sh"
+need_commands patchelf:patchelf autoreconf:autoconf aclocal:automake libtoolize:libtool
 
 # --- tandem: the providers, the plugin, the programs ----------------------------------------
 [ -f "$build/CMakeCache.txt" ] || bash "$root/scripts/build.sh"

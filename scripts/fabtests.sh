@@ -74,21 +74,13 @@ done
 }
 
 # --- what the build and the runner need ------------------------------------------------------
-need=()
-for pair in autoreconf:autoconf aclocal:automake libtoolize:libtool make:make gcc:gcc \
-    pkg-config:pkg-config python3:python3 ip:iproute2 ps:procps setsid:util-linux \
-    timeout:coreutils getopt:util-linux tar:tar gzip:gzip sha256sum:coreutils; do
-    command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
-done
+source "$root/scripts/need-commands.sh"
+headers=()
 dpkg-query -W -f='${Status}' libfabric-dev 2>/dev/null | grep -q "install ok installed" ||
-    need+=(libfabric-dev)
-if ((${#need[@]})); then
-    SUDO=""
-    [ "$(id -u)" -eq 0 ] || SUDO=sudo
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
-        $(printf '%s\n' "${need[@]}" | sort -u)
-fi
+    headers=(+libfabric-dev)
+need_commands autoreconf:autoconf aclocal:automake libtoolize:libtool make:make gcc:gcc \
+    pkg-config:pkg-config python3:python3 ip:iproute2 ps:procps setsid:util-linux \
+    timeout:coreutils getopt:util-linux tar:tar gzip:gzip sha256sum:coreutils "${headers[@]}"
 
 lib_version=$(pkg-config --modversion libfabric)
 ft=$build/fabtests

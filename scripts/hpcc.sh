@@ -43,13 +43,8 @@ done
     echo "error: no providers in $build/lib: build tandem first (scripts/build.sh)" >&2
     exit 2
 }
-if ! command -v hpcc >/dev/null || ! command -v mpirun >/dev/null; then
-    SUDO=""
-    [ "$(id -u)" -eq 0 ] || SUDO=sudo
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
-        hpcc openmpi-bin
-fi
+source "$root/scripts/need-commands.sh"
+need_commands hpcc:hpcc mpirun:openmpi-bin
 example=/usr/share/doc/hpcc/examples/_hpccinf.txt
 [ -f "$example" ] || { echo "error: $example is missing (package hpcc)" >&2; exit 2; }
 

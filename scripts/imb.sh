@@ -103,18 +103,9 @@ for m in "${mode_list[@]}"; do
 done
 
 # --- what the build and the runs need ---------------------------------------------------------
-need=()
-for pair in mpicc:libopenmpi-dev mpicxx:libopenmpi-dev mpirun:openmpi-bin make:make g++:g++ \
-    tar:tar gzip:gzip sha256sum:coreutils timeout:coreutils setsid:util-linux; do
-    command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
-done
-if ((${#need[@]})); then
-    SUDO=""
-    [ "$(id -u)" -eq 0 ] || SUDO=sudo
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
-        $(printf '%s\n' "${need[@]}" | sort -u)
-fi
+source "$root/scripts/need-commands.sh"
+need_commands mpicc:libopenmpi-dev mpicxx:libopenmpi-dev mpirun:openmpi-bin make:make g++:g++ \
+    tar:tar gzip:gzip sha256sum:coreutils timeout:coreutils setsid:util-linux
 
 # --- the source: a tarball, unpacked under the build tree ------------------------------------
 if [ -d "$src" ]; then
