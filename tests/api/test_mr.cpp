@@ -44,6 +44,7 @@ class MrTest : public FabricTest, public ::testing::WithParamInterface<int> {
         if (err_out) *err_out = a().log.find_err(c);
         return a().log.has(c);
     }
+    void expect_write_lands(AlignedBuf &mem, fid_mr *mr, uint32_t seed);
 };
 
 TEST_P(MrTest, RegisterGivesUsableKey) {
@@ -139,27 +140,39 @@ TEST_P(MrTest, RegvOfTwoSegmentsIsOneRegion) {
     EXPECT_EQ(check_fill(mem.data(), 4096 - 256, 0), -1);
 }
 
-TEST_P(MrTest, RegattrRegistersRegion) {
-    AlignedBuf mem(4096);
-    iovec iov = {mem.data(), mem.size()};
+// fi_mr_regattr's description of one range: the whole of `iov`.
+static fi_mr_attr one_range(const iovec &iov, uint64_t access, uint64_t key, fi_hmem_iface iface) {
     fi_mr_attr attr{};
     attr.mr_iov = &iov;
     attr.iov_count = 1;
-    attr.access = FI_REMOTE_WRITE | FI_REMOTE_READ;
-    attr.requested_key = 2024;
-    attr.iface = FI_HMEM_SYSTEM;
+    attr.access = access;
+    attr.requested_key = key;
+    attr.iface = iface;
+    return attr;
+}
+
+// An RMA write of 100 bytes from a to offset 10 of the region `mr` registers over `mem` lands
+// there.
+void MrTest::expect_write_lands(AlignedBuf &mem, fid_mr *mr, uint32_t seed) {
+    DataBuf view(0);
+    view.rma_base = virt_addr() ? reinterpret_cast<uintptr_t>(mem.data()) : 0;
+    auto local = buf(100);
+    fill_pattern(local->data(), 100, seed);
+    ASSERT_TRUE(rma(true, *local, 100, rma_addr(view, 10), fi_mr_key(mr), ctx(0)))
+        << a().log.summary();
+    EXPECT_EQ(eventually_pattern(mem.data() + 10, 100, seed), -1);
+}
+
+TEST_P(MrTest, RegattrRegistersRegion) {
+    AlignedBuf mem(4096);
+    iovec iov = {mem.data(), mem.size()};
+    fi_mr_attr attr = one_range(iov, FI_REMOTE_WRITE | FI_REMOTE_READ, 2024, FI_HMEM_SYSTEM);
     Fid<fid_mr> mr;
     ASSERT_FI_OK(fi_mr_regattr(domain, &attr, 0, mr.out()));
     if (!prov_key()) {
         EXPECT_EQ(fi_mr_key(mr), 2024u);
     }
-    DataBuf view(0);
-    view.rma_base = virt_addr() ? reinterpret_cast<uintptr_t>(mem.data()) : 0;
-    auto local = buf(100);
-    fill_pattern(local->data(), 100, 62);
-    ASSERT_TRUE(rma(true, *local, 100, rma_addr(view, 10), fi_mr_key(mr), ctx(0)))
-        << a().log.summary();
-    EXPECT_EQ(eventually_pattern(mem.data() + 10, 100, 62), -1);
+    expect_write_lands(mem, mr, 62);
 }
 
 // fi_mr(3)'s allocation flags: FI_HMEM_DEVICE_ONLY names device memory, so system memory with
@@ -169,11 +182,7 @@ TEST_P(MrTest, RegattrRegistersRegion) {
 TEST_P(MrTest, DeviceOnlySystemMemoryIsInvalid) {
     AlignedBuf mem(4096);
     iovec iov = {mem.data(), mem.size()};
-    fi_mr_attr attr{};
-    attr.mr_iov = &iov;
-    attr.iov_count = 1;
-    attr.access = FI_REMOTE_WRITE;
-    attr.iface = FI_HMEM_SYSTEM;
+    fi_mr_attr attr = one_range(iov, FI_REMOTE_WRITE, 0, FI_HMEM_SYSTEM);
     Fid<fid_mr> mr;
     EXPECT_EQ(fi_mr_regattr(domain, &attr, FI_HMEM_DEVICE_ONLY, mr.out()), -FI_EINVAL);
 }
@@ -181,22 +190,11 @@ TEST_P(MrTest, DeviceOnlySystemMemoryIsInvalid) {
 TEST_P(MrTest, HostAllocatedMemoryOfADeviceApiRegistersAsHostMemory) {
     AlignedBuf mem(4096);
     iovec iov = {mem.data(), mem.size()};
-    fi_mr_attr attr{};
-    attr.mr_iov = &iov;
-    attr.iov_count = 1;
-    attr.access = FI_REMOTE_WRITE | FI_REMOTE_READ;
-    attr.requested_key = 2025;
-    attr.iface = FI_HMEM_CUDA;
+    fi_mr_attr attr = one_range(iov, FI_REMOTE_WRITE | FI_REMOTE_READ, 2025, FI_HMEM_CUDA);
     attr.device.cuda = 3;  // ignored under FI_HMEM_HOST_ALLOC
     Fid<fid_mr> mr;
     ASSERT_FI_OK(fi_mr_regattr(domain, &attr, FI_HMEM_HOST_ALLOC, mr.out()));
-    DataBuf view(0);
-    view.rma_base = virt_addr() ? reinterpret_cast<uintptr_t>(mem.data()) : 0;
-    auto local = buf(100);
-    fill_pattern(local->data(), 100, 63);
-    ASSERT_TRUE(rma(true, *local, 100, rma_addr(view, 10), fi_mr_key(mr), ctx(0)))
-        << a().log.summary();
-    EXPECT_EQ(eventually_pattern(mem.data() + 10, 100, 63), -1);
+    expect_write_lands(mem, mr, 63);
 }
 
 TEST_P(MrTest, LargeRegionRegisters) {
