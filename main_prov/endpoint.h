@@ -165,8 +165,6 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     ssize_t cancel(void *context);
     int getopt(int level, int optname, void *optval, size_t *optlen);
     int setopt(int level, int optname, const void *optval, size_t optlen);
-    bool can_p2p() const;
-    void apply_default_p2p(int mode);
     ssize_t rx_size_left();
     ssize_t tx_size_left();
     // fi_ops_cm
@@ -380,6 +378,10 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     static Endpoint *from_fid(fid_ep *ep);
 
   private:
+    // FI_OPT_FI_HMEM_P2P: whether some path of the endpoint can go peer to peer, and the
+    // policy it starts with (FI_TANDEM_HMEM_P2P).
+    bool can_p2p() const;
+    void apply_default_p2p(int mode);
     friend class LocalPath;
     friend class PeerRxQueue;
     friend class Domain;  // prepares deferred work (FI_QUEUE_WORK) for its endpoints

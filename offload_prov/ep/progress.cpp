@@ -274,9 +274,10 @@ bool Endpoint::names_process(const LocalHeader &hdr) {
         case LocalOp::IpcWrite:
             return true;
         case LocalOp::Write:
-            return hdr.iov_count > 0;  // otherwise its data is inline
         case LocalOp::Read:
-            return hdr.iov_count > 0;  // otherwise its answer goes back in ReadData cells
+            // Without the initiator's iov a write's data is inline, and a read's answer goes
+            // back in ReadData cells: no cross-memory attach to the initiator.
+            return hdr.iov_count > 0;
         default:
             return false;
     }
