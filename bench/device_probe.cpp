@@ -17,15 +17,9 @@
 
 namespace {
 
-// Calls only the probe makes (the providers do not), with cuda.h's signatures.
-using DeviceGetName = CUresult (*)(char *name, int len, CUdevice dev);
-using DeviceTotalMem = CUresult (*)(std::size_t *bytes, CUdevice dev);
-constexpr int kAttrComputeMajor = 75;  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
-constexpr int kAttrComputeMinor = 76;  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
-
 const char *error_name(const tandem::hmem::CudaDriverCalls &cu, CUresult r) {
     const char *name = nullptr;
-    if (cu.get_error_name && cu.get_error_name(r, &name) == CUDA_SUCCESS && name) return name;
+    if (cu.get_error_name(r, &name) == CUDA_SUCCESS && name) return name;
     return "an unknown error";
 }
 
@@ -34,22 +28,21 @@ int attribute(const tandem::hmem::CudaDriverCalls &cu, int attr, CUdevice dev) {
     return cu.device_get_attribute(&value, attr, dev) == CUDA_SUCCESS ? value : -1;
 }
 
-void print_device(const tandem::hmem::CudaDriverCalls &cu, void *lib, int ordinal, int count) {
+void print_device(const tandem::hmem::CudaDriverCalls &cu, int ordinal, int count) {
     CUdevice dev = 0;
     if (CUresult r = cu.device_get(&dev, ordinal)) {
         printf("device%d error %s\n", ordinal, error_name(cu, r));
         return;
     }
     char name[256] = "?";
-    if (auto get_name = reinterpret_cast<DeviceGetName>(dlsym(lib, "cuDeviceGetName")))
-        get_name(name, sizeof name, dev);
+    cu.device_get_name(name, sizeof name, dev);
     std::size_t bytes = 0;
-    if (auto total = reinterpret_cast<DeviceTotalMem>(dlsym(lib, "cuDeviceTotalMem_v2")))
-        total(&bytes, dev);
+    cu.device_total_mem(&bytes, dev);
     printf("device%d.name %s\n", ordinal, name);
     printf("device%d.memory_mib %zu\n", ordinal, bytes >> 20);
-    printf("device%d.compute_capability %d.%d\n", ordinal, attribute(cu, kAttrComputeMajor, dev),
-           attribute(cu, kAttrComputeMinor, dev));
+    printf("device%d.compute_capability %d.%d\n", ordinal,
+           attribute(cu, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
+           attribute(cu, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev));
     printf("device%d.pci_bus %d\n", ordinal, attribute(cu, CU_DEVICE_ATTRIBUTE_PCI_BUS_ID, dev));
     printf("device%d.unified_addressing %d\n", ordinal,
            attribute(cu, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING, dev));
@@ -94,7 +87,7 @@ int main() {
         return 1;
     }
     printf("devices %d\n", count);
-    for (int i = 0; i < count; ++i) print_device(cu, lib, i, count);
+    for (int i = 0; i < count; ++i) print_device(cu, i, count);
     if (count == 0) {
         fprintf(stderr, "device_probe: the driver sees no device\n");
         return 1;

@@ -1,4 +1,6 @@
-// The slice of the CUDA driver API's ABI that tandem uses, declared here so that neither the
+// The slice of the CUDA driver API's ABI that tandem uses (the providers, and the device kit's
+// driver probe: device name and memory; cuPointerSetAttribute and cuGetErrorString are what
+// fabtests asks of the emulated driver), declared here so that neither the
 // providers nor the emulated driver of the tests need the CUDA toolkit to build: the driver is
 // loaded at run time with dlopen("libcuda.so.1"). Values, types and calls are those of cuda.h:
 // tests/unit/test_cuda_abi.cpp checks every declaration here at compile time against each real
@@ -75,6 +77,8 @@ enum : unsigned {
 // CUdevice_attribute (the ones tandem asks for)
 enum : int {
     CU_DEVICE_ATTRIBUTE_PCI_BUS_ID = 33,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75,
+    CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76,
     CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING = 41,
     CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 124,
 };
@@ -95,6 +99,8 @@ inline constexpr int CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 0x1;
     X(driver_get_version, cuDriverGetVersion, CUresult, (int *version))                            \
     X(device_get_count, cuDeviceGetCount, CUresult, (int *count))                                  \
     X(device_get, cuDeviceGet, CUresult, (CUdevice * dev, int ordinal))                            \
+    X(device_get_name, cuDeviceGetName, CUresult, (char *name, int len, CUdevice dev))             \
+    X(device_total_mem, cuDeviceTotalMem_v2, CUresult, (std::size_t * bytes, CUdevice dev))        \
     X(device_get_attribute, cuDeviceGetAttribute, CUresult,                                        \
       (int *value, int attribute, CUdevice dev))                                                   \
     X(device_can_access_peer, cuDeviceCanAccessPeer, CUresult,                                     \
@@ -107,6 +113,8 @@ inline constexpr int CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 0x1;
     X(ctx_enable_peer_access, cuCtxEnablePeerAccess, CUresult, (CUcontext peer, unsigned flags))   \
     X(pointer_get_attribute, cuPointerGetAttribute, CUresult,                                      \
       (void *data, int attribute, CUdeviceptr ptr))                                                \
+    X(pointer_set_attribute, cuPointerSetAttribute, CUresult,                                      \
+      (const void *value, int attribute, CUdeviceptr ptr))                                         \
     X(mem_get_address_range, cuMemGetAddressRange_v2, CUresult,                                    \
       (CUdeviceptr * base, std::size_t * size, CUdeviceptr ptr))                                   \
     X(mem_alloc, cuMemAlloc_v2, CUresult, (CUdeviceptr * ptr, std::size_t size))                   \
@@ -144,7 +152,8 @@ inline constexpr int CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 0x1;
     X(mem_get_handle_for_address_range, cuMemGetHandleForAddressRange, CUresult,                   \
       (void *handle, CUdeviceptr ptr, std::size_t size, int handle_type,                           \
        unsigned long long flags))                                                                  \
-    X(get_error_name, cuGetErrorName, CUresult, (CUresult error, const char **name))
+    X(get_error_name, cuGetErrorName, CUresult, (CUresult error, const char **name))               \
+    X(get_error_string, cuGetErrorString, CUresult, (CUresult error, const char **text))
 
 }  // extern "C"
 

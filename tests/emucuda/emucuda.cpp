@@ -74,14 +74,6 @@
 #define EMUCUDA_DECLARE(field, sym, ret, params) extern "C" EMUCUDA_EXPORT ret sym params;
 TANDEM_CUDA_DRIVER_CALLS(EMUCUDA_DECLARE)
 #undef EMUCUDA_DECLARE
-// Calls the providers do not make, which other programs of the device kit do: its driver probe
-// (name, memory, compute capability) and fabtests' CUDA support (cuPointerSetAttribute,
-// cuGetErrorString). Signatures as cuda.h has them.
-extern "C" EMUCUDA_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev);
-extern "C" EMUCUDA_EXPORT CUresult cuDeviceTotalMem_v2(std::size_t *bytes, CUdevice dev);
-extern "C" EMUCUDA_EXPORT CUresult cuGetErrorString(CUresult error, const char **str);
-extern "C" EMUCUDA_EXPORT CUresult cuPointerSetAttribute(const void *value, int attribute,
-                                                         CUdeviceptr ptr);
 
 namespace emucuda {
 
@@ -93,8 +85,6 @@ constexpr int kDriverVersion = 13000;
 constexpr int kComputeMajor = 9;
 constexpr int kComputeMinor = 0;
 constexpr std::size_t kDefaultTotalMem = std::size_t{16} << 30;
-constexpr int kAttrComputeMajor = 75;  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
-constexpr int kAttrComputeMinor = 76;  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR
 
 // The IPC handle's 64 bytes.
 constexpr std::uint32_t kIpcMagic = 0x55434d45;  // "EMCU"
@@ -790,10 +780,10 @@ CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice dev) {
             case CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED:
                 *value = s.dmabuf ? 1 : 0;
                 return CUDA_SUCCESS;
-            case emucuda::kAttrComputeMajor:
+            case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
                 *value = emucuda::kComputeMajor;
                 return CUDA_SUCCESS;
-            case emucuda::kAttrComputeMinor:
+            case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
                 *value = emucuda::kComputeMinor;
                 return CUDA_SUCCESS;
             default:
