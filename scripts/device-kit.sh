@@ -128,18 +128,19 @@ loader=$(cd "$kit/lib" && ls ld-linux-*.so.* | head -1)
 # Relocatable: programs find lib/ beside them, libraries each other; symbols and debug
 # information stripped (the size limit), except the loader and glibc's own objects, which are
 # carried as the system has them.
-for f in "$kit"/bin/* "$kit"/tools/*; do
-    strip --strip-unneeded "$f" 2>/dev/null || true
-    patchelf --set-rpath '$ORIGIN/../lib' "$f"
-done
-for f in "$kit"/prov/* "$kit"/cuda/*.so; do
-    strip --strip-unneeded "$f" 2>/dev/null || true
-    patchelf --set-rpath '$ORIGIN/../lib' "$f"
-done
+relocate() {  # relocate RUNPATH FILE...
+    local rpath=$1 f
+    shift
+    for f in "$@"; do
+        strip --strip-unneeded "$f" 2>/dev/null || true
+        patchelf --set-rpath "$rpath" "$f"
+    done
+}
+relocate '$ORIGIN/../lib' "$kit"/bin/* "$kit"/tools/* "$kit"/prov/* "$kit"/cuda/*.so
 for f in "$kit"/lib/*; do
-    case $(basename "$f") in ld-linux-*|libc.so.*|libm.so.*|libpthread.so.*|libdl.so.*|librt.so.*) continue ;; esac
-    strip --strip-unneeded "$f" 2>/dev/null || true
-    patchelf --set-rpath '$ORIGIN' "$f"
+    case $(basename "$f") in ld-linux-*|libc.so.*|libm.so.*|libpthread.so.*|libdl.so.*|librt.so.*) ;;
+        *) relocate '$ORIGIN' "$f" ;;
+    esac
 done
 cp "$root/scripts/device-kit-run.sh" "$kit/run.sh"
 chmod +x "$kit/run.sh"
