@@ -367,6 +367,60 @@ bool Engine::join_after_exchange(Running &r) {
     return r.op->status() != 0;
 }
 
+// Device memory in, host memory for the schedule (fi_broadcast's one buffer both ways): send
+// and recv become r's host copies where the user's buffers are on a device. A failed copy is
+// left in r.status, for the operation to fail with once it exists.
+void Engine::stage_buffers(Running &r, const Group &g, const peer::CollWork &w,
+                           const peer::CollIo &io, const void **send, void **recv) {
+    const hmem::MemRef send_mem = peer::mem_of(w.send_desc);
+    r.recv_mem = peer::mem_of(w.recv_desc);
+    if (send_mem.iface != FI_HMEM_SYSTEM && io.send) {
+        r.send_stage.resize(io.send);
+        r.status = -hmem::copy(hmem::kHost, r.send_stage.data(), send_mem, *send, io.send);
+        *send = r.send_stage.data();
+    }
+    if (r.recv_mem.iface != FI_HMEM_SYSTEM && io.recv) {
+        // fi_broadcast's one buffer: the root's input (copied in, and left as it is), the
+        // others' result (copied out).
+        const bool bcast_root = w.coll == FI_BROADCAST && g.rank == w.root;
+        r.recv_stage.resize(io.recv);
+        if (bcast_root && !r.status)
+            r.status = -hmem::copy(hmem::kHost, r.recv_stage.data(), r.recv_mem, *recv, io.recv);
+        r.recv_user = *recv;
+        r.recv_bytes = io.recv;
+        r.recv_staged = !bcast_root;
+        *recv = r.recv_stage.data();
+    }
+}
+
+// An allreduce or barrier of a hierarchical group (Mode::Hier): node-local reduce into the
+// leader's partial result, the leaders' allreduce of the partials, node-local broadcast of the
+// result (barriers: the same three barriers).
+void Engine::start_hier(Running &r, Group &g, const peer::CollWork &w, const Args &a,
+                        const Thresholds &t, const void *send, void *recv) {
+    r.hier = true;
+    const bool leader = g.leader_index >= 0;
+    if (leader) r.partial.resize(a.bytes());
+    if (g.shm) {
+        Args in = a, out = a;
+        in.coll = w.coll == FI_BARRIER ? FI_BARRIER : FI_REDUCE;
+        out.coll = w.coll == FI_BARRIER ? FI_BARRIER : FI_BROADCAST;
+        in.root = out.root = 0;
+        r.shm_op.emplace(*g.shm, in, send, leader ? r.partial.data() : nullptr);
+        r.node_out.emplace(*g.shm, out, nullptr, recv);
+        if (r.status) r.shm_op->fail(r.status);
+    } else if (a.bytes()) {
+        memcpy(r.partial.data(), send, a.bytes());  // a node of one: its input is the partial
+    }
+    if (leader) {
+        r.rank_map = &g.leaders;
+        const Shape leaders{uint32_t(g.leaders.size()), uint32_t(g.leader_index)};
+        r.op.emplace(select(leaders, a, t), r.partial.data(), recv, w.datatype, w.op,
+                     wire::coll_tag(g.id, r.seq));
+        if (r.status) r.op->fail(r.status);
+    }
+}
+
 int Engine::post(uint64_t handle, const peer::CollWork &w) {
     auto it = groups_.find(handle);
     if (it == groups_.end() || !w.done) return -FI_EINVAL;
@@ -386,26 +440,7 @@ int Engine::post(uint64_t handle, const peer::CollWork &w) {
 
     const void *send = w.send;
     void *recv = w.recv;
-    // Device memory in, host memory for the schedule (fi_broadcast's one buffer both ways).
-    const hmem::MemRef send_mem = peer::mem_of(w.send_desc);
-    r.recv_mem = peer::mem_of(w.recv_desc);
-    if (send_mem.iface != FI_HMEM_SYSTEM && io.send) {
-        r.send_stage.resize(io.send);
-        r.status = -hmem::copy(hmem::kHost, r.send_stage.data(), send_mem, send, io.send);
-        send = r.send_stage.data();
-    }
-    if (r.recv_mem.iface != FI_HMEM_SYSTEM && io.recv) {
-        // fi_broadcast's one buffer: the root's input (copied in, and left as it is), the
-        // others' result (copied out).
-        const bool bcast_root = w.coll == FI_BROADCAST && g.rank == w.root;
-        r.recv_stage.resize(io.recv);
-        if (bcast_root && !r.status)
-            r.status = -hmem::copy(hmem::kHost, r.recv_stage.data(), r.recv_mem, recv, io.recv);
-        r.recv_user = recv;
-        r.recv_bytes = io.recv;
-        r.recv_staged = !bcast_root;
-        recv = r.recv_stage.data();
-    }
+    stage_buffers(r, g, w, io, &send, &recv);
     ++g.running;
     if (g.mode == Group::Mode::Shm) {
         r.shm_op.emplace(*g.shm, a, send, recv);
@@ -415,29 +450,7 @@ int Engine::post(uint64_t handle, const peer::CollWork &w) {
         return 0;
     }
     if (g.mode == Group::Mode::Hier && (w.coll == FI_ALLREDUCE || w.coll == FI_BARRIER)) {
-        // Node-local reduce into the leader's partial result, the leaders' allreduce of the
-        // partials, node-local broadcast of the result (barriers: the same three barriers).
-        r.hier = true;
-        const bool leader = g.leader_index >= 0;
-        if (leader) r.partial.resize(a.bytes());
-        if (g.shm) {
-            Args in = a, out = a;
-            in.coll = w.coll == FI_BARRIER ? FI_BARRIER : FI_REDUCE;
-            out.coll = w.coll == FI_BARRIER ? FI_BARRIER : FI_BROADCAST;
-            in.root = out.root = 0;
-            r.shm_op.emplace(*g.shm, in, send, leader ? r.partial.data() : nullptr);
-            r.node_out.emplace(*g.shm, out, nullptr, recv);
-            if (r.status) r.shm_op->fail(r.status);
-        } else if (a.bytes()) {
-            memcpy(r.partial.data(), send, a.bytes());  // a node of one: its input is the partial
-        }
-        if (leader) {
-            r.rank_map = &g.leaders;
-            const Shape leaders{uint32_t(g.leaders.size()), uint32_t(g.leader_index)};
-            r.op.emplace(select(leaders, a, t), r.partial.data(), recv, w.datatype, w.op,
-                         wire::coll_tag(g.id, r.seq));
-            if (r.status) r.op->fail(r.status);
-        }
+        start_hier(r, g, w, a, t, send, recv);
         return 0;
     }
     r.op.emplace(select(Shape{n, g.rank}, a, t), send, recv, w.datatype, w.op,

@@ -147,6 +147,11 @@ class Engine final : public Transport {
     };
 
     int finish(Running &r);
+    // post's parts: device buffers staged through host copies, and a hierarchical start.
+    void stage_buffers(Running &r, const Group &g, const peer::CollWork &w, const peer::CollIo &io,
+                       const void **send, void **recv);
+    void start_hier(Running &r, Group &g, const peer::CollWork &w, const Args &a,
+                    const Thresholds &t, const void *send, void *recv);
     // The join's steps after the exchange; true once it can be reported.
     bool join_after_exchange(Running &r);
     void choose_mode(Running &r);
