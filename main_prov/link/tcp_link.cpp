@@ -496,6 +496,65 @@ bool TcpConnection::end_with_fault(OutFrame &f) {
     return true;
 }
 
+// One sendmsg's scatter list over the front frames of the queue.
+struct TcpConnection::SendBatch {
+    iovec iov[kMaxSendIov];  // (left uninitialized: only the first n are written and read)
+    size_t n = 0;
+    size_t bytes = 0;  // what the list holds
+    size_t skip = 0;   // bytes of the frame being added that went out already
+
+    // Adds what of [base, base + len) is not among the `skip` bytes already sent.
+    void push(void *base, size_t len) {
+        if (skip >= len) {
+            skip -= len;
+            return;
+        }
+        iov[n++] = {static_cast<char *>(base) + skip, len - skip};
+        bytes += len - skip;
+        skip = 0;
+    }
+};
+
+// Fills `batch` with the unsent bytes of the queue's front frames, up to the first whose
+// payload leaves another way: through the bounce buffer (its next chunk only, as one frame
+// owns the buffer at a time) or by splice (splice_payload, after its header). Rebuild: a
+// device frame's copy failed and it became an empty fault frame; Failed: the connection did.
+TcpConnection::BatchResult TcpConnection::build_batch(SendBatch &batch) {
+    for (auto &frame : outq_) {
+        OutFrame &f = *frame;
+        if (batch.n + 2 + f.iov_count > kMaxSendIov) break;
+        batch.skip = f.sent;
+        batch.push(&f.hdr, sizeof f.hdr);
+        if (f.has_ext) batch.push(&f.ext, sizeof f.ext);
+        if (f.device) {
+            size_t k = push_staged(f, &batch.iov[batch.n]);
+            if (k == SIZE_MAX) {
+                if (f.sent == 0 && end_with_fault(f)) return BatchResult::Rebuild;
+                fail_connection("device memory could not be copied for sending", EIO);
+                return BatchResult::Failed;
+            }
+            batch.n += k;
+            if (k) batch.bytes += batch.iov[batch.n - 1].iov_len;
+            break;
+        }
+        if (spliceable(f)) break;  // its payload follows its header by splice_payload()
+        for (size_t k = 0; k < f.iov_count; ++k) batch.push(f.iov[k].iov_base, f.iov[k].iov_len);
+    }
+    return BatchResult::Ready;
+}
+
+// `sent` bytes of the queue's front frames left: frames sent whole are retired.
+void TcpConnection::account_sent(size_t sent) {
+    while (sent && !outq_.empty()) {
+        auto &f = *outq_.front();
+        size_t take = std::min(sent, f.total - f.sent);
+        f.sent += take;
+        sent -= take;
+        if (f.sent == f.total) retire_sent();
+    }
+    if (!outq_.empty() && outq_.front()->sent) stop_at("link.frame_partly_sent");
+}
+
 bool TcpConnection::flush_send() {
     if (fd_ < 0 || state_ == State::Connecting || state_ == State::Closed) return false;
     while (!outq_.empty()) {
@@ -513,51 +572,14 @@ bool TcpConnection::flush_send() {
                     return false;
             }
         }
-        iovec iov[kMaxSendIov];
-        size_t n = 0;
-        size_t bytes = 0;
-        bool rebuild = false;
-        for (auto &frame : outq_) {
-            OutFrame &f = *frame;
-            if (n + 2 + f.iov_count > kMaxSendIov) break;
-            size_t skip = f.sent;
-            size_t head_len = sizeof f.hdr;
-            auto push = [&](void *base, size_t len) {
-                if (skip >= len) {
-                    skip -= len;
-                    return;
-                }
-                iov[n++] = {static_cast<char *>(base) + skip, len - skip};
-                bytes += len - skip;
-                skip = 0;
-            };
-            push(&f.hdr, head_len);
-            if (f.has_ext) push(&f.ext, sizeof f.ext);
-            if (f.device) {
-                // Device payload goes through the bounce buffer, which one frame owns at a
-                // time: nothing after it in this batch.
-                size_t k = push_staged(f, &iov[n]);
-                if (k == SIZE_MAX) {
-                    if (f.sent == 0 && end_with_fault(f)) {
-                        rebuild = true;  // its header changed: build the batch again
-                        break;
-                    }
-                    fail_connection("device memory could not be copied for sending", EIO);
-                    return false;
-                }
-                n += k;
-                if (k) bytes += iov[n - 1].iov_len;
-                break;
-            }
-            // A spliced payload follows its header by splice_payload() (at the loop's top).
-            if (spliceable(f)) break;
-            for (size_t k = 0; k < f.iov_count; ++k) push(f.iov[k].iov_base, f.iov[k].iov_len);
-        }
-        if (rebuild) continue;
-        if (n == 0) break;
+        SendBatch batch;
+        const BatchResult built = build_batch(batch);
+        if (built == BatchResult::Failed) return false;
+        if (built == BatchResult::Rebuild) continue;  // its header changed: build it again
+        if (batch.n == 0) break;
         msghdr msg{};
-        msg.msg_iov = iov;
-        msg.msg_iovlen = n;
+        msg.msg_iov = batch.iov;
+        msg.msg_iovlen = batch.n;
         ssize_t sent = sendmsg(fd_, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (sent < 0) {
             if (errno == EAGAIN || errno == EWOULDBLOCK) return false;
@@ -565,16 +587,8 @@ bool TcpConnection::flush_send() {
             fail_connection("send failed", errno);
             return false;
         }
-        size_t left = static_cast<size_t>(sent);
-        while (left && !outq_.empty()) {
-            auto &f = *outq_.front();
-            size_t take = std::min(left, f.total - f.sent);
-            f.sent += take;
-            left -= take;
-            if (f.sent == f.total) retire_sent();
-        }
-        if (!outq_.empty() && outq_.front()->sent) stop_at("link.frame_partly_sent");
-        if (static_cast<size_t>(sent) < bytes) return false;  // socket buffer full
+        account_sent(static_cast<size_t>(sent));
+        if (static_cast<size_t>(sent) < batch.bytes) return false;  // socket buffer full
     }
     return true;
 }

@@ -165,6 +165,10 @@ class TcpConnection final : public LinkConnection {
     SpliceResult splice_payload(OutFrame &f);
     void close_pipe();
     bool receive_staged(size_t remaining);
+    struct SendBatch;
+    enum class BatchResult : uint8_t { Ready, Rebuild, Failed };
+    BatchResult build_batch(SendBatch &batch);
+    void account_sent(size_t sent);
     bool flush_send();
     void read_frames();
     bool fill_rx(size_t want);
