@@ -299,6 +299,93 @@ void NetDevice::sub_done(uint64_t request, Result error) {
     }
 }
 
+// A buffer of a grouped receive is filled: with a message of len bytes, or by a write whose
+// announcement (remote CQ data) gives its size, or says that the write failed or was refused.
+void NetDevice::recv_data_done(const Op &op, uint64_t flags, size_t len, uint64_t data) {
+    Result error = kSuccess;
+    if (Request *r = requests_.find(op.request)) {
+        if (flags & FI_REMOTE_CQ_DATA) {
+            // The announcement of a write.
+            if (data & wire::kNcclFinFailed) {
+                NCCL_TANDEM_WARN(
+                    "NET/tandem: the sender's write of %llu B into a "
+                    "receive buffer failed (its log has the cause)",
+                    (unsigned long long)(data & ~wire::kNcclFinFailed));
+                error = kSystemError;
+            } else if (data & wire::kNcclFinTruncated) {
+                NCCL_TANDEM_WARN(
+                    "NET/tandem: a send of %llu B was refused by a receive buffer of its "
+                    "tag of smaller size (NCCL sizes mismatch)",
+                    (unsigned long long)(data & ~wire::kNcclFinTruncated));
+                error = kInvalidUsage;
+            } else {
+                r->sizes[op.sub] = int(data);
+            }
+        } else {
+            r->sizes[op.sub] = int(len);
+        }
+    }
+    sub_done(op.request, error);
+}
+
+// A message of clear-to-sends for a send comm, each met with its send. True when the receive
+// is posted again (the operation goes on), false when it is over.
+bool NetDevice::cts_batch_arrived(Op *op, size_t len) {
+    SendComm *comm = sends_.find(op->comm);
+    if (!comm) return false;
+    if (len % sizeof(wire::NcclCts) || len == 0)
+        NCCL_TANDEM_WARN("NET/tandem: dropped a malformed clear-to-send (%zu B)", len);
+    else
+        for (size_t i = 0; i < len / sizeof(wire::NcclCts); ++i)
+            cts_arrived(op->comm, *comm, op->batch[i]);
+    // The same buffer goes back for the next one.
+    ssize_t ret = fi_trecv(ep_, op->batch.data(), op->batch.size() * sizeof(wire::NcclCts), nullptr,
+                           comm->peer, wire::nccl_tag(NcclTagKind::Cts, comm->number, 0, 0),
+                           wire::kNcclCommIgnore, &op->ctx);
+    if (ret == 0) return true;
+    NCCL_TANDEM_WARN("NET/tandem: reposting a CTS receive: %s", fi_strerror(int(-ret)));
+    comm->failed = true;
+    return false;
+}
+
+// A Connect reached a listen comm (accept takes it from there). A malformed one is dropped and
+// the receive posted again: true then, the operation goes on.
+bool NetDevice::connect_arrived(Op *op, size_t len) {
+    ListenComm *l = listens_.find(op->comm);
+    if (!l) return false;
+    const wire::NcclConnect &c = op->connect;
+    if (c.magic != wire::kNcclHandleMagic || c.version != wire::kNcclVersion ||
+        c.nonce != l->nonce || c.addr_len == 0 || c.addr_len > wire::kNcclMaxAddr ||
+        len != sizeof c) {
+        NCCL_TANDEM_WARN("NET/tandem: dropped a malformed connection request (%zu B)", len);
+        ssize_t ret = fi_trecv(ep_, &op->connect, sizeof op->connect, nullptr, FI_ADDR_UNSPEC,
+                               wire::nccl_tag(NcclTagKind::Connect, l->number, 0, 0),
+                               wire::kNcclCommIgnore, &op->ctx);
+        if (ret == 0) return true;
+        l->posted = nullptr;
+        return false;
+    }
+    l->peer = c;
+    l->arrived = true;
+    l->posted = nullptr;
+    return false;
+}
+
+// The Accept reached a connecting send comm: it is connected, or failed when malformed.
+void NetDevice::accept_arrived(const Op &op, size_t len) {
+    SendComm *s = sends_.find(op.comm);
+    if (!s) return;
+    const wire::NcclConnect &c = op.connect;
+    if (c.magic != wire::kNcclHandleMagic || c.version != wire::kNcclVersion ||
+        c.nonce != s->nonce || c.comm == 0 || len != sizeof c) {
+        NCCL_TANDEM_WARN("NET/tandem: a malformed connection accept; connection failed");
+        s->failed = true;
+        return;
+    }
+    s->remote = c.comm;
+    s->ready = true;
+}
+
 void NetDevice::complete(Op *op, uint64_t flags, size_t len, uint64_t data) {
     switch (op->kind) {
         case OpKind::SendData:
@@ -309,86 +396,18 @@ void NetDevice::complete(Op *op, uint64_t flags, size_t len, uint64_t data) {
                 send_control(c->peer, op->fin_tag, nullptr, 0, op->fin_size, true);
             sub_done(op->request, kSuccess);
             break;
-        case OpKind::RecvData: {
-            Result error = kSuccess;
-            if (Request *r = requests_.find(op->request)) {
-                if (flags & FI_REMOTE_CQ_DATA) {
-                    // The announcement of a write.
-                    if (data & wire::kNcclFinFailed) {
-                        NCCL_TANDEM_WARN(
-                            "NET/tandem: the sender's write of %llu B into a "
-                            "receive buffer failed (its log has the cause)",
-                            (unsigned long long)(data & ~wire::kNcclFinFailed));
-                        error = kSystemError;
-                    } else if (data & wire::kNcclFinTruncated) {
-                        NCCL_TANDEM_WARN(
-                            "NET/tandem: a send of %llu B was refused by a receive buffer of its "
-                            "tag of smaller size (NCCL sizes mismatch)",
-                            (unsigned long long)(data & ~wire::kNcclFinTruncated));
-                        error = kInvalidUsage;
-                    } else {
-                        r->sizes[op->sub] = int(data);
-                    }
-                } else {
-                    r->sizes[op->sub] = int(len);
-                }
-            }
-            sub_done(op->request, error);
+        case OpKind::RecvData:
+            recv_data_done(*op, flags, len, data);
             break;
-        }
-        case OpKind::CtsRecv: {
-            SendComm *comm = sends_.find(op->comm);
-            if (!comm) break;
-            if (len % sizeof(wire::NcclCts) || len == 0)
-                NCCL_TANDEM_WARN("NET/tandem: dropped a malformed clear-to-send (%zu B)", len);
-            else
-                for (size_t i = 0; i < len / sizeof(wire::NcclCts); ++i)
-                    cts_arrived(op->comm, *comm, op->batch[i]);
-            // The same buffer goes back for the next one.
-            ssize_t ret =
-                fi_trecv(ep_, op->batch.data(), op->batch.size() * sizeof(wire::NcclCts), nullptr,
-                         comm->peer, wire::nccl_tag(NcclTagKind::Cts, comm->number, 0, 0),
-                         wire::kNcclCommIgnore, &op->ctx);
-            if (ret == 0) return;
-            NCCL_TANDEM_WARN("NET/tandem: reposting a CTS receive: %s", fi_strerror(int(-ret)));
-            comm->failed = true;
+        case OpKind::CtsRecv:
+            if (cts_batch_arrived(op, len)) return;  // posted again
             break;
-        }
-        case OpKind::ConnectRecv: {
-            ListenComm *l = listens_.find(op->comm);
-            if (!l) break;
-            const wire::NcclConnect &c = op->connect;
-            if (c.magic != wire::kNcclHandleMagic || c.version != wire::kNcclVersion ||
-                c.nonce != l->nonce || c.addr_len == 0 || c.addr_len > wire::kNcclMaxAddr ||
-                len != sizeof c) {
-                NCCL_TANDEM_WARN("NET/tandem: dropped a malformed connection request (%zu B)", len);
-                ssize_t ret =
-                    fi_trecv(ep_, &op->connect, sizeof op->connect, nullptr, FI_ADDR_UNSPEC,
-                             wire::nccl_tag(NcclTagKind::Connect, l->number, 0, 0),
-                             wire::kNcclCommIgnore, &op->ctx);
-                if (ret == 0) return;
-                l->posted = nullptr;
-                break;
-            }
-            l->peer = c;
-            l->arrived = true;
-            l->posted = nullptr;
+        case OpKind::ConnectRecv:
+            if (connect_arrived(op, len)) return;  // posted again
             break;
-        }
-        case OpKind::AcceptRecv: {
-            SendComm *s = sends_.find(op->comm);
-            if (!s) break;
-            const wire::NcclConnect &c = op->connect;
-            if (c.magic != wire::kNcclHandleMagic || c.version != wire::kNcclVersion ||
-                c.nonce != s->nonce || c.comm == 0 || len != sizeof c) {
-                NCCL_TANDEM_WARN("NET/tandem: a malformed connection accept; connection failed");
-                s->failed = true;
-                break;
-            }
-            s->remote = c.comm;
-            s->ready = true;
+        case OpKind::AcceptRecv:
+            accept_arrived(*op, len);
             break;
-        }
         case OpKind::Handshake:
             break;
     }

@@ -206,6 +206,11 @@ class NetDevice : public Device {
     void close_locked();
     void progress_locked();
     void complete(Op *op, uint64_t flags, size_t len, uint64_t data);
+    // complete's cases: true from those that posted their receive again (the op goes on).
+    void recv_data_done(const Op &op, uint64_t flags, size_t len, uint64_t data);
+    bool cts_batch_arrived(Op *op, size_t len);
+    bool connect_arrived(Op *op, size_t len);
+    void accept_arrived(const Op &op, size_t len);
     void fail(Op *op, int err, const char *cause);
     void finish_op(Op *op);
     void sub_done(uint64_t request, Result error);
