@@ -762,104 +762,118 @@ bool TcpConnection::fill_rx(size_t want) {
     return true;
 }
 
+// A Send's payload goes to the oldest posted receive buffer. False: none is posted (stall),
+// or the connection failed.
+bool TcpConnection::begin_send() {
+    dropping_send_ = (cur_.flags & wire::kTcpIfWriteOk) && !last_write_ok_;
+    if (dropping_send_) {
+        dst_discard_ = true;  // read and dropped: it belonged to the failed write
+        return true;
+    }
+    TcpTransport::PostedRecv posted;
+    if (!transport_->take_posted(posted)) return false;
+    if (cur_.length > posted.len) {
+        // The peer broke the size it was told: a protocol error, as on a verbs QP.
+        transport_->post_recv(posted.buf, posted.len, posted.wr_id);
+        fail_connection("message larger than the posted receive buffer", EMSGSIZE);
+        return false;
+    }
+    posted_buf_ = posted.buf;
+    posted_len_ = posted.len;
+    posted_wr_id_ = posted.wr_id;
+    dst_iov_.push_back({posted.buf, cur_.length});
+    return true;
+}
+
+// A write's frame: checked whole, then its payload goes to the region its key names (or is
+// discarded, refused). False: no receive buffer for its immediate data yet (stall), or the
+// connection failed.
+bool TcpConnection::begin_write() {
+    // ext.length is the rest of the write from ext.addr: this frame's payload, or
+    // more when further frames (kTcpMore) follow.
+    const bool fault = cur_.status == static_cast<uint8_t>(wire::TcpStatus::SourceFault);
+    const bool more = cur_.flags & wire::kTcpMore;
+    bool well_formed =
+        fault ? !cur_.length && !cur_ext_.length &&
+                    !(cur_.flags & (wire::kTcpMore | wire::kTcpHasImm))
+              : cur_.status == 0 && (more ? cur_.length && cur_.length < cur_ext_.length &&
+                                                !(cur_.flags & wire::kTcpHasImm)
+                                          : cur_.length == cur_ext_.length);
+    if (!well_formed) {
+        fail_connection("malformed write", EPROTO);
+        return false;
+    }
+    stop_at("link.write_received");
+    if (fault) {
+        cur_status_ = wire::TcpStatus::SourceFault;
+        dst_discard_ = true;
+        return true;
+    }
+    if (cur_.flags & wire::kTcpHasImm) {
+        TcpTransport::PostedRecv posted;
+        if (!transport_->take_posted(posted)) return false;
+        posted_buf_ = posted.buf;
+        posted_len_ = posted.len;
+        posted_wr_id_ = posted.wr_id;
+    }
+    // The whole rest of the write is checked, so that a write refused anywhere
+    // writes nothing, and once a frame of it is refused the rest is discarded.
+    LocalPieces pieces;
+    if (write_status_ != wire::TcpStatus::Ok) {
+        cur_status_ = write_status_;
+        dst_discard_ = true;
+    } else if (!transport_->resolver()->resolve(cur_ext_.key, cur_ext_.addr, cur_ext_.length,
+                                                FI_REMOTE_WRITE, pieces)) {
+        cur_status_ = wire::TcpStatus::RemoteAccess;
+        dst_discard_ = true;
+    } else {
+        bool host = hmem::all_host(pieces.mem, pieces.count);
+        slice_pieces(pieces.iov, host ? nullptr : pieces.mem, pieces.count, 0, cur_.length,
+                     dst_iov_, dst_mem_);
+    }
+    return true;
+}
+
+// A read response's payload goes where the read it answers asked for it. False: the
+// connection failed (no such read, or the wrong length).
+bool TcpConnection::begin_read_response() {
+    PendingWr *wr = answered_read();
+    if (!wr) {
+        fail_connection("read response without a request", EPROTO);
+        return false;
+    }
+    // The response's frames together carry the whole read, the last without
+    // kTcpMore; an error status ends it early, with no payload.
+    const size_t left = wr->length - wr->read_got;
+    const bool more = cur_.flags & wire::kTcpMore;
+    bool fits = cur_.status == 0 ? (more ? cur_.length && cur_.length < left : cur_.length == left)
+                                 : (cur_.length == 0 && !more);
+    if (!fits) {
+        fail_connection("read response of the wrong length", EPROTO);
+        return false;
+    }
+    slice_pieces(wr->read_iov.data(), wr->read_mem.empty() ? nullptr : wr->read_mem.data(),
+                 wr->read_iov.size(), wr->read_got, cur_.length, dst_iov_, dst_mem_);
+    return true;
+}
+
 // Decides where the payload of the frame in cur_ goes. Returns false to stall (no posted
 // receive buffer yet: the RNR case) without consuming anything more.
 bool TcpConnection::begin_frame() {
-    auto op = static_cast<wire::TcpOp>(cur_.op);
     dst_iov_.clear();
     dst_mem_.clear();
     dst_discard_ = false;
     payload_done_ = 0;
     cur_status_ = wire::TcpStatus::Ok;
-    switch (op) {
-        case wire::TcpOp::Send: {
-            dropping_send_ = (cur_.flags & wire::kTcpIfWriteOk) && !last_write_ok_;
-            if (dropping_send_) {
-                dst_discard_ = true;  // read and dropped: it belonged to the failed write
-                return true;
-            }
-            TcpTransport::PostedRecv posted;
-            if (!transport_->take_posted(posted)) return false;
-            if (cur_.length > posted.len) {
-                // The peer broke the size it was told: a protocol error, as on a verbs QP.
-                transport_->post_recv(posted.buf, posted.len, posted.wr_id);
-                fail_connection("message larger than the posted receive buffer", EMSGSIZE);
-                return false;
-            }
-            posted_buf_ = posted.buf;
-            posted_len_ = posted.len;
-            posted_wr_id_ = posted.wr_id;
-            dst_iov_.push_back({posted.buf, cur_.length});
-            return true;
-        }
-        case wire::TcpOp::Write: {
-            // ext.length is the rest of the write from ext.addr: this frame's payload, or
-            // more when further frames (kTcpMore) follow.
-            const bool fault = cur_.status == static_cast<uint8_t>(wire::TcpStatus::SourceFault);
-            const bool more = cur_.flags & wire::kTcpMore;
-            bool well_formed =
-                fault ? !cur_.length && !cur_ext_.length &&
-                            !(cur_.flags & (wire::kTcpMore | wire::kTcpHasImm))
-                      : cur_.status == 0 && (more ? cur_.length && cur_.length < cur_ext_.length &&
-                                                        !(cur_.flags & wire::kTcpHasImm)
-                                                  : cur_.length == cur_ext_.length);
-            if (!well_formed) {
-                fail_connection("malformed write", EPROTO);
-                return false;
-            }
-            stop_at("link.write_received");
-            if (fault) {
-                cur_status_ = wire::TcpStatus::SourceFault;
-                dst_discard_ = true;
-                return true;
-            }
-            if (cur_.flags & wire::kTcpHasImm) {
-                TcpTransport::PostedRecv posted;
-                if (!transport_->take_posted(posted)) return false;
-                posted_buf_ = posted.buf;
-                posted_len_ = posted.len;
-                posted_wr_id_ = posted.wr_id;
-            }
-            // The whole rest of the write is checked, so that a write refused anywhere
-            // writes nothing, and once a frame of it is refused the rest is discarded.
-            LocalPieces pieces;
-            if (write_status_ != wire::TcpStatus::Ok) {
-                cur_status_ = write_status_;
-                dst_discard_ = true;
-            } else if (!transport_->resolver()->resolve(cur_ext_.key, cur_ext_.addr,
-                                                        cur_ext_.length, FI_REMOTE_WRITE, pieces)) {
-                cur_status_ = wire::TcpStatus::RemoteAccess;
-                dst_discard_ = true;
-            } else {
-                bool host = hmem::all_host(pieces.mem, pieces.count);
-                slice_pieces(pieces.iov, host ? nullptr : pieces.mem, pieces.count, 0, cur_.length,
-                             dst_iov_, dst_mem_);
-            }
-            return true;
-        }
+    switch (static_cast<wire::TcpOp>(cur_.op)) {
+        case wire::TcpOp::Send:
+            return begin_send();
+        case wire::TcpOp::Write:
+            return begin_write();
         case wire::TcpOp::ReadReq:
             return true;
-        case wire::TcpOp::ReadResp: {
-            PendingWr *wr = answered_read();
-            if (!wr) {
-                fail_connection("read response without a request", EPROTO);
-                return false;
-            }
-            // The response's frames together carry the whole read, the last without
-            // kTcpMore; an error status ends it early, with no payload.
-            const size_t left = wr->length - wr->read_got;
-            const bool more = cur_.flags & wire::kTcpMore;
-            bool fits = cur_.status == 0
-                            ? (more ? cur_.length && cur_.length < left : cur_.length == left)
-                            : (cur_.length == 0 && !more);
-            if (!fits) {
-                fail_connection("read response of the wrong length", EPROTO);
-                return false;
-            }
-            slice_pieces(wr->read_iov.data(), wr->read_mem.empty() ? nullptr : wr->read_mem.data(),
-                         wr->read_iov.size(), wr->read_got, cur_.length, dst_iov_, dst_mem_);
-            return true;
-        }
+        case wire::TcpOp::ReadResp:
+            return begin_read_response();
         case wire::TcpOp::CmRequest:
         case wire::TcpOp::CmAccept:
         case wire::TcpOp::CmReject:

@@ -172,6 +172,9 @@ class TcpConnection final : public LinkConnection {
     bool flush_send();
     void read_frames();
     bool fill_rx(size_t want);
+    bool begin_send();
+    bool begin_write();
+    bool begin_read_response();
     bool begin_frame();
     bool read_payload();
     void finish_frame();
