@@ -40,6 +40,24 @@ Result result_of(int err) {
     return err == FI_ETRUNC ? kInvalidUsage : kSystemError;
 }
 
+// Whether a handle NCCL passes to connect is one of tandem's listen handles, whole.
+bool valid_handle(const wire::NcclHandle &in) {
+    return in.magic == wire::kNcclHandleMagic && in.version == wire::kNcclVersion &&
+           in.addr_len != 0 && in.addr_len <= wire::kNcclMaxAddr && in.listen_comm != 0 &&
+           in.listen_comm <= wire::kNcclMaxComms && in.nonce != 0;
+}
+
+// A Connect or an Accept naming our comm and the listen comm's nonce (a Connect adds our
+// address).
+wire::NcclConnect handshake(uint32_t comm, uint64_t nonce) {
+    wire::NcclConnect c{};
+    c.magic = wire::kNcclHandleMagic;
+    c.version = wire::kNcclVersion;
+    c.comm = comm;
+    c.nonce = nonce;
+    return c;
+}
+
 }  // namespace
 
 NetDevice::NetDevice(uint8_t index, const fi_info *info, DeviceDescription description,
@@ -581,38 +599,79 @@ Result NetDevice::listen(void *handle, void **listen_comm) {
     return kSuccess;
 }
 
+// A Connect or Accept (op->connect) sent with that tag, tried again while tandem has no room
+// (progress makes some). When it cannot be sent the operation is freed; its error returned.
+ssize_t NetDevice::send_handshake(Op *op, fi_addr_t peer, uint64_t tag) {
+    ssize_t ret;
+    for (int attempt = 0; (ret = fi_tsend(ep_, &op->connect, sizeof op->connect, nullptr, peer, tag,
+                                          &op->ctx)) == -FI_EAGAIN &&
+                          attempt < 1000;
+         ++attempt)
+        progress_locked();
+    if (ret) {
+        ops_.erase(op);
+        delete op;
+    }
+    return ret;
+}
+
+// connect again on a handle whose connection is under way: connected (send_comm set), still
+// waiting for the Accept, or failed (the handle is reset, so that a later connect starts anew).
+Result NetDevice::connect_again(wire::NcclHandle &in, void *handle, void **send_comm) {
+    SendComm *s = sends_.find(in.connecting);
+    if (!s)
+        WARN_RETURN(kInvalidUsage,
+                    "NET/tandem: connect: the handle names a connection that "
+                    "is not under way");
+    progress_locked();
+    if (s->failed) {
+        numbers_.erase(s->number);
+        cancel_posted(s->posted);
+        sends_.remove(in.connecting);
+        in.connecting = 0;
+        std::memcpy(handle, &in, sizeof in);
+        WARN_RETURN(kSystemError, "NET/tandem: connect: connection failed");
+    }
+    if (s->ready) *send_comm = reinterpret_cast<void *>(in.connecting);
+    return kSuccess;
+}
+
+// A new send comm's receives: the Accept, and standing clear-to-send receives (more messages
+// wait in tandem's unexpected queue). Those posted are in comm.posted.
+Result NetDevice::post_send_comm_receives(uint64_t h, SendComm &comm) {
+    Op *acc = new_op(int(OpKind::AcceptRecv));
+    acc->comm = h;
+    if (Result r = post_receive(acc, &acc->connect, sizeof acc->connect, nullptr, comm.peer,
+                                wire::nccl_tag(NcclTagKind::Accept, comm.number, 0, 0),
+                                wire::kNcclCommIgnore))
+        return r;
+    comm.posted.push_back(acc);
+    for (int i = 0; i < kCtsReceives; ++i) {
+        Op *op = new_op(int(OpKind::CtsRecv));
+        op->comm = h;
+        op->batch.resize(wire::kNcclCtsBatch);
+        if (Result r = post_receive(
+                op, op->batch.data(), op->batch.size() * sizeof(wire::NcclCts), nullptr, comm.peer,
+                wire::nccl_tag(NcclTagKind::Cts, comm.number, 0, 0), wire::kNcclCommIgnore))
+            return r;
+        comm.posted.push_back(op);
+    }
+    return kSuccess;
+}
+
 Result NetDevice::connect(void *handle, void **send_comm) {
     if (!handle || !send_comm) WARN_RETURN(kInternalError, "NET/tandem: connect without a handle");
     *send_comm = nullptr;
     wire::NcclHandle in;
     std::memcpy(&in, handle, sizeof in);
-    if (in.magic != wire::kNcclHandleMagic || in.version != wire::kNcclVersion ||
-        in.addr_len == 0 || in.addr_len > wire::kNcclMaxAddr || in.listen_comm == 0 ||
-        in.listen_comm > wire::kNcclMaxComms || in.nonce == 0)
+    if (!valid_handle(in))
         WARN_RETURN(kInvalidUsage,
                     "NET/tandem: connect: the handle is not one of tandem's (magic %#x, version "
                     "%u): was it made by another plugin, or corrupted on the way?",
                     in.magic, in.version);
     std::lock_guard lk(mu_);
     if (Result r = open_locked()) return r;
-    if (in.connecting) {
-        SendComm *s = sends_.find(in.connecting);
-        if (!s)
-            WARN_RETURN(kInvalidUsage,
-                        "NET/tandem: connect: the handle names a connection that "
-                        "is not under way");
-        progress_locked();
-        if (s->failed) {
-            numbers_.erase(s->number);
-            cancel_posted(s->posted);
-            sends_.remove(in.connecting);
-            in.connecting = 0;
-            std::memcpy(handle, &in, sizeof in);
-            WARN_RETURN(kSystemError, "NET/tandem: connect: connection failed");
-        }
-        if (s->ready) *send_comm = reinterpret_cast<void *>(in.connecting);
-        return kSuccess;
-    }
+    if (in.connecting) return connect_again(in, handle, send_comm);
     fi_addr_t peer = peer_address(in.addr, in.addr_len);
     if (peer == FI_ADDR_NOTAVAIL)
         WARN_RETURN(kInvalidUsage, "NET/tandem: connect: the handle's address is not usable");
@@ -630,48 +689,15 @@ Result NetDevice::connect(void *handle, void **send_comm) {
         sends_.remove(h);
         return r;
     };
-    // The Accept, and standing clear-to-send receives (more messages wait in tandem's
-    // unexpected queue).
-    Op *acc = new_op(int(OpKind::AcceptRecv));
-    acc->comm = h;
-    if (Result r =
-            post_receive(acc, &acc->connect, sizeof acc->connect, nullptr, peer,
-                         wire::nccl_tag(NcclTagKind::Accept, number, 0, 0), wire::kNcclCommIgnore))
-        return undo(r);
-    sc->posted.push_back(acc);
-    for (int i = 0; i < kCtsReceives; ++i) {
-        Op *op = new_op(int(OpKind::CtsRecv));
-        op->comm = h;
-        op->batch.resize(wire::kNcclCtsBatch);
-        if (Result r = post_receive(op, op->batch.data(), op->batch.size() * sizeof(wire::NcclCts),
-                                    nullptr, peer, wire::nccl_tag(NcclTagKind::Cts, number, 0, 0),
-                                    wire::kNcclCommIgnore))
-            return undo(r);
-        sc->posted.push_back(op);
-    }
+    if (Result r = post_send_comm_receives(h, *sc)) return undo(r);
     Op *hello = new_op(int(OpKind::Handshake));
     hello->comm = h;
-    wire::NcclConnect &c = hello->connect;
-    c = {};
-    c.magic = wire::kNcclHandleMagic;
-    c.version = wire::kNcclVersion;
-    c.addr_len = uint8_t(name_len_);
-    c.comm = number;
-    c.nonce = in.nonce;
-    std::memcpy(c.addr, name_.data(), name_len_);
-    ssize_t sret;
-    for (int attempt = 0;
-         (sret = fi_tsend(ep_, &c, sizeof c, nullptr, peer,
-                          wire::nccl_tag(NcclTagKind::Connect, in.listen_comm, 0, 0),
-                          &hello->ctx)) == -FI_EAGAIN &&
-         attempt < 1000;
-         ++attempt)
-        progress_locked();
-    if (sret) {
-        ops_.erase(hello);
-        delete hello;
-        return undo(fabric_error("fi_tsend (connect)", int(sret)));
-    }
+    hello->connect = handshake(number, in.nonce);
+    hello->connect.addr_len = uint8_t(name_len_);
+    std::memcpy(hello->connect.addr, name_.data(), name_len_);
+    if (ssize_t ret =
+            send_handshake(hello, peer, wire::nccl_tag(NcclTagKind::Connect, in.listen_comm, 0, 0)))
+        return undo(fabric_error("fi_tsend (connect)", int(ret)));
     in.connecting = h;
     std::memcpy(handle, &in, sizeof in);
     progress_locked();
@@ -705,25 +731,12 @@ Result NetDevice::accept(void *listen_comm, void **recv_comm) {
     uint32_t number = r->number;
     uint64_t h = recvs_.add(std::move(r));
     Op *op = new_op(int(OpKind::Handshake));
-    wire::NcclConnect &c = op->connect;
-    c = {};
-    c.magic = wire::kNcclHandleMagic;
-    c.version = wire::kNcclVersion;
-    c.comm = number;
-    c.nonce = l->nonce;
-    ssize_t sret;
-    for (int attempt = 0; (sret = fi_tsend(ep_, &c, sizeof c, nullptr, peer,
-                                           wire::nccl_tag(NcclTagKind::Accept, l->peer.comm, 0, 0),
-                                           &op->ctx)) == -FI_EAGAIN &&
-                          attempt < 1000;
-         ++attempt)
-        progress_locked();
-    if (sret) {
-        ops_.erase(op);
-        delete op;
+    op->connect = handshake(number, l->nonce);
+    if (ssize_t ret =
+            send_handshake(op, peer, wire::nccl_tag(NcclTagKind::Accept, l->peer.comm, 0, 0))) {
         numbers_.erase(number);
         recvs_.remove(h);
-        return fabric_error("fi_tsend (accept)", int(sret));
+        return fabric_error("fi_tsend (accept)", int(ret));
     }
     l->accepted = true;
     *recv_comm = reinterpret_cast<void *>(h);

@@ -231,6 +231,10 @@ class NetDevice : public Device {
     void cancel_posted(std::vector<Op *> &posted);
     void drop_requests(uint64_t comm);
     fi_addr_t peer_address(const uint8_t *addr, size_t len);
+    // connect's parts.
+    Result connect_again(wire::NcclHandle &in, void *handle, void **send_comm);
+    Result post_send_comm_receives(uint64_t h, SendComm &comm);
+    ssize_t send_handshake(Op *op, fi_addr_t peer, uint64_t tag);
 
     uint8_t index_;
     fi_info *info_ = nullptr;
