@@ -981,103 +981,119 @@ void TcpConnection::handle_cm_frame() {
     fail_connection(nullptr, 0);
 }
 
+// A Send has arrived whole: its receive completes (unless it was dropped).
+void TcpConnection::finish_send() {
+    if (dropping_send_) {
+        dropping_send_ = false;
+        return;
+    }
+    WorkCompletion wc{posted_wr_id_,
+                      this,
+                      WcOpcode::Recv,
+                      WcStatus::Success,
+                      (cur_.flags & wire::kTcpHasImm) != 0,
+                      cur_.imm,
+                      cur_.length};
+    posted_buf_ = nullptr;
+    transport_->push_completion(wc);
+}
+
+// A write's frame has arrived whole. A write in several frames (from device memory) is one
+// work request: its earlier frames only place bytes (or note that the target refused them),
+// and this returns false for them; its last frame ends it (true): answered with a Nak if it
+// was refused, completed with its immediate data if it carries some.
+bool TcpConnection::finish_write() {
+    write_bytes_ += cur_.length;
+    if (cur_status_ != wire::TcpStatus::Ok && write_status_ == wire::TcpStatus::Ok)
+        write_status_ = cur_status_;
+    if (cur_.flags & wire::kTcpMore) return false;
+    cur_status_ = write_status_;
+    write_status_ = wire::TcpStatus::Ok;
+    last_write_ok_ = cur_status_ == wire::TcpStatus::Ok;
+    write_ended_ = true;
+    if (cur_status_ == wire::TcpStatus::SourceFault) {
+        // The initiator could not copy the rest of its source and knows it failed:
+        // nothing to answer, nothing to report here.
+        TANDEM_INFO(FI_LOG_EP_DATA, "a peer's write ended early: its source faulted\n");
+    } else if (cur_status_ != wire::TcpStatus::Ok) {
+        FramePtr nak = make_frame(wire::TcpOp::Nak, nullptr, nullptr, 0, false);
+        nak->hdr.status = static_cast<uint8_t>(cur_status_);
+        nak->hdr.imm = rx_count_;
+        queue_frame(std::move(nak));
+        if (posted_buf_) transport_->post_recv(posted_buf_, posted_len_, posted_wr_id_);
+        posted_buf_ = nullptr;
+        TANDEM_WARN(FI_LOG_EP_DATA, "remote write rejected: key 0x%lx addr 0x%lx len %lu\n",
+                    (unsigned long)cur_ext_.key, (unsigned long)cur_ext_.addr,
+                    (unsigned long)cur_.length);
+    } else {
+        transport_->resolver()->remote_access_done(cur_ext_.key, FI_REMOTE_WRITE);
+        if (cur_.flags & wire::kTcpHasImm) {
+            WorkCompletion wc{posted_wr_id_,     this, WcOpcode::RecvWriteImm,
+                              WcStatus::Success, true, cur_.imm,
+                              write_bytes_};
+            posted_buf_ = nullptr;
+            transport_->push_completion(wc);
+        }
+    }
+    write_bytes_ = 0;
+    return true;
+}
+
+// A read request has arrived: its response is queued, from the region its key names, or
+// refused with RemoteAccess.
+void TcpConnection::serve_read_request() {
+    stop_at("link.read_requested");
+    LocalPieces pieces;
+    bool ok = transport_->resolver()->resolve(cur_ext_.key, cur_ext_.addr, cur_ext_.length,
+                                              FI_REMOTE_READ, pieces);
+    if (ok && !hmem::all_host(pieces.mem, pieces.count)) {
+        queue_device_read_response(pieces, cur_ext_.key, cur_ext_.length);
+        return;
+    }
+    FramePtr frame = new_frame();
+    OutFrame &resp = *frame;
+    resp.hdr.op = static_cast<uint8_t>(wire::TcpOp::ReadResp);
+    if (!ok) {
+        resp.hdr.status = static_cast<uint8_t>(wire::TcpStatus::RemoteAccess);
+        TANDEM_WARN(FI_LOG_EP_DATA, "remote read rejected: key 0x%lx addr 0x%lx len %lu\n",
+                    (unsigned long)cur_ext_.key, (unsigned long)cur_ext_.addr,
+                    (unsigned long)cur_ext_.length);
+    } else {
+        resp.hdr.length = cur_ext_.length;
+        for (size_t k = 0; k < pieces.count; ++k) {
+            if (!pieces.iov[k].iov_len) continue;
+            resp.mem[resp.iov_count] = pieces.mem[k];
+            resp.iov[resp.iov_count++] = pieces.iov[k];
+        }
+        if (pieces.application) {
+            // The target's FI_REMOTE_READ counter moves once the bytes have left (see
+            // retire_sent), and they leave copied, not spliced: an application that
+            // sees the counter may change its memory, which must not alter what is
+            // in flight. (A rendezvous source stays the sender's until the reader's
+            // Fin, so it may be spliced.)
+            resp.counts_remote_read = true;
+            resp.read_key = cur_ext_.key;
+            resp.no_splice = true;
+        }
+    }
+    queue_frame(std::move(frame));
+}
+
 void TcpConnection::finish_frame() {
     auto op = static_cast<wire::TcpOp>(cur_.op);
     switch (op) {
-        case wire::TcpOp::Send: {
-            if (dropping_send_) {
-                dropping_send_ = false;
-                break;
-            }
-            WorkCompletion wc{posted_wr_id_,
-                              this,
-                              WcOpcode::Recv,
-                              WcStatus::Success,
-                              (cur_.flags & wire::kTcpHasImm) != 0,
-                              cur_.imm,
-                              cur_.length};
-            posted_buf_ = nullptr;
-            transport_->push_completion(wc);
+        case wire::TcpOp::Send:
+            finish_send();
             break;
-        }
         case wire::TcpOp::Write:
-            // A write in several frames (from device memory) is one work request: its earlier
-            // frames only place bytes (or note that the target refused them).
-            write_bytes_ += cur_.length;
-            if (cur_status_ != wire::TcpStatus::Ok && write_status_ == wire::TcpStatus::Ok)
-                write_status_ = cur_status_;
-            if (cur_.flags & wire::kTcpMore) {
+            if (!finish_write()) {  // more frames of it to come: no work request yet
                 complete_acked(cur_.ack);
                 return;
             }
-            cur_status_ = write_status_;
-            write_status_ = wire::TcpStatus::Ok;
-            last_write_ok_ = cur_status_ == wire::TcpStatus::Ok;
-            write_ended_ = true;
-            if (cur_status_ == wire::TcpStatus::SourceFault) {
-                // The initiator could not copy the rest of its source and knows it failed:
-                // nothing to answer, nothing to report here.
-                TANDEM_INFO(FI_LOG_EP_DATA, "a peer's write ended early: its source faulted\n");
-            } else if (cur_status_ != wire::TcpStatus::Ok) {
-                FramePtr nak = make_frame(wire::TcpOp::Nak, nullptr, nullptr, 0, false);
-                nak->hdr.status = static_cast<uint8_t>(cur_status_);
-                nak->hdr.imm = rx_count_;
-                queue_frame(std::move(nak));
-                if (posted_buf_) transport_->post_recv(posted_buf_, posted_len_, posted_wr_id_);
-                posted_buf_ = nullptr;
-                TANDEM_WARN(FI_LOG_EP_DATA, "remote write rejected: key 0x%lx addr 0x%lx len %lu\n",
-                            (unsigned long)cur_ext_.key, (unsigned long)cur_ext_.addr,
-                            (unsigned long)cur_.length);
-            } else {
-                transport_->resolver()->remote_access_done(cur_ext_.key, FI_REMOTE_WRITE);
-                if (cur_.flags & wire::kTcpHasImm) {
-                    WorkCompletion wc{posted_wr_id_,     this, WcOpcode::RecvWriteImm,
-                                      WcStatus::Success, true, cur_.imm,
-                                      write_bytes_};
-                    posted_buf_ = nullptr;
-                    transport_->push_completion(wc);
-                }
-            }
-            write_bytes_ = 0;
             break;
-        case wire::TcpOp::ReadReq: {
-            stop_at("link.read_requested");
-            LocalPieces pieces;
-            bool ok = transport_->resolver()->resolve(cur_ext_.key, cur_ext_.addr, cur_ext_.length,
-                                                      FI_REMOTE_READ, pieces);
-            if (ok && !hmem::all_host(pieces.mem, pieces.count)) {
-                queue_device_read_response(pieces, cur_ext_.key, cur_ext_.length);
-                break;
-            }
-            FramePtr frame = new_frame();
-            OutFrame &resp = *frame;
-            resp.hdr.op = static_cast<uint8_t>(wire::TcpOp::ReadResp);
-            if (!ok) {
-                resp.hdr.status = static_cast<uint8_t>(wire::TcpStatus::RemoteAccess);
-                TANDEM_WARN(FI_LOG_EP_DATA, "remote read rejected: key 0x%lx addr 0x%lx len %lu\n",
-                            (unsigned long)cur_ext_.key, (unsigned long)cur_ext_.addr,
-                            (unsigned long)cur_ext_.length);
-            } else {
-                resp.hdr.length = cur_ext_.length;
-                for (size_t k = 0; k < pieces.count; ++k) {
-                    if (!pieces.iov[k].iov_len) continue;
-                    resp.mem[resp.iov_count] = pieces.mem[k];
-                    resp.iov[resp.iov_count++] = pieces.iov[k];
-                }
-                if (pieces.application) {
-                    // The target's FI_REMOTE_READ counter moves once the bytes have left (see
-                    // retire_sent), and they leave copied, not spliced: an application that
-                    // sees the counter may change its memory, which must not alter what is
-                    // in flight. (A rendezvous source stays the sender's until the reader's
-                    // Fin, so it may be spliced.)
-                    resp.counts_remote_read = true;
-                    resp.read_key = cur_ext_.key;
-                    resp.no_splice = true;
-                }
-            }
-            queue_frame(std::move(frame));
+        case wire::TcpOp::ReadReq:
+            serve_read_request();
             break;
-        }
         case wire::TcpOp::ReadResp:
             if (PendingWr *wr = answered_read()) {  // (begin_frame found it)
                 wr->read_got += cur_.length;

@@ -177,6 +177,9 @@ class TcpConnection final : public LinkConnection {
     bool begin_read_response();
     bool begin_frame();
     bool read_payload();
+    void finish_send();
+    bool finish_write();
+    void serve_read_request();
     void finish_frame();
     void handle_cm_frame();
     void complete_acked(uint32_t ack);
