@@ -167,8 +167,9 @@ class TcpConnection final : public LinkConnection {
     bool receive_staged(size_t remaining);
     struct SendBatch;
     enum class BatchResult : uint8_t { Ready, Rebuild, Failed };
-    BatchResult build_batch(SendBatch &batch);
-    void account_sent(size_t sent);
+    // flush_send's helpers, defined beside it (tcp_framing.cpp) and inlined there.
+    inline BatchResult build_batch(SendBatch &batch);
+    inline void account_sent(size_t sent);
     bool flush_send();
     void read_frames();
     bool fill_rx(size_t want);
@@ -287,7 +288,13 @@ class TcpTransport final : public LinkTransport {
         size_t len;
         uint64_t wr_id;
     };
-    bool take_posted(PostedRecv &out);
+    // (Here, to be inlined where frames are received: tcp_framing.cpp, tcp_served_rma.cpp.)
+    bool take_posted(PostedRecv &out) {
+        if (posted_.empty()) return false;
+        out = posted_.front();
+        posted_.pop_front();
+        return true;
+    }
     void push_completion(const WorkCompletion &wc) { completions_.push_back(wc); }
     void push_cm(CmEvent &&ev) { cm_events_.push_back(std::move(ev)); }
     // A rejected connection stays until its peer has read the answer and closed; the check
