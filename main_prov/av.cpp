@@ -333,7 +333,8 @@ int Av::control(int command, void *arg) {
     auto *exp = static_cast<fi_fid_export *>(arg);
     if (!exp || !exp->fid) return -FI_EINVAL;
     std::lock_guard guard(domain_->lock());
-    *exp->fid = exported().base_fid();
+    if (!exported_) exported_ = std::make_unique<PeerAvAnswers>(*this, false);
+    *exp->fid = exported_->exported().base_fid();
     return 0;
 }
 
@@ -464,6 +465,10 @@ int Av::remove(fi_addr_t *fi_addr, size_t count, uint64_t flags) {
 int Av::lookup(fi_addr_t fi_addr, void *addr, size_t *addrlen) {
     if (!addrlen) return -FI_EINVAL;
     std::lock_guard guard(domain_->lock());
+    return lookup_locked(fi_addr, addr, addrlen);
+}
+
+int Av::lookup_locked(fi_addr_t fi_addr, void *addr, size_t *addrlen) const {
     const EndpointName *name = name_of(fi_addr);
     if (!name) return -FI_EINVAL;
     size_t have = *addrlen;
@@ -500,42 +505,27 @@ int Av::av_set(fi_av_set_attr *attr, fid_av_set **set, void *context) {
     return 0;
 }
 
-peer::ExportedAv &Av::exported() {
-    if (!exported_) exported_ = std::make_unique<peer::ExportedAv>(*this);
-    return *exported_;
+peer::ExportedAv &Av::exported_to_twin() {
+    if (!twin_exported_) twin_exported_ = std::make_unique<PeerAvAnswers>(*this, true);
+    return twin_exported_->exported();
 }
 
-int Av::peer_query(fi_av_attr *attr) {
-    std::lock_guard guard(domain_->lock());
+void Av::query_locked(fi_av_attr &attr) const {
     sync_shared();
-    *attr = {};
-    attr->type = type_;
-    attr->count = names_.size();
-    attr->name = shared_name_.empty() ? nullptr : const_cast<char *>(shared_name_.c_str());
-    attr->flags = read_only_ ? FI_READ : 0;
-    return 0;
-}
-
-fi_addr_t Av::peer_ep_addr(fid_ep *ep) {
-    if (!ep) return FI_ADDR_NOTAVAIL;
-    uint8_t buf[sizeof(sockaddr_storage)];
-    size_t len = sizeof buf;
-    if (fi_getname(&ep->fid, buf, &len) != 0) return FI_ADDR_NOTAVAIL;
-    return peer_addr_of(buf, len);
+    attr = {};
+    attr.type = type_;
+    attr.count = names_.size();
+    attr.name = shared_name_.empty() ? nullptr : const_cast<char *>(shared_name_.c_str());
+    attr.flags = read_only_ ? FI_READ : 0;
 }
 
 const std::atomic<uint64_t> &Av::version_word() const {
     return shared_ ? shared_->version : version_;
 }
 
-const std::atomic<uint64_t> *Av::peer_version_word() {
-    return &version_word();
-}
-
-fi_addr_t Av::peer_addr_of(const void *addr, size_t addrlen) {
+fi_addr_t Av::addr_of_bytes(const void *addr, size_t addrlen) const {
     EndpointName name;
     if (!EndpointName::from_bytes(addr, addrlen, name)) return FI_ADDR_NOTAVAIL;
-    std::lock_guard guard(domain_->lock());
     return addr_of(name);
 }
 
@@ -543,6 +533,41 @@ FabricAddr Av::addr_of(const EndpointName &name) const {
     sync_shared();
     auto it = reverse_.find(name.key());
     return it == reverse_.end() ? FI_ADDR_NOTAVAIL : it->second;
+}
+
+// ------------------------------------------------------------------------------------------
+// PeerAvAnswers
+
+PeerAvAnswers::PeerAvAnswers(Av &av, bool twin_calls) : av_(av), twin_calls_(twin_calls) {}
+
+int PeerAvAnswers::peer_query(fi_av_attr *attr) {
+    PeerEntryGuard guard(av_.domain()->lock(), twin_calls_);
+    av_.query_locked(*attr);
+    return 0;
+}
+
+fi_addr_t PeerAvAnswers::peer_ep_addr(fid_ep *ep) {
+    if (!ep) return FI_ADDR_NOTAVAIL;
+    uint8_t buf[sizeof(sockaddr_storage)];
+    size_t len = sizeof buf;
+    // (Before the guard: the endpoint may be one of tandem's, whose fi_getname locks.)
+    if (fi_getname(&ep->fid, buf, &len) != 0) return FI_ADDR_NOTAVAIL;
+    return peer_addr_of(buf, len);
+}
+
+int PeerAvAnswers::peer_lookup(fi_addr_t fi_addr, void *addr, size_t *addrlen) {
+    if (!addrlen) return -FI_EINVAL;
+    PeerEntryGuard guard(av_.domain()->lock(), twin_calls_);
+    return av_.lookup_locked(fi_addr, addr, addrlen);
+}
+
+fi_addr_t PeerAvAnswers::peer_addr_of(const void *addr, size_t addrlen) {
+    PeerEntryGuard guard(av_.domain()->lock(), twin_calls_);
+    return av_.addr_of_bytes(addr, addrlen);
+}
+
+const std::atomic<uint64_t> *PeerAvAnswers::peer_version_word() {
+    return av_.version_word_ptr();
 }
 
 }  // namespace tandem

@@ -20,10 +20,31 @@
 
 namespace tandem {
 
+class Av;
 class Domain;
 class Eq;
 
-class Av final : public FidObject<Av, fid_av>, public peer::AvOwner {
+// What an importer of an AV is answered (fi_peer(3) "PEER AV", and tandem's lookups). Two
+// kinds of importer reach it: tandem's own offload twin, which runs only inside tandem's calls
+// and so holds the domain lock, and a provider tandem did not build (fi_export_fid), which
+// does not. Each gets its own fid_peer_av, which knows which kind it serves.
+class PeerAvAnswers final : public peer::AvOwner {
+  public:
+    PeerAvAnswers(Av &av, bool twin_calls);
+    peer::ExportedAv &exported() { return exported_; }
+    int peer_query(fi_av_attr *attr) override;
+    fi_addr_t peer_ep_addr(fid_ep *ep) override;
+    int peer_lookup(fi_addr_t fi_addr, void *addr, size_t *addrlen) override;
+    fi_addr_t peer_addr_of(const void *addr, size_t addrlen) override;
+    const std::atomic<uint64_t> *peer_version_word() override;
+
+  private:
+    Av &av_;
+    bool twin_calls_;
+    peer::ExportedAv exported_{*this};
+};
+
+class Av final : public FidObject<Av, fid_av> {
   public:
     Av(Domain *domain, const fi_av_attr &attr, void *context);
     ~Av();
@@ -47,15 +68,15 @@ class Av final : public FidObject<Av, fid_av>, public peer::AvOwner {
     size_t addrlen() const { return addrlen_; }
     // Bumped on every insert/remove so endpoints can refresh cached translations.
     uint64_t version() const;
-    // The fid_peer_av an offload twin imports (fi_peer(3)), made on first use.
-    peer::ExportedAv &exported();
-    int peer_query(fi_av_attr *attr) override;
-    fi_addr_t peer_ep_addr(fid_ep *ep) override;
-    int peer_lookup(fi_addr_t fi_addr, void *addr, size_t *addrlen) override {
-        return lookup(fi_addr, addr, addrlen);
-    }
-    fi_addr_t peer_addr_of(const void *addr, size_t addrlen) override;
-    const std::atomic<uint64_t> *peer_version_word() override;
+    // The fid_peer_av tandem's offload twin imports (fi_peer(3)), made on first use.
+    peer::ExportedAv &exported_to_twin();
+    // With the domain lock held: fi_av_lookup, what PeerAvAnswers::peer_query answers, and
+    // the fi_addr_t of an address given as bytes (FI_ADDR_NOTAVAIL when it is not here).
+    int lookup_locked(fi_addr_t fi_addr, void *addr, size_t *addrlen) const;
+    void query_locked(fi_av_attr &attr) const;
+    fi_addr_t addr_of_bytes(const void *addr, size_t addrlen) const;
+    // The word version() reads; a peer provider reads it without our lock.
+    const std::atomic<uint64_t> *version_word_ptr() const { return &version_word(); }
     Domain *domain() const { return domain_; }
     // A named AV's map_addr: a table whose entry i is the fi_addr_t of the i-th address
     // inserted under the name, by any process (fi_addr_t values of a named AV are the same in
@@ -106,7 +127,8 @@ class Av final : public FidObject<Av, fid_av>, public peer::AvOwner {
     bool read_only_ = false;
     mutable uint64_t shared_seen_ = 0;
     int refs_ = 0;
-    std::unique_ptr<peer::ExportedAv> exported_;
+    // The fid_peer_av of fi_export_fid (a provider tandem did not build), and the twin's.
+    std::unique_ptr<PeerAvAnswers> exported_, twin_exported_;
 };
 
 }  // namespace tandem

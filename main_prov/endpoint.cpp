@@ -39,38 +39,6 @@ namespace {
 // handled by value so a 1.17 build answers it too.
 constexpr int kOptCudaApiPermitted = 10;
 
-// tandem's endpoint extension for its offload twin (peer::PeerEpOps): RMA arriving over the
-// node-local path is checked against this endpoint's domain like RMA arriving over a link.
-int peer_ep_resolve(fid_ep *fid, uint64_t key, uint64_t addr, size_t len, uint64_t access,
-                    iovec *iov, hmem::MemRef *mem, size_t *count) noexcept {
-    if (!fid || !count || (!iov && *count)) return -FI_EINVAL;
-    Endpoint *ep = Endpoint::of(fid);
-    std::lock_guard guard(ep->domain()->lock());
-    LocalPieces pieces;
-    if (!ep->resolve(key, addr, len, access, pieces)) return -FI_EACCES;
-    if (pieces.count > *count) return -FI_ETOOSMALL;
-    for (size_t i = 0; i < pieces.count; ++i) {
-        iov[i] = pieces.iov[i];
-        if (mem) mem[i] = pieces.mem[i];
-    }
-    *count = pieces.count;
-    return 0;
-}
-
-void peer_ep_access_done(fid_ep *fid, uint64_t key, uint64_t access) noexcept {
-    if (!fid) return;
-    Endpoint *ep = Endpoint::of(fid);
-    std::lock_guard guard(ep->domain()->lock());
-    ep->remote_access_done(key, access);
-}
-
-const std::atomic<uint64_t> *peer_ep_mr_generation(fid_ep *fid) noexcept {
-    return Endpoint::of(fid)->domain()->mr_table().generation();
-}
-
-peer::PeerEpOps peer_ep_ops = {sizeof(peer::PeerEpOps), peer_ep_resolve, peer_ep_access_done,
-                               peer_ep_mr_generation};
-
 int diag_remote_twin(fid_ep *fid, fi_addr_t addr, uint64_t *caps) noexcept try {
     return Endpoint::of(fid)->remote_twin(addr, caps);
 } catch (...) {
@@ -361,7 +329,7 @@ int Endpoint::bind(struct fid *bfid, uint64_t flags) {
             if (flags) return -FI_EBADFLAGS;
             av_ = Av::of(bfid);
             av_->hold();
-            av_version_word_ = av_->peer_version_word();
+            av_version_word_ = av_->version_word_ptr();
             return 0;
         case FI_CLASS_SRX_CTX: {
             if (flags) return -FI_EBADFLAGS;
@@ -433,10 +401,6 @@ int Endpoint::control(int command, void *arg) {
 // fi_enable; also implied by fi_connect / fi_accept (fi_cm(3)). Domain lock held.
 int Endpoint::ops_open(const char *name, uint64_t, void **ops, void *) {
     if (!name || !ops) return -FI_EINVAL;
-    if (strcmp(name, peer::kPeerEpOpsName) == 0) {
-        *ops = &peer_ep_ops;
-        return 0;
-    }
     if (strcmp(name, peer::kEpDiagOpsName) == 0) {
         *ops = &ep_diag_ops;
         return 0;
@@ -635,6 +599,10 @@ int Endpoint::setname(void *addr, size_t addrlen) {
 int Endpoint::getname(void *addr, size_t *addrlen) {
     if (!addrlen) return -FI_EINVAL;
     std::lock_guard guard(domain_->lock());
+    return getname_locked(addr, addrlen);
+}
+
+int Endpoint::getname_locked(void *addr, size_t *addrlen) const {
     EndpointName name = src_name_;
     if (type_ == FI_EP_RDM) {
         name.ss = transport_->name();

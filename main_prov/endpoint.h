@@ -383,6 +383,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     bool can_p2p() const;
     void apply_default_p2p(int mode);
     friend class LocalPath;
+    friend class OwnerFace;  // the twin's calls: the *_locked entries below
     friend class PeerRxQueue;
     friend class Domain;  // prepares deferred work (FI_QUEUE_WORK) for its endpoints
 
@@ -413,6 +414,13 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     // Each transmit is prepared (checked, its lists copied into a request: tx_request.h) and
     // then issued, at once or, with FI_TRIGGER, when off_tandem's trigger queue starts it.
     ssize_t post_send(const SendArgs &a);
+    // The bodies of post_send, post_recv, cancel and getname, with the domain lock held: the
+    // application's calls take the lock and come here, the twin's (OwnerFace) come here under
+    // the lock it runs in.
+    ssize_t post_send_locked(const SendArgs &a, SendRequest &r);
+    ssize_t post_recv_locked(const RecvArgs &a);
+    ssize_t cancel_locked(void *context);
+    int getname_locked(void *addr, size_t *addrlen) const;
     // A small send of one host buffer, complete when it returns 0: to a node-local peer
     // through its lane (Peer::lane), to a peer over the link when the connection takes it at
     // once (send_by_link); kNotTaken when it needs the general path (post_send).

@@ -78,7 +78,7 @@ int Endpoint::join(const void *addr, uint64_t flags, fid_mc **mc, void *context)
     // Ranks follow the set's order; this endpoint must be one of the members.
     EndpointName self;
     size_t len = sizeof self.ss;
-    if (int ret = getname(&self.ss, &len)) return ret;
+    if (int ret = getname_locked(&self.ss, &len)) return ret;
     const std::string self_key = self.key();
     int rank = -1;
     uint64_t ordered = kFnvBasis;

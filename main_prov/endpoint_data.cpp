@@ -374,6 +374,10 @@ ssize_t Endpoint::post_send(const SendArgs &a) {
     SendRequest r;
     if (int ret = prepare_send(a, r)) return ret;
     std::lock_guard guard(domain_->lock());
+    return post_send_locked(a, r);
+}
+
+ssize_t Endpoint::post_send_locked(const SendArgs &a, SendRequest &r) {
     check_tx_ready(a.flags & FI_PEER_TRANSFER ? 0 : a.tagged ? FI_TAGGED : FI_MSG);
     if (r.flags & FI_TRIGGER) return queue_triggered(TriggeredRequest(std::move(r)));
     if (!make_tx_room()) return -FI_EAGAIN;
@@ -1055,6 +1059,10 @@ void Endpoint::write_rx_cq(const Completion &c, fi_addr_t src) {
 
 ssize_t Endpoint::post_recv(const RecvArgs &a) {
     std::lock_guard guard(domain_->lock());
+    return post_recv_locked(a);
+}
+
+ssize_t Endpoint::post_recv_locked(const RecvArgs &a) {
     check_rx_ready(a.flags & FI_PEER_TRANSFER ? 0 : a.tagged ? FI_TAGGED : FI_MSG);
     if (a.flags & FI_PEER_TRANSFER) {
         // The offload twin's receive for its own traffic from remote twins.
@@ -1356,7 +1364,7 @@ void Endpoint::complete_whole(RxMatcher &m, RxOp *rx, const peer::WholeMessage &
     if (last_sender_.matches(v.sender, version)) {
         src = last_sender_.addr;
     } else {
-        src = av_->peer_addr_of(v.sender.data(), v.sender.size());
+        src = av_->addr_of_bytes(v.sender.data(), v.sender.size());
         last_sender_.remember(v.sender, version, src);
     }
     const bool tagged = v.flags & wire::kLocalTagged;
@@ -1754,6 +1762,10 @@ void Endpoint::progress_link() {
 
 ssize_t Endpoint::cancel(void *context) {
     std::lock_guard guard(domain_->lock());
+    return cancel_locked(context);
+}
+
+ssize_t Endpoint::cancel_locked(void *context) {
     // A triggered operation that has not started is cancelled in off_tandem's queue (its
     // FI_ECANCELED completion written by the discard); one that started is an ordinary
     // operation from then on.

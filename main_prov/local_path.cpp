@@ -56,7 +56,9 @@ OffloadDomain::~OffloadDomain() {
 }
 
 LocalPath::LocalPath(Endpoint &ep, RxMatcher &rx)
-    : ep_(ep), rx_queue_(*ep.domain(), rx, &ep, PeerRxQueue::Mode::ThroughOwner, false) {}
+    : ep_(ep),
+      face_(ep),
+      rx_queue_(*ep.domain(), rx, &ep, PeerRxQueue::Mode::ThroughOwner, false) {}
 
 std::unique_ptr<LocalPath> LocalPath::open(Endpoint &ep, OffloadDomain &off, Av &av, RxMatcher &rx,
                                            fid_eq *eq) {
@@ -71,7 +73,7 @@ std::unique_ptr<LocalPath> LocalPath::open(Endpoint &ep, OffloadDomain &off, Av 
         step = "fi_av_open";
         fi_av_attr av_attr{};
         av_attr.flags = FI_PEER;
-        ret = fi_av_open(off.domain(), &av_attr, &lp->av_, av.exported().context());
+        ret = fi_av_open(off.domain(), &av_attr, &lp->av_, av.exported_to_twin().context());
     }
     if (!ret) {
         step = "fi_srx_context";
@@ -81,7 +83,7 @@ std::unique_ptr<LocalPath> LocalPath::open(Endpoint &ep, OffloadDomain &off, Av 
     }
     if (!ret) {
         step = "fi_endpoint2";
-        lp->transfer_ = {sizeof lp->transfer_, off.info(), ep.fid(), nullptr};
+        lp->transfer_ = {sizeof lp->transfer_, off.info(), lp->face_.fid(), nullptr};
         // The twin takes the endpoint's authorization key: node-local peers of another key
         // are no peers of its (each side compares the keys in the other's segment).
         auto [key, key_len] = endpoint_auth_key(ep.info_, ep.domain()->info());
@@ -259,10 +261,11 @@ static uint8_t proto_flags_of(uint64_t flags) {
            ((flags & FI_REMOTE_CQ_DATA) ? wire::kProtoCqData : 0);
 }
 
-// The twin's completions: the contexts are tandem's operations (see the header).
+// The twin's completions: the contexts are tandem's operations (see the header). Only the
+// twin calls these, inside tandem's calls: the domain lock is held.
 ssize_t LocalPath::peer_write(void *context, uint64_t flags, size_t len, void *, uint64_t data,
                               uint64_t tag, fi_addr_t src) {
-    std::lock_guard guard(ep_.domain()->lock());
+    TANDEM_ASSERT_DOMAIN_LOCK_HELD(ep_.domain());
     if (flags & FI_RECV) {
         ep_.rx_complete(static_cast<RxOp *>(context), len, tag, data, proto_flags_of(flags), src, 0,
                         0);
@@ -280,7 +283,7 @@ ssize_t LocalPath::peer_write(void *context, uint64_t flags, size_t len, void *,
 }
 
 ssize_t LocalPath::peer_writeerr(const fi_cq_err_entry &err) {
-    std::lock_guard guard(ep_.domain()->lock());
+    TANDEM_ASSERT_DOMAIN_LOCK_HELD(ep_.domain());
     if (!err.op_context) return -FI_EINVAL;
     if (err.flags & FI_RECV) {
         ep_.rx_complete(static_cast<RxOp *>(err.op_context), err.len, err.tag, err.data,

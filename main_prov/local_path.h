@@ -15,6 +15,7 @@
 // slices and the application's CQ all stay tandem's business.
 #pragma once
 
+#include "main_prov/owner_face.h"
 #include "main_prov/peer_rx_queue.h"
 #include "peer/peer_coll.h"
 #include "peer/peer_abi.h"
@@ -121,6 +122,9 @@ class LocalPath final : public peer::CqOwner {
     void **descs(void **desc) const { return hmem_ ? desc : nullptr; }
     Endpoint &ep_;
     bool hmem_ = false;
+    // What the twin is given of the endpoint and its objects: calls that expect the domain
+    // lock held (the twin runs only inside tandem's calls).
+    OwnerFace face_;
     peer::ExportedCq cq_export_{*this};
     PeerRxQueue rx_queue_;
     fi_peer_transfer_context transfer_{};

@@ -9,20 +9,21 @@
 // EQ's mutex takes no other lock of tandem's and calls into no endpoint (an EQ walks its
 // sources without its mutex: Eq::for_each_source).
 //
-// With TANDEM_LOCK_CHECKS (every sanitizer build) the order is checked on each acquisition
-// and a violation aborts at once with a message, where the deadlock it allows would need an
-// unlucky schedule. Without it the checks compile to nothing.
+// No lock is taken twice by one thread: the domain lock is a plain mutex. The offload twin
+// runs only inside tandem's calls, under the lock, and what it calls back (the endpoint face
+// it was given, main_prov/owner_face.h, and the peer CQ, SRX and AV made for it) expects the
+// lock held instead of taking it.
+//
+// The checks are on in every build (TANDEM_LOCK_CHECKS, default 1): each costs a load and a
+// compare of a thread-local address, and a violation aborts at once with a message, where the
+// deadlock it allows would need an unlucky schedule.
 #pragma once
 
 #include <atomic>
 #include <mutex>
 
 #ifndef TANDEM_LOCK_CHECKS
-#define TANDEM_LOCK_CHECKS 0
-#endif
-
-#if TANDEM_LOCK_CHECKS
-#include <thread>
+#define TANDEM_LOCK_CHECKS 1
 #endif
 
 namespace tandem {
@@ -33,6 +34,12 @@ namespace lock_order {
 // dynamic one that libfabric's dlclose of the provider at exit leaves behind; LeakSanitizer's
 // exit-time scan of such a stale dynamic block crashed (GCC 12's libsanitizer).
 [[gnu::tls_model("initial-exec")]] inline thread_local int eq_mutexes_held = 0;
+// The calling thread, as the address of a thread-local byte: one instruction, where
+// std::this_thread::get_id() is a call into libc.
+[[gnu::tls_model("initial-exec")]] inline thread_local char thread_byte = 0;
+inline const void *this_thread() noexcept {
+    return &thread_byte;
+}
 [[noreturn]] void violated(const char *what) noexcept;
 }  // namespace lock_order
 #define TANDEM_LOCK_ASSERT(cond, what)                     \
@@ -54,34 +61,33 @@ class EqMutex {
     void lock() {
         mutex_.lock();
 #if TANDEM_LOCK_CHECKS
-        owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+        owner_.store(lock_order::this_thread(), std::memory_order_relaxed);
         ++lock_order::eq_mutexes_held;
 #endif
     }
     void unlock() {
 #if TANDEM_LOCK_CHECKS
         --lock_order::eq_mutexes_held;
-        owner_.store(std::thread::id(), std::memory_order_relaxed);
+        owner_.store(nullptr, std::memory_order_relaxed);
 #endif
         mutex_.unlock();
     }
 #if TANDEM_LOCK_CHECKS
     // Whether the calling thread holds it (for TANDEM_LOCK_ASSERT only).
     bool held() const noexcept {
-        return owner_.load(std::memory_order_relaxed) == std::this_thread::get_id();
+        return owner_.load(std::memory_order_relaxed) == lock_order::this_thread();
     }
 #endif
 
   private:
     std::mutex mutex_;
 #if TANDEM_LOCK_CHECKS
-    std::atomic<std::thread::id> owner_{};
+    std::atomic<const void *> owner_{nullptr};
 #endif
 };
 
 // A domain's lock, first in the order: CQ and counter progress holds it and posts connection
-// events to EQs. Recursive: the offload twin calls back into its owner (peer CQ writes, SRX
-// gets) from inside calls that hold it.
+// events to EQs. Not recursive (see the top of this file).
 // Under FI_THREAD_DOMAIN the application serialises every call on the domain's objects
 // (fi_domain(3)), so the lock is skipped, until an endpoint of the domain is bound to an EQ:
 // an EQ is the fabric's, any thread may read it while another reads a CQ, and its reads drive
@@ -92,9 +98,14 @@ class DomainLock {
     void lock() {
         lock_order_before_eq("the domain lock taken under an EQ's mutex");
         if (!needed_.load(std::memory_order_relaxed)) return;
+#if TANDEM_LOCK_CHECKS
+        TANDEM_LOCK_ASSERT(owner_.load(std::memory_order_relaxed) != lock_order::this_thread(),
+                           "the domain lock taken again by the thread that holds it (a call "
+                           "from inside tandem into one of its locking entry points)");
+#endif
         mutex_.lock();
 #if TANDEM_LOCK_CHECKS
-        if (depth_++ == 0) owner_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+        owner_.store(lock_order::this_thread(), std::memory_order_relaxed);
 #endif
     }
     void unlock() {
@@ -103,7 +114,7 @@ class DomainLock {
                            "the domain lock released by a thread that does not hold it "
                            "(turned on inside one of its guards?)");
 #if TANDEM_LOCK_CHECKS
-        if (--depth_ == 0) owner_.store(std::thread::id(), std::memory_order_relaxed);
+        owner_.store(nullptr, std::memory_order_relaxed);
 #endif
         mutex_.unlock();
     }
@@ -124,7 +135,7 @@ class DomainLock {
     // lock is skipped (the application serialises).
     bool held() const noexcept {
         return !needed_.load(std::memory_order_relaxed) ||
-               owner_.load(std::memory_order_relaxed) == std::this_thread::get_id();
+               owner_.load(std::memory_order_relaxed) == lock_order::this_thread();
     }
 #endif
 
@@ -133,12 +144,43 @@ class DomainLock {
     // thread that reads it afterwards learned of that binding through the EQ's mutex or the
     // application's own ordering of its calls.
     std::atomic<bool> needed_;
-    std::recursive_mutex mutex_;
+    std::mutex mutex_;
 #if TANDEM_LOCK_CHECKS
-    std::atomic<std::thread::id> owner_{};
-    int depth_ = 0;  // guarded by mutex_
+    // Relaxed: only the thread that stored its own address can find it there (a thread reads
+    // either its own store or another thread's, never its own address stored by another).
+    std::atomic<const void *> owner_{nullptr};
 #endif
 };
+
+// The guard of an entry point that callers of two kinds reach through objects of one kind:
+// tandem's own offload twin, which runs only inside tandem's calls and so under the domain
+// lock, and a provider tandem did not build, which imported the object (fi_peer(3)) and holds
+// no lock of tandem's. Each object knows which it serves when it is made (its role), so the
+// lock is taken by the second kind only, and the first kind's calls check that it is held.
+class PeerEntryGuard {
+  public:
+    PeerEntryGuard(DomainLock &lock, bool caller_holds_lock)
+        : lock_(lock), take_(!caller_holds_lock) {
+        if (take_)
+            lock_.lock();
+        else
+            TANDEM_LOCK_ASSERT(lock_.held(), "the twin called back into tandem outside its lock");
+    }
+    ~PeerEntryGuard() {
+        if (take_) lock_.unlock();
+    }
+    PeerEntryGuard(const PeerEntryGuard &) = delete;
+    PeerEntryGuard &operator=(const PeerEntryGuard &) = delete;
+
+  private:
+    DomainLock &lock_;
+    bool take_;
+};
+
+// The caller holds the domain lock (an entry point only tandem's twin reaches).
+#define TANDEM_ASSERT_DOMAIN_LOCK_HELD(domain)                                                  \
+    TANDEM_LOCK_ASSERT((domain)->lock().held(), "the twin called back into tandem outside its " \
+                                                "lock")
 
 // A passive endpoint's mutex: before the EQ's in the order (its progress posts FI_CONNREQ).
 class PepMutex {

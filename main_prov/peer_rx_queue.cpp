@@ -69,7 +69,7 @@ void PeerRxQueue::fill(peer::OwnerRxEntry *e, RxOp *rx, bool tagged) {
 int PeerRxQueue::get(bool tagged, fi_addr_t addr, uint64_t tag, size_t size,
                      fi_peer_rx_entry **entry) {
     if (!entry) return -FI_EINVAL;
-    std::lock_guard guard(domain_.lock());
+    PeerEntryGuard guard(domain_.lock(), caller_holds_lock());
     peer::OwnerRxEntry *e = new_entry(addr, tag, size);
     RxOp *rx = matcher_.match_posted(tagged, tag, addr);
     *entry = &e->entry;
@@ -81,7 +81,7 @@ int PeerRxQueue::get(bool tagged, fi_addr_t addr, uint64_t tag, size_t size,
 int PeerRxQueue::deliver_whole(void *self, const peer::WholeMessage &msg,
                                fi_peer_rx_entry **entry) {
     auto *q = static_cast<PeerRxQueue *>(self);
-    std::lock_guard guard(q->domain_.lock());
+    PeerEntryGuard guard(q->domain_.lock(), q->caller_holds_lock());
     RxOp *rx = q->matcher_.match_posted(msg.tagged, msg.tag, msg.src);
     // What the twin's delivery and LocalPath::peer_write would do, without the entry.
     if (rx && !rx->device && !rx->multi && q->mode_ == Mode::ThroughOwner) [[likely]] {
@@ -110,7 +110,7 @@ int PeerRxQueue::peer_get_tag(fi_addr_t addr, uint64_t tag, fi_peer_rx_entry **e
 
 int PeerRxQueue::queue(fi_peer_rx_entry *entry, bool tagged) {
     if (!entry) return -FI_EINVAL;
-    std::lock_guard guard(domain_.lock());
+    PeerEntryGuard guard(domain_.lock(), caller_holds_lock());
     Unexpected ux;
     ux.ep = report_ep_;
     ux.peer_entry = peer::OwnerRxEntry::of(entry);
@@ -128,7 +128,11 @@ int PeerRxQueue::queue(fi_peer_rx_entry *entry, bool tagged) {
 void PeerRxQueue::start(peer::OwnerRxEntry *e, RxOp *rx) {
     bool tagged = (e->entry.flags & FI_TAGGED) != 0;
     fill(e, rx, tagged);
-    int ret = export_.start(&e->entry, tagged);
+    int ret;
+    {
+        PeerCall call(*this);
+        ret = export_.start(&e->entry, tagged);
+    }
     if (ret == 0) return;
     TANDEM_WARN(FI_LOG_EP_DATA, "peer could not start a queued message: %s\n", fi_strerror(-ret));
     if (report_ep_)
@@ -141,12 +145,17 @@ void PeerRxQueue::start(peer::OwnerRxEntry *e, RxOp *rx) {
 void PeerRxQueue::discard(peer::OwnerRxEntry *e) {
     bool tagged = e->entry.flags & FI_TAGGED;
     // The peer frees the entry (free_entry) once it has dropped the message.
-    if (export_.discard(&e->entry, tagged) != 0) delete e;
+    int ret;
+    {
+        PeerCall call(*this);
+        ret = export_.discard(&e->entry, tagged);
+    }
+    if (ret != 0) delete e;
 }
 
 void PeerRxQueue::peer_free_entry(fi_peer_rx_entry *entry) {
     if (!entry) return;
-    std::lock_guard guard(domain_.lock());
+    PeerEntryGuard guard(domain_.lock(), caller_holds_lock());
     auto *e = peer::OwnerRxEntry::of(entry);
     // ThroughOwner: the RxOp completed (and went) through LocalPath already.
     if (mode_ == Mode::Direct && e->owner_op) release(static_cast<RxOp *>(e->owner_op));

@@ -13,6 +13,7 @@
 //    the RxOp is released when the importer frees the entry.
 #pragma once
 
+#include "main_prov/lock_order.h"
 #include "main_prov/rx_matcher.h"
 #include "peer/peer_srx.h"
 
@@ -53,6 +54,19 @@ class PeerRxQueue final : public peer::SrxOwner {
     void peer_free_entry(fi_peer_rx_entry *entry) override;
 
   private:
+    // Whether the caller of an entry holds the domain lock: our own twin always does (it runs
+    // only inside tandem's calls); a provider we did not build (Direct, through
+    // fi_srx_context) does only when it calls back from inside our start or discard of one of
+    // its messages (free_entry, made while we hold the lock), on that thread.
+    bool caller_holds_lock() const {
+        return mode_ == Mode::ThroughOwner || in_peer_call_ == lock_order::this_thread();
+    }
+    // Around start_msg/start_tag/discard_*: what the peer calls back meanwhile is under our lock.
+    struct PeerCall {
+        explicit PeerCall(PeerRxQueue &q) : q_(q) { q_.in_peer_call_ = lock_order::this_thread(); }
+        ~PeerCall() { q_.in_peer_call_ = nullptr; }
+        PeerRxQueue &q_;
+    };
     [[gnu::noinline]] int hand_over(RxOp *rx, const peer::WholeMessage &msg,
                                     fi_peer_rx_entry **entry);
     int get(bool tagged, fi_addr_t addr, uint64_t tag, size_t size, fi_peer_rx_entry **entry);
@@ -69,6 +83,9 @@ class PeerRxQueue final : public peer::SrxOwner {
     peer::ExportedSrx export_{*this};
     std::function<uint64_t(fi_peer_rx_entry *)> data_of_;
     std::vector<peer::OwnerRxEntry *> spare_;  // entries to reuse: no allocation per message
+    // The thread inside our call into the peer's start or discard, or null (guarded by the
+    // domain lock; read by that thread, or compared with another thread's own address).
+    std::atomic<const void *> in_peer_call_{nullptr};
 };
 
 }  // namespace tandem

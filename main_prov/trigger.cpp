@@ -92,7 +92,7 @@ const DeferredDone &done_of(const TriggeredRequest &r) {
 int TriggeredOp::start(void *arg) {
     auto *op = static_cast<TriggeredOp *>(arg);
     if (auto *c = std::get_if<CounterOpRequest>(&op->request)) {
-        c->add ? c->cntr->add(c->value) : c->cntr->set(c->value);
+        c->add ? c->cntr->add_by_work(c->value) : c->cntr->set_by_work(c->value);
         delete op;
         return 0;
     }
