@@ -4,7 +4,7 @@
 # readers beside connections that come and go, FI_THREAD_DOMAIN with an EQ reader, wait
 # sets, the NCCL plugin's connections streamed by several threads). A race or lock-order
 # inversion TSan reports fails its test, and so does a lock taken against tandem's order
-# (main_prov/lock_order.h, checked in sanitizer builds).
+# (main_prov/lock_order.h, checked in every build).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 export BUILD_DIR=${BUILD_DIR:-$root/build-tsan}
