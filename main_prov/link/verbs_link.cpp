@@ -450,10 +450,100 @@ int VerbsConnection::submit(Deferred &&wr) {
     return 0;
 }
 
+// A send for issue(): its payload inline in the work request where the queue pair takes it
+// so, else copied into a registered send slot. 1: ready; 0: no slot free (it stays deferred).
+int VerbsConnection::fill_send(const Deferred &wr, size_t len, uint32_t record, ibv_send_wr &w) {
+    VerbsTransport &t = *transport_;
+    w.opcode = wr.has_imm ? IBV_WR_SEND_WITH_IMM : IBV_WR_SEND;
+    if (len <= max_inline_ && wr.iov.size() <= max_sge_) {
+        for (const iovec &v : wr.iov)
+            if (v.iov_len)
+                w.sg_list[w.num_sge++] = {reinterpret_cast<uint64_t>(v.iov_base),
+                                          static_cast<uint32_t>(v.iov_len), 0};
+        w.send_flags |= IBV_SEND_INLINE;
+        return 1;
+    }
+    int slot = t.take_send_slot();
+    if (slot < 0) return 0;
+    t.records_[record].slot = slot;
+    uint8_t *at = t.send_slot(slot);
+    for (const iovec &v : wr.iov) {
+        memcpy(at, v.iov_base, v.iov_len);
+        at += v.iov_len;
+    }
+    w.sg_list[0] = {reinterpret_cast<uint64_t>(t.send_slot(slot)), static_cast<uint32_t>(len),
+                    t.send_mr_->lkey};
+    w.num_sge = 1;
+    return 1;
+}
+
+// An RDMA write or read for issue(): the remote region, and the local pieces registered for
+// this one work request (or staged through host memory where the NIC cannot reach them).
+// 1: ready; <0: refused.
+int VerbsConnection::fill_rdma(const Deferred &wr, size_t len, uint32_t record, ibv_send_wr &w) {
+    VerbsTransport &t = *transport_;
+    VerbsTransport::Record &rec = t.records_[record];
+    bool write = wr.opcode == WcOpcode::Write;
+    w.opcode =
+        write ? (wr.has_imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE) : IBV_WR_RDMA_READ;
+    // A verbs rkey is 32 bits (beside the owner's bit); a larger key is no key of this
+    // link (0 is none either).
+    const uint64_t rkey = wr.remote.key & ~kLinkKeyOwnerBit;
+    w.wr.rdma.rkey = rkey <= UINT32_MAX ? static_cast<uint32_t>(rkey) : 0;
+    w.wr.rdma.remote_addr = wr.remote.addr;
+    int access = write ? 0 : IBV_ACCESS_LOCAL_WRITE;
+    const hmem::MemRef *mem = wr.mem.empty() ? nullptr : wr.mem.data();
+    for (size_t i = 0; i < wr.iov.size(); ++i) {
+        const iovec &v = wr.iov[i];
+        if (!v.iov_len) continue;
+        hmem::MemRef m = mem ? mem[i] : hmem::kHost;
+        if (!m.on_host() && !t.device_p2p_)
+            return stage_rdma(wr, len, record, w);  // FI_HMEM_P2P_DISABLED: through host memory
+        ibv_mr *mr = t.device().register_local(v.iov_base, v.iov_len, m, access);
+        if (!mr) {
+            if (m.on_host()) return -FI_EFAULT;
+            // Device memory the NIC cannot reach: through host memory.
+            return stage_rdma(wr, len, record, w);
+        }
+        rec.mrs.push_back(mr);
+        w.sg_list[w.num_sge++] = {reinterpret_cast<uint64_t>(v.iov_base),
+                                  static_cast<uint32_t>(v.iov_len), mr->lkey};
+    }
+    return 1;
+}
+
+// An RDMA write or read of device memory the NIC does not reach goes through a registered host
+// buffer instead of the pieces fill_rdma registered: a write's source is copied there now, a
+// read lands there and is copied out when it completes (poll_cq). 1: ready; <0: refused.
+int VerbsConnection::stage_rdma(const Deferred &wr, size_t len, uint32_t record, ibv_send_wr &w) {
+    VerbsTransport &t = *transport_;
+    VerbsTransport::Record &rec = t.records_[record];
+    for (ibv_mr *mr : rec.mrs) t.api_.dereg_mr(mr);
+    rec.mrs.clear();
+    w.num_sge = 0;
+    rec.bounce.resize(std::max<size_t>(len, 1));
+    if (wr.opcode == WcOpcode::Write) {
+        const hmem::MemRef *mem = wr.mem.empty() ? nullptr : wr.mem.data();
+        if (hmem::gather(rec.bounce.data(), wr.iov.data(), mem, wr.iov.size(), 0, len) !=
+            ssize_t(len))
+            return -FI_EIO;
+    } else {
+        rec.scatter_iov = wr.iov;
+        rec.scatter_mem = wr.mem;
+    }
+    ibv_mr *mr = t.device().register_local(rec.bounce.data(), rec.bounce.size(), hmem::kHost,
+                                           IBV_ACCESS_LOCAL_WRITE);
+    if (!mr) return -FI_ENOMEM;
+    rec.mrs.push_back(mr);
+    w.sg_list[0] = {reinterpret_cast<uint64_t>(rec.bounce.data()), static_cast<uint32_t>(len),
+                    mr->lkey};
+    w.num_sge = len ? 1 : 0;
+    return 1;
+}
+
 int VerbsConnection::issue(Deferred &wr) {
     if (outstanding_.size() >= sq_depth_) return 0;
     VerbsTransport &t = *transport_;
-    VerbsDevice &dev = t.device();
     uint32_t index = t.new_record();
     VerbsTransport::Record &rec = t.records_[index];
     rec.conn = this;
@@ -466,83 +556,11 @@ int VerbsConnection::issue(Deferred &wr) {
     w.sg_list = sge;
     w.send_flags = IBV_SEND_SIGNALED;
     size_t len = iov_length(wr.iov.data(), wr.iov.size());
-    auto refuse = [&](int err) {
+    int ready =
+        wr.opcode == WcOpcode::Send ? fill_send(wr, len, index, w) : fill_rdma(wr, len, index, w);
+    if (ready <= 0) {  // 0: no send slot free (it stays deferred); <0: refused
         t.free_record(index);
-        return err;
-    };
-
-    if (wr.opcode == WcOpcode::Send) {
-        w.opcode = wr.has_imm ? IBV_WR_SEND_WITH_IMM : IBV_WR_SEND;
-        if (len <= max_inline_ && wr.iov.size() <= max_sge_) {
-            for (const iovec &v : wr.iov)
-                if (v.iov_len)
-                    sge[w.num_sge++] = {reinterpret_cast<uint64_t>(v.iov_base),
-                                        static_cast<uint32_t>(v.iov_len), 0};
-            w.send_flags |= IBV_SEND_INLINE;
-        } else {
-            int slot = t.take_send_slot();
-            if (slot < 0) return refuse(0);
-            rec.slot = slot;
-            uint8_t *at = t.send_slot(slot);
-            for (const iovec &v : wr.iov) {
-                memcpy(at, v.iov_base, v.iov_len);
-                at += v.iov_len;
-            }
-            sge[0] = {reinterpret_cast<uint64_t>(t.send_slot(slot)), static_cast<uint32_t>(len),
-                      t.send_mr_->lkey};
-            w.num_sge = 1;
-        }
-    } else {
-        bool write = wr.opcode == WcOpcode::Write;
-        w.opcode = write ? (wr.has_imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE)
-                         : IBV_WR_RDMA_READ;
-        // A verbs rkey is 32 bits (beside the owner's bit); a larger key is no key of this
-        // link (0 is none either).
-        const uint64_t rkey = wr.remote.key & ~kLinkKeyOwnerBit;
-        w.wr.rdma.rkey = rkey <= UINT32_MAX ? static_cast<uint32_t>(rkey) : 0;
-        w.wr.rdma.remote_addr = wr.remote.addr;
-        int access = write ? 0 : IBV_ACCESS_LOCAL_WRITE;
-        const hmem::MemRef *mem = wr.mem.empty() ? nullptr : wr.mem.data();
-        bool staged = false;
-        for (size_t i = 0; i < wr.iov.size() && !staged; ++i) {
-            const iovec &v = wr.iov[i];
-            if (!v.iov_len) continue;
-            hmem::MemRef m = mem ? mem[i] : hmem::kHost;
-            if (!m.on_host() && !t.device_p2p_) {
-                staged = true;  // FI_HMEM_P2P_DISABLED: through host memory
-                break;
-            }
-            ibv_mr *mr = dev.register_local(v.iov_base, v.iov_len, m, access);
-            if (!mr) {
-                if (m.on_host()) return refuse(-FI_EFAULT);
-                staged = true;  // device memory the NIC cannot reach: through host memory
-                break;
-            }
-            rec.mrs.push_back(mr);
-            sge[w.num_sge++] = {reinterpret_cast<uint64_t>(v.iov_base),
-                                static_cast<uint32_t>(v.iov_len), mr->lkey};
-        }
-        if (staged) {
-            for (ibv_mr *mr : rec.mrs) t.api_.dereg_mr(mr);
-            rec.mrs.clear();
-            w.num_sge = 0;
-            rec.bounce.resize(std::max<size_t>(len, 1));
-            if (write) {
-                if (hmem::gather(rec.bounce.data(), wr.iov.data(), mem, wr.iov.size(), 0, len) !=
-                    ssize_t(len))
-                    return refuse(-FI_EIO);
-            } else {
-                rec.scatter_iov = wr.iov;
-                rec.scatter_mem = wr.mem;
-            }
-            ibv_mr *mr = dev.register_local(rec.bounce.data(), rec.bounce.size(), hmem::kHost,
-                                            IBV_ACCESS_LOCAL_WRITE);
-            if (!mr) return refuse(-FI_ENOMEM);
-            rec.mrs.push_back(mr);
-            sge[0] = {reinterpret_cast<uint64_t>(rec.bounce.data()), static_cast<uint32_t>(len),
-                      mr->lkey};
-            w.num_sge = len ? 1 : 0;
-        }
+        return ready;
     }
     if (wr.has_imm) w.imm_data = htonl(wr.imm);
 

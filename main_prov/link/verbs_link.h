@@ -143,6 +143,12 @@ class VerbsConnection final : public LinkConnection {
     int submit(Deferred &&wr);
     // 1: given to the NIC; 0: no room yet (stays deferred); <0: refused.
     int issue(Deferred &wr);
+    // issue()'s helpers, defined beside it and inlined there (stage_rdma, the rare path,
+    // is not): they fill `w` for the send-queue record numbered `record`. 1: ready; 0: no
+    // room yet; <0: refused.
+    inline int fill_send(const Deferred &wr, size_t len, uint32_t record, ibv_send_wr &w);
+    inline int fill_rdma(const Deferred &wr, size_t len, uint32_t record, ibv_send_wr &w);
+    int stage_rdma(const Deferred &wr, size_t len, uint32_t record, ibv_send_wr &w);
     int create_qp();
     int send_reject(const void *priv, size_t len);
     void fail(const char *why);
