@@ -395,6 +395,14 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     void write_cq(const CqWrite &w);
     bool try_write_cq(const CqWrite &w);
 
+    // ep/progress.cpp: handle_cell's parts, a cell under the long header by its op.
+    void handle_long_cell(const wire::LocalHeader &hdr, std::string_view sender,
+                          const uint8_t *body);
+    void handle_frag(const wire::LocalHeader &hdr, std::string_view sender, const uint8_t *body);
+    void abandon_staged(const std::pair<std::string, uint64_t> &id, const wire::LocalHeader &hdr,
+                        std::string_view sender);
+    void handle_read_data(const wire::LocalHeader &hdr, const uint8_t *body);
+
     // ep/atomic.cpp: node-local atomics, at the initiator and at the target.
     ssize_t post_atomic(atomic::Kind kind, const fi_msg_atomic &msg, const fi_ioc *compare,
                         void **compare_desc, size_t ncompare, const fi_ioc *result,

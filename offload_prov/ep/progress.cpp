@@ -154,6 +154,13 @@ void Endpoint::handle_cell(const uint8_t *cell) {
         return;
     }
     if (names_process(hdr) && !vouch_for_process(hdr, sender)) return;
+    handle_long_cell(hdr, sender, body);
+}
+
+// A cell under the long header (checked, and its pid vouched for), by its op. Eager, the
+// commonest, first and inline.
+void Endpoint::handle_long_cell(const LocalHeader &hdr, std::string_view sender,
+                                const uint8_t *body) {
     switch (static_cast<LocalOp>(hdr.op)) {
         case LocalOp::Eager:
             if (hdr.total != hdr.size) {  // the whole message is in the cell, or it is no Eager
@@ -173,77 +180,15 @@ void Endpoint::handle_cell(const uint8_t *cell) {
             handle_message(hdr, sender, source_of(sender), nullptr, nullptr, nullptr, ipc);
             return;
         }
-        case LocalOp::Frag: {
-            std::pair<std::string, uint64_t> id{std::string(sender), hdr.msg_id};
-            if (hdr.status) {
-                // The sender gave up on a message whose receive we hold (see finish_pending).
-                if (auto r = restaging_.find(id); r != restaging_.end()) {
-                    fi_peer_rx_entry *entry = r->second;
-                    restaging_.erase(r);
-                    complete_rx(entry, hdr, 0, hdr.status, source_of(sender));
-                }
-                staged_.erase(id);
-                return;
-            }
-            // A message of 0 bytes goes whole (Eager), and none is larger than an endpoint
-            // takes: the first fragment's total is what we allocate, so it is checked first.
-            if (hdr.total == 0 || hdr.total > kMaxMessage) {
-                staged_.erase(id);
-                TANDEM_WARN(FI_LOG_EP_DATA, "dropping a fragment of a %llu-byte message\n",
-                            (unsigned long long)hdr.total);
-                return;
-            }
-            // The fragments of a message come in order (one sender, one ring): each goes at
-            // the end of what came before, so the memory held is what was sent, not what the
-            // first fragment claims.
-            auto &st = staged_[id];
-            if (st.data.empty()) {
-                st.hdr = hdr;
-                // One allocation for messages up to 64 MiB (untouched pages cost nothing).
-                st.data.reserve(std::min<uint64_t>(hdr.total, 64u << 20));
-            }
-            if (hdr.total != st.hdr.total || hdr.offset != st.data.size() ||
-                hdr.size > hdr.total - hdr.offset) {
-                staged_.erase(id);
-                TANDEM_WARN(FI_LOG_EP_DATA, "dropping a fragment out of its message\n");
-                return;
-            }
-            st.data.insert(st.data.end(), body, body + hdr.size);
-            if (st.data.size() < hdr.total) return;
-            Staged whole = std::move(st);
-            staged_.erase(id);
-            // The staged copy of an IpcRts we could not map already has its receive.
-            if (auto r = restaging_.find(id); r != restaging_.end()) {
-                fi_peer_rx_entry *entry = r->second;
-                restaging_.erase(r);
-                deliver(entry, whole.hdr, sender, whole.data.data(), nullptr, source_of(sender));
-                return;
-            }
-            handle_message(whole.hdr, sender, source_of(sender), whole.data.data(), nullptr,
-                           &whole.data);
+        case LocalOp::Frag:
+            handle_frag(hdr, sender, body);
             return;
-        }
         case LocalOp::Fin:
             finish_pending(hdr.msg_id, hdr.status);
             return;
-        case LocalOp::ReadData: {
-            auto it = pending_.find(hdr.msg_id);
-            if (it == pending_.end()) return;
-            Pending &p = it->second;
-            if (hdr.status) {  // the target could not copy its memory
-                finish_pending(hdr.msg_id, hdr.status);
-                return;
-            }
-            if (p.mem.empty())
-                iov_scatter(p.iov.data(), p.iov.size(), hdr.offset, body, hdr.size);
-            else if (hmem::scatter(p.iov.data(), p.mem.data(), p.iov.size(), hdr.offset, body,
-                                   hdr.size) < 0)
-                p.received = SIZE_MAX / 2;  // reported as an error when the last one came
-            p.received += hdr.size;
-            if (hdr.flags & wire::kLocalLast)
-                finish_pending(hdr.msg_id, p.received > p.len ? FI_EIO : 0);
+        case LocalOp::ReadData:
+            handle_read_data(hdr, body);
             return;
-        }
         case LocalOp::Write:
         case LocalOp::Read:
         case LocalOp::WriteFrag:
@@ -259,9 +204,85 @@ void Endpoint::handle_cell(const uint8_t *cell) {
         case LocalOp::Short:
         case LocalOp::Atomic:
         case LocalOp::AtomicResp:
-            return;  // handled above, before the long header is read
+            return;  // handled by handle_cell, before the long header is read
     }
     TANDEM_WARN(FI_LOG_EP_DATA, "dropping a cell with unknown op %u\n", hdr.op);
+}
+
+// A fragment of a staged message (Frag), after those before it; the whole message delivered
+// once its last fragment came. A Frag with a status ends its message instead.
+void Endpoint::handle_frag(const LocalHeader &hdr, std::string_view sender, const uint8_t *body) {
+    std::pair<std::string, uint64_t> id{std::string(sender), hdr.msg_id};
+    if (hdr.status) {
+        abandon_staged(id, hdr, sender);
+        return;
+    }
+    // A message of 0 bytes goes whole (Eager), and none is larger than an endpoint
+    // takes: the first fragment's total is what we allocate, so it is checked first.
+    if (hdr.total == 0 || hdr.total > kMaxMessage) {
+        staged_.erase(id);
+        TANDEM_WARN(FI_LOG_EP_DATA, "dropping a fragment of a %llu-byte message\n",
+                    (unsigned long long)hdr.total);
+        return;
+    }
+    // The fragments of a message come in order (one sender, one ring): each goes at
+    // the end of what came before, so the memory held is what was sent, not what the
+    // first fragment claims.
+    auto &st = staged_[id];
+    if (st.data.empty()) {
+        st.hdr = hdr;
+        // One allocation for messages up to 64 MiB (untouched pages cost nothing).
+        st.data.reserve(std::min<uint64_t>(hdr.total, 64u << 20));
+    }
+    if (hdr.total != st.hdr.total || hdr.offset != st.data.size() ||
+        hdr.size > hdr.total - hdr.offset) {
+        staged_.erase(id);
+        TANDEM_WARN(FI_LOG_EP_DATA, "dropping a fragment out of its message\n");
+        return;
+    }
+    st.data.insert(st.data.end(), body, body + hdr.size);
+    if (st.data.size() < hdr.total) return;
+    Staged whole = std::move(st);
+    staged_.erase(id);
+    // The staged copy of an IpcRts we could not map already has its receive.
+    if (auto r = restaging_.find(id); r != restaging_.end()) {
+        fi_peer_rx_entry *entry = r->second;
+        restaging_.erase(r);
+        deliver(entry, whole.hdr, sender, whole.data.data(), nullptr, source_of(sender));
+        return;
+    }
+    handle_message(whole.hdr, sender, source_of(sender), whole.data.data(), nullptr, &whole.data);
+}
+
+// The sender gave up on a staged message (a Frag with a status): the receive we hold for it
+// (see finish_pending) completes with that status, and what came of it is dropped.
+void Endpoint::abandon_staged(const std::pair<std::string, uint64_t> &id, const LocalHeader &hdr,
+                              std::string_view sender) {
+    if (auto r = restaging_.find(id); r != restaging_.end()) {
+        fi_peer_rx_entry *entry = r->second;
+        restaging_.erase(r);
+        complete_rx(entry, hdr, 0, hdr.status, source_of(sender));
+    }
+    staged_.erase(id);
+}
+
+// A part of what a Read we issued asked for (ReadData), scattered into the operation's
+// buffers; the operation finished with the last part, or at the first error.
+void Endpoint::handle_read_data(const LocalHeader &hdr, const uint8_t *body) {
+    auto it = pending_.find(hdr.msg_id);
+    if (it == pending_.end()) return;
+    Pending &p = it->second;
+    if (hdr.status) {  // the target could not copy its memory
+        finish_pending(hdr.msg_id, hdr.status);
+        return;
+    }
+    if (p.mem.empty())
+        iov_scatter(p.iov.data(), p.iov.size(), hdr.offset, body, hdr.size);
+    else if (hmem::scatter(p.iov.data(), p.mem.data(), p.iov.size(), hdr.offset, body, hdr.size) <
+             0)
+        p.received = SIZE_MAX / 2;  // reported as an error when the last one came
+    p.received += hdr.size;
+    if (hdr.flags & wire::kLocalLast) finish_pending(hdr.msg_id, p.received > p.len ? FI_EIO : 0);
 }
 
 // Whether the cell names a process we are to read from or write into (cross-memory attach),
