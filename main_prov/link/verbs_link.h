@@ -18,6 +18,10 @@
 // Local memory of RDMA reads and writes (the application's buffers) is registered for the
 // one work request and deregistered when it completes; device memory through its dma-buf
 // where the device and the NIC allow (GPUDirect RDMA), else staged through a host buffer.
+//
+// Defined in verbs_device.cpp (VerbsDevice), verbs_connection.cpp (a queue pair's work
+// requests), verbs_cm.cpp (rdma_cm: listen, connect, accept, events) and verbs_link.cpp (the
+// rest of VerbsTransport); verbs_link_internal.h holds what those files share.
 #pragma once
 
 #include "main_prov/link/link.h"
