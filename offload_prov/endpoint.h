@@ -337,11 +337,23 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
 
     // ep/rma.cpp: RMA at the initiator.
     ssize_t issue_rma(LocalRequest &r);
+    bool stage_device_rma(PeerLink &link, const LocalRequest &r, const wire::LocalHeader &hdr,
+                          Pending &p);
+    void push_rma_write(PeerLink &link, wire::LocalHeader hdr, const LocalRequest &r,
+                        const wire::LocalIov *body, size_t n, bool cma);
 
     // ep/rma_target.cpp: RMA at the target.
     int resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access, iovec *iov,
                 hmem::MemRef *mem, size_t *count);
     void handle_rma(const wire::LocalHeader &hdr, std::string_view sender, const uint8_t *body);
+    struct RmaRegion;
+    bool drop_failed_fragment(const wire::LocalHeader &hdr, std::string_view sender, bool last);
+    int rma_write(const wire::LocalHeader &hdr, std::string_view sender, const uint8_t *body,
+                  const RmaRegion &region);
+    bool split_rma_write(const wire::LocalHeader &hdr, std::string_view sender,
+                         const RmaRegion &region, const iovec *remote);
+    int rma_read(const wire::LocalHeader &hdr, std::string_view sender, const uint8_t *body,
+                 const RmaRegion &region);
     void finish_rma(const wire::LocalHeader &hdr, std::string_view sender, int status);
 
     // ep/split_copy.cpp: copies by both sides (Cts, WriteDone), and the cells held behind them.
@@ -515,6 +527,15 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // ep/rma_target.cpp, ep/split_copy.cpp
     // Pieces an RMA key resolves to through the owner, at most (its LocalPieces::kMax).
     static constexpr size_t kMaxRmaPieces = 16;
+    // What an RMA key resolved to through the owner: the target region's pieces, where each
+    // lives, and whether any is device memory (CMA cannot reach it).
+    struct RmaRegion {
+        iovec pieces[kMaxRmaPieces];
+        hmem::MemRef mem[kMaxRmaPieces];
+        size_t count = kMaxRmaPieces;
+        bool device = false;
+        int place(size_t at, const uint8_t *from, size_t k) const;
+    };
     // Rts messages and RMA writes copied by both sides: the receiver's (target's) half is
     // done, the sender's (initiator's) pending.
     struct Split {

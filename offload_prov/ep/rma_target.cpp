@@ -21,27 +21,41 @@ int Endpoint::resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access, 
     return owner_ep_ops_->resolve(owner_ep_, key, addr, len, access, iov, mem, count);
 }
 
+namespace {
+
+// What a case of handle_rma returns when the operation does not finish there: a write split
+// with the initiator (split_read finishes it), a read answered in ReadData cells, or one whose
+// initiator is gone. (Other returns are a status: 0 or a positive fabric errno.)
+constexpr int kNotFinished = -1;
+
+// The initiator's buffers a Write or Read cell names (for CMA).
+void remote_iovs(const uint8_t *body, size_t count, iovec *remote) {
+    auto *remote_iov = reinterpret_cast<const LocalIov *>(body);
+    for (size_t i = 0; i < count; ++i)
+        remote[i] = {reinterpret_cast<void *>(remote_iov[i].addr), remote_iov[i].length};
+}
+
+}  // namespace
+
+// k bytes into the region from offset at: copied here into host memory, by its device's
+// copies into device memory.
+int Endpoint::RmaRegion::place(size_t at, const uint8_t *from, size_t k) const {
+    if (!device) {
+        iov_scatter(pieces, count, at, from, k);
+        return 0;
+    }
+    return hmem::scatter(pieces, mem, count, at, from, k) == ssize_t(k) ? 0 : FI_EIO;
+}
+
 // RMA at the target: the key is checked by the owner, the copy is ours.
 void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const uint8_t *body) {
     auto op = static_cast<LocalOp>(hdr.op);
     const bool fragment = op == LocalOp::WriteFrag;
     const bool last = !fragment || (hdr.flags & wire::kLocalLast);
-    // A staged write whose earlier fragment failed: the rest are not placed, and its last
-    // fragment reports that first error, once. Nothing of a failed write counts as done.
-    if (fragment && !failed_writes_.empty()) {
-        auto failed = failed_writes_.find(std::make_pair(std::string(sender), hdr.msg_id));
-        if (failed != failed_writes_.end()) {
-            if (last || hdr.status) {
-                int status = failed->second;
-                failed_writes_.erase(failed);
-                if (!hdr.status) finish_rma(hdr, sender, status);
-            }
-            return;
-        }
-    }
+    if (fragment && !failed_writes_.empty() && drop_failed_fragment(hdr, sender, last)) return;
     if (hdr.status) return;  // the initiator could not copy its memory and failed the write
     // The operation failed here: the initiator hears of it once, from the last fragment of a
-    // staged write (see above), at once otherwise.
+    // staged write (see drop_failed_fragment), at once otherwise.
     auto fail = [&](int status) {
         if (last)
             answer(sender, hdr.msg_id, status);
@@ -59,105 +73,125 @@ void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const
         fail(FI_EINVAL);
         return;
     }
-    iovec pieces[kMaxRmaPieces];
-    hmem::MemRef pmem[kMaxRmaPieces];
-    size_t npieces = kMaxRmaPieces;
-    int ret = resolve(hdr.rma_key, hdr.rma_addr, len, access, pieces, pmem, &npieces);
+    RmaRegion region;
+    int ret =
+        resolve(hdr.rma_key, hdr.rma_addr, len, access, region.pieces, region.mem, &region.count);
     if (ret) {
         fail(ret == -FI_ENOSYS ? FI_EOPNOTSUPP : FI_EACCES);
         return;
     }
-    int status = 0;
-    auto *remote_iov = reinterpret_cast<const LocalIov *>(body);
-    iovec remote[wire::kLocalMaxIov];
-    if (op != LocalOp::IpcWrite)
-        for (size_t i = 0; i < hdr.iov_count; ++i)
-            remote[i] = {reinterpret_cast<void *>(remote_iov[i].addr), remote_iov[i].length};
     // A target region in device memory: its device copies (CMA cannot reach it).
-    bool device = !hmem::all_host(pmem, npieces);
-    auto place = [&](const uint8_t *from, size_t k) {
-        if (!device) {
-            iov_scatter(pieces, npieces, at, from, k);
-            return 0;
-        }
-        return hmem::scatter(pieces, pmem, npieces, at, from, k) == ssize_t(k) ? 0 : FI_EIO;
-    };
+    region.device = !hmem::all_host(region.mem, region.count);
+    int status = 0;
     switch (op) {
         case LocalOp::Write:
-            if (hdr.iov_count == 0) {
-                status = place(body, std::min<size_t>(hdr.size, len));
-            } else if (device) {
-                status =
-                    cma_read_staged(hdr.pid, pieces, pmem, npieces, remote, hdr.iov_count, len);
-            } else {
-                // A large write is copied by both sides at once, as a large message is (see
-                // deliver): the initiator writes the second half while we read the first.
-                size_t half = (len / 2) & ~size_t(4095);
-                PeerLink *link = len >= wire::kLocalSplitMin ? link_to(sender) : nullptr;
-                uint64_t claim = wire::kLocalNoClaim;
-                if (link && link->cma &&
-                    send_cts(*link, hdr.msg_id, pieces, npieces, half, len, &claim)) {
-                    iovec local[kMaxRmaPieces], first[wire::kLocalMaxIov];
-                    size_t nlocal = iov_slice(pieces, npieces, 0, half, local, std::size(local));
-                    size_t nfirst =
-                        iov_slice(remote, hdr.iov_count, 0, half, first, std::size(first));
-                    ssize_t got = cma_read(hdr.pid, local, nlocal, first, nfirst);
-                    Split split{nullptr,          hdr, len,     half, {}, hdr.iov_count, 0,
-                                FI_ADDR_NOTAVAIL, {},  npieces, claim};
-                    std::copy(remote, remote + hdr.iov_count, split.remote);
-                    std::copy(pieces, pieces + npieces, split.target);
-                    if (got < 0 || size_t(got) != half)
-                        split.err = got == -ESRCH ? FI_ECONNRESET : FI_EIO;
-                    // What the initiator sends meanwhile waits behind the write (deferred_),
-                    // until the split is finished: now, or at the initiator's WriteDone.
-                    deferred_.try_emplace(std::string(sender));
-                    split_read(split, sender);
-                    return;
-                }
-                ssize_t got = cma_read(hdr.pid, pieces, npieces, remote, hdr.iov_count);
-                if (got < 0 || size_t(got) != len) status = FI_EIO;
-            }
+            status = rma_write(hdr, sender, body, region);
             break;
         case LocalOp::IpcWrite: {
             // The initiator's device buffers, mapped here; our region's device copies them in.
             wire::LocalIpc ipc[wire::kLocalMaxIov];  // (copied: the cell body is unaligned)
             memcpy(ipc, body, hdr.iov_count * sizeof(wire::LocalIpc));
-            status = copy_from_ipc(hdr, ipc, pieces, pmem, npieces, len);
+            status = copy_from_ipc(hdr, ipc, region.pieces, region.mem, region.count, len);
             break;
         }
         case LocalOp::WriteFrag:
-            status = place(body, hdr.size);
+            status = region.place(at, body, hdr.size);
             if (status) {
                 fail(status);
                 return;
             }
             break;
-        case LocalOp::Read: {
-            ssize_t put = -EPERM;
-            if (hdr.iov_count && !device)
-                put = cma_write(hdr.pid, pieces, npieces, remote, hdr.iov_count);
-            if (put >= 0 && size_t(put) == len) break;
-            if (put == -EPERM || put == -ENOSYS || hdr.iov_count == 0) {
-                // Staged answer: the data travels back in ReadData cells.
-                PeerLink *link = link_to(sender);
-                if (!link) return;
-                LocalHeader out = proto_;
-                out.op = static_cast<uint8_t>(LocalOp::ReadData);
-                out.msg_id = hdr.msg_id;
-                out.total = len;
-                // The access counts once the data is sent, not when a device copy failed.
-                push_staged(*link, out, pieces, npieces, len, device ? pmem : nullptr,
-                            {.kind = StreamEnd::Kind::ReadAccess, .rma_key = hdr.rma_key});
-                return;
-            }
-            status = FI_EIO;
+        case LocalOp::Read:
+            status = rma_read(hdr, sender, body, region);
             break;
-        }
         default:
             return;
     }
-    if (!last) return;
+    if (status == kNotFinished || !last) return;
     finish_rma(hdr, sender, status);
+}
+
+// A fragment of a staged write whose earlier fragment failed: the rest are not placed, and its
+// last fragment reports that first error, once. Nothing of a failed write counts as done.
+// True when the fragment was of such a write (it is dropped).
+bool Endpoint::drop_failed_fragment(const LocalHeader &hdr, std::string_view sender, bool last) {
+    auto failed = failed_writes_.find(std::make_pair(std::string(sender), hdr.msg_id));
+    if (failed == failed_writes_.end()) return false;
+    if (last || hdr.status) {
+        int status = failed->second;
+        failed_writes_.erase(failed);
+        if (!hdr.status) finish_rma(hdr, sender, status);
+    }
+    return true;
+}
+
+// A Write cell: its data in the cell, or read from the initiator's buffers (into device memory
+// staged through the host, into host memory with CMA, by both sides when it is large).
+int Endpoint::rma_write(const LocalHeader &hdr, std::string_view sender, const uint8_t *body,
+                        const RmaRegion &region) {
+    const size_t len = hdr.total;
+    if (hdr.iov_count == 0) return region.place(0, body, std::min<size_t>(hdr.size, len));
+    iovec remote[wire::kLocalMaxIov];
+    remote_iovs(body, hdr.iov_count, remote);
+    if (region.device)
+        return cma_read_staged(hdr.pid, region.pieces, region.mem, region.count, remote,
+                               hdr.iov_count, len);
+    if (split_rma_write(hdr, sender, region, remote)) return kNotFinished;
+    ssize_t got = cma_read(hdr.pid, region.pieces, region.count, remote, hdr.iov_count);
+    return got < 0 || size_t(got) != len ? FI_EIO : 0;
+}
+
+// A large write is copied by both sides at once, as a large message is (see deliver): the
+// initiator writes the second half while we read the first. False, with nothing read, when
+// the initiator cannot take its part (too small a write, no CMA to it, no Cts sent).
+bool Endpoint::split_rma_write(const LocalHeader &hdr, std::string_view sender,
+                               const RmaRegion &region, const iovec *remote) {
+    const size_t len = hdr.total;
+    size_t half = (len / 2) & ~size_t(4095);
+    PeerLink *link = len >= wire::kLocalSplitMin ? link_to(sender) : nullptr;
+    uint64_t claim = wire::kLocalNoClaim;
+    if (!link || !link->cma ||
+        !send_cts(*link, hdr.msg_id, region.pieces, region.count, half, len, &claim))
+        return false;
+    iovec local[kMaxRmaPieces], first[wire::kLocalMaxIov];
+    size_t nlocal = iov_slice(region.pieces, region.count, 0, half, local, std::size(local));
+    size_t nfirst = iov_slice(remote, hdr.iov_count, 0, half, first, std::size(first));
+    ssize_t got = cma_read(hdr.pid, local, nlocal, first, nfirst);
+    Split split{nullptr,          hdr, len,          half, {}, hdr.iov_count, 0,
+                FI_ADDR_NOTAVAIL, {},  region.count, claim};
+    std::copy(remote, remote + hdr.iov_count, split.remote);
+    std::copy(region.pieces, region.pieces + region.count, split.target);
+    if (got < 0 || size_t(got) != half) split.err = got == -ESRCH ? FI_ECONNRESET : FI_EIO;
+    // What the initiator sends meanwhile waits behind the write (deferred_), until the split
+    // is finished: now, or at the initiator's WriteDone.
+    deferred_.try_emplace(std::string(sender));
+    split_read(split, sender);
+    return true;
+}
+
+// A Read cell: the region written into the initiator's buffers with CMA or, where CMA cannot
+// (not permitted, device memory, no buffers named), sent back in ReadData cells.
+int Endpoint::rma_read(const LocalHeader &hdr, std::string_view sender, const uint8_t *body,
+                       const RmaRegion &region) {
+    const size_t len = hdr.total;
+    iovec remote[wire::kLocalMaxIov];
+    remote_iovs(body, hdr.iov_count, remote);
+    ssize_t put = -EPERM;
+    if (hdr.iov_count && !region.device)
+        put = cma_write(hdr.pid, region.pieces, region.count, remote, hdr.iov_count);
+    if (put >= 0 && size_t(put) == len) return 0;
+    if (put != -EPERM && put != -ENOSYS && hdr.iov_count != 0) return FI_EIO;
+    // Staged answer: the data travels back in ReadData cells.
+    PeerLink *link = link_to(sender);
+    if (!link) return kNotFinished;
+    LocalHeader out = proto_;
+    out.op = static_cast<uint8_t>(LocalOp::ReadData);
+    out.msg_id = hdr.msg_id;
+    out.total = len;
+    // The access counts once the data is sent, not when a device copy failed.
+    push_staged(*link, out, region.pieces, region.count, len, region.device ? region.mem : nullptr,
+                {.kind = StreamEnd::Kind::ReadAccess, .rma_key = hdr.rma_key});
+    return kNotFinished;
 }
 
 // The target's side of an RMA operation is over: the counters and the remote CQ data of a
