@@ -415,6 +415,16 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
                         std::string_view sender);
     void handle_read_data(const wire::LocalHeader &hdr, const uint8_t *body);
 
+    // ep/send.cpp: issue_send's parts, host or device memory.
+    void send_host(const LocalRequest &r, PeerLink &link, wire::LocalHeader &hdr,
+                   uint64_t cq_flags);
+    void send_device(const LocalRequest &r, PeerLink &link, wire::LocalHeader &hdr,
+                     uint64_t cq_flags);
+    bool send_peer_to_peer(const LocalRequest &r, PeerLink &link, const wire::LocalHeader &hdr,
+                           uint64_t cq_flags);
+    void await_delivery(wire::LocalHeader &hdr, PeerLink &link, const LocalRequest &r,
+                        uint64_t cq_flags);
+
     // ep/atomic.cpp: node-local atomics, at the initiator and at the target.
     ssize_t post_atomic(atomic::Kind kind, const fi_msg_atomic &msg, const fi_ioc *compare,
                         void **compare_desc, size_t ncompare, const fi_ioc *result,

@@ -63,123 +63,138 @@ int Endpoint::prepare(const iovec *iov, void **desc, size_t count, fi_addr_t pee
 // Issue: the message goes out as the peer's ring and the memory allow.
 ssize_t Endpoint::issue_send(LocalRequest &r) {
     note_work();
-    const iovec *const iov = r.iov;
-    const size_t count = r.count;
-    const size_t len = r.len;
-    const uint64_t tag = r.tag, data = r.data, flags = r.flags;
-    void *const context = r.context;
-    const bool tagged = r.tagged;
     PeerLink *link = link_for(r.peer);
     if (!link) return -FI_EHOSTUNREACH;
-    uint64_t cq_flags = FI_SEND | (tagged ? FI_TAGGED : FI_MSG);
+    const uint64_t cq_flags = FI_SEND | (r.tagged ? FI_TAGGED : FI_MSG);
     if (link->dead) {
-        complete_tx(context, cq_flags, len, FI_ECONNRESET);
+        complete_tx(r.context, cq_flags, r.len, FI_ECONNRESET);
         return 0;
     }
     // Back-pressure: the peer's ring is full, or cells wait for room already.
     if (!admits(*link)) return -FI_EAGAIN;
-    LocalHeader hdr = message_header(len, tag, data, flags, tagged);
-    // FI_DELIVERY_COMPLETE: complete when the receiver placed the data (its Fin), not when
-    // the cells are written.
-    bool ack = flags & FI_DELIVERY_COMPLETE;
-    const hmem::MemRef *const mem = r.mem;
-    if (r.device) {
-        // Device memory: peer to peer through IPC handles where the policy and the driver
-        // allow, else staged through cells by the device's copies (never by the CPU).
-        auto &c = hmem::counters();
-        switch (p2p_.decide(true, len, Config::get().eager_limit)) {
-            case hmem::P2pDecision::PeerToPeer: {
-                Pending p{.context = context,
-                          .flags = cq_flags,
-                          .len = len,
-                          .link = link,
-                          .iov = {iov, iov + count},
-                          .mem = {mem, mem + count},
-                          .ipc = true,
-                          .ack = ack,
-                          .tag = tag,
-                          .data = data,
-                          .hdr_flags = hdr.flags};
-                if (post_ipc(*link, hdr, iov, mem, count, std::move(p))) {
-                    c.p2p_transfers.fetch_add(1, std::memory_order_relaxed);
-                    return 0;
-                }
-                if (p2p_.mode() == FI_HMEM_P2P_REQUIRED) {
-                    c.refused_transfers.fetch_add(1, std::memory_order_relaxed);
-                    complete_tx(context, cq_flags, len, FI_EOPNOTSUPP);
-                    return 0;
-                }
-                break;  // no IPC handle for this memory: staged
-            }
-            case hmem::P2pDecision::Fail:
-                c.refused_transfers.fetch_add(1, std::memory_order_relaxed);
-                complete_tx(context, cq_flags, len, FI_EOPNOTSUPP);
-                return 0;
-            case hmem::P2pDecision::Stage:
-                break;
-        }
-        c.staged_transfers.fetch_add(1, std::memory_order_relaxed);
-        if (len > Config::get().eager_limit && link->cma && len <= kStagedRtsMax) {
-            // Large: our device copies it once into a host bounce that the receiver reads
-            // like any host message (single copy by CMA), instead of cell by cell.
-            Pending p{.context = context, .flags = cq_flags, .len = len, .link = link};
-            p.bounce.resize(len);
-            if (hmem::gather(p.bounce.data(), iov, mem, count, 0, len) != ssize_t(len)) {
-                complete_tx(context, cq_flags, len, FI_EIO);
-                return 0;
-            }
-            send_rts(*link, hdr, std::move(p));
-            return 0;
-        }
-        if (ack) {
-            hdr.flags |= wire::kLocalAckReq;
-            pending_[hdr.msg_id] =
-                Pending{.context = context, .flags = cq_flags, .len = len, .link = link};
-        }
-        hdr.op =
-            static_cast<uint8_t>(len <= Config::get().eager_limit ? LocalOp::Eager : LocalOp::Frag);
-        if (hdr.op == static_cast<uint8_t>(LocalOp::Frag)) {
-            push_staged(*link, hdr, iov, count, len, mem, send_end(ack, context, cq_flags));
-            return 0;
-        }
-        hdr.size = static_cast<uint32_t>(len);
-        if (!push_gather(*link, hdr, iov, count, 0, len, mem)) {
-            // The device could not copy it: an error completion, and nothing delivered.
-            pending_.erase(hdr.msg_id);
-            complete_tx(context, cq_flags, len, FI_EIO);
-        } else if (!ack) {
-            complete_tx(context, cq_flags, len, 0);
-        }
-        return 0;
-    }
-    if (ack) {
-        hdr.flags |= wire::kLocalAckReq;
-        pending_[hdr.msg_id] =
-            Pending{.context = context, .flags = cq_flags, .len = len, .link = link};
-    }
+    LocalHeader hdr = message_header(r.len, r.tag, r.data, r.flags, r.tagged);
+    if (r.device)
+        send_device(r, *link, hdr, cq_flags);
+    else
+        send_host(r, *link, hdr, cq_flags);
+    return 0;
+}
+
+// FI_DELIVERY_COMPLETE: the send completes when the receiver placed the data (its Fin), not
+// when the cells are written; it waits in pending_ until then.
+void Endpoint::await_delivery(LocalHeader &hdr, PeerLink &link, const LocalRequest &r,
+                              uint64_t cq_flags) {
+    hdr.flags |= wire::kLocalAckReq;
+    pending_[hdr.msg_id] =
+        Pending{.context = r.context, .flags = cq_flags, .len = r.len, .link = &link};
+}
+
+// Host memory: an Eager cell, single copy (Rts: the receiver reads our buffers with CMA), or
+// staged through the ring a cell at a time (Frag).
+void Endpoint::send_host(const LocalRequest &r, PeerLink &link, LocalHeader &hdr,
+                         uint64_t cq_flags) {
+    const iovec *const iov = r.iov;
+    const size_t count = r.count, len = r.len;
+    const bool ack = r.flags & FI_DELIVERY_COMPLETE;
+    if (ack) await_delivery(hdr, link, r, cq_flags);
     if (len <= Config::get().eager_limit) {
         hdr.op = static_cast<uint8_t>(LocalOp::Eager);
         hdr.size = static_cast<uint32_t>(len);
-        push_gather(*link, hdr, iov, count, 0, len);
-        if (!ack) complete_tx(context, cq_flags, len, 0);
-        return 0;
+        push_gather(link, hdr, iov, count, 0, len);
+        if (!ack) complete_tx(r.context, cq_flags, len, 0);
+        return;
     }
     double rts_ns = 0;
-    if (link->cma && !stages_better(*link, len, &rts_ns)) {
-        send_rts(*link, hdr,
-                 Pending{.context = context,
+    if (link.cma && !stages_better(link, len, &rts_ns)) {
+        send_rts(link, hdr,
+                 Pending{.context = r.context,
                          .flags = cq_flags,
                          .len = len,
-                         .link = link,
+                         .link = &link,
                          .iov = {iov, iov + count},
                          .posted_ns = now_ns(),
                          .expected_ns = rts_ns});
-        return 0;
+        return;
     }
     // No cross-memory attach, or staging is better: through the ring, a cell at a time.
     hdr.op = static_cast<uint8_t>(LocalOp::Frag);
-    push_staged(*link, hdr, iov, count, len, nullptr, send_end(ack, context, cq_flags));
-    return 0;
+    push_staged(link, hdr, iov, count, len, nullptr, send_end(ack, r.context, cq_flags));
+}
+
+// Device memory: peer to peer through IPC handles where the policy and the driver allow,
+// else staged through cells by the device's copies (never by the CPU).
+void Endpoint::send_device(const LocalRequest &r, PeerLink &link, LocalHeader &hdr,
+                           uint64_t cq_flags) {
+    if (send_peer_to_peer(r, link, hdr, cq_flags)) return;
+    hmem::counters().staged_transfers.fetch_add(1, std::memory_order_relaxed);
+    const iovec *const iov = r.iov;
+    const hmem::MemRef *const mem = r.mem;
+    const size_t count = r.count, len = r.len;
+    const bool ack = r.flags & FI_DELIVERY_COMPLETE;
+    if (len > Config::get().eager_limit && link.cma && len <= kStagedRtsMax) {
+        // Large: our device copies it once into a host bounce that the receiver reads
+        // like any host message (single copy by CMA), instead of cell by cell.
+        Pending p{.context = r.context, .flags = cq_flags, .len = len, .link = &link};
+        p.bounce.resize(len);
+        if (hmem::gather(p.bounce.data(), iov, mem, count, 0, len) != ssize_t(len)) {
+            complete_tx(r.context, cq_flags, len, FI_EIO);
+            return;
+        }
+        send_rts(link, hdr, std::move(p));
+        return;
+    }
+    if (ack) await_delivery(hdr, link, r, cq_flags);
+    if (len > Config::get().eager_limit) {
+        hdr.op = static_cast<uint8_t>(LocalOp::Frag);
+        push_staged(link, hdr, iov, count, len, mem, send_end(ack, r.context, cq_flags));
+        return;
+    }
+    hdr.op = static_cast<uint8_t>(LocalOp::Eager);
+    hdr.size = static_cast<uint32_t>(len);
+    if (!push_gather(link, hdr, iov, count, 0, len, mem)) {
+        // The device could not copy it: an error completion, and nothing delivered.
+        pending_.erase(hdr.msg_id);
+        complete_tx(r.context, cq_flags, len, FI_EIO);
+    } else if (!ack) {
+        complete_tx(r.context, cq_flags, len, 0);
+    }
+}
+
+// Device memory peer to peer, as the policy decides: true when the send is settled (an IpcRts
+// posted, or completed with an error), false when it is to be staged.
+bool Endpoint::send_peer_to_peer(const LocalRequest &r, PeerLink &link, const LocalHeader &hdr,
+                                 uint64_t cq_flags) {
+    auto &c = hmem::counters();
+    switch (p2p_.decide(true, r.len, Config::get().eager_limit)) {
+        case hmem::P2pDecision::PeerToPeer: {
+            Pending p{.context = r.context,
+                      .flags = cq_flags,
+                      .len = r.len,
+                      .link = &link,
+                      .iov = {r.iov, r.iov + r.count},
+                      .mem = {r.mem, r.mem + r.count},
+                      .ipc = true,
+                      .ack = (r.flags & FI_DELIVERY_COMPLETE) != 0,
+                      .tag = r.tag,
+                      .data = r.data,
+                      .hdr_flags = hdr.flags};
+            if (post_ipc(link, hdr, r.iov, r.mem, r.count, std::move(p))) {
+                c.p2p_transfers.fetch_add(1, std::memory_order_relaxed);
+                return true;
+            }
+            if (p2p_.mode() != FI_HMEM_P2P_REQUIRED) return false;  // no IPC handle: staged
+            c.refused_transfers.fetch_add(1, std::memory_order_relaxed);
+            complete_tx(r.context, cq_flags, r.len, FI_EOPNOTSUPP);
+            return true;
+        }
+        case hmem::P2pDecision::Fail:
+            c.refused_transfers.fetch_add(1, std::memory_order_relaxed);
+            complete_tx(r.context, cq_flags, r.len, FI_EOPNOTSUPP);
+            return true;
+        case hmem::P2pDecision::Stage:
+            break;
+    }
+    return false;
 }
 
 // The owner's fast path for small messages: the same Eager cell issue_send would write, but
