@@ -89,101 +89,113 @@ bool subset(uint64_t want, uint64_t have) {
     return (want & ~have) == 0;
 }
 
-// Decides whether one (interface, endpoint type) pair can satisfy the hints; fills info.
-bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint32_t format,
-               fi_info *fi) {
-    const Config &cfg = Config::get();
-    const bool verbs = !itf.rdma_device.empty();
+// What an endpoint of this type on this interface offers: its capabilities before the hints
+// narrow them. A device domain moves RMA with the NIC's keys, by virtual address, and the NIC
+// tells the target nothing. An application that counts remote accesses (FI_RMA_EVENT) or names
+// its keys (mr_mode without FI_MR_PROV_KEY | FI_MR_VIRT_ADDR, as Open MPI's mtl ofi asks) gets
+// RMA that the target's protocol serves (Domain::rma_served): FI_RMA_EVENT, a secondary
+// capability, is therefore reported only when asked for, as it costs the NIC path.
+uint64_t offered_caps(const fi_info *hints, fi_ep_type type, bool verbs) {
     uint64_t caps = (type == FI_EP_RDM ? kRdmCaps : kMsgCaps) | hmem_caps(hints);
-    // A device domain moves RMA with the NIC's keys, by virtual address, and the NIC tells
-    // the target nothing. An application that counts remote accesses (FI_RMA_EVENT) or names
-    // its keys (mr_mode without FI_MR_PROV_KEY | FI_MR_VIRT_ADDR, as Open MPI's mtl ofi asks)
-    // gets RMA that the target's protocol serves (Domain::rma_served): FI_RMA_EVENT, a
-    // secondary capability, is therefore reported only when asked for, as it costs the NIC
-    // path.
     const bool want_rma_event = hints && (hints->caps & FI_RMA_EVENT);
     if (verbs && !want_rma_event) caps &= ~uint64_t(FI_RMA_EVENT);
-    const uint64_t want_mr_mode =
-        hints && hints->domain_attr ? uint64_t(hints->domain_attr->mr_mode) : 0;
-    const bool nic_keys = verbs && !want_rma_event &&
-                          (!hints || !hints->domain_attr || want_mr_mode == FI_MR_BASIC ||
-                           (want_mr_mode != FI_MR_SCALABLE &&
-                            subset(FI_MR_PROV_KEY | FI_MR_VIRT_ADDR, want_mr_mode)));
     // XPU triggers: an RDM endpoint's triggered operations started by a device's write.
     if (type == FI_EP_RDM && (caps & FI_HMEM)) caps |= FI_XPU_TRIGGER;
-    if (hints) {
-        if (hints->caps && !subset(hints->caps, caps)) return false;
-        if (hints->ep_attr) {
-            const fi_ep_attr &e = *hints->ep_attr;
-            if (e.max_msg_size > kMaxMsgSize) return false;
-            if (e.tx_ctx_cnt > 1 && e.tx_ctx_cnt != FI_SHARED_CONTEXT) return false;
-            if (e.rx_ctx_cnt > 1 && e.rx_ctx_cnt != FI_SHARED_CONTEXT) return false;
-            if (e.protocol != FI_PROTO_UNSPEC &&
-                e.protocol != (verbs ? FI_PROTO_RDMA_CM_IB_RC : FI_PROTO_SOCK_TCP))
-                return false;
-            if (e.auth_key_size > kMaxAuthKeySize || (e.auth_key_size && !e.auth_key)) return false;
-        }
-        if (hints->domain_attr) {
-            const fi_domain_attr &d = *hints->domain_attr;
-            if (d.name && strcmp(d.name, itf.name.c_str()) != 0) return false;
-            if (d.control_progress == FI_PROGRESS_AUTO || d.data_progress == FI_PROGRESS_AUTO)
-                return false;  // progress is driven by the application's calls
-            if (d.cq_data_size > kMaxCqData || d.mr_key_size > 8) return false;
-            if (d.av_type != FI_AV_UNSPEC && d.av_type != FI_AV_MAP && d.av_type != FI_AV_TABLE)
-                return false;
-            // Shared AVs are an RDM matter: a MSG endpoint has no AV.
-            if (d.caps && !subset(d.caps, FI_LOCAL_COMM | FI_REMOTE_COMM |
-                                              (type == FI_EP_RDM ? FI_SHARED_AV : 0)))
-                return false;
-            if (d.auth_key_size > kMaxAuthKeySize || (d.auth_key_size && !d.auth_key)) return false;
-        }
-        if (hints->fabric_attr && hints->fabric_attr->name &&
-            strcmp(hints->fabric_attr->name, itf.fabric_name.c_str()) != 0)
-            return false;
-        for (const fi_tx_attr *t : {hints->tx_attr}) {
-            if (!t) continue;
-            if (t->caps && !subset(t->caps, caps)) return false;
-            if (!subset(t->msg_order, kMsgOrder)) return false;
-            if (t->comp_order & ~uint64_t(FI_ORDER_NONE)) return false;
-            if (t->inject_size > cfg.inject_size || t->size > cfg.tx_size) return false;
-            if (t->iov_limit > kMaxIov || t->rma_iov_limit > 1) return false;
-        }
-        if (const fi_rx_attr *r = hints->rx_attr) {
-            if (r->caps && !subset(r->caps, caps)) return false;
-            if (!subset(r->msg_order, kMsgOrder)) return false;
-            if (r->comp_order & ~uint64_t(FI_ORDER_NONE)) return false;
-            if (r->size > cfg.rx_size || r->iov_limit > kMaxIov) return false;
-            if (r->total_buffered_recv > 0 && false) return false;
-        }
-    }
-    uint64_t out_caps = hints && hints->caps ? hints->caps : caps;
-    // A request for a primary capability without direction implies both directions.
-    fi->caps = out_caps;
-    fi->mode = 0;
-    fi->addr_format = format;
+    return caps;
+}
 
-    fi_tx_attr &tx = *fi->tx_attr;
-    // The transmit and receive attributes carry their own direction's capabilities only; the
-    // domain-level ones (FI_LOCAL_COMM, FI_REMOTE_COMM, FI_SHARED_AV) stay in caps and
-    // domain_attr->caps.
-    constexpr uint64_t kDomainCaps = FI_LOCAL_COMM | FI_REMOTE_COMM | FI_SHARED_AV;
-    tx.caps = out_caps & ~uint64_t(FI_RECV | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_MULTI_RECV |
-                                   FI_SOURCE | FI_DIRECTED_RECV | FI_RMA_EVENT | kDomainCaps);
+// Whether RMA moves with the NIC's keys (see offered_caps): a device domain, unless the
+// application asked for FI_RMA_EVENT or for keys of its own choosing.
+bool uses_nic_keys(const fi_info *hints, bool verbs) {
+    const bool want_rma_event = hints && (hints->caps & FI_RMA_EVENT);
+    const uint64_t want_mr_mode =
+        hints && hints->domain_attr ? uint64_t(hints->domain_attr->mr_mode) : 0;
+    return verbs && !want_rma_event &&
+           (!hints || !hints->domain_attr || want_mr_mode == FI_MR_BASIC ||
+            (want_mr_mode != FI_MR_SCALABLE &&
+             subset(FI_MR_PROV_KEY | FI_MR_VIRT_ADDR, want_mr_mode)));
+}
+
+bool ep_hints_fit(const fi_ep_attr &e, bool verbs) {
+    if (e.max_msg_size > kMaxMsgSize) return false;
+    if (e.tx_ctx_cnt > 1 && e.tx_ctx_cnt != FI_SHARED_CONTEXT) return false;
+    if (e.rx_ctx_cnt > 1 && e.rx_ctx_cnt != FI_SHARED_CONTEXT) return false;
+    if (e.protocol != FI_PROTO_UNSPEC &&
+        e.protocol != (verbs ? FI_PROTO_RDMA_CM_IB_RC : FI_PROTO_SOCK_TCP))
+        return false;
+    return !(e.auth_key_size > kMaxAuthKeySize || (e.auth_key_size && !e.auth_key));
+}
+
+bool domain_hints_fit(const fi_domain_attr &d, fi_ep_type type, const Interface &itf) {
+    if (d.name && strcmp(d.name, itf.name.c_str()) != 0) return false;
+    if (d.control_progress == FI_PROGRESS_AUTO || d.data_progress == FI_PROGRESS_AUTO)
+        return false;  // progress is driven by the application's calls
+    if (d.cq_data_size > kMaxCqData || d.mr_key_size > 8) return false;
+    if (d.av_type != FI_AV_UNSPEC && d.av_type != FI_AV_MAP && d.av_type != FI_AV_TABLE)
+        return false;
+    // Shared AVs are an RDM matter: a MSG endpoint has no AV.
+    if (d.caps &&
+        !subset(d.caps, FI_LOCAL_COMM | FI_REMOTE_COMM | (type == FI_EP_RDM ? FI_SHARED_AV : 0)))
+        return false;
+    return !(d.auth_key_size > kMaxAuthKeySize || (d.auth_key_size && !d.auth_key));
+}
+
+bool tx_hints_fit(const fi_tx_attr &t, uint64_t caps) {
+    const Config &cfg = Config::get();
+    if (t.caps && !subset(t.caps, caps)) return false;
+    if (!subset(t.msg_order, kMsgOrder)) return false;
+    if (t.comp_order & ~uint64_t(FI_ORDER_NONE)) return false;
+    if (t.inject_size > cfg.inject_size || t.size > cfg.tx_size) return false;
+    return !(t.iov_limit > kMaxIov || t.rma_iov_limit > 1);
+}
+
+bool rx_hints_fit(const fi_rx_attr &r, uint64_t caps) {
+    const Config &cfg = Config::get();
+    if (r.caps && !subset(r.caps, caps)) return false;
+    if (!subset(r.msg_order, kMsgOrder)) return false;
+    if (r.comp_order & ~uint64_t(FI_ORDER_NONE)) return false;
+    return !(r.size > cfg.rx_size || r.iov_limit > kMaxIov);
+}
+
+// Whether the hints (when given) ask for nothing this endpoint type on itf cannot give.
+bool hints_fit(const fi_info *hints, fi_ep_type type, const Interface &itf, uint64_t caps) {
+    if (!hints) return true;
+    const bool verbs = !itf.rdma_device.empty();
+    if (hints->caps && !subset(hints->caps, caps)) return false;
+    if (hints->ep_attr && !ep_hints_fit(*hints->ep_attr, verbs)) return false;
+    if (hints->domain_attr && !domain_hints_fit(*hints->domain_attr, type, itf)) return false;
+    if (hints->fabric_attr && hints->fabric_attr->name &&
+        strcmp(hints->fabric_attr->name, itf.fabric_name.c_str()) != 0)
+        return false;
+    if (hints->tx_attr && !tx_hints_fit(*hints->tx_attr, caps)) return false;
+    return !(hints->rx_attr && !rx_hints_fit(*hints->rx_attr, caps));
+}
+
+// The transmit and receive attributes carry their own direction's capabilities only; the
+// domain-level ones stay in caps and domain_attr->caps.
+constexpr uint64_t kDomainCaps = FI_LOCAL_COMM | FI_REMOTE_COMM | FI_SHARED_AV;
+
+// A queue depth the hints ask for is what the endpoint gets (fi_endpoint(3): a smaller size
+// consumes fewer resources). It matters above all to ofi_rxm, which asks for 128 and sizes its
+// per-connection buffer pools from the answer (with 4096: 68 MB and, where page faults are
+// slow, a fifth of a second per connection).
+void fill_tx_attr(fi_tx_attr &tx, const fi_info *hints, uint64_t caps) {
+    const Config &cfg = Config::get();
+    tx.caps = caps & ~uint64_t(FI_RECV | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_MULTI_RECV |
+                               FI_SOURCE | FI_DIRECTED_RECV | FI_RMA_EVENT | kDomainCaps);
     tx.mode = 0;
     tx.op_flags = hints && hints->tx_attr ? hints->tx_attr->op_flags : 0;
     tx.msg_order = kMsgOrder;
     tx.comp_order = FI_ORDER_NONE;
     tx.inject_size = cfg.inject_size;
-    // A queue depth the hints ask for is what the endpoint gets (fi_endpoint(3): a smaller
-    // size consumes fewer resources). It matters above all to ofi_rxm, which asks for 128
-    // and sizes its per-connection buffer pools from the answer (with 4096: 68 MB and, where
-    // page faults are slow, a fifth of a second per connection).
     tx.size = hints && hints->tx_attr && hints->tx_attr->size ? hints->tx_attr->size : cfg.tx_size;
     tx.iov_limit = kMaxIov;
     tx.rma_iov_limit = 1;
+}
 
-    fi_rx_attr &rx = *fi->rx_attr;
-    rx.caps = out_caps & ~uint64_t(FI_SEND | FI_READ | FI_WRITE | kDomainCaps);
+void fill_rx_attr(fi_rx_attr &rx, const fi_info *hints, uint64_t caps) {
+    const Config &cfg = Config::get();
+    rx.caps = caps & ~uint64_t(FI_SEND | FI_READ | FI_WRITE | kDomainCaps);
     rx.mode = 0;
     rx.op_flags = hints && hints->rx_attr ? hints->rx_attr->op_flags : 0;
     rx.msg_order = kMsgOrder;
@@ -191,8 +203,9 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
     rx.total_buffered_recv = 0;
     rx.size = hints && hints->rx_attr && hints->rx_attr->size ? hints->rx_attr->size : cfg.rx_size;
     rx.iov_limit = kMaxIov;
+}
 
-    fi_ep_attr &ep = *fi->ep_attr;
+void fill_ep_attr(fi_ep_attr &ep, const fi_info *hints, fi_ep_type type, bool verbs) {
     ep.type = type;
     ep.protocol = verbs ? FI_PROTO_RDMA_CM_IB_RC : FI_PROTO_SOCK_TCP;
     ep.protocol_version = wire::kProtoVersion;
@@ -210,8 +223,30 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
     ep.rx_ctx_cnt = hints && hints->ep_attr && hints->ep_attr->rx_ctx_cnt == FI_SHARED_CONTEXT
                         ? FI_SHARED_CONTEXT
                         : 1;
+}
 
-    fi_domain_attr &d = *fi->domain_attr;
+// The domain's mr_mode: the pre-1.5 enumeration as asked, the NIC's keys by virtual address
+// (see uses_nic_keys), else what was asked of what tandem supports; FI_MR_HMEM with FI_HMEM.
+int domain_mr_mode(const fi_info *hints, uint64_t caps, bool nic_keys) {
+    uint64_t want_mr = hints && hints->domain_attr ? hints->domain_attr->mr_mode : 0;
+    int mr_mode;
+    if (want_mr == FI_MR_BASIC || want_mr == FI_MR_SCALABLE)
+        mr_mode = static_cast<int>(want_mr);  // the pre-1.5 enumeration
+    else if (nic_keys)
+        mr_mode = static_cast<int>((want_mr & kMrModeSupported) | FI_MR_PROV_KEY | FI_MR_VIRT_ADDR);
+    else
+        mr_mode =
+            static_cast<int>(want_mr & kMrModeSupported &
+                             (Config::get().mr_virt_addr ? ~0ull : ~uint64_t(FI_MR_VIRT_ADDR)));
+    if (caps & FI_HMEM)
+        mr_mode |= FI_MR_HMEM;
+    else
+        mr_mode &= ~FI_MR_HMEM;
+    return mr_mode;
+}
+
+void fill_domain_attr(fi_domain_attr &d, const fi_info *hints, fi_ep_type type,
+                      const Interface &itf, uint64_t caps, bool nic_keys) {
     free(d.name);
     d.name = strdup(itf.name.c_str());
     d.threading = hints && hints->domain_attr && hints->domain_attr->threading != FI_THREAD_UNSPEC
@@ -221,19 +256,7 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
     d.data_progress = FI_PROGRESS_MANUAL;
     d.resource_mgmt = FI_RM_ENABLED;
     d.av_type = hints && hints->domain_attr ? hints->domain_attr->av_type : FI_AV_UNSPEC;
-    uint64_t want_mr = hints && hints->domain_attr ? hints->domain_attr->mr_mode : 0;
-    if (want_mr == FI_MR_BASIC || want_mr == FI_MR_SCALABLE)
-        d.mr_mode = static_cast<int>(want_mr);  // the pre-1.5 enumeration
-    else if (nic_keys)
-        d.mr_mode =
-            static_cast<int>((want_mr & kMrModeSupported) | FI_MR_PROV_KEY | FI_MR_VIRT_ADDR);
-    else
-        d.mr_mode = static_cast<int>(want_mr & kMrModeSupported &
-                                     (cfg.mr_virt_addr ? ~0ull : ~uint64_t(FI_MR_VIRT_ADDR)));
-    if (out_caps & FI_HMEM)
-        d.mr_mode |= FI_MR_HMEM;
-    else
-        d.mr_mode &= ~FI_MR_HMEM;
+    d.mr_mode = domain_mr_mode(hints, caps, nic_keys);
     d.mr_key_size = 8;
     d.cq_data_size = kMaxCqData;
     d.cq_cnt = 1024;
@@ -250,19 +273,43 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
     d.mode = 0;
     d.max_err_data = wire::kMaxCmPrivate;
     d.mr_cnt = 1 << 20;
-    // Authorization keys are honoured (common/auth_key.h): the hints' keys come back, as the
-    // keys of the domain and of endpoints opened with this info.
+}
+
+// Authorization keys are honoured (common/auth_key.h): the hints' keys come back, as the keys
+// of the domain and of endpoints opened with this info. False when a copy fails.
+bool copy_hint_auth_keys(const fi_info *hints, fi_info *fi) {
     if (hints && hints->domain_attr && hints->domain_attr->auth_key_size) {
+        fi_domain_attr &d = *fi->domain_attr;
         d.auth_key = copy_auth_key(hints->domain_attr->auth_key, hints->domain_attr->auth_key_size);
         if (!d.auth_key) return false;
         d.auth_key_size = hints->domain_attr->auth_key_size;
     }
     if (hints && hints->ep_attr && hints->ep_attr->auth_key_size) {
+        fi_ep_attr &ep = *fi->ep_attr;
         ep.auth_key = copy_auth_key(hints->ep_attr->auth_key, hints->ep_attr->auth_key_size);
         if (!ep.auth_key) return false;
         ep.auth_key_size = hints->ep_attr->auth_key_size;
     }
+    return true;
+}
 
+// Decides whether one (interface, endpoint type) pair can satisfy the hints; fills info.
+bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint32_t format,
+               fi_info *fi) {
+    const bool verbs = !itf.rdma_device.empty();
+    const uint64_t caps = offered_caps(hints, type, verbs);
+    const bool nic_keys = uses_nic_keys(hints, verbs);
+    if (!hints_fit(hints, type, itf, caps)) return false;
+    // A request for a primary capability without direction implies both directions.
+    uint64_t out_caps = hints && hints->caps ? hints->caps : caps;
+    fi->caps = out_caps;
+    fi->mode = 0;
+    fi->addr_format = format;
+    fill_tx_attr(*fi->tx_attr, hints, out_caps);
+    fill_rx_attr(*fi->rx_attr, hints, out_caps);
+    fill_ep_attr(*fi->ep_attr, hints, type, verbs);
+    fill_domain_attr(*fi->domain_attr, hints, type, itf, out_caps, nic_keys);
+    if (!copy_hint_auth_keys(hints, fi)) return false;
     fi_fabric_attr &f = *fi->fabric_attr;
     free(f.name);
     f.name = strdup(itf.fabric_name.c_str());
@@ -271,57 +318,141 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
     return true;
 }
 
+// The address format the hints ask for (FI_SOCKADDR_IN when they name none); false for one
+// tandem does not speak.
+bool addr_format_of(const fi_info *hints, uint32_t &format) {
+    format = FI_SOCKADDR_IN;
+    if (!hints) return true;
+    switch (hints->addr_format) {
+        case FI_FORMAT_UNSPEC:
+        case FI_SOCKADDR:
+        case FI_SOCKADDR_IN:
+            return true;
+        case FI_SOCKADDR_IN6:
+            format = FI_SOCKADDR_IN6;
+            return true;
+        default:
+            return false;
+    }
+}
+
+// The source and destination fi_getinfo names, each when it names one.
+struct Addresses {
+    EndpointName src, dst;
+    bool have_src = false, have_dst = false;
+};
+
+// node/service name the source with FI_SOURCE (or when only service is given), the
+// destination otherwise; the hints' addresses fill in what they do not name. False when an
+// address does not resolve, or is not of `family`.
+bool resolve_addresses(const char *node, const char *service, uint64_t flags, const fi_info *hints,
+                       int family, Addresses &a) {
+    if (node || service) {
+        bool source = (flags & FI_SOURCE) || !node;
+        EndpointName name;
+        if (!resolve(node, service, family, source, name)) return false;
+        if (source) {
+            a.src = name;
+            a.have_src = true;
+        } else {
+            a.dst = name;
+            a.have_dst = true;
+        }
+    }
+    if (hints && hints->src_addr && !a.have_src) {
+        if (!EndpointName::from_bytes(hints->src_addr, hints->src_addrlen, a.src)) return false;
+        a.have_src = true;
+    }
+    if (hints && hints->dest_addr && !a.have_dst) {
+        if (!EndpointName::from_bytes(hints->dest_addr, hints->dest_addrlen, a.dst)) return false;
+        a.have_dst = true;
+    }
+    return !((a.have_src && a.src.ss.ss_family != family) ||
+             (a.have_dst && a.dst.ss.ss_family != family));
+}
+
+// A source address picks its interface (the wildcard fits every one).
+bool source_fits(const Interface &itf, const EndpointName &src, int family) {
+    EndpointName probe = src;
+    bool wildcard = false;
+    if (family == AF_INET)
+        wildcard = reinterpret_cast<sockaddr_in *>(&probe.ss)->sin_addr.s_addr == 0;
+    else
+        wildcard = IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<sockaddr_in6 *>(&probe.ss)->sin6_addr);
+    if (wildcard) return true;
+    EndpointName a = itf.address, b = src;
+    if (family == AF_INET)
+        return reinterpret_cast<sockaddr_in *>(&a.ss)->sin_addr.s_addr ==
+               reinterpret_cast<sockaddr_in *>(&b.ss)->sin_addr.s_addr;
+    return memcmp(&reinterpret_cast<sockaddr_in6 *>(&a.ss)->sin6_addr,
+                  &reinterpret_cast<sockaddr_in6 *>(&b.ss)->sin6_addr, 16) == 0;
+}
+
+// Whether itf can serve the addresses: the source's interface and, for a destination, a link
+// to it (a device's domain only where the device serves the route to it).
+bool interface_serves(const Interface &itf, const Addresses &a, int family) {
+    if (a.have_src && !source_fits(itf, a.src, family)) return false;
+    if (a.have_dst && !reaches(itf, a.dst)) {
+        TANDEM_INFO(FI_LOG_CORE, "%s does not serve the route to the destination\n",
+                    itf.name.c_str());
+        return false;
+    }
+    return true;
+}
+
+// Every entry names its source: the one asked for, else the interface's address (port 0, any
+// free one). Callers rely on it, ofi_rxm among them: for a wildcard listen with a service it
+// asks its core provider without the service and sets the port in each answer's src_addr.
+// False when out of memory.
+bool name_addresses(fi_info *fi, const Interface &itf, const Addresses &a) {
+    const EndpointName &source = a.have_src ? a.src : itf.address;
+    fi->src_addr = malloc(source.length());
+    if (!fi->src_addr) return false;
+    memcpy(fi->src_addr, &source.ss, source.length());
+    fi->src_addrlen = source.length();
+    if (a.have_dst) {
+        fi->dest_addr = malloc(a.dst.length());
+        memcpy(fi->dest_addr, &a.dst.ss, a.dst.length());
+        fi->dest_addrlen = a.dst.length();
+    }
+    return true;
+}
+
+// One entry per endpoint type the hints allow on itf, appended at tail; the new tail.
+fi_info **append_infos(const fi_info *hints, const std::vector<fi_ep_type> &types,
+                       const Interface &itf, uint32_t format, const Addresses &a, fi_info **tail) {
+    for (fi_ep_type type : types) {
+        fi_info *fi = fi_allocinfo();
+        if (!fi) break;
+        if (!fill_info(hints, type, itf, format, fi)) {
+            fi_freeinfo(fi);
+            continue;
+        }
+        if (!name_addresses(fi, itf, a)) {
+            fi_freeinfo(fi);
+            break;
+        }
+        // fi_getinfo(3): a passive endpoint in hints->handle comes back in info->handle,
+        // for an active endpoint that takes over its address (fi_endpoint(3)).
+        if (hints && hints->handle && hints->handle->fclass == FI_CLASS_PEP)
+            fi->handle = hints->handle;
+        *tail = fi;
+        tail = &fi->next;
+    }
+    return tail;
+}
+
 int tandem_getinfo(uint32_t version, const char *node, const char *service, uint64_t flags,
                    const fi_info *hints, fi_info **info) noexcept try {
     *info = nullptr;
     if (flags & kOffloadProvOnly) return -FI_ENODATA;
     if (version < FI_VERSION(1, 5)) return -FI_ENODATA;
-    if (hints && hints->mode & ~uint64_t(0)) {
-        // We need no mode bits: any mode the application supports is fine.
-    }
-    uint32_t format = FI_SOCKADDR_IN;
-    if (hints) {
-        switch (hints->addr_format) {
-            case FI_FORMAT_UNSPEC:
-            case FI_SOCKADDR:
-            case FI_SOCKADDR_IN:
-                break;
-            case FI_SOCKADDR_IN6:
-                format = FI_SOCKADDR_IN6;
-                break;
-            default:
-                return -FI_ENODATA;
-        }
-    }
+    // tandem needs no mode bits: any mode the application supports is fine.
+    uint32_t format;
+    if (!addr_format_of(hints, format)) return -FI_ENODATA;
     int family = format == FI_SOCKADDR_IN6 ? AF_INET6 : AF_INET;
-
-    // Addresses: node/service name the source with FI_SOURCE (or when only service is
-    // given), the destination otherwise.
-    EndpointName src, dst;
-    bool have_src = false, have_dst = false;
-    if (node || service) {
-        bool source = (flags & FI_SOURCE) || !node;
-        EndpointName name;
-        if (!resolve(node, service, family, source, name)) return -FI_ENODATA;
-        if (source) {
-            src = name;
-            have_src = true;
-        } else {
-            dst = name;
-            have_dst = true;
-        }
-    }
-    if (hints && hints->src_addr && !have_src) {
-        if (!EndpointName::from_bytes(hints->src_addr, hints->src_addrlen, src)) return -FI_ENODATA;
-        have_src = true;
-    }
-    if (hints && hints->dest_addr && !have_dst) {
-        if (!EndpointName::from_bytes(hints->dest_addr, hints->dest_addrlen, dst))
-            return -FI_ENODATA;
-        have_dst = true;
-    }
-    if ((have_src && src.ss.ss_family != family) || (have_dst && dst.ss.ss_family != family))
-        return -FI_ENODATA;
+    Addresses a;
+    if (!resolve_addresses(node, service, flags, hints, family, a)) return -FI_ENODATA;
 
     std::vector<fi_ep_type> types;
     fi_ep_type want = hints && hints->ep_attr ? hints->ep_attr->type : FI_EP_UNSPEC;
@@ -330,67 +461,9 @@ int tandem_getinfo(uint32_t version, const char *node, const char *service, uint
     if (types.empty()) return -FI_ENODATA;
 
     fi_info *head = nullptr, **tail = &head;
-    for (const Interface &itf : usable_interfaces(family)) {
-        if (have_src) {
-            // A source address picks its interface (the wildcard fits every one).
-            EndpointName probe = src;
-            bool wildcard = false;
-            if (family == AF_INET)
-                wildcard = reinterpret_cast<sockaddr_in *>(&probe.ss)->sin_addr.s_addr == 0;
-            else
-                wildcard = IN6_IS_ADDR_UNSPECIFIED(
-                    &reinterpret_cast<sockaddr_in6 *>(&probe.ss)->sin6_addr);
-            if (!wildcard) {
-                EndpointName a = itf.address, b = src;
-                if (family == AF_INET) {
-                    if (reinterpret_cast<sockaddr_in *>(&a.ss)->sin_addr.s_addr !=
-                        reinterpret_cast<sockaddr_in *>(&b.ss)->sin_addr.s_addr)
-                        continue;
-                } else if (memcmp(&reinterpret_cast<sockaddr_in6 *>(&a.ss)->sin6_addr,
-                                  &reinterpret_cast<sockaddr_in6 *>(&b.ss)->sin6_addr, 16) != 0) {
-                    continue;
-                }
-            }
-        }
-        // A destination picks the link too: a device's domain only where the device serves
-        // the route to it.
-        if (have_dst && !reaches(itf, dst)) {
-            TANDEM_INFO(FI_LOG_CORE, "%s does not serve the route to the destination\n",
-                        itf.name.c_str());
-            continue;
-        }
-        for (fi_ep_type type : types) {
-            fi_info *fi = fi_allocinfo();
-            if (!fi) break;
-            if (!fill_info(hints, type, itf, format, fi)) {
-                fi_freeinfo(fi);
-                continue;
-            }
-            // Every entry names its source: the one asked for, else the interface's address
-            // (port 0, any free one). Callers rely on it, ofi_rxm among them: for a wildcard
-            // listen with a service it asks its core provider without the service and sets
-            // the port in each answer's src_addr.
-            const EndpointName &source = have_src ? src : itf.address;
-            fi->src_addr = malloc(source.length());
-            if (!fi->src_addr) {
-                fi_freeinfo(fi);
-                break;
-            }
-            memcpy(fi->src_addr, &source.ss, source.length());
-            fi->src_addrlen = source.length();
-            if (have_dst) {
-                fi->dest_addr = malloc(dst.length());
-                memcpy(fi->dest_addr, &dst.ss, dst.length());
-                fi->dest_addrlen = dst.length();
-            }
-            // fi_getinfo(3): a passive endpoint in hints->handle comes back in info->handle,
-            // for an active endpoint that takes over its address (fi_endpoint(3)).
-            if (hints && hints->handle && hints->handle->fclass == FI_CLASS_PEP)
-                fi->handle = hints->handle;
-            *tail = fi;
-            tail = &fi->next;
-        }
-    }
+    for (const Interface &itf : usable_interfaces(family))
+        if (interface_serves(itf, a, family))
+            tail = append_infos(hints, types, itf, format, a, tail);
     if (!head) return -FI_ENODATA;
     *info = head;
     return 0;
