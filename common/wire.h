@@ -1,7 +1,8 @@
 // Every byte tandem puts on a wire, in one place: the TCP link's frames and the protocol's
 // headers carried inside link sends. All fields are little-endian host order (x86-64 and
 // aarch64 clusters); sizes are asserted so a change shows up at compile time. Every field is
-// validated on receipt (tcp_link.cpp, protocol.cpp).
+// validated on receipt (main_prov/link/tcp_framing.cpp, tcp_served_rma.cpp, tcp_connect.cpp;
+// protocol.cpp).
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,6 @@
 // Fuzz target: the TCP link's frame parser and connection state machine
-// (main_prov/link/tcp_link.cpp), driven the way a rogue peer drives it: a raw TCP client
+// (main_prov/link/tcp_framing.cpp, tcp_connect.cpp, tcp_link.cpp; the RMA it serves in
+// tcp_served_rma.cpp), driven the way a rogue peer drives it: a raw TCP client
 // connects to a listening TcpTransport and sends the input's bytes. The harness plays the
 // endpoint above the link: it accepts (or rejects) connection requests, keeps receive
 // buffers posted, destroys connections that go down, and offers one 4 KiB region (key
