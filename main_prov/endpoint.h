@@ -451,6 +451,15 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     int prepare_atomic(const AtomicCall &a, AtomicRequest &r) const;
     bool make_tx_room();
     ssize_t issue_send(SendRequest &r);
+    // issue_send's ways: into a node-local peer's ring at once (true: done), through the
+    // offload twin, or over the link as an Eager message or an Rts.
+    bool inject_local(const SendRequest &r, Peer *peer, bool device);
+    TxOp *new_send_op(const SendRequest &r, Peer *peer);
+    ssize_t send_through_twin(TxOp *op, SendRequest &r, bool device, const hmem::MemRef *mem);
+    ssize_t send_over_link(TxOp *op, const SendRequest &r, bool device, const hmem::MemRef *mem);
+    int prepare_eager(TxOp *op, const SendRequest &r, bool device, const hmem::MemRef *mem);
+    int prepare_rts(TxOp *op, const SendRequest &r, bool device, const hmem::MemRef *mem,
+                    hmem::P2pDecision decision);
     ssize_t issue_rma(RmaRequest &r);
     ssize_t issue_atomic(AtomicRequest &r);
     ssize_t issue_recv(RecvRequest &r);

@@ -450,7 +450,6 @@ ssize_t Endpoint::issue_send(SendRequest &r) {
     const iovec *const iov = r.payload.iov;
     void **const desc = r.payload.descs();
     const size_t count = r.payload.count;
-    const size_t len = r.payload.len;
     hmem::MemRef mem[kMaxIov];
     bool device = memory_of(iov, desc, count, r.flags, mem);
     // An inject's payload is copied before the call returns: never peer to peer.
@@ -459,22 +458,34 @@ ssize_t Endpoint::issue_send(SendRequest &r) {
     Peer *peer = peer_for(r.dest);
     bool peer_transfer = r.flags & FI_PEER_TRANSFER;
     if (peer_transfer && !local_) return -FI_EINVAL;  // only our offload twin posts these
+    if (!peer_transfer && inject_local(r, peer, device)) return 0;
+    TxOp *op = new_send_op(r, peer);
+    // The twin's traffic crosses the link (node-local twins talk over their own rings).
+    if (!peer_transfer && goes_local(peer, r.dest)) return send_through_twin(op, r, device, mem);
+    return send_over_link(op, r, device, mem);
+}
 
-    // A small node-local message goes straight into the peer's ring and is complete once
-    // there (the data has reached the peer's endpoint: FI_TRANSMIT_COMPLETE), with no
-    // operation to allocate or complete later. Not while earlier operations through the twin
-    // are pending (their completions come first), nor for FI_DELIVERY_COMPLETE (the receiver
-    // answers) or device memory (the twin's P2P policy decides). When the ring has no room
-    // now, the ordinary path below posts it to the twin, which answers -FI_EAGAIN while the
-    // ring is full (back-pressure: nothing is queued without bound).
-    if (!peer_transfer && !device && !(r.flags & FI_DELIVERY_COMPLETE) && local_ &&
-        local_tx_pending_ == 0 && len <= local_->inject_limit() && goes_local(peer, r.dest) &&
-        local_->inject(iov, count, r.dest, r.tag, r.data,
-                       (r.tagged ? FI_TAGGED : 0) | (r.flags & FI_REMOTE_CQ_DATA)) == 0) {
-        complete_injected(r);
-        return 0;
-    }
+// A small node-local message goes straight into the peer's ring and is complete once there
+// (the data has reached the peer's endpoint: FI_TRANSMIT_COMPLETE), with no operation to
+// allocate or complete later. Not while earlier operations through the twin are pending
+// (their completions come first), nor for FI_DELIVERY_COMPLETE (the receiver answers) or
+// device memory (the twin's P2P policy decides). When the ring has no room now, the
+// ordinary path posts it to the twin, which answers -FI_EAGAIN while the ring is full
+// (back-pressure: nothing is queued without bound). True when it went (and is complete).
+bool Endpoint::inject_local(const SendRequest &r, Peer *peer, bool device) {
+    if (device || (r.flags & FI_DELIVERY_COMPLETE) || !local_ || local_tx_pending_ != 0 ||
+        r.payload.len > local_->inject_limit() || !goes_local(peer, r.dest))
+        return false;
+    if (local_->inject(r.payload.iov, r.payload.count, r.dest, r.tag, r.data,
+                       (r.tagged ? FI_TAGGED : 0) | (r.flags & FI_REMOTE_CQ_DATA)) != 0)
+        return false;
+    complete_injected(r);
+    return true;
+}
 
+// The operation of a send that is not complete when issued, as it is reported.
+TxOp *Endpoint::new_send_op(const SendRequest &r, Peer *peer) {
+    const bool peer_transfer = r.flags & FI_PEER_TRANSFER;
     TxOp *op = alloc_tx();
     op->kind = TxOp::Kind::Send;
     op->context = r.context;
@@ -483,44 +494,54 @@ ssize_t Endpoint::issue_send(SendRequest &r) {
     op->report = tx_reports(r.flags, r.done);
     op->deferred = r.done.deferred;
     op->work_cntr = r.done.cntr;
-    op->len = len;
+    op->len = r.payload.len;
     op->peer = peer;
     op->id = next_op_id_++;
     op->peer_transfer = peer_transfer;
     if (peer_transfer) op->report = true;  // the twin always hears of its own operations
-    // The twin's traffic crosses the link (node-local twins talk over their own rings).
-    if (!peer_transfer && goes_local(peer, r.dest)) {
-        // The offload twin copies (or has the receiver read) the payload itself, except
-        // that an inject's buffer is the application's again when we return: hand the twin
-        // our copy of it.
-        const iovec *twin_iov = iov;
-        void **twin_desc = desc;
-        size_t twin_count = count;
-        if (r.flags & FI_INJECT) {
-            int ret = take_payload(op, iov, device ? mem : nullptr, count, len, true);
-            if (ret) {
-                free_tx(op);
-                return ret;
-            }
-            twin_iov = op->iov.data();
-            twin_desc = nullptr;  // our copy is host memory
-            twin_count = op->iov.size();
-        }
-        ++tx_outstanding_;
-        ++local_tx_pending_;
-        op->local = true;
-        int ret = local_->send(op, twin_iov, twin_desc, twin_count, r.dest, r.flags, r.tag, r.data,
-                               r.tagged);
+    return op;
+}
+
+// A send to a node-local peer, posted to the offload twin: it copies (or has the receiver
+// read) the payload itself, except that an inject's buffer is the application's again when
+// we return: hand the twin our copy of it.
+ssize_t Endpoint::send_through_twin(TxOp *op, SendRequest &r, bool device,
+                                    const hmem::MemRef *mem) {
+    const iovec *twin_iov = r.payload.iov;
+    void **twin_desc = r.payload.descs();
+    size_t twin_count = r.payload.count;
+    if (r.flags & FI_INJECT) {
+        int ret = take_payload(op, r.payload.iov, device ? mem : nullptr, r.payload.count,
+                               r.payload.len, true);
         if (ret) {
-            --tx_outstanding_;
-            --local_tx_pending_;
             free_tx(op);
+            return ret;
         }
-        return ret;
+        twin_iov = op->iov.data();
+        twin_desc = nullptr;  // our copy is host memory
+        twin_count = op->iov.size();
     }
+    ++tx_outstanding_;
+    ++local_tx_pending_;
+    op->local = true;
+    int ret =
+        local_->send(op, twin_iov, twin_desc, twin_count, r.dest, r.flags, r.tag, r.data, r.tagged);
+    if (ret) {
+        --tx_outstanding_;
+        --local_tx_pending_;
+        free_tx(op);
+    }
+    return ret;
+}
+
+// A send over the link: an Eager message carrying the payload, or an Rts naming the source
+// for the receiver to read.
+ssize_t Endpoint::send_over_link(TxOp *op, const SendRequest &r, bool device,
+                                 const hmem::MemRef *mem) {
+    const size_t len = r.payload.len;
     op->hdr.flags = (r.tagged ? wire::kProtoTagged : 0) |
                     ((r.flags & FI_REMOTE_CQ_DATA) ? wire::kProtoCqData : 0) |
-                    (peer_transfer ? wire::kProtoPeer : 0);
+                    (op->peer_transfer ? wire::kProtoPeer : 0);
     op->hdr.tag = r.tag;
     op->hdr.cq_data = r.data;
     op->hdr.size = len;
@@ -534,46 +555,51 @@ ssize_t Endpoint::issue_send(SendRequest &r) {
         fail_tx(op, FI_EOPNOTSUPP);  // FI_HMEM_P2P_REQUIRED, and the link can only stage
         return 0;
     }
-    if (len <= eager_limit_ && decision != hmem::P2pDecision::PeerToPeer) {
-        op->hdr.op = static_cast<uint8_t>(wire::ProtoOp::Eager);
-        if (r.flags & FI_DELIVERY_COMPLETE) {
-            op->hdr.flags |= wire::kProtoAckReq;
-            op->await_remote = true;
-        }
-        // Own the bytes now (the link's bounce copy): the application may reuse its buffer
-        // when we return, and unless it asked for a stronger level the send is complete as
-        // soon as it is posted on an established connection (FI_INJECT_COMPLETE).
-        int ret = take_payload(op, iov, device ? mem : nullptr, count, len, true);
-        if (ret) {
-            free_tx(op);
-            return ret;
-        }
-        op->inject_level = !(r.flags & (FI_TRANSMIT_COMPLETE | FI_DELIVERY_COMPLETE));
-    } else {
-        op->hdr.op = static_cast<uint8_t>(wire::ProtoOp::Rts);
-        op->await_remote = true;
-        // A NIC reads the source itself (the link's own keys): device memory that is to be
-        // staged is copied to host memory first, and that is what the peer reads.
-        const iovec *src = iov;
-        size_t src_count = count;
-        const hmem::MemRef *src_mem = mem;
-        if (device && decision == hmem::P2pDecision::Stage && transport_->caps().link_keys) {
-            if (int ret = take_payload(op, iov, mem, count, len, true)) {
-                free_tx(op);
-                return ret;
-            }
-            src = op->iov.data();
-            src_count = op->iov.size();
-            src_mem = nullptr;
-        }
-        if (int ret = expose(op, src, src_mem, src_count, FI_REMOTE_READ)) {
-            free_tx(op);
-            return ret;
-        }
+    int ret = len <= eager_limit_ && decision != hmem::P2pDecision::PeerToPeer
+                  ? prepare_eager(op, r, device, mem)
+                  : prepare_rts(op, r, device, mem, decision);
+    if (ret) {
+        free_tx(op);
+        return ret;
     }
     ++tx_outstanding_;
     submit(op);
     return 0;
+}
+
+// An Eager message owns its bytes now (the link's bounce copy): the application may reuse its
+// buffer when we return, and unless it asked for a stronger level the send is complete as
+// soon as it is posted on an established connection (FI_INJECT_COMPLETE).
+int Endpoint::prepare_eager(TxOp *op, const SendRequest &r, bool device, const hmem::MemRef *mem) {
+    op->hdr.op = static_cast<uint8_t>(wire::ProtoOp::Eager);
+    if (r.flags & FI_DELIVERY_COMPLETE) {
+        op->hdr.flags |= wire::kProtoAckReq;
+        op->await_remote = true;
+    }
+    int ret = take_payload(op, r.payload.iov, device ? mem : nullptr, r.payload.count,
+                           r.payload.len, true);
+    if (ret) return ret;
+    op->inject_level = !(r.flags & (FI_TRANSMIT_COMPLETE | FI_DELIVERY_COMPLETE));
+    return 0;
+}
+
+// An Rts: a NIC reads the source itself (the link's own keys), so device memory that is to
+// be staged is copied to host memory first, and that is what the peer reads.
+int Endpoint::prepare_rts(TxOp *op, const SendRequest &r, bool device, const hmem::MemRef *mem,
+                          hmem::P2pDecision decision) {
+    op->hdr.op = static_cast<uint8_t>(wire::ProtoOp::Rts);
+    op->await_remote = true;
+    const iovec *src = r.payload.iov;
+    size_t src_count = r.payload.count;
+    const hmem::MemRef *src_mem = mem;
+    if (device && decision == hmem::P2pDecision::Stage && transport_->caps().link_keys) {
+        if (int ret = take_payload(op, r.payload.iov, mem, r.payload.count, r.payload.len, true))
+            return ret;
+        src = op->iov.data();
+        src_count = op->iov.size();
+        src_mem = nullptr;
+    }
+    return expose(op, src, src_mem, src_count, FI_REMOTE_READ);
 }
 
 // Registers an operation's local buffers for the peer's access (a rendezvous source, a served
