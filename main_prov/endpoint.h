@@ -530,6 +530,16 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     void handle_cm_event(CmEvent &ev);
     void post_held_shutdown();
     void handle_message(LinkConnection *conn, const uint8_t *buf, size_t len);
+    // handle_message's kinds of message: false when it is malformed (nothing done).
+    inline bool receive_eager(LinkConnection *conn, const wire::ProtoHeader &hdr,
+                              const uint8_t *body, size_t body_len);
+    bool receive_rts(LinkConnection *conn, const wire::ProtoHeader &hdr, const uint8_t *body,
+                     size_t body_len);
+    bool remote_done(const wire::ProtoHeader &hdr, const uint8_t *body, size_t body_len);
+    bool receive_write_notify(LinkConnection *conn, const wire::ProtoHeader &hdr,
+                              const uint8_t *body, size_t body_len);
+    inline RxOp *match_from_link(const wire::ProtoHeader &hdr, fi_addr_t src);
+    void keep_unexpected(LinkConnection *conn, Unexpected &&ux);
     void deliver_eager(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,
                        const uint8_t *payload, fi_addr_t src);
     void keep_order(RxOp *rx, LinkConnection *conn);

@@ -1529,6 +1529,101 @@ void Endpoint::finish_rendezvous(RxOp *rx) {
                 rx->msg_len - rx->recv_len);
 }
 
+// The posted receive a message from a link goes to (its slice of a multi-receive buffer), or
+// nullptr: then it is kept as unexpected (keep_unexpected) until a receive comes.
+[[gnu::always_inline]] inline RxOp *Endpoint::match_from_link(const wire::ProtoHeader &hdr,
+                                                              fi_addr_t src) {
+    RxMatcher &m = matcher_for(hdr.flags);
+    RxOp *rx = m.match_posted(hdr.flags & wire::kProtoTagged, hdr.tag, src);
+    return rx ? slice_for(m, rx, hdr.size) : nullptr;
+}
+
+void Endpoint::keep_unexpected(LinkConnection *conn, Unexpected &&ux) {
+    ux.ep = this;
+    ux.conn = conn;
+    matcher_for(ux.hdr.flags).push_unexpected(std::move(ux));
+}
+
+// The message kinds of handle_message: false when the message is malformed (nothing done).
+// An eager message is the link's small-message path: inline into handle_message.
+[[gnu::always_inline]] inline bool Endpoint::receive_eager(LinkConnection *conn,
+                                                           const wire::ProtoHeader &hdr,
+                                                           const uint8_t *body, size_t body_len) {
+    if (hdr.size != body_len) return false;
+    fi_addr_t src = source_of(conn);
+    if (hdr.flags & wire::kProtoAckReq)
+        send_control(conn, wire::ProtoOp::DeliveryAck, nullptr, 0, hdr.msg_id);
+    if (RxOp *rx = match_from_link(hdr, src)) {
+        deliver_eager(rx, conn, hdr, body, src);
+        return true;
+    }
+    Unexpected ux;
+    ux.hdr = hdr;
+    ux.data.assign(body, body + body_len);
+    keep_unexpected(conn, std::move(ux));
+    return true;
+}
+
+bool Endpoint::receive_rts(LinkConnection *conn, const wire::ProtoHeader &hdr, const uint8_t *body,
+                           size_t body_len) {
+    wire::RtsBody rts{};
+    if (body_len < sizeof rts) return false;
+    memcpy(&rts, body, sizeof rts);
+    if (rts.iov_count == 0 || rts.iov_count > wire::kMaxRtsIov) return false;
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < rts.iov_count; ++i) total += rts.iov[i].length;
+    if (total != hdr.size) return false;
+    fi_addr_t src = source_of(conn);
+    if (RxOp *rx = match_from_link(hdr, src)) {
+        start_rendezvous(rx, conn, hdr, rts, src);
+        return true;
+    }
+    Unexpected ux;
+    ux.hdr = hdr;
+    ux.rts = rts;
+    keep_unexpected(conn, std::move(ux));
+    return true;
+}
+
+// A Fin or a DeliveryAck: the peer is done with an operation that waited for it.
+bool Endpoint::remote_done(const wire::ProtoHeader &hdr, const uint8_t *body, size_t body_len) {
+    auto it = await_remote_.find(hdr.msg_id);
+    if (it == await_remote_.end()) return false;
+    TxOp *op = it->second;
+    await_remote_.erase(it);
+    if (hdr.op == static_cast<uint8_t>(wire::ProtoOp::Fin)) {
+        wire::FinBody fin{};
+        if (body_len >= sizeof fin) memcpy(&fin, body, sizeof fin);
+        if (fin.status == uint32_t(wire::FinStatus::AccessDenied))
+            op->error = FI_EACCES;
+        else if (fin.status != uint32_t(wire::FinStatus::Ok))
+            op->error = FI_EIO;
+        if (!op->error && op->stage_back) {
+            // A served read of device memory: the data came to host memory.
+            if (hmem::scatter(op->iov.data(), op->mem.data(), op->iov.size(), 0,
+                              op->inject_copy.data(), op->len) < 0)
+                op->error = FI_EIO;
+        }
+    }
+    op->await_remote = false;
+    if (op->link_wrs == 0) finish_tx(op);
+    return true;
+}
+
+bool Endpoint::receive_write_notify(LinkConnection *conn, const wire::ProtoHeader &hdr,
+                                    const uint8_t *body, size_t body_len) {
+    wire::WriteNotifyBody n{};
+    if (body_len < sizeof n) return false;
+    memcpy(&n, body, sizeof n);
+    fi_addr_t src = source_of(conn);
+    if (rx_cq_)
+        write_rx_cq({nullptr, FI_RMA | FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA, n.length, nullptr,
+                     hdr.cq_data, 0, src},
+                    src);
+    return true;
+}
+
+// A protocol message that came over a link; one that is malformed is dropped, and said so.
 void Endpoint::handle_message(LinkConnection *conn, const uint8_t *buf, size_t len) {
     wire::ProtoHeader hdr;
     if (len < sizeof hdr) {
@@ -1538,97 +1633,35 @@ void Endpoint::handle_message(LinkConnection *conn, const uint8_t *buf, size_t l
     memcpy(&hdr, buf, sizeof hdr);
     const uint8_t *body = buf + sizeof hdr;
     size_t body_len = len - sizeof hdr;
-    bool tagged = hdr.flags & wire::kProtoTagged;
+    bool ok = false;
     switch (static_cast<wire::ProtoOp>(hdr.op)) {
-        case wire::ProtoOp::Eager: {
-            if (hdr.size != body_len) break;
-            fi_addr_t src = source_of(conn);
-            if (hdr.flags & wire::kProtoAckReq)
-                send_control(conn, wire::ProtoOp::DeliveryAck, nullptr, 0, hdr.msg_id);
-            RxMatcher &m = matcher_for(hdr.flags);
-            RxOp *rx = m.match_posted(tagged, hdr.tag, src);
-            if (rx) {
-                deliver_eager(slice_for(m, rx, hdr.size), conn, hdr, body, src);
-            } else {
-                Unexpected ux;
-                ux.ep = this;
-                ux.conn = conn;
-                ux.hdr = hdr;
-                ux.data.assign(body, body + body_len);
-                m.push_unexpected(std::move(ux));
-            }
-            return;
-        }
-        case wire::ProtoOp::Rts: {
-            wire::RtsBody rts{};
-            if (body_len < sizeof rts) break;
-            memcpy(&rts, body, sizeof rts);
-            if (rts.iov_count == 0 || rts.iov_count > wire::kMaxRtsIov) break;
-            uint64_t total = 0;
-            for (uint32_t i = 0; i < rts.iov_count; ++i) total += rts.iov[i].length;
-            if (total != hdr.size) break;
-            fi_addr_t src = source_of(conn);
-            RxMatcher &m = matcher_for(hdr.flags);
-            RxOp *rx = m.match_posted(tagged, hdr.tag, src);
-            if (rx) {
-                start_rendezvous(slice_for(m, rx, hdr.size), conn, hdr, rts, src);
-            } else {
-                Unexpected ux;
-                ux.ep = this;
-                ux.conn = conn;
-                ux.hdr = hdr;
-                ux.rts = rts;
-                m.push_unexpected(std::move(ux));
-            }
-            return;
-        }
+        case wire::ProtoOp::Eager:
+            ok = receive_eager(conn, hdr, body, body_len);
+            break;
+        case wire::ProtoOp::Rts:
+            ok = receive_rts(conn, hdr, body, body_len);
+            break;
         case wire::ProtoOp::Fin:
-        case wire::ProtoOp::DeliveryAck: {
-            auto it = await_remote_.find(hdr.msg_id);
-            if (it == await_remote_.end()) break;
-            TxOp *op = it->second;
-            await_remote_.erase(it);
-            if (hdr.op == static_cast<uint8_t>(wire::ProtoOp::Fin)) {
-                wire::FinBody fin{};
-                if (body_len >= sizeof fin) memcpy(&fin, body, sizeof fin);
-                if (fin.status == uint32_t(wire::FinStatus::AccessDenied))
-                    op->error = FI_EACCES;
-                else if (fin.status != uint32_t(wire::FinStatus::Ok))
-                    op->error = FI_EIO;
-                if (!op->error && op->stage_back) {
-                    // A served read of device memory: the data came to host memory.
-                    if (hmem::scatter(op->iov.data(), op->mem.data(), op->iov.size(), 0,
-                                      op->inject_copy.data(), op->len) < 0)
-                        op->error = FI_EIO;
-                }
-            }
-            op->await_remote = false;
-            if (op->link_wrs == 0) finish_tx(op);
-            return;
-        }
-        case wire::ProtoOp::WriteNotify: {
-            wire::WriteNotifyBody n{};
-            if (body_len < sizeof n) break;
-            memcpy(&n, body, sizeof n);
-            fi_addr_t src = source_of(conn);
-            if (rx_cq_)
-                write_rx_cq({nullptr, FI_RMA | FI_REMOTE_WRITE | FI_REMOTE_CQ_DATA, n.length,
-                             nullptr, hdr.cq_data, 0, src},
-                            src);
-            return;
-        }
+        case wire::ProtoOp::DeliveryAck:
+            ok = remote_done(hdr, body, body_len);
+            break;
+        case wire::ProtoOp::WriteNotify:
+            ok = receive_write_notify(conn, hdr, body, body_len);
+            break;
         case wire::ProtoOp::AtomicReq:
-            if (hdr.size != body_len) break;
-            serve_atomic(conn, hdr, body, body_len);
-            return;
+            ok = hdr.size == body_len;
+            if (ok) serve_atomic(conn, hdr, body, body_len);
+            break;
         case wire::ProtoOp::AtomicResp:
-            if (hdr.size != body_len || !finish_atomic(hdr, body, body_len)) break;
-            return;
+            ok = hdr.size == body_len && finish_atomic(hdr, body, body_len);
+            break;
         case wire::ProtoOp::RmaReq:
-            if (!serve_rma(conn, hdr, body, body_len)) break;
-            return;
+            ok = serve_rma(conn, hdr, body, body_len);
+            break;
     }
-    TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed message (op %u, %zu bytes)\n", hdr.op, len);
+    if (!ok)
+        TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed message (op %u, %zu bytes)\n", hdr.op,
+                    len);
 }
 
 void Endpoint::repost(void *buf) {
