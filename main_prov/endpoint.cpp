@@ -285,44 +285,10 @@ int Endpoint::bind(struct fid *bfid, uint64_t flags) {
     std::lock_guard guard(domain_->lock());
     if (enabled_) return -FI_EOPBADSTATE;
     switch (bfid->fclass) {
-        case FI_CLASS_CQ: {
-            if (flags & ~uint64_t(FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION))
-                return -FI_EBADFLAGS;
-            if (!(flags & (FI_TRANSMIT | FI_RECV))) return -FI_EBADFLAGS;
-            Cq *cq = Cq::of(bfid);
-            if (((flags & FI_TRANSMIT) && tx_cq_) || ((flags & FI_RECV) && rx_cq_))
-                return -FI_EINVAL;
-            if (flags & FI_TRANSMIT) {
-                tx_cq_ = cq;
-                tx_selective_ = flags & FI_SELECTIVE_COMPLETION;
-                cq->hold();
-            }
-            if (flags & FI_RECV) {
-                rx_cq_ = cq;
-                rx_selective_ = flags & FI_SELECTIVE_COMPLETION;
-                cq->hold();
-            }
-            return 0;
-        }
-        case FI_CLASS_CNTR: {
-            constexpr uint64_t all =
-                FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
-            if (!flags || (flags & ~all)) return -FI_EBADFLAGS;
-            Cntr *c = Cntr::of(bfid);
-            auto set = [&](uint64_t bit, Cntr *&slot) {
-                if (!(flags & bit)) return;
-                if (slot) slot->release();
-                slot = c;
-                c->hold();
-            };
-            set(FI_SEND, send_cntr_);
-            set(FI_RECV, recv_cntr_);
-            set(FI_READ, read_cntr_);
-            set(FI_WRITE, write_cntr_);
-            set(FI_REMOTE_READ, rread_cntr_);
-            set(FI_REMOTE_WRITE, rwrite_cntr_);
-            return 0;
-        }
+        case FI_CLASS_CQ:
+            return bind_cq(bfid, flags);
+        case FI_CLASS_CNTR:
+            return bind_cntr(bfid, flags);
         case FI_CLASS_AV:
             if (type_ != FI_EP_RDM) return -FI_EINVAL;
             if (av_) return -FI_EINVAL;
@@ -349,6 +315,46 @@ int Endpoint::bind(struct fid *bfid, uint64_t flags) {
         default:
             return -FI_EINVAL;
     }
+}
+
+// fi_ep_bind of a CQ, for the directions flags names. Domain lock held.
+int Endpoint::bind_cq(struct fid *bfid, uint64_t flags) {
+    if (flags & ~uint64_t(FI_TRANSMIT | FI_RECV | FI_SELECTIVE_COMPLETION)) return -FI_EBADFLAGS;
+    if (!(flags & (FI_TRANSMIT | FI_RECV))) return -FI_EBADFLAGS;
+    Cq *cq = Cq::of(bfid);
+    if (((flags & FI_TRANSMIT) && tx_cq_) || ((flags & FI_RECV) && rx_cq_)) return -FI_EINVAL;
+    if (flags & FI_TRANSMIT) {
+        tx_cq_ = cq;
+        tx_selective_ = flags & FI_SELECTIVE_COMPLETION;
+        cq->hold();
+    }
+    if (flags & FI_RECV) {
+        rx_cq_ = cq;
+        rx_selective_ = flags & FI_SELECTIVE_COMPLETION;
+        cq->hold();
+    }
+    return 0;
+}
+
+// fi_ep_bind of a counter, for the events flags names (it replaces one bound before).
+int Endpoint::bind_cntr(struct fid *bfid, uint64_t flags) {
+    constexpr uint64_t all =
+        FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+    if (!flags || (flags & ~all)) return -FI_EBADFLAGS;
+    Cntr *c = Cntr::of(bfid);
+    auto set = [&](uint64_t bit, Cntr *&slot) {
+        if (!(flags & bit)) return;
+        if (slot) slot->release();
+        slot = c;
+        c->hold();
+    };
+    set(FI_SEND, send_cntr_);
+    set(FI_RECV, recv_cntr_);
+    set(FI_READ, read_cntr_);
+    set(FI_WRITE, write_cntr_);
+    set(FI_REMOTE_READ, rread_cntr_);
+    set(FI_REMOTE_WRITE, rwrite_cntr_);
+    return 0;
 }
 
 int Endpoint::control(int command, void *arg) {

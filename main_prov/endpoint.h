@@ -527,6 +527,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
 
     void handle_wc(const WorkCompletion &wc);
     void discard_link_work();
+    // fi_ep_bind of a CQ and of a counter (bind), with the domain lock held.
+    int bind_cq(struct fid *bfid, uint64_t flags);
+    int bind_cntr(struct fid *bfid, uint64_t flags);
     void handle_cm_event(CmEvent &ev);
     void post_held_shutdown();
     void handle_message(LinkConnection *conn, const uint8_t *buf, size_t len);
