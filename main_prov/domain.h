@@ -25,6 +25,7 @@ class Fabric;
 class Endpoint;
 class Cntr;
 class OffloadDomain;
+struct PreparedWork;
 struct TriggeredOp;
 namespace peer {
 struct TriggerWork;
@@ -117,6 +118,11 @@ class Domain : public FidObject<Domain, fid_domain> {
     CollAddresses coll_addresses_;
     // FI_QUEUE_WORK, FI_CANCEL_WORK, FI_FLUSH_WORK (trigger.cpp).
     int queue_work(const fi_deferred_work *work);
+    // queue_work's parts: a counter operation queued, or an endpoint's operation prepared.
+    int queue_counter_work(const fi_deferred_work &work, Cntr *trigger);
+    int prepare_message_work(const fi_deferred_work &work, PreparedWork &out);
+    int prepare_rma_work(const fi_deferred_work &work, PreparedWork &out);
+    int prepare_atomic_work(const fi_deferred_work &work, PreparedWork &out);
     int cancel_work(const fi_deferred_work *work);
     int flush_work(const fi_deferred_work *work);
 };

@@ -406,122 +406,139 @@ int Domain::queue_work(const fi_deferred_work *work) {
     DeferredDone done{true, nullptr};
     if (work->completion_cntr && !(done.cntr = counter_of(work->completion_cntr)))
         return -FI_EINVAL;
-    const void *match = work;
-    Endpoint *ep = nullptr;
-    TriggeredRequest r;
     // (Read as a number first: a value no fi_op_type names is the caller's, and no enum's.)
     const int op_type = raw_enum(work->op_type);
     if (op_type < FI_OP_RECV || op_type > FI_OP_CNTR_ADD)
         return -FI_ENOSYS;  // fi_trigger(3): an operation the provider does not support
+    PreparedWork prepared;
+    int ret;
     switch (work->op_type) {
         case FI_OP_CNTR_SET:
-        case FI_OP_CNTR_ADD: {
-            // fi_trigger(3): the completion counter must be NULL for counter operations.
-            if (!work->op.cntr || work->completion_cntr) return -FI_EINVAL;
-            Cntr *target = counter_of(work->op.cntr->cntr);
-            if (!target) return -FI_EINVAL;
-            auto op = std::make_unique<TriggeredOp>();
-            op->domain = this;
-            op->request =
-                CounterOpRequest{target, work->op.cntr->value, work->op_type == FI_OP_CNTR_ADD};
-            op->match = match;
-            peer::TriggerWork w = deferred_condition(trigger, work->threshold);
-            w.names[1] = target->fid();
-            w.group = this;
-            return queue_trigger(std::move(op), w);
-        }
+        case FI_OP_CNTR_ADD:
+            return queue_counter_work(*work, trigger);
         case FI_OP_RECV:
         case FI_OP_SEND:
         case FI_OP_TRECV:
-        case FI_OP_TSEND: {
-            // One form for both: an fi_msg is an fi_msg_tagged without tag.
-            const bool tagged = work->op_type == FI_OP_TRECV || work->op_type == FI_OP_TSEND;
-            const bool send = work->op_type == FI_OP_SEND || work->op_type == FI_OP_TSEND;
-            fi_msg_tagged m{};
-            uint64_t flags = 0;
-            fid_ep *fep = nullptr;
-            if (tagged && work->op.tagged) {
-                m = work->op.tagged->msg;
-                flags = work->op.tagged->flags;
-                fep = work->op.tagged->ep;
-            } else if (!tagged && work->op.msg) {
-                const fi_msg &u = work->op.msg->msg;
-                m = {u.msg_iov, u.desc, u.iov_count, u.addr, 0, 0, u.context, u.data};
-                flags = work->op.msg->flags;
-                fep = work->op.msg->ep;
-            }
-            if (!(ep = work_endpoint(*this, fep))) return -FI_EINVAL;
-            if (send) {
-                SendRequest s;
-                if (int ret = ep->prepare_send({m.msg_iov, m.desc, m.iov_count, m.addr, m.context,
-                                                flags, m.tag, m.data, tagged},
-                                               s))
-                    return ret;
-                r = std::move(s);
-            } else {
-                RecvRequest s;
-                if (int ret = s.buffers.capture(m.msg_iov, m.desc, m.iov_count)) return ret;
-                s.src = m.addr;
-                s.context = m.context;
-                s.flags = flags;
-                s.tag = m.tag;
-                s.ignore = m.ignore;
-                s.tagged = tagged;
-                r = std::move(s);
-            }
+        case FI_OP_TSEND:
+            ret = prepare_message_work(*work, prepared);
             break;
-        }
         case FI_OP_READ:
-        case FI_OP_WRITE: {
-            const fi_op_rma *m = work->op.rma;
-            if (!m || !(ep = work_endpoint(*this, m->ep))) return -FI_EINVAL;
-            if (m->msg.rma_iov_count != 1 || !m->msg.rma_iov) return -FI_EINVAL;
-            RmaRequest s;
-            if (int ret =
-                    ep->prepare_rma({m->msg.msg_iov, m->msg.desc, m->msg.iov_count, m->msg.addr,
-                                     m->msg.rma_iov[0].addr, m->msg.rma_iov[0].key, m->msg.context,
-                                     m->flags, m->msg.data, work->op_type == FI_OP_WRITE},
-                                    s))
-                return ret;
-            r = std::move(s);
+        case FI_OP_WRITE:
+            ret = prepare_rma_work(*work, prepared);
             break;
-        }
         case FI_OP_ATOMIC:
         case FI_OP_FETCH_ATOMIC:
-        case FI_OP_COMPARE_ATOMIC: {
-            std::optional<AtomicCall> call;
-            fid_ep *fep = nullptr;
-            if (work->op_type == FI_OP_ATOMIC && work->op.atomic) {
-                fep = work->op.atomic->ep;
-                call.emplace(
-                    AtomicCall{work->op.atomic->msg, atomic::Kind::Base, work->op.atomic->flags});
-            } else if (work->op_type == FI_OP_FETCH_ATOMIC && work->op.fetch_atomic) {
-                const fi_op_fetch_atomic *m = work->op.fetch_atomic;
-                fep = m->ep;
-                call.emplace(AtomicCall{m->msg, atomic::Kind::Fetch, m->flags});
-                call->with_result(m->fetch.msg_iov, m->fetch.desc, m->fetch.iov_count);
-            } else if (work->op_type == FI_OP_COMPARE_ATOMIC && work->op.compare_atomic) {
-                const fi_op_compare_atomic *m = work->op.compare_atomic;
-                fep = m->ep;
-                call.emplace(AtomicCall{m->msg, atomic::Kind::Compare, m->flags});
-                call->with_result(m->fetch.msg_iov, m->fetch.desc, m->fetch.iov_count);
-                call->with_compare(m->compare.msg_iov, m->compare.desc, m->compare.iov_count);
-            }
-            if (!call || !(ep = work_endpoint(*this, fep))) return -FI_EINVAL;
-            AtomicRequest s;
-            if (int ret = ep->prepare_atomic(*call, s)) return ret;
-            r = std::move(s);
+        case FI_OP_COMPARE_ATOMIC:
+            ret = prepare_atomic_work(*work, prepared);
             break;
-        }
         default:
             return -FI_ENOSYS;  // fi_trigger(3): an operation the provider does not support
     }
+    if (ret) return ret;
     std::visit(Overload{
                    [](CounterOpRequest &) {},
                    [&](auto &s) { s.done = done; },
                },
-               r);
-    return ep->queue_deferred(std::move(r), trigger, work->threshold, match);
+               prepared.request);
+    return prepared.ep->queue_deferred(std::move(prepared.request), trigger, work->threshold, work);
+}
+
+// FI_OP_CNTR_SET / FI_OP_CNTR_ADD: no endpoint, the queue moves the counter itself.
+int Domain::queue_counter_work(const fi_deferred_work &work, Cntr *trigger) {
+    // fi_trigger(3): the completion counter must be NULL for counter operations.
+    if (!work.op.cntr || work.completion_cntr) return -FI_EINVAL;
+    Cntr *target = counter_of(work.op.cntr->cntr);
+    if (!target) return -FI_EINVAL;
+    auto op = std::make_unique<TriggeredOp>();
+    op->domain = this;
+    op->request = CounterOpRequest{target, work.op.cntr->value, work.op_type == FI_OP_CNTR_ADD};
+    op->match = &work;
+    peer::TriggerWork w = deferred_condition(trigger, work.threshold);
+    w.names[1] = target->fid();
+    w.group = this;
+    return queue_trigger(std::move(op), w);
+}
+
+// FI_OP_SEND / RECV / TSEND / TRECV: one form for both, an fi_msg being an fi_msg_tagged
+// without tag.
+int Domain::prepare_message_work(const fi_deferred_work &work, PreparedWork &out) {
+    const bool tagged = work.op_type == FI_OP_TRECV || work.op_type == FI_OP_TSEND;
+    const bool send = work.op_type == FI_OP_SEND || work.op_type == FI_OP_TSEND;
+    fi_msg_tagged m{};
+    uint64_t flags = 0;
+    fid_ep *fep = nullptr;
+    if (tagged && work.op.tagged) {
+        m = work.op.tagged->msg;
+        flags = work.op.tagged->flags;
+        fep = work.op.tagged->ep;
+    } else if (!tagged && work.op.msg) {
+        const fi_msg &u = work.op.msg->msg;
+        m = {u.msg_iov, u.desc, u.iov_count, u.addr, 0, 0, u.context, u.data};
+        flags = work.op.msg->flags;
+        fep = work.op.msg->ep;
+    }
+    if (!(out.ep = work_endpoint(*this, fep))) return -FI_EINVAL;
+    if (send) {
+        SendRequest s;
+        if (int ret = out.ep->prepare_send(
+                {m.msg_iov, m.desc, m.iov_count, m.addr, m.context, flags, m.tag, m.data, tagged},
+                s))
+            return ret;
+        out.request = std::move(s);
+        return 0;
+    }
+    RecvRequest s;
+    if (int ret = s.buffers.capture(m.msg_iov, m.desc, m.iov_count)) return ret;
+    s.src = m.addr;
+    s.context = m.context;
+    s.flags = flags;
+    s.tag = m.tag;
+    s.ignore = m.ignore;
+    s.tagged = tagged;
+    out.request = std::move(s);
+    return 0;
+}
+
+// FI_OP_READ / FI_OP_WRITE: one remote region.
+int Domain::prepare_rma_work(const fi_deferred_work &work, PreparedWork &out) {
+    const fi_op_rma *m = work.op.rma;
+    if (!m || !(out.ep = work_endpoint(*this, m->ep))) return -FI_EINVAL;
+    if (m->msg.rma_iov_count != 1 || !m->msg.rma_iov) return -FI_EINVAL;
+    RmaRequest s;
+    if (int ret =
+            out.ep->prepare_rma({m->msg.msg_iov, m->msg.desc, m->msg.iov_count, m->msg.addr,
+                                 m->msg.rma_iov[0].addr, m->msg.rma_iov[0].key, m->msg.context,
+                                 m->flags, m->msg.data, work.op_type == FI_OP_WRITE},
+                                s))
+        return ret;
+    out.request = std::move(s);
+    return 0;
+}
+
+// FI_OP_ATOMIC / FETCH_ATOMIC / COMPARE_ATOMIC.
+int Domain::prepare_atomic_work(const fi_deferred_work &work, PreparedWork &out) {
+    std::optional<AtomicCall> call;
+    fid_ep *fep = nullptr;
+    if (work.op_type == FI_OP_ATOMIC && work.op.atomic) {
+        fep = work.op.atomic->ep;
+        call.emplace(AtomicCall{work.op.atomic->msg, atomic::Kind::Base, work.op.atomic->flags});
+    } else if (work.op_type == FI_OP_FETCH_ATOMIC && work.op.fetch_atomic) {
+        const fi_op_fetch_atomic *m = work.op.fetch_atomic;
+        fep = m->ep;
+        call.emplace(AtomicCall{m->msg, atomic::Kind::Fetch, m->flags});
+        call->with_result(m->fetch.msg_iov, m->fetch.desc, m->fetch.iov_count);
+    } else if (work.op_type == FI_OP_COMPARE_ATOMIC && work.op.compare_atomic) {
+        const fi_op_compare_atomic *m = work.op.compare_atomic;
+        fep = m->ep;
+        call.emplace(AtomicCall{m->msg, atomic::Kind::Compare, m->flags});
+        call->with_result(m->fetch.msg_iov, m->fetch.desc, m->fetch.iov_count);
+        call->with_compare(m->compare.msg_iov, m->compare.desc, m->compare.iov_count);
+    }
+    if (!call || !(out.ep = work_endpoint(*this, fep))) return -FI_EINVAL;
+    AtomicRequest s;
+    if (int ret = out.ep->prepare_atomic(*call, s)) return ret;
+    out.request = std::move(s);
+    return 0;
 }
 
 int Domain::cancel_work(const fi_deferred_work *work) {

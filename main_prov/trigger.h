@@ -27,6 +27,13 @@ struct CounterOpRequest {
 using TriggeredRequest = std::variant<SendRequest, RecvRequest, RmaRequest, AtomicRequest,
                                       CounterOpRequest, CollRequest>;
 
+// A deferred work request's operation, prepared (Domain::queue_work): the endpoint it runs on
+// and what it does.
+struct PreparedWork {
+    Endpoint *ep = nullptr;
+    TriggeredRequest request;
+};
+
 struct TriggeredOp {
     Domain *domain = nullptr;
     Endpoint *ep = nullptr;  // nullptr: a counter operation
