@@ -531,6 +531,11 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     int bind_cq(struct fid *bfid, uint64_t flags);
     int bind_cntr(struct fid *bfid, uint64_t flags);
     void handle_cm_event(CmEvent &ev);
+    // handle_cm_event's events: a peer's request, a connection up, refused, lost.
+    void connect_requested(CmEvent &ev);
+    void connection_up(Peer *peer, CmEvent &ev);
+    void connection_refused(Peer *peer, CmEvent &ev);
+    void connection_lost(Peer *peer, LinkConnection *conn);
     void post_held_shutdown();
     void handle_message(LinkConnection *conn, const uint8_t *buf, size_t len);
     // handle_message's kinds of message: false when it is malformed (nothing done).
