@@ -340,18 +340,15 @@ bool Endpoint::vouch_for_process(LocalHeader &hdr, std::string_view sender) {
 // the way of every message, with what the owner answered (place_short, out of this line: the
 // common case keeps a small frame).
 void Endpoint::handle_short(const uint8_t *cell) {
-    wire::LocalShortHeader s;
-    memcpy(&s, cell, sizeof s);
-    if (s.name_len > wire::kLocalNameRoom || s.size > wire::kLocalBodyRoom) [[unlikely]] {
+    ShortView s;
+    if (!read_short(cell, s)) [[unlikely]] {
         TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed cell\n");
         return;
     }
-    std::string_view sender(reinterpret_cast<const char *>(cell + sizeof s), s.name_len);
-    const uint8_t *data = cell + wire::local_short_body_offset(s.name_len);
-    const fi_addr_t src = source_of(sender);
+    const fi_addr_t src = source_of(s.sender);
     // (Not while completions wait for room in the owner's CQ: this one would overtake them.)
     if (owner_rx_.deliver && cq_backlog_.empty()) [[likely]] {
-        peer::WholeMessage m{.data = data,
+        peer::WholeMessage m{.data = s.data,
                              .len = s.size,
                              .tag = s.tag,
                              .cq_data = s.cq_data,
@@ -372,19 +369,17 @@ void Endpoint::handle_short(const uint8_t *cell) {
 
 // A Short cell's message once the owner answered (ret, entry: as its get_tag / get_msg).
 void Endpoint::place_short(const uint8_t *cell, fi_addr_t src, int ret, fi_peer_rx_entry *entry) {
-    wire::LocalShortHeader s;
-    memcpy(&s, cell, sizeof s);
+    ShortView s;
+    (void)read_short(cell, s);  // (checked by handle_short)
     LocalHeader hdr{};
     hdr.op = static_cast<uint8_t>(LocalOp::Eager);
     hdr.flags = s.flags;
-    hdr.name_len = s.name_len;
+    hdr.name_len = static_cast<uint8_t>(s.sender.size());
     hdr.size = s.size;
     hdr.total = s.size;
     hdr.tag = s.tag;
     hdr.cq_data = s.cq_data;
-    std::string_view sender(reinterpret_cast<const char *>(cell + sizeof s), s.name_len);
-    place_message(ret, entry, hdr, sender, src, cell + wire::local_short_body_offset(s.name_len),
-                  nullptr, nullptr, nullptr);
+    place_message(ret, entry, hdr, s.sender, src, s.data, nullptr, nullptr, nullptr);
 }
 
 // A completion to the owner's CQ, behind those it refused before (kept, in order, and
