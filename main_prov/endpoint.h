@@ -462,6 +462,16 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
                     hmem::P2pDecision decision);
     ssize_t issue_rma(RmaRequest &r);
     ssize_t issue_atomic(AtomicRequest &r);
+    // issue_atomic's operands and compare values as byte ranges, and where they live.
+    struct AtomicOperands {
+        size_t elem = 0;   // bytes per element
+        size_t count = 0;  // elements
+        iovec operand[kMaxIov], compare[kMaxIov];
+        hmem::MemRef operand_mem[kMaxIov], compare_mem[kMaxIov];
+        bool device = false;  // some of them in device memory
+    };
+    ssize_t atomic_through_twin(TxOp *op, const AtomicCall &a, const AtomicOperands &in);
+    ssize_t atomic_over_link(TxOp *op, const AtomicCall &a, AtomicOperands &in);
     ssize_t issue_recv(RecvRequest &r);
     int hand_over(TriggeredRequest &&r, peer::TriggerWork &work, const void *match);
     ssize_t queue_xpu(TriggeredRequest &&r, fi_triggered_context *ctx, peer::TriggerWork &work);

@@ -242,80 +242,90 @@ ssize_t Endpoint::post_atomic(const AtomicCall &a) {
 ssize_t Endpoint::issue_atomic(AtomicRequest &r) {
     const AtomicCall a = r.view();
     const fi_msg_atomic &m = a.msg;
-    const bool fetches = a.kind != atomic::Kind::Base;
-    const bool compares = a.kind == atomic::Kind::Compare;
-    const size_t count = element_count(m.msg_iov, m.iov_count);
-    const size_t elem = atomic::datatype_size(m.datatype);
-    const size_t bytes = count * elem;
-    const uint64_t addr = m.rma_iov[0].addr, key = m.rma_iov[0].key;
-    iovec operand[kMaxIov], compare[kMaxIov], result[kMaxIov];
-    hmem::MemRef operand_mem[kMaxIov], compare_mem[kMaxIov], result_mem[kMaxIov];
-    byte_ranges(m.msg_iov, m.iov_count, elem, operand);
-    bool device = memory_of(operand, m.desc, m.iov_count, a.flags, operand_mem);
-    if (compares) {
-        byte_ranges(a.compare, a.compare_count, elem, compare);
-        device |= memory_of(compare, a.compare_desc, a.compare_count, a.flags, compare_mem);
+    AtomicOperands in;
+    in.elem = atomic::datatype_size(m.datatype);
+    in.count = element_count(m.msg_iov, m.iov_count);
+    byte_ranges(m.msg_iov, m.iov_count, in.elem, in.operand);
+    in.device = memory_of(in.operand, m.desc, m.iov_count, a.flags, in.operand_mem);
+    if (a.kind == atomic::Kind::Compare) {
+        byte_ranges(a.compare, a.compare_count, in.elem, in.compare);
+        in.device |=
+            memory_of(in.compare, a.compare_desc, a.compare_count, a.flags, in.compare_mem);
     }
     // (The result buffers are never an inject's copy: they are looked at below, for a link.)
-    if (device && (a.flags & FI_INJECT) && p2p_.mode() == FI_HMEM_P2P_REQUIRED)
+    if (in.device && (a.flags & FI_INJECT) && p2p_.mode() == FI_HMEM_P2P_REQUIRED)
         return -FI_EOPNOTSUPP;
     Peer *peer = peer_for(m.addr);
     TxOp *op = alloc_tx();
     op->kind = TxOp::Kind::Atomic;
     op->context = m.context;
     op->op_flags = a.flags;
-    op->cq_flags = FI_ATOMIC | (fetches ? FI_READ : FI_WRITE);
+    op->cq_flags = FI_ATOMIC | (a.kind != atomic::Kind::Base ? FI_READ : FI_WRITE);
     op->report = tx_reports(a.flags, r.done);
     op->deferred = r.done.deferred;
     op->work_cntr = r.done.cntr;
-    op->len = bytes;
+    op->len = in.count * in.elem;
     op->peer = peer;
     op->id = next_op_id_++;
-    if (goes_local(peer, m.addr)) {
-        // The twin copies the operands into its request before this returns (an inject's
-        // buffer is free at once) and writes the previous values into the result buffers.
-        // An inject carries no descriptors: what memory_of found out about its operands goes
-        // to the twin as descriptors of ours, so that it copies device memory with the device.
-        ++tx_outstanding_;
-        ++local_tx_pending_;
-        op->local = true;
-        int ret;
-        if (!m.desc && !hmem::all_host(operand_mem, m.iov_count)) {
-            AtomicCall call = a;
-            peer::MrDesc found[kMaxIov];
-            void *found_desc[kMaxIov];
-            for (size_t i = 0; i < m.iov_count; ++i) {
-                found[i].mem = operand_mem[i];
-                found_desc[i] = &found[i];
-            }
-            call.msg.desc = found_desc;
-            ret = local_->atomic(op, call);
-        } else {
-            ret = local_->atomic(op, a);
+    if (goes_local(peer, m.addr)) return atomic_through_twin(op, a, in);
+    return atomic_over_link(op, a, in);
+}
+
+// The twin copies the operands into its request before this returns (an inject's buffer is
+// free at once) and writes the previous values into the result buffers. An inject carries no
+// descriptors: what memory_of found out about its operands goes to the twin as descriptors of
+// ours, so that it copies device memory with the device.
+ssize_t Endpoint::atomic_through_twin(TxOp *op, const AtomicCall &a, const AtomicOperands &in) {
+    const fi_msg_atomic &m = a.msg;
+    ++tx_outstanding_;
+    ++local_tx_pending_;
+    op->local = true;
+    int ret;
+    if (!m.desc && !hmem::all_host(in.operand_mem, m.iov_count)) {
+        AtomicCall call = a;
+        peer::MrDesc found[kMaxIov];
+        void *found_desc[kMaxIov];
+        for (size_t i = 0; i < m.iov_count; ++i) {
+            found[i].mem = in.operand_mem[i];
+            found_desc[i] = &found[i];
         }
-        if (ret) {
-            --tx_outstanding_;
-            --local_tx_pending_;
-            free_tx(op);
-        }
-        return ret;
+        call.msg.desc = found_desc;
+        ret = local_->atomic(op, call);
+    } else {
+        ret = local_->atomic(op, a);
     }
+    if (ret) {
+        --tx_outstanding_;
+        --local_tx_pending_;
+        free_tx(op);
+    }
+    return ret;
+}
+
+// Over a link: an AtomicReq carrying our own copy of the operands (the application's buffers
+// are free once this returns; only the result buffers are written later), answered by the
+// target's AtomicResp.
+ssize_t Endpoint::atomic_over_link(TxOp *op, const AtomicCall &a, AtomicOperands &in) {
+    const fi_msg_atomic &m = a.msg;
+    const bool fetches = a.kind != atomic::Kind::Base;
+    const uint64_t addr = m.rma_iov[0].addr, key = m.rma_iov[0].key;
     op->remote = {addr, key};
+    iovec result[kMaxIov];
+    hmem::MemRef result_mem[kMaxIov];
     if (fetches) {
-        byte_ranges(a.result, a.result_count, elem, result);
-        device |= memory_of(result, a.result_desc, a.result_count, 0, result_mem);
+        byte_ranges(a.result, a.result_count, in.elem, result);
+        in.device |= memory_of(result, a.result_desc, a.result_count, 0, result_mem);
     }
-    if (device && link_decision(bytes) == hmem::P2pDecision::Fail) {
+    if (in.device && link_decision(op->len) == hmem::P2pDecision::Fail) {
         ++tx_outstanding_;
         fail_tx(op, FI_EOPNOTSUPP);  // FI_HMEM_P2P_REQUIRED, and the link can only stage
         return 0;
     }
-    // The request is our own copy of the operands: the application's buffers are free once
-    // this returns; only the result buffers are written later.
-    op->inject_copy.resize(atomic::request_size(a.kind, m.op, m.datatype, count));
-    int ret = atomic::build_request(a.kind, m.op, m.datatype, count, addr, key, operand,
-                                    operand_mem, m.iov_count, compare, compare_mem,
-                                    compares ? a.compare_count : 0, op->inject_copy.data());
+    op->inject_copy.resize(atomic::request_size(a.kind, m.op, m.datatype, in.count));
+    const size_t compares = a.kind == atomic::Kind::Compare ? a.compare_count : 0;
+    int ret = atomic::build_request(a.kind, m.op, m.datatype, in.count, addr, key, in.operand,
+                                    in.operand_mem, m.iov_count, in.compare, in.compare_mem,
+                                    compares, op->inject_copy.data());
     if (ret) {
         free_tx(op);
         return ret;

@@ -42,6 +42,63 @@ struct CollCompletion {
 // ------------------------------------------------------------------------------------------
 // Joining
 
+namespace {
+
+// The parent of a group joined at coll_addr (the set's own address, or a group of this
+// endpoint) holds every member of the new group.
+bool parent_holds(Domain &domain, const Av *av, const Endpoint *ep, fi_addr_t coll_addr,
+                  const std::vector<fi_addr_t> &members) {
+    const std::vector<fi_addr_t> *parent = nullptr;
+    if (AvSet *p = domain.coll_addresses().set_at(coll_addr); p && p->av() == av)
+        parent = &p->members();
+    else if (CollGroup *g = domain.coll_addresses().group_at(coll_addr);
+             g && g->endpoint() == ep && g->joined())
+        parent = &g->members();
+    if (!parent) return false;
+    for (fi_addr_t a : members)
+        if (std::find(parent->begin(), parent->end(), a) == parent->end()) return false;
+    return true;
+}
+
+// What every member computes alike from the set: its own rank, a key of the members in the
+// set's order and one of the set whatever its order (both with the set's communication key),
+// and the set's order sorted by member name.
+struct JoinKeys {
+    int rank = -1;
+    uint64_t ordered = kFnvBasis;
+    uint64_t set_key = 0;
+    std::vector<uint32_t> order;
+};
+
+int join_keys(const Av &av, const std::vector<fi_addr_t> &members, const std::string &self_key,
+              const std::vector<uint8_t> &comm_key, JoinKeys &out) {
+    std::vector<uint64_t> names;
+    for (size_t i = 0; i < members.size(); ++i) {
+        const EndpointName *n = av.name_of(members[i]);
+        if (!n) return -FI_EINVAL;
+        const std::string k = n->key();
+        if (k == self_key) out.rank = int(i);
+        out.ordered = fnv(out.ordered, k.data(), k.size());
+        names.push_back(fnv(kFnvBasis, k.data(), k.size()));
+    }
+    if (out.rank < 0) {
+        TANDEM_WARN(FI_LOG_EP_CTRL,
+                    "fi_join_collective: the endpoint is not a member of the set\n");
+        return -FI_EINVAL;
+    }
+    out.order.resize(members.size());
+    for (uint32_t i = 0; i < out.order.size(); ++i) out.order[i] = i;
+    std::sort(out.order.begin(), out.order.end(),
+              [&names](uint32_t a, uint32_t b) { return names[a] < names[b]; });
+    std::sort(names.begin(), names.end());
+    out.set_key = fnv(kFnvBasis, names.data(), names.size() * sizeof names[0]);
+    out.set_key = fnv(out.set_key, comm_key.data(), comm_key.size());
+    out.ordered = fnv(out.ordered, comm_key.data(), comm_key.size());
+    return 0;
+}
+
+}  // namespace
+
 // fi_join (fi_ops_cm::join): only collective groups (FI_COLLECTIVE); tandem offers no
 // multicast (FI_MULTICAST), so a plain join is -FI_ENOSYS.
 int Endpoint::join(const void *addr, uint64_t flags, fid_mc **mc, void *context) {
@@ -61,50 +118,19 @@ int Endpoint::join(const void *addr, uint64_t flags, fid_mc **mc, void *context)
     if (!set || set->av() != av_) return -FI_EINVAL;
     const std::vector<fi_addr_t> &members = set->members();
     if (members.empty()) return -FI_EINVAL;
-    // The parent: the set's own address, or a group of this endpoint; its members must include
-    // the new group's. FI_ADDR_NOTAVAIL: membership the application manages, no exchange.
+    // FI_ADDR_NOTAVAIL: membership the application manages, no exchange.
     const bool managed_here = ca->coll_addr != FI_ADDR_NOTAVAIL;
-    if (managed_here) {
-        const std::vector<fi_addr_t> *parent = nullptr;
-        if (AvSet *p = domain_->coll_addresses().set_at(ca->coll_addr); p && p->av() == av_)
-            parent = &p->members();
-        else if (CollGroup *g = domain_->coll_addresses().group_at(ca->coll_addr);
-                 g && g->endpoint() == this && g->joined())
-            parent = &g->members();
-        if (!parent) return -FI_EINVAL;
-        for (fi_addr_t a : members)
-            if (std::find(parent->begin(), parent->end(), a) == parent->end()) return -FI_EINVAL;
-    }
+    if (managed_here && !parent_holds(*domain_, av_, this, ca->coll_addr, members))
+        return -FI_EINVAL;
     // Ranks follow the set's order; this endpoint must be one of the members.
     EndpointName self;
     size_t len = sizeof self.ss;
     if (int ret = getname_locked(&self.ss, &len)) return ret;
-    const std::string self_key = self.key();
-    int rank = -1;
-    uint64_t ordered = kFnvBasis;
-    std::vector<uint64_t> names;
-    for (size_t i = 0; i < members.size(); ++i) {
-        const EndpointName *n = av_->name_of(members[i]);
-        if (!n) return -FI_EINVAL;
-        const std::string k = n->key();
-        if (k == self_key) rank = int(i);
-        ordered = fnv(ordered, k.data(), k.size());
-        names.push_back(fnv(kFnvBasis, k.data(), k.size()));
-    }
-    if (rank < 0) {
-        TANDEM_WARN(FI_LOG_EP_CTRL,
-                    "fi_join_collective: the endpoint is not a member of the set\n");
-        return -FI_EINVAL;
-    }
-    std::vector<uint32_t> order(members.size());
-    for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(),
-              [&names](uint32_t a, uint32_t b) { return names[a] < names[b]; });
-    std::sort(names.begin(), names.end());
-    uint64_t set_key = fnv(kFnvBasis, names.data(), names.size() * sizeof names[0]);
-    const std::vector<uint8_t> &comm_key = set->comm_key();
-    set_key = fnv(set_key, comm_key.data(), comm_key.size());
-    ordered = fnv(ordered, comm_key.data(), comm_key.size());
+    JoinKeys keys;
+    if (int ret = join_keys(*av_, members, self.key(), set->comm_key(), keys)) return ret;
+    const int rank = keys.rank;
+    const uint64_t ordered = keys.ordered, set_key = keys.set_key;
+    const std::vector<uint32_t> &order = keys.order;
 
     auto *g = new CollGroup(this, members, uint32_t(rank), context);
     peer::CollJoin j;

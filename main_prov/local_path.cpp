@@ -83,21 +83,7 @@ std::unique_ptr<LocalPath> LocalPath::open(Endpoint &ep, OffloadDomain &off, Av 
     }
     if (!ret) {
         step = "fi_endpoint2";
-        lp->transfer_ = {sizeof lp->transfer_, off.info(), lp->face_.fid(), nullptr};
-        // The twin takes the endpoint's authorization key: node-local peers of another key
-        // are no peers of its (each side compares the keys in the other's segment).
-        auto [key, key_len] = endpoint_auth_key(ep.info_, ep.domain()->info());
-        fi_info *twin_info = fi_dupinfo(off.info());
-        if (twin_info && key_len && (twin_info->ep_attr->auth_key = copy_auth_key(key, key_len)))
-            twin_info->ep_attr->auth_key_size = key_len;
-        ret = twin_info && twin_info->ep_attr->auth_key_size == key_len
-                  ? fi_endpoint2(off.domain(), twin_info, &lp->twin_, FI_PEER_TRANSFER,
-                                 &lp->transfer_)
-                  : -FI_ENOMEM;
-        fi_freeinfo(twin_info);
-        // fi_peer(3): the peer sets its callbacks before fi_endpoint2 returns.
-        const fi_ops_transfer_peer *t = lp->transfer_.peer_ops;
-        if (!ret && (!t || !t->complete || !t->comperr)) ret = -FI_EINVAL;
+        ret = lp->open_twin(off);
     }
     if (!ret && eq) {
         // The twin's events reach the application on the endpoint's EQ.
@@ -120,24 +106,7 @@ std::unique_ptr<LocalPath> LocalPath::open(Endpoint &ep, OffloadDomain &off, Av 
     }
     if (!ret) {
         step = "fi_open_ops";
-        void *ops = nullptr;
-        ret = fi_open_ops(&lp->twin_->fid, peer::kLocalPathOpsName, 0, &ops, nullptr);
-        lp->ops_ = static_cast<peer::LocalPathOps *>(ops);
-        if (!ret && (!lp->ops_ || lp->ops_->size < sizeof(peer::LocalPathOps))) ret = -FI_ENOSYS;
-        if (!ret) {
-            lp->inject_limit_ = lp->ops_->inject_limit(lp->twin_);
-            void *coll = nullptr;
-            if (fi_open_ops(&lp->twin_->fid, peer::kCollOpsName, 0, &coll, nullptr) == 0 &&
-                static_cast<peer::CollOps *>(coll)->size >= sizeof(peer::CollOps))
-                lp->coll_ops_ = static_cast<peer::CollOps *>(coll);
-            LocalPath *self = lp.get();
-            lp->rx_queue_.set_data_source([self](fi_peer_rx_entry *entry) {
-                return self->ops_->queued_data(self->twin_, entry);
-            });
-            // Whole messages of our own twin take the fused path (peer::OwnerRx).
-            const peer::OwnerRx owner_rx{&lp->rx_queue_, &PeerRxQueue::deliver_whole};
-            lp->ops_->set_owner_rx(lp->twin_, &owner_rx);
-        }
+        ret = lp->open_twin_ops();
     }
     if (ret) {
         TANDEM_WARN(FI_LOG_EP_CTRL, "node-local path not available (%s: %s)\n", step,
@@ -145,6 +114,46 @@ std::unique_ptr<LocalPath> LocalPath::open(Endpoint &ep, OffloadDomain &off, Av 
         return nullptr;
     }
     return lp;
+}
+
+// The twin endpoint (fi_endpoint2 with FI_PEER_TRANSFER), given OwnerFace as the owner's
+// endpoint. It takes the endpoint's authorization key: node-local peers of another key are no
+// peers of its (each side compares the keys in the other's segment).
+int LocalPath::open_twin(OffloadDomain &off) {
+    transfer_ = {sizeof transfer_, off.info(), face_.fid(), nullptr};
+    auto [key, key_len] = endpoint_auth_key(ep_.info_, ep_.domain()->info());
+    fi_info *twin_info = fi_dupinfo(off.info());
+    if (twin_info && key_len && (twin_info->ep_attr->auth_key = copy_auth_key(key, key_len)))
+        twin_info->ep_attr->auth_key_size = key_len;
+    int ret = twin_info && twin_info->ep_attr->auth_key_size == key_len
+                  ? fi_endpoint2(off.domain(), twin_info, &twin_, FI_PEER_TRANSFER, &transfer_)
+                  : -FI_ENOMEM;
+    fi_freeinfo(twin_info);
+    // fi_peer(3): the peer sets its callbacks before fi_endpoint2 returns.
+    const fi_ops_transfer_peer *t = transfer_.peer_ops;
+    if (!ret && (!t || !t->complete || !t->comperr)) ret = -FI_EINVAL;
+    return ret;
+}
+
+// The twin's extensions (peer::LocalPathOps, and its collective engine when it has one), and
+// what the owner's receive side takes from it.
+int LocalPath::open_twin_ops() {
+    void *ops = nullptr;
+    int ret = fi_open_ops(&twin_->fid, peer::kLocalPathOpsName, 0, &ops, nullptr);
+    ops_ = static_cast<peer::LocalPathOps *>(ops);
+    if (!ret && (!ops_ || ops_->size < sizeof(peer::LocalPathOps))) ret = -FI_ENOSYS;
+    if (ret) return ret;
+    inject_limit_ = ops_->inject_limit(twin_);
+    void *coll = nullptr;
+    if (fi_open_ops(&twin_->fid, peer::kCollOpsName, 0, &coll, nullptr) == 0 &&
+        static_cast<peer::CollOps *>(coll)->size >= sizeof(peer::CollOps))
+        coll_ops_ = static_cast<peer::CollOps *>(coll);
+    rx_queue_.set_data_source(
+        [this](fi_peer_rx_entry *entry) { return ops_->queued_data(twin_, entry); });
+    // Whole messages of our own twin take the fused path (peer::OwnerRx).
+    const peer::OwnerRx owner_rx{&rx_queue_, &PeerRxQueue::deliver_whole};
+    ops_->set_owner_rx(twin_, &owner_rx);
+    return 0;
 }
 
 // The twin goes first: it holds the peer objects until it is closed (fi_peer(3)).

@@ -117,6 +117,9 @@ class LocalPath final : public peer::CqOwner {
 
   private:
     explicit LocalPath(Endpoint &ep, RxMatcher &rx);
+    // open's steps: the twin endpoint, and its extensions once it is enabled.
+    int open_twin(OffloadDomain &off);
+    int open_twin_ops();
     void flush_transfers_now();
     // The descriptors the twin gets: the application's with FI_HMEM, none without.
     void **descs(void **desc) const { return hmem_ ? desc : nullptr; }
