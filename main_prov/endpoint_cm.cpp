@@ -112,14 +112,22 @@ int Endpoint::shutdown(uint64_t flags) {
     return 0;
 }
 
+// An EQ read is a connection-management call: the pass it makes polls the link, whatever
+// the countdown of a quiet or idle link says (progress_link), or a connection's answer waits
+// up to 256 of the EQ's passes (fi_eq_sread makes one per 50 ms: 12.8 s).
 void Endpoint::progress_cm() {
     std::lock_guard guard(domain_->lock());
+    poll_link_soon();
     progress();
 }
 
+// The EQ's sleeper watches the link's descriptors: when one wakes it, the next pass polls the
+// link (as wait_fds arranges for a CQ's sleeper).
 void Endpoint::cm_watch(WaitSet &set) {
     std::vector<int> fds;
     std::lock_guard guard(domain_->lock());
+    poll_link_soon();
+    empty_link_polls_ = 0;
     transport_->wait_fds(fds);
     for (int fd : fds) set.add(fd);
 }
