@@ -370,7 +370,9 @@ void Endpoint::handle_short(const uint8_t *cell) {
 // A Short cell's message once the owner answered (ret, entry: as its get_tag / get_msg).
 void Endpoint::place_short(const uint8_t *cell, fi_addr_t src, int ret, fi_peer_rx_entry *entry) {
     ShortView s;
-    (void)read_short(cell, s);  // (checked by handle_short)
+    // (handle_short checked the cell before asking the owner: a false here cannot happen, and
+    // drops the message rather than read fields read_short left unset.)
+    if (!read_short(cell, s)) return;
     LocalHeader hdr{};
     hdr.op = static_cast<uint8_t>(LocalOp::Eager);
     hdr.flags = s.flags;
