@@ -277,9 +277,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // (Defined in ep/endpoint_internal.h: inject inlines it too.)
     bool try_push(PeerLink &link, const wire::LocalHeader &hdr, const iovec *iov, size_t count,
                   size_t offset, size_t len, const uint8_t *staged);
-    // peer::LocalLane::send and wake of a link's lane.
-    static ssize_t lane_send(peer::LocalLane *lane, const void *buf, size_t len, uint64_t tag,
-                             uint64_t data, uint64_t flags);
+    // peer::LocalLane::wake of a link's lane.
     static void lane_wake(peer::LocalLane *lane);
     // A Short cell (wire::LocalShortHeader, our name, len bytes of the list from offset, or
     // of staged) into cell.

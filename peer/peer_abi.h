@@ -129,15 +129,8 @@ struct OwnerRx {
 // peer, so that a small send goes into the peer's ring without a lookup. Valid as long as the
 // twin endpoint. The owner writes a Short cell (common/short_cell.h) into `ring` itself,
 // claiming with `producer` and `view`, when `*blocked` is 0, and calls `wake` when the claim
-// asked for it (view->wake); `send` does the same in the twin, for an owner that does not.
+// asked for it (view->wake).
 struct LocalLane {
-    // A message of host memory (at most inject_limit bytes) into the peer's ring, with no
-    // completion of the twin's: the owner completes the send when this returns 0. -FI_EAGAIN
-    // when it cannot go in now (the ring is full, or earlier cells wait for room: post it the
-    // ordinary way, which keeps the order); another negative errno when refused (the peer
-    // died). flags: FI_TAGGED, FI_REMOTE_CQ_DATA.
-    ssize_t (*send)(LocalLane *lane, const void *buf, size_t len, uint64_t tag, uint64_t data,
-                    uint64_t flags);
     // After a publish whose claim found the peer asleep: wakes it.
     void (*wake)(LocalLane *lane);
     ShmRing *ring;
@@ -161,7 +154,7 @@ struct LocalInbox {
 
 // fi_open_ops name of off_tandem's endpoint extension: whether a peer (an fi_addr of the
 // shared AV) is reachable over the node-local path, so the owner routes it there.
-inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v4";
+inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v5";
 
 struct LocalPathOps {
     size_t size;
@@ -182,7 +175,7 @@ struct LocalPathOps {
     // The largest message inject and a lane's send take (what fits one ring cell).
     size_t (*inject_limit)(fid_ep *ep);
     // A small message of host memory (at most inject_limit bytes) straight into the peer's
-    // ring, as LocalLane::send, for an owner that keeps no lane.
+    // ring, for an owner that keeps no lane.
     ssize_t (*inject)(fid_ep *ep, const iovec *iov, size_t count, fi_addr_t dest, uint64_t tag,
                       uint64_t data, uint64_t flags);
     // How large transfers to the peer at addr are copied: 1 single copy (cross-memory

@@ -220,9 +220,8 @@ ssize_t Endpoint::inject(const iovec *iov, size_t count, fi_addr_t dest, uint64_
 peer::LocalLane *Endpoint::lane(fi_addr_t addr) {
     PeerLink *link = enabled_ ? link_for(addr) : nullptr;
     if (!link || link->dead) return nullptr;
-    if (!link->lane.send)
-        link->lane = {{.send = &Endpoint::lane_send,
-                       .wake = &Endpoint::lane_wake,
+    if (!link->lane.wake)
+        link->lane = {{.wake = &Endpoint::lane_wake,
                        .ring = link->ring,
                        .view = &link->view,
                        .producer = producer_id_,
@@ -231,28 +230,6 @@ peer::LocalLane *Endpoint::lane(fi_addr_t addr) {
                       this,
                       link};
     return &link->lane;
-}
-
-// The owner's small send to a peer it holds the lane of: a Short cell built straight from
-// its buffer, with no lookup and no operation.
-ssize_t Endpoint::lane_send(peer::LocalLane *lane, const void *buf, size_t len, uint64_t tag,
-                            uint64_t data, uint64_t flags) {
-    auto *l = static_cast<Lane *>(lane);
-    Endpoint *ep = l->ep;
-    PeerLink &link = *l->link;
-    if (link.dead) return -FI_ECONNRESET;
-    if (!link.backlog.empty()) return -FI_EAGAIN;  // earlier cells wait for room: behind them
-    if (len > wire::kLocalBodyRoom) return -FI_EMSGSIZE;
-    void *slot = link.ring->try_reserve(ep->producer_id_, link.view);
-    if (!slot) return -FI_EAGAIN;
-    stop_at("local.ring_reserved");
-    write_short(static_cast<uint8_t *>(slot), ep->short_line_,
-                uint8_t(((flags & FI_TAGGED) ? wire::kLocalTagged : 0) |
-                        ((flags & FI_REMOTE_CQ_DATA) ? wire::kLocalCqData : 0)),
-                buf, len, tag, data);
-    link.ring->publish(slot);
-    ep->notify(link);
-    return 0;
 }
 
 void Endpoint::lane_wake(peer::LocalLane *lane) {
