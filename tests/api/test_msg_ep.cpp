@@ -285,11 +285,11 @@ class MsgEpTest : public ::testing::Test {
         return ret ? nullptr : &c;
     }
 
-    // The other side alone progresses for 100 ms (long enough for what it sends to arrive),
+    // The other side alone progresses for `wait` (long enough for what it sends to arrive),
     // then one read of eq must return `expected`, into cm.
     static void read_after_other_side(EqLog &other, fid_eq *eq, uint32_t expected,
-                                      fi_eq_cm_entry &cm) {
-        auto until = std::chrono::steady_clock::now() + 100ms;
+                                      fi_eq_cm_entry &cm, Ms wait = 100ms) {
+        auto until = std::chrono::steady_clock::now() + wait;
         while (std::chrono::steady_clock::now() < until) other.drain();
         alignas(16) uint8_t raw[sizeof(fi_eq_cm_entry) + 256];
         uint32_t ev = 0;
@@ -431,9 +431,11 @@ TEST_F(MsgEpTest, ConnectedEventComesWithTheNextEqReadAfterTheAnswerArrived) {
     }
     Conn *srv = accept(*req, nullptr, 0);
     ASSERT_NE(srv, nullptr);
-    // Only the server progresses, long enough for its answer to reach the client's socket.
+    // Only the server progresses, long enough for its answer to reach the client's socket
+    // (or, over the emulated RDMA device, its connection manager's thread). The client makes
+    // no pass meanwhile, so waiting longer cannot make up for a read that skips the link.
     fi_eq_cm_entry cm{};
-    ASSERT_NO_FATAL_FAILURE(read_after_other_side(srv_log, cli_eq, FI_CONNECTED, cm));
+    ASSERT_NO_FATAL_FAILURE(read_after_other_side(srv_log, cli_eq, FI_CONNECTED, cm, 400ms));
     EXPECT_EQ(cm.fid, &cli->ep->fid);
 }
 
