@@ -120,14 +120,13 @@ uint64_t Cntr::readerr() {
 }
 
 int Cntr::add(uint64_t value) {
-    bump(value_, value);
+    add_by_work(value);
     changed_by_application();
     return 0;
 }
 
 int Cntr::set(uint64_t value) {
-    value_.store(value, std::memory_order_release);
-    wake();
+    set_by_work(value);
     changed_by_application();
     return 0;
 }

@@ -37,7 +37,8 @@ class Cntr : public FidObject<Cntr, fid_cntr> {
     void inc() { bump(value_, 1); }
     void inc_err() { bump(errors_, 1); }
     // Deferred work's FI_CNTR_ADD / FI_CNTR_SET (fi_trigger(3)), run by the trigger queue: the
-    // queue looks again after every start, so nothing more is started from here.
+    // queue looks again after every start, so nothing more is started from here. (fi_cntr_add
+    // and fi_cntr_set are these, then start what the new value makes due.)
     void add_by_work(uint64_t value) { bump(value_, value); }
     void set_by_work(uint64_t value) {
         value_.store(value, std::memory_order_release);

@@ -627,10 +627,8 @@ int Endpoint::getname_locked(void *addr, size_t *addrlen) const {
 }
 
 void Endpoint::wait_fds(std::vector<int> &out) const {
-    // The application may sleep on the listener, and wake because a peer connects: the next
-    // progress pass polls the transport.
-    link_countdown_ = 1;
-    empty_link_polls_ = 0;
+    // The application may sleep on the listener, and wake because a peer connects.
+    link_may_wake();
     transport_->wait_fds(out);
     if (local_) local_->wait_fds(out);
 }

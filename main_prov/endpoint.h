@@ -336,6 +336,12 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     // Work for the link (or completions of the twin's transfers to report): the next pass
     // polls it, however long the link was idle or quiet.
     void poll_link_soon() const { link_countdown_ = 1; }
+    // Before a sleeper watches the link's descriptors (a CQ's wait_fds, an EQ's cm_watch):
+    // what wakes it is polled at the next pass, and the link counts as busy again.
+    void link_may_wake() const {
+        link_countdown_ = 1;
+        empty_link_polls_ = 0;
+    }
     void wait_fds(std::vector<int> &out) const;
     // Passive side of an MSG connection: the request this endpoint answers with fi_accept.
     void adopt_request(std::unique_ptr<LinkConnection> conn);

@@ -126,8 +126,7 @@ void Endpoint::progress_cm() {
 void Endpoint::cm_watch(WaitSet &set) {
     std::vector<int> fds;
     std::lock_guard guard(domain_->lock());
-    poll_link_soon();
-    empty_link_polls_ = 0;
+    link_may_wake();
     transport_->wait_fds(fds);
     for (int fd : fds) set.add(fd);
 }
