@@ -1,8 +1,8 @@
 // Short cells (wire::LocalShortHeader): the node-local path's small messages, written and
-// read in one place for both providers. off_tandem writes and reads them for every sender it
-// serves; tandem writes them into a peer's ring through the twin's lane, and takes them from
-// its twin's inbox while the twin has nothing else to do (peer::LocalLane, peer::LocalInbox),
-// which keeps a small message's path to one provider's code.
+// read in one place for both providers. tandem writes them into a peer's ring through the
+// twin's lane (peer::LocalLane) and decodes every one that arrives for it, reading its twin's
+// inbox itself (peer::InboxView); off_tandem writes them for the sends tandem posts through
+// it, and reads them only for an owner that is not tandem (the peer-API face).
 #pragma once
 
 #include "common/iov.h"
@@ -38,14 +38,14 @@ struct ShortLine {
     }
 };
 
-// A Short cell of len bytes of buf into `cell` (a ring cell's payload): stores straight into
-// the cell, of sizes the compiler knows, in a row. The first line used to be assembled on
+// A Short cell's header and the first line of its name, for len bytes of data: stores straight
+// into the cell, of sizes the compiler knows, in a row. The first line used to be assembled on
 // the stack and copied over, and its 16-byte reloads of the narrower stores just made there
 // could not be forwarded from the store buffer: a stall on every small send, before the
 // publish. Always inline, as the ring's claim is (shm_ring.h).
-[[gnu::always_inline]] inline void write_short(uint8_t *cell, const ShortLine &line, uint8_t flags,
-                                               const void *buf, size_t len, uint64_t tag,
-                                               uint64_t data) {
+[[gnu::always_inline]] inline void write_short_head(uint8_t *cell, const ShortLine &line,
+                                                    uint8_t flags, size_t len, uint64_t tag,
+                                                    uint64_t data) {
     // Field by field: gcc built a header object on the stack and copied it with a 16-byte
     // load, the very stall this avoids.
     using Header = wire::LocalShortHeader;
@@ -59,6 +59,13 @@ struct ShortLine {
     memcpy(cell + offsetof(Header, cq_data), &data, sizeof data);
     // The first line's name part whole (zero past the name): the data then overwrites its end.
     memcpy(cell + sizeof(Header), line.bytes + sizeof(Header), sizeof line.bytes - sizeof(Header));
+}
+
+// A Short cell of len bytes of buf into `cell` (a ring cell's payload).
+[[gnu::always_inline]] inline void write_short(uint8_t *cell, const ShortLine &line, uint8_t flags,
+                                               const void *buf, size_t len, uint64_t tag,
+                                               uint64_t data) {
+    write_short_head(cell, line, flags, len, tag, data);
     if (line.at + len <= sizeof line.bytes) {
         copy_bytes(cell + line.at, buf, len);
         return;
@@ -66,6 +73,15 @@ struct ShortLine {
     if (line.at > sizeof line.bytes) memcpy(cell + sizeof line.bytes, line.rest, sizeof line.rest);
     // (An empty send may name no buffer at all: memcpy must not be given its null pointer.)
     if (len) memcpy(cell + line.at, buf, len);
+}
+
+// The same for len bytes gathered from a list of buffers (a send of several).
+inline void write_short_gather(uint8_t *cell, const ShortLine &line, uint8_t flags,
+                               const iovec *iov, size_t count, size_t len, uint64_t tag,
+                               uint64_t data) {
+    write_short_head(cell, line, flags, len, tag, data);
+    if (line.at > sizeof line.bytes) memcpy(cell + sizeof line.bytes, line.rest, sizeof line.rest);
+    iov_gather(cell + line.at, iov, count, 0, len);
 }
 
 // A Short cell as read: false for a malformed one (a name or size it cannot hold). The

@@ -238,6 +238,7 @@ int Endpoint::close() {
         twin_ep_ = nullptr;
         twin_quiet_ = nullptr;
         inbox_ring_ = nullptr;
+        twin_take_cell_ = nullptr;
         local_.reset();  // the twin first: it holds entries of rx_ until it is closed
         rx_->forget_endpoint(this);
         if (srx_) SharedRxContext::of(srx_)->detach(this);
@@ -454,9 +455,10 @@ int Endpoint::enable_locked() {
         lane_limit_ = std::min<size_t>(local_->inject_limit(), info_->ep_attr->max_msg_size);
         twin_progress_ = local_->progress_entry();
         twin_ep_ = local_->twin();
-        peer::LocalInbox inbox = local_->inbox();
+        const peer::InboxView inbox = local_->inbox();
         inbox_ring_ = inbox.ring;
         twin_quiet_ = inbox.ring ? inbox.quiet : nullptr;
+        twin_take_cell_ = local_->take_cell_entry();
     }
     transport_->set_device_p2p(p2p_.mode() != FI_HMEM_P2P_DISABLED);
     // What send_by_link takes: an eager message the link sends from the caller's buffer

@@ -314,17 +314,13 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     // comes through here; the twin's progress is called straight through its ops table.)
     void progress() {
         if (twin_quiet_) {
-            // The twin has nothing to do but take cells (peer::LocalInbox): a Short cell at
-            // the head of its inbox we take ourselves, anything else is the twin's, and the
-            // twin still runs every kTwinEvery passes (its checks and heartbeat).
-            if (*twin_quiet_) {
-                if (const void *cell = inbox_ring_->peek())
-                    take_local(static_cast<const uint8_t *>(cell));
-                else if ((++express_passes_ & (kTwinEvery - 1)) == 0)
-                    twin_progress_(twin_ep_);
-            } else {
+            // We read the twin's inbox (peer::InboxView): Short cells with our own decoder
+            // while the twin is quiet, every other cell by the twin. The twin runs after, while
+            // it has work, and every kTwinEvery empty passes (its checks and heartbeat).
+            const void *cell = inbox_ring_->peek();
+            if (cell) read_inbox(static_cast<const uint8_t *>(cell));
+            if (!*twin_quiet_ || (!cell && (++express_passes_ & (kTwinEvery - 1)) == 0))
                 twin_progress_(twin_ep_);
-            }
         } else if (twin_progress_) {
             twin_progress_(twin_ep_);
         }
@@ -574,13 +570,12 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     static RxOp *slice_for(RxMatcher &m, RxOp *rx, size_t len);
     void rx_complete(RxOp *rx, size_t len, uint64_t tag, uint64_t data, uint8_t proto_flags,
                      fi_addr_t src, int err, size_t olen);
-    // A whole message the twin handed over (PeerRxQueue::deliver_whole) into rx, a posted
-    // host-memory receive of m that is no multi-receive buffer: copied, and completed as
-    // rx_complete would, with report_rx's common case inline.
-    void complete_whole(RxMatcher &m, RxOp *rx, const peer::WholeMessage &msg);
-    // Its body, inline into take_short (itself inline into take_local): the calls with their
-    // arguments were a tenth of the delivering read's instructions.
-    inline void whole_into(RxMatcher &m, RxOp *rx, const peer::WholeMessage &msg);
+    // A Short cell's message (the node-local path's small messages, common/short_cell.h) into
+    // rx, a posted host-memory receive that is no multi-receive buffer: copied, and completed
+    // as rx_complete would, with report_rx's common case inline (into receive_short, itself
+    // inline into read_inbox: the calls with their arguments were a tenth of the delivering
+    // read's instructions).
+    inline void short_into(RxMatcher &m, RxOp *rx, const ShortView &v, fi_addr_t src);
     void release_rx(RxOp *rx);
     fi_addr_t source_of(LinkConnection *conn);
     RxMatcher &matcher_for(uint8_t proto_flags) {
@@ -689,17 +684,31 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     // local_'s progress entry (LocalPathOps::progress) and twin, or null without local_.
     void (*twin_progress_)(fid_ep *) = nullptr;
     fid_ep *twin_ep_ = nullptr;
-    // The twin's inbox (LocalPathOps::inbox): its ring and whether the twin is quiet (null
-    // without local_), the passes since the twin last ran, and the last sender resolved.
+    // The twin's inbox, which we read (LocalPathOps::take_inbox): its ring and whether the
+    // twin is quiet (null without local_), the twin's handler of the cells that are not ours,
+    // the passes since the twin last ran, and the last sender resolved.
     ShmRing *inbox_ring_ = nullptr;
     const bool *twin_quiet_ = nullptr;
+    void (*twin_take_cell_)(fid_ep *, const uint8_t *) = nullptr;
     static constexpr unsigned kTwinEvery = 16;
     unsigned express_passes_ = 0;
     LastSender last_sender_;
-    // Short cells from the head of the twin's inbox, first `cell`, while each finds a posted
-    // host receive that takes it whole; the first that does not goes to the twin's progress.
-    void take_local(const uint8_t *cell);
-    inline bool take_short(const uint8_t *cell);
+    // The cells at the head of the twin's inbox, first `cell`, up to a batch: each Short cell
+    // ours while the twin is quiet, every other one the twin's (twin_take_cell_).
+    void read_inbox(const uint8_t *cell);
+    // The one decoder of Short cells on our receive side: from read_inbox, and from the twin
+    // for those it read or held back (peer::OwnerInbox). Matches, copies and completes, or
+    // keeps the message as unexpected; a malformed cell is dropped and logged.
+    inline void receive_short(const uint8_t *cell);
+    static void receive_short_from_twin(void *self, const uint8_t *cell);
+    [[gnu::cold, gnu::noinline]] static void drop_malformed_short();
+    // receive_short past a plain posted receive: a device or multi-receive buffer, or none
+    // yet (unexpected).
+    [[gnu::noinline]] void receive_short_slow(const uint8_t *cell, fi_addr_t src);
+    // A node-local message's payload into rx (host or device memory, by this endpoint's
+    // P2P policy), completed.
+    void deliver_local(RxOp *rx, const wire::ProtoHeader &hdr, const uint8_t *payload,
+                       fi_addr_t src);
     // FI_PEER_TRANSFER: the twin's receives (its traffic never meets the application's).
     RxMatcher peer_rx_;
     RxMatcher own_rx_;

@@ -1,14 +1,15 @@
 // The endpoint's data calls (fi_msg, fi_tagged) and the small-message path they take, with
 // the tables that hold them (ep_msg_ops, ep_tagged_ops): a small send into a node-local
 // peer's ring (send_by_lane) or straight onto an established connection (send_by_link), a
-// receive of one buffer (recv_one), and the receiving end of the node-local path (take_local,
-// complete_whole). One translation unit, so that each call is compiled into its DataCall
+// receive of one buffer (recv_one), and the receiving end of the node-local path (read_inbox,
+// receive_short). One translation unit, so that each call is compiled into its DataCall
 // trampoline with what it inlines (docs/latency.md, "Where the instructions went", item 8):
 // move none of these out without counting scripts/path-profile.sh before and after.
 //
 // The general path behind them: endpoint_send.cpp (transmit side), endpoint_recv.cpp
 // (receive side), endpoint_link.cpp (the protocol over a link), endpoint_rma.cpp (RMA).
 #include "common/iov.h"
+#include "common/log.h"
 #include "common/test_hook.h"
 #include "main_prov/av.h"
 #include "main_prov/cntr.h"
@@ -310,43 +311,43 @@ bool Endpoint::goes_local(Peer *peer, fi_addr_t addr) {
     return peer->route == Peer::Route::Local;
 }
 
-[[gnu::always_inline]] inline void Endpoint::whole_into(RxMatcher &m, RxOp *rx,
-                                                        const peer::WholeMessage &msg) {
-    size_t n = msg.len;
+[[gnu::always_inline]] inline void Endpoint::short_into(RxMatcher &m, RxOp *rx, const ShortView &v,
+                                                        fi_addr_t src) {
+    size_t n = v.size;
     if (rx->count == 1 && n <= rx->iov[0].iov_len) [[likely]]
-        copy_bytes(rx->iov[0].iov_base, msg.data, n);
+        copy_bytes(rx->iov[0].iov_base, v.data, n);
     else
-        n = iov_scatter(rx->iov, rx->count, 0, msg.data, n);
-    const size_t olen = msg.len - n;
+        n = iov_scatter(rx->iov, rx->count, 0, v.data, n);
+    const size_t olen = v.size - n;
+    const bool tagged = v.flags & wire::kLocalTagged;
+    const bool has_data = v.flags & wire::kLocalCqData;
     if (olen || rx->deferred || rx->order_queue || rx->parent || (rx->op_flags & FI_PEER_TRANSFER))
         [[unlikely]] {
-        rx_complete(rx, n, msg.tag, msg.cq_data,
-                    uint8_t((msg.tagged ? wire::kProtoTagged : 0) |
-                            (msg.has_data ? wire::kProtoCqData : 0)),
-                    msg.src, olen ? FI_ETRUNC : 0, olen);
+        rx_complete(
+            rx, n, v.tag, v.cq_data,
+            uint8_t((tagged ? wire::kProtoTagged : 0) | (has_data ? wire::kProtoCqData : 0)), src,
+            olen ? FI_ETRUNC : 0, olen);
         return;
     }
     if (recv_cntr_) recv_cntr_->inc();
     if (rx_cq_ && (!rx_selective_ || (rx->op_flags & FI_COMPLETION)))
-        rx_cq_->push(
-            rx->context,
-            FI_RECV | (msg.tagged ? FI_TAGGED : FI_MSG) | (msg.has_data ? FI_REMOTE_CQ_DATA : 0), n,
-            rx->count ? rx->iov[0].iov_base : nullptr, msg.cq_data, msg.tag, msg.src,
-            &rx_completions_);
+        rx_cq_->push(rx->context,
+                     FI_RECV | (tagged ? FI_TAGGED : FI_MSG) | (has_data ? FI_REMOTE_CQ_DATA : 0),
+                     n, rx->count ? rx->iov[0].iov_base : nullptr, v.cq_data, v.tag, src,
+                     &rx_completions_);
     --m.outstanding;
     m.free_op(rx);
 }
 
-void Endpoint::complete_whole(RxMatcher &m, RxOp *rx, const peer::WholeMessage &msg) {
-    whole_into(m, rx, msg);
-}
-
-// A Short cell into the posted receive that takes it whole (host memory, no multi-receive
-// buffer), as the twin's handle_short and PeerRxQueue::deliver_whole would put it there;
-// false when none does (nothing taken: the twin queues or delivers the message).
-[[gnu::always_inline]] inline bool Endpoint::take_short(const uint8_t *cell) {
+// A Short cell, wherever it was read: into the first posted receive it matches, kept as
+// unexpected when there is none (receive_short_slow). The common case, a plain host-memory
+// receive already posted, inline.
+[[gnu::always_inline]] inline void Endpoint::receive_short(const uint8_t *cell) {
     ShortView v;
-    if (!read_short(cell, v)) return false;  // (the twin drops it, and says so)
+    if (!read_short(cell, v)) [[unlikely]] {
+        drop_malformed_short();
+        return;
+    }
     const uint64_t version = av_version_word_->load(std::memory_order_acquire);
     fi_addr_t src;
     if (last_sender_.matches(v.sender, version)) {
@@ -355,27 +356,30 @@ void Endpoint::complete_whole(RxMatcher &m, RxOp *rx, const peer::WholeMessage &
         src = av_->addr_of_bytes(v.sender.data(), v.sender.size());
         last_sender_.remember(v.sender, version, src);
     }
-    const bool tagged = v.flags & wire::kLocalTagged;
     RxMatcher &m = *rx_;
-    RxOp *rx = m.match_plain(tagged, v.tag, src);
-    if (!rx) return false;
-    whole_into(m, rx,
-               {.data = v.data,
-                .len = v.size,
-                .tag = v.tag,
-                .cq_data = v.cq_data,
-                .src = src,
-                .tagged = tagged,
-                .has_data = (v.flags & wire::kLocalCqData) != 0});
-    return true;
+    if (RxOp *rx = m.match_plain(v.flags & wire::kLocalTagged, v.tag, src)) [[likely]] {
+        short_into(m, rx, v, src);
+        return;
+    }
+    receive_short_slow(cell, src);  // (the cell, not v: v stays in registers)
 }
 
-void Endpoint::take_local(const uint8_t *cell) {
+void Endpoint::drop_malformed_short() {
+    TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed node-local cell\n");
+}
+
+void Endpoint::receive_short_from_twin(void *self, const uint8_t *cell) {
+    auto *ep = static_cast<Endpoint *>(self);
+    TANDEM_ASSERT_DOMAIN_LOCK_HELD(ep->domain_);
+    ep->receive_short(cell);
+}
+
+void Endpoint::read_inbox(const uint8_t *cell) {
     for (int i = 0; i < 64; ++i) {
-        if (cell[0] != static_cast<uint8_t>(wire::LocalOp::Short) || !take_short(cell)) {
-            twin_progress_(twin_ep_);
-            return;
-        }
+        if (cell[0] == static_cast<uint8_t>(wire::LocalOp::Short) && *twin_quiet_)
+            receive_short(cell);
+        else
+            twin_take_cell_(twin_ep_, cell);
         inbox_ring_->release();
         cell = static_cast<const uint8_t *>(inbox_ring_->peek());
         if (!cell) return;

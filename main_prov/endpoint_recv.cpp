@@ -141,6 +141,7 @@ ssize_t Endpoint::post_recv_on(RxMatcher &m, Endpoint *report_ep, uint64_t caps,
 
 fi_addr_t Endpoint::source_of(const Unexpected &ux) {
     if (ux.peer_entry) return ux.peer_entry->entry.addr;  // the peer's AV is ours
+    if (!ux.conn) return ux.src;                          // a node-local message
     return ux.ep->source_of(ux.conn);
 }
 
@@ -154,11 +155,62 @@ void Endpoint::deliver_unexpected_any(RxOp *rx, Unexpected &ux) {
 }
 
 void Endpoint::deliver_unexpected(RxOp *rx, Unexpected &ux) {
-    fi_addr_t src = source_of(ux.conn);
-    if (ux.rendezvous())
+    fi_addr_t src = source_of(ux);
+    if (!ux.conn)
+        deliver_local(rx, ux.hdr, ux.data.data(), src);
+    else if (ux.rendezvous())
         start_rendezvous(rx, ux.conn, ux.hdr, ux.rts, src);
     else
         deliver_eager(rx, ux.conn, ux.hdr, ux.data.data(), src);
+}
+
+// A Short cell that no plain posted receive takes: into a device or multi-receive buffer that
+// matches it, or kept, with its payload, until a receive comes (in the same queue as every
+// other unexpected message, so that one sender's messages match in the order it sent them).
+void Endpoint::receive_short_slow(const uint8_t *cell, fi_addr_t src) {
+    ShortView v;
+    if (!read_short(cell, v)) return;  // (receive_short read it already)
+    const bool tagged = v.flags & wire::kLocalTagged;
+    wire::ProtoHeader hdr{};
+    hdr.op = static_cast<uint8_t>(wire::ProtoOp::Eager);
+    hdr.flags = uint8_t((tagged ? wire::kProtoTagged : 0) |
+                        ((v.flags & wire::kLocalCqData) ? wire::kProtoCqData : 0));
+    hdr.size = v.size;
+    hdr.tag = v.tag;
+    hdr.cq_data = v.cq_data;
+    RxMatcher &m = *rx_;
+    if (RxOp *rx = m.match_posted(tagged, v.tag, src)) {
+        deliver_local(slice_for(m, rx, v.size), hdr, v.data, src);
+        return;
+    }
+    Unexpected ux;
+    ux.ep = this;
+    ux.src = src;
+    ux.hdr = hdr;
+    ux.data.assign(v.data, v.data + v.size);
+    m.push_unexpected(std::move(ux));
+}
+
+// As the twin delivers a node-local message: device memory is copied by the device's own
+// copies unless this endpoint's policy is FI_HMEM_P2P_REQUIRED (there is nothing peer to peer
+// about a message that arrived in a host cell).
+void Endpoint::deliver_local(RxOp *rx, const wire::ProtoHeader &hdr, const uint8_t *payload,
+                             fi_addr_t src) {
+    size_t copied = 0;
+    int err = 0;
+    if (!rx->device) {
+        copied = iov_scatter(rx->iov, rx->count, 0, payload, hdr.size);
+    } else if (hdr.size && p2p_.mode() == FI_HMEM_P2P_REQUIRED) {
+        hmem::counters().refused_transfers.fetch_add(1, std::memory_order_relaxed);
+        err = FI_EOPNOTSUPP;
+    } else if (ssize_t got = hmem::scatter(rx->iov, rx->mem, rx->count, 0, payload, hdr.size);
+               got < 0) {
+        err = FI_EIO;
+    } else {
+        copied = static_cast<size_t>(got);
+    }
+    if (!err && copied < hdr.size) err = FI_ETRUNC;
+    rx_complete(rx, copied, hdr.tag, hdr.cq_data, hdr.flags, src, err, hdr.size - copied);
 }
 
 ssize_t Endpoint::peek_or_claim_on(RxMatcher &m, Endpoint *report_ep, uint64_t caps,

@@ -3,6 +3,7 @@
 // once issued (RMA and atomics too): the order behind a peer's atomics, the start on a
 // connection, the link's work requests, completion and failure, the operations' free list.
 #include "common/iov.h"
+#include "common/test_hook.h"
 #include "common/log.h"
 #include "main_prov/av.h"
 #include "main_prov/cntr.h"
@@ -114,20 +115,30 @@ ssize_t Endpoint::issue_send(SendRequest &r) {
     return send_over_link(op, r, device, mem);
 }
 
-// A small node-local message goes straight into the peer's ring and is complete once there
-// (the data has reached the peer's endpoint: FI_TRANSMIT_COMPLETE), with no operation to
-// allocate or complete later. Not while earlier operations through the twin are pending
-// (their completions come first), nor for FI_DELIVERY_COMPLETE (the receiver answers) or
-// device memory (the twin's P2P policy decides). When the ring has no room now, the
-// ordinary path posts it to the twin, which answers -FI_EAGAIN while the ring is full
-// (back-pressure: nothing is queued without bound). True when it went (and is complete).
+// A small node-local message goes straight into the peer's ring as a Short cell through its
+// lane (the one encoder of our Short cells; send_by_lane is its one-buffer form) and is
+// complete once there (the data has reached the peer's endpoint: FI_TRANSMIT_COMPLETE), with
+// no operation to allocate or complete later. Not while earlier operations through the twin
+// are pending (their completions come first), nor for FI_DELIVERY_COMPLETE (the receiver
+// answers) or device memory (the twin's P2P policy decides). When the lane is blocked or the
+// ring has no room now, the ordinary path posts it to the twin, which answers -FI_EAGAIN
+// while the ring is full (back-pressure: nothing is queued without bound). True when it went
+// (and is complete).
 bool Endpoint::inject_local(const SendRequest &r, Peer *peer, bool device) {
     if (device || (r.flags & FI_DELIVERY_COMPLETE) || !local_ || local_tx_pending_ != 0 ||
-        r.payload.len > local_->inject_limit() || !goes_local(peer, r.dest))
+        r.payload.len > lane_limit_ || !goes_local(peer, r.dest) || !peer->lane)
         return false;
-    if (local_->inject(r.payload.iov, r.payload.count, r.dest, r.tag, r.data,
-                       (r.tagged ? FI_TAGGED : 0) | (r.flags & FI_REMOTE_CQ_DATA)) != 0)
-        return false;
+    peer::LocalLane *lane = peer->lane;
+    if (*lane->blocked) return false;
+    void *slot = lane->ring->try_reserve(lane->producer, *lane->view);
+    if (!slot) return false;
+    stop_at("local.ring_reserved");
+    write_short_gather(static_cast<uint8_t *>(slot), *lane->line,
+                       uint8_t((r.tagged ? wire::kLocalTagged : 0) |
+                               ((r.flags & FI_REMOTE_CQ_DATA) ? wire::kLocalCqData : 0)),
+                       r.payload.iov, r.payload.count, r.payload.len, r.tag, r.data);
+    lane->ring->publish(slot);
+    if (lane->view->wake) lane->wake(lane);
     complete_injected(r);
     return true;
 }

@@ -150,9 +150,9 @@ int LocalPath::open_twin_ops() {
         coll_ops_ = static_cast<peer::CollOps *>(coll);
     rx_queue_.set_data_source(
         [this](fi_peer_rx_entry *entry) { return ops_->queued_data(twin_, entry); });
-    // Whole messages of our own twin take the fused path (peer::OwnerRx).
-    const peer::OwnerRx owner_rx{&rx_queue_, &PeerRxQueue::deliver_whole};
-    ops_->set_owner_rx(twin_, &owner_rx);
+    // We read our own twin's inbox, and decode every Short cell in it (peer::InboxView).
+    const peer::OwnerInbox owner{&ep_, &Endpoint::receive_short_from_twin};
+    inbox_ = ops_->take_inbox(twin_, &owner);
     return 0;
 }
 

@@ -70,14 +70,7 @@ class LocalPath final : public peer::CqOwner {
     // op as context. A negative errno when the twin refused it (nothing will complete).
     int send(TxOp *op, const iovec *iov, void **desc, size_t count, fi_addr_t dest, uint64_t flags,
              uint64_t tag, uint64_t data, bool tagged);
-    // A small host-memory message straight into the peer's ring (peer::LocalPathOps::inject):
-    // 0 when it is there (the caller completes the send; nothing else will), else a negative
-    // errno and nothing was sent (-FI_EAGAIN: post it with send(), which queues it in order).
-    ssize_t inject(const iovec *iov, size_t count, fi_addr_t dest, uint64_t tag, uint64_t data,
-                   uint64_t flags) {
-        return ops_->inject(twin_, iov, count, dest, tag, data, flags);
-    }
-    // The largest message inject() takes.
+    // The largest message a lane's Short cell takes.
     size_t inject_limit() const { return inject_limit_; }
     int rma(TxOp *op, const iovec *iov, void **desc, size_t count, fi_addr_t peer, uint64_t addr,
             uint64_t key, uint64_t flags, uint64_t data, bool write);
@@ -89,8 +82,10 @@ class LocalPath final : public peer::CqOwner {
     void progress() { ops_->progress(twin_); }
     // The same as a function and its argument, for an owner that calls it directly.
     void (*progress_entry() const)(fid_ep *) { return ops_->progress; }
-    // The twin's inbox (peer::LocalInbox).
-    peer::LocalInbox inbox() { return ops_->inbox(twin_); }
+    // The twin's inbox, which the endpoint reads (peer::InboxView; null ring: it does not),
+    // and the twin's handler of the cells in it that are not Short ones.
+    peer::InboxView inbox() const { return inbox_; }
+    void (*take_cell_entry() const)(fid_ep *, const uint8_t *) { return ops_->take_cell; }
     // The node-local peer at addr's lane (peer::LocalLane), or nullptr.
     peer::LocalLane *lane(fi_addr_t addr) { return ops_->lane(twin_, addr); }
     // The endpoint's FI_OPT_FI_HMEM_P2P, which the twin applies to its transfers.
@@ -139,6 +134,7 @@ class LocalPath final : public peer::CqOwner {
     peer::LocalPathOps *ops_ = nullptr;
     peer::CollOps *coll_ops_ = nullptr;
     size_t inject_limit_ = 0;
+    peer::InboxView inbox_{};
     struct TransferDone {
         fi_cq_tagged_entry entry;
         int err;

@@ -78,28 +78,6 @@ int PeerRxQueue::get(bool tagged, fi_addr_t addr, uint64_t tag, size_t size,
     return 0;
 }
 
-int PeerRxQueue::deliver_whole(void *self, const peer::WholeMessage &msg,
-                               fi_peer_rx_entry **entry) {
-    auto *q = static_cast<PeerRxQueue *>(self);
-    PeerEntryGuard guard(q->domain_.lock(), q->caller_holds_lock());
-    RxOp *rx = q->matcher_.match_posted(msg.tagged, msg.tag, msg.src);
-    // What the twin's delivery and LocalPath::peer_write would do, without the entry.
-    if (rx && !rx->device && !rx->multi && q->mode_ == Mode::ThroughOwner) [[likely]] {
-        q->report_ep_->complete_whole(q->matcher_, rx, msg);
-        return 1;
-    }
-    return q->hand_over(rx, msg, entry);
-}
-
-// deliver_whole's other answers: what get_tag / get_msg would give for the message.
-int PeerRxQueue::hand_over(RxOp *rx, const peer::WholeMessage &msg, fi_peer_rx_entry **entry) {
-    peer::OwnerRxEntry *e = new_entry(msg.src, msg.tag, msg.len);
-    *entry = &e->entry;
-    if (!rx) return -FI_ENOENT;  // the message comes first: the twin queues it
-    fill(e, Endpoint::slice_for(matcher_, rx, msg.len), msg.tagged);
-    return 0;
-}
-
 int PeerRxQueue::peer_get_msg(fi_addr_t addr, size_t size, fi_peer_rx_entry **entry) {
     return get(false, addr, 0, size, entry);
 }

@@ -43,10 +43,6 @@ class PeerRxQueue final : public peer::SrxOwner {
         data_of_ = std::move(source);
     }
 
-    // peer::OwnerRx::deliver for our own twin (ThroughOwner): a whole message into a posted
-    // host receive, copied and completed here; otherwise get_tag / get_msg's answer.
-    static int deliver_whole(void *self, const peer::WholeMessage &msg, fi_peer_rx_entry **entry);
-
     int peer_get_msg(fi_addr_t addr, size_t size, fi_peer_rx_entry **entry) override;
     int peer_get_tag(fi_addr_t addr, uint64_t tag, fi_peer_rx_entry **entry) override;
     int peer_queue_msg(fi_peer_rx_entry *entry) override { return queue(entry, false); }
@@ -67,8 +63,6 @@ class PeerRxQueue final : public peer::SrxOwner {
         ~PeerCall() { q_.in_peer_call_ = nullptr; }
         PeerRxQueue &q_;
     };
-    [[gnu::noinline]] int hand_over(RxOp *rx, const peer::WholeMessage &msg,
-                                    fi_peer_rx_entry **entry);
     int get(bool tagged, fi_addr_t addr, uint64_t tag, size_t size, fi_peer_rx_entry **entry);
     int queue(fi_peer_rx_entry *entry, bool tagged);
     peer::OwnerRxEntry *new_entry(fi_addr_t addr, uint64_t tag, size_t size);

@@ -126,8 +126,9 @@ static_assert(std::is_trivially_destructible_v<RxOp> && std::is_trivially_copyab
 // A message that arrived before a receive matched it: the eager payload, or for a
 // rendezvous only the sender's buffer description.
 struct Unexpected {
-    Endpoint *ep = nullptr;  // the endpoint it arrived on (answers it, reports it)
-    LinkConnection *conn = nullptr;
+    Endpoint *ep = nullptr;          // the endpoint it arrived on (answers it, reports it)
+    LinkConnection *conn = nullptr;  // nullptr: a node-local message (Short cell), from src
+    fi_addr_t src = FI_ADDR_NOTAVAIL;
     wire::ProtoHeader hdr{};
     std::vector<uint8_t> data;
     wire::RtsBody rts{};

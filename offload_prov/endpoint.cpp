@@ -115,13 +115,6 @@ size_t local_inject_limit(fid_ep *) noexcept {
     return Config::get().eager_limit;
 }
 
-ssize_t local_inject(fid_ep *ep, const iovec *iov, size_t count, fi_addr_t dest, uint64_t tag,
-                     uint64_t data, uint64_t flags) noexcept try {
-    return Endpoint::of(ep)->inject(iov, count, dest, tag, data, flags);
-} catch (...) {
-    return current_exception_errno();
-}
-
 peer::LocalLane *local_lane(fid_ep *ep, fi_addr_t addr) noexcept try {
     return Endpoint::of(ep)->lane(addr);
 } catch (...) {
@@ -131,12 +124,14 @@ peer::LocalLane *local_lane(fid_ep *ep, fi_addr_t addr) noexcept try {
 void local_progress(fid_ep *ep) noexcept try { Endpoint::of(ep)->progress(); } catch (...) {
 }
 
-void local_set_owner_rx(fid_ep *ep, const peer::OwnerRx *rx) noexcept {
-    Endpoint::of(ep)->set_owner_rx(rx ? *rx : peer::OwnerRx{});
+peer::InboxView local_take_inbox(fid_ep *ep, const peer::OwnerInbox *owner) noexcept {
+    if (!owner || !owner->take_short) return {nullptr, nullptr};
+    return Endpoint::of(ep)->take_inbox(*owner);
 }
 
-peer::LocalInbox local_inbox(fid_ep *ep) noexcept {
-    return Endpoint::of(ep)->inbox();
+void local_take_cell(fid_ep *ep, const uint8_t *cell) noexcept try {
+    Endpoint::of(ep)->take_cell(cell);
+} catch (...) {
 }
 
 peer::LocalPathOps local_path_ops = {.size = sizeof(peer::LocalPathOps),
@@ -147,12 +142,11 @@ peer::LocalPathOps local_path_ops = {.size = sizeof(peer::LocalPathOps),
                                      .introduce = local_introduce,
                                      .remote_twin = local_remote_twin,
                                      .inject_limit = local_inject_limit,
-                                     .inject = local_inject,
                                      .single_copy = local_single_copy,
                                      .lane = local_lane,
                                      .progress = local_progress,
-                                     .set_owner_rx = local_set_owner_rx,
-                                     .inbox = local_inbox};
+                                     .take_inbox = local_take_inbox,
+                                     .take_cell = local_take_cell};
 
 // peer::CollOps: the owner's collectives (coll/engine.h).
 int coll_join(fid_ep *ep, const peer::CollJoin *join, uint64_t *group) noexcept try {

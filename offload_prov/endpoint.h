@@ -140,15 +140,16 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     int remote_twin(fi_addr_t addr, uint64_t *caps) const;
     // LocalPathOps::single_copy: 1 CMA, 0 staged, -FI_ENOENT when not node-local.
     int single_copy(fi_addr_t addr);
-    // peer::LocalPathOps::inject: one Eager cell straight into the peer's ring, or nothing.
-    ssize_t inject(const iovec *iov, size_t count, fi_addr_t dest, uint64_t tag, uint64_t data,
-                   uint64_t flags);
     // peer::LocalPathOps::lane: the node-local peer at addr as the owner's sends hold it.
     peer::LocalLane *lane(fi_addr_t addr);
-    // peer::LocalPathOps::set_owner_rx.
-    void set_owner_rx(const peer::OwnerRx &rx) { owner_rx_ = rx; }
-    // peer::LocalPathOps::inbox.
-    peer::LocalInbox inbox() const { return {inbox_, &quiet_}; }
+    // peer::LocalPathOps::take_inbox: from now on the owner reads our inbox.
+    peer::InboxView take_inbox(const peer::OwnerInbox &owner) {
+        owner_inbox_ = owner;
+        owner_reads_ = inbox_ != nullptr;
+        return {inbox_, &quiet_};
+    }
+    // peer::LocalPathOps::take_cell: a cell of ours the owner read (ep/progress.cpp).
+    void take_cell(const uint8_t *cell);
     // Peer transfer completions from the owner (fi_ops_transfer_peer).
     void transfer_complete(const fi_cq_tagged_entry &entry, fi_addr_t src);
     void transfer_error(const fi_cq_err_entry &err);
@@ -161,7 +162,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     }
 
   private:
-    // The public calls above live with their job: sendmsg, tsendmsg, inject in ep/send.cpp;
+    // The public calls above live with their job: sendmsg, tsendmsg in ep/send.cpp;
     // writemsg, readmsg in ep/rma.cpp; the atomics in ep/atomic.cpp; progress in
     // ep/progress.cpp; reachable in ep/peer_links.cpp; arm in ep/cell_send.cpp; start_held,
     // discard_held in ep/receive.cpp; transfer_*, remote_twin in ep/twin_hello.cpp; the rest
@@ -604,8 +605,12 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // Passes in a row that found nothing while operations waited on a peer (progress_all).
     static constexpr unsigned kYieldAfter = 4;
     unsigned fruitless_passes_ = 0;
-    // The owner's fused receive path for whole messages (its own twin's only).
-    peer::OwnerRx owner_rx_{};
+    // Our own owner reads our inbox (take_inbox): our passes leave the ring alone, the cells
+    // it hands us come through take_cell (counted for the pass's yield decision), and every
+    // Short cell we meet goes to its decoder.
+    peer::OwnerInbox owner_inbox_{};
+    bool owner_reads_ = false;
+    int cells_from_owner_ = 0;
 
     // ep/twin_hello.cpp: peer transfers with remote twins (wire::TwinHello over the owner's
     // endpoint).

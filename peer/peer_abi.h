@@ -100,29 +100,14 @@ struct PeerEpOps {
     const std::atomic<uint64_t> *(*mr_generation)(fid_ep *ep);
 };
 
-// A small message the twin carries whole, as it asks the owner for a receive buffer
-// (OwnerRx::deliver).
-struct WholeMessage {
-    const void *data;
-    size_t len;
-    uint64_t tag;
-    uint64_t cq_data;
-    fi_addr_t src;
-    bool tagged;
-    bool has_data;  // FI_REMOTE_CQ_DATA
-};
-
-// The owner's receive side for the messages its own twin carries whole in one cell: the peer
-// SRX's get_msg / get_tag and the twin's delivery and completion fused into one call, for the
-// common case of a posted host-memory receive (fi_peer(3)'s path takes a dozen calls across
-// the two providers for each message). Handed to the twin with LocalPathOps::set_owner_rx.
-struct OwnerRx {
+// The owner's decoder of Short cells (common/short_cell.h), for an owner that reads its twin's
+// inbox itself (LocalPathOps::take_inbox): every Short cell that reaches the owner's receive
+// side goes through it, whichever of the two read it off the ring. The twin calls it for the
+// Short cells it held back (behind an RMA write split in progress from their sender) or took
+// while it was not quiet, under the owner's lock, as the owner calls it for the rest.
+struct OwnerInbox {
     void *context;
-    // 1: a posted receive took the message: its bytes are copied and its completion written
-    // (nothing is left for the twin). Otherwise exactly what get_tag / get_msg return with
-    // *entry: 0 and a receive for the twin to deliver into (one the fused path does not fill:
-    // device memory, a multi-receive slice); -FI_ENOENT and an entry to queue with the SRX.
-    int (*deliver)(void *context, const WholeMessage &msg, fi_peer_rx_entry **entry);
+    void (*take_short)(void *context, const uint8_t *cell);
 };
 
 // A node-local peer as the owner's sends see it (LocalPathOps::lane): the owner keeps it per
@@ -142,19 +127,20 @@ struct LocalLane {
     const uint8_t *blocked;
 };
 
-// The twin's inbox as the owner's progress sees it (LocalPathOps::inbox): while `*quiet` is
-// true (the twin has nothing to do but take cells: no backlog, no operation waiting, no
-// completion held, no cell held behind a split write), the owner may take a Short cell at the
-// head itself, when a posted receive of host memory takes it whole; it leaves every other cell,
-// and calls the twin's progress then and every few passes (its periodic checks, heartbeat).
-struct LocalInbox {
+// The twin's inbox once the owner reads it (LocalPathOps::take_inbox): the ring, of which the
+// owner is then the only reader, and whether the twin is quiet (no backlog, no operation
+// waiting, no completion held, no cell held behind a split write). While `*quiet`, the owner
+// takes a Short cell at the head with its own decoder; every other cell, and any cell while
+// the twin is not quiet, it hands to take_cell. The owner calls the twin's progress for its
+// other work while it is not quiet, and every few passes while it is (checks, heartbeat).
+struct InboxView {
     ShmRing *ring;
     const bool *quiet;
 };
 
 // fi_open_ops name of off_tandem's endpoint extension: whether a peer (an fi_addr of the
 // shared AV) is reachable over the node-local path, so the owner routes it there.
-inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v5";
+inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v6";
 
 struct LocalPathOps {
     size_t size;
@@ -172,24 +158,22 @@ struct LocalPathOps {
     void (*introduce)(fid_ep *ep, fi_addr_t addr);
     // Whether the twin of the peer at addr introduced itself (1), with its capabilities.
     int (*remote_twin)(fid_ep *ep, fi_addr_t addr, uint64_t *caps);
-    // The largest message inject and a lane's send take (what fits one ring cell).
+    // The largest message a lane's Short cell takes (what fits one ring cell).
     size_t (*inject_limit)(fid_ep *ep);
-    // A small message of host memory (at most inject_limit bytes) straight into the peer's
-    // ring, for an owner that keeps no lane.
-    ssize_t (*inject)(fid_ep *ep, const iovec *iov, size_t count, fi_addr_t dest, uint64_t tag,
-                      uint64_t data, uint64_t flags);
     // How large transfers to the peer at addr are copied: 1 single copy (cross-memory
     // attach), 0 staged through the rings, -FI_ENOENT when not node-local.
     int (*single_copy)(fid_ep *ep, fi_addr_t addr);
     // The node-local peer at addr's lane, or nullptr (not node-local).
     LocalLane *(*lane)(fid_ep *ep, fi_addr_t addr);
     // fi_peer(3)'s fi_cq_read(cq, NULL, 0), without the CQ in between: the owner calls it on
-    // every pass of its progress.
+    // every pass of its progress while the twin is not quiet.
     void (*progress)(fid_ep *ep);
-    // The owner's fused receive path (its own twin only; the twin copies *rx).
-    void (*set_owner_rx)(fid_ep *ep, const OwnerRx *rx);
-    // The twin's inbox (see LocalInbox), valid as long as the twin endpoint, once enabled.
-    LocalInbox (*inbox)(fid_ep *ep);
+    // The owner becomes the reader of the twin's inbox (see InboxView), with its Short
+    // decoder (the twin copies *owner). Its own twin only; once, after the twin is enabled.
+    InboxView (*take_inbox)(fid_ep *ep, const OwnerInbox *owner);
+    // A cell the owner read off the inbox that is the twin's to handle (see InboxView); the
+    // owner releases it from the ring afterwards.
+    void (*take_cell)(fid_ep *ep, const uint8_t *cell);
 };
 
 // fid ops for the fids an owner exports: the peer uses only their owner ops, so fi_close and

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <utility>
 
 namespace tandem::off {
 
@@ -30,11 +31,13 @@ const uint8_t *body_of(const uint8_t *cell) {
 
 void Endpoint::progress() {
     if (quiet_) {
-        // Nothing of ours waits for a pass (see quiet_): only the inbox to look at, and a whole
-        // pass every 1024th time (the peers' liveness). Short cells are taken here, and the
-        // pass stays quiet unless one left a completion waiting for room in the owner's CQ.
+        // Nothing of ours waits for a pass (see quiet_): only the inbox to look at (unless our
+        // owner reads it), and a whole pass every 1024th time (the peers' liveness). Short
+        // cells are taken here, and the pass stays quiet unless one left a completion waiting
+        // for room in the owner's CQ.
         for (int i = 0; i < 64; ++i) {
-            const auto *cell = static_cast<const uint8_t *>(inbox_->peek());
+            const auto *cell =
+                owner_reads_ ? nullptr : static_cast<const uint8_t *>(inbox_->peek());
             if (!cell) {
                 if ((++passes_ & 63) == 0) beat();
                 if ((passes_ & 1023) != 0) return;
@@ -59,9 +62,10 @@ void Endpoint::progress_all(bool counted) {
     if (!hello_posted_) post_hello_receive();
     if (!introductions_.empty()) send_hellos();
     if (!coll_.idle()) coll_.progress();
-    // A bounded batch: a sender that never stops must not starve the rest of the owner.
-    int handled = 0;
-    for (; handled < 64; ++handled) {
+    // A bounded batch: a sender that never stops must not starve the rest of the owner. (When
+    // the owner reads the inbox, the cells it handed us since the last pass.)
+    int handled = owner_reads_ ? std::exchange(cells_from_owner_, 0) : 0;
+    for (; !owner_reads_ && handled < 64; ++handled) {
         const void *cell = inbox_->peek();
         if (!cell) break;
         auto *c = static_cast<const uint8_t *>(cell);
@@ -117,11 +121,17 @@ void Endpoint::progress_all(bool counted) {
     // Quiet when nothing but a cell can give this endpoint work: then the next passes only
     // look at the inbox until a cell comes or a call of the owner's brings work (note_work).
     quiet_ = hello_posted_ && introductions_.empty() && coll_.idle() && !backlogged_ &&
-             cq_backlog_.empty() && tx_done_.empty() && !waiting;
+             cq_backlog_.empty() && tx_done_.empty() && !waiting && deferred_.empty();
 }
 
 void Endpoint::complete_tx(void *context, uint64_t flags, size_t len, int err) {
     tx_done_.push_back({context, flags, len, err});
+}
+
+void Endpoint::take_cell(const uint8_t *cell) {
+    ++cells_from_owner_;
+    note_work();  // the owner calls our progress next (the cell may have left work)
+    handle_cell(cell);
 }
 
 void Endpoint::handle_cell(const uint8_t *cell) {
@@ -335,31 +345,20 @@ bool Endpoint::vouch_for_process(LocalHeader &hdr, std::string_view sender) {
     return false;
 }
 
-// A Short cell is an Eager message with the fields it leaves out implied. The owner's fused
-// path (peer::OwnerRx) takes it straight into a posted receive when it can; otherwise it goes
-// the way of every message, with what the owner answered (place_short, out of this line: the
-// common case keeps a small frame).
+// A Short cell is an Eager message with the fields it leaves out implied. When our owner reads
+// our inbox, its decoder takes every Short cell (one route for them on its receive side);
+// otherwise the owner's SRX gives the receive (place_short, out of this line).
 void Endpoint::handle_short(const uint8_t *cell) {
+    if (owner_reads_) [[likely]] {
+        owner_inbox_.take_short(owner_inbox_.context, cell);
+        return;
+    }
     ShortView s;
     if (!read_short(cell, s)) [[unlikely]] {
         TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed cell\n");
         return;
     }
     const fi_addr_t src = source_of(s.sender);
-    // (Not while completions wait for room in the owner's CQ: this one would overtake them.)
-    if (owner_rx_.deliver && cq_backlog_.empty()) [[likely]] {
-        peer::WholeMessage m{.data = s.data,
-                             .len = s.size,
-                             .tag = s.tag,
-                             .cq_data = s.cq_data,
-                             .src = src,
-                             .tagged = (s.flags & wire::kLocalTagged) != 0,
-                             .has_data = (s.flags & wire::kLocalCqData) != 0};
-        fi_peer_rx_entry *entry = nullptr;
-        int ret = owner_rx_.deliver(owner_rx_.context, m, &entry);
-        if (ret != 1) place_short(cell, src, ret, entry);
-        return;
-    }
     const peer::ImportedSrx &srx = srx_->owner();
     fi_peer_rx_entry *entry = nullptr;
     int ret = (s.flags & wire::kLocalTagged) ? srx.get_tag(src, s.tag, &entry)

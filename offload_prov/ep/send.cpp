@@ -201,22 +201,6 @@ bool Endpoint::send_peer_to_peer(const LocalRequest &r, PeerLink &link, const Lo
 // only when it can go into the ring at once, and without a completion (the owner reports the
 // send itself). A link with a backlog refuses: the cell must queue behind the backlog, which
 // issue_send does.
-ssize_t Endpoint::inject(const iovec *iov, size_t count, fi_addr_t dest, uint64_t tag,
-                         uint64_t data, uint64_t flags) {
-    if (!enabled_) return -FI_EOPBADSTATE;
-    if ((count && !iov) || count > wire::kLocalMaxIov) return -FI_EINVAL;
-    PeerLink *link = link_for(dest);
-    if (!link) return -FI_EHOSTUNREACH;
-    if (link->dead) return -FI_ECONNRESET;
-    size_t len = iov_length(iov, count);
-    if (len > Config::get().eager_limit) return -FI_EMSGSIZE;
-    LocalHeader hdr = message_header(len, tag, data, flags, flags & FI_TAGGED);
-    hdr.op = static_cast<uint8_t>(LocalOp::Eager);
-    hdr.size = static_cast<uint32_t>(len);
-    // (An id not sent is skipped: ids only name operations, they need not be consecutive.)
-    return try_push(*link, hdr, iov, count, 0, len, nullptr) ? 0 : -FI_EAGAIN;
-}
-
 peer::LocalLane *Endpoint::lane(fi_addr_t addr) {
     PeerLink *link = enabled_ ? link_for(addr) : nullptr;
     if (!link || link->dead) return nullptr;
