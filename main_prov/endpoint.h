@@ -705,10 +705,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep>, public CmSource, public Rem
     // receive_short past a plain posted receive: a device or multi-receive buffer, or none
     // yet (unexpected).
     [[gnu::noinline]] void receive_short_slow(const uint8_t *cell, fi_addr_t src);
-    // A node-local message's payload into rx (host or device memory, by this endpoint's
-    // P2P policy), completed.
-    void deliver_local(RxOp *rx, const wire::ProtoHeader &hdr, const uint8_t *payload,
-                       fi_addr_t src);
+    // Whether a device receive refuses len bytes of a node-local message (deliver_eager).
+    bool local_refuses_device(size_t len);
     // FI_PEER_TRANSFER: the twin's receives (its traffic never meets the application's).
     RxMatcher peer_rx_;
     RxMatcher own_rx_;

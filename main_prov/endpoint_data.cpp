@@ -31,16 +31,14 @@ namespace tandem {
                                                              size_t len, void *context,
                                                              uint64_t flags, uint64_t tag,
                                                              uint64_t data, bool tagged) {
-    if (*lane->blocked) return kNotTaken;
-    void *slot = lane->ring->try_reserve(lane->producer, *lane->view);
+    void *slot = lane->claim();
     if (!slot) return kNotTaken;
     stop_at("local.ring_reserved");
     write_short(static_cast<uint8_t *>(slot), *lane->line,
                 uint8_t((tagged ? wire::kLocalTagged : 0) |
                         ((flags & FI_REMOTE_CQ_DATA) ? wire::kLocalCqData : 0)),
                 buf, len, tag, data);
-    lane->ring->publish(slot);
-    if (lane->view->wake) lane->wake(lane);
+    lane->publish(slot);
     if (send_cntr_) send_cntr_->inc();
     if (tx_cq_ && tx_reports(flags))
         tx_cq_->push(context, FI_SEND | (tagged ? FI_TAGGED : FI_MSG), 0, nullptr, 0, 0,

@@ -62,6 +62,9 @@ void Endpoint::send_control(LinkConnection *conn, wire::ProtoOp op, const void *
     if (conn->post_send(iov, len ? 2 : 1, nullptr, wr_id(msg, kWrControl))) delete msg;
 }
 
+// conn == nullptr: a node-local message (a Short cell, receive_short_slow). A device receive
+// then refuses it only under FI_HMEM_P2P_REQUIRED, as the twin decides for the cells it
+// delivers: nothing about a message in a host cell is peer to peer, and no link decides.
 void Endpoint::deliver_eager(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,
                              const uint8_t *payload, fi_addr_t src) {
     keep_order(rx, conn);
@@ -69,7 +72,8 @@ void Endpoint::deliver_eager(RxOp *rx, LinkConnection *conn, const wire::ProtoHe
     int err = 0;
     if (!rx->device) {
         copied = iov_scatter(rx->iov, rx->count, 0, payload, hdr.size);
-    } else if (link_decision(hdr.size) == hmem::P2pDecision::Fail) {
+    } else if (conn ? link_decision(hdr.size) == hmem::P2pDecision::Fail
+                    : local_refuses_device(hdr.size)) {
         err = FI_EOPNOTSUPP;
     } else {
         ssize_t got = hmem::scatter(rx->iov, rx->mem, rx->count, 0, payload, hdr.size);

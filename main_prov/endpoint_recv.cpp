@@ -156,9 +156,7 @@ void Endpoint::deliver_unexpected_any(RxOp *rx, Unexpected &ux) {
 
 void Endpoint::deliver_unexpected(RxOp *rx, Unexpected &ux) {
     fi_addr_t src = source_of(ux);
-    if (!ux.conn)
-        deliver_local(rx, ux.hdr, ux.data.data(), src);
-    else if (ux.rendezvous())
+    if (ux.rendezvous())
         start_rendezvous(rx, ux.conn, ux.hdr, ux.rts, src);
     else
         deliver_eager(rx, ux.conn, ux.hdr, ux.data.data(), src);
@@ -180,7 +178,7 @@ void Endpoint::receive_short_slow(const uint8_t *cell, fi_addr_t src) {
     hdr.cq_data = v.cq_data;
     RxMatcher &m = *rx_;
     if (RxOp *rx = m.match_posted(tagged, v.tag, src)) {
-        deliver_local(slice_for(m, rx, v.size), hdr, v.data, src);
+        deliver_eager(slice_for(m, rx, v.size), nullptr, hdr, v.data, src);
         return;
     }
     Unexpected ux;
@@ -191,26 +189,12 @@ void Endpoint::receive_short_slow(const uint8_t *cell, fi_addr_t src) {
     m.push_unexpected(std::move(ux));
 }
 
-// As the twin delivers a node-local message: device memory is copied by the device's own
-// copies unless this endpoint's policy is FI_HMEM_P2P_REQUIRED (there is nothing peer to peer
-// about a message that arrived in a host cell).
-void Endpoint::deliver_local(RxOp *rx, const wire::ProtoHeader &hdr, const uint8_t *payload,
-                             fi_addr_t src) {
-    size_t copied = 0;
-    int err = 0;
-    if (!rx->device) {
-        copied = iov_scatter(rx->iov, rx->count, 0, payload, hdr.size);
-    } else if (hdr.size && p2p_.mode() == FI_HMEM_P2P_REQUIRED) {
-        hmem::counters().refused_transfers.fetch_add(1, std::memory_order_relaxed);
-        err = FI_EOPNOTSUPP;
-    } else if (ssize_t got = hmem::scatter(rx->iov, rx->mem, rx->count, 0, payload, hdr.size);
-               got < 0) {
-        err = FI_EIO;
-    } else {
-        copied = static_cast<size_t>(got);
-    }
-    if (!err && copied < hdr.size) err = FI_ETRUNC;
-    rx_complete(rx, copied, hdr.tag, hdr.cq_data, hdr.flags, src, err, hdr.size - copied);
+// What the twin decides for the cells it delivers into device memory: a copy, refused only
+// under FI_HMEM_P2P_REQUIRED.
+bool Endpoint::local_refuses_device(size_t len) {
+    if (!len || p2p_.mode() != FI_HMEM_P2P_REQUIRED) return false;
+    hmem::counters().refused_transfers.fetch_add(1, std::memory_order_relaxed);
+    return true;
 }
 
 ssize_t Endpoint::peek_or_claim_on(RxMatcher &m, Endpoint *report_ep, uint64_t caps,

@@ -3,8 +3,8 @@
 // once issued (RMA and atomics too): the order behind a peer's atomics, the start on a
 // connection, the link's work requests, completion and failure, the operations' free list.
 #include "common/iov.h"
-#include "common/test_hook.h"
 #include "common/log.h"
+#include "common/test_hook.h"
 #include "main_prov/av.h"
 #include "main_prov/cntr.h"
 #include "main_prov/conn_hello.h"
@@ -129,16 +129,14 @@ bool Endpoint::inject_local(const SendRequest &r, Peer *peer, bool device) {
         r.payload.len > lane_limit_ || !goes_local(peer, r.dest) || !peer->lane)
         return false;
     peer::LocalLane *lane = peer->lane;
-    if (*lane->blocked) return false;
-    void *slot = lane->ring->try_reserve(lane->producer, *lane->view);
+    void *slot = lane->claim();
     if (!slot) return false;
     stop_at("local.ring_reserved");
     write_short_gather(static_cast<uint8_t *>(slot), *lane->line,
                        uint8_t((r.tagged ? wire::kLocalTagged : 0) |
                                ((r.flags & FI_REMOTE_CQ_DATA) ? wire::kLocalCqData : 0)),
                        r.payload.iov, r.payload.count, r.payload.len, r.tag, r.data);
-    lane->ring->publish(slot);
-    if (lane->view->wake) lane->wake(lane);
+    lane->publish(slot);
     complete_injected(r);
     return true;
 }

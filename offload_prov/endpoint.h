@@ -18,9 +18,9 @@
 // (get_msg / get_tag); a message that finds none is queued with the owner and held here until
 // the owner starts or discards it. When the owner is tandem, it reads our inbox itself
 // (take_inbox): it decodes the Short cells and hands us the others (take_cell), and we pass
-// any Short cell we meet to its decoder (peer::OwnerInbox). Completions go to the owner's CQ (fid_peer_cq); those of
-// sends that complete when posted are written at the next progress call, so that the
-// owner is never re-entered from inside its own send.
+// any Short cell we meet to its decoder (peer::OwnerInbox). Completions go to the owner's CQ
+// (fid_peer_cq); those of sends that complete when posted are written at the next progress
+// call, so that the owner is never re-entered from inside its own send.
 #pragma once
 
 #include "common/coarse_clock.h"

@@ -125,6 +125,16 @@ struct LocalLane {
     // Nonzero while cells of the twin's wait for room in this ring, or the peer is dead: the
     // owner's cell would overtake them (or go nowhere), so it takes the ordinary way.
     const uint8_t *blocked;
+
+    // A cell of the ring for the owner's Short cell, or nullptr: blocked, or the ring full.
+    [[gnu::always_inline]] void *claim() {
+        return *blocked ? nullptr : ring->try_reserve(producer, *view);
+    }
+    // The claimed cell, written, to the peer (woken if the claim found it asleep).
+    [[gnu::always_inline]] void publish(void *cell) {
+        ring->publish(cell);
+        if (view->wake) wake(this);
+    }
 };
 
 // The twin's inbox once the owner reads it (LocalPathOps::take_inbox): the ring, of which the

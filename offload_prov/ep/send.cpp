@@ -197,10 +197,9 @@ bool Endpoint::send_peer_to_peer(const LocalRequest &r, PeerLink &link, const Lo
     return false;
 }
 
-// The owner's fast path for small messages: the same Eager cell issue_send would write, but
-// only when it can go into the ring at once, and without a completion (the owner reports the
-// send itself). A link with a backlog refuses: the cell must queue behind the backlog, which
-// issue_send does.
+// The owner's fast path for small messages: the peer's ring as the owner writes its Short cells
+// into it itself (peer::LocalLane), while the link has no backlog (`blocked`: the owner's cell
+// must not overtake ours) and the peer lives.
 peer::LocalLane *Endpoint::lane(fi_addr_t addr) {
     PeerLink *link = enabled_ ? link_for(addr) : nullptr;
     if (!link || link->dead) return nullptr;
