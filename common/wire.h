@@ -2,7 +2,7 @@
 // headers carried inside link sends. All fields are little-endian host order (x86-64 and
 // aarch64 clusters); sizes are asserted so a change shows up at compile time. Every field is
 // validated on receipt (main_prov/link/tcp_framing.cpp, tcp_served_rma.cpp, tcp_connect.cpp;
-// the protocol's messages in main_prov/endpoint_link.cpp; local cells in offload_prov/ep/).
+// the protocol's messages in main_prov/engine_link.cpp; local cells in offload_prov/ep/).
 #pragma once
 
 #include <cstddef>

@@ -2,7 +2,7 @@
 
 #include "hmem/atomic.h"
 #include "main_prov/domain.h"
-#include "main_prov/endpoint.h"
+#include "main_prov/engine.h"
 
 #include <algorithm>
 
@@ -30,7 +30,7 @@ int coll_supported(int coll, int datatype, int op) {
     return atomic::valid(atomic::Kind::Base, op, datatype) ? 0 : -FI_EOPNOTSUPP;
 }
 
-CollGroup::CollGroup(Endpoint *ep, std::vector<fi_addr_t> members, uint32_t rank, void *context)
+CollGroup::CollGroup(Engine *ep, std::vector<fi_addr_t> members, uint32_t rank, void *context)
     : ep_(ep), members_(std::move(members)), rank_(rank), context_(context) {
     init_fid(FI_CLASS_MC, context, &coll_group_fi_ops);
     fid()->fi_addr = ep_->domain()->coll_addresses().add(this);

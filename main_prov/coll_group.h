@@ -20,7 +20,7 @@
 namespace tandem {
 
 class AvSet;
-class Endpoint;
+class Engine;
 
 // Which collectives tandem runs: datatype (the 14 fi_collective(3) names, not FI_VOID) and,
 // for reductions, op (FI_MIN .. FI_BXOR where fi_atomic(3) defines the pair; FI_ATOMIC_READ
@@ -31,11 +31,11 @@ bool coll_reduces(int coll);
 
 class CollGroup final : public FidObject<CollGroup, fid_mc> {
   public:
-    CollGroup(Endpoint *ep, std::vector<fi_addr_t> members, uint32_t rank, void *context);
+    CollGroup(Engine *ep, std::vector<fi_addr_t> members, uint32_t rank, void *context);
     ~CollGroup();
     int close();
 
-    Endpoint *endpoint() const { return ep_; }
+    Engine *endpoint() const { return ep_; }
     const std::vector<fi_addr_t> &members() const { return members_; }
     uint32_t rank() const { return rank_; }
     bool joined() const { return joined_; }
@@ -47,7 +47,7 @@ class CollGroup final : public FidObject<CollGroup, fid_mc> {
     int rank_of(fi_addr_t addr) const;
 
   private:
-    Endpoint *ep_;
+    Engine *ep_;
     std::vector<fi_addr_t> members_;
     uint32_t rank_;
     void *context_;

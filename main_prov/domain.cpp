@@ -245,11 +245,11 @@ void Domain::progress() {
     if (triggers_waiting()) start_triggers();
 }
 
-void Domain::add_endpoint(Endpoint *ep) {
+void Domain::add_endpoint(Engine *ep) {
     endpoints_.push_back(ep);
 }
 
-void Domain::remove_endpoint(Endpoint *ep) {
+void Domain::remove_endpoint(Engine *ep) {
     std::erase(endpoints_, ep);
 }
 

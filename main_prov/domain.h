@@ -22,7 +22,7 @@
 namespace tandem {
 
 class Fabric;
-class Endpoint;
+class Engine;
 class Cntr;
 class OffloadDomain;
 struct PreparedWork;
@@ -64,8 +64,8 @@ class Domain : public FidObject<Domain, fid_domain> {
     Lock &lock() { return mutex_; }
     // Drives every endpoint of the domain; the caller holds lock().
     void progress();
-    void add_endpoint(Endpoint *ep);
-    void remove_endpoint(Endpoint *ep);
+    void add_endpoint(Engine *ep);
+    void remove_endpoint(Engine *ep);
     // Puts the descriptors of every endpoint into the wait set (before an application sleeps).
     void watch_fds(WaitSet &set);
     MrTable &mr_table() { return mr_table_; }
@@ -107,7 +107,7 @@ class Domain : public FidObject<Domain, fid_domain> {
     bool rma_served_ = false;
     fi_threading threading_;
     Lock mutex_;
-    std::vector<Endpoint *> endpoints_;
+    std::vector<Engine *> endpoints_;
     std::shared_ptr<LinkDomain> link_;  // before mr_table_: regions hold its registrations
     MrTable mr_table_;
     std::atomic<int> refs_{0};  // objects opened on this domain and not closed yet

@@ -28,7 +28,7 @@ class EndpointAlias : public FidObject<EndpointAlias, fid_ep> {
     }
     ~EndpointAlias() { parent->alias_closed(); }
     int close() {
-        std::lock_guard guard(parent->domain()->lock());
+        std::lock_guard guard(parent->engine().domain()->lock());
         delete this;
         return 0;
     }
@@ -41,16 +41,21 @@ extern fi_ops alias_fi_ops;
 // The data-path tables the endpoint and its aliases share (endpoint_data.cpp).
 extern fi_ops_msg ep_msg_ops;
 extern fi_ops_tagged ep_tagged_ops;
+// endpoint_calls.cpp
+extern fi_ops_rma ep_rma_ops;
+extern fi_ops_atomic ep_atomic_ops;
+extern fi_ops_collective ep_coll_ops;
 
-// Data calls: the endpoint behind the fid, with the default flags of the fid used.
-template <auto Method>
+// Data calls: each form F of a call, with the engine behind the fid (an endpoint's or an
+// alias's) and the default flags of the fid used.
+template <auto F>
 struct DataCall;
 
-template <class R, class... A, R (Endpoint::*M)(const OpDefaults &, A...)>
-struct DataCall<M> {
+template <class R, class... A, R (*F)(Engine &, const OpDefaults &, A...)>
+struct DataCall<F> {
     static R call(fid_ep *fid, A... args) noexcept {
         try {
-            // One call of M, so that it is inlined once.
+            // One call of F, so that it is inlined once.
             Endpoint *ep;
             const OpDefaults *defaults;
             if (fid->fid.ops == &alias_fi_ops) [[unlikely]] {
@@ -61,7 +66,7 @@ struct DataCall<M> {
                 ep = Endpoint::of(fid);
                 defaults = &ep->defaults();
             }
-            return (ep->*M)(*defaults, args...);
+            return F(ep->engine(), *defaults, args...);
         } catch (...) {
             return error_return<R>(current_exception_errno());
         }

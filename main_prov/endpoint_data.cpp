@@ -1,13 +1,14 @@
-// The endpoint's data calls (fi_msg, fi_tagged) and the small-message path they take, with
-// the tables that hold them (ep_msg_ops, ep_tagged_ops): a small send into a node-local
-// peer's ring (send_by_lane) or straight onto an established connection (send_by_link), a
-// receive of one buffer (recv_one), and the receiving end of the node-local path (read_inbox,
-// receive_short). One translation unit, so that each call is compiled into its DataCall
-// trampoline with what it inlines (docs/latency.md, "Where the instructions went", item 8):
-// move none of these out without counting scripts/path-profile.sh before and after.
+// The adapter's data calls of fi_msg and fi_tagged, with their tables (ep_msg_ops,
+// ep_tagged_ops), and the engine's small-message path they take: a small send into a
+// node-local peer's ring (send_by_lane) or straight onto an established connection
+// (send_by_link), a receive of one buffer (recv_one), and the receiving end of the node-local
+// path (read_inbox, receive_short). One translation unit for both sides of the adapter's
+// boundary, so that each call is compiled into its DataCall trampoline with what it inlines
+// (docs/latency.md, "Where the instructions went", item 8): move none of these out without
+// counting scripts/path-profile.sh before and after.
 //
-// The general path behind them: endpoint_send.cpp (transmit side), endpoint_recv.cpp
-// (receive side), endpoint_link.cpp (the protocol over a link), endpoint_rma.cpp (RMA).
+// The general path behind them: engine_send.cpp (transmit side), engine_recv.cpp (receive
+// side), engine_link.cpp (the protocol over a link), engine_rma.cpp (RMA).
 #include "common/iov.h"
 #include "common/log.h"
 #include "common/test_hook.h"
@@ -17,7 +18,7 @@
 #include "main_prov/domain.h"
 #include "main_prov/endpoint.h"
 #include "main_prov/endpoint_alias.h"
-#include "main_prov/endpoint_wr.h"
+#include "main_prov/engine_wr.h"
 #include "main_prov/local_path.h"
 #include "peer/peer_abi.h"
 
@@ -27,10 +28,10 @@ namespace tandem {
 
 // The Short cell into the peer's ring ourselves (peer::LocalLane), unless cells of the twin's
 // wait for room there (ours would overtake them) or the ring is full.
-[[gnu::always_inline]] inline ssize_t Endpoint::send_by_lane(peer::LocalLane *lane, const void *buf,
-                                                             size_t len, void *context,
-                                                             uint64_t flags, uint64_t tag,
-                                                             uint64_t data, bool tagged) {
+[[gnu::always_inline]] inline ssize_t Engine::send_by_lane(peer::LocalLane *lane, const void *buf,
+                                                           size_t len, void *context,
+                                                           uint64_t flags, uint64_t tag,
+                                                           uint64_t data, bool tagged) {
     void *slot = lane->claim();
     if (!slot) return kNotTaken;
     stop_at("local.ring_reserved");
@@ -51,10 +52,10 @@ namespace tandem {
 // here, and anything else (a device buffer, a peer whose path is not known yet, a full ring
 // or socket, earlier operations still queued, flags that ask for more than these give) goes
 // the general way, which reports errors and keeps the order.
-[[gnu::always_inline]] inline ssize_t Endpoint::send_direct(const void *buf, size_t len, void *desc,
-                                                            fi_addr_t dest, void *context,
-                                                            uint64_t flags, uint64_t tag,
-                                                            uint64_t data, bool tagged) {
+[[gnu::always_inline]] inline ssize_t Engine::send_direct(const void *buf, size_t len, void *desc,
+                                                          fi_addr_t dest, void *context,
+                                                          uint64_t flags, uint64_t tag,
+                                                          uint64_t data, bool tagged) {
     constexpr uint64_t kNotDirect = FI_TRIGGER | FI_DELIVERY_COMPLETE | FI_PEER_TRANSFER;
     if ((flags & kNotDirect) || len > direct_limit_ || ((flags & FI_INJECT) && len > inject_size_))
         return kNotTaken;
@@ -80,173 +81,171 @@ namespace tandem {
     return send_by_link(peer, buf, len, context, flags, tag, data, tagged);
 }
 
-// Entry points: the fi_msg / fi_tagged / fi_rma calls map onto three internal posts. The
-// one-buffer calls are always inline: each is called only from its DataCall trampoline, and
-// out of line its seven or eight arguments went through the stack (a tenth of fi_tsend).
+// The adapter's fi_msg / fi_tagged calls: each form maps onto the engine's post_send or
+// post_recv, the one-buffer forms first onto its small-message path. Those are always inline:
+// each is called only from its DataCall trampoline, and out of line its seven or eight
+// arguments went through the stack (a tenth of fi_tsend).
+namespace {
 
-[[gnu::always_inline]] inline ssize_t Endpoint::msg_recv(const OpDefaults &d, void *buf, size_t len,
-                                                         void *desc, fi_addr_t src, void *context) {
-    if (ssize_t ret = recv_one(buf, len, desc, src, 0, 0, context, d.rx, false); ret != kNotTaken)
+[[gnu::always_inline]] inline ssize_t msg_recv(Engine &e, const OpDefaults &d, void *buf,
+                                               size_t len, void *desc, fi_addr_t src,
+                                               void *context) {
+    if (ssize_t ret = e.recv_one(buf, len, desc, src, 0, 0, context, d.rx, false);
+        ret != Engine::kNotTaken)
         return ret;
     iovec iov{buf, len};
-    return post_recv({&iov, &desc, 1, src, context, d.rx, 0, 0, false});
+    return e.post_recv({&iov, &desc, 1, src, context, d.rx, 0, 0, false});
 }
 
-ssize_t Endpoint::msg_recvv(const OpDefaults &d, const iovec *iov, void **desc, size_t count,
-                            fi_addr_t src, void *context) {
-    return post_recv({iov, desc, count, src, context, d.rx, 0, 0, false});
+ssize_t msg_recvv(Engine &e, const OpDefaults &d, const iovec *iov, void **desc, size_t count,
+                  fi_addr_t src, void *context) {
+    return e.post_recv({iov, desc, count, src, context, d.rx, 0, 0, false});
 }
 
-ssize_t Endpoint::msg_recvmsg(const OpDefaults &, const fi_msg *msg, uint64_t flags) {
+ssize_t msg_recvmsg(Engine &e, const OpDefaults &, const fi_msg *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
-    return post_recv({msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context,
-                      flags & ~kNoCompletion, 0, 0, false});
+    return e.post_recv({msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context,
+                        flags & ~kNoCompletion, 0, 0, false});
 }
 
-[[gnu::always_inline]] inline ssize_t Endpoint::msg_send(const OpDefaults &d, const void *buf,
-                                                         size_t len, void *desc, fi_addr_t dest,
-                                                         void *context) {
-    if (ssize_t ret = send_direct(buf, len, desc, dest, context, d.tx, 0, 0, false);
-        ret != kNotTaken)
+[[gnu::always_inline]] inline ssize_t msg_send(Engine &e, const OpDefaults &d, const void *buf,
+                                               size_t len, void *desc, fi_addr_t dest,
+                                               void *context) {
+    if (ssize_t ret = e.send_direct(buf, len, desc, dest, context, d.tx, 0, 0, false);
+        ret != Engine::kNotTaken)
         return ret;
     iovec iov{const_cast<void *>(buf), len};
-    return post_send({&iov, &desc, 1, dest, context, d.tx, 0, 0, false});
+    return e.post_send({&iov, &desc, 1, dest, context, d.tx, 0, 0, false});
 }
 
-ssize_t Endpoint::msg_sendv(const OpDefaults &d, const iovec *iov, void **desc, size_t count,
-                            fi_addr_t dest, void *context) {
-    return post_send({iov, desc, count, dest, context, d.tx, 0, 0, false});
+ssize_t msg_sendv(Engine &e, const OpDefaults &d, const iovec *iov, void **desc, size_t count,
+                  fi_addr_t dest, void *context) {
+    return e.post_send({iov, desc, count, dest, context, d.tx, 0, 0, false});
 }
 
-ssize_t Endpoint::msg_sendmsg(const OpDefaults &, const fi_msg *msg, uint64_t flags) {
+ssize_t msg_sendmsg(Engine &e, const OpDefaults &, const fi_msg *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
-    return post_send({msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context,
-                      flags & ~kNoCompletion, 0, msg->data, false});
+    return e.post_send({msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context,
+                        flags & ~kNoCompletion, 0, msg->data, false});
 }
 
-[[gnu::always_inline]] inline ssize_t Endpoint::msg_inject(const OpDefaults &, const void *buf,
-                                                           size_t len, fi_addr_t dest) {
+[[gnu::always_inline]] inline ssize_t msg_inject(Engine &e, const OpDefaults &, const void *buf,
+                                                 size_t len, fi_addr_t dest) {
     if (ssize_t ret =
-            send_direct(buf, len, nullptr, dest, nullptr, FI_INJECT | kNoCompletion, 0, 0, false);
-        ret != kNotTaken)
+            e.send_direct(buf, len, nullptr, dest, nullptr, FI_INJECT | kNoCompletion, 0, 0, false);
+        ret != Engine::kNotTaken)
         return ret;
     iovec iov{const_cast<void *>(buf), len};
-    return post_send({&iov, nullptr, 1, dest, nullptr, FI_INJECT | kNoCompletion, 0, 0, false});
+    return e.post_send({&iov, nullptr, 1, dest, nullptr, FI_INJECT | kNoCompletion, 0, 0, false});
 }
 
-[[gnu::always_inline]] inline ssize_t Endpoint::msg_senddata(const OpDefaults &d, const void *buf,
-                                                             size_t len, void *desc, uint64_t data,
-                                                             fi_addr_t dest, void *context) {
+[[gnu::always_inline]] inline ssize_t msg_senddata(Engine &e, const OpDefaults &d, const void *buf,
+                                                   size_t len, void *desc, uint64_t data,
+                                                   fi_addr_t dest, void *context) {
     if (ssize_t ret =
-            send_direct(buf, len, desc, dest, context, d.tx | FI_REMOTE_CQ_DATA, 0, data, false);
-        ret != kNotTaken)
+            e.send_direct(buf, len, desc, dest, context, d.tx | FI_REMOTE_CQ_DATA, 0, data, false);
+        ret != Engine::kNotTaken)
         return ret;
     iovec iov{const_cast<void *>(buf), len};
-    return post_send({&iov, &desc, 1, dest, context, d.tx | FI_REMOTE_CQ_DATA, 0, data, false});
+    return e.post_send({&iov, &desc, 1, dest, context, d.tx | FI_REMOTE_CQ_DATA, 0, data, false});
 }
 
-[[gnu::always_inline]] inline ssize_t Endpoint::msg_injectdata(const OpDefaults &, const void *buf,
-                                                               size_t len, uint64_t data,
-                                                               fi_addr_t dest) {
-    if (ssize_t ret = send_direct(buf, len, nullptr, dest, nullptr,
-                                  FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, 0, data, false);
-        ret != kNotTaken)
+[[gnu::always_inline]] inline ssize_t msg_injectdata(Engine &e, const OpDefaults &, const void *buf,
+                                                     size_t len, uint64_t data, fi_addr_t dest) {
+    if (ssize_t ret = e.send_direct(buf, len, nullptr, dest, nullptr,
+                                    FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, 0, data, false);
+        ret != Engine::kNotTaken)
         return ret;
     iovec iov{const_cast<void *>(buf), len};
-    return post_send({&iov, nullptr, 1, dest, nullptr,
-                      FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, 0, data, false});
+    return e.post_send({&iov, nullptr, 1, dest, nullptr,
+                        FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, 0, data, false});
 }
 
-[[gnu::always_inline]] inline ssize_t Endpoint::tag_recv(const OpDefaults &d, void *buf, size_t len,
-                                                         void *desc, fi_addr_t src, uint64_t tag,
-                                                         uint64_t ignore, void *context) {
-    if (ssize_t ret = recv_one(buf, len, desc, src, tag, ignore, context, d.rx, true);
-        ret != kNotTaken)
+[[gnu::always_inline]] inline ssize_t tag_recv(Engine &e, const OpDefaults &d, void *buf,
+                                               size_t len, void *desc, fi_addr_t src, uint64_t tag,
+                                               uint64_t ignore, void *context) {
+    if (ssize_t ret = e.recv_one(buf, len, desc, src, tag, ignore, context, d.rx, true);
+        ret != Engine::kNotTaken)
         return ret;
     iovec iov{buf, len};
-    return post_recv({&iov, &desc, 1, src, context, d.rx, tag, ignore, true});
+    return e.post_recv({&iov, &desc, 1, src, context, d.rx, tag, ignore, true});
 }
 
-ssize_t Endpoint::tag_recvv(const OpDefaults &d, const iovec *iov, void **desc, size_t count,
-                            fi_addr_t src, uint64_t tag, uint64_t ignore, void *context) {
-    return post_recv({iov, desc, count, src, context, d.rx, tag, ignore, true});
+ssize_t tag_recvv(Engine &e, const OpDefaults &d, const iovec *iov, void **desc, size_t count,
+                  fi_addr_t src, uint64_t tag, uint64_t ignore, void *context) {
+    return e.post_recv({iov, desc, count, src, context, d.rx, tag, ignore, true});
 }
 
-ssize_t Endpoint::tag_recvmsg(const OpDefaults &, const fi_msg_tagged *msg, uint64_t flags) {
+ssize_t tag_recvmsg(Engine &e, const OpDefaults &, const fi_msg_tagged *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
-    RecvArgs a{msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context,
-               flags,        msg->tag,  msg->ignore,    true};
-    if (flags & (FI_PEEK | FI_CLAIM)) {
-        std::lock_guard guard(domain_->lock());
-        check_rx_ready(FI_TAGGED);
-        progress();
-        return peek_or_claim_on(*rx_, this, caps_, a);
-    }
-    return post_recv(a);
+    const Engine::RecvArgs a{msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context,
+                             flags,        msg->tag,  msg->ignore,    true};
+    if (flags & (FI_PEEK | FI_CLAIM)) return e.peek_or_claim(a);
+    return e.post_recv(a);
 }
 
-[[gnu::always_inline]] inline ssize_t Endpoint::tag_send(const OpDefaults &d, const void *buf,
-                                                         size_t len, void *desc, fi_addr_t dest,
-                                                         uint64_t tag, void *context) {
-    if (ssize_t ret = send_direct(buf, len, desc, dest, context, d.tx, tag, 0, true);
-        ret != kNotTaken)
+[[gnu::always_inline]] inline ssize_t tag_send(Engine &e, const OpDefaults &d, const void *buf,
+                                               size_t len, void *desc, fi_addr_t dest, uint64_t tag,
+                                               void *context) {
+    if (ssize_t ret = e.send_direct(buf, len, desc, dest, context, d.tx, tag, 0, true);
+        ret != Engine::kNotTaken)
         return ret;
     iovec iov{const_cast<void *>(buf), len};
-    return post_send({&iov, &desc, 1, dest, context, d.tx, tag, 0, true});
+    return e.post_send({&iov, &desc, 1, dest, context, d.tx, tag, 0, true});
 }
 
-ssize_t Endpoint::tag_sendv(const OpDefaults &d, const iovec *iov, void **desc, size_t count,
-                            fi_addr_t dest, uint64_t tag, void *context) {
-    return post_send({iov, desc, count, dest, context, d.tx, tag, 0, true});
+ssize_t tag_sendv(Engine &e, const OpDefaults &d, const iovec *iov, void **desc, size_t count,
+                  fi_addr_t dest, uint64_t tag, void *context) {
+    return e.post_send({iov, desc, count, dest, context, d.tx, tag, 0, true});
 }
 
-ssize_t Endpoint::tag_sendmsg(const OpDefaults &, const fi_msg_tagged *msg, uint64_t flags) {
+ssize_t tag_sendmsg(Engine &e, const OpDefaults &, const fi_msg_tagged *msg, uint64_t flags) {
     if (!msg) return -FI_EINVAL;
-    return post_send({msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context,
-                      flags & ~kNoCompletion, msg->tag, msg->data, true});
+    return e.post_send({msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->context,
+                        flags & ~kNoCompletion, msg->tag, msg->data, true});
 }
 
-[[gnu::always_inline]] inline ssize_t Endpoint::tag_inject(const OpDefaults &, const void *buf,
-                                                           size_t len, fi_addr_t dest,
-                                                           uint64_t tag) {
+[[gnu::always_inline]] inline ssize_t tag_inject(Engine &e, const OpDefaults &, const void *buf,
+                                                 size_t len, fi_addr_t dest, uint64_t tag) {
+    if (ssize_t ret = e.send_direct(buf, len, nullptr, dest, nullptr, FI_INJECT | kNoCompletion,
+                                    tag, 0, true);
+        ret != Engine::kNotTaken)
+        return ret;
+    iovec iov{const_cast<void *>(buf), len};
+    return e.post_send({&iov, nullptr, 1, dest, nullptr, FI_INJECT | kNoCompletion, tag, 0, true});
+}
+
+[[gnu::always_inline]] inline ssize_t tag_senddata(Engine &e, const OpDefaults &d, const void *buf,
+                                                   size_t len, void *desc, uint64_t data,
+                                                   fi_addr_t dest, uint64_t tag, void *context) {
     if (ssize_t ret =
-            send_direct(buf, len, nullptr, dest, nullptr, FI_INJECT | kNoCompletion, tag, 0, true);
-        ret != kNotTaken)
+            e.send_direct(buf, len, desc, dest, context, d.tx | FI_REMOTE_CQ_DATA, tag, data, true);
+        ret != Engine::kNotTaken)
         return ret;
     iovec iov{const_cast<void *>(buf), len};
-    return post_send({&iov, nullptr, 1, dest, nullptr, FI_INJECT | kNoCompletion, tag, 0, true});
+    return e.post_send({&iov, &desc, 1, dest, context, d.tx | FI_REMOTE_CQ_DATA, tag, data, true});
 }
 
-[[gnu::always_inline]] inline ssize_t Endpoint::tag_senddata(const OpDefaults &d, const void *buf,
-                                                             size_t len, void *desc, uint64_t data,
-                                                             fi_addr_t dest, uint64_t tag,
-                                                             void *context) {
-    if (ssize_t ret =
-            send_direct(buf, len, desc, dest, context, d.tx | FI_REMOTE_CQ_DATA, tag, data, true);
-        ret != kNotTaken)
+[[gnu::always_inline]] inline ssize_t tag_injectdata(Engine &e, const OpDefaults &, const void *buf,
+                                                     size_t len, uint64_t data, fi_addr_t dest,
+                                                     uint64_t tag) {
+    if (ssize_t ret = e.send_direct(buf, len, nullptr, dest, nullptr,
+                                    FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, tag, data, true);
+        ret != Engine::kNotTaken)
         return ret;
     iovec iov{const_cast<void *>(buf), len};
-    return post_send({&iov, &desc, 1, dest, context, d.tx | FI_REMOTE_CQ_DATA, tag, data, true});
+    return e.post_send({&iov, nullptr, 1, dest, nullptr,
+                        FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, tag, data, true});
 }
 
-[[gnu::always_inline]] inline ssize_t Endpoint::tag_injectdata(const OpDefaults &, const void *buf,
-                                                               size_t len, uint64_t data,
-                                                               fi_addr_t dest, uint64_t tag) {
-    if (ssize_t ret = send_direct(buf, len, nullptr, dest, nullptr,
-                                  FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, tag, data, true);
-        ret != kNotTaken)
-        return ret;
-    iovec iov{const_cast<void *>(buf), len};
-    return post_send({&iov, nullptr, 1, dest, nullptr,
-                      FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, tag, data, true});
-}
+}  // namespace
 
 // An eager message the connection sends from the application's buffer before returning
 // (LinkConnection::post_send_now): no operation, no copy of ours. Complete at once, as the
 // general path completes an eager send once posted; the link's work request, acknowledged
 // by the peer later, only gives back its place in the transmit queue (kWrDirect).
-ssize_t Endpoint::send_by_link(Peer *peer, const void *buf, size_t len, void *context,
-                               uint64_t flags, uint64_t tag, uint64_t data, bool tagged) {
+ssize_t Engine::send_by_link(Peer *peer, const void *buf, size_t len, void *context, uint64_t flags,
+                             uint64_t tag, uint64_t data, bool tagged) {
     wire::ProtoHeader hdr{};
     hdr.op = static_cast<uint8_t>(wire::ProtoOp::Eager);
     hdr.flags = uint8_t((tagged ? wire::kProtoTagged : 0) |
@@ -267,8 +266,8 @@ ssize_t Endpoint::send_by_link(Peer *peer, const void *buf, size_t len, void *co
     return 0;
 }
 
-ssize_t Endpoint::recv_one(void *buf, size_t len, void *desc, fi_addr_t src, uint64_t tag,
-                           uint64_t ignore, void *context, uint64_t flags, bool tagged) {
+ssize_t Engine::recv_one(void *buf, size_t len, void *desc, fi_addr_t src, uint64_t tag,
+                         uint64_t ignore, void *context, uint64_t flags, bool tagged) {
     constexpr uint64_t kNotOne = FI_PEER_TRANSFER | FI_TRIGGER | FI_MULTI_RECV;
     if (flags & kNotOne) return kNotTaken;
     std::lock_guard guard(domain_->lock());
@@ -296,7 +295,7 @@ ssize_t Endpoint::recv_one(void *buf, size_t len, void *desc, fi_addr_t src, uin
 
 // RDM: whether operations to this peer go through the offload twin (see Peer::Route).
 // A peer reached over a link also meets our twin: the twin introduces itself to the peer's.
-bool Endpoint::goes_local(Peer *peer, fi_addr_t addr) {
+bool Engine::goes_local(Peer *peer, fi_addr_t addr) {
     if (!local_) return false;
     if (peer->route == Peer::Route::Undecided) {
         bool local = Config::get().local_path && local_->reaches(addr);
@@ -309,8 +308,8 @@ bool Endpoint::goes_local(Peer *peer, fi_addr_t addr) {
     return peer->route == Peer::Route::Local;
 }
 
-[[gnu::always_inline]] inline void Endpoint::short_into(RxMatcher &m, RxOp *rx, const ShortView &v,
-                                                        fi_addr_t src) {
+[[gnu::always_inline]] inline void Engine::short_into(RxMatcher &m, RxOp *rx, const ShortView &v,
+                                                      fi_addr_t src) {
     size_t n = v.size;
     if (rx->count == 1 && n <= rx->iov[0].iov_len) [[likely]]
         copy_bytes(rx->iov[0].iov_base, v.data, n);
@@ -340,7 +339,7 @@ bool Endpoint::goes_local(Peer *peer, fi_addr_t addr) {
 // A Short cell, wherever it was read: into the first posted receive it matches, kept as
 // unexpected when there is none (receive_short_slow). The common case, a plain host-memory
 // receive already posted, inline.
-[[gnu::always_inline]] inline void Endpoint::receive_short(const uint8_t *cell) {
+[[gnu::always_inline]] inline void Engine::receive_short(const uint8_t *cell) {
     ShortView v;
     if (!read_short(cell, v)) [[unlikely]] {
         drop_malformed_short();
@@ -362,17 +361,17 @@ bool Endpoint::goes_local(Peer *peer, fi_addr_t addr) {
     receive_short_slow(cell, src);  // (the cell, not v: v stays in registers)
 }
 
-void Endpoint::drop_malformed_short() {
+void Engine::drop_malformed_short() {
     TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed node-local cell\n");
 }
 
-void Endpoint::receive_short_from_twin(void *self, const uint8_t *cell) {
-    auto *ep = static_cast<Endpoint *>(self);
+void Engine::receive_short_from_twin(void *self, const uint8_t *cell) {
+    auto *ep = static_cast<Engine *>(self);
     TANDEM_ASSERT_DOMAIN_LOCK_HELD(ep->domain_);
     ep->receive_short(cell);
 }
 
-void Endpoint::read_inbox(const uint8_t *cell) {
+void Engine::read_inbox(const uint8_t *cell) {
     for (int i = 0; i < 64; ++i) {
         if (cell[0] == static_cast<uint8_t>(wire::LocalOp::Short) && *twin_quiet_)
             receive_short(cell);
@@ -387,28 +386,28 @@ void Endpoint::read_inbox(const uint8_t *cell) {
 // The tables of the message and tagged calls, here with the calls (see endpoint_alias.h).
 fi_ops_msg ep_msg_ops = {
     .size = sizeof(fi_ops_msg),
-    .recv = &DataCall<&Endpoint::msg_recv>::call,
-    .recvv = &DataCall<&Endpoint::msg_recvv>::call,
-    .recvmsg = &DataCall<&Endpoint::msg_recvmsg>::call,
-    .send = &DataCall<&Endpoint::msg_send>::call,
-    .sendv = &DataCall<&Endpoint::msg_sendv>::call,
-    .sendmsg = &DataCall<&Endpoint::msg_sendmsg>::call,
-    .inject = &DataCall<&Endpoint::msg_inject>::call,
-    .senddata = &DataCall<&Endpoint::msg_senddata>::call,
-    .injectdata = &DataCall<&Endpoint::msg_injectdata>::call,
+    .recv = &DataCall<&msg_recv>::call,
+    .recvv = &DataCall<&msg_recvv>::call,
+    .recvmsg = &DataCall<&msg_recvmsg>::call,
+    .send = &DataCall<&msg_send>::call,
+    .sendv = &DataCall<&msg_sendv>::call,
+    .sendmsg = &DataCall<&msg_sendmsg>::call,
+    .inject = &DataCall<&msg_inject>::call,
+    .senddata = &DataCall<&msg_senddata>::call,
+    .injectdata = &DataCall<&msg_injectdata>::call,
 };
 
 fi_ops_tagged ep_tagged_ops = {
     .size = sizeof(fi_ops_tagged),
-    .recv = &DataCall<&Endpoint::tag_recv>::call,
-    .recvv = &DataCall<&Endpoint::tag_recvv>::call,
-    .recvmsg = &DataCall<&Endpoint::tag_recvmsg>::call,
-    .send = &DataCall<&Endpoint::tag_send>::call,
-    .sendv = &DataCall<&Endpoint::tag_sendv>::call,
-    .sendmsg = &DataCall<&Endpoint::tag_sendmsg>::call,
-    .inject = &DataCall<&Endpoint::tag_inject>::call,
-    .senddata = &DataCall<&Endpoint::tag_senddata>::call,
-    .injectdata = &DataCall<&Endpoint::tag_injectdata>::call,
+    .recv = &DataCall<&tag_recv>::call,
+    .recvv = &DataCall<&tag_recvv>::call,
+    .recvmsg = &DataCall<&tag_recvmsg>::call,
+    .send = &DataCall<&tag_send>::call,
+    .sendv = &DataCall<&tag_sendv>::call,
+    .sendmsg = &DataCall<&tag_sendmsg>::call,
+    .inject = &DataCall<&tag_inject>::call,
+    .senddata = &DataCall<&tag_senddata>::call,
+    .injectdata = &DataCall<&tag_injectdata>::call,
 };
 
 }  // namespace tandem

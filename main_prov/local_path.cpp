@@ -5,7 +5,7 @@
 #include "common/log.h"
 #include "main_prov/av.h"
 #include "main_prov/domain.h"
-#include "main_prov/endpoint.h"
+#include "main_prov/engine.h"
 
 #include <rdma/fi_rma.h>
 #include <rdma/fi_tagged.h>
@@ -55,12 +55,12 @@ OffloadDomain::~OffloadDomain() {
     fi_freeinfo(info_);
 }
 
-LocalPath::LocalPath(Endpoint &ep, RxMatcher &rx)
+LocalPath::LocalPath(Engine &ep, RxMatcher &rx)
     : ep_(ep),
       face_(ep),
       rx_queue_(*ep.domain(), rx, &ep, PeerRxQueue::Mode::ThroughOwner, false) {}
 
-std::unique_ptr<LocalPath> LocalPath::open(Endpoint &ep, OffloadDomain &off, Av &av, RxMatcher &rx,
+std::unique_ptr<LocalPath> LocalPath::open(Engine &ep, OffloadDomain &off, Av &av, RxMatcher &rx,
                                            fid_eq *eq) {
     std::unique_ptr<LocalPath> lp(new LocalPath(ep, rx));
     lp->hmem_ = ep.caps_ & FI_HMEM;
@@ -151,7 +151,7 @@ int LocalPath::open_twin_ops() {
     rx_queue_.set_data_source(
         [this](fi_peer_rx_entry *entry) { return ops_->queued_data(twin_, entry); });
     // We read our own twin's inbox, and decode every Short cell in it (peer::InboxView).
-    const peer::OwnerInbox owner{&ep_, &Endpoint::receive_short_from_twin};
+    const peer::OwnerInbox owner{&ep_, &Engine::receive_short_from_twin};
     inbox_ = ops_->take_inbox(twin_, &owner);
     return 0;
 }

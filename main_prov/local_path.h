@@ -31,7 +31,7 @@ namespace tandem {
 
 class Av;
 class Domain;
-class Endpoint;
+class Engine;
 struct TxOp;
 struct AtomicCall;
 
@@ -57,7 +57,7 @@ class OffloadDomain {
 class LocalPath final : public peer::CqOwner {
   public:
     // nullptr (logged) when the twin cannot be set up: the endpoint then uses links only.
-    static std::unique_ptr<LocalPath> open(Endpoint &ep, OffloadDomain &off, Av &av, RxMatcher &rx,
+    static std::unique_ptr<LocalPath> open(Engine &ep, OffloadDomain &off, Av &av, RxMatcher &rx,
                                            fid_eq *eq);
     ~LocalPath();
 
@@ -111,14 +111,14 @@ class LocalPath final : public peer::CqOwner {
     ssize_t peer_writeerr(const fi_cq_err_entry &err) override;
 
   private:
-    explicit LocalPath(Endpoint &ep, RxMatcher &rx);
+    explicit LocalPath(Engine &ep, RxMatcher &rx);
     // open's steps: the twin endpoint, and its extensions once it is enabled.
     int open_twin(OffloadDomain &off);
     int open_twin_ops();
     void flush_transfers_now();
     // The descriptors the twin gets: the application's with FI_HMEM, none without.
     void **descs(void **desc) const { return hmem_ ? desc : nullptr; }
-    Endpoint &ep_;
+    Engine &ep_;
     bool hmem_ = false;
     // What the twin is given of the endpoint and its objects: calls that expect the domain
     // lock held (the twin runs only inside tandem's calls).

@@ -2,7 +2,7 @@
 
 #include "common/unsupported_ops.h"
 #include "main_prov/domain.h"
-#include "main_prov/endpoint.h"
+#include "main_prov/engine.h"
 #include "main_prov/lock_order.h"
 #include "peer/peer_abi.h"
 
@@ -17,7 +17,7 @@ namespace {
 int resolve_key(fid_ep *fid, uint64_t key, uint64_t addr, size_t len, uint64_t access, iovec *iov,
                 hmem::MemRef *mem, size_t *count) noexcept {
     if (!fid || !count || (!iov && *count)) return -FI_EINVAL;
-    Endpoint &ep = OwnerFace::of(fid)->endpoint();
+    Engine &ep = OwnerFace::of(fid)->endpoint();
     TANDEM_ASSERT_DOMAIN_LOCK_HELD(ep.domain());
     LocalPieces pieces;
     if (!ep.resolve(key, addr, len, access, pieces)) return -FI_EACCES;
@@ -32,7 +32,7 @@ int resolve_key(fid_ep *fid, uint64_t key, uint64_t addr, size_t len, uint64_t a
 
 void key_access_done(fid_ep *fid, uint64_t key, uint64_t access) noexcept {
     if (!fid) return;
-    Endpoint &ep = OwnerFace::of(fid)->endpoint();
+    Engine &ep = OwnerFace::of(fid)->endpoint();
     TANDEM_ASSERT_DOMAIN_LOCK_HELD(ep.domain());
     ep.remote_access_done(key, access);
 }
@@ -77,7 +77,7 @@ fi_ops_tagged face_tagged_ops = [] {
 
 }  // namespace
 
-OwnerFace::OwnerFace(Endpoint &ep) : ep_(ep) {
+OwnerFace::OwnerFace(Engine &ep) : ep_(ep) {
     init_fid(FI_CLASS_EP, nullptr, &face_fi_ops);
     fid()->ops = &face_ep_ops;
     fid()->cm = &face_cm_ops;
@@ -132,7 +132,7 @@ ssize_t OwnerFace::trecvmsg(const fi_msg_tagged *msg, uint64_t flags) {
                                  flags, msg->tag, msg->ignore, true});
 }
 
-ssize_t OwnerFace::send(const Endpoint::SendArgs &a) {
+ssize_t OwnerFace::send(const Engine::SendArgs &a) {
     SendRequest r;
     if (int ret = ep_.prepare_send(a, r)) return ret;
     TANDEM_ASSERT_DOMAIN_LOCK_HELD(ep_.domain());

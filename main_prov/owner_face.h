@@ -11,7 +11,7 @@
 #pragma once
 
 #include "common/fid_adaptor.h"
-#include "main_prov/endpoint.h"
+#include "main_prov/engine.h"
 
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_tagged.h>
@@ -20,10 +20,10 @@ namespace tandem {
 
 class OwnerFace : public FidObject<OwnerFace, fid_ep> {
   public:
-    explicit OwnerFace(Endpoint &ep);
+    explicit OwnerFace(Engine &ep);
     OwnerFace(const OwnerFace &) = delete;
     OwnerFace &operator=(const OwnerFace &) = delete;
-    Endpoint &endpoint() const { return ep_; }
+    Engine &endpoint() const { return ep_; }
 
     int ops_open(const char *name, uint64_t flags, void **ops, void *context);
     ssize_t cancel(void *context);
@@ -34,8 +34,8 @@ class OwnerFace : public FidObject<OwnerFace, fid_ep> {
     ssize_t trecvmsg(const fi_msg_tagged *msg, uint64_t flags);
 
   private:
-    ssize_t send(const Endpoint::SendArgs &a);
-    Endpoint &ep_;
+    ssize_t send(const Engine::SendArgs &a);
+    Engine &ep_;
 };
 
 }  // namespace tandem

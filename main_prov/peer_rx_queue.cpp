@@ -3,13 +3,13 @@
 #include "common/iov.h"
 #include "common/log.h"
 #include "main_prov/domain.h"
-#include "main_prov/endpoint.h"
+#include "main_prov/engine.h"
 
 #include <algorithm>
 
 namespace tandem {
 
-PeerRxQueue::PeerRxQueue(Domain &domain, RxMatcher &matcher, Endpoint *report_ep, Mode mode,
+PeerRxQueue::PeerRxQueue(Domain &domain, RxMatcher &matcher, Engine *report_ep, Mode mode,
                          bool selective)
     : domain_(domain),
       matcher_(matcher),
@@ -74,7 +74,7 @@ int PeerRxQueue::get(bool tagged, fi_addr_t addr, uint64_t tag, size_t size,
     RxOp *rx = matcher_.match_posted(tagged, tag, addr);
     *entry = &e->entry;
     if (!rx) return -FI_ENOENT;  // the message comes first: the peer queues it
-    fill(e, Endpoint::slice_for(matcher_, rx, size), tagged);
+    fill(e, Engine::slice_for(matcher_, rx, size), tagged);
     return 0;
 }
 

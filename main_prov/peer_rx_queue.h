@@ -2,7 +2,7 @@
 // a shared receive context's). A peer provider that gets a message asks for a receive buffer
 // here; a message that finds none is queued among the matcher's unexpected messages, in
 // arrival order with those that came over tandem's links, and started when a receive
-// matching it is posted (Endpoint::deliver_unexpected).
+// matching it is posted (Engine::deliver_unexpected).
 //
 // Two ways a peer's receive completions reach the application:
 //  - ThroughOwner (tandem's own offload twin): entry->context is tandem's RxOp and the
@@ -23,12 +23,12 @@
 namespace tandem {
 
 class Domain;
-class Endpoint;
+class Engine;
 
 class PeerRxQueue final : public peer::SrxOwner {
   public:
     enum class Mode { ThroughOwner, Direct };
-    PeerRxQueue(Domain &domain, RxMatcher &matcher, Endpoint *report_ep, Mode mode, bool selective);
+    PeerRxQueue(Domain &domain, RxMatcher &matcher, Engine *report_ep, Mode mode, bool selective);
     ~PeerRxQueue();
 
     peer::ExportedSrx &exported() { return export_; }
@@ -71,7 +71,7 @@ class PeerRxQueue final : public peer::SrxOwner {
 
     Domain &domain_;
     RxMatcher &matcher_;
-    Endpoint *report_ep_;
+    Engine *report_ep_;
     Mode mode_;
     bool selective_;
     peer::ExportedSrx export_{*this};

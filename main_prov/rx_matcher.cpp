@@ -62,7 +62,7 @@ void RxMatcher::drop_posted() {
 
 // The entries of messages a peer held for the endpoint go too: its offload twin, closed
 // first, no longer holds them.
-void RxMatcher::forget_endpoint(Endpoint *ep) {
+void RxMatcher::forget_endpoint(Engine *ep) {
     for (auto *list : {&unexpected_msg_, &unexpected_tag_})
         list->remove_if([ep](const Unexpected &ux) {
             if (ux.ep != ep) return false;

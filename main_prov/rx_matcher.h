@@ -23,7 +23,7 @@ namespace tandem {
 namespace peer {
 struct OwnerRxEntry;
 }
-class Endpoint;
+class Engine;
 class Cntr;
 class LinkConnection;
 
@@ -126,7 +126,7 @@ static_assert(std::is_trivially_destructible_v<RxOp> && std::is_trivially_copyab
 // A message that arrived before a receive matched it: the eager payload, or for a
 // rendezvous only the sender's buffer description.
 struct Unexpected {
-    Endpoint *ep = nullptr;          // the endpoint it arrived on (answers it, reports it)
+    Engine *ep = nullptr;            // the endpoint it arrived on (answers it, reports it)
     LinkConnection *conn = nullptr;  // nullptr: a node-local message (Short cell), from src
     fi_addr_t src = FI_ADDR_NOTAVAIL;
     wire::ProtoHeader hdr{};
@@ -208,7 +208,7 @@ class RxMatcher {
     // fi_cancel: the posted receive with this context, removed; nullptr when none.
     RxOp *cancel(void *context);
     // Unexpected messages that arrived on an endpoint, dropped when it closes.
-    void forget_endpoint(Endpoint *ep);
+    void forget_endpoint(Engine *ep);
     // Every posted receive, freed unreported (their owner is going).
     void drop_posted();
 

@@ -2,7 +2,7 @@
 
 #include "common/unsupported_ops.h"
 #include "main_prov/domain.h"
-#include "main_prov/endpoint.h"
+#include "main_prov/engine.h"
 
 namespace tandem {
 
@@ -106,7 +106,7 @@ int SharedRxContext::control(int command, void *arg) {
 
 ssize_t SharedRxContext::cancel(void *context) {
     std::lock_guard guard(domain_->lock());
-    return Endpoint::cancel_on(matcher_, report_endpoint(), context);
+    return Engine::cancel_on(matcher_, report_endpoint(), context);
 }
 
 int SharedRxContext::getopt(int level, int optname, void *optval, size_t *optlen) {
@@ -132,12 +132,12 @@ ssize_t SharedRxContext::post(const iovec *iov, void **desc, size_t count, fi_ad
     if (!(caps_ & (tagged ? FI_TAGGED : FI_MSG))) return -FI_EOPNOTSUPP;
     if (matcher_.outstanding >= size_) return -FI_EAGAIN;
     if (!(caps_ & FI_DIRECTED_RECV)) src = FI_ADDR_UNSPEC;
-    Endpoint::RecvArgs args{iov, desc, count, src, context, flags, tag, ignore, tagged};
+    Engine::RecvArgs args{iov, desc, count, src, context, flags, tag, ignore, tagged};
     if (tagged && (flags & (FI_PEEK | FI_CLAIM))) {
-        for (Endpoint *ep : endpoints_) ep->progress();
-        return Endpoint::peek_or_claim_on(matcher_, report_endpoint(), caps_, args);
+        for (Engine *ep : endpoints_) ep->progress();
+        return Engine::peek_or_claim_on(matcher_, report_endpoint(), caps_, args);
     }
-    return Endpoint::post_recv_on(matcher_, report_endpoint(), caps_, args);
+    return Engine::post_recv_on(matcher_, report_endpoint(), caps_, args);
 }
 
 ssize_t SharedRxContext::recv(void *buf, size_t len, void *desc, fi_addr_t src, void *context) {

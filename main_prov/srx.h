@@ -20,7 +20,7 @@
 namespace tandem {
 
 class Domain;
-class Endpoint;
+class Engine;
 
 class SharedRxContext : public FidObject<SharedRxContext, fid_ep> {
   public:
@@ -43,20 +43,20 @@ class SharedRxContext : public FidObject<SharedRxContext, fid_ep> {
 
     // Inside tandem, with the domain lock held.
     RxMatcher &matcher() { return matcher_; }
-    void attach(Endpoint *ep) { endpoints_.push_back(ep); }
-    void detach(Endpoint *ep) { std::erase(endpoints_, ep); }
+    void attach(Engine *ep) { endpoints_.push_back(ep); }
+    void detach(Engine *ep) { std::erase(endpoints_, ep); }
 
   private:
     ssize_t post(const iovec *iov, void **desc, size_t count, fi_addr_t src, void *context,
                  uint64_t flags, uint64_t tag, uint64_t ignore, bool tagged);
-    Endpoint *report_endpoint() const { return endpoints_.empty() ? nullptr : endpoints_.front(); }
+    Engine *report_endpoint() const { return endpoints_.empty() ? nullptr : endpoints_.front(); }
 
     Domain *domain_;
     uint64_t caps_;
     uint64_t op_flags_;
     size_t size_;
     RxMatcher matcher_;
-    std::vector<Endpoint *> endpoints_;
+    std::vector<Engine *> endpoints_;
     // FI_EXPORT_FID: an importer (any peer provider) takes messages from this context.
     std::unique_ptr<PeerRxQueue> exported_;
 };

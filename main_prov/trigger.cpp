@@ -108,9 +108,9 @@ void TriggeredOp::discard(void *arg, int err, bool report) {
 }
 
 // ------------------------------------------------------------------------------------------
-// Endpoint: FI_TRIGGER operations and deferred work
+// Engine: FI_TRIGGER operations and deferred work
 
-ssize_t Endpoint::queue_triggered(TriggeredRequest &&r) {
+ssize_t Engine::queue_triggered(TriggeredRequest &&r) {
     if (!(caps_ & FI_TRIGGER)) return -FI_EOPNOTSUPP;
     void *context = context_of(r);
     if (!context) return -FI_EINVAL;  // the fi_triggered_context is the operation's context
@@ -141,8 +141,8 @@ ssize_t Endpoint::queue_triggered(TriggeredRequest &&r) {
     return hand_over(std::move(r), work, context);
 }
 
-int Endpoint::queue_deferred(TriggeredRequest &&r, Cntr *trigger, uint64_t threshold,
-                             const void *match) {
+int Engine::queue_deferred(TriggeredRequest &&r, Cntr *trigger, uint64_t threshold,
+                           const void *match) {
     peer::TriggerWork work = deferred_condition(trigger, threshold);
     work.group = work_group();
     if (Cntr *done = done_of(r).cntr) work.names[1] = done->fid();
@@ -151,7 +151,7 @@ int Endpoint::queue_deferred(TriggeredRequest &&r, Cntr *trigger, uint64_t thres
 
 // The request joins the queue, counted against the endpoint's queue depth; the condition may
 // hold already, in which case it starts before this returns.
-int Endpoint::hand_over(TriggeredRequest &&r, peer::TriggerWork &work, const void *match) {
+int Engine::hand_over(TriggeredRequest &&r, peer::TriggerWork &work, const void *match) {
     const bool rx = is_receive(r);
     if (rx ? rx_->outstanding + rx_triggered_ >= info_->rx_attr->size
            : tx_outstanding_ + tx_triggered_ >= info_->tx_attr->size)
@@ -176,7 +176,7 @@ int Endpoint::hand_over(TriggeredRequest &&r, peer::TriggerWork &work, const voi
 
 // FI_INJECT: the buffer is the application's again when the call returns, so a deferred
 // inject keeps a copy of its payload (read now, with the device's copy for device memory).
-int Endpoint::own_inject_payload(TriggeredOp &op) {
+int Engine::own_inject_payload(TriggeredOp &op) {
     auto own = [&](IovList &list) -> int {
         hmem::MemRef mem[kMaxIov];
         bool device = memory_of(list.iov, list.descs(), list.count, FI_INJECT, mem);
@@ -213,7 +213,7 @@ int Endpoint::own_inject_payload(TriggeredOp &op) {
         op.request);
 }
 
-int Endpoint::start_triggered(TriggeredOp &op) {
+int Engine::start_triggered(TriggeredOp &op) {
     const bool rx = is_receive(op.request);
     --(rx ? rx_triggered_ : tx_triggered_);
     ssize_t ret;
@@ -261,7 +261,7 @@ int Endpoint::start_triggered(TriggeredOp &op) {
     return 0;
 }
 
-void Endpoint::discard_triggered(TriggeredOp &op, int err, bool report) {
+void Engine::discard_triggered(TriggeredOp &op, int err, bool report) {
     --(is_receive(op.request) ? rx_triggered_ : tx_triggered_);
     if (report) report_unstarted(op, err);
 }
@@ -269,7 +269,7 @@ void Endpoint::discard_triggered(TriggeredOp &op, int err, bool report) {
 // What fi_cancel reports for an operation that never started: an error completion with its
 // context (deferred work only when it asked for FI_COMPLETION), and an error count on the
 // counter it would have counted on.
-void Endpoint::report_unstarted(const TriggeredOp &op, int err) {
+void Engine::report_unstarted(const TriggeredOp &op, int err) {
     const TriggeredRequest &r = op.request;
     const DeferredDone &done = done_of(r);
     const uint64_t flags = cq_flags_of(r);
@@ -286,8 +286,8 @@ void Endpoint::report_unstarted(const TriggeredOp &op, int err) {
 // XPU triggers: one 64-bit variable in the named device's memory per endpoint and device
 // (off_tandem's), which the device writes with a count; the operation is the count-th queued
 // on it. The variable and value go back through the context's fi_trigger_var.
-ssize_t Endpoint::queue_xpu(TriggeredRequest &&r, fi_triggered_context *ctx,
-                            peer::TriggerWork &work) {
+ssize_t Engine::queue_xpu(TriggeredRequest &&r, fi_triggered_context *ctx,
+                          peer::TriggerWork &work) {
     if (!(caps_ & FI_XPU_TRIGGER)) {
         TANDEM_WARN(FI_LOG_EP_DATA, "FI_TRIGGER_XPU on an endpoint without FI_XPU_TRIGGER\n");
         return -FI_EINVAL;
@@ -316,7 +316,7 @@ ssize_t Endpoint::queue_xpu(TriggeredRequest &&r, fi_triggered_context *ctx,
     return 0;
 }
 
-int Endpoint::xpu_trigger_shape(fi_trigger_xpu *xpu, size_t *optlen) {
+int Engine::xpu_trigger_shape(fi_trigger_xpu *xpu, size_t *optlen) {
     if (*optlen < sizeof *xpu) return -FI_ETOOSMALL;
     if (!(caps_ & FI_XPU_TRIGGER) || xpu->iface != FI_HMEM_CUDA || xpu->device.cuda < 0 ||
         xpu->device.cuda >= hmem::Registry::instance().device_count(FI_HMEM_CUDA))
@@ -391,8 +391,8 @@ namespace {
 
 // The endpoint of a deferred work request's operation (an alias names its endpoint), when it
 // is one of this domain's.
-Endpoint *work_endpoint(Domain &domain, fid_ep *ep) {
-    Endpoint *e = Endpoint::from_fid(ep);
+Engine *work_endpoint(Domain &domain, fid_ep *ep) {
+    Engine *e = engine_of(ep);
     return e && e->domain() == &domain ? e : nullptr;
 }
 
@@ -561,7 +561,7 @@ int Domain::flush_work(const fi_deferred_work *work) {
     fid_cntr *cntr = work ? work->triggering_cntr : nullptr;
     const peer::TriggerOps *t = offload_->triggers();
     t->flush(offload_->domain(), this, cntr);
-    for (Endpoint *ep : endpoints_) t->flush(offload_->domain(), ep->work_group(), cntr);
+    for (Engine *ep : endpoints_) t->flush(offload_->domain(), ep->work_group(), cntr);
     note_triggers();
     return 0;
 }

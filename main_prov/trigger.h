@@ -15,7 +15,7 @@ namespace tandem {
 
 class Cntr;
 class Domain;
-class Endpoint;
+class Engine;
 
 // FI_OP_CNTR_SET / FI_OP_CNTR_ADD: deferred work on a counter alone.
 struct CounterOpRequest {
@@ -30,13 +30,13 @@ using TriggeredRequest = std::variant<SendRequest, RecvRequest, RmaRequest, Atom
 // A deferred work request's operation, prepared (Domain::queue_work): the endpoint it runs on
 // and what it does.
 struct PreparedWork {
-    Endpoint *ep = nullptr;
+    Engine *ep = nullptr;
     TriggeredRequest request;
 };
 
 struct TriggeredOp {
     Domain *domain = nullptr;
-    Endpoint *ep = nullptr;  // nullptr: a counter operation
+    Engine *ep = nullptr;  // nullptr: a counter operation
     TriggeredRequest request;
     OwnedPayload owned;  // an FI_INJECT payload, copied when the operation was queued
     const void *match = nullptr;

@@ -1,5 +1,5 @@
-// Atomic operations of the endpoint (fi_atomic(3)): the twelve calls and the three *valid
-// queries, and both ends of an atomic that travels over a link.
+// Atomic operations of the engine (fi_atomic(3); the adapter's twelve calls and three *valid
+// queries are in endpoint_calls.cpp): both ends of an atomic that travels over a link.
 //
 // The target executes every atomic itself, in its progress engine: the initiator sends an
 // AtomicReq (the operation, the target address and key, the operand and compare elements),
@@ -15,7 +15,7 @@
 #include "main_prov/av.h"
 #include "main_prov/cntr.h"
 #include "main_prov/domain.h"
-#include "main_prov/endpoint.h"
+#include "main_prov/engine.h"
 #include "main_prov/local_path.h"
 #include "peer/peer_abi.h"
 
@@ -23,140 +23,8 @@
 
 namespace tandem {
 
-namespace {
-
 using atomic::byte_ranges;
 using atomic::element_count;
-
-fi_msg_atomic one_msg(const fi_ioc &ioc, void **desc, fi_addr_t dest, const fi_rma_ioc &rma,
-                      enum fi_datatype datatype, enum fi_op op, void *context) {
-    fi_msg_atomic m{};
-    m.msg_iov = &ioc;
-    m.desc = desc;
-    m.iov_count = 1;
-    m.addr = dest;
-    m.rma_iov = &rma;
-    m.rma_iov_count = 1;
-    m.datatype = datatype;
-    m.op = op;
-    m.context = context;
-    return m;
-}
-
-}  // namespace
-
-// ------------------------------------------------------------------------------------------
-// Entry points: every form maps onto post_atomic.
-
-ssize_t Endpoint::atomic_write(const OpDefaults &d, const void *buf, size_t count, void *desc,
-                               fi_addr_t dest, uint64_t addr, uint64_t key,
-                               enum fi_datatype datatype, enum fi_op op, void *context) {
-    fi_ioc ioc{const_cast<void *>(buf), count};
-    fi_rma_ioc rma{addr, count, key};
-    return post_atomic(
-        {one_msg(ioc, &desc, dest, rma, datatype, op, context), atomic::Kind::Base, d.tx});
-}
-ssize_t Endpoint::atomic_writev(const OpDefaults &d, const fi_ioc *iov, void **desc, size_t count,
-                                fi_addr_t dest, uint64_t addr, uint64_t key,
-                                enum fi_datatype datatype, enum fi_op op, void *context) {
-    fi_rma_ioc rma{addr, iov ? element_count(iov, count) : 0, key};
-    fi_msg_atomic m{iov, desc, count, dest, &rma, 1, datatype, op, context, 0};
-    return post_atomic({m, atomic::Kind::Base, d.tx});
-}
-ssize_t Endpoint::atomic_writemsg(const OpDefaults &, const fi_msg_atomic *msg, uint64_t flags) {
-    if (!msg) return -FI_EINVAL;
-    return post_atomic({*msg, atomic::Kind::Base, flags & ~kNoCompletion});
-}
-ssize_t Endpoint::atomic_inject(const OpDefaults &, const void *buf, size_t count, fi_addr_t dest,
-                                uint64_t addr, uint64_t key, enum fi_datatype datatype,
-                                enum fi_op op) {
-    fi_ioc ioc{const_cast<void *>(buf), count};
-    fi_rma_ioc rma{addr, count, key};
-    return post_atomic({one_msg(ioc, nullptr, dest, rma, datatype, op, nullptr), atomic::Kind::Base,
-                        FI_INJECT | kNoCompletion});
-}
-ssize_t Endpoint::atomic_readwrite(const OpDefaults &d, const void *buf, size_t count, void *desc,
-                                   void *result, void *result_desc, fi_addr_t dest, uint64_t addr,
-                                   uint64_t key, enum fi_datatype datatype, enum fi_op op,
-                                   void *context) {
-    fi_ioc ioc{const_cast<void *>(buf), count};
-    fi_ioc res{result, count};
-    fi_rma_ioc rma{addr, count, key};
-    AtomicCall a{one_msg(ioc, &desc, dest, rma, datatype, op, context), atomic::Kind::Fetch, d.tx};
-    return post_atomic(a.with_result(&res, &result_desc, 1));
-}
-ssize_t Endpoint::atomic_readwritev(const OpDefaults &d, const fi_ioc *iov, void **desc,
-                                    size_t count, fi_ioc *resultv, void **result_desc,
-                                    size_t result_count, fi_addr_t dest, uint64_t addr,
-                                    uint64_t key, enum fi_datatype datatype, enum fi_op op,
-                                    void *context) {
-    fi_rma_ioc rma{addr, iov ? element_count(iov, count) : 0, key};
-    AtomicCall a{
-        {iov, desc, count, dest, &rma, 1, datatype, op, context, 0}, atomic::Kind::Fetch, d.tx};
-    return post_atomic(a.with_result(resultv, result_desc, result_count));
-}
-ssize_t Endpoint::atomic_readwritemsg(const OpDefaults &, const fi_msg_atomic *msg, fi_ioc *resultv,
-                                      void **result_desc, size_t result_count, uint64_t flags) {
-    if (!msg) return -FI_EINVAL;
-    AtomicCall a{*msg, atomic::Kind::Fetch, flags & ~kNoCompletion};
-    return post_atomic(a.with_result(resultv, result_desc, result_count));
-}
-ssize_t Endpoint::atomic_compwrite(const OpDefaults &d, const void *buf, size_t count, void *desc,
-                                   const void *compare, void *compare_desc, void *result,
-                                   void *result_desc, fi_addr_t dest, uint64_t addr, uint64_t key,
-                                   enum fi_datatype datatype, enum fi_op op, void *context) {
-    fi_ioc ioc{const_cast<void *>(buf), count};
-    fi_ioc cmp{const_cast<void *>(compare), count};
-    fi_ioc res{result, count};
-    fi_rma_ioc rma{addr, count, key};
-    AtomicCall a{one_msg(ioc, &desc, dest, rma, datatype, op, context), atomic::Kind::Compare,
-                 d.tx};
-    a.compare = &cmp;
-    a.compare_desc = &compare_desc;
-    a.compare_count = 1;
-    return post_atomic(a.with_result(&res, &result_desc, 1));
-}
-ssize_t Endpoint::atomic_compwritev(const OpDefaults &d, const fi_ioc *iov, void **desc,
-                                    size_t count, const fi_ioc *comparev, void **compare_desc,
-                                    size_t compare_count, fi_ioc *resultv, void **result_desc,
-                                    size_t result_count, fi_addr_t dest, uint64_t addr,
-                                    uint64_t key, enum fi_datatype datatype, enum fi_op op,
-                                    void *context) {
-    fi_rma_ioc rma{addr, iov ? element_count(iov, count) : 0, key};
-    AtomicCall a{
-        {iov, desc, count, dest, &rma, 1, datatype, op, context, 0}, atomic::Kind::Compare, d.tx};
-    a.compare = comparev;
-    a.compare_desc = compare_desc;
-    a.compare_count = compare_count;
-    return post_atomic(a.with_result(resultv, result_desc, result_count));
-}
-ssize_t Endpoint::atomic_compwritemsg(const OpDefaults &, const fi_msg_atomic *msg,
-                                      const fi_ioc *comparev, void **compare_desc,
-                                      size_t compare_count, fi_ioc *resultv, void **result_desc,
-                                      size_t result_count, uint64_t flags) {
-    if (!msg) return -FI_EINVAL;
-    AtomicCall a{*msg, atomic::Kind::Compare, flags & ~kNoCompletion};
-    a.compare = comparev;
-    a.compare_desc = compare_desc;
-    a.compare_count = compare_count;
-    return post_atomic(a.with_result(resultv, result_desc, result_count));
-}
-
-int Endpoint::atomic_writevalid(const OpDefaults &, enum fi_datatype datatype, enum fi_op op,
-                                size_t *count) {
-    if (!(caps_ & FI_ATOMIC)) return -FI_EOPNOTSUPP;
-    return atomic::query(atomic::Kind::Base, datatype, op, count);
-}
-int Endpoint::atomic_readwritevalid(const OpDefaults &, enum fi_datatype datatype, enum fi_op op,
-                                    size_t *count) {
-    if (!(caps_ & FI_ATOMIC)) return -FI_EOPNOTSUPP;
-    return atomic::query(atomic::Kind::Fetch, datatype, op, count);
-}
-int Endpoint::atomic_compwritevalid(const OpDefaults &, enum fi_datatype datatype, enum fi_op op,
-                                    size_t *count) {
-    if (!(caps_ & FI_ATOMIC)) return -FI_EOPNOTSUPP;
-    return atomic::query(atomic::Kind::Compare, datatype, op, count);
-}
 
 // ------------------------------------------------------------------------------------------
 // Initiator
@@ -204,7 +72,7 @@ AtomicCall AtomicRequest::view() {
 }
 
 // Prepare: the call's shape checked (atomic::check_call) and its lists copied.
-int Endpoint::prepare_atomic(const AtomicCall &a, AtomicRequest &r) const {
+int Engine::prepare_atomic(const AtomicCall &a, AtomicRequest &r) const {
     // An endpoint opened without FI_ATOMIC has none, whatever its state.
     if (!(caps_ & FI_ATOMIC)) return -FI_EOPNOTSUPP;
     const fi_msg_atomic &m = a.msg;
@@ -224,7 +92,7 @@ int Endpoint::prepare_atomic(const AtomicCall &a, AtomicRequest &r) const {
     return r.capture(a);
 }
 
-ssize_t Endpoint::post_atomic(const AtomicCall &a) {
+ssize_t Engine::post_atomic(const AtomicCall &a) {
     AtomicRequest r;
     if (int ret = prepare_atomic(a, r)) return ret;
     std::lock_guard guard(domain_->lock());
@@ -239,7 +107,7 @@ ssize_t Endpoint::post_atomic(const AtomicCall &a) {
 }
 
 // Issue: the request becomes an AtomicReq over a link or a cell through the offload twin.
-ssize_t Endpoint::issue_atomic(AtomicRequest &r) {
+ssize_t Engine::issue_atomic(AtomicRequest &r) {
     const AtomicCall a = r.view();
     const fi_msg_atomic &m = a.msg;
     AtomicOperands in;
@@ -275,7 +143,7 @@ ssize_t Endpoint::issue_atomic(AtomicRequest &r) {
 // free at once) and writes the previous values into the result buffers. An inject carries no
 // descriptors: what memory_of found out about its operands goes to the twin as descriptors of
 // ours, so that it copies device memory with the device.
-ssize_t Endpoint::atomic_through_twin(TxOp *op, const AtomicCall &a, const AtomicOperands &in) {
+ssize_t Engine::atomic_through_twin(TxOp *op, const AtomicCall &a, const AtomicOperands &in) {
     const fi_msg_atomic &m = a.msg;
     ++tx_outstanding_;
     ++local_tx_pending_;
@@ -305,7 +173,7 @@ ssize_t Endpoint::atomic_through_twin(TxOp *op, const AtomicCall &a, const Atomi
 // Over a link: an AtomicReq carrying our own copy of the operands (the application's buffers
 // are free once this returns; only the result buffers are written later), answered by the
 // target's AtomicResp.
-ssize_t Endpoint::atomic_over_link(TxOp *op, const AtomicCall &a, AtomicOperands &in) {
+ssize_t Engine::atomic_over_link(TxOp *op, const AtomicCall &a, AtomicOperands &in) {
     const fi_msg_atomic &m = a.msg;
     const bool fetches = a.kind != atomic::Kind::Base;
     const uint64_t addr = m.rma_iov[0].addr, key = m.rma_iov[0].key;
@@ -350,7 +218,7 @@ ssize_t Endpoint::atomic_over_link(TxOp *op, const AtomicCall &a, AtomicOperands
 
 // The answer to one of our AtomicReqs: the previous values go into the result buffers, and
 // the operation is done. False when the message does not answer an atomic of ours.
-bool Endpoint::finish_atomic(const wire::ProtoHeader &hdr, const uint8_t *body, size_t len) {
+bool Engine::finish_atomic(const wire::ProtoHeader &hdr, const uint8_t *body, size_t len) {
     wire::AtomicRespBody resp;
     if (len < sizeof resp) return false;
     memcpy(&resp, body, sizeof resp);
@@ -380,8 +248,8 @@ bool Endpoint::finish_atomic(const wire::ProtoHeader &hdr, const uint8_t *body, 
 // ------------------------------------------------------------------------------------------
 // Target
 
-void Endpoint::serve_atomic(LinkConnection *conn, const wire::ProtoHeader &hdr, const uint8_t *body,
-                            size_t len) {
+void Engine::serve_atomic(LinkConnection *conn, const wire::ProtoHeader &hdr, const uint8_t *body,
+                          size_t len) {
     atomic::Request r;
     wire::AtomicRespBody resp{};
     uint8_t fetched[atomic::kMaxBytes];

@@ -9,8 +9,8 @@
 #include "main_prov/cntr.h"
 #include "main_prov/conn_hello.h"
 #include "main_prov/domain.h"
-#include "main_prov/endpoint.h"
-#include "main_prov/endpoint_wr.h"
+#include "main_prov/engine.h"
+#include "main_prov/engine_wr.h"
 #include "main_prov/interfaces.h"
 #include "main_prov/local_path.h"
 #include "peer/peer_abi.h"
@@ -22,12 +22,12 @@ namespace tandem {
 // cap 0: an operation of the offload twin (FI_PEER_TRANSFER), which is tandem's own traffic
 // and does not depend on what the application asked for (a fi_pingpong endpoint with FI_MSG
 // alone still has twins that introduce themselves with tagged messages).
-void Endpoint::check_tx_ready(uint64_t cap) const {
+void Engine::check_tx_ready(uint64_t cap) const {
     if (!enabled_) fail(FI_EOPBADSTATE, "endpoint not enabled");
     if (cap && !(caps_ & cap)) fail(FI_EOPNOTSUPP, "capability not requested");
 }
 
-Peer *Endpoint::peer_for(fi_addr_t addr) {
+Peer *Engine::peer_for(fi_addr_t addr) {
     if (type_ == FI_EP_MSG) {
         if (!msg_peer_ || msg_state_ != MsgState::Connected) fail(FI_ENOTCONN, "not connected");
         return msg_peer_;
@@ -60,7 +60,7 @@ Peer *Endpoint::peer_for(fi_addr_t addr) {
 }
 
 // Prepare: the call's checks that need no endpoint state, and its lists copied.
-int Endpoint::prepare_send(const SendArgs &a, SendRequest &r) const {
+int Engine::prepare_send(const SendArgs &a, SendRequest &r) const {
     if (int ret = r.payload.capture(a.iov, a.desc, a.count)) return ret;
     if (r.payload.len > info_->ep_attr->max_msg_size) return -FI_EMSGSIZE;
     if ((a.flags & FI_INJECT) && r.payload.len > inject_size_) return -FI_EMSGSIZE;
@@ -73,14 +73,14 @@ int Endpoint::prepare_send(const SendArgs &a, SendRequest &r) const {
     return 0;
 }
 
-ssize_t Endpoint::post_send(const SendArgs &a) {
+ssize_t Engine::post_send(const SendArgs &a) {
     SendRequest r;
     if (int ret = prepare_send(a, r)) return ret;
     std::lock_guard guard(domain_->lock());
     return post_send_locked(a, r);
 }
 
-ssize_t Endpoint::post_send_locked(const SendArgs &a, SendRequest &r) {
+ssize_t Engine::post_send_locked(const SendArgs &a, SendRequest &r) {
     check_tx_ready(a.flags & FI_PEER_TRANSFER ? 0 : a.tagged ? FI_TAGGED : FI_MSG);
     if (r.flags & FI_TRIGGER) return queue_triggered(TriggeredRequest(std::move(r)));
     if (!make_tx_room()) return -FI_EAGAIN;
@@ -88,7 +88,7 @@ ssize_t Endpoint::post_send_locked(const SendArgs &a, SendRequest &r) {
 }
 
 // Room for one more transmit in the queue (tx_attr->size), after a progress pass if needed.
-bool Endpoint::make_tx_room() {
+bool Engine::make_tx_room() {
     if (tx_outstanding_ + tx_triggered_ < info_->tx_attr->size) return true;
     progress();
     return tx_outstanding_ + tx_triggered_ < info_->tx_attr->size;
@@ -96,7 +96,7 @@ bool Endpoint::make_tx_room() {
 
 // Issue: start a prepared send, now (from the call) or later (from the trigger queue). The
 // caller holds the domain lock and made room for it in the transmit queue.
-ssize_t Endpoint::issue_send(SendRequest &r) {
+ssize_t Engine::issue_send(SendRequest &r) {
     const iovec *const iov = r.payload.iov;
     void **const desc = r.payload.descs();
     const size_t count = r.payload.count;
@@ -124,7 +124,7 @@ ssize_t Endpoint::issue_send(SendRequest &r) {
 // ring has no room now, the ordinary path posts it to the twin, which answers -FI_EAGAIN
 // while the ring is full (back-pressure: nothing is queued without bound). True when it went
 // (and is complete).
-bool Endpoint::inject_local(const SendRequest &r, Peer *peer, bool device) {
+bool Engine::inject_local(const SendRequest &r, Peer *peer, bool device) {
     if (device || (r.flags & FI_DELIVERY_COMPLETE) || !local_ || local_tx_pending_ != 0 ||
         r.payload.len > lane_limit_ || !goes_local(peer, r.dest) || !peer->lane)
         return false;
@@ -142,7 +142,7 @@ bool Endpoint::inject_local(const SendRequest &r, Peer *peer, bool device) {
 }
 
 // The operation of a send that is not complete when issued, as it is reported.
-TxOp *Endpoint::new_send_op(const SendRequest &r, Peer *peer) {
+TxOp *Engine::new_send_op(const SendRequest &r, Peer *peer) {
     const bool peer_transfer = r.flags & FI_PEER_TRANSFER;
     TxOp *op = alloc_tx();
     op->kind = TxOp::Kind::Send;
@@ -163,8 +163,7 @@ TxOp *Endpoint::new_send_op(const SendRequest &r, Peer *peer) {
 // A send to a node-local peer, posted to the offload twin: it copies (or has the receiver
 // read) the payload itself, except that an inject's buffer is the application's again when
 // we return: hand the twin our copy of it.
-ssize_t Endpoint::send_through_twin(TxOp *op, SendRequest &r, bool device,
-                                    const hmem::MemRef *mem) {
+ssize_t Engine::send_through_twin(TxOp *op, SendRequest &r, bool device, const hmem::MemRef *mem) {
     const iovec *twin_iov = r.payload.iov;
     void **twin_desc = r.payload.descs();
     size_t twin_count = r.payload.count;
@@ -194,8 +193,8 @@ ssize_t Endpoint::send_through_twin(TxOp *op, SendRequest &r, bool device,
 
 // A send over the link: an Eager message carrying the payload, or an Rts naming the source
 // for the receiver to read.
-ssize_t Endpoint::send_over_link(TxOp *op, const SendRequest &r, bool device,
-                                 const hmem::MemRef *mem) {
+ssize_t Engine::send_over_link(TxOp *op, const SendRequest &r, bool device,
+                               const hmem::MemRef *mem) {
     const size_t len = r.payload.len;
     op->hdr.flags = (r.tagged ? wire::kProtoTagged : 0) |
                     ((r.flags & FI_REMOTE_CQ_DATA) ? wire::kProtoCqData : 0) |
@@ -228,7 +227,7 @@ ssize_t Endpoint::send_over_link(TxOp *op, const SendRequest &r, bool device,
 // An Eager message owns its bytes now (the link's bounce copy): the application may reuse its
 // buffer when we return, and unless it asked for a stronger level the send is complete as
 // soon as it is posted on an established connection (FI_INJECT_COMPLETE).
-int Endpoint::prepare_eager(TxOp *op, const SendRequest &r, bool device, const hmem::MemRef *mem) {
+int Engine::prepare_eager(TxOp *op, const SendRequest &r, bool device, const hmem::MemRef *mem) {
     op->hdr.op = static_cast<uint8_t>(wire::ProtoOp::Eager);
     if (r.flags & FI_DELIVERY_COMPLETE) {
         op->hdr.flags |= wire::kProtoAckReq;
@@ -243,8 +242,8 @@ int Endpoint::prepare_eager(TxOp *op, const SendRequest &r, bool device, const h
 
 // An Rts: a NIC reads the source itself (the link's own keys), so device memory that is to
 // be staged is copied to host memory first, and that is what the peer reads.
-int Endpoint::prepare_rts(TxOp *op, const SendRequest &r, bool device, const hmem::MemRef *mem,
-                          hmem::P2pDecision decision) {
+int Engine::prepare_rts(TxOp *op, const SendRequest &r, bool device, const hmem::MemRef *mem,
+                        hmem::P2pDecision decision) {
     op->hdr.op = static_cast<uint8_t>(wire::ProtoOp::Rts);
     op->await_remote = true;
     const iovec *src = r.payload.iov;
@@ -268,7 +267,7 @@ int Endpoint::prepare_rts(TxOp *op, const SendRequest &r, bool device, const hme
 // come, and whatever is posted after a held operation waits behind it. Messages and atomics
 // are delivered in the order they were sent, and RMA before an atomic lands before it, so
 // nothing else waits.
-void Endpoint::submit(TxOp *op) {
+void Engine::submit(TxOp *op) {
     Peer *peer = op->peer;
     const bool rma = op->kind == TxOp::Kind::Write || op->kind == TxOp::Kind::Read;
     if (!peer->held.empty() || (rma && peer->atomics_out)) {
@@ -284,7 +283,7 @@ void Endpoint::submit(TxOp *op) {
 
 // A peer's atomics were answered: what waited behind them goes, up to the next RMA that
 // must wait for an atomic released here.
-void Endpoint::release_held(Peer *peer) {
+void Engine::release_held(Peer *peer) {
     while (!peer->held.empty()) {
         TxOp *op = peer->held.front();
         const bool rma = op->kind == TxOp::Kind::Write || op->kind == TxOp::Kind::Read;
@@ -298,7 +297,7 @@ void Endpoint::release_held(Peer *peer) {
     }
 }
 
-void Endpoint::start_tx(TxOp *op) {
+void Engine::start_tx(TxOp *op) {
     poll_link_soon();
     Peer *peer = op->peer;
     if (peer->established && peer->conn) {
@@ -327,7 +326,7 @@ void Endpoint::start_tx(TxOp *op) {
 // nothing of it was accepted. (A writedata whose write was accepted and flushed at once, its
 // notice then refused, waits for the write's completion: failing it here as well reported it
 // twice, the second time after the op had been recycled.)
-void Endpoint::issue_tx(TxOp *op) {
+void Engine::issue_tx(TxOp *op) {
     LinkConnection *conn = op->conn;
     int ret = 0;
     op->link_wrs = 0;
@@ -398,7 +397,7 @@ void Endpoint::issue_tx(TxOp *op) {
     fail_tx(op, op->error);
 }
 
-Cntr *Endpoint::counter_for(const TxOp &op) const {
+Cntr *Engine::counter_for(const TxOp &op) const {
     if (op.deferred) return op.work_cntr;  // deferred work counts on its own counter only
     return tx_counter(op.cq_flags);
 }
@@ -406,13 +405,13 @@ Cntr *Endpoint::counter_for(const TxOp &op) const {
 // The endpoint's counter of a transmit with these completion flags: sends, writes (atomics
 // that return nothing among them), reads (and the fetch and compare atomics, which return
 // data).
-Cntr *Endpoint::tx_counter(uint64_t cq_flags) const {
+Cntr *Engine::tx_counter(uint64_t cq_flags) const {
     if (cq_flags & FI_SEND) return send_cntr_;
     return (cq_flags & FI_WRITE) ? write_cntr_ : read_cntr_;
 }
 
 // The operation is over (reported or failed): its keys, its queue slot and the op itself go.
-void Endpoint::retire_tx(TxOp *op) {
+void Engine::retire_tx(TxOp *op) {
     for (uint64_t key : op->internal_keys) domain_->mr_table().erase_internal(key);
     --tx_outstanding_;
     if (op->local) --local_tx_pending_;
@@ -425,8 +424,8 @@ void Endpoint::retire_tx(TxOp *op) {
 // The payload an operation transmits: copied into its own bounce buffer (so the application
 // may reuse its buffers at once; device memory is copied by its device), or the
 // application's buffers themselves. 0 or a negative errno (a device copy failed).
-int Endpoint::take_payload(TxOp *op, const iovec *iov, const hmem::MemRef *mem, size_t count,
-                           size_t len, bool copy) {
+int Engine::take_payload(TxOp *op, const iovec *iov, const hmem::MemRef *mem, size_t count,
+                         size_t len, bool copy) {
     if (!copy) {
         for (size_t i = 0; i < count; ++i) {
             if (!iov[i].iov_len) continue;
@@ -450,8 +449,8 @@ int Endpoint::take_payload(TxOp *op, const iovec *iov, const hmem::MemRef *mem, 
 // carries none) from the memory interfaces. True when any is device memory. An endpoint
 // opened without FI_HMEM is given host memory only, so it never asks the driver (a
 // pointer query per inject would cost every application in a process that loaded CUDA).
-bool Endpoint::memory_of(const iovec *iov, void **desc, size_t count, uint64_t flags,
-                         hmem::MemRef *mem) const {
+bool Engine::memory_of(const iovec *iov, void **desc, size_t count, uint64_t flags,
+                       hmem::MemRef *mem) const {
     if (!(caps_ & FI_HMEM)) {
         std::fill(mem, mem + count, hmem::kHost);
         return false;
@@ -466,7 +465,7 @@ bool Endpoint::memory_of(const iovec *iov, void **desc, size_t count, uint64_t f
     return device;
 }
 
-hmem::P2pDecision Endpoint::link_decision(size_t len, size_t small) {
+hmem::P2pDecision Engine::link_decision(size_t len, size_t small) {
     hmem::P2pDecision d = p2p_.decide(transport_ && transport_->caps().device_p2p, len, small);
     auto &c = hmem::counters();
     switch (d) {
@@ -486,7 +485,7 @@ hmem::P2pDecision Endpoint::link_decision(size_t len, size_t small) {
     return d;
 }
 
-void Endpoint::tx_report(TxOp *op) {
+void Engine::tx_report(TxOp *op) {
     if (op->peer_transfer) {
         if (local_)  // (gone while the endpoint closes: nobody to tell)
             local_->transfer_done({op->context, op->cq_flags, op->len, nullptr, 0, 0}, 0, 0,
@@ -500,14 +499,14 @@ void Endpoint::tx_report(TxOp *op) {
 
 // A send post_send put straight into a node-local peer's ring: what tx_report does for an
 // operation (counter, and the CQ entry unless fi_inject or selective completion omit it).
-void Endpoint::complete_injected(const SendRequest &r) {
+void Engine::complete_injected(const SendRequest &r) {
     if (Cntr *cntr = r.done.deferred ? r.done.cntr : send_cntr_) cntr->inc();
     if (tx_cq_ && tx_reports(r.flags, r.done))
         tx_cq_->write({r.context, FI_SEND | (r.tagged ? FI_TAGGED : FI_MSG), 0, nullptr, 0, 0,
                        FI_ADDR_NOTAVAIL});
 }
 
-void Endpoint::finish_tx(TxOp *op) {
+void Engine::finish_tx(TxOp *op) {
     if (op->error) {
         fail_tx(op, op->error);
         return;
@@ -516,7 +515,7 @@ void Endpoint::finish_tx(TxOp *op) {
     retire_tx(op);
 }
 
-void Endpoint::fail_tx(TxOp *op, int err) {
+void Engine::fail_tx(TxOp *op, int err) {
     if (op->completed_early) {
         // Reported complete at inject level already; the error can only be logged.
         TANDEM_INFO(FI_LOG_EP_DATA, "send completed at inject level failed later: %s\n",
@@ -537,7 +536,7 @@ void Endpoint::fail_tx(TxOp *op, int err) {
     retire_tx(op);
 }
 
-TxOp *Endpoint::alloc_tx() {
+TxOp *Engine::alloc_tx() {
     if (tx_free_.empty()) return tx_ops_.emplace_back(std::make_unique<TxOp>()).get();
     TxOp *op = tx_free_.back();
     tx_free_.pop_back();
@@ -545,12 +544,12 @@ TxOp *Endpoint::alloc_tx() {
 }
 
 // Back to the free list, reset but keeping its buffers' capacity for the next send.
-void Endpoint::free_tx(TxOp *op) {
+void Engine::free_tx(TxOp *op) {
     op->reset();
     tx_free_.push_back(op);
 }
 
-void Endpoint::write_tx_err(void *context, uint64_t flags, int err, size_t len) {
+void Engine::write_tx_err(void *context, uint64_t flags, int err, size_t len) {
     if (!tx_cq_) return;
     CompletionError e{};
     e.entry.op_context = context;

@@ -11,8 +11,8 @@
 #include "common/log.h"
 #include "hmem/atomic.h"
 #include "main_prov/domain.h"
-#include "main_prov/endpoint.h"
-#include "main_prov/endpoint_wr.h"
+#include "main_prov/engine.h"
+#include "main_prov/engine_wr.h"
 #include "main_prov/local_path.h"
 
 #include <algorithm>
@@ -49,8 +49,8 @@ int error_of(WcStatus s) {
 
 }  // namespace
 
-void Endpoint::send_control(LinkConnection *conn, wire::ProtoOp op, const void *body, size_t len,
-                            uint64_t msg_id) {
+void Engine::send_control(LinkConnection *conn, wire::ProtoOp op, const void *body, size_t len,
+                          uint64_t msg_id) {
     if (!conn || conn->failed()) return;
     poll_link_soon();
     auto *msg = new ControlMsg{};
@@ -65,8 +65,8 @@ void Endpoint::send_control(LinkConnection *conn, wire::ProtoOp op, const void *
 // conn == nullptr: a node-local message (a Short cell, receive_short_slow). A device receive
 // then refuses it only under FI_HMEM_P2P_REQUIRED, as the twin decides for the cells it
 // delivers: nothing about a message in a host cell is peer to peer, and no link decides.
-void Endpoint::deliver_eager(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,
-                             const uint8_t *payload, fi_addr_t src) {
+void Engine::deliver_eager(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,
+                           const uint8_t *payload, fi_addr_t src) {
     keep_order(rx, conn);
     size_t copied = 0;
     int err = 0;
@@ -86,8 +86,8 @@ void Endpoint::deliver_eager(RxOp *rx, LinkConnection *conn, const wire::ProtoHe
     rx_complete(rx, copied, hdr.tag, hdr.cq_data, hdr.flags, src, err, hdr.size - copied);
 }
 
-void Endpoint::start_rendezvous(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,
-                                const wire::RtsBody &rts, fi_addr_t src) {
+void Engine::start_rendezvous(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,
+                              const wire::RtsBody &rts, fi_addr_t src) {
     keep_order(rx, conn);
     rx->conn = conn;
     rx->msg_id = hdr.msg_id;
@@ -123,7 +123,7 @@ void Endpoint::start_rendezvous(RxOp *rx, LinkConnection *conn, const wire::Prot
     if (rx->reads == 0) finish_rendezvous(rx);
 }
 
-void Endpoint::finish_rendezvous(RxOp *rx) {
+void Engine::finish_rendezvous(RxOp *rx) {
     wire::FinBody fin{rx->msg_id,
                       uint32_t(rx->error ? wire::FinStatus::ReadFailed : wire::FinStatus::Ok), 0};
     send_control(rx->conn, wire::ProtoOp::Fin, &fin, sizeof fin, rx->msg_id);
@@ -135,14 +135,14 @@ void Endpoint::finish_rendezvous(RxOp *rx) {
 
 // The posted receive a message from a link goes to (its slice of a multi-receive buffer), or
 // nullptr: then it is kept as unexpected (keep_unexpected) until a receive comes.
-[[gnu::always_inline]] inline RxOp *Endpoint::match_from_link(const wire::ProtoHeader &hdr,
-                                                              fi_addr_t src) {
+[[gnu::always_inline]] inline RxOp *Engine::match_from_link(const wire::ProtoHeader &hdr,
+                                                            fi_addr_t src) {
     RxMatcher &m = matcher_for(hdr.flags);
     RxOp *rx = m.match_posted(hdr.flags & wire::kProtoTagged, hdr.tag, src);
     return rx ? slice_for(m, rx, hdr.size) : nullptr;
 }
 
-void Endpoint::keep_unexpected(LinkConnection *conn, Unexpected &&ux) {
+void Engine::keep_unexpected(LinkConnection *conn, Unexpected &&ux) {
     ux.ep = this;
     ux.conn = conn;
     matcher_for(ux.hdr.flags).push_unexpected(std::move(ux));
@@ -150,9 +150,9 @@ void Endpoint::keep_unexpected(LinkConnection *conn, Unexpected &&ux) {
 
 // The message kinds of handle_message: false when the message is malformed (nothing done).
 // An eager message is the link's small-message path: inline into handle_message.
-[[gnu::always_inline]] inline bool Endpoint::receive_eager(LinkConnection *conn,
-                                                           const wire::ProtoHeader &hdr,
-                                                           const uint8_t *body, size_t body_len) {
+[[gnu::always_inline]] inline bool Engine::receive_eager(LinkConnection *conn,
+                                                         const wire::ProtoHeader &hdr,
+                                                         const uint8_t *body, size_t body_len) {
     if (hdr.size != body_len) return false;
     fi_addr_t src = source_of(conn);
     if (hdr.flags & wire::kProtoAckReq)
@@ -168,8 +168,8 @@ void Endpoint::keep_unexpected(LinkConnection *conn, Unexpected &&ux) {
     return true;
 }
 
-bool Endpoint::receive_rts(LinkConnection *conn, const wire::ProtoHeader &hdr, const uint8_t *body,
-                           size_t body_len) {
+bool Engine::receive_rts(LinkConnection *conn, const wire::ProtoHeader &hdr, const uint8_t *body,
+                         size_t body_len) {
     wire::RtsBody rts{};
     if (body_len < sizeof rts) return false;
     memcpy(&rts, body, sizeof rts);
@@ -190,7 +190,7 @@ bool Endpoint::receive_rts(LinkConnection *conn, const wire::ProtoHeader &hdr, c
 }
 
 // A Fin or a DeliveryAck: the peer is done with an operation that waited for it.
-bool Endpoint::remote_done(const wire::ProtoHeader &hdr, const uint8_t *body, size_t body_len) {
+bool Engine::remote_done(const wire::ProtoHeader &hdr, const uint8_t *body, size_t body_len) {
     auto it = await_remote_.find(hdr.msg_id);
     if (it == await_remote_.end()) return false;
     TxOp *op = it->second;
@@ -214,8 +214,8 @@ bool Endpoint::remote_done(const wire::ProtoHeader &hdr, const uint8_t *body, si
     return true;
 }
 
-bool Endpoint::receive_write_notify(LinkConnection *conn, const wire::ProtoHeader &hdr,
-                                    const uint8_t *body, size_t body_len) {
+bool Engine::receive_write_notify(LinkConnection *conn, const wire::ProtoHeader &hdr,
+                                  const uint8_t *body, size_t body_len) {
     wire::WriteNotifyBody n{};
     if (body_len < sizeof n) return false;
     memcpy(&n, body, sizeof n);
@@ -228,7 +228,7 @@ bool Endpoint::receive_write_notify(LinkConnection *conn, const wire::ProtoHeade
 }
 
 // A protocol message that came over a link; one that is malformed is dropped, and said so.
-void Endpoint::handle_message(LinkConnection *conn, const uint8_t *buf, size_t len) {
+void Engine::handle_message(LinkConnection *conn, const uint8_t *buf, size_t len) {
     wire::ProtoHeader hdr;
     if (len < sizeof hdr) {
         TANDEM_WARN(FI_LOG_EP_DATA, "dropping a runt message (%zu bytes)\n", len);
@@ -268,11 +268,11 @@ void Endpoint::handle_message(LinkConnection *conn, const uint8_t *buf, size_t l
                     len);
 }
 
-void Endpoint::repost(void *buf) {
+void Engine::repost(void *buf) {
     transport_->post_recv(buf, rx_buf_size_, wr_id(static_cast<uint8_t *>(buf), kWrBuffer));
 }
 
-void Endpoint::handle_wc(const WorkCompletion &wc) {
+void Engine::handle_wc(const WorkCompletion &wc) {
     switch (static_cast<WrKind>(wc.wr_id & kWrKindMask)) {
         case kWrBuffer: {
             auto *buf = wr_ptr<uint8_t>(wc.wr_id);
@@ -319,7 +319,7 @@ void Endpoint::handle_wc(const WorkCompletion &wc) {
 // At close, once the connections are down: the work requests they flushed still name our
 // operations. Nothing is reported any more; what they hold is released. (An operation still
 // waiting for a peer's Fin is released with await_remote_.)
-void Endpoint::discard_link_work() {
+void Engine::discard_link_work() {
     transport_->abort_all();  // what drain() could not close in time
     WorkCompletion wc[32];
     int n;
@@ -357,7 +357,7 @@ void Endpoint::discard_link_work() {
     discard_served();
 }
 
-void Endpoint::fail_peer(Peer *peer, int err) {
+void Engine::fail_peer(Peer *peer, int err) {
     while (!peer->waiting.empty()) {
         TxOp *op = peer->waiting.front();
         peer->waiting.pop_front();
@@ -393,7 +393,7 @@ void Endpoint::fail_peer(Peer *peer, int err) {
 // the node-local path a system call per socket on most passes. A poll that finds anything, or
 // anything to write, brings back a poll on every pass; so does every operation that gives the
 // link work (poll_link_soon).
-void Endpoint::progress_link() {
+void Engine::progress_link() {
     if (shutdown_held_) post_held_shutdown();
     WorkCompletion wc[32];
     int found = 0;

@@ -4,13 +4,13 @@
 #include "common/log.h"
 #include "main_prov/conn_hello.h"
 #include "main_prov/domain.h"
-#include "main_prov/endpoint.h"
+#include "main_prov/engine.h"
 
 #include <cstring>
 
 namespace tandem {
 
-int Endpoint::getpeer(void *addr, size_t *addrlen) {
+int Engine::getpeer(void *addr, size_t *addrlen) {
     if (!addrlen) return -FI_EINVAL;
     std::lock_guard guard(domain_->lock());
     if (type_ != FI_EP_MSG || !msg_peer_ || !msg_peer_->conn) return -FI_ENOTCONN;
@@ -24,7 +24,7 @@ int Endpoint::getpeer(void *addr, size_t *addrlen) {
     return 0;
 }
 
-int Endpoint::connect(const void *addr, const void *param, size_t paramlen) {
+int Engine::connect(const void *addr, const void *param, size_t paramlen) {
     if (type_ != FI_EP_MSG) return -FI_EOPNOTSUPP;
     if (paramlen && !param) return -FI_EINVAL;
     if (paramlen > cm_data_size_) return -FI_EINVAL;
@@ -55,7 +55,7 @@ int Endpoint::connect(const void *addr, const void *param, size_t paramlen) {
     return 0;
 }
 
-void Endpoint::adopt_request(std::unique_ptr<LinkConnection> conn) {
+void Engine::adopt_request(std::unique_ptr<LinkConnection> conn) {
     if (!conn) fail(FI_EINVAL, "connection request already answered");
     auto peer = std::make_unique<Peer>();
     peer->conn = conn.get();
@@ -66,7 +66,7 @@ void Endpoint::adopt_request(std::unique_ptr<LinkConnection> conn) {
     msg_state_ = MsgState::Accepting;
 }
 
-int Endpoint::accept(const void *param, size_t paramlen) {
+int Engine::accept(const void *param, size_t paramlen) {
     if (type_ != FI_EP_MSG) return -FI_EOPNOTSUPP;
     if (paramlen && !param) return -FI_EINVAL;
     if (paramlen > cm_data_size_) return -FI_EINVAL;
@@ -90,7 +90,7 @@ int Endpoint::accept(const void *param, size_t paramlen) {
     return 0;
 }
 
-int Endpoint::shutdown(uint64_t flags) {
+int Engine::shutdown(uint64_t flags) {
     if (flags) return -FI_EBADFLAGS;
     if (type_ != FI_EP_MSG) return -FI_EOPNOTSUPP;
     std::lock_guard guard(domain_->lock());
@@ -106,7 +106,7 @@ int Endpoint::shutdown(uint64_t flags) {
     // Connected).
     if (eq_) {
         fi_eq_cm_entry entry{};
-        entry.fid = base_fid();
+        entry.fid = &self_->fid;
         eq_->post(FI_SHUTDOWN, &entry, sizeof entry);
     }
     return 0;
@@ -115,7 +115,7 @@ int Endpoint::shutdown(uint64_t flags) {
 // An EQ read is a connection-management call: the pass it makes polls the link, whatever
 // the countdown of a quiet or idle link says (progress_link), or a connection's answer waits
 // up to 256 of the EQ's passes (fi_eq_sread makes one per 50 ms: 12.8 s).
-void Endpoint::progress_cm() {
+void Engine::progress_cm() {
     std::lock_guard guard(domain_->lock());
     poll_link_soon();
     progress();
@@ -123,7 +123,7 @@ void Endpoint::progress_cm() {
 
 // The EQ's sleeper watches the link's descriptors: when one wakes it, the next pass polls the
 // link (as wait_fds arranges for a CQ's sleeper).
-void Endpoint::cm_watch(WaitSet &set) {
+void Engine::cm_watch(WaitSet &set) {
     std::vector<int> fds;
     std::lock_guard guard(domain_->lock());
     link_may_wake();
@@ -138,18 +138,18 @@ void Endpoint::cm_watch(WaitSet &set) {
 // after the close was either lost (discarded by close) or reposted on a closed endpoint.
 // An application that waits for the event before it reads its CQ gets it after
 // kShutdownHold all the same, rather than never.
-void Endpoint::post_held_shutdown() {
+void Engine::post_held_shutdown() {
     TANDEM_LOCK_ASSERT(domain_->lock().held(),
                        "an endpoint posts to its EQ without the domain lock");
     if (!shutdown_held_) return;
     if (rx_completions_.queued && std::chrono::steady_clock::now() < shutdown_due_) return;
     shutdown_held_ = false;
     fi_eq_cm_entry entry{};
-    entry.fid = base_fid();
+    entry.fid = &self_->fid;
     eq_->post(FI_SHUTDOWN, &entry, sizeof entry);
 }
 
-void Endpoint::handle_cm_event(CmEvent &ev) {
+void Engine::handle_cm_event(CmEvent &ev) {
     TANDEM_LOCK_ASSERT(domain_->lock().held(), "connection events handled without the domain lock");
     LinkConnection *conn = ev.conn;
     Peer *peer = static_cast<Peer *>(conn->context);
@@ -171,7 +171,7 @@ void Endpoint::handle_cm_event(CmEvent &ev) {
 }
 
 // RDM: a peer connecting on demand. Its hello names its listening address.
-void Endpoint::connect_requested(CmEvent &ev) {
+void Engine::connect_requested(CmEvent &ev) {
     LinkConnection *conn = ev.conn;
     EndpointName name;
     std::string why;
@@ -199,7 +199,7 @@ void Endpoint::connect_requested(CmEvent &ev) {
     conn->accept(nullptr, 0);
 }
 
-void Endpoint::connection_up(Peer *peer, CmEvent &ev) {
+void Engine::connection_up(Peer *peer, CmEvent &ev) {
     LinkConnection *conn = ev.conn;
     if (type_ == FI_EP_RDM) {
         // Send on whichever connection with this peer is up first: nothing has been sent on
@@ -224,7 +224,7 @@ void Endpoint::connection_up(Peer *peer, CmEvent &ev) {
     if (eq_) {
         std::vector<uint8_t> buf(sizeof(fi_eq_cm_entry) + ev.private_data.size());
         auto *entry = reinterpret_cast<fi_eq_cm_entry *>(buf.data());
-        entry->fid = base_fid();
+        entry->fid = &self_->fid;
         entry->info = nullptr;
         if (!ev.private_data.empty())
             memcpy(entry->data, ev.private_data.data(), ev.private_data.size());
@@ -233,13 +233,13 @@ void Endpoint::connection_up(Peer *peer, CmEvent &ev) {
 }
 
 // Rejected or unreachable.
-void Endpoint::connection_refused(Peer *peer, CmEvent &ev) {
+void Engine::connection_refused(Peer *peer, CmEvent &ev) {
     LinkConnection *conn = ev.conn;
     int err = ev.type == CmEventType::Rejected ? FI_ECONNREFUSED : FI_ECONNREFUSED;
     if (type_ == FI_EP_MSG) {
         msg_state_ = MsgState::Shutdown;
         if (eq_)
-            eq_->post_error(base_fid(), base_fid()->context, err, ev.private_data.data(),
+            eq_->post_error(&self_->fid, self_->fid.context, err, ev.private_data.data(),
                             ev.private_data.size());
     }
     // A connection that lost the race to one already up fails nothing.
@@ -251,7 +251,7 @@ void Endpoint::connection_refused(Peer *peer, CmEvent &ev) {
     transport_->destroy(conn);
 }
 
-void Endpoint::connection_lost(Peer *peer, LinkConnection *conn) {
+void Engine::connection_lost(Peer *peer, LinkConnection *conn) {
     if (type_ == FI_EP_MSG) {
         bool was_up = msg_state_ == MsgState::Connected;
         msg_state_ = MsgState::Shutdown;

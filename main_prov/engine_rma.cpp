@@ -1,76 +1,19 @@
 // RMA the application posts (the fi_rma calls; their table is in endpoint.cpp), the buffers
 // an operation exposes to the peer under internal keys, and the peer's access to ours. RMA
-// the target serves is in endpoint_served_rma.cpp.
+// the target serves is in engine_served_rma.cpp.
 #include "main_prov/cntr.h"
 #include "main_prov/domain.h"
-#include "main_prov/endpoint.h"
+#include "main_prov/engine.h"
 #include "main_prov/local_path.h"
 
 namespace tandem {
-
-// Entry points of the fi_rma calls: each maps onto post_rma.
-ssize_t Endpoint::rma_read(const OpDefaults &d, void *buf, size_t len, void *desc, fi_addr_t src,
-                           uint64_t addr, uint64_t key, void *context) {
-    iovec iov{buf, len};
-    return post_rma({&iov, &desc, 1, src, addr, key, context, d.tx, 0, false});
-}
-
-ssize_t Endpoint::rma_readv(const OpDefaults &d, const iovec *iov, void **desc, size_t count,
-                            fi_addr_t src, uint64_t addr, uint64_t key, void *context) {
-    return post_rma({iov, desc, count, src, addr, key, context, d.tx, 0, false});
-}
-
-ssize_t Endpoint::rma_readmsg(const OpDefaults &, const fi_msg_rma *msg, uint64_t flags) {
-    if (!msg || msg->rma_iov_count != 1 || !msg->rma_iov) return -FI_EINVAL;
-    return post_rma({msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->rma_iov[0].addr,
-                     msg->rma_iov[0].key, msg->context, flags & ~kNoCompletion, msg->data, false});
-}
-
-ssize_t Endpoint::rma_write(const OpDefaults &d, const void *buf, size_t len, void *desc,
-                            fi_addr_t dest, uint64_t addr, uint64_t key, void *context) {
-    iovec iov{const_cast<void *>(buf), len};
-    return post_rma({&iov, &desc, 1, dest, addr, key, context, d.tx, 0, true});
-}
-
-ssize_t Endpoint::rma_writev(const OpDefaults &d, const iovec *iov, void **desc, size_t count,
-                             fi_addr_t dest, uint64_t addr, uint64_t key, void *context) {
-    return post_rma({iov, desc, count, dest, addr, key, context, d.tx, 0, true});
-}
-
-ssize_t Endpoint::rma_writemsg(const OpDefaults &, const fi_msg_rma *msg, uint64_t flags) {
-    if (!msg || msg->rma_iov_count != 1 || !msg->rma_iov) return -FI_EINVAL;
-    return post_rma({msg->msg_iov, msg->desc, msg->iov_count, msg->addr, msg->rma_iov[0].addr,
-                     msg->rma_iov[0].key, msg->context, flags & ~kNoCompletion, msg->data, true});
-}
-
-ssize_t Endpoint::rma_inject(const OpDefaults &, const void *buf, size_t len, fi_addr_t dest,
-                             uint64_t addr, uint64_t key) {
-    iovec iov{const_cast<void *>(buf), len};
-    return post_rma(
-        {&iov, nullptr, 1, dest, addr, key, nullptr, FI_INJECT | kNoCompletion, 0, true});
-}
-
-ssize_t Endpoint::rma_writedata(const OpDefaults &d, const void *buf, size_t len, void *desc,
-                                uint64_t data, fi_addr_t dest, uint64_t addr, uint64_t key,
-                                void *context) {
-    iovec iov{const_cast<void *>(buf), len};
-    return post_rma(
-        {&iov, &desc, 1, dest, addr, key, context, d.tx | FI_REMOTE_CQ_DATA, data, true});
-}
-
-ssize_t Endpoint::rma_injectdata(const OpDefaults &, const void *buf, size_t len, uint64_t data,
-                                 fi_addr_t dest, uint64_t addr, uint64_t key) {
-    iovec iov{const_cast<void *>(buf), len};
-    return post_rma({&iov, nullptr, 1, dest, addr, key, nullptr,
-                     FI_INJECT | FI_REMOTE_CQ_DATA | kNoCompletion, data, true});
-}
 
 // Registers an operation's local buffers for the peer's access (a rendezvous source, a served
 // RMA's buffers) and names them in op->rts; the keys go with the operation (retire_tx). 0, or
 // a negative errno with nothing left registered when the link cannot register one (device
 // memory its NIC cannot reach).
-int Endpoint::expose(TxOp *op, const iovec *iov, const hmem::MemRef *mem, size_t count,
-                     uint64_t access) {
+int Engine::expose(TxOp *op, const iovec *iov, const hmem::MemRef *mem, size_t count,
+                   uint64_t access) {
     for (size_t i = 0; i < count; ++i) {
         if (!iov[i].iov_len) continue;
         const hmem::MemRef where = mem ? mem[i] : hmem::kHost;
@@ -87,7 +30,7 @@ int Endpoint::expose(TxOp *op, const iovec *iov, const hmem::MemRef *mem, size_t
     return 0;
 }
 
-int Endpoint::prepare_rma(const RmaArgs &a, RmaRequest &r) const {
+int Engine::prepare_rma(const RmaArgs &a, RmaRequest &r) const {
     if (int ret = r.local.capture(a.iov, a.desc, a.count)) return ret;
     if (r.local.len > info_->ep_attr->max_msg_size) return -FI_EMSGSIZE;
     if ((a.flags & FI_INJECT) && r.local.len > inject_size_) return -FI_EMSGSIZE;
@@ -101,7 +44,7 @@ int Endpoint::prepare_rma(const RmaArgs &a, RmaRequest &r) const {
     return 0;
 }
 
-ssize_t Endpoint::post_rma(const RmaArgs &a) {
+ssize_t Engine::post_rma(const RmaArgs &a) {
     RmaRequest r;
     if (int ret = prepare_rma(a, r)) return ret;
     std::lock_guard guard(domain_->lock());
@@ -112,7 +55,7 @@ ssize_t Endpoint::post_rma(const RmaArgs &a) {
     return issue_rma(r);
 }
 
-ssize_t Endpoint::issue_rma(RmaRequest &r) {
+ssize_t Engine::issue_rma(RmaRequest &r) {
     const iovec *const iov = r.local.iov;
     void **const desc = r.local.descs();
     const size_t count = r.local.count;
@@ -191,12 +134,12 @@ ssize_t Endpoint::issue_rma(RmaRequest &r) {
     return 0;
 }
 
-bool Endpoint::resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access,
-                       LocalPieces &out) noexcept {
+bool Engine::resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access,
+                     LocalPieces &out) noexcept {
     return domain_->mr_table().resolve(key, addr, len, access, out);
 }
 
-void Endpoint::remote_access_done(uint64_t key, uint64_t access) noexcept {
+void Engine::remote_access_done(uint64_t key, uint64_t access) noexcept {
     MemoryRegion *mr = domain_->mr_table().find(key);
     if (!mr) return;  // protocol-internal (rendezvous) access: not the application's event
     mr->count_remote_access(access);

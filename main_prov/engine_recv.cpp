@@ -5,7 +5,7 @@
 #include "main_prov/av.h"
 #include "main_prov/cntr.h"
 #include "main_prov/domain.h"
-#include "main_prov/endpoint.h"
+#include "main_prov/engine.h"
 #include "main_prov/local_path.h"
 #include "main_prov/peer_rx_queue.h"
 #include "peer/peer_abi.h"
@@ -14,21 +14,21 @@
 
 namespace tandem {
 
-void Endpoint::check_rx_ready(uint64_t cap) const {
+void Engine::check_rx_ready(uint64_t cap) const {
     if (!enabled_) fail(FI_EOPBADSTATE, "endpoint not enabled");
     if (cap && !(caps_ & cap)) fail(FI_EOPNOTSUPP, "capability not requested");
 }
 
-void Endpoint::write_rx_err(const RxOp *rx, uint64_t flags, int err, size_t len, size_t olen,
-                            uint64_t tag, uint64_t data) {
+void Engine::write_rx_err(const RxOp *rx, uint64_t flags, int err, size_t len, size_t olen,
+                          uint64_t tag, uint64_t data) {
     if (Cntr *cntr = rx->deferred ? rx->work_cntr : recv_cntr_) cntr->inc_err();
     if (rx->deferred && !(rx->op_flags & FI_COMPLETION)) return;
     write_rx_error_entry(rx->context, rx->count ? rx->iov[0].iov_base : nullptr, flags, err, len,
                          olen, tag, data);
 }
 
-void Endpoint::write_rx_error_entry(void *context, void *buf, uint64_t flags, int err, size_t len,
-                                    size_t olen, uint64_t tag, uint64_t data) {
+void Engine::write_rx_error_entry(void *context, void *buf, uint64_t flags, int err, size_t len,
+                                  size_t olen, uint64_t tag, uint64_t data) {
     if (!rx_cq_) return;
     CompletionError e{};
     e.entry.op_context = context;
@@ -45,7 +45,7 @@ void Endpoint::write_rx_error_entry(void *context, void *buf, uint64_t flags, in
     rx_cq_->write_error(e);
 }
 
-void Endpoint::write_rx_cq(const Completion &c, fi_addr_t src) {
+void Engine::write_rx_cq(const Completion &c, fi_addr_t src) {
     if (!rx_cq_) return;
     Completion out = c;
     out.src = src;
@@ -53,12 +53,12 @@ void Endpoint::write_rx_cq(const Completion &c, fi_addr_t src) {
     rx_cq_->write(out);
 }
 
-ssize_t Endpoint::post_recv(const RecvArgs &a) {
+ssize_t Engine::post_recv(const RecvArgs &a) {
     std::lock_guard guard(domain_->lock());
     return post_recv_locked(a);
 }
 
-ssize_t Endpoint::post_recv_locked(const RecvArgs &a) {
+ssize_t Engine::post_recv_locked(const RecvArgs &a) {
     check_rx_ready(a.flags & FI_PEER_TRANSFER ? 0 : a.tagged ? FI_TAGGED : FI_MSG);
     if (a.flags & FI_PEER_TRANSFER) {
         // The offload twin's receive for its own traffic from remote twins.
@@ -85,7 +85,7 @@ ssize_t Endpoint::post_recv_locked(const RecvArgs &a) {
 
 // A receive a trigger started (or deferred work): posted as fi_recvmsg would post it, but
 // completing as its request says.
-ssize_t Endpoint::issue_recv(RecvRequest &r) {
+ssize_t Engine::issue_recv(RecvRequest &r) {
     if (rx_->outstanding + rx_triggered_ >= info_->rx_attr->size) return -FI_EAGAIN;
     RecvArgs args{r.buffers.iov, r.buffers.descs(), r.buffers.count, r.src, r.context, r.flags,
                   r.tag,         r.ignore,          r.tagged};
@@ -93,8 +93,8 @@ ssize_t Endpoint::issue_recv(RecvRequest &r) {
     return post_recv_on(*rx_, this, caps_, args, r.done);
 }
 
-ssize_t Endpoint::post_recv_on(RxMatcher &m, Endpoint *report_ep, uint64_t caps, const RecvArgs &a,
-                               const DeferredDone &done) {
+ssize_t Engine::post_recv_on(RxMatcher &m, Engine *report_ep, uint64_t caps, const RecvArgs &a,
+                             const DeferredDone &done) {
     (void)report_ep;
     if (a.count && !a.iov) return -FI_EINVAL;
     if (a.count > kMaxIov) return -FI_EINVAL;
@@ -139,7 +139,7 @@ ssize_t Endpoint::post_recv_on(RxMatcher &m, Endpoint *report_ep, uint64_t caps,
     return 0;
 }
 
-fi_addr_t Endpoint::source_of(const Unexpected &ux) {
+fi_addr_t Engine::source_of(const Unexpected &ux) {
     if (ux.peer_entry) return ux.peer_entry->entry.addr;  // the peer's AV is ours
     if (!ux.conn) return ux.src;                          // a node-local message
     return ux.ep->source_of(ux.conn);
@@ -147,14 +147,14 @@ fi_addr_t Endpoint::source_of(const Unexpected &ux) {
 
 // A message a peer provider holds (our offload twin, or another importer of our SRX) is
 // delivered by that peer; one that came over a link by the endpoint it arrived on.
-void Endpoint::deliver_unexpected_any(RxOp *rx, Unexpected &ux) {
+void Engine::deliver_unexpected_any(RxOp *rx, Unexpected &ux) {
     if (ux.peer_entry)
         PeerRxQueue::of(ux.peer_entry)->start(ux.peer_entry, rx);
     else
         ux.ep->deliver_unexpected(rx, ux);
 }
 
-void Endpoint::deliver_unexpected(RxOp *rx, Unexpected &ux) {
+void Engine::deliver_unexpected(RxOp *rx, Unexpected &ux) {
     fi_addr_t src = source_of(ux);
     if (ux.rendezvous())
         start_rendezvous(rx, ux.conn, ux.hdr, ux.rts, src);
@@ -165,7 +165,7 @@ void Endpoint::deliver_unexpected(RxOp *rx, Unexpected &ux) {
 // A Short cell that no plain posted receive takes: into a device or multi-receive buffer that
 // matches it, or kept, with its payload, until a receive comes (in the same queue as every
 // other unexpected message, so that one sender's messages match in the order it sent them).
-void Endpoint::receive_short_slow(const uint8_t *cell, fi_addr_t src) {
+void Engine::receive_short_slow(const uint8_t *cell, fi_addr_t src) {
     ShortView v;
     if (!read_short(cell, v)) return;  // (receive_short read it already)
     const bool tagged = v.flags & wire::kLocalTagged;
@@ -191,14 +191,21 @@ void Endpoint::receive_short_slow(const uint8_t *cell, fi_addr_t src) {
 
 // What the twin decides for the cells it delivers into device memory: a copy, refused only
 // under FI_HMEM_P2P_REQUIRED.
-bool Endpoint::local_refuses_device(size_t len) {
+bool Engine::local_refuses_device(size_t len) {
     if (!len || p2p_.mode() != FI_HMEM_P2P_REQUIRED) return false;
     hmem::counters().refused_transfers.fetch_add(1, std::memory_order_relaxed);
     return true;
 }
 
-ssize_t Endpoint::peek_or_claim_on(RxMatcher &m, Endpoint *report_ep, uint64_t caps,
-                                   const RecvArgs &a) {
+ssize_t Engine::peek_or_claim(const RecvArgs &a) {
+    std::lock_guard guard(domain_->lock());
+    check_rx_ready(FI_TAGGED);
+    progress();
+    return peek_or_claim_on(*rx_, this, caps_, a);
+}
+
+ssize_t Engine::peek_or_claim_on(RxMatcher &m, Engine *report_ep, uint64_t caps,
+                                 const RecvArgs &a) {
     uint64_t cq_flags = FI_RECV | FI_TAGGED;
     RxOp probe;
     probe.context = a.context;
@@ -225,7 +232,7 @@ ssize_t Endpoint::peek_or_claim_on(RxMatcher &m, Endpoint *report_ep, uint64_t c
             if (report_ep) report_ep->write_rx_err(&probe, cq_flags, FI_ENOMSG, 0, 0, a.tag, 0);
             return 0;
         }
-        Endpoint *ep = found->ep ? found->ep : report_ep;
+        Engine *ep = found->ep ? found->ep : report_ep;
         fi_addr_t src = source_of(*found);
         size_t size = found->hdr.size;
         uint64_t tag = found->hdr.tag, data = found->hdr.cq_data;
@@ -249,7 +256,7 @@ ssize_t Endpoint::peek_or_claim_on(RxMatcher &m, Endpoint *report_ep, uint64_t c
     // FI_CLAIM: deliver (or discard) the message claimed by an earlier peek.
     Unexpected ux;
     if (!m.take_claimed(a.context, ux)) return -FI_EINVAL;
-    Endpoint *ep = ux.ep ? ux.ep : report_ep;
+    Engine *ep = ux.ep ? ux.ep : report_ep;
     if (a.flags & FI_DISCARD) {
         if (ux.peer_entry) {
             PeerRxQueue::of(ux.peer_entry)->discard(ux.peer_entry);
@@ -273,7 +280,7 @@ ssize_t Endpoint::peek_or_claim_on(RxMatcher &m, Endpoint *report_ep, uint64_t c
 
 // For a multi-receive buffer: carve the next message's slice; retire the buffer once less
 // than FI_OPT_MIN_MULTI_RECV bytes are left.
-RxOp *Endpoint::slice_for(RxMatcher &m, RxOp *rx, size_t len) {
+RxOp *Engine::slice_for(RxMatcher &m, RxOp *rx, size_t len) {
     if (!rx->multi) return rx;
     size_t left = rx->total - rx->consumed;
     size_t take = std::min(len, left);
@@ -298,7 +305,7 @@ RxOp *Endpoint::slice_for(RxMatcher &m, RxOp *rx, size_t len) {
     return slice;
 }
 
-fi_addr_t Endpoint::source_of(LinkConnection *conn) {
+fi_addr_t Engine::source_of(LinkConnection *conn) {
     if (type_ != FI_EP_RDM || !conn) return FI_ADDR_NOTAVAIL;
     auto *peer = static_cast<Peer *>(conn->context);
     if (!peer || !av_) return FI_ADDR_NOTAVAIL;
@@ -310,15 +317,15 @@ fi_addr_t Endpoint::source_of(LinkConnection *conn) {
 }
 
 // A matched message joins its peer's order queue (see RxOp::order_queue).
-void Endpoint::keep_order(RxOp *rx, LinkConnection *conn) {
+void Engine::keep_order(RxOp *rx, LinkConnection *conn) {
     auto *peer = conn ? static_cast<Peer *>(conn->context) : nullptr;
     if (!peer) return;
     peer->rx_order.push_back(rx);
     rx->order_queue = &peer->rx_order;
 }
 
-void Endpoint::rx_complete(RxOp *rx, size_t len, uint64_t tag, uint64_t data, uint8_t proto_flags,
-                           fi_addr_t src, int err, size_t olen) {
+void Engine::rx_complete(RxOp *rx, size_t len, uint64_t tag, uint64_t data, uint8_t proto_flags,
+                         fi_addr_t src, int err, size_t olen) {
     rx->done = true;
     rx->done_len = len;
     rx->done_tag = tag;
@@ -339,7 +346,7 @@ void Endpoint::rx_complete(RxOp *rx, size_t len, uint64_t tag, uint64_t data, ui
     }
 }
 
-void Endpoint::report_rx(RxOp *rx) {
+void Engine::report_rx(RxOp *rx) {
     uint64_t flags = FI_RECV | ((rx->done_proto_flags & wire::kProtoTagged) ? FI_TAGGED : FI_MSG);
     if (rx->done_proto_flags & wire::kProtoCqData) flags |= FI_REMOTE_CQ_DATA;
     RxOp *parent = rx->parent;
@@ -375,18 +382,18 @@ void Endpoint::report_rx(RxOp *rx) {
     }
 }
 
-void Endpoint::release_rx(RxOp *rx) {
+void Engine::release_rx(RxOp *rx) {
     RxMatcher &m = matcher_of(rx);
     --m.outstanding;
     m.free_op(rx);
 }
 
-ssize_t Endpoint::cancel(void *context) {
+ssize_t Engine::cancel(void *context) {
     std::lock_guard guard(domain_->lock());
     return cancel_locked(context);
 }
 
-ssize_t Endpoint::cancel_locked(void *context) {
+ssize_t Engine::cancel_locked(void *context) {
     // A triggered operation that has not started is cancelled in off_tandem's queue (its
     // FI_ECANCELED completion written by the discard); one that started is an ordinary
     // operation from then on.
@@ -410,7 +417,7 @@ ssize_t Endpoint::cancel_locked(void *context) {
     return 0;
 }
 
-ssize_t Endpoint::cancel_on(RxMatcher &m, Endpoint *report_ep, void *context) {
+ssize_t Engine::cancel_on(RxMatcher &m, Engine *report_ep, void *context) {
     RxOp *rx = m.cancel(context);
     if (!rx) return -FI_ENOENT;
     uint64_t flags = FI_RECV | (rx->tagged ? FI_TAGGED : FI_MSG);

@@ -10,7 +10,7 @@
 #include "main_prov/config.h"
 #include "main_prov/cq.h"
 #include "main_prov/domain.h"
-#include "main_prov/endpoint.h"
+#include "main_prov/engine.h"
 #include "main_prov/eq.h"
 #include "main_prov/local_path.h"
 #include "main_prov/trigger.h"
@@ -31,7 +31,7 @@ constexpr uint64_t kFnvBasis = 0xcbf29ce484222325ull;
 
 // The per-operation state the twin's done callback brings back.
 struct CollCompletion {
-    Endpoint *ep;
+    Engine *ep;
     void *context;
     uint64_t flags;
     DeferredDone done;
@@ -46,7 +46,7 @@ namespace {
 
 // The parent of a group joined at coll_addr (the set's own address, or a group of this
 // endpoint) holds every member of the new group.
-bool parent_holds(Domain &domain, const Av *av, const Endpoint *ep, fi_addr_t coll_addr,
+bool parent_holds(Domain &domain, const Av *av, const Engine *ep, fi_addr_t coll_addr,
                   const std::vector<fi_addr_t> &members) {
     const std::vector<fi_addr_t> *parent = nullptr;
     if (AvSet *p = domain.coll_addresses().set_at(coll_addr); p && p->av() == av)
@@ -101,7 +101,7 @@ int join_keys(const Av &av, const std::vector<fi_addr_t> &members, const std::st
 
 // fi_join (fi_ops_cm::join): only collective groups (FI_COLLECTIVE); tandem offers no
 // multicast (FI_MULTICAST), so a plain join is -FI_ENOSYS.
-int Endpoint::join(const void *addr, uint64_t flags, fid_mc **mc, void *context) {
+int Engine::join(const void *addr, uint64_t flags, fid_mc **mc, void *context) {
     if (!(flags & FI_COLLECTIVE)) return -FI_ENOSYS;
     if (!addr || !mc) return -FI_EINVAL;
     const auto *ca = static_cast<const fi_collective_addr *>(addr);
@@ -152,7 +152,7 @@ int Endpoint::join(const void *addr, uint64_t flags, fid_mc **mc, void *context)
     return 0;
 }
 
-void Endpoint::report_join(fid_t mc, void *context, int err) {
+void Engine::report_join(fid_t mc, void *context, int err) {
     if (!eq_) return;
     if (err) {
         eq_->post_error(mc, context, err, nullptr, 0, 0);
@@ -162,7 +162,7 @@ void Endpoint::report_join(fid_t mc, void *context, int err) {
     eq_->post(FI_JOIN_COMPLETE, &entry, sizeof entry);
 }
 
-int Endpoint::leave_group(CollGroup &g) {
+int Engine::leave_group(CollGroup &g) {
     if (!local_ || !local_->coll_ops()) return 0;
     return local_->coll_ops()->leave(local_->twin(), g.handle);
 }
@@ -170,7 +170,7 @@ int Endpoint::leave_group(CollGroup &g) {
 // ------------------------------------------------------------------------------------------
 // The calls
 
-ssize_t Endpoint::post_collective(const CollCall &c) {
+ssize_t Engine::post_collective(const CollCall &c) {
     std::lock_guard guard(domain_->lock());
     if (!(caps_ & FI_COLLECTIVE)) return -FI_EOPNOTSUPP;
     check_tx_ready(0);
@@ -218,19 +218,19 @@ ssize_t Endpoint::post_collective(const CollCall &c) {
     return issue_collective(r);
 }
 
-ssize_t Endpoint::issue_collective(CollRequest &r) {
+ssize_t Engine::issue_collective(CollRequest &r) {
     auto *done = new CollCompletion{this, r.context, r.flags, r.done};
     r.work.arg = done;
-    r.work.done = &Endpoint::collective_done;
+    r.work.done = &Engine::collective_done;
     int ret = local_->coll_ops()->post(local_->twin(), r.group->handle, &r.work);
     if (ret) delete done;
     return ret;
 }
 
 // The twin's report (from its progress, under the domain lock): one completion, FI_COLLECTIVE.
-void Endpoint::collective_done(void *arg, int err) {
+void Engine::collective_done(void *arg, int err) {
     auto *c = static_cast<CollCompletion *>(arg);
-    Endpoint *ep = c->ep;
+    Engine *ep = c->ep;
     Cntr *cntr = c->done.deferred ? c->done.cntr : nullptr;
     if (err) {
         if (cntr) cntr->inc_err();
@@ -242,133 +242,6 @@ void Endpoint::collective_done(void *arg, int err) {
             ep->tx_cq_->write({c->context, FI_COLLECTIVE, 0, nullptr, 0, 0, FI_ADDR_NOTAVAIL});
     }
     delete c;
-}
-
-ssize_t Endpoint::coll_barrier(const OpDefaults &d, fi_addr_t coll_addr, void *context) {
-    return coll_barrier2(d, coll_addr, 0, context);
-}
-
-ssize_t Endpoint::coll_barrier2(const OpDefaults &d, fi_addr_t coll_addr, uint64_t flags,
-                                void *context) {
-    CollCall c;
-    c.coll = FI_BARRIER;
-    c.coll_addr = coll_addr;
-    c.flags = flags | d.tx;
-    c.context = context;
-    return post_collective(c);
-}
-
-ssize_t Endpoint::coll_broadcast(const OpDefaults &d, void *buf, size_t count, void *desc,
-                                 fi_addr_t coll_addr, fi_addr_t root_addr,
-                                 enum fi_datatype datatype, uint64_t flags, void *context) {
-    CollCall c{FI_BROADCAST,       nullptr, nullptr,      buf,    desc, count, coll_addr, root_addr,
-               raw_enum(datatype), FI_NOOP, flags | d.tx, context};
-    return post_collective(c);
-}
-
-ssize_t Endpoint::coll_alltoall(const OpDefaults &d, const void *buf, size_t count, void *desc,
-                                void *result, void *result_desc, fi_addr_t coll_addr,
-                                enum fi_datatype datatype, uint64_t flags, void *context) {
-    CollCall c{FI_ALLTOALL,        buf,     desc,         result,
-               result_desc,        count,   coll_addr,    FI_ADDR_NOTAVAIL,
-               raw_enum(datatype), FI_NOOP, flags | d.tx, context};
-    return post_collective(c);
-}
-
-ssize_t Endpoint::coll_allreduce(const OpDefaults &d, const void *buf, size_t count, void *desc,
-                                 void *result, void *result_desc, fi_addr_t coll_addr,
-                                 enum fi_datatype datatype, enum fi_op op, uint64_t flags,
-                                 void *context) {
-    CollCall c{FI_ALLREDUCE,       buf,          desc,         result,
-               result_desc,        count,        coll_addr,    FI_ADDR_NOTAVAIL,
-               raw_enum(datatype), raw_enum(op), flags | d.tx, context};
-    return post_collective(c);
-}
-
-ssize_t Endpoint::coll_allgather(const OpDefaults &d, const void *buf, size_t count, void *desc,
-                                 void *result, void *result_desc, fi_addr_t coll_addr,
-                                 enum fi_datatype datatype, uint64_t flags, void *context) {
-    CollCall c{FI_ALLGATHER,       buf,     desc,         result,
-               result_desc,        count,   coll_addr,    FI_ADDR_NOTAVAIL,
-               raw_enum(datatype), FI_NOOP, flags | d.tx, context};
-    return post_collective(c);
-}
-
-ssize_t Endpoint::coll_reduce_scatter(const OpDefaults &d, const void *buf, size_t count,
-                                      void *desc, void *result, void *result_desc,
-                                      fi_addr_t coll_addr, enum fi_datatype datatype, enum fi_op op,
-                                      uint64_t flags, void *context) {
-    CollCall c{FI_REDUCE_SCATTER,  buf,          desc,         result,
-               result_desc,        count,        coll_addr,    FI_ADDR_NOTAVAIL,
-               raw_enum(datatype), raw_enum(op), flags | d.tx, context};
-    return post_collective(c);
-}
-
-ssize_t Endpoint::coll_reduce(const OpDefaults &d, const void *buf, size_t count, void *desc,
-                              void *result, void *result_desc, fi_addr_t coll_addr,
-                              fi_addr_t root_addr, enum fi_datatype datatype, enum fi_op op,
-                              uint64_t flags, void *context) {
-    CollCall c{FI_REDUCE,          buf,          desc,         result,
-               result_desc,        count,        coll_addr,    root_addr,
-               raw_enum(datatype), raw_enum(op), flags | d.tx, context};
-    return post_collective(c);
-}
-
-ssize_t Endpoint::coll_scatter(const OpDefaults &d, const void *buf, size_t count, void *desc,
-                               void *result, void *result_desc, fi_addr_t coll_addr,
-                               fi_addr_t root_addr, enum fi_datatype datatype, uint64_t flags,
-                               void *context) {
-    CollCall c{FI_SCATTER,         buf,     desc,         result,
-               result_desc,        count,   coll_addr,    root_addr,
-               raw_enum(datatype), FI_NOOP, flags | d.tx, context};
-    return post_collective(c);
-}
-
-ssize_t Endpoint::coll_gather(const OpDefaults &d, const void *buf, size_t count, void *desc,
-                              void *result, void *result_desc, fi_addr_t coll_addr,
-                              fi_addr_t root_addr, enum fi_datatype datatype, uint64_t flags,
-                              void *context) {
-    CollCall c{FI_GATHER,          buf,     desc,         result,
-               result_desc,        count,   coll_addr,    root_addr,
-               raw_enum(datatype), FI_NOOP, flags | d.tx, context};
-    return post_collective(c);
-}
-
-// fi_collective_msg: one fi_ioc each way (the calls' buffers as lists of one); the flags
-// replace the endpoint's defaults, as for the other *msg calls.
-ssize_t Endpoint::coll_msg(const OpDefaults &, const fi_msg_collective *msg, fi_ioc *resultv,
-                           void **result_desc, size_t result_count, uint64_t flags) {
-    if (!msg) return -FI_EINVAL;
-    if (msg->iov_count > 1 || result_count > 1) return -FI_EINVAL;
-    const int coll = raw_enum(msg->coll);
-    const bool bcast = coll == FI_BROADCAST;
-    CollCall c;
-    c.coll = coll;
-    c.coll_addr = msg->coll_addr;
-    c.root = msg->root_addr;
-    c.datatype = raw_enum(msg->datatype);
-    c.op = raw_enum(msg->op);
-    c.flags = flags;
-    c.context = msg->context;
-    if (msg->iov_count == 1) {
-        if (!msg->msg_iov) return -FI_EINVAL;
-        c.count = msg->msg_iov[0].count;
-        void *desc = msg->desc ? msg->desc[0] : nullptr;
-        if (bcast) {
-            c.result = msg->msg_iov[0].addr;
-            c.result_desc = desc;
-        } else {
-            c.buf = msg->msg_iov[0].addr;
-            c.desc = desc;
-        }
-    }
-    if (result_count == 1 && !bcast) {
-        if (!resultv) return -FI_EINVAL;
-        c.result = resultv[0].addr;
-        c.result_desc = result_desc ? result_desc[0] : nullptr;
-        if (msg->iov_count == 0) c.count = resultv[0].count;
-    }
-    return post_collective(c);
 }
 
 }  // namespace tandem

@@ -13,14 +13,14 @@
 #include "common/iov.h"
 #include "common/log.h"
 #include "main_prov/domain.h"
-#include "main_prov/endpoint.h"
-#include "main_prov/endpoint_wr.h"
+#include "main_prov/engine.h"
+#include "main_prov/engine_wr.h"
 
 #include <cstring>
 
 namespace tandem {
 
-struct Endpoint::ServedRma {
+struct Engine::ServedRma {
     LinkConnection *conn;  // null once the connection is gone: nobody to answer
     uint64_t msg_id;       // the initiator's operation
     uint64_t key;
@@ -33,8 +33,8 @@ struct Endpoint::ServedRma {
     bool failed = false;
 };
 
-ssize_t Endpoint::issue_served_rma(TxOp *op, const RmaRequest &r, const hmem::MemRef *mem,
-                                   bool stage) {
+ssize_t Engine::issue_served_rma(TxOp *op, const RmaRequest &r, const hmem::MemRef *mem,
+                                 bool stage) {
     const iovec *iov = r.local.iov;
     const size_t count = r.local.count;
     const size_t len = r.local.len;
@@ -79,8 +79,8 @@ ssize_t Endpoint::issue_served_rma(TxOp *op, const RmaRequest &r, const hmem::Me
     return 0;
 }
 
-bool Endpoint::serve_rma(LinkConnection *conn, const wire::ProtoHeader &hdr, const uint8_t *body,
-                         size_t len) {
+bool Engine::serve_rma(LinkConnection *conn, const wire::ProtoHeader &hdr, const uint8_t *body,
+                       size_t len) {
     wire::RmaReqBody req;
     if (len != sizeof req) return false;
     memcpy(&req, body, sizeof req);
@@ -135,12 +135,12 @@ bool Endpoint::serve_rma(LinkConnection *conn, const wire::ProtoHeader &hdr, con
     return true;
 }
 
-void Endpoint::served_done(ServedRma *job, WcStatus status) {
+void Engine::served_done(ServedRma *job, WcStatus status) {
     if (status != WcStatus::Success) job->failed = true;
     if (--job->pending == 0) finish_served(job);
 }
 
-void Endpoint::finish_served(ServedRma *job) {
+void Engine::finish_served(ServedRma *job) {
     if (!job->failed) {
         remote_access_done(job->key, job->access);
         if (job->cq_data && job->access == FI_REMOTE_WRITE)
@@ -160,7 +160,7 @@ void Endpoint::finish_served(ServedRma *job) {
     if (conn) resume_connection(conn);
 }
 
-bool Endpoint::hold_behind_served(LinkConnection *conn, const uint8_t *buf, size_t len) {
+bool Engine::hold_behind_served(LinkConnection *conn, const uint8_t *buf, size_t len) {
     if (held_behind_served_.empty()) return false;
     auto it = held_behind_served_.find(conn);
     if (it == held_behind_served_.end()) return false;
@@ -170,7 +170,7 @@ bool Endpoint::hold_behind_served(LinkConnection *conn, const uint8_t *buf, size
 
 // The connection's served request is done: what it sent meanwhile is handled now, in order,
 // until another request makes the rest wait again.
-void Endpoint::resume_connection(LinkConnection *conn) {
+void Engine::resume_connection(LinkConnection *conn) {
     auto it = held_behind_served_.find(conn);
     if (it == held_behind_served_.end()) return;
     std::deque<std::vector<uint8_t>> waiting = std::move(it->second);
@@ -188,14 +188,14 @@ void Endpoint::resume_connection(LinkConnection *conn) {
     }
 }
 
-void Endpoint::forget_served(LinkConnection *conn) {
+void Engine::forget_served(LinkConnection *conn) {
     held_behind_served_.erase(conn);
     for (ServedRma *job : served_)
         if (job->conn == conn) job->conn = nullptr;
 }
 
 // At close, after the link flushed everything: the jobs left answer nobody.
-void Endpoint::discard_served() {
+void Engine::discard_served() {
     for (ServedRma *job : served_) delete job;
     served_.clear();
     held_behind_served_.clear();

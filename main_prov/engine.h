@@ -1,0 +1,624 @@
+// The message engine behind one FI_EP_MSG or FI_EP_RDM endpoint: transmit operations,
+// matching, rendezvous, completions and progress, over its channels (the link, a connection
+// per peer; the node-local path through the offload twin). It knows the application only
+// through the generic posts (post_send, post_recv, post_rma, post_atomic, post_collective) and
+// the configuration calls of its fid_ep adapter (main_prov/endpoint.h): the ops tables, the
+// forms of each call, options and binds are the adapter's.
+//
+// Eager messages for small payloads, rendezvous by RDMA read for large ones, tag matching with
+// unexpected-message queues, RMA straight onto the link. An MSG endpoint has one connection
+// made through fi_connect/fi_accept; an RDM endpoint makes one per peer on demand, named by
+// the peer's listening address.
+#pragma once
+
+#include "common/short_cell.h"
+#include "main_prov/cq.h"
+#include "main_prov/eq.h"
+#include "main_prov/link/link.h"
+#include "main_prov/rx_matcher.h"
+#include "main_prov/trigger.h"
+#include "peer/peer_abi.h"
+#include "peer/peer_trigger.h"
+#include "main_prov/tx_request.h"
+#include "main_prov/types.h"
+#include "common/wire.h"
+#include "hmem/p2p_policy.h"
+
+#include "hmem/atomic.h"
+
+#include <rdma/fi_atomic.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_rma.h>
+#include <rdma/fi_tagged.h>
+#include <rdma/fi_trigger.h>
+
+#include <chrono>
+#include <deque>
+#include <list>
+#include <memory>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+namespace tandem {
+
+class Domain;
+class Av;
+class Cntr;
+class LocalPath;
+
+struct TxOp;
+struct TriggeredOp;
+
+struct Peer {
+    EndpointName name;               // RDM: the peer's listening address
+    LinkConnection *conn = nullptr;  // the connection we send on
+    bool established = false;
+    std::deque<TxOp *> waiting;          // posted before the connection was up
+    FabricAddr addr = FI_ADDR_NOTAVAIL;  // in our AV, refreshed when the AV changes
+    uint64_t av_version = ~0ull;
+    std::deque<RxOp *> rx_order;  // matched messages from this peer, completions in order
+    // RDM: how operations to this peer travel, decided at the first one and then kept, so
+    // that the order of one peer's operations is one path's order.
+    enum class Route : uint8_t { Undecided, Link, Local } route = Route::Undecided;
+    // Local: the twin's lane to it (small sends go straight into its ring), or nullptr.
+    peer::LocalLane *lane = nullptr;
+    // Over a link, atomics sent whose answer has not come, and the operations posted behind
+    // one that must not overtake it (see Engine::submit), in order.
+    uint32_t atomics_out = 0;
+    std::deque<TxOp *> held;
+};
+
+struct TxOp {
+    // Atomic: inject_copy holds the request (wire::AtomicBody + operands), iov / mem the
+    // result buffers of a fetch or compare operation; it completes at the target's answer.
+    enum class Kind : uint8_t { Send, Write, Read, Atomic } kind = Kind::Send;
+    void *context = nullptr;
+    uint64_t cq_flags = 0;      // flags of the completion entry
+    uint64_t op_flags = 0;      // FI_* flags the operation was posted with
+    bool report = true;         // write a CQ entry on success
+    bool inject_level = false;  // complete once posted: the payload is our own copy
+    bool completed_early = false;
+    size_t len = 0;
+    Peer *peer = nullptr;
+    LinkConnection *conn = nullptr;
+    uint64_t id = 0;
+    wire::ProtoHeader hdr{};
+    wire::RtsBody rts{};
+    wire::WriteNotifyBody notify{};
+    std::vector<iovec> iov;
+    std::vector<hmem::MemRef> mem;     // where each of iov lives (empty: all host memory)
+    std::vector<uint8_t> inject_copy;  // fi_inject: the payload, owned
+    std::vector<uint64_t> internal_keys;
+    RemoteRegion remote{};
+    uint64_t data = 0;
+    bool peer_transfer = false;  // the offload twin's (FI_PEER_TRANSFER): reported to it
+    bool local = false;          // posted through the offload twin (counted in local_tx_pending_)
+    bool fenced = false;         // an atomic counted in its peer's atomics_out
+    bool deferred = false;       // deferred work: completes on work_cntr (DeferredDone)
+    Cntr *work_cntr = nullptr;
+    int link_wrs = 0;           // link work requests not completed yet
+    bool await_remote = false;  // rendezvous Fin or DeliveryAck pending
+    // RMA the target serves (Domain::rma_served): sent as an RmaReq naming served_target,
+    // the local buffers exposed in rts; stage_back: a read of device memory lands in
+    // inject_copy and is copied to iov/mem when the Fin comes.
+    bool served = false;
+    bool stage_back = false;
+    wire::RmaReqTarget served_target{};
+    int error = 0;
+
+    // Back to the state of a new op, keeping the vectors' capacity: ops are recycled, and
+    // assigning a whole fresh TxOp cost a tenth of a node-local message's software time.
+    void reset() {
+        kind = Kind::Send;
+        context = nullptr;
+        cq_flags = op_flags = 0;
+        report = true;
+        inject_level = completed_early = false;
+        len = 0;
+        peer = nullptr;
+        conn = nullptr;
+        id = 0;
+        hdr = {};
+        rts.iov_count = 0;  // the entries are written as they are counted
+        notify = {};
+        iov.clear();
+        mem.clear();
+        inject_copy.clear();
+        internal_keys.clear();
+        remote = {};
+        data = 0;
+        peer_transfer = false;
+        local = false;
+        fenced = false;
+        deferred = false;
+        work_cntr = nullptr;
+        link_wrs = 0;
+        await_remote = false;
+        served = stage_back = false;
+        served_target = {};
+        error = 0;
+    }
+};
+// A new field must be reset above: this fails when the layout changes.
+static_assert(sizeof(TxOp) == 416, "TxOp changed: update TxOp::reset()");
+
+class Engine : public CmSource, public RemoteKeyResolver {
+  public:
+    // self: the adapter's fid_ep, which connection events name and the twin is opened for.
+    Engine(Domain *domain, fi_info *info, fid_ep *self);
+    ~Engine() override;
+
+    // --- Configuration, by the adapter (main_prov/endpoint.cpp) ---------------------------
+    // fi_close: -FI_EBUSY while collective groups joined are open; else everything the
+    // endpoint holds is released (operations out, connections, the twin, bindings).
+    int close();
+    // fi_ep_bind of each class of object, before the endpoint is enabled, after the adapter
+    // checked the flags. Domain lock held, except for bind_eq (see DomainLock::require).
+    int bind_eq(Eq *eq);
+    int bind_cq(Cq *cq, uint64_t flags);
+    int bind_cntr(Cntr *cntr, uint64_t flags);
+    int bind_av(Av *av, uint64_t flags);
+    int bind_srx(struct fid *srx);
+    int bind_stx(struct fid *stx);
+    bool enabled() const { return enabled_; }
+    int enable_locked();  // fi_enable; also implied by fi_connect / fi_accept (fi_cm(3))
+    // What the options (fi_setopt / fi_getopt) set, after the adapter checked their form.
+    size_t min_multi_recv() const { return rx_->min_multi_recv; }
+    void set_min_multi_recv(size_t size) { rx_->min_multi_recv = size; }
+    size_t cm_data_size() const { return cm_data_size_; }
+    int set_cm_data_size(size_t size);
+    int p2p_mode() const { return p2p_.mode(); }
+    int set_p2p(int mode);
+    uint64_t caps() const { return caps_; }
+    // fi_getopt(FI_OPT_XPU_TRIGGER): how many variables an XPU trigger of that device needs.
+    int xpu_trigger_shape(fi_trigger_xpu *xpu, size_t *optlen);
+    // What the offload twin learned of the peer's twin (EpDiagOps).
+    int remote_twin(fi_addr_t addr, uint64_t *caps);
+    // EpDiagOps::peer_path: a peer::PeerPath or a negative errno.
+    int peer_path(fi_addr_t addr);
+
+    // --- fi_ops_ep and fi_ops_cm ----------------------------------------------------------
+    ssize_t cancel(void *context);
+    ssize_t rx_size_left();
+    ssize_t tx_size_left();
+    int setname(void *addr, size_t addrlen);
+    int getname(void *addr, size_t *addrlen);
+    int getpeer(void *addr, size_t *addrlen);
+    int connect(const void *addr, const void *param, size_t paramlen);
+    int accept(const void *param, size_t paramlen);
+    int shutdown(uint64_t flags);
+    // fi_join_collective (engine_coll.cpp).
+    int join(const void *addr, uint64_t flags, fid_mc **mc, void *context);
+
+    // --- The posts every data call of the adapter maps onto -------------------------------
+    struct SendArgs {
+        const iovec *iov;
+        void **desc;
+        size_t count;
+        fi_addr_t dest;
+        void *context;
+        uint64_t flags;
+        uint64_t tag;
+        uint64_t data;
+        bool tagged;
+    };
+    struct RecvArgs {
+        const iovec *iov;
+        void **desc;
+        size_t count;
+        fi_addr_t src;
+        void *context;
+        uint64_t flags;
+        uint64_t tag;
+        uint64_t ignore;
+        bool tagged;
+    };
+    struct RmaArgs {
+        const iovec *iov;
+        void **desc;
+        size_t count;
+        fi_addr_t peer;
+        uint64_t addr;
+        uint64_t key;
+        void *context;
+        uint64_t flags;
+        uint64_t data;
+        bool write;
+    };
+    // A collective call of any form (fi_collective(3)).
+    struct CollCall {
+        int coll = FI_BARRIER;
+        const void *buf = nullptr;
+        void *desc = nullptr;
+        void *result = nullptr;
+        void *result_desc = nullptr;
+        size_t count = 0;
+        fi_addr_t coll_addr = FI_ADDR_NOTAVAIL;
+        fi_addr_t root = FI_ADDR_NOTAVAIL;
+        int datatype = FI_VOID;
+        int op = FI_NOOP;
+        uint64_t flags = 0;
+        void *context = nullptr;
+    };
+    // Each transmit is prepared (checked, its lists copied into a request: tx_request.h) and
+    // then issued, at once or, with FI_TRIGGER, when off_tandem's trigger queue starts it.
+    ssize_t post_send(const SendArgs &a);
+    ssize_t post_recv(const RecvArgs &a);
+    // fi_trecvmsg with FI_PEEK or FI_CLAIM.
+    ssize_t peek_or_claim(const RecvArgs &a);
+    ssize_t post_rma(const RmaArgs &a);
+    ssize_t post_atomic(const AtomicCall &a);  // any form of atomic (tx_request.h)
+    ssize_t post_collective(const CollCall &c);
+    // The small-message paths of the one-buffer calls (endpoint_data.cpp, inline there): a
+    // send complete when it returns 0 (to a node-local peer through its lane, Peer::lane; to a
+    // peer over the link when the connection takes it at once, send_by_link), and a receive
+    // posted where no unexpected message waits; kNotTaken when the call needs the general post.
+    static constexpr ssize_t kNotTaken = 1;
+    inline ssize_t send_direct(const void *buf, size_t len, void *desc, fi_addr_t dest,
+                               void *context, uint64_t flags, uint64_t tag, uint64_t data,
+                               bool tagged);
+    ssize_t recv_one(void *buf, size_t len, void *desc, fi_addr_t src, uint64_t tag,
+                     uint64_t ignore, void *context, uint64_t flags, bool tagged);
+
+    // The caller holds the domain lock.
+    ssize_t issue_collective(CollRequest &r);
+    void report_join(fid_t mc, void *context, int err);
+    int leave_group(CollGroup &g);
+    void coll_group_opened() { ++coll_groups_; }
+    void coll_group_closed() { --coll_groups_; }
+
+    // CmSource
+    void progress_cm() override;
+    void cm_watch(WaitSet &set) override;
+    // RemoteKeyResolver
+    bool resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access,
+                 LocalPieces &out) noexcept override;
+    void remote_access_done(uint64_t key, uint64_t access) noexcept override;
+
+    // Inside tandem, with the domain lock held. (Inline: every poll of every CQ of the domain
+    // comes through here; the twin's progress is called straight through its ops table.)
+    void progress() {
+        if (twin_quiet_) {
+            // We read the twin's inbox (peer::InboxView): Short cells with our own decoder
+            // while the twin is quiet, every other cell by the twin. The twin runs after, while
+            // it has work, and every kTwinEvery empty passes (its checks and heartbeat).
+            const void *cell = inbox_ring_->peek();
+            if (cell) read_inbox(static_cast<const uint8_t *>(cell));
+            if (!*twin_quiet_ || (!cell && (++express_passes_ & (kTwinEvery - 1)) == 0))
+                twin_progress_(twin_ep_);
+        } else if (twin_progress_) {
+            twin_progress_(twin_ep_);
+        }
+        // The link's side of the pass only when due (see progress_link): most passes of an
+        // endpoint whose traffic is node-local end here.
+        if (--link_countdown_ > 0) return;
+        progress_link();
+    }
+    // Work for the link (or completions of the twin's transfers to report): the next pass
+    // polls it, however long the link was idle or quiet.
+    void poll_link_soon() const { link_countdown_ = 1; }
+    // Before a sleeper watches the link's descriptors (a CQ's wait_fds, an EQ's cm_watch):
+    // what wakes it is polled at the next pass, and the link counts as busy again.
+    void link_may_wake() const {
+        link_countdown_ = 1;
+        empty_link_polls_ = 0;
+    }
+    void wait_fds(std::vector<int> &out) const;
+    // Passive side of an MSG connection: the request this endpoint answers with fi_accept.
+    void adopt_request(std::unique_ptr<LinkConnection> conn);
+    // The receive operations, on any matcher; completions that belong to no arrived message
+    // (FI_ENOMSG, cancel) are reported on report_ep. The caller holds the domain lock.
+    static ssize_t post_recv_on(RxMatcher &m, Engine *report_ep, uint64_t caps, const RecvArgs &a,
+                                const DeferredDone &done = {});
+    static ssize_t peek_or_claim_on(RxMatcher &m, Engine *report_ep, uint64_t caps,
+                                    const RecvArgs &a);
+    static ssize_t cancel_on(RxMatcher &m, Engine *report_ep, void *context);
+    Domain *domain() const { return domain_; }
+
+    // Triggered operations and deferred work (trigger.cpp). The caller holds the domain lock.
+    // An FI_TRIGGER operation, prepared: handed to off_tandem's trigger queue.
+    ssize_t queue_triggered(TriggeredRequest &&r);
+    // Deferred work on this endpoint (the domain's FI_QUEUE_WORK).
+    int queue_deferred(TriggeredRequest &&r, Cntr *trigger, uint64_t threshold, const void *match);
+    int start_triggered(TriggeredOp &op);
+    void discard_triggered(TriggeredOp &op, int err, bool report);
+    // The queue's group of this endpoint's deferred work (FI_FLUSH_WORK flushes it), apart
+    // from its FI_TRIGGER operations (group: the endpoint itself).
+    const void *work_group() const { return &work_group_; }
+
+  private:
+    // FI_OPT_FI_HMEM_P2P: whether some path of the endpoint can go peer to peer, and the
+    // policy it starts with (FI_TANDEM_HMEM_P2P).
+    bool can_p2p() const;
+    void apply_default_p2p(int mode);
+    friend class LocalPath;
+    friend class OwnerFace;  // the twin's calls: the *_locked entries below
+    friend class PeerRxQueue;
+    friend class Domain;  // prepares deferred work (FI_QUEUE_WORK) for its endpoints
+
+    // The bodies of post_send, post_recv, cancel and getname, with the domain lock held: the
+    // application's calls take the lock and come here, the twin's (OwnerFace) come here under
+    // the lock it runs in.
+    ssize_t post_send_locked(const SendArgs &a, SendRequest &r);
+    ssize_t post_recv_locked(const RecvArgs &a);
+    ssize_t cancel_locked(void *context);
+    int getname_locked(void *addr, size_t *addrlen) const;
+    inline ssize_t send_by_lane(peer::LocalLane *lane, const void *buf, size_t len, void *context,
+                                uint64_t flags, uint64_t tag, uint64_t data, bool tagged);
+    ssize_t send_by_link(Peer *peer, const void *buf, size_t len, void *context, uint64_t flags,
+                         uint64_t tag, uint64_t data, bool tagged);
+    // peer_for, without a call while the sends go to one peer.
+    Peer *peer_of(fi_addr_t addr) {
+        if (addr == last_peer_addr_ && last_peer_ && type_ == FI_EP_RDM &&
+            peer_cache_version_ == av_version_word_->load(std::memory_order_acquire))
+            return last_peer_;
+        return peer_for(addr);
+    }
+    int prepare_send(const SendArgs &a, SendRequest &r) const;
+    int prepare_rma(const RmaArgs &a, RmaRequest &r) const;
+    int prepare_atomic(const AtomicCall &a, AtomicRequest &r) const;
+    bool make_tx_room();
+    ssize_t issue_send(SendRequest &r);
+    // issue_send's ways: into a node-local peer's ring at once (true: done), through the
+    // offload twin, or over the link as an Eager message or an Rts.
+    bool inject_local(const SendRequest &r, Peer *peer, bool device);
+    TxOp *new_send_op(const SendRequest &r, Peer *peer);
+    ssize_t send_through_twin(TxOp *op, SendRequest &r, bool device, const hmem::MemRef *mem);
+    ssize_t send_over_link(TxOp *op, const SendRequest &r, bool device, const hmem::MemRef *mem);
+    int prepare_eager(TxOp *op, const SendRequest &r, bool device, const hmem::MemRef *mem);
+    int prepare_rts(TxOp *op, const SendRequest &r, bool device, const hmem::MemRef *mem,
+                    hmem::P2pDecision decision);
+    ssize_t issue_rma(RmaRequest &r);
+    ssize_t issue_atomic(AtomicRequest &r);
+    // issue_atomic's operands and compare values as byte ranges, and where they live.
+    struct AtomicOperands {
+        size_t elem = 0;   // bytes per element
+        size_t count = 0;  // elements
+        iovec operand[kMaxIov], compare[kMaxIov];
+        hmem::MemRef operand_mem[kMaxIov], compare_mem[kMaxIov];
+        bool device = false;  // some of them in device memory
+    };
+    ssize_t atomic_through_twin(TxOp *op, const AtomicCall &a, const AtomicOperands &in);
+    ssize_t atomic_over_link(TxOp *op, const AtomicCall &a, AtomicOperands &in);
+    ssize_t issue_recv(RecvRequest &r);
+    int hand_over(TriggeredRequest &&r, peer::TriggerWork &work, const void *match);
+    ssize_t queue_xpu(TriggeredRequest &&r, fi_triggered_context *ctx, peer::TriggerWork &work);
+    int own_inject_payload(TriggeredOp &op);
+    void report_unstarted(const TriggeredOp &op, int err);
+    // The target's side of an atomic that came over a link, and the initiator's of its answer.
+    void serve_atomic(LinkConnection *conn, const wire::ProtoHeader &hdr, const uint8_t *body,
+                      size_t len);
+    bool finish_atomic(const wire::ProtoHeader &hdr, const uint8_t *body, size_t len);
+    // RMA the target serves (Domain::rma_served; main_prov/engine_served_rma.cpp): the
+    // initiator's request, and the target's side of it.
+    ssize_t issue_served_rma(TxOp *op, const RmaRequest &r, const hmem::MemRef *mem, bool stage);
+    int expose(TxOp *op, const iovec *iov, const hmem::MemRef *mem, size_t count, uint64_t access);
+    bool serve_rma(LinkConnection *conn, const wire::ProtoHeader &hdr, const uint8_t *body,
+                   size_t len);
+    struct ServedRma;
+    // One of a job's reads or writes completed; the last one finishes it.
+    void served_done(ServedRma *job, WcStatus status);
+    void finish_served(ServedRma *job);
+    // Whether messages from conn wait behind a served RMA (then buf is kept for later).
+    bool hold_behind_served(LinkConnection *conn, const uint8_t *buf, size_t len);
+    void resume_connection(LinkConnection *conn);
+    // A connection about to be destroyed: served RMA on it answers nobody, nothing waits.
+    void forget_served(LinkConnection *conn);
+    void discard_served();
+    void deliver_unexpected(RxOp *rx, Unexpected &ux);
+    static void deliver_unexpected_any(RxOp *rx, Unexpected &ux);
+    void check_tx_ready(uint64_t cap) const;
+    void check_rx_ready(uint64_t cap) const;
+    Peer *peer_for(fi_addr_t addr);
+    void submit(TxOp *op);
+    void release_held(Peer *peer);
+    void start_tx(TxOp *op);
+    void issue_tx(TxOp *op);
+    void finish_tx(TxOp *op);
+    void fail_tx(TxOp *op, int err);
+    void tx_report(TxOp *op);
+    void complete_injected(const SendRequest &r);
+    // Whether a transmit posted with these flags writes a CQ entry (fi_inject and friends
+    // never do; under FI_SELECTIVE_COMPLETION, or as deferred work, only those asking for
+    // FI_COMPLETION).
+    bool tx_reports(uint64_t flags, const DeferredDone &done = {}) const {
+        return !(flags & kNoCompletion) &&
+               (!(tx_selective_ || done.deferred) || (flags & FI_COMPLETION));
+    }
+    TxOp *alloc_tx();
+    void retire_tx(TxOp *op);
+    Cntr *counter_for(const TxOp &op) const;
+    Cntr *tx_counter(uint64_t cq_flags) const;
+    static int take_payload(TxOp *op, const iovec *iov, const hmem::MemRef *mem, size_t count,
+                            size_t len, bool copy);
+    bool memory_of(const iovec *iov, void **desc, size_t count, uint64_t flags,
+                   hmem::MemRef *mem) const;
+    // A transfer of device memory over a link: what the P2P policy says (counted).
+    // How device memory of a transfer of len bytes crosses the link (and the counters); `small`:
+    // what FI_HMEM_P2P_ENABLED stages anyway (messages up to the eager limit).
+    hmem::P2pDecision link_decision(size_t len, size_t small = 0);
+    void free_tx(TxOp *op);
+    void send_control(LinkConnection *conn, wire::ProtoOp op, const void *body, size_t len,
+                      uint64_t msg_id);
+
+    void handle_wc(const WorkCompletion &wc);
+    void discard_link_work();
+    void handle_cm_event(CmEvent &ev);
+    // handle_cm_event's events: a peer's request, a connection up, refused, lost.
+    void connect_requested(CmEvent &ev);
+    void connection_up(Peer *peer, CmEvent &ev);
+    void connection_refused(Peer *peer, CmEvent &ev);
+    void connection_lost(Peer *peer, LinkConnection *conn);
+    void post_held_shutdown();
+    void handle_message(LinkConnection *conn, const uint8_t *buf, size_t len);
+    // handle_message's kinds of message: false when it is malformed (nothing done).
+    inline bool receive_eager(LinkConnection *conn, const wire::ProtoHeader &hdr,
+                              const uint8_t *body, size_t body_len);
+    bool receive_rts(LinkConnection *conn, const wire::ProtoHeader &hdr, const uint8_t *body,
+                     size_t body_len);
+    bool remote_done(const wire::ProtoHeader &hdr, const uint8_t *body, size_t body_len);
+    bool receive_write_notify(LinkConnection *conn, const wire::ProtoHeader &hdr,
+                              const uint8_t *body, size_t body_len);
+    inline RxOp *match_from_link(const wire::ProtoHeader &hdr, fi_addr_t src);
+    void keep_unexpected(LinkConnection *conn, Unexpected &&ux);
+    void deliver_eager(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,
+                       const uint8_t *payload, fi_addr_t src);
+    void keep_order(RxOp *rx, LinkConnection *conn);
+    void report_rx(RxOp *rx);
+    void start_rendezvous(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,
+                          const wire::RtsBody &rts, fi_addr_t src);
+    void finish_rendezvous(RxOp *rx);
+    static RxOp *slice_for(RxMatcher &m, RxOp *rx, size_t len);
+    void rx_complete(RxOp *rx, size_t len, uint64_t tag, uint64_t data, uint8_t proto_flags,
+                     fi_addr_t src, int err, size_t olen);
+    // A Short cell's message (the node-local path's small messages, common/short_cell.h) into
+    // rx, a posted host-memory receive that is no multi-receive buffer: copied, and completed
+    // as rx_complete would, with report_rx's common case inline (into receive_short, itself
+    // inline into read_inbox: the calls with their arguments were a tenth of the delivering
+    // read's instructions).
+    inline void short_into(RxMatcher &m, RxOp *rx, const ShortView &v, fi_addr_t src);
+    void release_rx(RxOp *rx);
+    fi_addr_t source_of(LinkConnection *conn);
+    RxMatcher &matcher_for(uint8_t proto_flags) {
+        return (proto_flags & wire::kProtoPeer) ? peer_rx_ : *rx_;
+    }
+    // The matcher a receive of this endpoint was posted on.
+    RxMatcher &matcher_of(const RxOp *rx) {
+        return (rx->op_flags & FI_PEER_TRANSFER) ? peer_rx_ : *rx_;
+    }
+    static fi_addr_t source_of(const Unexpected &ux);
+    bool goes_local(Peer *peer, fi_addr_t addr);
+    void repost(void *buf);
+    void fail_peer(Peer *peer, int err);
+
+    void write_tx_cq(const Completion &c);
+    void write_rx_cq(const Completion &c, fi_addr_t src);
+    void write_tx_err(void *context, uint64_t flags, int err, size_t len);
+    void write_rx_err(const RxOp *rx, uint64_t flags, int err, size_t len, size_t olen,
+                      uint64_t tag, uint64_t data);
+    // An error entry on the receive CQ (nothing else: the callers count it).
+    void write_rx_error_entry(void *context, void *buf, uint64_t flags, int err, size_t len,
+                              size_t olen, uint64_t tag, uint64_t data);
+
+    Domain *domain_;
+    fid_ep *self_;  // the adapter's
+    fi_info *info_;
+    fi_ep_type type_;
+    uint64_t caps_;
+    // Collectives: groups joined and not closed, operations with the twin.
+    static void collective_done(void *arg, int err);
+    size_t coll_groups_ = 0;
+    bool enabled_ = false;
+    bool closing_ = false;
+
+    Cq *tx_cq_ = nullptr;
+    Cq *rx_cq_ = nullptr;
+    bool tx_selective_ = false;
+    bool rx_selective_ = false;
+    Cntr *send_cntr_ = nullptr, *recv_cntr_ = nullptr, *read_cntr_ = nullptr,
+         *write_cntr_ = nullptr, *rread_cntr_ = nullptr, *rwrite_cntr_ = nullptr;
+    Av *av_ = nullptr;
+    const std::atomic<uint64_t> *av_version_word_ = nullptr;  // Av::version()'s word
+    Eq *eq_ = nullptr;
+
+    std::unique_ptr<LinkTransport> transport_;  // the link (the protocol sees LinkTransport only)
+    void progress_link();
+    // While the transport is idle (nothing but its listener to watch), progress polls it
+    // every kIdleLinkPolls-th pass only (see progress_link()).
+    static constexpr unsigned kIdleLinkPolls = 256;
+    // Connections that have brought nothing for kQuietAfter polls in a row, with nothing to
+    // write, are polled every kQuietLinkPolls-th pass only (see progress_link()).
+    static constexpr unsigned kQuietAfter = 1024, kQuietLinkPolls = 64;
+    mutable unsigned empty_link_polls_ = 0;
+    mutable unsigned link_countdown_ = 1;  // passes until progress_link() is due
+    std::unique_ptr<uint8_t[]> rx_slab_;   // link receive buffers
+    size_t rx_buf_size_ = 0;
+    size_t eager_limit_ = 0;
+    size_t inject_size_ = 0;
+    // The largest send send_by_lane takes: the twin's cell or the endpoint's max_msg_size,
+    // whichever is less; 0 without a twin.
+    size_t lane_limit_ = 0;
+    size_t link_direct_limit_ = 0;  // send_by_link's largest payload
+    size_t direct_limit_ = 0;       // the larger of the two: send_direct's first check
+    size_t cm_data_size_ = wire::kMaxCmPrivate;
+    size_t cm_data_max_ = wire::kMaxCmPrivate;  // what the link's connection requests carry
+    // Digest of the authorization key (fi_endpoint(3) auth_key; 0: none): connection
+    // requests carry it, and only a request with the same one is accepted.
+    uint64_t auth_ = 0;
+    hmem::P2pPolicy p2p_;
+
+    // Peers: RDM keyed by name; MSG has exactly one.
+    std::unordered_map<std::string, std::unique_ptr<Peer>> peers_;
+    std::unordered_map<fi_addr_t, Peer *> peer_by_addr_;
+    uint64_t peer_cache_version_ = ~0ull;
+    fi_addr_t last_peer_addr_ = FI_ADDR_NOTAVAIL;  // peer_for's last answer (same AV version)
+    Peer *last_peer_ = nullptr;
+    Peer *msg_peer_ = nullptr;
+    EndpointName src_name_;  // bound / advertised address
+    bool named_ = false;
+
+    enum class MsgState : uint8_t { Idle, Connecting, Accepting, Connected, Shutdown };
+    MsgState msg_state_ = MsgState::Idle;
+    bool shutdown_held_ = false;      // FI_SHUTDOWN owed, after rx_completions_ are read
+    CompletionOwner rx_completions_;  // this endpoint's receive completions in rx_cq_
+    std::chrono::steady_clock::time_point shutdown_due_;  // ... or at the latest then
+    static constexpr std::chrono::milliseconds kShutdownHold{1000};
+    std::unique_ptr<LinkConnection> pending_request_;
+
+    std::unique_ptr<LocalPath> local_;  // RDM: node-local peers through off_tandem
+    // local_'s progress entry (LocalPathOps::progress) and twin, or null without local_.
+    void (*twin_progress_)(fid_ep *) = nullptr;
+    fid_ep *twin_ep_ = nullptr;
+    // The twin's inbox, which we read (LocalPathOps::take_inbox): its ring and whether the
+    // twin is quiet (null without local_), the twin's handler of the cells that are not ours,
+    // the passes since the twin last ran, and the last sender resolved.
+    ShmRing *inbox_ring_ = nullptr;
+    const bool *twin_quiet_ = nullptr;
+    void (*twin_take_cell_)(fid_ep *, const uint8_t *) = nullptr;
+    static constexpr unsigned kTwinEvery = 16;
+    unsigned express_passes_ = 0;
+    LastSender last_sender_;
+    // The cells at the head of the twin's inbox, first `cell`, up to a batch: each Short cell
+    // ours while the twin is quiet, every other one the twin's (twin_take_cell_).
+    void read_inbox(const uint8_t *cell);
+    // The one decoder of Short cells on our receive side: from read_inbox, and from the twin
+    // for those it read or held back (peer::OwnerInbox). Matches, copies and completes, or
+    // keeps the message as unexpected; a malformed cell is dropped and logged.
+    inline void receive_short(const uint8_t *cell);
+    static void receive_short_from_twin(void *self, const uint8_t *cell);
+    [[gnu::cold, gnu::noinline]] static void drop_malformed_short();
+    // receive_short past a plain posted receive: a device or multi-receive buffer, or none
+    // yet (unexpected).
+    [[gnu::noinline]] void receive_short_slow(const uint8_t *cell, fi_addr_t src);
+    // Whether a device receive refuses len bytes of a node-local message (deliver_eager).
+    bool local_refuses_device(size_t len);
+    // FI_PEER_TRANSFER: the twin's receives (its traffic never meets the application's).
+    RxMatcher peer_rx_;
+    RxMatcher own_rx_;
+    RxMatcher *rx_ = &own_rx_;  // own_rx_, or the shared receive context's
+    struct fid *srx_ = nullptr;
+    struct fid *stx_ = nullptr;
+    std::unordered_map<uint64_t, TxOp *> await_remote_;
+    // Served RMA in progress at this target, and the connections whose messages wait behind
+    // it (copies, in arrival order).
+    std::unordered_set<ServedRma *> served_;
+    std::unordered_map<LinkConnection *, std::deque<std::vector<uint8_t>>> held_behind_served_;
+    // Every TxOp this endpoint made, whatever holds it now (the link, the offload twin, a
+    // peer's waiting list, the free list): all go with the endpoint, so closing it while
+    // operations are still out loses none. As many as were ever outstanding at once.
+    std::vector<std::unique_ptr<TxOp>> tx_ops_;
+    std::vector<TxOp *> tx_free_;  // free list: no allocation per send in steady state
+    uint64_t next_op_id_ = 1;
+    size_t tx_outstanding_ = 0;
+    // Triggered transmits and receives waiting in off_tandem's queue: they count against the
+    // queue depths (tx_attr->size, rx_attr->size) as posted operations do.
+    size_t tx_triggered_ = 0;
+    size_t rx_triggered_ = 0;
+    char work_group_ = 0;          // (its address names work_group())
+    bool used_triggers_ = false;   // handed work to off_tandem's queue (discarded at close)
+    size_t local_tx_pending_ = 0;  // of tx_outstanding_, the operations posted to the twin
+};
+
+}  // namespace tandem
