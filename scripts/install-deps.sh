@@ -15,6 +15,7 @@ packages=(
     iproute2 iptables
     gnuplot-nox
     valgrind
+    universal-ctags
 )
 
 missing=()

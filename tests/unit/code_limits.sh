@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# usage: code_limits.sh SOURCE_ROOT [CHECK]
+# The limits the production code is held to (docs/architecture.md, "Routes of a message, and
+# the step to one engine"), checked on the sources as they are, so that none creeps back:
+#   functions  no function of the providers, the peer and memory layers, the shared plumbing
+#              or the NCCL plugin longer than 80 lines (ctags' span: signature to closing brace)
+#   files      no such file longer than 900 lines unless its opening comment says why, in a
+#              sentence naming "900 lines"
+#   adapter    the fid_ep adapter (class Endpoint, main_prov/endpoint.h) under 60 methods
+#   locks      no recursive mutex anywhere in them (the domain lock is a plain one, and the
+#              lock order is asserted: main_prov/lock_order.h)
+# CHECK runs one of them (all by default). Each prints what breaks its limit, and the script
+# fails if any does.
+set -u
+root=${1:?usage: $0 SOURCE_ROOT [CHECK]}
+only=${2:-all}
+cd "$root" || exit 1
+command -v ctags >/dev/null || { echo "FAIL: ctags not found (scripts/install-deps.sh installs universal-ctags)"; exit 1; }
+ctags --version | grep -q Universal || { echo "FAIL: ctags is not Universal Ctags"; exit 1; }
+
+dirs=(common main_prov offload_prov peer hmem nccl_plugin)
+mapfile -t sources < <(find "${dirs[@]}" \( -name '*.cpp' -o -name '*.h' -o -name '*.c' \) | sort)
+[ "${#sources[@]}" -gt 100 ] || { echo "FAIL: found only ${#sources[@]} sources under ${dirs[*]}"; exit 1; }
+status=0
+
+check_functions() {
+    local long
+    # One line per function definition: "file:line end name"; its length is end - line + 1.
+    long=$(ctags -x --language-force=C++ --kinds-C++=f --fields=+ne --_xformat='%F:%n %{end} %N' \
+               "${sources[@]}" 2>/dev/null |
+           awk '{ split($1, at, ":"); n = $2 - at[2] + 1; if ($2 != "" && n > 80) print n " lines: " $3 " (" $1 ")" }')
+    local counted
+    counted=$(ctags -x --language-force=C++ --kinds-C++=f --fields=+ne --_xformat='%F:%n %{end}' "${sources[@]}" 2>/dev/null | grep -c ' [0-9]')
+    # ctags must have found the definitions, with their ends, for the check to mean anything.
+    [ "$counted" -gt 1000 ] || { echo "FAIL: ctags reported the end of only $counted functions"; status=1; return; }
+    if [ -n "$long" ]; then
+        echo "FAIL: functions over 80 lines:"; echo "$long"; status=1
+    else
+        echo "ok: $counted functions, none over 80 lines"
+    fi
+}
+
+check_files() {
+    local f n bad=0
+    for f in "${sources[@]}"; do
+        n=$(wc -l <"$f")
+        [ "$n" -le 900 ] && continue
+        # The opening comment: the lines before the first that is not a // comment.
+        if ! awk '!/^\/\//{exit} {print}' "$f" | grep -q '900 lines'; then
+            echo "FAIL: $f has $n lines and its opening comment does not say why (no \"900 lines\")"
+            bad=1
+        fi
+    done
+    if [ "$bad" -eq 0 ]; then echo "ok: ${#sources[@]} files, none over 900 lines without a reason"; else status=1; fi
+}
+
+check_adapter() {
+    local n
+    [ -f main_prov/endpoint.h ] || { echo "FAIL: main_prov/endpoint.h missing"; status=1; return; }
+    n=$(ctags -x --kinds-C++=+p --_xformat='%{scope}|%K|%N' --language-force=C++ main_prov/endpoint.h |
+        awk -F'|' '$1 == "tandem::Endpoint" && ($2 == "prototype" || $2 == "function")' | wc -l)
+    if [ "$n" -ge 60 ] || [ "$n" -eq 0 ]; then
+        echo "FAIL: the fid_ep adapter (tandem::Endpoint) has $n methods, the limit is 59"; status=1
+    else
+        echo "ok: the fid_ep adapter has $n methods"
+    fi
+}
+
+check_locks() {
+    local hits
+    hits=$(grep -n 'recursive_mutex\|recursive_timed_mutex\|PTHREAD_MUTEX_RECURSIVE' "${sources[@]}" |
+           grep -v ':[0-9]*: *//')
+    if [ -n "$hits" ]; then
+        echo "FAIL: recursive locks:"; echo "$hits"; status=1
+    else
+        echo "ok: no recursive lock"
+    fi
+}
+
+case $only in
+    all) check_functions; check_files; check_adapter; check_locks ;;
+    functions | files | adapter | locks) "check_$only" ;;
+    *) echo "unknown check: $only"; exit 2 ;;
+esac
+exit "$status"
