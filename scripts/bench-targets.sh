@@ -2,7 +2,14 @@
 # scripts/bench.sh --targets: the figures the latency work is held to, all in one invocation,
 # each against its reference on this machine, as ratios of medians over alternating runs.
 #
-#   scripts/bench.sh --targets [-b BUILD_DIR] [-n RUNS] [--json FILE]
+#   scripts/bench.sh --targets [-b BUILD_DIR] [-n RUNS] [--json FILE] [--baseline BUILD_DIR]
+#
+# --baseline BASE: another build of tandem (an earlier commit, built in its own tree) measured
+# in the same runs, between the two sides of each tandem pair, so that the new build and the
+# old alternate too (the same tandem_bench, only FI_PROVIDER_PATH differs): local_lat,
+# link_lat, local_bw, link_bw and mpi_lat get a ".base" figure, and "new against baseline"
+# prints each ratio with a limit of 5% (latency new / base <= 1.05, bandwidth base / new
+# <= 1.05).
 #
 # Every run measures, in pairs whose order is reversed every other run:
 #   local_lat   8 B tagged ping-pong (half round trip), node-local: tandem (tandem_bench)
@@ -38,11 +45,13 @@ repo=$(cd "$here/.." && pwd)
 build=$repo/build
 runs=5
 json=""
+base=""
 while [ $# -gt 0 ]; do
     case $1 in
         -b) build=$2; shift 2 ;;
         -n) runs=$2; shift 2 ;;
         --json) json=$2; shift 2 ;;
+        --baseline) base=$2; shift 2 ;;
         -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
         *) echo "bench.sh --targets: unknown option $1 (see -h)" >&2; exit 1 ;;
     esac
@@ -52,6 +61,10 @@ build=$(cd "$build" 2>/dev/null && pwd) || { echo "bench.sh --targets: no build 
 for f in bench/tandem_bench bench/mem_bench bench/mpi_lat bench/coll_bench lib/libtandem-fi.so; do
     [ -e "$build/$f" ] || { echo "bench.sh --targets: $build/$f not built" >&2; exit 1; }
 done
+if [ -n "$base" ]; then
+    base=$(cd "$base" 2>/dev/null && pwd) || { echo "bench.sh --targets: no baseline directory" >&2; exit 1; }
+    [ -e "$base/lib/libtandem-fi.so" ] || { echo "bench.sh --targets: $base/lib/libtandem-fi.so not built" >&2; exit 1; }
+fi
 for c in ucx_perftest mpirun taskset; do
     command -v "$c" >/dev/null || { echo "bench.sh --targets: $c not found (scripts/install-deps.sh)" >&2; exit 1; }
 done
@@ -124,10 +137,15 @@ allreduce_run() {
              END { print a, b }'
 }
 
-# pair RUN FIRST-FN SECOND-FN: runs the two in order, reversed on even runs.
+# pair RUN FIRST-FN SECOND-FN: runs the two in order, reversed on even runs; with a baseline,
+# the baseline's measurement (c) between them.
 pair() {
-    if (($1 % 2)); then "$2"; "$3"; else "$3"; "$2"; fi
+    if (($1 % 2)); then "$2"; [ -n "$base" ] && c; "$3"; else "$3"; [ -n "$base" ] && c; "$2"; fi
 }
+# The baseline's tandem, for c(): its providers, the same tandem_bench.
+on_base() { prov_path=$base/lib "$@"; }
+mpi_base=(--mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include tandem -x FI_PROVIDER_PATH="$base/lib")
+c() { :; }
 
 echo "bench.sh --targets: $runs runs on $(nproc) cores ($(hostname)), build $build"
 for run in $(seq 1 "$runs"); do
@@ -137,19 +155,25 @@ for run in $(seq 1 "$runs"); do
     # interruption moves its figure by several percent.)
     a() { record "$run" local_lat.tandem "$(tb_iters=200000 tb_run tandem lat 8)" us; }
     b() { record "$run" local_lat.ucx_sm "$(ucx_run posix,cma tag_lat 200000)" us; }
+    c() { record "$run" local_lat.base "$(tb_iters=200000 on_base tb_run tandem lat 8)" us; }
     pair "$run" a b
     a() { record "$run" link_lat.tandem "$(tb_run tandem lat 8 FI_TANDEM_LOCAL=0)" us; }
     b() { record "$run" link_lat.ucx_tcp "$(ucx_run tcp tag_lat)" us; }
+    c() { record "$run" link_lat.base "$(on_base tb_run tandem lat 8 FI_TANDEM_LOCAL=0)" us; }
     pair "$run" a b
     a() { record "$run" local_bw.tandem "$(tb_run tandem bw 1m)" MB/s; }
     b() { record "$run" local_bw.shm "$(tb_run shm bw 1m)" MB/s; }
+    c() { record "$run" local_bw.base "$(on_base tb_run tandem bw 1m)" MB/s; }
     pair "$run" a b
     a() { record "$run" link_bw.tandem "$(tb_run tandem bw 1m FI_TANDEM_LOCAL=0)" MB/s; }
     b() { record "$run" link_bw.tcp_rxm "$(tb_run 'tcp;ofi_rxm' bw 1m)" MB/s; }
+    c() { record "$run" link_bw.base "$(on_base tb_run tandem bw 1m FI_TANDEM_LOCAL=0)" MB/s; }
     pair "$run" a b
     a() { record "$run" mpi_lat.tandem "$(mpi_lat_run "${mpi_tandem[@]}")" us; }
     b() { record "$run" mpi_lat.vader "$(mpi_lat_run "${mpi_vader[@]}")" us; }
+    c() { record "$run" mpi_lat.base "$(mpi_lat_run "${mpi_base[@]}")" us; }
     pair "$run" a b
+    c() { :; }
     a() {
         read -r x y <<<"$(allreduce_run "${mpi_tandem[@]}")"
         record "$run" allreduce_64k.tandem "${x:-}" us
@@ -228,6 +252,16 @@ target "allreduce 64 KiB, 4 ranks: tandem / vader" "$(med allreduce_64k.tandem)"
 target "allreduce 1 MiB, 4 ranks: tandem / vader" "$(med allreduce_1m.tandem)" "$(med allreduce_1m.vader)" 1.00
 target "memory, 64 peers: tandem / shm" "$(mem64 local.tandem)" "$(mem64 local.shm)" 1.00
 target "memory, 64 peers: tandem / tcp;ofi_rxm" "$(mem64 link.tandem)" "$(mem64 link.tcp_rxm)" 1.00
+if [ -n "$base" ]; then
+    echo
+    echo "new against baseline ($base; ratio of medians, limit 5%)"
+    for m in local_lat link_lat mpi_lat; do
+        target "$m: new / baseline" "$(med "$m.tandem")" "$(med "$m.base")" 1.05
+    done
+    for m in local_bw link_bw; do
+        target "$m: baseline / new" "$(med "$m.base")" "$(med "$m.tandem")" 1.05
+    done
+fi
 echo
 echo "for comparison (no target): 1 MiB bandwidth, and two processes on one core"
 for p in "local_bw tandem shm" "link_bw tandem tcp_rxm" "oversub_lat tandem shm" "oversub_bw tandem shm"; do

@@ -9,7 +9,7 @@
 #   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --trigger [--local] [--json FILE]
 #   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --coll [--np "2 4 8"] [--json FILE]
 #   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --nccl [--local] [--json FILE]
-#   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --targets [--json FILE]
+#   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --targets [--json FILE] [--baseline BUILD_DIR]
 #
 #   -b BUILD_DIR  the CMake build directory (default: <repo>/build); needs
 #                 BUILD_DIR/bench/tandem_bench (--coll: BUILD_DIR/bench/coll_bench) and, for
