@@ -186,22 +186,12 @@ ssize_t atomic_compwritemsg(Engine &e, const OpDefaults &, const fi_msg_atomic *
     return e.post_atomic(a.with_result(resultv, result_desc, result_count));
 }
 
-int atomic_writevalid(Engine &e, const OpDefaults &, enum fi_datatype datatype, enum fi_op op,
-                      size_t *count) {
+// fi_atomicvalid, fi_fetch_atomicvalid and fi_compare_atomicvalid: the kind is the call's.
+template <atomic::Kind K>
+int atomic_valid(Engine &e, const OpDefaults &, enum fi_datatype datatype, enum fi_op op,
+                 size_t *count) {
     if (!(e.caps() & FI_ATOMIC)) return -FI_EOPNOTSUPP;
-    return atomic::query(atomic::Kind::Base, datatype, op, count);
-}
-
-int atomic_readwritevalid(Engine &e, const OpDefaults &, enum fi_datatype datatype, enum fi_op op,
-                          size_t *count) {
-    if (!(e.caps() & FI_ATOMIC)) return -FI_EOPNOTSUPP;
-    return atomic::query(atomic::Kind::Fetch, datatype, op, count);
-}
-
-int atomic_compwritevalid(Engine &e, const OpDefaults &, enum fi_datatype datatype, enum fi_op op,
-                          size_t *count) {
-    if (!(e.caps() & FI_ATOMIC)) return -FI_EOPNOTSUPP;
-    return atomic::query(atomic::Kind::Compare, datatype, op, count);
+    return atomic::query(K, datatype, op, count);
 }
 
 ssize_t coll_barrier2(Engine &e, const OpDefaults &d, fi_addr_t coll_addr, uint64_t flags,
@@ -355,9 +345,9 @@ fi_ops_atomic ep_atomic_ops = {
     .compwrite = &DataCall<&atomic_compwrite>::call,
     .compwritev = &DataCall<&atomic_compwritev>::call,
     .compwritemsg = &DataCall<&atomic_compwritemsg>::call,
-    .writevalid = &DataCall<&atomic_writevalid>::call,
-    .readwritevalid = &DataCall<&atomic_readwritevalid>::call,
-    .compwritevalid = &DataCall<&atomic_compwritevalid>::call,
+    .writevalid = &DataCall<&atomic_valid<atomic::Kind::Base>>::call,
+    .readwritevalid = &DataCall<&atomic_valid<atomic::Kind::Fetch>>::call,
+    .compwritevalid = &DataCall<&atomic_valid<atomic::Kind::Compare>>::call,
 };
 
 fi_ops_collective ep_coll_ops = {

@@ -155,7 +155,9 @@ class Engine : public CmSource, public RemoteKeyResolver {
     // endpoint holds is released (operations out, connections, the twin, bindings).
     int close();
     // fi_ep_bind of each class of object, before the endpoint is enabled, after the adapter
-    // checked the flags. Domain lock held, except for bind_eq (see DomainLock::require).
+    // checked the flags (bind_av checks its own: an MSG endpoint, or an AV bound already,
+    // refuses it whatever the flags). Domain lock held, except for bind_eq (see
+    // DomainLock::require).
     int bind_eq(Eq *eq);
     int bind_cq(Cq *cq, uint64_t flags);
     int bind_cntr(Cntr *cntr, uint64_t flags);

@@ -24,15 +24,15 @@ mapfile -t sources < <(find "${dirs[@]}" \( -name '*.cpp' -o -name '*.h' -o -nam
 status=0
 
 check_functions() {
-    local long
-    # One line per function definition: "file:line end name"; its length is end - line + 1.
-    long=$(ctags -x --language-force=C++ --kinds-C++=f --fields=+ne --_xformat='%F:%n %{end} %N' \
-               "${sources[@]}" 2>/dev/null |
-           awk '{ split($1, at, ":"); n = $2 - at[2] + 1; if ($2 != "" && n > 80) print n " lines: " $3 " (" $1 ")" }')
-    local counted
-    counted=$(ctags -x --language-force=C++ --kinds-C++=f --fields=+ne --_xformat='%F:%n %{end}' "${sources[@]}" 2>/dev/null | grep -c ' [0-9]')
+    local defs long counted
+    # One line per function definition: "file:line end name" (file:line keeps the lines
+    # distinct: ctags -x drops identical ones); its length is end - line + 1.
+    defs=$(ctags -x --language-force=C++ --kinds-C++=f --fields=+ne --_xformat='%F:%n %{end} %N' \
+               "${sources[@]}" 2>/dev/null)
+    counted=$(awk '$2 ~ /^[0-9]+$/' <<<"$defs" | wc -l)
     # ctags must have found the definitions, with their ends, for the check to mean anything.
     [ "$counted" -gt 1000 ] || { echo "FAIL: ctags reported the end of only $counted functions"; status=1; return; }
+    long=$(awk '$2 ~ /^[0-9]+$/ { split($1, at, ":"); n = $2 - at[2] + 1; if (n > 80) print n " lines: " $3 " (" $1 ")" }' <<<"$defs")
     if [ -n "$long" ]; then
         echo "FAIL: functions over 80 lines:"; echo "$long"; status=1
     else
