@@ -243,13 +243,14 @@ ssize_t Cq::sreadfrom(void *buf, size_t count, fi_addr_t *src_addr, const void *
 // (ours when it shares our AV).
 ssize_t Cq::peer_write(void *context, uint64_t flags, size_t len, void *buf, uint64_t data,
                        uint64_t tag, fi_addr_t src) {
-    std::lock_guard guard(domain_->lock());
+    // (From inside our start of a message the peer queued, the lock is ours already.)
+    PeerEntryGuard guard(domain_->lock(), domain_->lock().in_peer_call());
     write({context, flags, len, buf, data, tag, src});
     return 0;
 }
 
 ssize_t Cq::peer_writeerr(const fi_cq_err_entry &err) {
-    std::lock_guard guard(domain_->lock());
+    PeerEntryGuard guard(domain_->lock(), domain_->lock().in_peer_call());
     CompletionError e{};
     e.entry = err;
     // The peer's error data is not ours to keep pointing at.

@@ -4,6 +4,7 @@
 // atomics, collectives). What each call sets or starts is the engine's (main_prov/engine.h).
 #include "main_prov/endpoint.h"
 
+#include "common/fabric_compat.h"
 #include "common/log.h"
 #include "common/unsupported_ops.h"
 #include "main_prov/av.h"
@@ -30,10 +31,6 @@ fi_ops alias_fi_ops = {
 };
 
 namespace {
-
-// FI_OPT_CUDA_API_PERMITTED arrived in libfabric 1.18 (value 10, after FI_OPT_XPU_TRIGGER);
-// handled by value so a 1.17 build answers it too.
-constexpr int kOptCudaApiPermitted = 10;
 
 int diag_remote_twin(fid_ep *fid, fi_addr_t addr, uint64_t *caps) noexcept try {
     return Endpoint::of(fid)->engine().remote_twin(addr, caps);
@@ -239,7 +236,7 @@ int Endpoint::setopt(int level, int optname, const void *optval, size_t optlen) 
             std::lock_guard guard(engine_.domain()->lock());
             return engine_.set_p2p(*static_cast<const int *>(optval));
         }
-        case kOptCudaApiPermitted:
+        case compat::kOptCudaApiPermitted:  // 1.18 (common/fabric_compat.h)
             // fi_endpoint(3): -FI_EINVAL when the CUDA library or a device is missing. Where
             // CUDA is present every path of tandem moves CUDA memory with CUDA calls (the
             // device's copy engine, IPC handles; the TCP link stages through them), so it

@@ -273,7 +273,8 @@ ssize_t Engine::recv_one(void *buf, size_t len, void *desc, fi_addr_t src, uint6
     std::lock_guard guard(domain_->lock());
     RxMatcher &m = *rx_;
     if (!enabled_ || !(caps_ & (tagged ? FI_TAGGED : FI_MSG)) || m.has_unexpected(tagged) ||
-        m.outstanding + rx_triggered_ >= info_->rx_attr->size)
+        m.outstanding + rx_triggered_ >= info_->rx_attr->size ||
+        (exact_source_ && src == FI_ADDR_UNSPEC))  // (post_recv refuses it)
         return kNotTaken;
     RxOp *rx = m.new_op();
     rx->context = context;
@@ -284,7 +285,7 @@ ssize_t Engine::recv_one(void *buf, size_t len, void *desc, fi_addr_t src, uint6
     rx->mem[0] = peer::mem_of(desc);
     rx->device = !rx->mem[0].on_host();
     rx->total = len;
-    if ((caps_ & FI_DIRECTED_RECV) && type_ == FI_EP_RDM) rx->src = src;
+    rx->src = rx_source(src, tagged);
     rx->tag = tag;
     rx->ignore = ignore;
     rx->tagged = tagged;

@@ -5,6 +5,7 @@
 #include "main_prov/engine.h"
 
 #include "common/auth_key.h"
+#include "common/fabric_compat.h"
 #include "common/log.h"
 #include "main_prov/av.h"
 #include "main_prov/cntr.h"
@@ -29,6 +30,12 @@ Engine::Engine(Domain *domain, fi_info *info, fid_ep *self)
     type_ = info_->ep_attr->type;
     if (type_ != FI_EP_RDM && type_ != FI_EP_MSG) fail(FI_EINVAL, "unsupported endpoint type");
     caps_ = info_->caps ? info_->caps : (FI_MSG | FI_TAGGED | FI_RMA);
+    const compat::CapsMeaning meaning = compat::caps_meaning(caps_, compat::api_version_of(info_));
+    // A MSG endpoint has one peer: a receive's source means nothing there.
+    directed_[0] = type_ == FI_EP_RDM && meaning.directed_msg;
+    directed_[1] = type_ == FI_EP_RDM && meaning.directed_tagged;
+    exact_source_ = type_ == FI_EP_RDM && meaning.exact_directed;
+    xpu_trigger_ = type_ == FI_EP_RDM && meaning.xpu_trigger;
     if (info_->ep_attr->auth_key_size > kMaxAuthKeySize)
         fail(FI_EINVAL, "authorization key longer than tandem takes");
     auth_ = endpoint_auth_digest(info_, domain_->info());

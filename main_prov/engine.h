@@ -311,11 +311,11 @@ class Engine : public CmSource, public RemoteKeyResolver {
     // Passive side of an MSG connection: the request this endpoint answers with fi_accept.
     void adopt_request(std::unique_ptr<LinkConnection> conn);
     // The receive operations, on any matcher; completions that belong to no arrived message
-    // (FI_ENOMSG, cancel) are reported on report_ep. The caller holds the domain lock.
+    // (FI_ENOMSG, cancel) are reported on report_ep. The caller holds the domain lock, and has
+    // made a.src FI_ADDR_UNSPEC where its receives are not directed.
     static ssize_t post_recv_on(RxMatcher &m, Engine *report_ep, uint64_t caps, const RecvArgs &a,
                                 const DeferredDone &done = {});
-    static ssize_t peek_or_claim_on(RxMatcher &m, Engine *report_ep, uint64_t caps,
-                                    const RecvArgs &a);
+    static ssize_t peek_or_claim_on(RxMatcher &m, Engine *report_ep, const RecvArgs &a);
     static ssize_t cancel_on(RxMatcher &m, Engine *report_ep, void *context);
     Domain *domain() const { return domain_; }
 
@@ -509,6 +509,15 @@ class Engine : public CmSource, public RemoteKeyResolver {
     fi_info *info_;
     fi_ep_type type_;
     uint64_t caps_;
+    // What caps_ grants for receives and triggers, read by the API version the application
+    // asked for (common/fabric_compat.h): whether a receive's source is matched, per kind
+    // (index: tagged), whether a directed receive must name one, and XPU triggers.
+    bool directed_[2] = {false, false};
+    bool exact_source_ = false;
+    bool xpu_trigger_ = false;
+    fi_addr_t rx_source(fi_addr_t src, bool tagged) const {
+        return directed_[tagged] ? src : FI_ADDR_UNSPEC;
+    }
     // Collectives: groups joined and not closed, operations with the twin.
     static void collective_done(void *arg, int err);
     size_t coll_groups_ = 0;

@@ -66,6 +66,8 @@ ssize_t Engine::post_recv_locked(const RecvArgs &a) {
         if (a.flags & (FI_MULTI_RECV | FI_PEEK | FI_CLAIM)) return -FI_EINVAL;
         return post_recv_on(peer_rx_, this, caps_, a);
     }
+    // FI_EXACT_DIRECTED_RECV (API 2.0): a receive that names no source is the caller's error.
+    if (exact_source_ && a.src == FI_ADDR_UNSPEC) return -FI_EINVAL;
     if (a.flags & FI_TRIGGER) {
         RecvRequest r;
         if (int ret = r.buffers.capture(a.iov, a.desc, a.count)) return ret;
@@ -79,7 +81,7 @@ ssize_t Engine::post_recv_locked(const RecvArgs &a) {
     }
     if (rx_->outstanding + rx_triggered_ >= info_->rx_attr->size) return -FI_EAGAIN;
     RecvArgs args = a;
-    if (!(caps_ & FI_DIRECTED_RECV) || type_ != FI_EP_RDM) args.src = FI_ADDR_UNSPEC;
+    args.src = rx_source(a.src, a.tagged);
     return post_recv_on(*rx_, this, caps_, args);
 }
 
@@ -89,7 +91,7 @@ ssize_t Engine::issue_recv(RecvRequest &r) {
     if (rx_->outstanding + rx_triggered_ >= info_->rx_attr->size) return -FI_EAGAIN;
     RecvArgs args{r.buffers.iov, r.buffers.descs(), r.buffers.count, r.src, r.context, r.flags,
                   r.tag,         r.ignore,          r.tagged};
-    if (!(caps_ & FI_DIRECTED_RECV) || type_ != FI_EP_RDM) args.src = FI_ADDR_UNSPEC;
+    args.src = rx_source(r.src, r.tagged);
     return post_recv_on(*rx_, this, caps_, args, r.done);
 }
 
@@ -201,11 +203,13 @@ ssize_t Engine::peek_or_claim(const RecvArgs &a) {
     std::lock_guard guard(domain_->lock());
     check_rx_ready(FI_TAGGED);
     progress();
-    return peek_or_claim_on(*rx_, this, caps_, a);
+    if (exact_source_ && a.src == FI_ADDR_UNSPEC) return -FI_EINVAL;
+    RecvArgs args = a;
+    args.src = rx_source(a.src, true);
+    return peek_or_claim_on(*rx_, this, args);
 }
 
-ssize_t Engine::peek_or_claim_on(RxMatcher &m, Engine *report_ep, uint64_t caps,
-                                 const RecvArgs &a) {
+ssize_t Engine::peek_or_claim_on(RxMatcher &m, Engine *report_ep, const RecvArgs &a) {
     uint64_t cq_flags = FI_RECV | FI_TAGGED;
     RxOp probe;
     probe.context = a.context;
@@ -222,7 +226,7 @@ ssize_t Engine::peek_or_claim_on(RxMatcher &m, Engine *report_ep, uint64_t caps,
     probe.tag = a.tag;
     probe.ignore = a.ignore;
     probe.tagged = true;
-    probe.src = (caps & FI_DIRECTED_RECV) ? a.src : FI_ADDR_UNSPEC;
+    probe.src = a.src;  // (the caller's: FI_ADDR_UNSPEC unless its receives are directed)
     auto src_of = [](const Unexpected &u) { return source_of(u); };
 
     if (a.flags & FI_PEEK) {

@@ -133,6 +133,25 @@ class DomainLock {
     bool taken() const noexcept {
         return needed_.load(std::memory_order_relaxed);
     }
+    // Around a call, made under this lock, into a provider tandem did not build (its start or
+    // discard of a message it queued): what that provider calls back on this thread meanwhile
+    // (free_entry, a write into an exported CQ) runs under the lock already (PeerEntryGuard).
+    class PeerCall {
+      public:
+        explicit PeerCall(DomainLock &lock) : lock_(lock) {
+            lock_.peer_call_.store(lock_order::this_thread(), std::memory_order_relaxed);
+        }
+        ~PeerCall() { lock_.peer_call_.store(nullptr, std::memory_order_relaxed); }
+        PeerCall(const PeerCall &) = delete;
+        PeerCall &operator=(const PeerCall &) = delete;
+
+      private:
+        DomainLock &lock_;
+    };
+    // Whether the calling thread is inside such a call (and so holds the lock).
+    bool in_peer_call() const noexcept {
+        return peer_call_.load(std::memory_order_relaxed) == lock_order::this_thread();
+    }
 #if TANDEM_LOCK_CHECKS
     // Whether the calling thread may touch the domain's objects: it holds the lock, or the
     // lock is skipped (the application serialises).
@@ -143,6 +162,9 @@ class DomainLock {
 #endif
 
   private:
+    // The thread inside a PeerCall, or null (set and cleared under the lock; another thread
+    // only compares it with its own address, which it can never find there).
+    std::atomic<const void *> peer_call_{nullptr};
     // Relaxed: it only goes from false to true, before the domain's first EQ binding, and a
     // thread that reads it afterwards learned of that binding through the EQ's mutex or the
     // application's own ordering of its calls.
@@ -181,9 +203,10 @@ class PeerEntryGuard {
 };
 
 // The caller holds the domain lock (an entry point only tandem's twin reaches).
-#define TANDEM_ASSERT_DOMAIN_LOCK_HELD(domain)                                                  \
-    TANDEM_LOCK_ASSERT((domain)->lock().held(), "the twin called back into tandem outside its " \
-                                                "lock")
+#define TANDEM_ASSERT_DOMAIN_LOCK_HELD(domain)                         \
+    TANDEM_LOCK_ASSERT((domain)->lock().held(),                        \
+                       "the twin called back into tandem outside its " \
+                       "lock")
 
 // A passive endpoint's mutex: before the EQ's in the order (its progress posts FI_CONNREQ).
 class PepMutex {

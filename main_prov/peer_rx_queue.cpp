@@ -1,5 +1,6 @@
 #include "main_prov/peer_rx_queue.h"
 
+#include "common/fabric_compat.h"
 #include "common/iov.h"
 #include "common/log.h"
 #include "main_prov/domain.h"
@@ -15,10 +16,17 @@ PeerRxQueue::PeerRxQueue(Domain &domain, RxMatcher &matcher, Engine *report_ep, 
       matcher_(matcher),
       report_ep_(report_ep),
       mode_(mode),
-      selective_(selective) {}
+      selective_(selective),
+      // An importer we did not build has its core's layout; our twin has ours.
+      export_(*this, mode == Mode::Direct ? peer::srx_abi_of(compat::core_version())
+                                          : peer::SrxAbi::V1_17) {}
 
 PeerRxQueue::~PeerRxQueue() {
     for (auto *e : spare_) delete e;
+}
+
+bool PeerRxQueue::caller_holds_lock() const {
+    return mode_ == Mode::ThroughOwner || domain_.lock().in_peer_call();
 }
 
 peer::OwnerRxEntry *PeerRxQueue::new_entry(fi_addr_t addr, uint64_t tag, size_t size) {
@@ -97,7 +105,8 @@ int PeerRxQueue::queue(fi_peer_rx_entry *entry, bool tagged) {
                    ((entry->flags & FI_REMOTE_CQ_DATA) ? wire::kProtoCqData : 0);
     ux.hdr.tag = entry->tag;
     ux.hdr.size = entry->size;
-    if (data_of_ && (entry->flags & FI_REMOTE_CQ_DATA)) ux.hdr.cq_data = data_of_(entry);
+    if (entry->flags & FI_REMOTE_CQ_DATA)  // the twin tells; a peer of 1.19 on writes it here
+        ux.hdr.cq_data = data_of_ ? data_of_(entry) : peer::OwnerRxEntry::of(entry)->cq_data;
     entry->flags |= tagged ? FI_TAGGED : FI_MSG;
     matcher_.push_unexpected(std::move(ux));
     return 0;
@@ -108,7 +117,7 @@ void PeerRxQueue::start(peer::OwnerRxEntry *e, RxOp *rx) {
     fill(e, rx, tagged);
     int ret;
     {
-        PeerCall call(*this);
+        DomainLock::PeerCall call(domain_.lock());
         ret = export_.start(&e->entry, tagged);
     }
     if (ret == 0) return;
@@ -125,7 +134,7 @@ void PeerRxQueue::discard(peer::OwnerRxEntry *e) {
     // The peer frees the entry (free_entry) once it has dropped the message.
     int ret;
     {
-        PeerCall call(*this);
+        DomainLock::PeerCall call(domain_.lock());
         ret = export_.discard(&e->entry, tagged);
     }
     if (ret != 0) delete e;
@@ -141,6 +150,15 @@ void PeerRxQueue::peer_free_entry(fi_peer_rx_entry *entry) {
         spare_.push_back(e);
     else
         delete e;
+}
+
+void PeerRxQueue::peer_foreach_unspec_addr(const std::function<void(fi_peer_rx_entry *)> &fn) {
+    PeerEntryGuard guard(domain_.lock(), caller_holds_lock());
+    matcher_.for_each_unexpected([&](Unexpected &ux) {
+        if (ux.peer_entry && ux.peer_entry->owner == this &&
+            ux.peer_entry->entry.addr == FI_ADDR_UNSPEC)
+            fn(&ux.peer_entry->entry);
+    });
 }
 
 // Direct mode: the importer reported the receive; tandem's bookkeeping of it ends here.

@@ -48,21 +48,14 @@ class PeerRxQueue final : public peer::SrxOwner {
     int peer_queue_msg(fi_peer_rx_entry *entry) override { return queue(entry, false); }
     int peer_queue_tag(fi_peer_rx_entry *entry) override { return queue(entry, true); }
     void peer_free_entry(fi_peer_rx_entry *entry) override;
+    void peer_foreach_unspec_addr(const std::function<void(fi_peer_rx_entry *)> &fn) override;
 
   private:
     // Whether the caller of an entry holds the domain lock: our own twin always does (it runs
     // only inside tandem's calls); a provider we did not build (Direct, through
     // fi_srx_context) does only when it calls back from inside our start or discard of one of
     // its messages (free_entry, made while we hold the lock), on that thread.
-    bool caller_holds_lock() const {
-        return mode_ == Mode::ThroughOwner || in_peer_call_ == lock_order::this_thread();
-    }
-    // Around start_msg/start_tag/discard_*: what the peer calls back meanwhile is under our lock.
-    struct PeerCall {
-        explicit PeerCall(PeerRxQueue &q) : q_(q) { q_.in_peer_call_ = lock_order::this_thread(); }
-        ~PeerCall() { q_.in_peer_call_ = nullptr; }
-        PeerRxQueue &q_;
-    };
+    bool caller_holds_lock() const;
     int get(bool tagged, fi_addr_t addr, uint64_t tag, size_t size, fi_peer_rx_entry **entry);
     int queue(fi_peer_rx_entry *entry, bool tagged);
     peer::OwnerRxEntry *new_entry(fi_addr_t addr, uint64_t tag, size_t size);
@@ -74,12 +67,9 @@ class PeerRxQueue final : public peer::SrxOwner {
     Engine *report_ep_;
     Mode mode_;
     bool selective_;
-    peer::ExportedSrx export_{*this};
+    peer::ExportedSrx export_;
     std::function<uint64_t(fi_peer_rx_entry *)> data_of_;
     std::vector<peer::OwnerRxEntry *> spare_;  // entries to reuse: no allocation per message
-    // The thread inside our call into the peer's start or discard, or null (guarded by the
-    // domain lock; read by that thread, or compared with another thread's own address).
-    std::atomic<const void *> in_peer_call_{nullptr};
 };
 
 }  // namespace tandem

@@ -1,5 +1,6 @@
 // The provider entry point (fi_prov_ini), its parameters, and fi_getinfo.
 #include "common/auth_key.h"
+#include "common/fabric_compat.h"
 #include "common/fabric_error.h"
 #include "common/log.h"
 #include "common/params.h"
@@ -29,7 +30,6 @@ namespace {
 constexpr uint64_t kOffloadProvOnly = 1ull << 61;
 
 constexpr uint32_t kProviderVersion = FI_VERSION(0, 1);
-constexpr uint32_t kApiVersion = FI_VERSION(1, 17);
 constexpr uint64_t kMaxMsgSize = 1ull << 31;
 constexpr size_t kMaxCqData = 8;
 
@@ -66,7 +66,7 @@ void tandem_cleanup() noexcept {}
 
 fi_provider g_provider = {
     .version = kProviderVersion,
-    .fi_version = kApiVersion,
+    .fi_version = compat::kNewestApi,
     .context = {},
     .name = "tandem",
     .getinfo = tandem_getinfo,
@@ -95,13 +95,25 @@ bool subset(uint64_t want, uint64_t have) {
 // its keys (mr_mode without FI_MR_PROV_KEY | FI_MR_VIRT_ADDR, as Open MPI's mtl ofi asks) gets
 // RMA that the target's protocol serves (Domain::rma_served): FI_RMA_EVENT, a secondary
 // capability, is therefore reported only when asked for, as it costs the NIC path.
-uint64_t offered_caps(const fi_info *hints, fi_ep_type type, bool verbs) {
+uint64_t offered_caps(const fi_info *hints, fi_ep_type type, bool verbs, uint32_t version) {
     uint64_t caps = (type == FI_EP_RDM ? kRdmCaps : kMsgCaps) | hmem_caps(hints);
     const bool want_rma_event = hints && (hints->caps & FI_RMA_EVENT);
     if (verbs && !want_rma_event) caps &= ~uint64_t(FI_RMA_EVENT);
-    // XPU triggers: an RDM endpoint's triggered operations started by a device's write.
-    if (type == FI_EP_RDM && (caps & FI_HMEM)) caps |= FI_XPU_TRIGGER;
+    // XPU triggers: an RDM endpoint's triggered operations started by a device's write; a
+    // capability bit of their own up to API 1.20 (later, FI_TRIGGER with FI_HMEM grants them).
+    if (type == FI_EP_RDM && (caps & FI_HMEM) && version < compat::kApi1_21)
+        caps |= compat::kXpuTriggerCap;
     return caps;
+}
+
+// Capabilities of API 2.0 that change how receives match (fi_getinfo(3)): granted when asked
+// for, never offered unasked, since each narrows what an application that did not name it may
+// do. FI_TAGGED_DIRECTED_RECV: only tagged receives match by source; FI_EXACT_DIRECTED_RECV:
+// a directed receive must name its source. (FI_TAGGED_MULTI_RECV is not offered:
+// docs/compatibility.md.)
+uint64_t asked_only_caps(fi_ep_type type, uint32_t version) {
+    if (type != FI_EP_RDM || version < compat::kApi2_0) return 0;
+    return compat::kTaggedDirectedRecv | compat::kExactDirectedRecv;
 }
 
 // Whether RMA moves with the NIC's keys (see offered_caps): a device domain, unless the
@@ -158,9 +170,11 @@ bool rx_hints_fit(const fi_rx_attr &r, uint64_t caps) {
 }
 
 // Whether the hints (when given) ask for nothing this endpoint type on itf cannot give.
-bool hints_fit(const fi_info *hints, fi_ep_type type, const Interface &itf, uint64_t caps) {
+bool hints_fit(const fi_info *hints, fi_ep_type type, const Interface &itf, uint64_t caps,
+               uint32_t version) {
     if (!hints) return true;
     const bool verbs = !itf.rdma_device.empty();
+    caps |= asked_only_caps(type, version);
     if (hints->caps && !subset(hints->caps, caps)) return false;
     if (hints->ep_attr && !ep_hints_fit(*hints->ep_attr, verbs)) return false;
     if (hints->domain_attr && !domain_hints_fit(*hints->domain_attr, type, itf)) return false;
@@ -179,10 +193,15 @@ constexpr uint64_t kDomainCaps = FI_LOCAL_COMM | FI_REMOTE_COMM | FI_SHARED_AV;
 // consumes fewer resources). It matters above all to ofi_rxm, which asks for 128 and sizes its
 // per-connection buffer pools from the answer (with 4096: 68 MB and, where page faults are
 // slow, a fifth of a second per connection).
-void fill_tx_attr(fi_tx_attr &tx, const fi_info *hints, uint64_t caps) {
+void fill_tx_attr(fi_tx_attr &tx, const fi_info *hints, uint64_t caps, uint32_t version) {
     const Config &cfg = Config::get();
-    tx.caps = caps & ~uint64_t(FI_RECV | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_MULTI_RECV |
-                               FI_SOURCE | FI_DIRECTED_RECV | FI_RMA_EVENT | kDomainCaps);
+    const uint64_t rx_only_v2 =
+        version >= compat::kApi2_0
+            ? compat::kTaggedDirectedRecv | compat::kExactDirectedRecv | compat::kTaggedMultiRecv
+            : 0;
+    tx.caps =
+        caps & ~uint64_t(FI_RECV | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_MULTI_RECV | FI_SOURCE |
+                         FI_DIRECTED_RECV | FI_RMA_EVENT | kDomainCaps | rx_only_v2);
     tx.mode = 0;
     tx.op_flags = hints && hints->tx_attr ? hints->tx_attr->op_flags : 0;
     tx.msg_order = kMsgOrder;
@@ -295,17 +314,17 @@ bool copy_hint_auth_keys(const fi_info *hints, fi_info *fi) {
 
 // Decides whether one (interface, endpoint type) pair can satisfy the hints; fills info.
 bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint32_t format,
-               fi_info *fi) {
+               uint32_t version, fi_info *fi) {
     const bool verbs = !itf.rdma_device.empty();
-    const uint64_t caps = offered_caps(hints, type, verbs);
+    const uint64_t caps = offered_caps(hints, type, verbs, version);
     const bool nic_keys = uses_nic_keys(hints, verbs);
-    if (!hints_fit(hints, type, itf, caps)) return false;
+    if (!hints_fit(hints, type, itf, caps, version)) return false;
     // A request for a primary capability without direction implies both directions.
     uint64_t out_caps = hints && hints->caps ? hints->caps : caps;
     fi->caps = out_caps;
     fi->mode = 0;
     fi->addr_format = format;
-    fill_tx_attr(*fi->tx_attr, hints, out_caps);
+    fill_tx_attr(*fi->tx_attr, hints, out_caps, version);
     fill_rx_attr(*fi->rx_attr, hints, out_caps);
     fill_ep_attr(*fi->ep_attr, hints, type, verbs);
     fill_domain_attr(*fi->domain_attr, hints, type, itf, out_caps, nic_keys);
@@ -314,7 +333,7 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
     free(f.name);
     f.name = strdup(itf.fabric_name.c_str());
     f.prov_version = kProviderVersion;
-    f.api_version = kApiVersion;
+    f.api_version = version;  // (the core sets it too: what the endpoint reads its caps by)
     return true;
 }
 
@@ -420,11 +439,12 @@ bool name_addresses(fi_info *fi, const Interface &itf, const Addresses &a) {
 
 // One entry per endpoint type the hints allow on itf, appended at tail; the new tail.
 fi_info **append_infos(const fi_info *hints, const std::vector<fi_ep_type> &types,
-                       const Interface &itf, uint32_t format, const Addresses &a, fi_info **tail) {
+                       const Interface &itf, uint32_t format, uint32_t version, const Addresses &a,
+                       fi_info **tail) {
     for (fi_ep_type type : types) {
         fi_info *fi = fi_allocinfo();
         if (!fi) break;
-        if (!fill_info(hints, type, itf, format, fi)) {
+        if (!fill_info(hints, type, itf, format, version, fi)) {
             fi_freeinfo(fi);
             continue;
         }
@@ -463,7 +483,7 @@ int tandem_getinfo(uint32_t version, const char *node, const char *service, uint
     fi_info *head = nullptr, **tail = &head;
     for (const Interface &itf : usable_interfaces(family))
         if (interface_serves(itf, a, family))
-            tail = append_infos(hints, types, itf, format, a, tail);
+            tail = append_infos(hints, types, itf, format, version, a, tail);
     if (!head) return -FI_ENODATA;
     *info = head;
     return 0;

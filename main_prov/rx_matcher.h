@@ -194,6 +194,11 @@ class RxMatcher {
     void remove_posted(RxOp *rx) { list_for(rx->tagged).erase(rx); }
     void push_unexpected(Unexpected &&ux) { unexpected_for(ux.tagged()).push_back(std::move(ux)); }
     bool has_unexpected(bool tagged) { return !unexpected_for(tagged).empty(); }
+    template <class F>
+    void for_each_unexpected(F &&f) {
+        for (Unexpected &ux : unexpected_msg_) f(ux);
+        for (Unexpected &ux : unexpected_tag_) f(ux);
+    }
 
     // The oldest unclaimed unexpected message the receive matches, taken off the queue.
     // src_of(const Unexpected &) gives the message's source address.

@@ -65,6 +65,7 @@ fi_ops_ep stx_ep_ops = fid_ep_ops();
 SharedRxContext::SharedRxContext(Domain *domain, const fi_rx_attr &attr, void *context)
     : domain_(domain),
       caps_(attr.caps ? attr.caps : (FI_MSG | FI_TAGGED | FI_MULTI_RECV | FI_DIRECTED_RECV)),
+      meaning_(compat::caps_meaning(caps_, compat::api_version_of(domain->info()))),
       op_flags_(attr.op_flags),
       size_(attr.size ? attr.size : domain->info()->rx_attr->size) {
     if (attr.iov_limit > kMaxIov) fail(FI_EINVAL, "iov_limit too large");
@@ -131,11 +132,12 @@ ssize_t SharedRxContext::post(const iovec *iov, void **desc, size_t count, fi_ad
     std::lock_guard guard(domain_->lock());
     if (!(caps_ & (tagged ? FI_TAGGED : FI_MSG))) return -FI_EOPNOTSUPP;
     if (matcher_.outstanding >= size_) return -FI_EAGAIN;
-    if (!(caps_ & FI_DIRECTED_RECV)) src = FI_ADDR_UNSPEC;
+    if (meaning_.exact_directed && src == FI_ADDR_UNSPEC) return -FI_EINVAL;
+    if (!(tagged ? meaning_.directed_tagged : meaning_.directed_msg)) src = FI_ADDR_UNSPEC;
     Engine::RecvArgs args{iov, desc, count, src, context, flags, tag, ignore, tagged};
     if (tagged && (flags & (FI_PEEK | FI_CLAIM))) {
         for (Engine *ep : endpoints_) ep->progress();
-        return Engine::peek_or_claim_on(matcher_, report_endpoint(), caps_, args);
+        return Engine::peek_or_claim_on(matcher_, report_endpoint(), args);
     }
     return Engine::post_recv_on(matcher_, report_endpoint(), caps_, args);
 }

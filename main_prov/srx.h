@@ -7,6 +7,7 @@
 // the endpoints using it.
 #pragma once
 
+#include "common/fabric_compat.h"
 #include "common/fid_adaptor.h"
 #include "main_prov/peer_rx_queue.h"
 #include "main_prov/rx_matcher.h"
@@ -53,6 +54,8 @@ class SharedRxContext : public FidObject<SharedRxContext, fid_ep> {
 
     Domain *domain_;
     uint64_t caps_;
+    // What caps_ grants, by the domain's API version (common/fabric_compat.h).
+    compat::CapsMeaning meaning_;
     uint64_t op_flags_;
     size_t size_;
     RxMatcher matcher_;

@@ -288,8 +288,10 @@ void Engine::report_unstarted(const TriggeredOp &op, int err) {
 // on it. The variable and value go back through the context's fi_trigger_var.
 ssize_t Engine::queue_xpu(TriggeredRequest &&r, fi_triggered_context *ctx,
                           peer::TriggerWork &work) {
-    if (!(caps_ & FI_XPU_TRIGGER)) {
-        TANDEM_WARN(FI_LOG_EP_DATA, "FI_TRIGGER_XPU on an endpoint without FI_XPU_TRIGGER\n");
+    if (!xpu_trigger_) {
+        TANDEM_WARN(FI_LOG_EP_DATA,
+                    "FI_TRIGGER_XPU on an endpoint without XPU triggers "
+                    "(FI_XPU_TRIGGER, or from API 1.21 FI_TRIGGER and FI_HMEM)\n");
         return -FI_EINVAL;
     }
     fi_trigger_xpu &xpu = ctx->trigger.xpu;
@@ -318,7 +320,7 @@ ssize_t Engine::queue_xpu(TriggeredRequest &&r, fi_triggered_context *ctx,
 
 int Engine::xpu_trigger_shape(fi_trigger_xpu *xpu, size_t *optlen) {
     if (*optlen < sizeof *xpu) return -FI_ETOOSMALL;
-    if (!(caps_ & FI_XPU_TRIGGER) || xpu->iface != FI_HMEM_CUDA || xpu->device.cuda < 0 ||
+    if (!xpu_trigger_ || xpu->iface != FI_HMEM_CUDA || xpu->device.cuda < 0 ||
         xpu->device.cuda >= hmem::Registry::instance().device_count(FI_HMEM_CUDA))
         return -FI_EOPNOTSUPP;
     if (xpu->count > 0) {

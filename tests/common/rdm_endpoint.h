@@ -45,6 +45,10 @@ struct RdmEndpoint {
             if (strcmp(fi->fabric_attr->prov_name, "tandem") == 0) info = fi_dupinfo(fi);
         fi_freeinfo(all);
         if (!info) return why = "no plain tandem entry", false;
+        return try_open_info(why);
+    }
+    // The same, for an endpoint described by `info` (set by the caller, freed by close()).
+    bool try_open_info(std::string &why) {
         fi_cq_attr cq_attr{};
         cq_attr.format = FI_CQ_FORMAT_TAGGED;
         fi_av_attr av_attr{};

@@ -1,0 +1,109 @@
+// What libfabric releases after 1.17 define that tandem, built against 1.17's headers (Debian
+// bookworm's), needs in order to serve them: the numbers their headers name and 1.17's lack,
+// each with the release and header it comes from, and what the API version an application
+// asked for (fi_getinfo's `version`, kept in fabric_attr->api_version) changes in the meaning
+// of the numbers both have. This is the one place such numbers are spelled; a build against a
+// newer libfabric's headers (-DTANDEM_LIBFABRIC_PREFIX) checks them against its definitions.
+//
+// The core and the application may each be of any release from 1.17 to 2.6: the application's
+// version decides what its fi_info bits mean (fabric.h reassigned some in 1.21 and 2.0), the
+// core's (fi_version()) how the structures it shares with other providers are laid out
+// (peer/peer_abi_versions.h).
+#pragma once
+
+#include <rdma/fabric.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tandem::compat {
+
+// The newest API whose rules tandem implements: fi_provider::fi_version. The core lists a
+// provider only for applications that ask for this version or an older one; cores from 1.3 on
+// load a provider whatever newer version it names (only older than 1.3 is refused).
+inline constexpr uint32_t kNewestApi = FI_VERSION(2, 6);
+
+inline constexpr uint32_t kApi1_20 = FI_VERSION(1, 20);
+inline constexpr uint32_t kApi1_21 = FI_VERSION(1, 21);
+inline constexpr uint32_t kApi2_0 = FI_VERSION(2, 0);
+
+// --- capability bits whose meaning depends on the application's API version (fabric.h) -----
+// 1.21 removed FI_XPU_TRIGGER (bit 44, "unimplemented" upstream; tandem implements it, and an
+// endpoint of a newer application gets XPU triggers with FI_TRIGGER and FI_HMEM, as
+// fi_trigger.h's FI_TRIGGER_XPU and FI_OPT_XPU_TRIGGER remain) and FI_VARIABLE_MSG (bit 48).
+// 2.0 gave bits 45 and 46 (1.x: FI_HMEM_HOST_ALLOC, FI_HMEM_DEVICE_ONLY, which stay as
+// fi_mr_regattr flags) and 48 new capabilities:
+inline constexpr uint64_t kXpuTriggerCap = 1ull << 44;       // FI_XPU_TRIGGER, up to 1.20
+inline constexpr uint64_t kTaggedDirectedRecv = 1ull << 45;  // FI_TAGGED_DIRECTED_RECV, 2.0
+inline constexpr uint64_t kTaggedMultiRecv = 1ull << 46;     // FI_TAGGED_MULTI_RECV, 2.0
+inline constexpr uint64_t kExactDirectedRecv = 1ull << 48;   // FI_EXACT_DIRECTED_RECV, 2.0
+
+// The capability bits an application of API `version` may name that mean something to tandem
+// only in that version (the rest mean the same in every release tandem serves).
+inline constexpr uint64_t versioned_caps(uint32_t version) {
+    if (version >= kApi2_0) return kTaggedDirectedRecv | kExactDirectedRecv | kTaggedMultiRecv;
+    if (version >= kApi1_21) return 0;
+    return kXpuTriggerCap;
+}
+// The API version an fi_info was answered for (the core records it in fabric_attr); 1.x's
+// meanings where it records none (an fi_info the application filled itself).
+inline uint32_t api_version_of(const fi_info *info) {
+    return info && info->fabric_attr && info->fabric_attr->api_version
+               ? info->fabric_attr->api_version
+               : FI_VERSION(1, 17);
+}
+// What an endpoint's capabilities mean, read once from its fi_info (caps and the API version
+// the core recorded in fabric_attr->api_version).
+struct CapsMeaning {
+    bool xpu_trigger;      // FI_TRIGGER_XPU may be posted
+    bool directed_msg;     // fi_recv's src_addr is matched
+    bool directed_tagged;  // fi_trecv's src_addr is matched
+    bool exact_directed;   // FI_ADDR_UNSPEC refused as a directed receive's source
+};
+inline constexpr CapsMeaning caps_meaning(uint64_t caps, uint32_t version) {
+    const bool v2 = version >= kApi2_0;
+    const bool exact = v2 && (caps & kExactDirectedRecv);
+    const bool directed = (caps & FI_DIRECTED_RECV) || exact;
+    return {
+        .xpu_trigger = version >= kApi1_21 ? (caps & FI_TRIGGER) && (caps & FI_HMEM)
+                                           : (caps & kXpuTriggerCap) != 0,
+        .directed_msg = directed,
+        .directed_tagged = directed || (v2 && (caps & kTaggedDirectedRecv)),
+        .exact_directed = exact,
+    };
+}
+
+// --- other values 1.17's headers lack -----------------------------------------------------
+// fabric.h 2.0: enum fi_progress's FI_PROGRESS_CONTROL_UNIFIED (control progress driven with
+// data progress, which the old field control_progress then need not name).
+inline constexpr int kProgressControlUnified = 3;
+// fi_endpoint.h: option names after FI_OPT_XPU_TRIGGER (9), in their enum's order.
+inline constexpr int kOptCudaApiPermitted = 10;       // 1.18, bool
+inline constexpr int kOptSharedMemoryPermitted = 11;  // 1.21, bool
+inline constexpr int kOptMaxMsgSize = 12;             // 1.22, size_t (get only)
+inline constexpr int kOptMaxTaggedSize = 13;          // 1.22
+inline constexpr int kOptMaxRmaSize = 14;             // 1.22
+inline constexpr int kOptMaxAtomicSize = 15;          // 1.22
+inline constexpr int kOptInjectMsgSize = 16;          // 1.22
+inline constexpr int kOptInjectTaggedSize = 17;       // 1.22
+inline constexpr int kOptInjectRmaSize = 18;          // 1.22
+inline constexpr int kOptInjectAtomicSize = 19;       // 1.22
+
+// The core's own version (fi_version() of the libfabric that loaded us), read once.
+uint32_t core_version();
+
+#if FI_MAJOR_VERSION >= 2
+// Built against 2.x headers: the numbers above are theirs.
+static_assert(kTaggedDirectedRecv == FI_TAGGED_DIRECTED_RECV);
+static_assert(kTaggedMultiRecv == FI_TAGGED_MULTI_RECV);
+static_assert(kExactDirectedRecv == FI_EXACT_DIRECTED_RECV);
+static_assert(kProgressControlUnified == FI_PROGRESS_CONTROL_UNIFIED);
+static_assert(kOptCudaApiPermitted == FI_OPT_CUDA_API_PERMITTED);
+static_assert(kOptSharedMemoryPermitted == FI_OPT_SHARED_MEMORY_PERMITTED);
+static_assert(kOptMaxMsgSize == FI_OPT_MAX_MSG_SIZE);
+static_assert(kOptInjectAtomicSize == FI_OPT_INJECT_ATOMIC_SIZE);
+#endif
+
+}  // namespace tandem::compat

@@ -1,0 +1,206 @@
+// One tandem for every libfabric from 1.17 to 2.6 (docs/compatibility.md): the API version
+// tandem declares, fi_getinfo's answers by the version the application asked for (what
+// fabric.h's capability bits mean in it), and endpoints that keep those meanings.
+//
+// - Provider.*: the provider's own entry points, loaded from FI_PROVIDER_PATH as the core
+//   loads them, so that a version newer than the system core's can be asked for here too
+//   (the core refuses to pass on a version newer than itself).
+// - Receives.*: endpoints through the core. Under a core of 2.0 or later the test asks for
+//   API 2.0 as an application of that release would; under an older core it takes the 1.17
+//   answer and marks it answered for 2.0 (fabric_attr->api_version, which the core fills
+//   with the version asked for), which is what the endpoint reads. The outcome asserted is
+//   the same either way.
+#include "fabric_fixture.h"
+#include "../common/rdm_endpoint.h"
+
+#include <dlfcn.h>
+
+#include <rdma/fi_tagged.h>
+#include <rdma/providers/fi_prov.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace tandem_test {
+namespace {
+
+// The 2.0 capability bits (fabric.h of libfabric 2.0; 1.17's headers give bits 45 and 46 other
+// names and bit 48 FI_VARIABLE_MSG), and 1.x's FI_XPU_TRIGGER, removed in 1.21.
+constexpr uint64_t kTaggedDirectedRecv = 1ull << 45;
+constexpr uint64_t kTaggedMultiRecv = 1ull << 46;
+constexpr uint64_t kExactDirectedRecv = 1ull << 48;
+constexpr uint64_t kXpuTrigger = 1ull << 44;
+
+// tandem's fi_provider, from the library the core would load.
+fi_provider *tandem_provider() {
+    const char *dir = getenv("FI_PROVIDER_PATH");
+    if (!dir) return nullptr;
+    std::string path = std::string(dir) + "/libtandem-fi.so";
+    void *lib = dlopen(path.c_str(), RTLD_NOW);
+    if (!lib) return nullptr;
+    auto ini = reinterpret_cast<fi_provider *(*)()>(dlsym(lib, "fi_prov_ini"));
+    return ini ? ini() : nullptr;
+}
+
+InfoPtr rdm_hints(uint64_t caps) {
+    InfoPtr h = alloc_hints();
+    h->ep_attr->type = FI_EP_RDM;
+    h->caps = caps;
+    return h;
+}
+
+// The provider's answer for hints at API version `version`: its error, or its first entry.
+int provider_getinfo(uint32_t version, const fi_info *hints, InfoPtr *out) {
+    fi_provider *prov = tandem_provider();
+    if (!prov) return -FI_ENOSYS;
+    fi_info *info = nullptr;
+    int ret = prov->getinfo(version, "127.0.0.1", nullptr, 0, hints, &info);
+    out->reset(info);
+    return ret;
+}
+
+// The core these tests run under is the one the caller named (scripts/test-libfabric2.sh runs
+// the suites under libfabric 2.6 with TANDEM_EXPECT_CORE=2.6): without it, a wrong library
+// path would run them under the system's 1.17 and prove nothing about 2.6.
+TEST(Core, IsTheOneNamed) {
+    const char *named = getenv("TANDEM_EXPECT_CORE");
+    if (!named) GTEST_SKIP() << "TANDEM_EXPECT_CORE not set (set by scripts/test-libfabric2.sh)";
+    unsigned major = 0, minor = 0;
+    ASSERT_EQ(sscanf(named, "%u.%u", &major, &minor), 2) << named;
+    EXPECT_EQ(fi_version(), FI_VERSION(major, minor))
+        << "running under libfabric " << FI_MAJOR(fi_version()) << "." << FI_MINOR(fi_version());
+}
+
+TEST(Provider, DeclaresTheNewestApiItImplements) {
+    fi_provider *prov = tandem_provider();
+    ASSERT_NE(prov, nullptr) << "no libtandem-fi.so in FI_PROVIDER_PATH";
+    EXPECT_EQ(prov->fi_version, FI_VERSION(2, 6));
+}
+
+TEST(Provider, TaggedDirectedRecvGrantedWhenAskedFrom2_0) {
+    InfoPtr hints = rdm_hints(FI_TAGGED | FI_SEND | FI_RECV | kTaggedDirectedRecv);
+    InfoPtr info;
+    ASSERT_FI_OK(provider_getinfo(FI_VERSION(2, 0), hints.get(), &info));
+    EXPECT_EQ(info->caps & kTaggedDirectedRecv, kTaggedDirectedRecv);
+    EXPECT_EQ(info->rx_attr->caps & kTaggedDirectedRecv, kTaggedDirectedRecv);
+    EXPECT_EQ(info->tx_attr->caps & kTaggedDirectedRecv, 0u) << "a receive capability";
+    EXPECT_EQ(info->fabric_attr->api_version, FI_VERSION(2, 0));
+}
+
+TEST(Provider, ExactDirectedRecvGrantedWhenAskedFrom2_0) {
+    InfoPtr hints = rdm_hints(FI_TAGGED | FI_MSG | kExactDirectedRecv);
+    InfoPtr info;
+    ASSERT_FI_OK(provider_getinfo(FI_VERSION(2, 6), hints.get(), &info));
+    EXPECT_EQ(info->caps & kExactDirectedRecv, kExactDirectedRecv);
+}
+
+// The same bit is FI_HMEM_HOST_ALLOC to an application of API 1.x: no endpoint capability.
+TEST(Provider, Bit45IsNoCapabilityBefore2_0) {
+    InfoPtr hints = rdm_hints(FI_TAGGED | kTaggedDirectedRecv);
+    InfoPtr info;
+    EXPECT_EQ(provider_getinfo(FI_VERSION(1, 22), hints.get(), &info), -FI_ENODATA);
+}
+
+// Asked for nothing of 2.0's, an application of 2.0 gets none of it: each narrows matching.
+TEST(Provider, ReceiveNarrowingCapsNeverOfferedUnasked) {
+    InfoPtr hints = rdm_hints(0);
+    InfoPtr info;
+    ASSERT_FI_OK(provider_getinfo(FI_VERSION(2, 6), hints.get(), &info));
+    for (fi_info *fi = info.get(); fi; fi = fi->next)
+        EXPECT_EQ(fi->caps & (kTaggedDirectedRecv | kExactDirectedRecv | kTaggedMultiRecv), 0u);
+}
+
+TEST(Provider, TaggedMultiRecvRefused) {
+    InfoPtr hints = rdm_hints(FI_TAGGED | kTaggedMultiRecv);
+    InfoPtr info;
+    EXPECT_EQ(provider_getinfo(FI_VERSION(2, 0), hints.get(), &info), -FI_ENODATA);
+}
+
+// Bit 44 was FI_XPU_TRIGGER up to 1.20 and names nothing from 1.21.
+TEST(Provider, XpuTriggerBitRefusedFrom1_21) {
+    InfoPtr hints = rdm_hints(FI_TAGGED | FI_TRIGGER | kXpuTrigger);
+    InfoPtr info;
+    EXPECT_EQ(provider_getinfo(FI_VERSION(1, 21), hints.get(), &info), -FI_ENODATA);
+}
+
+// An RDM endpoint on 127.0.0.1 answered for API 2.0 with `caps`, its CQ and AV.
+struct Receiver : RdmEndpoint {
+    void open(uint64_t caps) {
+        InfoPtr hints = rdm_hints(caps);
+        hints->fabric_attr->prov_name = strdup(provider_name());
+        if (fi_version() >= FI_VERSION(2, 0)) {
+            fi_info *list = nullptr;
+            ASSERT_FI_OK(fi_getinfo(FI_VERSION(2, 0), "127.0.0.1", nullptr, 0, hints.get(), &list));
+            for (fi_info *i = list; i && !info; i = i->next)
+                if (is_own(i)) info = fi_dupinfo(i);
+            fi_freeinfo(list);
+            ASSERT_NE(info, nullptr) << "no " << provider_name() << " entry for API 2.0";
+        } else {
+            // What tandem answers a 2.0 application (Provider.* above), as the core that cannot
+            // ask for it would have recorded it.
+            hints->caps &= ~(kTaggedDirectedRecv | kExactDirectedRecv);
+            InfoPtr raw;
+            ASSERT_FI_OK(getinfo_own("127.0.0.1", nullptr, 0, hints.get(), &raw));
+            info = fi_dupinfo(raw.get());
+            info->caps = caps;
+            info->rx_attr->caps |= caps & (kTaggedDirectedRecv | kExactDirectedRecv);
+            info->fabric_attr->api_version = FI_VERSION(2, 0);
+        }
+        ASSERT_EQ(info->caps & caps, caps);
+        std::string why;
+        ASSERT_TRUE(try_open_info(why)) << why;
+    }
+    ~Receiver() { close(); }
+};
+
+// The context of the next completion on r's CQ, progressing the senders meanwhile.
+void *next_completion(Receiver &r, Receiver &s1, Receiver &s2) {
+    fi_cq_tagged_entry e{};
+    for (int i = 0; i < 200000; ++i) {
+        if (fi_cq_read(r.cq, &e, 1) == 1) return e.op_context;
+        fi_cq_read(s1.cq, &e, 0);
+        fi_cq_read(s2.cq, &e, 0);
+    }
+    return nullptr;
+}
+
+// FI_EXACT_DIRECTED_RECV: a receive that names no source is refused, one that names a source
+// is posted.
+TEST(Receives, ExactDirectedRecvRefusesAnUnnamedSource) {
+    Receiver r, s;
+    ASSERT_NO_FATAL_FAILURE(r.open(FI_MSG | FI_TAGGED | kExactDirectedRecv));
+    ASSERT_NO_FATAL_FAILURE(s.open(FI_MSG | FI_TAGGED));
+    fi_addr_t from_s = r.insert(s);
+    char buf[8];
+    EXPECT_EQ(fi_trecv(r.ep, buf, sizeof buf, nullptr, FI_ADDR_UNSPEC, 1, 0, nullptr), -FI_EINVAL);
+    EXPECT_EQ(fi_recv(r.ep, buf, sizeof buf, nullptr, FI_ADDR_UNSPEC, nullptr), -FI_EINVAL);
+    EXPECT_EQ(fi_trecv(r.ep, buf, sizeof buf, nullptr, from_s, 1, 0, nullptr), 0);
+}
+
+// FI_TAGGED_DIRECTED_RECV without FI_DIRECTED_RECV: tagged receives match by source, untagged
+// ones do not (fi_getinfo(3)).
+TEST(Receives, TaggedDirectedRecvDirectsTaggedReceivesOnly) {
+    Receiver r, s1, s2;
+    ASSERT_NO_FATAL_FAILURE(r.open(FI_MSG | FI_TAGGED | kTaggedDirectedRecv));
+    ASSERT_NO_FATAL_FAILURE(s1.open(FI_MSG | FI_TAGGED));
+    ASSERT_NO_FATAL_FAILURE(s2.open(FI_MSG | FI_TAGGED));
+    fi_addr_t from_s1 = r.insert(s1);
+    fi_addr_t r_at_s1 = s1.insert(r), r_at_s2 = s2.insert(r);
+    char want_s1[8], any[8], plain[8], out[8] = "payload";
+    int ctx_s1, ctx_any, ctx_plain;
+    // Posted first, directed at s1: s2's message of the same tag must pass it by.
+    ASSERT_FI_OK(fi_trecv(r.ep, want_s1, sizeof want_s1, nullptr, from_s1, 7, 0, &ctx_s1));
+    ASSERT_FI_OK(fi_trecv(r.ep, any, sizeof any, nullptr, FI_ADDR_UNSPEC, 7, 0, &ctx_any));
+    ASSERT_FI_OK(fi_tsend(s2.ep, out, sizeof out, nullptr, r_at_s2, 7, nullptr));
+    EXPECT_EQ(next_completion(r, s1, s2), &ctx_any);
+    ASSERT_FI_OK(fi_tsend(s1.ep, out, sizeof out, nullptr, r_at_s1, 7, nullptr));
+    EXPECT_EQ(next_completion(r, s1, s2), &ctx_s1);
+    // Untagged: directed at s1 in vain, s2's message takes it.
+    ASSERT_FI_OK(fi_recv(r.ep, plain, sizeof plain, nullptr, from_s1, &ctx_plain));
+    ASSERT_FI_OK(fi_send(s2.ep, out, sizeof out, nullptr, r_at_s2, nullptr));
+    EXPECT_EQ(next_completion(r, s1, s2), &ctx_plain);
+}
+
+}  // namespace
+}  // namespace tandem_test
