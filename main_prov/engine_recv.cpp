@@ -142,8 +142,10 @@ ssize_t Engine::post_recv_on(RxMatcher &m, Engine *report_ep, uint64_t caps, con
 }
 
 fi_addr_t Engine::source_of(const Unexpected &ux) {
-    if (ux.peer_entry) return ux.peer_entry->entry.addr;  // the peer's AV is ours
-    if (!ux.conn) return ux.src;                          // a node-local message
+    if (ux.peer_entry) return PeerRxQueue::of(ux.peer_entry)->source(ux.peer_entry);  // our AV
+    if (!ux.conn)  // a node-local message
+        return ux.sender.empty() ? ux.src
+                                 : ux.ep->av_->addr_of_bytes(ux.sender.data(), ux.sender.size());
     return ux.ep->source_of(ux.conn);
 }
 
@@ -186,6 +188,7 @@ void Engine::receive_short_slow(const uint8_t *cell, fi_addr_t src) {
     Unexpected ux;
     ux.ep = this;
     ux.src = src;
+    if (src == FI_ADDR_NOTAVAIL) ux.sender = v.sender;
     ux.hdr = hdr;
     ux.data.assign(v.data, v.data + v.size);
     m.push_unexpected(std::move(ux));

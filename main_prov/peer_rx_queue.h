@@ -37,11 +37,13 @@ class PeerRxQueue final : public peer::SrxOwner {
     // FI_DISCARD of a queued message.
     void discard(peer::OwnerRxEntry *e);
     static PeerRxQueue *of(peer::OwnerRxEntry *e) { return static_cast<PeerRxQueue *>(e->owner); }
-    // How to learn the remote CQ data of a queued message (for FI_PEEK), where the peer can
-    // tell (fi_peer_rx_entry carries none).
-    void set_data_source(std::function<uint64_t(fi_peer_rx_entry *)> source) {
-        data_of_ = std::move(source);
-    }
+    // How to learn what fi_peer_rx_entry does not carry of a queued message, where the peer
+    // can tell (our twin: LocalPathOps::queued): its remote CQ data (for FI_PEEK), and its
+    // source once the sender is in the AV.
+    using QueuedInfo = std::function<void(fi_peer_rx_entry *, uint64_t *data, fi_addr_t *src)>;
+    void set_queued_info(QueuedInfo info) { queued_info_ = std::move(info); }
+    // The source of a message the peer queued, as the AV names it now.
+    fi_addr_t source(peer::OwnerRxEntry *e);
 
     int peer_get_msg(fi_addr_t addr, size_t size, fi_peer_rx_entry **entry) override;
     int peer_get_tag(fi_addr_t addr, uint64_t tag, fi_peer_rx_entry **entry) override;
@@ -68,7 +70,7 @@ class PeerRxQueue final : public peer::SrxOwner {
     Mode mode_;
     bool selective_;
     peer::ExportedSrx export_;
-    std::function<uint64_t(fi_peer_rx_entry *)> data_of_;
+    QueuedInfo queued_info_;
     std::vector<peer::OwnerRxEntry *> spare_;  // entries to reuse: no allocation per message
 };
 

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <deque>
 #include <list>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -129,6 +130,9 @@ struct Unexpected {
     Engine *ep = nullptr;            // the endpoint it arrived on (answers it, reports it)
     LinkConnection *conn = nullptr;  // nullptr: a node-local message (Short cell), from src
     fi_addr_t src = FI_ADDR_NOTAVAIL;
+    // A node-local message from a sender not in the AV when it came: its name, looked up again
+    // whenever a receive asks its source (the application may insert it meanwhile).
+    std::string sender;
     wire::ProtoHeader hdr{};
     std::vector<uint8_t> data;
     wire::RtsBody rts{};

@@ -91,9 +91,10 @@ int local_arm(fid_ep *ep) noexcept try { return Endpoint::of(ep)->arm(); } catch
     return 1;
 }
 
-uint64_t local_queued_data(fid_ep *, fi_peer_rx_entry *entry) noexcept {
+void local_queued(fid_ep *ep, fi_peer_rx_entry *entry, uint64_t *data, fi_addr_t *src) noexcept {
     auto *held = static_cast<HeldMessage *>(entry ? entry->peer_context : nullptr);
-    return held ? held->hdr.cq_data : 0;
+    if (data) *data = held ? held->hdr.cq_data : 0;
+    if (src) *src = held ? Endpoint::of(ep)->held_source(*held) : FI_ADDR_NOTAVAIL;
 }
 
 void local_introduce(fid_ep *ep, fi_addr_t addr) noexcept try {
@@ -138,7 +139,7 @@ peer::LocalPathOps local_path_ops = {.size = sizeof(peer::LocalPathOps),
                                      .reachable = local_reachable,
                                      .wait_fd = local_wait_fd,
                                      .arm = local_arm,
-                                     .queued_data = local_queued_data,
+                                     .queued = local_queued,
                                      .introduce = local_introduce,
                                      .remote_twin = local_remote_twin,
                                      .inject_limit = local_inject_limit,

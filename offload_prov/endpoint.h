@@ -156,6 +156,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     void transfer_complete(const fi_cq_tagged_entry &entry, fi_addr_t src);
     void transfer_error(const fi_cq_err_entry &err);
     static int start_held(fi_peer_rx_entry *entry);
+    // A held message's source, looked up again while it is not in the AV (ep/receive.cpp).
+    fi_addr_t held_source(HeldMessage &held);
     static int discard_held(fi_peer_rx_entry *entry);
     // (The owner's collective calls come through here: they bring work.)
     coll::Engine &coll() {

@@ -150,7 +150,7 @@ struct InboxView {
 
 // fi_open_ops name of off_tandem's endpoint extension: whether a peer (an fi_addr of the
 // shared AV) is reachable over the node-local path, so the owner routes it there.
-inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v6";
+inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v7";
 
 struct LocalPathOps {
     size_t size;
@@ -160,9 +160,11 @@ struct LocalPathOps {
     // Before sleeping on wait_fd: asks senders to signal it. Returns 1 when work is already
     // pending (wait_fd is then readable at once, so the sleep ends immediately).
     int (*arm)(fid_ep *ep);
-    // The remote CQ data of a message the twin queued with the owner's SRX (fi_peer_rx_entry
-    // has no field for it, and FI_PEEK reports it before the message is delivered).
-    uint64_t (*queued_data)(fid_ep *ep, fi_peer_rx_entry *entry);
+    // What fi_peer_rx_entry cannot carry of a message the twin queued with the owner's SRX:
+    // its remote CQ data (FI_PEEK reports it before the message is delivered), and its source
+    // as the AV names it now (entry->addr was fixed when the message came, perhaps before the
+    // application inserted the sender): FI_ADDR_NOTAVAIL while the sender is not in the AV.
+    void (*queued)(fid_ep *ep, fi_peer_rx_entry *entry, uint64_t *data, fi_addr_t *src);
     // The owner will talk to this peer over a link: the twin introduces itself to the
     // peer's twin (a peer transfer over the owner's endpoint).
     void (*introduce)(fid_ep *ep, fi_addr_t addr);

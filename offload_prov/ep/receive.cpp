@@ -70,6 +70,11 @@ void Endpoint::place_message(int ret, fi_peer_rx_entry *entry, const LocalHeader
     srx_->owner().queue(entry, hdr.flags & wire::kLocalTagged);
 }
 
+fi_addr_t Endpoint::held_source(HeldMessage &held) {
+    if (held.src == FI_ADDR_NOTAVAIL) held.src = source_of(held.sender);
+    return held.src;
+}
+
 // Copies a message into the receive buffer the owner gave, writes its completion to the
 // owner's CQ and hands the entry back.
 void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::string_view sender,

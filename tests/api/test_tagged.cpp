@@ -416,6 +416,37 @@ TEST_F(TaggedTest, ReceiveDirectedAtAReinsertedPeerMatchesIt) {
     EXPECT_EQ(check_pattern(r2->data(), 64, 231), -1);
 }
 
+// A message whose sender was not in the receiver's AV when it arrived (fabtests 2.x's
+// fi_unexpected_msg, as an MPI process meets a peer it has not inserted yet): kept with no
+// source; once the application inserts the sender, a receive directed at it matches the
+// message and reports that address. Small messages and ones past a node-local cell.
+TEST_F(TaggedTest, DirectedReceiveMatchesAMessageThatCameBeforeItsSenderWasInserted) {
+    ASSERT_FI_OK(fi_av_remove(b().av, &b().peer[0], 1, 0));
+    uint64_t tag = 0x90;
+    for (size_t len : {size_t(64), size_t(64 * 1024)}) {
+        SCOPED_TRACE(len);
+        ++tag;
+        auto s = buf(len), r = buf(len);
+        fill_pattern(s->data(), len, 240);
+        ASSERT_FI_OK(tsend(a(), *s, len, a().peer[1], tag, ctx(20)));
+        // Arrived with no source: b's FI_PEEK of any source finds it.
+        auto seen = peek_until_found(tag, 0, 0, ctx(21));
+        ASSERT_TRUE(seen);
+        EXPECT_EQ(seen->src, FI_ADDR_NOTAVAIL);
+        fi_addr_t a_at_b = FI_ADDR_NOTAVAIL;
+        ASSERT_FI_RET(fi_av_insert(b().av, a().name.data(), 1, &a_at_b, 0, nullptr), 1);
+        ASSERT_FI_OK(trecv(b(), *r, len, tag, 0, ctx(22), a_at_b));
+        auto rc = wait_comp(b(), ctx(22));
+        ASSERT_TRUE(rc) << b().log.summary();
+        EXPECT_EQ(rc->src, a_at_b);
+        EXPECT_EQ(check_pattern(r->data(), len, 240), -1);
+        ASSERT_TRUE(wait_comp(a(), ctx(20))) << a().log.summary();
+        ASSERT_FI_OK(fi_av_remove(b().av, &a_at_b, 1, 0));
+        b().log.comps.clear();
+        a().log.comps.clear();
+    }
+}
+
 // A burst of small sends posted without reading the sender's CQ, several times what a
 // node-local peer's inbox holds: the first ones go straight into the peer's ring, the rest
 // wait in the sender's backlog. Nothing may be lost or reordered, and every send is reported
