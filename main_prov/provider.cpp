@@ -169,6 +169,20 @@ bool rx_hints_fit(const fi_rx_attr &r, uint64_t caps) {
     return !(r.size > cfg.rx_size || r.iov_limit > kMaxIov);
 }
 
+// The capabilities granted for those asked: a primary capability asked for without any of its
+// directions comes with every direction tandem has for it (fi_getinfo(3): FI_READ, FI_WRITE,
+// FI_REMOTE_READ and FI_REMOTE_WRITE restrict FI_RMA and FI_ATOMIC; FI_SEND and FI_RECV
+// FI_MSG and FI_TAGGED), spelled out as the core's utility providers spell them: programs
+// such as fabtests 2.x bind counters by the directions they find there.
+uint64_t granted_caps(uint64_t asked, uint64_t offered) {
+    constexpr uint64_t kMsgDirections = FI_SEND | FI_RECV;
+    constexpr uint64_t kRmaDirections = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+    uint64_t caps = asked;
+    if ((caps & (FI_MSG | FI_TAGGED)) && !(caps & kMsgDirections)) caps |= offered & kMsgDirections;
+    if ((caps & (FI_RMA | FI_ATOMIC)) && !(caps & kRmaDirections)) caps |= offered & kRmaDirections;
+    return caps;
+}
+
 // Whether the hints (when given) ask for nothing this endpoint type on itf cannot give.
 bool hints_fit(const fi_info *hints, fi_ep_type type, const Interface &itf, uint64_t caps,
                uint32_t version) {
@@ -319,8 +333,7 @@ bool fill_info(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
     const uint64_t caps = offered_caps(hints, type, verbs, version);
     const bool nic_keys = uses_nic_keys(hints, verbs);
     if (!hints_fit(hints, type, itf, caps, version)) return false;
-    // A request for a primary capability without direction implies both directions.
-    uint64_t out_caps = hints && hints->caps ? hints->caps : caps;
+    uint64_t out_caps = hints && hints->caps ? granted_caps(hints->caps, caps) : caps;
     fi->caps = out_caps;
     fi->mode = 0;
     fi->addr_format = format;

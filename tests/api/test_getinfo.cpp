@@ -239,6 +239,24 @@ TEST(GetInfo, OnlyRequestedPrimaryCapabilitiesAreReturned) {
     }
 }
 
+// fi_getinfo(3): a primary capability without directions means all of them, and the answer
+// names them (fabtests 2.x bind counters by the directions they find in info->caps).
+TEST(GetInfo, PrimaryCapabilityWithoutDirectionsIsGrantedInEveryDirection) {
+    constexpr uint64_t kRmaDirections = FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
+    InfoPtr hints = base_hints(FI_EP_RDM);
+    hints->caps = FI_MSG | FI_RMA;
+    InfoPtr list;
+    ASSERT_FI_OK(getinfo(hints.get(), &list));
+    EXPECT_EQ(list->caps & (FI_SEND | FI_RECV), uint64_t(FI_SEND | FI_RECV));
+    EXPECT_EQ(list->caps & kRmaDirections, kRmaDirections);
+    EXPECT_EQ(list->rx_attr->caps & (FI_REMOTE_READ | FI_REMOTE_WRITE),
+              uint64_t(FI_REMOTE_READ | FI_REMOTE_WRITE));
+    // A direction named restricts the capability to it.
+    hints->caps = FI_RMA | FI_READ;
+    ASSERT_FI_OK(getinfo(hints.get(), &list));
+    EXPECT_EQ(list->caps & kRmaDirections, uint64_t(FI_READ));
+}
+
 TEST(GetInfo, MaxMessageSizeIsAtLeastOneGiB) {
     for (fi_ep_type type : {FI_EP_RDM, FI_EP_MSG}) {
         InfoPtr hints = base_hints(type);
