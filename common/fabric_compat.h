@@ -82,7 +82,7 @@ inline constexpr int kProgressControlUnified = 3;
 // fi_endpoint.h: option names after FI_OPT_XPU_TRIGGER (9), in their enum's order.
 inline constexpr int kOptCudaApiPermitted = 10;       // 1.18, bool
 inline constexpr int kOptSharedMemoryPermitted = 11;  // 1.21, bool
-inline constexpr int kOptMaxMsgSize = 12;             // 1.22, size_t (get only)
+inline constexpr int kOptMaxMsgSize = 12;             // 1.22, size_t
 inline constexpr int kOptMaxTaggedSize = 13;          // 1.22
 inline constexpr int kOptMaxRmaSize = 14;             // 1.22
 inline constexpr int kOptMaxAtomicSize = 15;          // 1.22
@@ -103,6 +103,12 @@ static_assert(kProgressControlUnified == FI_PROGRESS_CONTROL_UNIFIED);
 static_assert(kOptCudaApiPermitted == FI_OPT_CUDA_API_PERMITTED);
 static_assert(kOptSharedMemoryPermitted == FI_OPT_SHARED_MEMORY_PERMITTED);
 static_assert(kOptMaxMsgSize == FI_OPT_MAX_MSG_SIZE);
+static_assert(kOptMaxTaggedSize == FI_OPT_MAX_TAGGED_SIZE);
+static_assert(kOptMaxRmaSize == FI_OPT_MAX_RMA_SIZE);
+static_assert(kOptMaxAtomicSize == FI_OPT_MAX_ATOMIC_SIZE);
+static_assert(kOptInjectMsgSize == FI_OPT_INJECT_MSG_SIZE);
+static_assert(kOptInjectTaggedSize == FI_OPT_INJECT_TAGGED_SIZE);
+static_assert(kOptInjectRmaSize == FI_OPT_INJECT_RMA_SIZE);
 static_assert(kOptInjectAtomicSize == FI_OPT_INJECT_ATOMIC_SIZE);
 #endif
 

@@ -215,8 +215,11 @@ int Endpoint::getopt(int level, int optname, void *optval, size_t *optlen) {
             return give(engine_.p2p_mode());
         case FI_OPT_XPU_TRIGGER:
             return engine_.xpu_trigger_shape(static_cast<fi_trigger_xpu *>(optval), optlen);
-        default:
-            return -FI_ENOPROTOOPT;
+        default: {  // the size options (1.22), or none
+            size_t limit;
+            if (int ret = engine_.size_limit(optname, &limit)) return ret;
+            return give(limit);
+        }
     }
 }
 
@@ -245,8 +248,13 @@ int Endpoint::setopt(int level, int optname, const void *optval, size_t optlen) 
             if (!(engine_.caps() & FI_HMEM) || !hmem::Registry::instance().available(FI_HMEM_CUDA))
                 return -FI_EINVAL;
             return *static_cast<const bool *>(optval) ? 0 : -FI_EOPNOTSUPP;
-        default:
-            return -FI_ENOPROTOOPT;
+        default: {  // the size options (1.22), or none
+            size_t probe;
+            if (int ret = engine_.size_limit(optname, &probe)) return ret;
+            if (optlen != sizeof(size_t)) return -FI_EINVAL;
+            std::lock_guard guard(engine_.domain()->lock());
+            return engine_.set_size_limit(optname, *static_cast<const size_t *>(optval));
+        }
     }
 }
 

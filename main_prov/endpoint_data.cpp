@@ -57,7 +57,8 @@ namespace tandem {
                                                           uint64_t flags, uint64_t tag,
                                                           uint64_t data, bool tagged) {
     constexpr uint64_t kNotDirect = FI_TRIGGER | FI_DELIVERY_COMPLETE | FI_PEER_TRANSFER;
-    if ((flags & kNotDirect) || len > direct_limit_ || ((flags & FI_INJECT) && len > inject_size_))
+    if ((flags & kNotDirect) || len > direct_limit_ ||
+        ((flags & FI_INJECT) && len > direct_inject_))
         return kNotTaken;
     std::lock_guard guard(domain_->lock());
     if (!enabled_ || !(caps_ & (tagged ? FI_TAGGED : FI_MSG)) ||

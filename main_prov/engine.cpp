@@ -20,6 +20,7 @@
 
 #include <rdma/fi_errno.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace tandem {
@@ -44,6 +45,13 @@ Engine::Engine(Domain *domain, fi_info *info, fid_ep *self)
     const Config &cfg = Config::get();
     eager_limit_ = cfg.eager_limit;
     inject_size_ = cfg.inject_size;
+    for (int k = 0; k < kSizeKinds; ++k) {
+        limits_.max[k] = k == kAtomicSize
+                             ? std::min<size_t>(atomic::kMaxBytes, info_->ep_attr->max_msg_size)
+                             : info_->ep_attr->max_msg_size;
+        limits_.inject[k] = std::min(inject_size_, limits_.max[k]);
+    }
+    direct_inject_ = inject_size_;
     // A posted buffer takes any protocol message: an eager one, a rendezvous request, the
     // largest atomic request (whatever the eager limit was set to).
     rx_buf_size_ =
@@ -272,7 +280,8 @@ int Engine::enable_locked() {
                              ? std::min({eager_limit_, send_now - sizeof(wire::ProtoHeader),
                                          size_t(info_->ep_attr->max_msg_size)})
                              : 0;
-    direct_limit_ = std::max(lane_limit_, link_direct_limit_);
+    direct_ceiling_ = std::max(lane_limit_, link_direct_limit_);
+    apply_size_limits();
     // One line per endpoint at info level: a user's log then says which endpoint ran and
     // whether its node-local peers go through off_tandem.
     EndpointName at;
@@ -296,6 +305,48 @@ int Engine::set_cm_data_size(size_t size) {
     if (size > cm_data_max_) return -FI_EINVAL;
     cm_data_size_ = size;
     return 0;
+}
+
+namespace {
+
+// The kind of operation and the limit a size option names (fi_endpoint(3), 1.22), or -1.
+int size_kind(int optname, bool *inject) {
+    *inject = optname >= compat::kOptInjectMsgSize;
+    const int first = *inject ? compat::kOptInjectMsgSize : compat::kOptMaxMsgSize;
+    const int kind = optname - first;
+    return optname >= compat::kOptMaxMsgSize && optname <= compat::kOptInjectAtomicSize ? kind : -1;
+}
+
+}  // namespace
+
+int Engine::size_limit(int optname, size_t *value) const {
+    bool inject;
+    const int kind = size_kind(optname, &inject);
+    if (kind < 0) return -FI_ENOPROTOOPT;
+    *value = inject ? limits_.inject[kind] : limits_.max[kind];
+    return 0;
+}
+
+// Domain lock held. A limit above the endpoint's attribute is refused; one below it holds
+// for the operations posted from now on.
+int Engine::set_size_limit(int optname, size_t value) {
+    bool inject;
+    const int kind = size_kind(optname, &inject);
+    if (kind < 0) return -FI_ENOPROTOOPT;
+    const size_t ceiling = inject ? std::min(inject_size_, size_t(info_->ep_attr->max_msg_size))
+                                  : size_t(info_->ep_attr->max_msg_size);
+    if (value > ceiling || (kind == kAtomicSize && !inject && value > atomic::kMaxBytes))
+        return -FI_EINVAL;
+    (inject ? limits_.inject : limits_.max)[kind] = value;
+    apply_size_limits();
+    return 0;
+}
+
+// send_direct takes only what every limit of a message, tagged or not, lets through; the
+// general path checks each kind's own.
+void Engine::apply_size_limits() {
+    direct_limit_ = std::min({direct_ceiling_, limits_.max[kMsgSize], limits_.max[kTaggedSize]});
+    direct_inject_ = std::min(limits_.inject[kMsgSize], limits_.inject[kTaggedSize]);
 }
 
 // FI_OPT_FI_HMEM_P2P. Domain lock held.

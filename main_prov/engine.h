@@ -173,6 +173,11 @@ class Engine : public CmSource, public RemoteKeyResolver {
     int set_cm_data_size(size_t size);
     int p2p_mode() const { return p2p_.mode(); }
     int set_p2p(int mode);
+    // FI_OPT_MAX_{MSG,TAGGED,RMA,ATOMIC}_SIZE and FI_OPT_INJECT_*_SIZE (1.22): the size limits
+    // of each kind of operation, at most max_msg_size and inject_size; an application may
+    // lower them. 0, or -FI_ENOPROTOOPT (no such option), -FI_EINVAL (above the attribute).
+    int size_limit(int optname, size_t *value) const;
+    int set_size_limit(int optname, size_t value);
     uint64_t caps() const { return caps_; }
     // fi_getopt(FI_OPT_XPU_TRIGGER): how many variables an XPU trigger of that device needs.
     int xpu_trigger_shape(fi_trigger_xpu *xpu, size_t *optlen);
@@ -547,12 +552,22 @@ class Engine : public CmSource, public RemoteKeyResolver {
     std::unique_ptr<uint8_t[]> rx_slab_;   // link receive buffers
     size_t rx_buf_size_ = 0;
     size_t eager_limit_ = 0;
-    size_t inject_size_ = 0;
+    size_t inject_size_ = 0;  // tx_attr->inject_size: what the protocol may send inline
+    // The size options' limits, by kind of operation (engine.cpp, SizeKind), and what they
+    // leave send_direct: the largest inject of a message, tagged or not.
+    enum SizeKind : uint8_t { kMsgSize, kTaggedSize, kRmaSize, kAtomicSize, kSizeKinds };
+    struct SizeLimits {
+        size_t max[kSizeKinds];
+        size_t inject[kSizeKinds];
+    } limits_{};
+    size_t direct_inject_ = 0;
+    void apply_size_limits();
     // The largest send send_by_lane takes: the twin's cell or the endpoint's max_msg_size,
     // whichever is less; 0 without a twin.
     size_t lane_limit_ = 0;
     size_t link_direct_limit_ = 0;  // send_by_link's largest payload
     size_t direct_limit_ = 0;       // the larger of the two: send_direct's first check
+    size_t direct_ceiling_ = 0;     // the same before the size options lowered it
     size_t cm_data_size_ = wire::kMaxCmPrivate;
     size_t cm_data_max_ = wire::kMaxCmPrivate;  // what the link's connection requests carry
     // Digest of the authorization key (fi_endpoint(3) auth_key; 0: none): connection

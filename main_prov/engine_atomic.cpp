@@ -82,7 +82,9 @@ int Engine::prepare_atomic(const AtomicCall &a, AtomicRequest &r) const {
         return ret;
     // FI_INJECT frees the constant buffers at once, which every atomic does (the operands are
     // copied into the request); it only limits the size.
-    if ((a.flags & FI_INJECT) && count * atomic::datatype_size(m.datatype) > inject_size_)
+    const size_t bytes = count * atomic::datatype_size(m.datatype);
+    if (bytes > limits_.max[kAtomicSize] ||
+        ((a.flags & FI_INJECT) && bytes > limits_.inject[kAtomicSize]))
         return -FI_EMSGSIZE;
     // With virtual addresses, the initiator sees a misaligned target at once; with offsets the
     // target checks the address the key resolves to (an FI_EINVAL error completion).

@@ -32,8 +32,8 @@ int Engine::expose(TxOp *op, const iovec *iov, const hmem::MemRef *mem, size_t c
 
 int Engine::prepare_rma(const RmaArgs &a, RmaRequest &r) const {
     if (int ret = r.local.capture(a.iov, a.desc, a.count)) return ret;
-    if (r.local.len > info_->ep_attr->max_msg_size) return -FI_EMSGSIZE;
-    if ((a.flags & FI_INJECT) && r.local.len > inject_size_) return -FI_EMSGSIZE;
+    if (r.local.len > limits_.max[kRmaSize]) return -FI_EMSGSIZE;
+    if ((a.flags & FI_INJECT) && r.local.len > limits_.inject[kRmaSize]) return -FI_EMSGSIZE;
     r.peer = a.peer;
     r.addr = a.addr;
     r.key = a.key;

@@ -62,8 +62,9 @@ Peer *Engine::peer_for(fi_addr_t addr) {
 // Prepare: the call's checks that need no endpoint state, and its lists copied.
 int Engine::prepare_send(const SendArgs &a, SendRequest &r) const {
     if (int ret = r.payload.capture(a.iov, a.desc, a.count)) return ret;
-    if (r.payload.len > info_->ep_attr->max_msg_size) return -FI_EMSGSIZE;
-    if ((a.flags & FI_INJECT) && r.payload.len > inject_size_) return -FI_EMSGSIZE;
+    const SizeKind kind = a.tagged ? kTaggedSize : kMsgSize;
+    if (r.payload.len > limits_.max[kind]) return -FI_EMSGSIZE;
+    if ((a.flags & FI_INJECT) && r.payload.len > limits_.inject[kind]) return -FI_EMSGSIZE;
     r.dest = a.dest;
     r.context = a.context;
     r.flags = a.flags;

@@ -18,6 +18,7 @@
 #include <rdma/fi_tagged.h>
 #include <rdma/providers/fi_prov.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -200,6 +201,59 @@ TEST(Receives, TaggedDirectedRecvDirectsTaggedReceivesOnly) {
     ASSERT_FI_OK(fi_recv(r.ep, plain, sizeof plain, nullptr, from_s1, &ctx_plain));
     ASSERT_FI_OK(fi_send(s2.ep, out, sizeof out, nullptr, r_at_s2, nullptr));
     EXPECT_EQ(next_completion(r, s1, s2), &ctx_plain);
+}
+
+// The size options of 1.22 (fi_endpoint(3)), by value: 1.17's headers do not name them.
+constexpr int kOptMaxMsgSize = 12, kOptMaxTaggedSize = 13, kOptMaxRmaSize = 14,
+              kOptMaxAtomicSize = 15, kOptInjectMsgSize = 16, kOptInjectTaggedSize = 17,
+              kOptInjectAtomicSize = 19;
+
+size_t get_size(fid_ep *ep, int optname) {
+    size_t value = 0, len = sizeof value;
+    EXPECT_EQ(fi_getopt(&ep->fid, FI_OPT_ENDPOINT, optname, &value, &len), 0) << optname;
+    EXPECT_EQ(len, sizeof value);
+    return value;
+}
+
+// Each limit starts at the endpoint's attribute: max_msg_size, inject_size.
+TEST(SizeOptions, StartAtTheEndpointsAttributes) {
+    RdmEndpoint e;
+    ASSERT_NO_FATAL_FAILURE(e.open(FI_MSG | FI_TAGGED | FI_RMA | FI_ATOMIC));
+    EXPECT_EQ(get_size(e.ep, kOptMaxMsgSize), e.info->ep_attr->max_msg_size);
+    EXPECT_EQ(get_size(e.ep, kOptMaxRmaSize), e.info->ep_attr->max_msg_size);
+    EXPECT_EQ(get_size(e.ep, kOptInjectMsgSize), e.info->tx_attr->inject_size);
+    // (An atomic carries at most what the largest one takes, FI_OPT_MAX_ATOMIC_SIZE.)
+    EXPECT_EQ(get_size(e.ep, kOptInjectAtomicSize),
+              std::min(e.info->tx_attr->inject_size, get_size(e.ep, kOptMaxAtomicSize)));
+    size_t above = e.info->ep_attr->max_msg_size + 1;
+    EXPECT_EQ(fi_setopt(&e.ep->fid, FI_OPT_ENDPOINT, kOptMaxMsgSize, &above, sizeof above),
+              -FI_EINVAL);
+    e.close();
+}
+
+// A lowered limit holds for its kind of operation and no other: an untagged send above it is
+// -FI_EMSGSIZE (node-local, where small sends take the shortest path, and over the link),
+// a tagged one of the same size is posted.
+TEST(SizeOptions, LoweredLimitsHoldForTheirKindOnly) {
+    RdmEndpoint r, s;
+    ASSERT_NO_FATAL_FAILURE(r.open());
+    ASSERT_NO_FATAL_FAILURE(s.open());
+    fi_addr_t to_r = s.insert(r);
+    size_t max_msg = 512, inject_msg = 8;
+    ASSERT_EQ(fi_setopt(&s.ep->fid, FI_OPT_ENDPOINT, kOptMaxMsgSize, &max_msg, sizeof max_msg), 0);
+    ASSERT_EQ(
+        fi_setopt(&s.ep->fid, FI_OPT_ENDPOINT, kOptInjectMsgSize, &inject_msg, sizeof inject_msg),
+        0);
+    EXPECT_EQ(get_size(s.ep, kOptMaxMsgSize), max_msg);
+    EXPECT_EQ(get_size(s.ep, kOptMaxTaggedSize), s.info->ep_attr->max_msg_size);
+    char buf[1024] = {};
+    EXPECT_EQ(fi_send(s.ep, buf, 1024, nullptr, to_r, nullptr), -FI_EMSGSIZE);
+    EXPECT_EQ(fi_inject(s.ep, buf, 16, to_r), -FI_EMSGSIZE);
+    EXPECT_EQ(get_size(s.ep, kOptInjectTaggedSize), s.info->tx_attr->inject_size);
+    EXPECT_EQ(fi_tinject(s.ep, buf, 16, to_r, 1), 0);
+    EXPECT_EQ(fi_inject(s.ep, buf, 8, to_r), 0);
+    r.close();
+    s.close();
 }
 
 }  // namespace
