@@ -2,6 +2,12 @@
 # Runs libfabric's conformance suite (fabtests) against this build's providers.
 #
 #   scripts/fabtests.sh SRC [options]
+#   scripts/fabtests.sh -L PREFIX [options]
+#
+# With -L, the libfabric installed in PREFIX and the fabtests installed with it (as
+# scripts/libfabric2.sh installs libfabric 2.6.0 and its fabtests) run instead, under that
+# libfabric (LD_LIBRARY_PATH), with the lists scripts/fabtests-<its version>-excluded.txt and
+# -notrun.txt; nothing is built.
 #
 # SRC is a libfabric source tree (or its fabtests/ directory) of the same version as the
 # installed libfabric, e.g. made with
@@ -47,15 +53,20 @@ usage: $0 SRC [options]
   -T SECONDS    the runner's timeout for each test program (default: $per_test_timeout)
   -a ADDR       address for the nic mode (default: first global IPv4 of an interface up)
   -x            also run the excluded tests (their failures are shown, not counted)
+  -L PREFIX     run the libfabric and fabtests installed in PREFIX (no SRC then)
 EOF
     exit 2
 }
 
 [ $# -ge 1 ] || usage
-src=$1
+src=""
+if [[ $1 != -* ]]; then
+    src=$1
+    shift
+fi
 sum=""
-shift
-while getopts "b:t:m:T:a:xh" opt; do
+libprefix=""
+while getopts "b:t:m:T:a:xL:h" opt; do
     case $opt in
         b) build=$(cd "$OPTARG" && pwd) ;;
         t) sets=$OPTARG ;;
@@ -63,11 +74,13 @@ while getopts "b:t:m:T:a:xh" opt; do
         T) per_test_timeout=$OPTARG ;;
         a) nic_addr=$OPTARG ;;
         x) run_excluded=1 ;;
+        L) libprefix=$(cd "$OPTARG" && pwd) ;;
         *) usage ;;
     esac
 done
 
-[ -e "$src" ] || { echo "error: $src does not exist" >&2; exit 2; }
+[ -n "$src" ] || [ -n "$libprefix" ] || usage
+[ -z "$src" ] || [ -e "$src" ] || { echo "error: $src does not exist" >&2; exit 2; }
 [ -f "$build/lib/libtandem-fi.so" ] || {
     echo "error: no providers in $build/lib: build tandem first (scripts/build.sh)" >&2
     exit 2
@@ -82,74 +95,89 @@ need_commands autoreconf:autoconf aclocal:automake libtoolize:libtool make:make 
     pkg-config:pkg-config python3:python3 ip:iproute2 ps:procps setsid:util-linux \
     timeout:coreutils getopt:util-linux tar:tar gzip:gzip sha256sum:coreutils "${headers[@]}"
 
-lib_version=$(pkg-config --modversion libfabric)
-ft=$build/fabtests
+if [ -n "$libprefix" ]; then
+    # --- an installed libfabric and its fabtests ------------------------------------------------
+    lib_version=$(sed -n 's/^Version: *//p' "$libprefix/lib/pkgconfig/libfabric.pc")
+    ft=$build/fabtests-$lib_version
+    bin=$libprefix/bin
+    [ -x "$bin/runfabtests.sh" ] || { echo "error: no fabtests in $bin" >&2; exit 2; }
+    excluded_file=$root/scripts/fabtests-$lib_version-excluded.txt
+    notrun_file=$root/scripts/fabtests-$lib_version-notrun.txt
+    [ -f "$excluded_file" ] && [ -f "$notrun_file" ] ||
+        { echo "error: no $excluded_file or $notrun_file" >&2; exit 2; }
+    export LD_LIBRARY_PATH=$libprefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    mkdir -p "$ft"
+else
+    lib_version=$(pkg-config --modversion libfabric)
+    ft=$build/fabtests
 
-# --- the source: a tree, or a tarball unpacked under the build tree --------------------------
-# A directory without configure.ac (a vendor directory) stands for its tarball of the installed
-# version. A tarball is unpacked once per content (its sha256), since its directory may be
-# read-only and a fresh clone has no other place for it.
-if [ -d "$src" ] && [ ! -f "$src/configure.ac" ] && [ ! -f "$src/fabtests/configure.ac" ]; then
-    if [ -f "$src/fabtests-$lib_version.tar.gz" ]; then
-        src=$src/fabtests-$lib_version.tar.gz
-    else
-        echo "error: $src is no source tree and holds no fabtests-$lib_version.tar.gz" >&2
-        exit 2
-    fi
-fi
-if [ -f "$src" ]; then
-    tarball=$(cd "$(dirname "$src")" && pwd)/$(basename "$src")
-    sum=$(sha256sum "$tarball" | cut -d' ' -f1)
-    unpacked=$ft/tarball
-    if [ "$(cat "$unpacked/.sha256" 2>/dev/null)" != "$sum" ]; then
-        rm -rf "$unpacked"
-        mkdir -p "$unpacked"
-        tar -xf "$tarball" -C "$unpacked" || { echo "error: cannot unpack $tarball" >&2; exit 2; }
-        echo "$sum" >"$unpacked/.sha256"
-    fi
-    # The tarball's one top folder (fabtests-<version>/).
-    src=$(find "$unpacked" -mindepth 1 -maxdepth 1 -type d | head -1)
-    [ -n "$src" ] || { echo "error: $tarball holds no top folder" >&2; exit 2; }
-fi
-if [ -f "$src/fabtests/configure.ac" ]; then
-    src=$src/fabtests
-elif [ ! -f "$src/configure.ac" ] || ! grep -q 'AC_INIT(\[fabtests\]' "$src/configure.ac"; then
-    echo "error: $src is neither a libfabric source tree nor its fabtests directory" >&2
-    exit 2
-fi
-src=$(cd "$src" && pwd)
-
-# fabtests speaks to the library through its headers and ABI: use the installed version's.
-src_version=$(sed -n 's/^AC_INIT(\[fabtests\], *\[\([^]]*\)\].*/\1/p' "$src/configure.ac")
-if [ "$src_version" != "$lib_version" ]; then
-    echo "error: fabtests $src_version in $src, but the installed libfabric is $lib_version" >&2
-    exit 2
-fi
-
-# --- build fabtests out of tree ------------------------------------------------------------
-bin=$ft/install/bin
-stamp="$src_version $src${sum:+ $sum}"
-if [ "$(cat "$ft/install/.source" 2>/dev/null)" != "$stamp" ] || [ ! -x "$bin/runfabtests.sh" ]; then
-    echo "building fabtests $src_version from $src in $ft"
-    rm -rf "$ft/src" "$ft/obj" "$ft/install"
-    mkdir -p "$ft/obj" "$ft/logs"
-    # autoreconf writes into the tree it runs in: a copy keeps SRC_DIR as it was given.
-    cp -a "$src" "$ft/src"
-    step() {
-        local name=$1
-        shift
-        if ! "$@" >"$ft/logs/$name.log" 2>&1; then
-            echo "error: fabtests $name failed; the end of $ft/logs/$name.log:" >&2
-            tail -20 "$ft/logs/$name.log" >&2
+    # --- the source: a tree, or a tarball unpacked under the build tree --------------------------
+    # A directory without configure.ac (a vendor directory) stands for its tarball of the installed
+    # version. A tarball is unpacked once per content (its sha256), since its directory may be
+    # read-only and a fresh clone has no other place for it.
+    if [ -d "$src" ] && [ ! -f "$src/configure.ac" ] && [ ! -f "$src/fabtests/configure.ac" ]; then
+        if [ -f "$src/fabtests-$lib_version.tar.gz" ]; then
+            src=$src/fabtests-$lib_version.tar.gz
+        else
+            echo "error: $src is no source tree and holds no fabtests-$lib_version.tar.gz" >&2
             exit 2
         fi
-    }
-    step autoreconf bash -c "cd '$ft/src' && mkdir -p config && autoreconf -ivf"
-    step configure bash -c "cd '$ft/obj' && ../src/configure --with-libfabric=/usr --prefix='$ft/install'"
-    step make make -C "$ft/obj" -j"$(nproc)"
-    step install make -C "$ft/obj" install
-    echo "$stamp" >"$ft/install/.source"
-fi
+    fi
+    if [ -f "$src" ]; then
+        tarball=$(cd "$(dirname "$src")" && pwd)/$(basename "$src")
+        sum=$(sha256sum "$tarball" | cut -d' ' -f1)
+        unpacked=$ft/tarball
+        if [ "$(cat "$unpacked/.sha256" 2>/dev/null)" != "$sum" ]; then
+            rm -rf "$unpacked"
+            mkdir -p "$unpacked"
+            tar -xf "$tarball" -C "$unpacked" || { echo "error: cannot unpack $tarball" >&2; exit 2; }
+            echo "$sum" >"$unpacked/.sha256"
+        fi
+        # The tarball's one top folder (fabtests-<version>/).
+        src=$(find "$unpacked" -mindepth 1 -maxdepth 1 -type d | head -1)
+        [ -n "$src" ] || { echo "error: $tarball holds no top folder" >&2; exit 2; }
+    fi
+    if [ -f "$src/fabtests/configure.ac" ]; then
+        src=$src/fabtests
+    elif [ ! -f "$src/configure.ac" ] || ! grep -q 'AC_INIT(\[fabtests\]' "$src/configure.ac"; then
+        echo "error: $src is neither a libfabric source tree nor its fabtests directory" >&2
+        exit 2
+    fi
+    src=$(cd "$src" && pwd)
+
+    # fabtests speaks to the library through its headers and ABI: use the installed version's.
+    src_version=$(sed -n 's/^AC_INIT(\[fabtests\], *\[\([^]]*\)\].*/\1/p' "$src/configure.ac")
+    if [ "$src_version" != "$lib_version" ]; then
+        echo "error: fabtests $src_version in $src, but the installed libfabric is $lib_version" >&2
+        exit 2
+    fi
+
+    # --- build fabtests out of tree ------------------------------------------------------------
+    bin=$ft/install/bin
+    stamp="$src_version $src${sum:+ $sum}"
+    if [ "$(cat "$ft/install/.source" 2>/dev/null)" != "$stamp" ] || [ ! -x "$bin/runfabtests.sh" ]; then
+        echo "building fabtests $src_version from $src in $ft"
+        rm -rf "$ft/src" "$ft/obj" "$ft/install"
+        mkdir -p "$ft/obj" "$ft/logs"
+        # autoreconf writes into the tree it runs in: a copy keeps SRC_DIR as it was given.
+        cp -a "$src" "$ft/src"
+        step() {
+            local name=$1
+            shift
+            if ! "$@" >"$ft/logs/$name.log" 2>&1; then
+                echo "error: fabtests $name failed; the end of $ft/logs/$name.log:" >&2
+                tail -20 "$ft/logs/$name.log" >&2
+                exit 2
+            fi
+        }
+        step autoreconf bash -c "cd '$ft/src' && mkdir -p config && autoreconf -ivf"
+        step configure bash -c "cd '$ft/obj' && ../src/configure --with-libfabric=/usr --prefix='$ft/install'"
+        step make make -C "$ft/obj" -j"$(nproc)"
+        step install make -C "$ft/obj" install
+        echo "$stamp" >"$ft/install/.source"
+    fi
+
+fi  # (an installed libfabric, or SRC built here)
 
 # --- the runner's cleanup, kept to this run -------------------------------------------------
 # After a timeout runfabtests.sh kills every process whose name starts with fi_ that

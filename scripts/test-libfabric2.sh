@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# tandem under libfabric 2.6.0 (docs/compatibility.md): the providers this build made against
+# the system's libfabric 1.17 headers, loaded by the 2.6 core that scripts/libfabric2.sh builds
+# from ../shared/vendor into the build tree, as a site's newer libfabric would load them.
+#
+#   scripts/test-libfabric2.sh [-t SETS] [-F]
+#       -t SETS  2.6's fabtests sets (runfabtests.sh -t; default quick: unit, functional, short)
+#       -F       without 2.6's fabtests
+#
+# In order, each step failing the script:
+#  1. the peer-API layouts and the 2.x values tandem keeps (peer/peer_abi_versions.h,
+#     common/fabric_compat.h) are those of 2.6's own headers: tests/unit/abi_layouts_2x.cpp
+#     compiled against them;
+#  2. 2.6's fi_info -p tandem lists tandem's RDM and MSG endpoints;
+#  3. the api, peer and clients suites under 2.6's libfabric.so.1 (LD_LIBRARY_PATH; their
+#     programs were built against 1.17, as old applications are), with api.api_versions'
+#     Core.IsTheOneNamed checking that 2.6 is what they loaded and its Receives tests asking
+#     for API 2.0 through that core;
+#  4. 2.6's own fabtests (built against 2.6) with -p tandem, node-local and over the TCP link
+#     (scripts/fabtests.sh -L, its lists scripts/fabtests-2.6-*.txt).
+# Costs on two cores: the 2.6 build 134 s once (reused after), steps 1 and 2 a few seconds,
+# step 3 about 55 s, step 4 about 270 s with -t unit,functional and 590 s with quick.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${BUILD_DIR:-$root/build}
+fabtests=1
+sets=quick
+while getopts "t:F" opt; do
+    case $opt in
+        t) sets=$OPTARG ;;
+        F) fabtests=0 ;;
+        *) echo "usage: $0 [-t SETS] [-F]" >&2; exit 2 ;;
+    esac
+done
+[ -f "$build/lib/libtandem-fi.so" ] || { echo "error: build tandem first (scripts/build.sh)" >&2; exit 2; }
+
+prefix=$(BUILD_DIR="$build" bash "$root/scripts/libfabric2.sh")
+version=$(sed -n 's/^Version: *//p' "$prefix/lib/pkgconfig/libfabric.pc")
+echo "== libfabric $version in $prefix"
+
+echo "== 1. layouts against $version's headers"
+g++ -std=c++20 -fsyntax-only -I"$root" -I"$prefix/include" "$root/tests/unit/abi_layouts_2x.cpp"
+
+echo "== 2. fi_info -p tandem ($version's)"
+listing=$(LD_LIBRARY_PATH=$prefix/lib FI_PROVIDER_PATH=$build/lib "$prefix/bin/fi_info" -p tandem)
+for type in FI_EP_RDM FI_EP_MSG; do
+    grep -q "type: $type" <<<"$listing" || {
+        echo "error: $version's fi_info lists no tandem $type endpoint:" >&2
+        echo "$listing" >&2
+        exit 1
+    }
+done
+echo "tandem listed: $(grep -c '^provider: tandem' <<<"$listing") entries"
+
+echo "== 3. api, peer and clients suites under $version"
+(
+    export LD_LIBRARY_PATH=$prefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export TANDEM_EXPECT_CORE=${version%.*}
+    export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+    ctest --test-dir "$build" -L '^(api|peer|clients)$' --output-on-failure --timeout 300 -j2
+)
+
+if [ $fabtests -eq 1 ]; then
+    echo "== 4. $version's fabtests, -p tandem"
+    BUILD_DIR="$build" bash "$root/scripts/fabtests.sh" -L "$prefix" -t "$sets" -m local,tcp
+fi
