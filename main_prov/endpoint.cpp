@@ -239,6 +239,11 @@ int Endpoint::setopt(int level, int optname, const void *optval, size_t optlen) 
             std::lock_guard guard(engine_.domain()->lock());
             return engine_.set_p2p(*static_cast<const int *>(optval));
         }
+        case compat::kOptSharedMemoryPermitted: {  // 1.21
+            if (optlen != sizeof(bool)) return -FI_EINVAL;
+            std::lock_guard guard(engine_.domain()->lock());
+            return engine_.set_shared_memory(*static_cast<const bool *>(optval));
+        }
         case compat::kOptCudaApiPermitted:  // 1.18 (common/fabric_compat.h)
             // fi_endpoint(3): -FI_EINVAL when the CUDA library or a device is missing. Where
             // CUDA is present every path of tandem moves CUDA memory with CUDA calls (the

@@ -349,6 +349,13 @@ void Engine::apply_size_limits() {
     direct_inject_ = std::min(limits_.inject[kMsgSize], limits_.inject[kTaggedSize]);
 }
 
+// Domain lock held.
+int Engine::set_shared_memory(bool permitted) {
+    if (enabled_) return -FI_EOPBADSTATE;
+    shm_permitted_ = permitted;
+    return 0;
+}
+
 // FI_OPT_FI_HMEM_P2P. Domain lock held.
 int Engine::set_p2p(int mode) {
     int ret = p2p_.set(mode, can_p2p());
@@ -362,9 +369,9 @@ int Engine::set_p2p(int mode) {
 // (GPUDirect RDMA); the TCP link always stages. Without FI_HMEM no transfer can be peer to
 // peer, so REQUIRED cannot be met there either.
 bool Engine::can_p2p() const {
-    return (caps_ & FI_HMEM) &&
-           ((transport_ && transport_->caps().device_p2p) ||
-            (type_ == FI_EP_RDM && Config::get().local_path && domain_->offload() != nullptr));
+    return (caps_ & FI_HMEM) && ((transport_ && transport_->caps().device_p2p) ||
+                                 (type_ == FI_EP_RDM && Config::get().local_path &&
+                                  shm_permitted_ && domain_->offload() != nullptr));
 }
 
 // FI_TANDEM_HMEM_P2P: the policy an endpoint with FI_HMEM starts with, as if the application

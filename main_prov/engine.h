@@ -173,6 +173,10 @@ class Engine : public CmSource, public RemoteKeyResolver {
     int set_cm_data_size(size_t size);
     int p2p_mode() const { return p2p_.mode(); }
     int set_p2p(int mode);
+    // FI_OPT_SHARED_MEMORY_PERMITTED (1.21), before fi_enable: false keeps this endpoint off
+    // shared memory both ways (its twin makes no segment, so node-local peers reach it over
+    // the link too). -FI_EOPBADSTATE once enabled.
+    int set_shared_memory(bool permitted);
     // FI_OPT_MAX_{MSG,TAGGED,RMA,ATOMIC}_SIZE and FI_OPT_INJECT_*_SIZE (1.22): the size limits
     // of each kind of operation, at most max_msg_size and inject_size; an application may
     // lower them. 0, or -FI_ENOPROTOOPT (no such option), -FI_EINVAL (above the attribute).
@@ -520,6 +524,7 @@ class Engine : public CmSource, public RemoteKeyResolver {
     bool directed_[2] = {false, false};
     bool exact_source_ = false;
     bool xpu_trigger_ = false;
+    bool shm_permitted_ = true;  // FI_OPT_SHARED_MEMORY_PERMITTED
     fi_addr_t rx_source(fi_addr_t src, bool tagged) const {
         return directed_[tagged] ? src : FI_ADDR_UNSPEC;
     }

@@ -141,7 +141,7 @@ int Engine::join(const void *addr, uint64_t flags, fid_mc **mc, void *context) {
     j.set_key = set_key;
     j.set_order = order.data();
     j.handshake = managed_here;
-    j.local_path = Config::get().local_path;
+    j.local_path = Config::get().local_path && shm_permitted_;
     j.arg = g;
     j.joined = &CollGroup::on_joined;
     if (int ret = local_->coll_ops()->join(local_->twin(), &j, &g->handle)) {

@@ -1,6 +1,7 @@
 #include "main_prov/local_path.h"
 
 #include "common/auth_key.h"
+#include "common/fabric_compat.h"
 #include "common/iov.h"
 #include "common/log.h"
 #include "main_prov/av.h"
@@ -84,6 +85,13 @@ std::unique_ptr<LocalPath> LocalPath::open(Engine &ep, OffloadDomain &off, Av &a
     if (!ret) {
         step = "fi_endpoint2";
         ret = lp->open_twin(off);
+    }
+    if (!ret && !ep.shm_permitted_) {
+        // FI_OPT_SHARED_MEMORY_PERMITTED, handed on: the twin makes no segment.
+        step = "fi_setopt";
+        const bool permitted = false;
+        ret = fi_setopt(&lp->twin_->fid, FI_OPT_ENDPOINT, compat::kOptSharedMemoryPermitted,
+                        &permitted, sizeof permitted);
     }
     if (!ret && eq) {
         // The twin's events reach the application on the endpoint's EQ.

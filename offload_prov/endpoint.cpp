@@ -4,6 +4,7 @@
 #include "offload_prov/endpoint.h"
 
 #include "common/auth_key.h"
+#include "common/fabric_compat.h"
 #include "common/unsupported_ops.h"
 #include "offload_prov/av.h"
 #include "offload_prov/config.h"
@@ -316,6 +317,12 @@ void Endpoint::enable() {
     short_line_.build(name_, len);
     proto_.pid = getpid();
     producer_id_ = own_process_token();
+    if (!shm_permitted_) {
+        // No segment, no inbox: our passes read nothing (as when the owner reads it).
+        owner_reads_ = true;
+        enabled_ = true;
+        return;
+    }
 
     reap_stale();
     const Config &cfg = Config::get();
@@ -357,6 +364,12 @@ void Endpoint::enable() {
 }
 
 int Endpoint::setopt(int level, int optname, const void *optval, size_t optlen) {
+    if (level == FI_OPT_ENDPOINT && optname == compat::kOptSharedMemoryPermitted) {
+        if (!optval || optlen != sizeof(bool)) return -FI_EINVAL;
+        if (enabled_) return -FI_EOPBADSTATE;
+        shm_permitted_ = *static_cast<const bool *>(optval);
+        return 0;
+    }
     if (level != FI_OPT_ENDPOINT || optname != FI_OPT_FI_HMEM_P2P) return -FI_ENOPROTOOPT;
     if (!optval || optlen != sizeof(int)) return -FI_EINVAL;
     // The node-local path can go peer to peer wherever the driver gives IPC handles.

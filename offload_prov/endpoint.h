@@ -147,7 +147,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // peer::LocalPathOps::take_inbox: from now on the owner reads our inbox.
     peer::InboxView take_inbox(const peer::OwnerInbox &owner) {
         owner_inbox_ = owner;
-        owner_reads_ = inbox_ != nullptr;
+        owner_reads_ = owner_reads_ || inbox_ != nullptr;  // (no inbox: nothing to read)
         return {inbox_, &quiet_};
     }
     // peer::LocalPathOps::take_cell: a cell of ours the owner read (ep/progress.cpp).
@@ -598,7 +598,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // our last 64 passes, so that peers see whether we poll (the clock read costs a pass's
     // worth of instructions: once in 64).
     uint32_t *heartbeat_ = nullptr;
-    void beat() { __atomic_store_n(heartbeat_, uint32_t(coarse_now_ms()), __ATOMIC_RELAXED); }
+    void beat() {
+        if (heartbeat_) __atomic_store_n(heartbeat_, uint32_t(coarse_now_ms()), __ATOMIC_RELAXED);
+    }
     // Nothing waits for a progress pass but what a cell may bring (no backlog, completion,
     // pending operation, collective, introduction): progress only peeks at the inbox. Set at
     // the end of a pass that leaves nothing behind; cleared by every call of the owner's that
@@ -606,6 +608,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // comes every 1024 passes.
     bool quiet_ = false;
     void note_work() { quiet_ = false; }
+    // FI_OPT_SHARED_MEMORY_PERMITTED (the owner's, handed on before fi_enable): false, and we
+    // make no segment, have no inbox and reach no peer (link_for answers none).
+    bool shm_permitted_ = true;
     // Passes in a row that found nothing while operations waited on a peer (progress_all).
     static constexpr unsigned kYieldAfter = 4;
     unsigned fruitless_passes_ = 0;

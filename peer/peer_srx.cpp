@@ -147,13 +147,11 @@ fi_ops_srx_owner *owner_ops_for(SrxAbi abi) {
 
 }  // namespace
 
-// The exported fid's fi_ops: those of every export (the importer does not close what it did
-// not open), and fi_open_ops for the layout handshake.
-fi_ops exported_srx_fid_ops = [] {
-    fi_ops ops = *exported_fid_ops();
-    ops.ops_open = Trampoline<&ExportedSrx::ops_open>::call<fid>;
-    return ops;
-}();
+// The exported fid's fi_ops: as every export's (the importer does not close what it did not
+// open: -FI_ENOSYS), with fi_open_ops for the layout handshake.
+constinit fi_ops exported_srx_fid_ops =
+    fid_ops(enosys<decltype(fi_ops::close)>, enosys<decltype(fi_ops::bind)>,
+            enosys<decltype(fi_ops::control)>, Trampoline<&ExportedSrx::ops_open>::call<fid>);
 
 ExportedSrx::ExportedSrx(SrxOwner &owner, SrxAbi abi) : owner_(owner), abi_(abi) {
     init_fid(FI_CLASS_SRX_CTX, nullptr, &exported_srx_fid_ops);

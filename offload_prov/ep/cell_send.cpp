@@ -213,7 +213,8 @@ int Endpoint::arm() {
     char drain[64];
     while (::read(wake_rd_, drain, sizeof drain) > 0) {
     }
-    bool pending = !inbox_->arm() || !tx_done_.empty() || !cq_backlog_.empty() || backlogged_;
+    bool pending =
+        (inbox_ && !inbox_->arm()) || !tx_done_.empty() || !cq_backlog_.empty() || backlogged_;
     if (pending) {
         char byte = 0;
         (void)!::write(wake_wr_, &byte, 1);

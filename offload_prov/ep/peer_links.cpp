@@ -35,6 +35,7 @@ int Endpoint::single_copy(fi_addr_t addr) {
 // The link of a destination, remembered per fi_addr_t until the AV changes (an address
 // removed and another inserted may reuse the fi_addr_t).
 Endpoint::PeerLink *Endpoint::link_for(fi_addr_t addr) {
+    if (!shm_permitted_) return nullptr;
     uint64_t version = av_->owner().version();
     if (version != links_version_) {
         link_by_addr_.clear();
@@ -181,7 +182,8 @@ fi_addr_t Endpoint::find_source(std::string_view sender) {
 // A peer that died leaves our operations waiting on it with errors, not a hang, and no
 // cell it had claimed in our inbox without publishing it stops the cells behind.
 void Endpoint::check_peers() {
-    if (uint32_t n = inbox_->reclaim_dead([this](uint32_t id) { return claimants_.alive(id); }))
+    if (uint32_t n =
+            inbox_ ? inbox_->reclaim_dead([this](uint32_t id) { return claimants_.alive(id); }) : 0)
         TANDEM_INFO(FI_LOG_EP_DATA, "skipped %u inbox cells claimed by dead processes\n", n);
     for (auto &[link_key, link] : links_) {
         const std::string &key = link_key;  // (lambdas below take it: not a structured binding)

@@ -14,6 +14,7 @@
 #include <netinet/in.h>
 
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,8 @@ struct RdmEndpoint {
     fid_cq *cq = nullptr;
     fid_av *av = nullptr;
     fid_ep *ep = nullptr;
+    // Called before fi_enable, when set (options that must come first).
+    std::function<void(fid_ep *)> before_enable;
 
     // Returns false, with the step that failed in `why`, instead of asserting: usable in a
     // forked child, which reports through its exit status.
@@ -57,9 +60,10 @@ struct RdmEndpoint {
             fi_domain(fabric, info, &domain, nullptr) ||
             fi_cq_open(domain, &cq_attr, &cq, nullptr) ||
             fi_av_open(domain, &av_attr, &av, nullptr) || fi_endpoint(domain, info, &ep, nullptr) ||
-            fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV) || fi_ep_bind(ep, &av->fid, 0) ||
-            fi_enable(ep))
+            fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV) || fi_ep_bind(ep, &av->fid, 0))
             return why = "opening the endpoint", false;
+        if (before_enable) before_enable(ep);
+        if (fi_enable(ep)) return why = "fi_enable", false;
         return true;
     }
     void open(uint64_t caps = FI_MSG | FI_TAGGED) {

@@ -3,6 +3,7 @@
 // without closing, by the next endpoint created.
 #include "common/shm_ring.h"
 #include "offload_prov/shm/shm_segment.h"
+#include "peer/ep_diag.h"
 #include "tests/common/rdm_endpoint.h"
 
 #include <gtest/gtest.h>
@@ -27,11 +28,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <set>
 #include <string>
+#include <vector>
 
 namespace {
 
@@ -79,6 +82,77 @@ TEST(LocalSegments, PrivateToTheUserAndRemovedOnClose) {
     rdm.close();
     auto after = tandem_segments();
     for (const auto &n : mine) EXPECT_EQ(after.count(n), 0u) << n << " left behind";
+}
+
+// FI_OPT_SHARED_MEMORY_PERMITTED (libfabric 1.21; 11 in fi_endpoint.h's enum, which 1.17's
+// headers lack) set to false before fi_enable: the endpoint makes no segment, so it reaches
+// its node-local peers over the link and they reach it so, messages arriving both ways; once
+// enabled the option can no longer change.
+TEST(LocalSegments, SharedMemoryNotPermittedMakesNoSegmentAndTakesTheLinkBothWays) {
+    constexpr int kOptSharedMemoryPermitted = 11;
+    tandem_test::RdmEndpoint off, on;
+    // What in /dev/shm is named after an endpoint's address (segment_names.cpp's key: family,
+    // address, port): other tests running meanwhile make and remove segments of their own.
+    auto named_after = [](tandem_test::RdmEndpoint &e) {
+        const sockaddr_in a = e.ipv4_name();
+        char key[32];
+        snprintf(key, sizeof key, "-4-%08x-%u", ntohl(a.sin_addr.s_addr), ntohs(a.sin_port));
+        std::set<std::string> out;
+        for (const std::string &name : tandem_segments())
+            if (name.find(key) != std::string::npos) out.insert(name);
+        return out;
+    };
+    off.before_enable = [](fid_ep *ep) {
+        const bool permitted = false;
+        ASSERT_EQ(fi_setopt(&ep->fid, FI_OPT_ENDPOINT, kOptSharedMemoryPermitted, &permitted,
+                            sizeof permitted),
+                  0);
+    };
+    ASSERT_NO_FATAL_FAILURE(off.open());
+    EXPECT_EQ(named_after(off).size(), 0u)
+        << "an endpoint not permitted shared memory made a segment";
+    ASSERT_NO_FATAL_FAILURE(on.open());
+    // (The same lookup finds the segment, and its wake-up FIFO, of an endpoint permitted it.)
+    ASSERT_GT(named_after(on).size(), 0u);
+    const bool permitted = true;
+    EXPECT_EQ(fi_setopt(&off.ep->fid, FI_OPT_ENDPOINT, kOptSharedMemoryPermitted, &permitted,
+                        sizeof permitted),
+              -FI_EOPBADSTATE);
+
+    const fi_addr_t on_at_off = off.insert(on), off_at_on = on.insert(off);
+    auto path = [](tandem_test::RdmEndpoint &e, fi_addr_t to) {
+        void *ops = nullptr;
+        EXPECT_EQ(fi_open_ops(&e.ep->fid, tandem::peer::kEpDiagOpsName, 0, &ops, nullptr), 0);
+        auto *diag = static_cast<tandem::peer::EpDiagOps *>(ops);
+        return diag ? diag->peer_path(e.ep, to) : -1;
+    };
+    EXPECT_EQ(path(off, on_at_off), int(tandem::peer::PeerPath::Link));
+    EXPECT_EQ(path(on, off_at_on), int(tandem::peer::PeerPath::Link));
+
+    char to_on[16] = "to on", to_off[16] = "to off", in_on[16] = {}, in_off[16] = {};
+    int ctx_on, ctx_off;
+    ASSERT_EQ(fi_trecv(on.ep, in_on, sizeof in_on, nullptr, FI_ADDR_UNSPEC, 1, 0, &ctx_on), 0);
+    ASSERT_EQ(fi_trecv(off.ep, in_off, sizeof in_off, nullptr, FI_ADDR_UNSPEC, 2, 0, &ctx_off), 0);
+    ASSERT_EQ(fi_tsend(off.ep, to_on, sizeof to_on, nullptr, on_at_off, 1, nullptr), 0);
+    ASSERT_EQ(fi_tsend(on.ep, to_off, sizeof to_off, nullptr, off_at_on, 2, nullptr), 0);
+    std::vector<void *> done_on, done_off;
+    size_t errors = 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    auto has = [](const std::vector<void *> &v, void *c) {
+        return std::find(v.begin(), v.end(), c) != v.end();
+    };
+    while ((!has(done_on, &ctx_on) || !has(done_off, &ctx_off)) &&
+           std::chrono::steady_clock::now() < deadline) {
+        on.poll(done_on, errors);
+        off.poll(done_off, errors);
+    }
+    EXPECT_EQ(errors, 0u);
+    EXPECT_TRUE(has(done_on, &ctx_on));
+    EXPECT_TRUE(has(done_off, &ctx_off));
+    EXPECT_STREQ(in_on, "to on");
+    EXPECT_STREQ(in_off, "to off");
+    off.close();
+    on.close();
 }
 
 TEST(LocalSegments, ADeadProcessesSegmentsAreReapedByTheNextEndpoint) {
