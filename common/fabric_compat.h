@@ -25,7 +25,6 @@ namespace tandem::compat {
 // load a provider whatever newer version it names (only older than 1.3 is refused).
 inline constexpr uint32_t kNewestApi = FI_VERSION(2, 6);
 
-inline constexpr uint32_t kApi1_20 = FI_VERSION(1, 20);
 inline constexpr uint32_t kApi1_21 = FI_VERSION(1, 21);
 inline constexpr uint32_t kApi2_0 = FI_VERSION(2, 0);
 
@@ -40,13 +39,6 @@ inline constexpr uint64_t kTaggedDirectedRecv = 1ull << 45;  // FI_TAGGED_DIRECT
 inline constexpr uint64_t kTaggedMultiRecv = 1ull << 46;     // FI_TAGGED_MULTI_RECV, 2.0
 inline constexpr uint64_t kExactDirectedRecv = 1ull << 48;   // FI_EXACT_DIRECTED_RECV, 2.0
 
-// The capability bits an application of API `version` may name that mean something to tandem
-// only in that version (the rest mean the same in every release tandem serves).
-inline constexpr uint64_t versioned_caps(uint32_t version) {
-    if (version >= kApi2_0) return kTaggedDirectedRecv | kExactDirectedRecv | kTaggedMultiRecv;
-    if (version >= kApi1_21) return 0;
-    return kXpuTriggerCap;
-}
 // The API version an fi_info was answered for (the core records it in fabric_attr); 1.x's
 // meanings where it records none (an fi_info the application filled itself).
 inline uint32_t api_version_of(const fi_info *info) {
@@ -76,9 +68,6 @@ inline constexpr CapsMeaning caps_meaning(uint64_t caps, uint32_t version) {
 }
 
 // --- other values 1.17's headers lack -----------------------------------------------------
-// fabric.h 2.0: enum fi_progress's FI_PROGRESS_CONTROL_UNIFIED (control progress driven with
-// data progress, which the old field control_progress then need not name).
-inline constexpr int kProgressControlUnified = 3;
 // fi_endpoint.h: option names after FI_OPT_XPU_TRIGGER (9), in their enum's order.
 inline constexpr int kOptCudaApiPermitted = 10;       // 1.18, bool
 inline constexpr int kOptSharedMemoryPermitted = 11;  // 1.21, bool
@@ -99,7 +88,6 @@ uint32_t core_version();
 static_assert(kTaggedDirectedRecv == FI_TAGGED_DIRECTED_RECV);
 static_assert(kTaggedMultiRecv == FI_TAGGED_MULTI_RECV);
 static_assert(kExactDirectedRecv == FI_EXACT_DIRECTED_RECV);
-static_assert(kProgressControlUnified == FI_PROGRESS_CONTROL_UNIFIED);
 static_assert(kOptCudaApiPermitted == FI_OPT_CUDA_API_PERMITTED);
 static_assert(kOptSharedMemoryPermitted == FI_OPT_SHARED_MEMORY_PERMITTED);
 static_assert(kOptMaxMsgSize == FI_OPT_MAX_MSG_SIZE);
