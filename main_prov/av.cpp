@@ -359,7 +359,9 @@ int Av::finish_insert(int done, size_t count, uint64_t flags, void *context) {
 
 int Av::insert(const void *addr, size_t count, fi_addr_t *fi_addr, uint64_t flags, void *context) {
     if (count && !addr) return -FI_EINVAL;
-    if (flags & ~uint64_t(FI_MORE | FI_EVENT | FI_SYNC_ERR)) return -FI_EBADFLAGS;
+    if (flags & ~uint64_t(FI_MORE | FI_EVENT | FI_SYNC_ERR | FI_AV_USER_ID)) return -FI_EBADFLAGS;
+    // FI_AV_USER_ID: fi_addr holds the user IDs on input (and the fi_addr_t values on output).
+    if ((flags & FI_AV_USER_ID) && (!fi_addr || shared_)) return -FI_EINVAL;
     if (async_) flags |= FI_EVENT;
     if ((flags & FI_EVENT) && !eq_) return -FI_ENOEQ;
     if ((flags & FI_SYNC_ERR) && (flags & FI_EVENT)) return -FI_EINVAL;
@@ -381,6 +383,7 @@ int Av::insert(const void *addr, size_t count, fi_addr_t *fi_addr, uint64_t flag
             continue;
         }
         FabricAddr fa = append(name);
+        if (flags & FI_AV_USER_ID) set_user_id(fa, fi_addr[i]);
         if (fi_addr) fi_addr[i] = fa;
         if (sync_err) sync_err[i] = 0;
         ++done;
@@ -449,6 +452,7 @@ int Av::remove(fi_addr_t *fi_addr, size_t count, uint64_t flags) {
             continue;  // still inserted by an earlier insert
         }
         valid_[fa] = false;
+        if (fa < user_ids_.size()) user_ids_[fa] = FI_ADDR_NOTAVAIL;
         auto it = reverse_.find(names_[fa].key());
         if (it != reverse_.end() && it->second == fa) reverse_.erase(it);
         if (shared_) {
@@ -460,6 +464,16 @@ int Av::remove(fi_addr_t *fi_addr, size_t count, uint64_t flags) {
     }
     ++version_;
     return ret;
+}
+
+void Av::set_user_id(FabricAddr fa, fi_addr_t user_id) {
+    if (user_ids_.size() <= fa) user_ids_.resize(fa + 1, FI_ADDR_NOTAVAIL);
+    user_ids_[fa] = user_id;
+}
+
+fi_addr_t Av::reported_slow(fi_addr_t addr) const {
+    if (addr >= user_ids_.size() || user_ids_[addr] == FI_ADDR_NOTAVAIL) return addr;
+    return user_ids_[addr];
 }
 
 int Av::lookup(fi_addr_t fi_addr, void *addr, size_t *addrlen) {

@@ -66,6 +66,13 @@ class Av final : public FidObject<Av, fid_av> {
     const EndpointName *name_of(FabricAddr addr) const;
     FabricAddr addr_of(const EndpointName &name) const;
     size_t addrlen() const { return addrlen_; }
+    // What a completion reports as the source addr (FI_AV_USER_ID, fi_av(3)): the user ID it
+    // was inserted with, or addr itself.
+    fi_addr_t reported(fi_addr_t addr) const {
+        if (user_ids_.empty()) [[likely]]
+            return addr;
+        return reported_slow(addr);
+    }
     // Bumped on every insert/remove so endpoints can refresh cached translations.
     uint64_t version() const;
     // The fid_peer_av tandem's offload twin imports (fi_peer(3)), made on first use.
@@ -95,6 +102,8 @@ class Av final : public FidObject<Av, fid_av> {
     // changed it.
     void sync_shared() const;
     FabricAddr append(const EndpointName &name);
+    void set_user_id(FabricAddr fa, fi_addr_t user_id);
+    fi_addr_t reported_slow(fi_addr_t addr) const;
 
     Domain *domain_;
     fi_av_type type_;
@@ -110,6 +119,8 @@ class Av final : public FidObject<Av, fid_av> {
     // inserts an intercommunicator's remote group again, then posts receives directed at the
     // second fi_addr_t) and libfabric's util AV, under tcp;ofi_rxm, behaves so.
     std::unordered_map<FabricAddr, uint32_t> extra_inserts_;
+    // FI_AV_USER_ID: by fi_addr_t, the user ID its insert named (FI_ADDR_NOTAVAIL: none).
+    std::vector<fi_addr_t> user_ids_;
     Eq *eq_ = nullptr;
     // Opened with FI_EVENT: every insert is asynchronous (fi_av(3)), reported on eq_.
     bool async_ = false;

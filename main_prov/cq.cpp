@@ -1,5 +1,7 @@
 #include "main_prov/cq.h"
 
+#include "common/log.h"
+
 #include "main_prov/domain.h"
 #include "main_prov/wait.h"
 
@@ -56,7 +58,12 @@ Cq::Cq(Domain *domain, const fi_cq_attr &attr, void *context)
     entry_size_ = format == FI_CQ_FORMAT_UNSPEC ? sizeof(fi_cq_entry) : entry_size_of(format);
     if (entry_size_ && format != FI_CQ_FORMAT_UNSPEC) format_ = static_cast<fi_cq_format>(format);
     if (!entry_size_) fail(FI_ENOSYS, "unsupported CQ format");
-    if (attr.flags & ~(FI_AFFINITY)) fail(FI_EINVAL, "unsupported CQ flags");
+    if (attr.flags & ~uint64_t(FI_AFFINITY | FI_PEER)) fail(FI_EINVAL, "unsupported CQ flags");
+    if (attr.flags & FI_PEER) {
+        // The context is the owner's fi_peer_cq_context; the fid's own context is unused.
+        owner_cq_ = peer::ImportedCq(peer::ImportedCq::from_context(context));
+        if (!owner_cq_.valid()) fail(FI_EINVAL, "FI_PEER CQ without a peer CQ context");
+    }
     if (raw_enum(attr.wait_cond) != FI_CQ_COND_NONE &&
         raw_enum(attr.wait_cond) != FI_CQ_COND_THRESHOLD)
         fail(FI_ENOSYS, "unsupported CQ wait condition");
@@ -152,6 +159,13 @@ void Cq::drain_signal_if_empty() {
 // (readfrom without the source list, spelled out: the busy poll of most applications.)
 ssize_t Cq::read(void *buf, size_t count) {
     if (count && !buf) return -FI_EINVAL;
+    if (imported()) [[unlikely]] {
+        // fi_peer(3): the owner drives our progress with fi_cq_read(cq, NULL, 0).
+        if (count) return -FI_ENOSYS;
+        std::lock_guard guard(domain_->lock());
+        domain_->progress();
+        return 0;
+    }
     {
         std::lock_guard guard(domain_->lock());
         if (entries_.empty() || !errors_.empty()) {
@@ -170,6 +184,7 @@ ssize_t Cq::read(void *buf, size_t count) {
 
 ssize_t Cq::readfrom(void *buf, size_t count, fi_addr_t *src_addr) {
     if (count && !buf) return -FI_EINVAL;
+    if (imported()) return -FI_ENOSYS;  // (fi_peer(3): the owner's CQ is the one to read)
     ssize_t n;
     {
         std::lock_guard guard(domain_->lock());
@@ -187,6 +202,7 @@ ssize_t Cq::readfrom(void *buf, size_t count, fi_addr_t *src_addr) {
 ssize_t Cq::readerr(fi_cq_err_entry *buf, uint64_t flags) {
     (void)flags;
     if (!buf) return -FI_EINVAL;
+    if (imported()) return -FI_ENOSYS;
     std::lock_guard guard(domain_->lock());
     if (errors_.empty()) domain_->progress();
     if (errors_.empty()) return -FI_EAGAIN;
@@ -216,7 +232,7 @@ ssize_t Cq::sread(void *buf, size_t count, const void *cond, int timeout) {
 
 ssize_t Cq::sreadfrom(void *buf, size_t count, fi_addr_t *src_addr, const void *cond, int timeout) {
     (void)cond;
-    if (!wait_.set()) return -FI_ENOSYS;
+    if (!wait_.set() || imported()) return -FI_ENOSYS;
     if (count && !buf) return -FI_EINVAL;
     Deadline deadline(timeout);
     for (;;) {
@@ -288,7 +304,20 @@ void Cq::signal_sleeper() {
     wait_.signal().signal();
 }
 
+void Cq::forward(void *context, uint64_t flags, size_t len, void *buf, uint64_t data, uint64_t tag,
+                 fi_addr_t src) {
+    DomainLock::PeerCall call(domain_->lock());
+    ssize_t ret = owner_cq_.write(context, flags, len, buf, data, tag, src);
+    if (ret) TANDEM_WARN(FI_LOG_CQ, "the owner of a peer CQ refused a completion: %zd\n", ret);
+}
+
 void Cq::write_error(const CompletionError &e) {
+    if (imported()) [[unlikely]] {
+        DomainLock::PeerCall call(domain_->lock());
+        ssize_t ret = owner_cq_.writeerr(e.entry);
+        if (ret) TANDEM_WARN(FI_LOG_CQ, "the owner of a peer CQ refused an error: %zd\n", ret);
+        return;
+    }
     if (e.owner) ++e.owner->queued;
     errors_.push_back(e);
     if (armed_) {

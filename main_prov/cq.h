@@ -69,6 +69,10 @@ class Cq final : public FidObject<Cq, fid_cq>, public peer::CqOwner {
     [[gnu::always_inline]] void push(void *context, uint64_t flags, size_t len, void *buf,
                                      uint64_t data, uint64_t tag, fi_addr_t src,
                                      CompletionOwner *owner) {
+        if (owner_cq_.valid()) [[unlikely]] {
+            forward(context, flags, len, buf, data, tag, src);
+            return;
+        }
         if (owner) ++owner->queued;
         Completion &c = entries_.push_slot();
         c.op_context = context;
@@ -100,7 +104,13 @@ class Cq final : public FidObject<Cq, fid_cq>, public peer::CqOwner {
                        uint64_t tag, fi_addr_t src) override;
     ssize_t peer_writeerr(const fi_cq_err_entry &err) override;
 
+    // Opened with FI_PEER (fi_peer(3), "PEER CQ"): another provider owns the queue, and every
+    // completion is written through its owner ops; reading only drives progress.
+    bool imported() const { return owner_cq_.valid(); }
+
   private:
+    [[gnu::noinline]] void forward(void *context, uint64_t flags, size_t len, void *buf,
+                                   uint64_t data, uint64_t tag, fi_addr_t src);
     // A reader may sleep on the wait set: the eventfd is written (not inline: it is rare).
     void signal_sleeper();
     ssize_t read_locked(void *buf, size_t count, fi_addr_t *src_addr);
@@ -124,6 +134,8 @@ class Cq final : public FidObject<Cq, fid_cq>, public peer::CqOwner {
     std::unique_ptr<uint8_t[]> last_err_data_;
     // The fid_peer_cq handed out by FI_EXPORT_FID; the importer's CQ must be closed first.
     std::unique_ptr<peer::ExportedCq> exported_;
+    // FI_PEER: the owner's CQ (see imported()).
+    peer::ImportedCq owner_cq_;
 };
 
 }  // namespace tandem

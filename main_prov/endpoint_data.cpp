@@ -332,8 +332,8 @@ bool Engine::goes_local(Peer *peer, fi_addr_t addr) {
     if (rx_cq_ && (!rx_selective_ || (rx->op_flags & FI_COMPLETION)))
         rx_cq_->push(rx->context,
                      FI_RECV | (tagged ? FI_TAGGED : FI_MSG) | (has_data ? FI_REMOTE_CQ_DATA : 0),
-                     n, rx->count ? rx->iov[0].iov_base : nullptr, v.cq_data, v.tag, src,
-                     &rx_completions_);
+                     n, rx->count ? rx->iov[0].iov_base : nullptr, v.cq_data, v.tag,
+                     av_->reported(src), &rx_completions_);
     --m.outstanding;
     m.free_op(rx);
 }

@@ -214,6 +214,15 @@ int Engine::bind_av(Av *av, uint64_t flags) {
 int Engine::bind_srx(struct fid *srx_fid) {
     if (srx_) return -FI_EINVAL;
     auto *srx = SharedRxContext::of(srx_fid);
+    if (srx->owner()) {
+        if (enabled_) return -FI_EOPBADSTATE;
+        // The owner links a provider of its own for this node (shm under lnx): tandem's
+        // node-local path would be a second, unmatched one, so the link carries everything.
+        owner_srx_ = srx->owner();
+        shm_permitted_ = false;
+        TANDEM_INFO(FI_LOG_EP_CTRL,
+                    "receives matched by the owner of a peer SRX (FI_PEER); node-local path off\n");
+    }
     srx->attach(this);
     rx_ = &srx->matcher();
     srx_ = srx_fid;
@@ -289,8 +298,9 @@ int Engine::enable_locked() {
     const fi_threading threading = domain_->threading();
     TANDEM_INFO(FI_LOG_EP_CTRL,
                 "%s endpoint enabled on %s, node-local path %s, at %s, %s (domain lock %s)\n",
-                type_ == FI_EP_RDM ? "RDM" : "MSG", info_->domain_attr->name, local_ ? "on" : "off",
-                at.to_string().c_str(), fi_tostr(&threading, FI_TYPE_THREADING),
+                type_ == FI_EP_RDM ? "RDM" : "MSG", info_->domain_attr->name,
+                local_ && shm_permitted_ ? "on" : "off", at.to_string().c_str(),
+                fi_tostr(&threading, FI_TYPE_THREADING),
                 domain_->lock().taken() ? "taken" : "skipped");
     if (info_->handle) {
         // Passive side: the connection request this endpoint was created for.

@@ -17,6 +17,7 @@
 #include "main_prov/link/link.h"
 #include "main_prov/rx_matcher.h"
 #include "main_prov/trigger.h"
+#include "peer/foreign_srx.h"
 #include "peer/peer_abi.h"
 #include "peer/peer_trigger.h"
 #include "main_prov/tx_request.h"
@@ -163,6 +164,8 @@ class Engine : public CmSource, public RemoteKeyResolver {
     int bind_cntr(Cntr *cntr, uint64_t flags);
     int bind_av(Av *av, uint64_t flags);
     int bind_srx(struct fid *srx);
+    // The peer ops tandem installs in an SRX another provider owns (engine_owner_srx.cpp).
+    static fi_ops_srx_peer *owner_peer_ops();
     int bind_stx(struct fid *stx);
     bool enabled() const { return enabled_; }
     int enable_locked();  // fi_enable; also implied by fi_connect / fi_accept (fi_cm(3))
@@ -474,6 +477,18 @@ class Engine : public CmSource, public RemoteKeyResolver {
                               const uint8_t *body, size_t body_len);
     inline RxOp *match_from_link(const wire::ProtoHeader &hdr, fi_addr_t src);
     void keep_unexpected(LinkConnection *conn, Unexpected &&ux);
+    // tandem as the peer of another provider's SRX (engine_owner_srx.cpp): a message no
+    // receive of ours takes asks the owner for its buffer; kept, it is queued with the owner
+    // in the entry the owner gave (unqueued_entry_), which the owner starts or discards later.
+    [[gnu::noinline]] RxOp *match_with_owner(const wire::ProtoHeader &hdr, fi_addr_t src);
+    RxOp *owned_receive(RxMatcher &m, void *entry, bool tagged);
+    void queue_with_owner(Unexpected &kept);
+    void owner_done(void *entry);
+    int start_queued(Unexpected *kept, void *entry);
+    int discard_queued(Unexpected *kept);
+    static int owner_hands_back(fi_peer_rx_entry *entry, bool start);
+    // What a completion and the owner are told of a source (FI_AV_USER_ID).
+    fi_addr_t reported_source(fi_addr_t src) const;
     void deliver_eager(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,
                        const uint8_t *payload, fi_addr_t src);
     void keep_order(RxOp *rx, LinkConnection *conn);
@@ -629,6 +644,10 @@ class Engine : public CmSource, public RemoteKeyResolver {
     RxMatcher peer_rx_;
     RxMatcher own_rx_;
     RxMatcher *rx_ = &own_rx_;  // own_rx_, or the shared receive context's
+    // Bound to an SRX another provider owns (FI_PEER): that owner; and the entry it gave for a
+    // message keep_unexpected is about to keep.
+    peer::ForeignOwnerSrx *owner_srx_ = nullptr;
+    void *unqueued_entry_ = nullptr;
     struct fid *srx_ = nullptr;
     struct fid *stx_ = nullptr;
     std::unordered_map<uint64_t, TxOp *> await_remote_;

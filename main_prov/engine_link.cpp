@@ -139,13 +139,18 @@ void Engine::finish_rendezvous(RxOp *rx) {
                                                             fi_addr_t src) {
     RxMatcher &m = matcher_for(hdr.flags);
     RxOp *rx = m.match_posted(hdr.flags & wire::kProtoTagged, hdr.tag, src);
-    return rx ? slice_for(m, rx, hdr.size) : nullptr;
+    if (rx) return slice_for(m, rx, hdr.size);
+    if (owner_srx_ && !(hdr.flags & wire::kProtoPeer)) [[unlikely]]
+        return match_with_owner(hdr, src);
+    return nullptr;
 }
 
 void Engine::keep_unexpected(LinkConnection *conn, Unexpected &&ux) {
     ux.ep = this;
     ux.conn = conn;
-    matcher_for(ux.hdr.flags).push_unexpected(std::move(ux));
+    Unexpected &kept = matcher_for(ux.hdr.flags).push_unexpected(std::move(ux));
+    if (unqueued_entry_) [[unlikely]]
+        queue_with_owner(kept);
 }
 
 // The message kinds of handle_message: false when the message is malformed (nothing done).

@@ -48,7 +48,7 @@ void Engine::write_rx_error_entry(void *context, void *buf, uint64_t flags, int 
 void Engine::write_rx_cq(const Completion &c, fi_addr_t src) {
     if (!rx_cq_) return;
     Completion out = c;
-    out.src = src;
+    out.src = reported_source(src);
     out.owner = &rx_completions_;
     rx_cq_->write(out);
 }
@@ -392,6 +392,8 @@ void Engine::report_rx(RxOp *rx) {
 void Engine::release_rx(RxOp *rx) {
     RxMatcher &m = matcher_of(rx);
     --m.outstanding;
+    if (rx->owned) [[unlikely]]
+        owner_done(rx->owner_entry);
     m.free_op(rx);
 }
 

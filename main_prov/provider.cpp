@@ -110,10 +110,14 @@ uint64_t offered_caps(const fi_info *hints, fi_ep_type type, bool verbs, uint32_
 // for, never offered unasked, since each narrows what an application that did not name it may
 // do. FI_TAGGED_DIRECTED_RECV: only tagged receives match by source; FI_EXACT_DIRECTED_RECV:
 // a directed receive must name its source. (FI_TAGGED_MULTI_RECV is not offered:
-// docs/compatibility.md.)
+// docs/compatibility.md.) Likewise, at every version, what only a provider linking tandem
+// asks for (lnx): FI_PEER, tandem as the peer of that provider's CQ and SRX, and
+// FI_AV_USER_ID, completions naming sources by the IDs their addresses were inserted with.
+constexpr uint64_t kPeerProviderCaps = FI_PEER | FI_AV_USER_ID;
 uint64_t asked_only_caps(fi_ep_type type, uint32_t version) {
-    if (type != FI_EP_RDM || version < compat::kApi2_0) return 0;
-    return compat::kTaggedDirectedRecv | compat::kExactDirectedRecv;
+    if (type != FI_EP_RDM) return 0;
+    if (version < compat::kApi2_0) return kPeerProviderCaps;
+    return kPeerProviderCaps | compat::kTaggedDirectedRecv | compat::kExactDirectedRecv;
 }
 
 // Whether RMA moves with the NIC's keys (see offered_caps): a device domain, unless the
@@ -146,8 +150,8 @@ bool domain_hints_fit(const fi_domain_attr &d, fi_ep_type type, const Interface 
     if (d.av_type != FI_AV_UNSPEC && d.av_type != FI_AV_MAP && d.av_type != FI_AV_TABLE)
         return false;
     // Shared AVs are an RDM matter: a MSG endpoint has no AV.
-    if (d.caps &&
-        !subset(d.caps, FI_LOCAL_COMM | FI_REMOTE_COMM | (type == FI_EP_RDM ? FI_SHARED_AV : 0)))
+    if (d.caps && !subset(d.caps, FI_LOCAL_COMM | FI_REMOTE_COMM |
+                                      (type == FI_EP_RDM ? FI_SHARED_AV | kPeerProviderCaps : 0)))
         return false;
     return !(d.auth_key_size > kMaxAuthKeySize || (d.auth_key_size && !d.auth_key));
 }
@@ -201,7 +205,8 @@ bool hints_fit(const fi_info *hints, fi_ep_type type, const Interface &itf, uint
 
 // The transmit and receive attributes carry their own direction's capabilities only; the
 // domain-level ones stay in caps and domain_attr->caps.
-constexpr uint64_t kDomainCaps = FI_LOCAL_COMM | FI_REMOTE_COMM | FI_SHARED_AV;
+constexpr uint64_t kDomainCaps =
+    FI_LOCAL_COMM | FI_REMOTE_COMM | FI_SHARED_AV | FI_PEER | FI_AV_USER_ID;
 
 // A queue depth the hints ask for is what the endpoint gets (fi_endpoint(3): a smaller size
 // consumes fewer resources). It matters above all to ofi_rxm, which asks for 128 and sizes its
@@ -302,7 +307,8 @@ void fill_domain_attr(fi_domain_attr &d, const fi_info *hints, fi_ep_type type,
     d.max_ep_srx_ctx = 1;
     d.cntr_cnt = 1024;
     d.mr_iov_limit = nic_keys ? 1 : kMaxIov;  // a NIC registers one range per key
-    d.caps = FI_LOCAL_COMM | FI_REMOTE_COMM | (type == FI_EP_RDM ? FI_SHARED_AV : 0);
+    d.caps = FI_LOCAL_COMM | FI_REMOTE_COMM | (type == FI_EP_RDM ? FI_SHARED_AV : 0) |
+             (caps & kPeerProviderCaps);
     d.mode = 0;
     d.max_err_data = wire::kMaxCmPrivate;
     d.mr_cnt = 1 << 20;

@@ -69,6 +69,7 @@ struct RxState {
     bool retired;  // no more messages will be matched into it
     bool done;     // completed, held in order_queue until the ones before it are
     bool posted;   // among the matcher's posted receives (RxMatcher::PostedQueue)
+    bool owned;    // a buffer a peer SRX owner gave (owner_entry): freed with it when done
 };
 
 // reset() clears the RxState; the other fields are written before they are read: by
@@ -93,6 +94,8 @@ struct RxOp : RxState, RxBuffers {
     uint8_t done_proto_flags;
     fi_addr_t done_src;
     int done_err;
+    // owned: the entry of the SRX owner whose buffer this is (engine_owner_srx.cpp).
+    void *owner_entry;
 
     RxOp() { reset(); }
     // The state of a new receive, buffers aside (those are written when it is posted): one
@@ -141,6 +144,9 @@ struct Unexpected {
     // A message a peer provider holds (peer SRX, fi_peer(3)): hdr carries its tag, size and
     // flags; the peer delivers it once a receive is found (PeerRxQueue::start).
     peer::OwnerRxEntry *peer_entry = nullptr;
+    // The other way round: tandem is the peer of another provider's SRX and has queued the
+    // message with that owner in this entry of its (engine_owner_srx.cpp).
+    void *owner_entry = nullptr;
 
     bool tagged() const { return hdr.flags & wire::kProtoTagged; }
     bool rendezvous() const { return hdr.op == static_cast<uint8_t>(wire::ProtoOp::Rts); }
@@ -196,7 +202,11 @@ class RxMatcher {
         return nullptr;
     }
     void remove_posted(RxOp *rx) { list_for(rx->tagged).erase(rx); }
-    void push_unexpected(Unexpected &&ux) { unexpected_for(ux.tagged()).push_back(std::move(ux)); }
+    Unexpected &push_unexpected(Unexpected &&ux) {
+        auto &list = unexpected_for(ux.tagged());
+        list.push_back(std::move(ux));
+        return list.back();
+    }
     bool has_unexpected(bool tagged) { return !unexpected_for(tagged).empty(); }
     template <class F>
     void for_each_unexpected(F &&f) {

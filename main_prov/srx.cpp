@@ -69,6 +69,13 @@ SharedRxContext::SharedRxContext(Domain *domain, const fi_rx_attr &attr, void *c
       op_flags_(attr.op_flags),
       size_(attr.size ? attr.size : domain->info()->rx_attr->size) {
     if (attr.iov_limit > kMaxIov) fail(FI_EINVAL, "iov_limit too large");
+    if (attr.op_flags & FI_PEER) {
+        fid_peer_srx *srx = peer::ForeignOwnerSrx::from_context(context);
+        if (!srx) fail(FI_EINVAL, "FI_PEER SRX without a peer SRX context");
+        owner_ = std::make_unique<peer::ForeignOwnerSrx>(srx, peer::ForeignOwnerSrx::core_abi());
+        owner_->install(Engine::owner_peer_ops());
+        op_flags_ &= ~uint64_t(FI_PEER);
+    }
     init_fid(FI_CLASS_SRX_CTX, context, &srx_fi_ops);
     fid()->ops = &srx_ep_ops;
     fid()->msg = &srx_msg_ops;
@@ -94,7 +101,7 @@ int SharedRxContext::close() {
 // receive completions itself (PeerRxQueue::Mode::Direct); its entries must be returned
 // (free_entry) before this context is closed.
 int SharedRxContext::control(int command, void *arg) {
-    if (command != FI_EXPORT_FID) return -FI_ENOSYS;
+    if (command != FI_EXPORT_FID || owner_) return -FI_ENOSYS;
     auto *exp = static_cast<fi_fid_export *>(arg);
     if (!exp || !exp->fid) return -FI_EINVAL;
     std::lock_guard guard(domain_->lock());
@@ -129,6 +136,7 @@ int SharedRxContext::setopt(int level, int optname, const void *optval, size_t o
 ssize_t SharedRxContext::post(const iovec *iov, void **desc, size_t count, fi_addr_t src,
                               void *context, uint64_t flags, uint64_t tag, uint64_t ignore,
                               bool tagged) {
+    if (owner_) return -FI_EOPNOTSUPP;  // (the owner posts every receive)
     std::lock_guard guard(domain_->lock());
     if (!(caps_ & (tagged ? FI_TAGGED : FI_MSG))) return -FI_EOPNOTSUPP;
     if (matcher_.outstanding >= size_) return -FI_EAGAIN;

@@ -5,12 +5,17 @@
 // reported on the CQ of the endpoint it arrived on. A shared transmit context has nothing
 // to share on tandem's links (each endpoint writes its own connections), so it only counts
 // the endpoints using it.
+//
+// Opened with FI_PEER (fi_peer(3)), the context belongs to another provider, lnx for one: that
+// owner posts and matches every receive, and the endpoints bound here ask it for a buffer when
+// a message arrives (engine_owner_srx.cpp). Receives posted on it directly are refused.
 #pragma once
 
 #include "common/fabric_compat.h"
 #include "common/fid_adaptor.h"
 #include "main_prov/peer_rx_queue.h"
 #include "main_prov/rx_matcher.h"
+#include "peer/foreign_srx.h"
 
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_tagged.h>
@@ -46,6 +51,8 @@ class SharedRxContext : public FidObject<SharedRxContext, fid_ep> {
     RxMatcher &matcher() { return matcher_; }
     void attach(Engine *ep) { endpoints_.push_back(ep); }
     void detach(Engine *ep) { std::erase(endpoints_, ep); }
+    // FI_PEER: the owner's side of the context, or null for one of tandem's own.
+    peer::ForeignOwnerSrx *owner() const { return owner_.get(); }
 
   private:
     ssize_t post(const iovec *iov, void **desc, size_t count, fi_addr_t src, void *context,
@@ -62,6 +69,7 @@ class SharedRxContext : public FidObject<SharedRxContext, fid_ep> {
     std::vector<Engine *> endpoints_;
     // FI_EXPORT_FID: an importer (any peer provider) takes messages from this context.
     std::unique_ptr<PeerRxQueue> exported_;
+    std::unique_ptr<peer::ForeignOwnerSrx> owner_;
 };
 
 class SharedTxContext : public FidObject<SharedTxContext, fid_stx> {

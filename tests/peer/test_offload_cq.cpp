@@ -9,6 +9,8 @@
 // SRX (exported, fi_export_fid) so that addressing and matching are real.
 #include <gtest/gtest.h>
 
+#include "tests/common/owner_cq.h"
+
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -30,50 +32,7 @@ namespace {
 
 constexpr uint64_t kOffloadProvOnly = 1ull << 61;  // OFI_OFFLOAD_PROV_ONLY (core-internal)
 
-// The owner's CQ: records what it accepts; refuses (-FI_EAGAIN) every other call, so that
-// each completion is refused once before it is taken.
-struct OwnerCq {
-    fid_peer_cq cq{};
-    fi_ops_cq_owner ops{};
-    bool refuse_next = true;
-    size_t refused = 0;
-    struct Entry {
-        bool err;
-        void *context;
-        uint64_t flags;
-        size_t len;
-        uint64_t tag;
-        fi_addr_t src;
-        int error;
-    };
-    std::vector<Entry> taken;
-
-    OwnerCq() {
-        ops.size = sizeof ops;
-        ops.write = [](fid_peer_cq *cq, void *context, uint64_t flags, size_t len, void *, uint64_t,
-                       uint64_t tag, fi_addr_t src) -> ssize_t {
-            auto *self = reinterpret_cast<OwnerCq *>(cq);
-            if (self->refuse()) return -FI_EAGAIN;
-            self->taken.push_back({false, context, flags, len, tag, src, 0});
-            return 0;
-        };
-        ops.writeerr = [](fid_peer_cq *cq, const fi_cq_err_entry *e) -> ssize_t {
-            auto *self = reinterpret_cast<OwnerCq *>(cq);
-            if (self->refuse()) return -FI_EAGAIN;
-            self->taken.push_back(
-                {true, e->op_context, e->flags, e->len, e->tag, FI_ADDR_NOTAVAIL, e->err});
-            return 0;
-        };
-        cq.fid.fclass = FI_CLASS_PEER_CQ;
-        cq.owner_ops = &ops;
-    }
-    bool refuse() {
-        bool no = refuse_next;
-        refuse_next = !refuse_next;
-        refused += no;
-        return no;
-    }
-};
+using tandem_test::OwnerCq;  // (refusing every other call: each completion is refused once)
 static_assert(offsetof(OwnerCq, cq) == 0);
 
 // An owner endpoint: its name (127.0.0.1 and a port held by a socket of ours, so no other
@@ -165,7 +124,7 @@ TEST(OffloadCq, CompletionsTheOwnersCqRefusesAreWrittenAgainNotDropped) {
     orx_attr.op_flags = FI_PEER;
     ASSERT_EQ(fi_srx_context(odom, &orx_attr, &osrx, &srxctx), 0);
 
-    OwnerCq owner_cq;
+    OwnerCq owner_cq(true);
     fi_peer_cq_context cqctx{sizeof cqctx, &owner_cq.cq};
     fi_cq_attr cq_attr{};
     cq_attr.format = FI_CQ_FORMAT_TAGGED;
