@@ -24,6 +24,13 @@
 #   verbs  both processes on 127.0.0.1 over the verbs link on the EMULATED RDMA device of the
 #          tests (tests/emurdma, serving loopback, as scripts/with-emulated-rdma.sh sets it up),
 #          with FI_TANDEM_LOCAL=0 and FI_TANDEM_LINK=verbs; not in the default modes
+#   lnx    (with -L of a libfabric 2.x) -p lnx with FI_LNX_PROV_LINKS=shm+tandem: tandem as the
+#          network provider lnx links with shm, through the peer API; server and client on
+#          127.0.0.1 but each in a UTS namespace of its own (hostnames tandem-node-a and -b: an
+#          `ssh` of this script's runs the runner's commands so), so that lnx takes them for two
+#          nodes and carries their traffic over tandem, not shm; addresses are exchanged out of
+#          band (runfabtests.sh -b), as lnx needs. As root; not in the default modes. Its
+#          exclusions: scripts/fabtests-<version>-lnx-excluded.txt
 # With the quick, standard or functional set, each mode also runs fi_multinode_coll (which the
 # runner does not: it needs a launcher) with 2, 3, 4 and 8 processes, and the local mode, as
 # root, a job of 5 spread over two "nodes" (mount namespaces with their own /dev/shm).
@@ -49,7 +56,7 @@ usage: $0 SRC [options]
                 or a directory holding fabtests-<installed libfabric version>.tar.gz
   -b DIR        tandem build directory (default: \$BUILD_DIR or $root/build)
   -t SETS       runner test sets, e.g. quick, standard, unit,functional (default: $sets)
-  -m MODES      comma-separated modes among local,tcp,nic,verbs (default: $modes)
+  -m MODES      comma-separated modes among local,tcp,nic,verbs,lnx (default: $modes)
   -T SECONDS    the runner's timeout for each test program (default: $per_test_timeout)
   -a ADDR       address for the nic mode (default: first global IPv4 of an interface up)
   -x            also run the excluded tests (their failures are shown, not counted)
@@ -105,6 +112,7 @@ if [ -n "$libprefix" ]; then
     notrun_file=$root/scripts/fabtests-$lib_version-notrun.txt
     [ -f "$excluded_file" ] && [ -f "$notrun_file" ] ||
         { echo "error: no $excluded_file or $notrun_file" >&2; exit 2; }
+    lnx_excluded_file=$root/scripts/fabtests-$lib_version-lnx-excluded.txt
     export LD_LIBRARY_PATH=$libprefix/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     mkdir -p "$ft"
 else
@@ -197,6 +205,18 @@ fi
 exec $real_ps "\$@"
 EOF
 chmod +x "$shim/ps"
+# The lnx mode's two "nodes": runfabtests.sh runs a command on host H as `ssh <options> H CMD`;
+# here that is CMD in a UTS namespace whose hostname is H, in this directory and environment.
+cat >"$shim/ssh" <<'EOF'
+#!/bin/bash
+while [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do
+    case $1 in -o) shift 2 ;; *) shift ;; esac
+done
+host=$1
+shift
+exec unshare -u bash -c 'hostname "$0" && eval "$1"' "$host" "$*"
+EOF
+chmod +x "$shim/ssh"
 
 # --- patterns ---------------------------------------------------------------------------------
 # A pattern file: one regex per line (matched against the runner's test name as the runner
@@ -284,6 +304,12 @@ for mode in "${mode_list[@]}"; do
             addr=127.0.0.1
             envs=(FI_TANDEM_LOCAL=0 FI_TANDEM_LINK=verbs EMURDMA_NETDEV=lo
                   FI_TANDEM_VERBS_LIB="$emulated" FI_TANDEM_RDMACM_LIB="$emulated") ;;
+        lnx)
+            if [ -z "$libprefix" ] || [ "$(id -u)" -ne 0 ]; then
+                echo "mode lnx: skipped, it needs -L (a libfabric with lnx) and root (namespaces)"
+                continue
+            fi
+            addr=127.0.0.1 envs=(FI_LNX_PROV_LINKS=shm+tandem) ;;
         nic)
             addr=${nic_addr:-$(first_global_ipv4)}
             if [ -z "$addr" ]; then
@@ -298,16 +324,23 @@ for mode in "${mode_list[@]}"; do
     : >"$log.deferred"
     : >"$log.multinode"
     excl_args=()
-    [ $run_excluded -eq 1 ] || excl_args=(-f "$excluded_file")
+    prov=tandem hosts=() mode_excluded=$excluded_file
+    if [ "$mode" = lnx ]; then
+        prov=lnx hosts=(tandem-node-a tandem-node-b) mode_excluded=$lnx_excluded_file
+        excl_args=(-b)
+    fi
+    [ $run_excluded -eq 1 ] || excl_args+=(-f "$mode_excluded")
     echo "mode $mode: runfabtests.sh -t $sets on $addr ${envs[*]} (log: $log)"
     # The runner leaves its temporary files in the current directory.
     (cd "$rundir" && env PATH="$shim:$PATH" FI_PROVIDER_PATH="$build/lib" "${envs[@]}" \
         setsid --wait bash -c 'export FABTESTS_SID=$$; exec bash "$@"' runner \
         "$bin/runfabtests.sh" -p "$bin" -v -T "$per_test_timeout" -t "$sets" \
-        -s "$addr" -c "$addr" "${excl_args[@]}" tandem) >"$log" 2>&1 </dev/null || true
+        -s "$addr" -c "$addr" "${excl_args[@]}" "$prov" "${hosts[@]}") >"$log" 2>&1 </dev/null ||
+        true
     # The 1.17 runner does not list fi_rdm_deferred_wq: its variants run here as the runner
     # runs a client-server test (server, then client, both -p tandem), into the same log.
-    if [[ ",$sets," == *,quick,* || ",$sets," == *,standard,* || ",$sets," == *,functional,* ]]; then
+    if [ "$mode" != lnx ] &&
+        [[ ",$sets," == *,quick,* || ",$sets," == *,standard,* || ",$sets," == *,functional,* ]]; then
         for variant in "" msg tagged rma atomic f_atomic c_atomic; do
             name="fi_rdm_deferred_wq${variant:+ -T $variant}"
             if [ $run_excluded -eq 0 ] && reason_for "$name" ex >/dev/null; then
@@ -336,7 +369,8 @@ for mode in "${mode_list[@]}"; do
     # The runner's multinode set needs a job launcher; fi_multinode_coll's ranks meet at the
     # first one's address, so they run here directly: 2, 3, 4 and 8 processes, and in the
     # local mode also as two nodes (two mount namespaces, each its own /dev/shm: as root).
-    if [[ ",$sets," == *,quick,* || ",$sets," == *,standard,* || ",$sets," == *,functional,* ]]; then
+    if [ "$mode" != lnx ] &&
+        [[ ",$sets," == *,quick,* || ",$sets," == *,standard,* || ",$sets," == *,functional,* ]]; then
         for np in 2 3 4 8 2+3; do
             name="fi_multinode_coll -n $np"
             if [ "$np" = 2+3 ]; then
@@ -362,7 +396,7 @@ for mode in "${ran_modes[@]}"; do
         result[$name]=1
         result["$name|$mode"]=$res
     done < <(awk -v addr="$( [ "$mode" = nic ] && echo "${nic_addr:-$(first_global_ipv4)}" || echo 127.0.0.1)" '
-        /^- name: / { n = $0; sub(/^- name: +/, "", n); sub(/ -p "tandem"$/, "", n)
+        /^- name: / { n = $0; sub(/^- name: +/, "", n); sub(/ -p "(tandem|lnx)"$/, "", n)
                       gsub(addr, "ADDR", n); next }
         /^  result: / && n != "" { r = $0; sub(/^  result: +/, "", r); print n "\t" r; n = "" }
     ' "$rundir/$mode.log")
