@@ -18,4 +18,4 @@ else
 fi
 bash "$root/scripts/build.sh" -DTANDEM_SANITIZE=ON "$@"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 600 -j2 -R "$suites"
+bash "$root/scripts/quiet-kallsyms.sh" ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 600 -j2 -R "$suites"

@@ -9,4 +9,4 @@ build=${BUILD_DIR:-$root/build}
 bash "$root/scripts/cuda-headers.sh" || echo "test.sh: no CUDA 11.8 headers: unit.cuda_abi.cuda11_8 will skip"
 bash "$root/scripts/build.sh" "$@"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-ctest --test-dir "$build" --output-on-failure --timeout 600 -j2
+bash "$root/scripts/quiet-kallsyms.sh" ctest --test-dir "$build" --output-on-failure --timeout 600 -j2

@@ -11,5 +11,5 @@ export BUILD_DIR=${BUILD_DIR:-$root/build-tsan}
 # Only what these suites run: the providers, the emulated devices and the suites' programs.
 export BUILD_TARGETS=${BUILD_TARGETS-"tandem-fi off_tandem-fi nccl-net-tandem tandem_emurdma tandem_emucuda api_threads api_eq api_msg_ep api_wait nccl_plugin_test"}
 bash "$root/scripts/build.sh" -DTANDEM_SANITIZE=thread "$@"
-ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 300 -j2 \
+bash "$root/scripts/quiet-kallsyms.sh" ctest --test-dir "$BUILD_DIR" --output-on-failure --timeout 300 -j2 \
     -R 'threads|\.eq\.|msg_ep|\.wait\.|nccl\..*Threads'
