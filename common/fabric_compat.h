@@ -80,6 +80,16 @@ inline constexpr int kOptInjectTaggedSize = 17;       // 1.22
 inline constexpr int kOptInjectRmaSize = 18;          // 1.22
 inline constexpr int kOptInjectAtomicSize = 19;       // 1.22
 
+// fi_domain.h (1.20): the fi_mr_regattr flag by which attr's first member (a union with
+// mr_iov from 1.20) points at a DMA-buf (struct fi_mr_dmabuf) instead of an iovec array.
+inline constexpr uint64_t kMrDmabuf = 1ull << 40;  // FI_MR_DMABUF
+struct MrDmabuf {
+    int fd;
+    uint64_t offset;  // into the DMA-buf, where the region starts
+    size_t len;
+    void *base_addr;  // where offset 0 is in the process, or null where it is not mapped
+};
+
 // The core's own version (fi_version() of the libfabric that loaded us), read once.
 uint32_t core_version();
 
@@ -98,6 +108,12 @@ static_assert(kOptInjectMsgSize == FI_OPT_INJECT_MSG_SIZE);
 static_assert(kOptInjectTaggedSize == FI_OPT_INJECT_TAGGED_SIZE);
 static_assert(kOptInjectRmaSize == FI_OPT_INJECT_RMA_SIZE);
 static_assert(kOptInjectAtomicSize == FI_OPT_INJECT_ATOMIC_SIZE);
+static_assert(kMrDmabuf == FI_MR_DMABUF);
+static_assert(sizeof(MrDmabuf) == sizeof(fi_mr_dmabuf));
+static_assert(offsetof(MrDmabuf, fd) == offsetof(fi_mr_dmabuf, fd));
+static_assert(offsetof(MrDmabuf, offset) == offsetof(fi_mr_dmabuf, offset));
+static_assert(offsetof(MrDmabuf, len) == offsetof(fi_mr_dmabuf, len));
+static_assert(offsetof(MrDmabuf, base_addr) == offsetof(fi_mr_dmabuf, base_addr));
 #endif
 
 }  // namespace tandem::compat

@@ -1,5 +1,7 @@
 #include "main_prov/domain.h"
 
+#include "common/fabric_compat.h"
+
 #include "hmem/atomic_target.h"
 
 #include "main_prov/av.h"
@@ -217,6 +219,7 @@ int Domain::mr_reg(const void *buf, size_t len, uint64_t access, uint64_t offset
 
 int Domain::mr_regv(const iovec *iov, size_t count, uint64_t access, uint64_t offset,
                     uint64_t requested_key, uint64_t flags, fid_mr **mr, void *context) {
+    if (flags & compat::kMrDmabuf) return -FI_EINVAL;  // (a DMA-buf comes through fi_mr_regattr)
     fi_mr_attr attr{};
     attr.mr_iov = iov;
     attr.iov_count = count;

@@ -1,5 +1,7 @@
 #include "main_prov/mr.h"
 
+#include "common/fabric_compat.h"
+
 #include "main_prov/cntr.h"
 #include "main_prov/domain.h"
 
@@ -36,8 +38,28 @@ MemoryRegion::MemoryRegion(Domain *domain, const fi_mr_attr &attr, uint64_t flag
     if (!attr.mr_iov && attr.iov_count) fail(FI_EINVAL, "memory region without iov");
     if (attr.access & ~kAccessBits) fail(FI_EINVAL, "unsupported access flags");
     constexpr uint64_t kHmemAllocFlags = FI_HMEM_DEVICE_ONLY | FI_HMEM_HOST_ALLOC;
-    if (flags & ~(FI_RMA_EVENT | kHmemAllocFlags))
+    if (flags & ~(FI_RMA_EVENT | kHmemAllocFlags | compat::kMrDmabuf))
         fail(FI_EBADFLAGS, "unsupported registration flags");
+    // FI_MR_DMABUF (1.20): attr's first member names a DMA-buf, not iovecs. tandem's paths
+    // move memory by its address (staged copies, IPC handles, CMA; the NIC maps the DMA-buf),
+    // so the DMA-buf must be mapped in the process: the region is base_addr + offset.
+    const iovec *ranges = attr.mr_iov;
+    size_t nranges = attr.iov_count;
+    iovec dmabuf_range{};
+    const auto *dmabuf = (flags & compat::kMrDmabuf)
+                             ? reinterpret_cast<const compat::MrDmabuf *>(attr.mr_iov)
+                             : nullptr;
+    if (flags & compat::kMrDmabuf) {
+        if (!dmabuf || dmabuf->fd < 0 || !dmabuf->len)
+            fail(FI_EINVAL, "FI_MR_DMABUF without a DMA-buf");
+        if (!(domain->info()->caps & FI_HMEM))
+            fail(FI_EINVAL, "FI_MR_DMABUF on a domain opened without FI_HMEM");
+        if (!dmabuf->base_addr)
+            fail(FI_EOPNOTSUPP, "a DMA-buf not mapped in the process (base_addr NULL)");
+        dmabuf_range = {static_cast<uint8_t *>(dmabuf->base_addr) + dmabuf->offset, dmabuf->len};
+        ranges = &dmabuf_range;
+        nranges = 1;
+    }
     // How the memory was allocated (fi_mr(3)): by the device API's device allocator
     // (DEVICE_ONLY: the device's memory, as the checks below hold it to), or by its host
     // allocator (HOST_ALLOC: the host's memory, pinned, which tandem's CPU copies reach; the
@@ -54,12 +76,12 @@ MemoryRegion::MemoryRegion(Domain *domain, const fi_mr_attr &attr, uint64_t flag
         desc_.mem = {FI_HMEM_SYSTEM, 0};
     if (!desc_.mem.on_host() && !(domain->info()->caps & FI_HMEM))
         fail(FI_EINVAL, "device memory on a domain opened without FI_HMEM");
-    for (size_t i = 0; i < attr.iov_count; ++i) {
+    for (size_t i = 0; i < nranges; ++i) {
         if (!desc_.mem.on_host() &&
-            hmem::check_range(desc_.mem, attr.mr_iov[i].iov_base, attr.mr_iov[i].iov_len))
+            hmem::check_range(desc_.mem, ranges[i].iov_base, ranges[i].iov_len))
             fail(FI_EINVAL, "the registered range is not memory of the given iface and device");
-        iov_.push_back(attr.mr_iov[i]);
-        total_ += attr.mr_iov[i].iov_len;
+        iov_.push_back(ranges[i]);
+        total_ += ranges[i].iov_len;
     }
     init_fid(FI_CLASS_MR, attr.context, &mr_fi_ops);
     desc_.owner = this;
@@ -72,9 +94,11 @@ MemoryRegion::MemoryRegion(Domain *domain, const fi_mr_attr &attr, uint64_t flag
     if (link && total_ > 0 && prov_key && virt_addr_) {
         // A link with keys of its own (a NIC's rkeys) names the region: one range, addressed
         // by virtual address, the key the link's.
-        if (int ret =
-                link->register_region(iov_.empty() ? iovec{} : iov_[0], desc_.mem,
-                                      access_ & (FI_REMOTE_READ | FI_REMOTE_WRITE), registered_))
+        const uint64_t remote = access_ & (FI_REMOTE_READ | FI_REMOTE_WRITE);
+        const iovec first = iov_.empty() ? iovec{} : iov_[0];
+        if (int ret = dmabuf ? link->register_dmabuf_region(first, desc_.mem, dmabuf->fd,
+                                                            dmabuf->offset, remote, registered_)
+                             : link->register_region(first, desc_.mem, remote, registered_))
             fail(-ret, "the link cannot register this memory");
         if (registered_) {
             if (iov_.size() != 1) fail(FI_EINVAL, "the link registers one range per region");

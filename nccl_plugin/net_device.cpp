@@ -3,6 +3,7 @@
 // net_device_connect.cpp, sends, receives and their completions in net_device_data.cpp.
 #include "nccl_plugin/net_device.h"
 
+#include "common/fabric_compat.h"
 #include "hmem/hmem.h"
 
 #include <rdma/fi_cm.h>
@@ -131,6 +132,13 @@ uint32_t NetDevice::take_number() {
 // ---- memory ------------------------------------------------------------------------------------
 
 Result NetDevice::reg_mr(void *comm, void *data, size_t size, int type, void **mhandle) {
+    return register_memory(comm, data, size, type, nullptr, mhandle);
+}
+
+// `dmabuf`, when given, names the same bytes as data/size by a DMA-buf: tandem registers it with
+// FI_MR_DMABUF, which its verbs link maps with ibv_reg_dmabuf_mr (no nvidia-peermem needed).
+Result NetDevice::register_memory(void *comm, void *data, size_t size, int type,
+                                  const compat::MrDmabuf *dmabuf, void **mhandle) {
     if (!mhandle) WARN_RETURN(kInternalError, "NET/tandem: regMr without an output");
     std::lock_guard lk(mu_);
     if (!sends_.find(comm) && !recvs_.find(comm))
@@ -163,12 +171,13 @@ Result NetDevice::reg_mr(void *comm, void *data, size_t size, int type, void **m
     if (size) {
         iovec iov{data, size};
         fi_mr_attr attr{};
-        attr.mr_iov = &iov;
+        // FI_MR_DMABUF puts a struct fi_mr_dmabuf where the iovecs are (a union from 1.20).
+        attr.mr_iov = dmabuf ? reinterpret_cast<const iovec *>(dmabuf) : &iov;
         attr.iov_count = 1;
         attr.access = FI_SEND | FI_RECV | FI_WRITE | FI_REMOTE_WRITE | FI_READ | FI_REMOTE_READ;
         attr.iface = iface;
         attr.device.cuda = int(device);
-        int ret = fi_mr_regattr(domain_, &attr, 0, &m->mr);
+        int ret = fi_mr_regattr(domain_, &attr, dmabuf ? compat::kMrDmabuf : 0, &m->mr);
         if (ret) return fabric_error("fi_mr_regattr", ret);
         m->desc = fi_mr_desc(m->mr);
         m->key = fi_mr_key(m->mr);
@@ -177,16 +186,21 @@ Result NetDevice::reg_mr(void *comm, void *data, size_t size, int type, void **m
     return kSuccess;
 }
 
-// libfabric 1.17 registers by address only (FI_MR_DMABUF came in 1.20). The buffer's address
-// names the same memory as the dma-buf, and tandem's links move device memory with CUDA copies
-// and IPC: the fd is checked and the range registered by address.
+// NCCL gives the buffer's address too, and the fd's offset of it: the DMA-buf starts at
+// data - offset. tandem reads FI_MR_DMABUF whatever the core's release (fi_mr_regattr goes
+// straight to the provider), so this holds under 1.17 as under 2.x. NCCL closes the fd once this
+// returns; the registration does not need it any more (verbs holds the DMA-buf itself).
 Result NetDevice::reg_mr_dmabuf(void *comm, void *data, size_t size, int type, uint64_t offset,
                                 int fd, void **mhandle) {
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0)
         WARN_RETURN(kInvalidUsage, "NET/tandem: regMrDmaBuf: fd %d is not open", fd);
-    (void)offset;
-    return reg_mr(comm, data, size, type, mhandle);
+    if (type != kPtrCuda) return reg_mr(comm, data, size, type, mhandle);  // host: by address
+    if (offset > uintptr_t(data))
+        WARN_RETURN(kInvalidUsage, "NET/tandem: regMrDmaBuf: offset %#lx is past %p",
+                    (unsigned long)offset, data);
+    compat::MrDmabuf dmabuf{fd, offset, size, static_cast<uint8_t *>(data) - offset};
+    return register_memory(comm, data, size, type, &dmabuf, mhandle);
 }
 
 Result NetDevice::dereg_mr(void *comm, void *mhandle) {

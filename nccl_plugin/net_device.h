@@ -19,6 +19,7 @@
 // may share it.
 #pragma once
 
+#include "common/fabric_compat.h"
 #include "common/wire.h"
 #include "nccl_plugin/device.h"
 #include "nccl_plugin/handle_table.h"
@@ -117,6 +118,8 @@ class NetDevice : public Device {
     size_t eager_max() const { return options_.eager_max; }
 
   private:
+    Result register_memory(void *comm, void *data, size_t size, int type,
+                           const compat::MrDmabuf *dmabuf, void **mhandle);
     // One operation posted to libfabric; its fi_context2 is what completions hand back.
     enum class OpKind : uint8_t {
         SendData,     // an eager tagged send

@@ -126,6 +126,15 @@ class LinkDomain {
     // errno when the memory cannot be registered.
     virtual int register_region(const iovec &iov, hmem::MemRef mem, uint64_t access,
                                 std::unique_ptr<LinkRegion> &out) = 0;
+    // The same for a region the application also names by a DMA-buf (FI_MR_DMABUF: its fd,
+    // and where in it iov starts): a link whose NIC maps device memory maps that DMA-buf, the
+    // others register iov as above.
+    virtual int register_dmabuf_region(const iovec &iov, hmem::MemRef mem, int fd, uint64_t offset,
+                                       uint64_t access, std::unique_ptr<LinkRegion> &out) {
+        (void)fd;
+        (void)offset;
+        return register_region(iov, mem, access, out);
+    }
     // A transport of this domain for one endpoint, not listening yet, whose sends carry up to
     // max_send_size bytes (the size of the buffers the protocol posts).
     virtual std::unique_ptr<class LinkTransport> transport(RemoteKeyResolver *resolver,

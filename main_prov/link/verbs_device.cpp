@@ -131,6 +131,23 @@ int VerbsDevice::register_region(const iovec &iov, hmem::MemRef mem, uint64_t ac
     return 0;
 }
 
+// ibv_reg_dmabuf_mr of the application's own DMA-buf (its fd stays the application's); where
+// the library has no ibv_reg_dmabuf_mr, the range by address as any other region.
+int VerbsDevice::register_dmabuf_region(const iovec &iov, hmem::MemRef mem, int fd, uint64_t offset,
+                                        uint64_t access, std::unique_ptr<LinkRegion> &out) {
+    if (!api_->reg_dmabuf_mr) return register_region(iov, mem, access, out);
+    int ibv_access = ibv_access_of(access) | IBV_ACCESS_LOCAL_WRITE;
+    ibv_mr *mr = api_->reg_dmabuf_mr(pd_, offset, iov.iov_len,
+                                     reinterpret_cast<uint64_t>(iov.iov_base), fd, ibv_access);
+    if (!mr) {
+        TANDEM_WARN(FI_LOG_MR, "%s: ibv_reg_dmabuf_mr of the application's DMA-buf: %s\n",
+                    name_.c_str(), strerror(errno));
+        return -FI_EINVAL;
+    }
+    out = std::make_unique<VerbsRegion>(*api_, mr);
+    return 0;
+}
+
 std::unique_ptr<LinkTransport> VerbsDevice::transport(RemoteKeyResolver *resolver,
                                                       size_t max_send_size) {
     return std::make_unique<VerbsTransport>(shared_from_this(), resolver, max_send_size);

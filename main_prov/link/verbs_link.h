@@ -65,6 +65,8 @@ class VerbsDevice final : public LinkDomain, public std::enable_shared_from_this
     const LinkCaps &caps() const override { return caps_; }
     int register_region(const iovec &iov, hmem::MemRef mem, uint64_t access,
                         std::unique_ptr<LinkRegion> &out) override;
+    int register_dmabuf_region(const iovec &iov, hmem::MemRef mem, int fd, uint64_t offset,
+                               uint64_t access, std::unique_ptr<LinkRegion> &out) override;
     std::unique_ptr<LinkTransport> transport(RemoteKeyResolver *resolver,
                                              size_t max_send_size) override;
 

@@ -485,6 +485,30 @@ class Node {
         return ret;
     }
 
+    // Registers device memory by a DMA-buf (FI_MR_DMABUF, libfabric 1.20; the flag and
+    // struct fi_mr_dmabuf by value, as 1.17's headers lack them): fd and the region's offset in
+    // it, base the address of the DMA-buf's offset 0 in this process (or null).
+    int try_reg_dmabuf(int fd, uint64_t offset, size_t len, void *base, int ordinal, fid_mr **out,
+                       uint64_t access = kAccess) {
+        struct {
+            int fd;
+            uint64_t offset;
+            size_t len;
+            void *base_addr;
+        } dmabuf{fd, offset, len, base};
+        fi_mr_attr attr{};
+        attr.mr_iov = reinterpret_cast<const iovec *>(&dmabuf);  // (a union from 1.20)
+        attr.iov_count = 1;
+        attr.access = access;
+        attr.iface = FI_HMEM_CUDA;
+        attr.device.cuda = ordinal;
+        *out = nullptr;
+        int ret = fi_mr_regattr(domain, &attr, kMrDmabuf, out);
+        if (!ret) mrs_.push_back(*out);
+        return ret;
+    }
+    static constexpr uint64_t kMrDmabuf = 1ull << 40;  // FI_MR_DMABUF
+
     // One pass of progress: everything the CQ has is kept for wait().
     void progress() {
         fi_cq_tagged_entry e[8];
@@ -1567,6 +1591,7 @@ struct Rma {
     size_t len = 64;
     int mode = -1;                   // the initiator's FI_OPT_FI_HMEM_P2P
     bool target_open_fails = false;  // the target's driver refuses to map the IPC handle once
+    bool dmabuf_region = false;      // the target registers its region by DMA-buf
     // Node-local writes of device memory go peer to peer (IpcWrite) as messages do: under
     // ENABLED above the eager limit, under PREFERRED and REQUIRED always. Reads never do.
     bool p2p_write() const {
@@ -1590,6 +1615,30 @@ std::string pack_region(uint64_t addr, uint64_t key) {
 fid_mr *offer_region(Node &n, const Buf &region) {
     fid_mr *mr = n.reg(region, FI_REMOTE_WRITE | FI_REMOTE_READ);
     if (!mr || !n.tell(pack_region(reinterpret_cast<uint64_t>(region.ptr()), fi_mr_key(mr))))
+        return nullptr;
+    return mr;
+}
+
+// The same region registered by its DMA-buf (FI_MR_DMABUF): the driver's handle for the
+// allocation (cuMemGetHandleForAddressRange), mapped in this process at the allocation.
+fid_mr *offer_dmabuf_region(Role &r, Node &n, const Buf &region) {
+    int fd = -1;
+    CUresult rc = cuda_driver().mem_get_handle_for_address_range(
+        &fd, reinterpret_cast<CUdeviceptr>(region.ptr()), region.len(),
+        CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
+    if (rc != CUDA_SUCCESS) {
+        r.fail(__FILE__, __LINE__, cat("cuMemGetHandleForAddressRange -> ", int(rc)));
+        return nullptr;
+    }
+    fid_mr *mr = nullptr;
+    int ret = n.try_reg_dmabuf(fd, 0, region.len(), region.ptr(), region.ordinal(), &mr,
+                               FI_REMOTE_WRITE | FI_REMOTE_READ);
+    ::close(fd);  // (the registration keeps what it needs of it)
+    if (ret) {
+        r.fail(__FILE__, __LINE__, cat("fi_mr_regattr(FI_MR_DMABUF) -> ", fi_str(ret)));
+        return nullptr;
+    }
+    if (!n.tell(pack_region(reinterpret_cast<uint64_t>(region.ptr()), fi_mr_key(mr))))
         return nullptr;
     return mr;
 }
@@ -1680,7 +1729,7 @@ void rma_target(Role &r, const Rma &x) {
     R_TRY(n.enable() && n.connect());
     reset_stats();
     if (x.target_open_fails) R_TRY(fail_next(r, EMUCUDA_FAIL_IPC_OPEN, CUDA_ERROR_OUT_OF_MEMORY));
-    R_TRY(offer_region(n, region));
+    R_TRY(x.dmabuf_region ? offer_dmabuf_region(r, n, region) : offer_region(n, region));
     R_TRY(n.expect("written"));
     Stats st = read_stats();
     if (x.write_refused()) {
@@ -1724,6 +1773,46 @@ TEST(Rma, WriteReadDevice1MiB) {
     run_rma({MiB, -1, false});
 }
 
+// FI_MR_DMABUF: a region registered by its DMA-buf is the same memory to every path (node-local
+// peer to peer, staged over the TCP link). Over the verbs link: VerbsLink.RmaIntoADmaBufRegion.
+TEST(Rma, WriteReadDevice1MiBIntoARegionRegisteredByItsDmaBuf) {
+    REQUIRE_DEVICE();
+    Rma x{MiB, -1, false};
+    x.dmabuf_region = true;
+    run_rma(x);
+}
+
+// What FI_MR_DMABUF refuses: a DMA-buf not mapped in the process (tandem's paths move device
+// memory by address), no DMA-buf, and the flag outside fi_mr_regattr.
+TEST(Rma, DmaBufRegistrationsTandemCannotServeAreRefused) {
+    REQUIRE_DEVICE();
+    auto one = [](Role &r) {
+        R_TRY(cuda_up(r));
+        Buf region;
+        R_TRY(region.alloc(r, MiB, true));
+        Node n(r);
+        R_TRY(n.open());
+        int fd = -1;
+        R_REQUIRE(r,
+                  cuda_driver().mem_get_handle_for_address_range(
+                      &fd, reinterpret_cast<CUdeviceptr>(region.ptr()), MiB,
+                      CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) == CUDA_SUCCESS,
+                  "cuMemGetHandleForAddressRange");
+        fid_mr *mr = nullptr;
+        int ret = n.try_reg_dmabuf(fd, 0, MiB, nullptr, region.ordinal(), &mr);
+        R_CHECK(r, ret == -FI_EOPNOTSUPP, "base_addr NULL: ", fi_str(ret));
+        ret = n.try_reg_dmabuf(-1, 0, MiB, region.ptr(), region.ordinal(), &mr);
+        R_CHECK(r, ret == -FI_EINVAL, "fd -1: ", fi_str(ret));
+        ret = fi_mr_reg(n.domain, region.ptr(), MiB, FI_REMOTE_WRITE, 0, 0, Node::kMrDmabuf, &mr,
+                        nullptr);
+        R_CHECK(r, ret == -FI_EINVAL, "FI_MR_DMABUF through fi_mr_reg: ", fi_str(ret));
+        ret = n.try_reg_dmabuf(fd, 0, MiB, region.ptr(), region.ordinal(), &mr);
+        R_CHECK(r, ret == 0, "a mapped DMA-buf: ", fi_str(ret));
+        ::close(fd);
+    };
+    run_roles({{"registrar", one, {}}});
+}
+
 TEST(Rma, PreferredWritesSmallPeerToPeer) {
     REQUIRE_DEVICE();
     if (net_variant()) GTEST_SKIP() << "no peer-to-peer path over the TCP link";
@@ -1750,6 +1839,50 @@ TEST(Rma, RequiredWriteFailsWhenTheTargetCannotMap) {
     REQUIRE_DEVICE();
     if (net_variant()) GTEST_SKIP() << "no peer-to-peer path over the TCP link";
     run_rma({64 * KiB, FI_HMEM_P2P_REQUIRED, true});
+}
+
+// FI_MR_DMABUF over the verbs link: the target's NIC maps the DMA-buf the application gave
+// (ibv_reg_dmabuf_mr of its fd), not one tandem asks the driver for: the driver exported one,
+// the test's own.
+TEST(VerbsLink, RmaIntoARegionRegisteredByItsDmaBufMapsThatDmaBuf) {
+    REQUIRE_VERBS();
+    auto initiator = [](Role &r) {
+        R_TRY(cuda_up(r));
+        Buf src;
+        R_TRY(src.alloc(r, MiB, true) && src.fill(r, kSeedData));
+        Node n(r);
+        R_TRY(n.open());
+        R_TRY(n.enable() && n.connect());
+        fid_mr *mr = n.reg(src);
+        R_TRY(mr);
+        uint64_t addr = 0, key = 0;
+        R_TRY(take_region(r, n, addr, key));
+        fi_context ctx{};
+        R_POST(r, n, fi_write(n.ep, src.ptr(), MiB, fi_mr_desc(mr), n.peer, addr, key, &ctx));
+        Comp c;
+        R_TRY(n.wait(&ctx, c, "the write's completion"));
+        R_REQUIRE(r, !c.err, "fi_write failed: ", show(c));
+        R_TRY(n.tell("written"));
+        R_TRY(n.expect("checked"));
+        n.bye();
+    };
+    auto target = [](Role &r) {
+        R_TRY(cuda_up(r));
+        Buf region;
+        R_TRY(region.alloc(r, MiB, true) && region.fill(r, kSeedStale));
+        Node n(r);
+        R_TRY(n.open());
+        R_TRY(n.enable() && n.connect());
+        reset_stats();
+        R_TRY(offer_dmabuf_region(r, n, region));
+        Stats st = read_stats();
+        R_MECH(r, st, st.s.dmabuf_gets == 1);
+        R_TRY(n.expect("written"));
+        region.check(r, kSeedData, "the target region after fi_write");
+        R_TRY(n.tell("checked"));
+        n.bye();
+    };
+    run_roles({{"initiator", initiator, {}}, {"target", target, {}}});
 }
 
 // ---- 6. inject from device memory (no descriptor: tandem finds out itself) ---------------------
