@@ -31,6 +31,11 @@
 #          nodes and carries their traffic over tandem, not shm; addresses are exchanged out of
 #          band (runfabtests.sh -b), as lnx needs. As root; not in the default modes. Its
 #          exclusions: scripts/fabtests-<version>-lnx-excluded.txt
+# With -P (as root) the modes run at once, each but nic in network and mount namespaces of its
+# own (loopback up, a private /dev/shm): the runner's fixed ports and tandem's segments, named
+# after addresses, would collide otherwise; nic needs the host's interfaces and stays outside.
+# A run of fabtests keeps a core less than half busy (client and server mostly wait on each
+# other), so two modes at once take little more than one.
 # With the quick, standard or functional set, each mode also runs fi_multinode_coll (which the
 # runner does not: it needs a launcher) with 2, 3, 4 and 8 processes, and the local mode, as
 # root, a job of 5 spread over two "nodes" (mount namespaces with their own /dev/shm).
@@ -48,6 +53,8 @@ modes=local,tcp,nic
 per_test_timeout=60
 nic_addr=""
 run_excluded=0
+parallel=0
+all_args=("$@")
 
 usage() {
     cat >&2 <<EOF
@@ -61,6 +68,7 @@ usage: $0 SRC [options]
   -a ADDR       address for the nic mode (default: first global IPv4 of an interface up)
   -x            also run the excluded tests (their failures are shown, not counted)
   -L PREFIX     run the libfabric and fabtests installed in PREFIX (no SRC then)
+  -P            the modes at once, each in namespaces of its own (as root)
 EOF
     exit 2
 }
@@ -73,7 +81,7 @@ if [[ $1 != -* ]]; then
 fi
 sum=""
 libprefix=""
-while getopts "b:t:m:T:a:xL:h" opt; do
+while getopts "b:t:m:T:a:xL:Ph" opt; do
     case $opt in
         b) build=$(cd "$OPTARG" && pwd) ;;
         t) sets=$OPTARG ;;
@@ -82,6 +90,7 @@ while getopts "b:t:m:T:a:xL:h" opt; do
         a) nic_addr=$OPTARG ;;
         x) run_excluded=1 ;;
         L) libprefix=$(cd "$OPTARG" && pwd) ;;
+        P) parallel=1 ;;
         *) usage ;;
     esac
 done
@@ -293,6 +302,29 @@ multinode_coll() {
 
 declare -a ran_modes=()
 IFS=, read -ra mode_list <<<"$modes"
+all_modes=("${mode_list[@]}")
+# -P: this script again for each mode but nic, in namespaces of its own, in the background
+# (FABTESTS_CHILD: it runs its mode and leaves the summary to this one); nic runs here.
+declare -A child_pid=()
+if [ $parallel -eq 1 ] && [ -z "${FABTESTS_CHILD:-}" ] && ((${#mode_list[@]} > 1)); then
+    if [ "$(id -u)" -ne 0 ] || ! command -v unshare >/dev/null; then
+        echo "-P: the modes run one after the other (their namespaces need root)"
+    else
+        declare -a stay=()
+        for mode in "${mode_list[@]}"; do
+            if [ "$mode" = nic ]; then
+                stay+=("$mode")
+                continue
+            fi
+            FABTESTS_CHILD=1 unshare -n -m bash -c \
+                'ip link set lo up && mount -t tmpfs tmpfs /dev/shm && exec bash "$@"' child \
+                "$root/scripts/fabtests.sh" "${all_args[@]}" -m "$mode" \
+                >"$rundir/$mode.out" 2>&1 </dev/null &
+            child_pid[$mode]=$!
+        done
+        mode_list=("${stay[@]}")
+    fi
+fi
 for mode in "${mode_list[@]}"; do
     envs=()
     case $mode in
@@ -384,6 +416,24 @@ for mode in "${mode_list[@]}"; do
     fi
     ran_modes+=("$mode")
 done
+if [ -n "${FABTESTS_CHILD:-}" ]; then
+    # (3: the mode was skipped; the parent reads the log and sums up)
+    ((${#ran_modes[@]})) && exit 0 || exit 3
+fi
+declare -A ran=()
+for mode in "${ran_modes[@]}"; do ran[$mode]=1; done
+for mode in "${!child_pid[@]}"; do
+    rc=0
+    wait "${child_pid[$mode]}" || rc=$?
+    cat "$rundir/$mode.out"
+    case $rc in
+        0) ran[$mode]=1 ;;
+        3) ;;
+        *) echo "error: mode $mode stopped with status $rc ($rundir/$mode.out)" >&2; exit 2 ;;
+    esac
+done
+ran_modes=()
+for mode in "${all_modes[@]}"; do [ -z "${ran[$mode]:-}" ] || ran_modes+=("$mode"); done
 ((${#ran_modes[@]})) || { echo "no mode ran" >&2; exit 2; }
 
 # --- summary ----------------------------------------------------------------------------------

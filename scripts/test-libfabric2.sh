@@ -16,16 +16,17 @@
 #     programs were built against 1.17, as old applications are), with api.api_versions'
 #     Core.IsTheOneNamed checking that 2.6 is what they loaded and its Receives tests asking
 #     for API 2.0 through that core;
-#  4. 2.6's own fabtests (built against 2.6) with -p tandem, node-local and over the TCP link
-#     (scripts/fabtests.sh -L, its lists scripts/fabtests-2.6-*.txt);
+#  4. 2.6's own fabtests (built against 2.6) with -p tandem, node-local and over the TCP link,
+#     the two modes at once in namespaces of their own as root (scripts/fabtests.sh -L -P, its
+#     lists scripts/fabtests-2.6-*.txt);
 #  5. tandem as lnx's network provider (FI_LNX_PROV_LINKS=shm+tandem): a tagged ping-pong
 #     between two emulated nodes (UTS namespaces), each end's log saying that tandem takes
 #     its receives from lnx's SRX (fi_peer(3));
 #  6. 2.6's fabtests quick set with -p lnx over shm+tandem on the two emulated nodes
 #     (scripts/fabtests.sh -m lnx), also with -F.
 # Costs on two cores: the 2.6 build 134 s once (reused after), steps 1 and 2 a few seconds,
-# step 3 about 55 s, step 4 about 270 s with -t unit,functional and 590 s with quick, steps 5
-# and 6 about 60 s.
+# step 3 about 55 s, step 4 with the quick set 246 s as root (the modes at once; one after
+# the other 477 s), steps 5 and 6 about 60 s; measured on the quiet machine.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$root/build}
@@ -68,7 +69,7 @@ echo "== 3. api, peer and clients suites under $version"
 
 if [ $fabtests -eq 1 ]; then
     echo "== 4. $version's fabtests, -p tandem"
-    BUILD_DIR="$build" bash "$root/scripts/fabtests.sh" -L "$prefix" -t "$sets" -m local,tcp
+    BUILD_DIR="$build" bash "$root/scripts/fabtests.sh" -L "$prefix" -t "$sets" -m local,tcp -P
 fi
 
 echo "== 5. tandem under $version's lnx, linked with shm (FI_LNX_PROV_LINKS=shm+tandem)"
