@@ -42,11 +42,18 @@ peer::PeerCntrOps peer_cntr_ops = {
 Cntr::Cntr(Domain *domain, const fi_cntr_attr &attr, void *context)
     : domain_(domain), wait_(raw_enum(attr.wait_obj), attr.wait_set, base_fid()) {
     if (raw_enum(attr.events) != FI_CNTR_EVENTS_COMP) fail(FI_ENOSYS, "unsupported counter events");
-    if (attr.flags) fail(FI_EINVAL, "unsupported counter flags");
+    if (attr.flags & ~uint64_t(FI_PEER)) fail(FI_EINVAL, "unsupported counter flags");
+    if (attr.flags & FI_PEER) {
+        // The context is the owner's fi_peer_cntr_context (also the fid's context, unused).
+        owner_ = peer::ImportedCntr(peer::ImportedCntr::from_context(context));
+        if (!owner_.valid()) fail(FI_EINVAL, "FI_PEER counter without a peer counter context");
+    }
     init_fid(FI_CLASS_CNTR, context, &cntr_fi_ops);
     fid()->ops = &cntr_ops;
     domain_->hold();
-    {
+    // A peer counter is not one of the domain's for triggered operations and deferred work:
+    // its value is the owner's, which tandem cannot read (they refuse it: -FI_EINVAL).
+    if (!imported()) {
         std::lock_guard guard(domain_->lock());
         domain_->add_counter(this);
     }
@@ -63,7 +70,7 @@ int Cntr::close() {
         if (refs_) return -FI_EBUSY;
         // Work that waits on this counter, counts into it or sets it can never run now: it
         // is discarded (a triggered operation reports FI_ECANCELED).
-        domain_->remove_counter(this);
+        if (!imported()) domain_->remove_counter(this);
     }
     wait_.leave();  // waits for an fi_wait inside this counter: not under the domain lock
     delete this;
@@ -91,11 +98,24 @@ void Cntr::bump(std::atomic<uint64_t> &which, uint64_t n) {
     wake();
 }
 
+// Inside tandem's progress, under the domain lock; the owner may call back into tandem from
+// its counter (to read another of tandem's objects), which PeerCall lets through.
+void Cntr::count_into_owner(bool error) {
+    DomainLock::PeerCall call(domain_->lock());
+    error ? owner_.incerr() : owner_.inc();
+}
+
 void Cntr::wake() {
     if (wait_.set() && armed_.exchange(false)) wait_.signal().signal();
 }
 
 uint64_t Cntr::read() {
+    if (imported()) [[unlikely]] {
+        // fi_peer(3): the owner's fi_cntr_read drives the peer's progress through this.
+        std::lock_guard guard(domain_->lock());
+        domain_->progress();
+        return 0;
+    }
     uint64_t value;
     {
         std::lock_guard guard(domain_->lock());
@@ -114,30 +134,35 @@ uint64_t Cntr::read() {
 }
 
 uint64_t Cntr::readerr() {
+    if (imported()) return 0;  // (the owner's to say; fi_peer(3) has the peer answer nothing)
     std::lock_guard guard(domain_->lock());
     domain_->progress();
     return errors_.load(std::memory_order_acquire);
 }
 
 int Cntr::add(uint64_t value) {
+    if (imported()) return -FI_ENOSYS;
     add_by_work(value);
     changed_by_application();
     return 0;
 }
 
 int Cntr::set(uint64_t value) {
+    if (imported()) return -FI_ENOSYS;
     set_by_work(value);
     changed_by_application();
     return 0;
 }
 
 int Cntr::adderr(uint64_t value) {
+    if (imported()) return -FI_ENOSYS;
     bump(errors_, value);
     changed_by_application();
     return 0;
 }
 
 int Cntr::seterr(uint64_t value) {
+    if (imported()) return -FI_ENOSYS;
     errors_.store(value, std::memory_order_release);
     wake();
     changed_by_application();
@@ -153,6 +178,7 @@ void Cntr::changed_by_application() {
 }
 
 int Cntr::wait(uint64_t threshold, int timeout) {
+    if (imported()) return -FI_ENOSYS;
     Deadline deadline(timeout);
     uint64_t errs_at_start = errors_.load();
     for (;;) {

@@ -1,4 +1,7 @@
 // fid_cntr: success and error counts of the operations bound to it. Reading drives progress.
+// Opened with FI_PEER (fi_peer(3), "PEER COUNTER"), it is the peer of another provider's counter:
+// it counts into the owner's (peer/peer_cntr.h), has no value of its own, and its read only
+// drives progress (the owner's fi_cntr_read calls it).
 #pragma once
 
 #include "common/idle_yield.h"
@@ -6,6 +9,7 @@
 #include "common/fid_adaptor.h"
 #include "common/wait_fd.h"
 #include "main_prov/wait.h"
+#include "peer/peer_cntr.h"
 
 #include <rdma/fi_domain.h>
 
@@ -34,8 +38,17 @@ class Cntr : public FidObject<Cntr, fid_cntr> {
     int seterr(uint64_t value);
 
     // Inside tandem, with the domain lock held.
-    void inc() { bump(value_, 1); }
-    void inc_err() { bump(errors_, 1); }
+    void inc() {
+        if (owner_.valid()) [[unlikely]]
+            return count_into_owner(false);
+        bump(value_, 1);
+    }
+    void inc_err() {
+        if (owner_.valid()) [[unlikely]]
+            return count_into_owner(true);
+        bump(errors_, 1);
+    }
+    bool imported() const { return owner_.valid(); }
     // Deferred work's FI_CNTR_ADD / FI_CNTR_SET (fi_trigger(3)), run by the trigger queue: the
     // queue looks again after every start, so nothing more is started from here. (fi_cntr_add
     // and fi_cntr_set are these, then start what the new value makes due.)
@@ -54,11 +67,13 @@ class Cntr : public FidObject<Cntr, fid_cntr> {
 
   private:
     void bump(std::atomic<uint64_t> &which, uint64_t n);
+    void count_into_owner(bool error);
     void wake();
     // The application moved the counter: work triggered by it may be due now.
     void changed_by_application();
 
     Domain *domain_;
+    peer::ImportedCntr owner_;  // FI_PEER: the owner's counter, which counts instead
     std::atomic<uint64_t> value_{0};
     std::atomic<uint64_t> errors_{0};
     WaitBinding wait_;

@@ -138,15 +138,19 @@ class DomainLock {
     // (free_entry, a write into an exported CQ) runs under the lock already (PeerEntryGuard).
     class PeerCall {
       public:
-        explicit PeerCall(DomainLock &lock) : lock_(lock) {
+        // (Nested calls restore the outer one's mark: a counter or CQ the owner imported may
+        // be written from inside tandem's start of a message the owner asked for.)
+        explicit PeerCall(DomainLock &lock)
+            : lock_(lock), outer_(lock.peer_call_.load(std::memory_order_relaxed)) {
             lock_.peer_call_.store(lock_order::this_thread(), std::memory_order_relaxed);
         }
-        ~PeerCall() { lock_.peer_call_.store(nullptr, std::memory_order_relaxed); }
+        ~PeerCall() { lock_.peer_call_.store(outer_, std::memory_order_relaxed); }
         PeerCall(const PeerCall &) = delete;
         PeerCall &operator=(const PeerCall &) = delete;
 
       private:
         DomainLock &lock_;
+        const void *outer_;
     };
     // Whether the calling thread is inside such a call (and so holds the lock).
     bool in_peer_call() const noexcept {

@@ -4,6 +4,7 @@
 // the release's own headers, or the compile fails.
 #include "common/fabric_compat.h"
 #include "peer/peer_abi_versions.h"
+#include "peer/peer_cntr.h"
 
 #include <rdma/providers/fi_peer.h>
 
@@ -31,6 +32,14 @@ SAME_FIELD(RxEntryUnlinked, fi_peer_rx_entry, peer_context, peer_context);
 SAME_FIELD(RxEntryUnlinked, fi_peer_rx_entry, owner_context, owner_context);
 SAME_FIELD(RxEntryUnlinked, fi_peer_rx_entry, iov, iov);
 static_assert(sizeof(RxEntryUnlinked) == sizeof(fi_peer_rx_entry));
+
+SAME_FIELD(OwnerCntrOps, fi_ops_cntr_owner, inc, inc);
+SAME_FIELD(OwnerCntrOps, fi_ops_cntr_owner, incerr, incerr);
+static_assert(sizeof(OwnerCntrOps) == sizeof(fi_ops_cntr_owner));
+SAME_FIELD(OwnerCntr, fid_peer_cntr, owner_ops, owner_ops);
+static_assert(sizeof(OwnerCntr) == sizeof(fid_peer_cntr));
+SAME_FIELD(OwnerCntrContext, fi_peer_cntr_context, cntr, cntr);
+static_assert(sizeof(OwnerCntrContext) == sizeof(fi_peer_cntr_context));
 
 SAME_FIELD(MatchAttr, fi_peer_match_attr, addr, addr);
 SAME_FIELD(MatchAttr, fi_peer_match_attr, msg_size, msg_size);
