@@ -49,10 +49,11 @@ inline uint32_t api_version_of(const fi_info *info) {
 // What an endpoint's capabilities mean, read once from its fi_info (caps and the API version
 // the core recorded in fabric_attr->api_version).
 struct CapsMeaning {
-    bool xpu_trigger;      // FI_TRIGGER_XPU may be posted
-    bool directed_msg;     // fi_recv's src_addr is matched
-    bool directed_tagged;  // fi_trecv's src_addr is matched
-    bool exact_directed;   // FI_ADDR_UNSPEC refused as a directed receive's source
+    bool xpu_trigger;        // FI_TRIGGER_XPU may be posted
+    bool directed_msg;       // fi_recv's src_addr is matched
+    bool directed_tagged;    // fi_trecv's src_addr is matched
+    bool exact_directed;     // FI_ADDR_UNSPEC refused as a directed receive's source
+    bool tagged_multi_recv;  // fi_trecvmsg may take FI_MULTI_RECV (FI_TAGGED_MULTI_RECV)
 };
 inline constexpr CapsMeaning caps_meaning(uint64_t caps, uint32_t version) {
     const bool v2 = version >= kApi2_0;
@@ -64,6 +65,7 @@ inline constexpr CapsMeaning caps_meaning(uint64_t caps, uint32_t version) {
         .directed_msg = directed,
         .directed_tagged = directed || (v2 && (caps & kTaggedDirectedRecv)),
         .exact_directed = exact,
+        .tagged_multi_recv = v2 && (caps & kTaggedMultiRecv),
     };
 }
 

@@ -6,6 +6,8 @@
 #include "main_prov/cntr.h"
 #include "main_prov/domain.h"
 #include "main_prov/engine.h"
+
+#include "common/fabric_compat.h"
 #include "main_prov/local_path.h"
 #include "main_prov/peer_rx_queue.h"
 #include "peer/peer_abi.h"
@@ -100,7 +102,10 @@ ssize_t Engine::post_recv_on(RxMatcher &m, Engine *report_ep, uint64_t caps, con
     (void)report_ep;
     if (a.count && !a.iov) return -FI_EINVAL;
     if (a.count > kMaxIov) return -FI_EINVAL;
-    if ((a.flags & FI_MULTI_RECV) && (a.tagged || !(caps & FI_MULTI_RECV) || a.count != 1))
+    // A multi-receive buffer is one iovec; a tagged one needs FI_TAGGED_MULTI_RECV (2.0), and
+    // takes the messages its tag and ignore match, each completion naming its own tag.
+    if ((a.flags & FI_MULTI_RECV) &&
+        (!(caps & (a.tagged ? compat::kTaggedMultiRecv : FI_MULTI_RECV)) || a.count != 1))
         return -FI_EINVAL;
     RxOp *rx = m.new_op();
     rx->context = a.context;

@@ -109,15 +109,17 @@ uint64_t offered_caps(const fi_info *hints, fi_ep_type type, bool verbs, uint32_
 // Capabilities of API 2.0 that change how receives match (fi_getinfo(3)): granted when asked
 // for, never offered unasked, since each narrows what an application that did not name it may
 // do. FI_TAGGED_DIRECTED_RECV: only tagged receives match by source; FI_EXACT_DIRECTED_RECV:
-// a directed receive must name its source. (FI_TAGGED_MULTI_RECV is not offered:
-// docs/compatibility.md.) Likewise, at every version, what only a provider linking tandem
-// asks for (lnx): FI_PEER, tandem as the peer of that provider's CQ and SRX, and
-// FI_AV_USER_ID, completions naming sources by the IDs their addresses were inserted with.
+// a directed receive must name its source. FI_TAGGED_MULTI_RECV (tagged multi-receive
+// buffers) goes with them: it narrows nothing, but tandem offers no 2.0 bit unasked. Likewise, at
+// every version, what only a provider linking tandem asks for (lnx): FI_PEER, tandem as the peer of
+// that provider's CQ and SRX, and FI_AV_USER_ID, completions naming sources by the IDs their
+// addresses were inserted with.
 constexpr uint64_t kPeerProviderCaps = FI_PEER | FI_AV_USER_ID;
 uint64_t asked_only_caps(fi_ep_type type, uint32_t version) {
     if (type != FI_EP_RDM) return 0;
     if (version < compat::kApi2_0) return kPeerProviderCaps;
-    return kPeerProviderCaps | compat::kTaggedDirectedRecv | compat::kExactDirectedRecv;
+    return kPeerProviderCaps | compat::kTaggedDirectedRecv | compat::kExactDirectedRecv |
+           compat::kTaggedMultiRecv;
 }
 
 // Whether RMA moves with the NIC's keys (see offered_caps): a device domain, unless the

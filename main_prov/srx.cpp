@@ -147,7 +147,9 @@ ssize_t SharedRxContext::post(const iovec *iov, void **desc, size_t count, fi_ad
         for (Engine *ep : endpoints_) ep->progress();
         return Engine::peek_or_claim_on(matcher_, report_endpoint(), args);
     }
-    return Engine::post_recv_on(matcher_, report_endpoint(), caps_, args);
+    const uint64_t caps =
+        meaning_.tagged_multi_recv ? caps_ : caps_ & ~compat::kTaggedMultiRecv;  // (bit 46: 2.0)
+    return Engine::post_recv_on(matcher_, report_endpoint(), caps, args);
 }
 
 ssize_t SharedRxContext::recv(void *buf, size_t len, void *desc, fi_addr_t src, void *context) {

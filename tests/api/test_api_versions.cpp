@@ -21,7 +21,9 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
+#include <vector>
 
 namespace tandem_test {
 namespace {
@@ -112,10 +114,19 @@ TEST(Provider, ReceiveNarrowingCapsNeverOfferedUnasked) {
         EXPECT_EQ(fi->caps & (kTaggedDirectedRecv | kExactDirectedRecv | kTaggedMultiRecv), 0u);
 }
 
-TEST(Provider, TaggedMultiRecvRefused) {
+TEST(Provider, TaggedMultiRecvGrantedWhenAskedFrom2_0) {
+    InfoPtr hints = rdm_hints(FI_TAGGED | FI_RECV | kTaggedMultiRecv);
+    InfoPtr info;
+    ASSERT_FI_OK(provider_getinfo(FI_VERSION(2, 0), hints.get(), &info));
+    EXPECT_EQ(info->caps & kTaggedMultiRecv, kTaggedMultiRecv);
+    EXPECT_EQ(info->rx_attr->caps & kTaggedMultiRecv, kTaggedMultiRecv);
+}
+
+// Bit 46 is FI_HMEM_DEVICE_ONLY's value to an application of API 1.x: no capability.
+TEST(Provider, Bit46IsNoCapabilityBefore2_0) {
     InfoPtr hints = rdm_hints(FI_TAGGED | kTaggedMultiRecv);
     InfoPtr info;
-    EXPECT_EQ(provider_getinfo(FI_VERSION(2, 0), hints.get(), &info), -FI_ENODATA);
+    EXPECT_EQ(provider_getinfo(FI_VERSION(1, 22), hints.get(), &info), -FI_ENODATA);
 }
 
 // Bit 44 was FI_XPU_TRIGGER up to 1.20 and names nothing from 1.21.
@@ -140,12 +151,13 @@ struct Receiver : RdmEndpoint {
         } else {
             // What tandem answers a 2.0 application (Provider.* above), as the core that cannot
             // ask for it would have recorded it.
-            hints->caps &= ~(kTaggedDirectedRecv | kExactDirectedRecv);
+            constexpr uint64_t kOf2_0 = kTaggedDirectedRecv | kExactDirectedRecv | kTaggedMultiRecv;
+            hints->caps &= ~kOf2_0;
             InfoPtr raw;
             ASSERT_FI_OK(getinfo_own("127.0.0.1", nullptr, 0, hints.get(), &raw));
             info = fi_dupinfo(raw.get());
             info->caps = caps;
-            info->rx_attr->caps |= caps & (kTaggedDirectedRecv | kExactDirectedRecv);
+            info->rx_attr->caps |= caps & kOf2_0;
             info->fabric_attr->api_version = FI_VERSION(2, 0);
         }
         ASSERT_EQ(info->caps & caps, caps);
@@ -201,6 +213,63 @@ TEST(Receives, TaggedDirectedRecvDirectsTaggedReceivesOnly) {
     ASSERT_FI_OK(fi_recv(r.ep, plain, sizeof plain, nullptr, from_s1, &ctx_plain));
     ASSERT_FI_OK(fi_send(s2.ep, out, sizeof out, nullptr, r_at_s2, nullptr));
     EXPECT_EQ(next_completion(r, s1, s2), &ctx_plain);
+}
+
+// FI_TAGGED_MULTI_RECV: one buffer posted with FI_MULTI_RECV on fi_trecvmsg takes the
+// messages its tag matches, one after the other in the buffer, each completion with its own
+// place, length and tag; a message of another tag goes by it to its own receive; the buffer
+// is released, with FI_MULTI_RECV on the last completion, once less than FI_OPT_MIN_MULTI_RECV
+// is left. An endpoint without the capability refuses such a receive.
+TEST(Receives, TaggedMultiRecvPacksTheMessagesItsTagMatches) {
+    Receiver r, s;
+    ASSERT_NO_FATAL_FAILURE(r.open(FI_MSG | FI_TAGGED | kTaggedMultiRecv));
+    ASSERT_NO_FATAL_FAILURE(s.open(FI_MSG | FI_TAGGED));
+    r.insert(s);
+    fi_addr_t to_r = s.insert(r);
+    const size_t min_left = 16;
+    ASSERT_FI_OK(
+        fi_setopt(&r.ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &min_left, sizeof min_left));
+    char pool[64], other[32];
+    iovec iov{pool, sizeof pool};
+    int ctx_pool, ctx_other;
+    fi_msg_tagged msg{&iov, nullptr, 1, FI_ADDR_UNSPEC, 0x50, 0x0f, &ctx_pool, 0};
+    ASSERT_FI_OK(fi_trecvmsg(r.ep, &msg, FI_MULTI_RECV));  // tags 0x50 to 0x5f
+    ASSERT_FI_OK(fi_trecv(r.ep, other, sizeof other, nullptr, FI_ADDR_UNSPEC, 0x60, 0, &ctx_other));
+    // 20 B each: three fill 60 of the 64 B, which leaves less than 16.
+    const uint64_t tags[4] = {0x51, 0x60, 0x52, 0x5f};
+    char out[4][20];
+    for (int i = 0; i < 4; ++i) {
+        memset(out[i], 'a' + i, sizeof out[i]);
+        ASSERT_FI_OK(fi_tsend(s.ep, out[i], sizeof out[i], nullptr, to_r, tags[i], nullptr));
+    }
+    std::vector<fi_cq_tagged_entry> got;
+    fi_cq_tagged_entry e{};
+    for (int i = 0; i < 400000 && got.size() < 4; ++i) {
+        if (fi_cq_read(r.cq, &e, 1) == 1) got.push_back(e);
+        fi_cq_read(s.cq, &e, 0);
+    }
+    ASSERT_EQ(got.size(), 4u);
+    size_t at = 0;
+    for (const fi_cq_tagged_entry &c : got) {
+        if (c.op_context == &ctx_other) {
+            EXPECT_EQ(c.tag, 0x60u);
+            EXPECT_EQ(memcmp(other, out[1], sizeof out[1]), 0);
+            continue;
+        }
+        ASSERT_EQ(c.op_context, &ctx_pool);
+        const int i = at == 0 ? 0 : at == 20 ? 2 : 3;  // the pool's messages, in order
+        EXPECT_EQ(c.tag, tags[i]);
+        EXPECT_EQ(c.len, 20u);
+        EXPECT_EQ(c.buf, pool + at);
+        EXPECT_EQ(memcmp(pool + at, out[i], 20), 0) << "the message at " << at;
+        EXPECT_EQ((c.flags & FI_MULTI_RECV) != 0, at == 40) << "released after the third";
+        EXPECT_TRUE(c.flags & FI_TAGGED);
+        at += 20;
+    }
+    EXPECT_EQ(at, 60u);
+
+    fi_msg_tagged plain{&iov, nullptr, 1, FI_ADDR_UNSPEC, 0x50, 0, &ctx_pool, 0};
+    EXPECT_EQ(fi_trecvmsg(s.ep, &plain, FI_MULTI_RECV), -FI_EINVAL) << "without the capability";
 }
 
 // The size options of 1.22 (fi_endpoint(3)), by value: 1.17's headers do not name them.
