@@ -92,6 +92,24 @@ struct MrDmabuf {
     void *base_addr;  // where offset 0 is in the process, or null where it is not mapped
 };
 
+// struct fi_ops_av as 1.20 extended it (fi_av(3)): 1.17's table, then the authorization-key
+// inserts and lookups and fi_av_set_user_id, which an application of 1.20 or later calls
+// when the table's size says they are there.
+struct AvOps1_20 {
+    size_t size;
+    decltype(fi_ops_av::insert) insert;
+    decltype(fi_ops_av::insertsvc) insertsvc;
+    decltype(fi_ops_av::insertsym) insertsym;
+    decltype(fi_ops_av::remove) remove;
+    decltype(fi_ops_av::lookup) lookup;
+    decltype(fi_ops_av::straddr) straddr;
+    decltype(fi_ops_av::av_set) av_set;
+    int (*insert_auth_key)(fid_av *av, const void *auth_key, size_t auth_key_size,
+                           fi_addr_t *fi_addr, uint64_t flags);
+    int (*lookup_auth_key)(fid_av *av, fi_addr_t fi_addr, void *auth_key, size_t *auth_key_size);
+    int (*set_user_id)(fid_av *av, fi_addr_t fi_addr, fi_addr_t user_id, uint64_t flags);
+};
+
 // The core's own version (fi_version() of the libfabric that loaded us), read once.
 uint32_t core_version();
 
@@ -116,6 +134,14 @@ static_assert(offsetof(MrDmabuf, fd) == offsetof(fi_mr_dmabuf, fd));
 static_assert(offsetof(MrDmabuf, offset) == offsetof(fi_mr_dmabuf, offset));
 static_assert(offsetof(MrDmabuf, len) == offsetof(fi_mr_dmabuf, len));
 static_assert(offsetof(MrDmabuf, base_addr) == offsetof(fi_mr_dmabuf, base_addr));
+static_assert(sizeof(AvOps1_20) == sizeof(fi_ops_av));
+static_assert(offsetof(AvOps1_20, av_set) == offsetof(fi_ops_av, av_set));
+static_assert(offsetof(AvOps1_20, insert_auth_key) == offsetof(fi_ops_av, insert_auth_key));
+static_assert(offsetof(AvOps1_20, lookup_auth_key) == offsetof(fi_ops_av, lookup_auth_key));
+static_assert(offsetof(AvOps1_20, set_user_id) == offsetof(fi_ops_av, set_user_id));
+#else
+// 1.20's entries come right after 1.17's table.
+static_assert(offsetof(AvOps1_20, insert_auth_key) == sizeof(fi_ops_av));
 #endif
 
 }  // namespace tandem::compat

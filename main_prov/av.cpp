@@ -1,5 +1,7 @@
 #include "main_prov/av.h"
 
+#include "common/fabric_compat.h"
+
 #include "main_prov/av_set.h"
 
 #include "main_prov/domain.h"
@@ -34,8 +36,9 @@ fi_ops av_fi_ops = {
     .ops_set = enosys<decltype(fi_ops::ops_set)>,
 };
 
-fi_ops_av av_ops = {
-    .size = sizeof(fi_ops_av),
+// 1.20's table (common/fabric_compat.h): an application of 1.17 sees its first part only.
+compat::AvOps1_20 av_ops = {
+    .size = sizeof(compat::AvOps1_20),
     .insert = &Trampoline<&Av::insert>::call<fid_av>,
     .insertsvc = &Trampoline<&Av::insertsvc>::call<fid_av>,
     .insertsym = &Trampoline<&Av::insertsym>::call<fid_av>,
@@ -43,6 +46,10 @@ fi_ops_av av_ops = {
     .lookup = &Trampoline<&Av::lookup>::call<fid_av>,
     .straddr = &Trampoline<&Av::straddr>::call<fid_av>,
     .av_set = &Trampoline<&Av::av_set>::call<fid_av>,
+    // Authorization keys per AV entry (FI_AV_AUTH_KEY) are not offered: docs/compatibility.md.
+    .insert_auth_key = enosys<decltype(compat::AvOps1_20::insert_auth_key)>,
+    .lookup_auth_key = enosys<decltype(compat::AvOps1_20::lookup_auth_key)>,
+    .set_user_id = &Trampoline<&Av::set_user_id_of>::call<fid_av>,
 };
 
 constexpr uint32_t kSharedAvMagic = 0x74617631;  // "tav1"
@@ -129,8 +136,12 @@ Av::Av(Domain *domain, const fi_av_attr &attr, void *context)
         fail(FI_EINVAL, "unknown AV type");
     if (type == FI_AV_MAP) type_ = FI_AV_MAP;
     if (attr.rx_ctx_bits) fail(FI_ENOSYS, "scalable endpoints are not supported");
-    if (attr.flags & ~uint64_t(FI_EVENT | FI_SYMMETRIC | FI_READ))
+    if (attr.flags & ~uint64_t(FI_EVENT | FI_SYMMETRIC | FI_READ | FI_AV_USER_ID))
         fail(FI_EINVAL, "unsupported AV flags");
+    // FI_AV_USER_ID on the AV (2.0): user IDs come from fi_av_set_user_id, and a completion
+    // from an entry that has none names no source.
+    ids_from_set_ = ids_in_use_ = attr.flags & FI_AV_USER_ID;
+    if (ids_from_set_ && attr.name) fail(FI_EINVAL, "FI_AV_USER_ID on a shared AV");
     addrlen_ = addr_format_ == FI_SOCKADDR_IN6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
     names_.reserve(attr.count);
     async_ = attr.flags & FI_EVENT;
@@ -141,7 +152,7 @@ Av::Av(Domain *domain, const fi_av_attr &attr, void *context)
     } else if (attr.flags & FI_READ)
         fail(FI_EINVAL, "FI_READ names an existing shared AV");
     init_fid(FI_CLASS_AV, context, &av_fi_ops);
-    fid()->ops = &av_ops;
+    fid()->ops = reinterpret_cast<fi_ops_av *>(&av_ops);
     domain_->hold();
 }
 
@@ -361,7 +372,7 @@ int Av::insert(const void *addr, size_t count, fi_addr_t *fi_addr, uint64_t flag
     if (count && !addr) return -FI_EINVAL;
     if (flags & ~uint64_t(FI_MORE | FI_EVENT | FI_SYNC_ERR | FI_AV_USER_ID)) return -FI_EBADFLAGS;
     // FI_AV_USER_ID: fi_addr holds the user IDs on input (and the fi_addr_t values on output).
-    if ((flags & FI_AV_USER_ID) && (!fi_addr || shared_)) return -FI_EINVAL;
+    if ((flags & FI_AV_USER_ID) && (!fi_addr || shared_ || ids_from_set_)) return -FI_EINVAL;
     if (async_) flags |= FI_EVENT;
     if ((flags & FI_EVENT) && !eq_) return -FI_ENOEQ;
     if ((flags & FI_SYNC_ERR) && (flags & FI_EVENT)) return -FI_EINVAL;
@@ -468,12 +479,24 @@ int Av::remove(fi_addr_t *fi_addr, size_t count, uint64_t flags) {
 
 void Av::set_user_id(FabricAddr fa, fi_addr_t user_id) {
     if (user_ids_.size() <= fa) user_ids_.resize(fa + 1, FI_ADDR_NOTAVAIL);
+    ids_in_use_ = true;
     user_ids_[fa] = user_id;
 }
 
 fi_addr_t Av::reported_slow(fi_addr_t addr) const {
-    if (addr >= user_ids_.size() || user_ids_[addr] == FI_ADDR_NOTAVAIL) return addr;
+    if (addr >= user_ids_.size() || user_ids_[addr] == FI_ADDR_NOTAVAIL)
+        return ids_from_set_ ? FI_ADDR_NOTAVAIL : addr;
     return user_ids_[addr];
+}
+
+// fi_av_set_user_id (2.0): only on an AV opened with FI_AV_USER_ID, for an entry it holds.
+// FI_AUTH_KEY (an authorization-key fi_addr_t) names nothing tandem makes.
+int Av::set_user_id_of(fi_addr_t fi_addr, fi_addr_t user_id, uint64_t flags) {
+    if (!ids_from_set_ || flags) return -FI_EINVAL;
+    std::lock_guard guard(domain_->lock());
+    if (!name_of(fi_addr)) return -FI_EINVAL;
+    set_user_id(fi_addr, user_id);
+    return 0;
 }
 
 int Av::lookup(fi_addr_t fi_addr, void *addr, size_t *addrlen) {

@@ -61,6 +61,7 @@ class Av final : public FidObject<Av, fid_av> {
     int lookup(fi_addr_t fi_addr, void *addr, size_t *addrlen);
     const char *straddr(const void *addr, char *buf, size_t *len);
     int av_set(fi_av_set_attr *attr, fid_av_set **set, void *context);
+    int set_user_id_of(fi_addr_t fi_addr, fi_addr_t user_id, uint64_t flags);
 
     // Inside tandem, with the domain lock held.
     const EndpointName *name_of(FabricAddr addr) const;
@@ -69,7 +70,7 @@ class Av final : public FidObject<Av, fid_av> {
     // What a completion reports as the source addr (FI_AV_USER_ID, fi_av(3)): the user ID it
     // was inserted with, or addr itself.
     fi_addr_t reported(fi_addr_t addr) const {
-        if (user_ids_.empty()) [[likely]]
+        if (!ids_in_use_) [[likely]]
             return addr;
         return reported_slow(addr);
     }
@@ -121,6 +122,8 @@ class Av final : public FidObject<Av, fid_av> {
     std::unordered_map<FabricAddr, uint32_t> extra_inserts_;
     // FI_AV_USER_ID: by fi_addr_t, the user ID its insert named (FI_ADDR_NOTAVAIL: none).
     std::vector<fi_addr_t> user_ids_;
+    bool ids_from_set_ = false;  // opened with FI_AV_USER_ID: IDs by fi_av_set_user_id only
+    bool ids_in_use_ = false;    // either way: completions ask reported_slow
     Eq *eq_ = nullptr;
     // Opened with FI_EVENT: every insert is asynchronous (fi_av(3)), reported on eq_.
     bool async_ = false;

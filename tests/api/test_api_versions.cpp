@@ -12,6 +12,7 @@
 //   the same either way.
 #include "fabric_fixture.h"
 #include "../common/rdm_endpoint.h"
+#include "common/fabric_compat.h"
 
 #include <dlfcn.h>
 
@@ -270,6 +271,53 @@ TEST(Receives, TaggedMultiRecvPacksTheMessagesItsTagMatches) {
 
     fi_msg_tagged plain{&iov, nullptr, 1, FI_ADDR_UNSPEC, 0x50, 0, &ctx_pool, 0};
     EXPECT_EQ(fi_trecvmsg(s.ep, &plain, FI_MULTI_RECV), -FI_EINVAL) << "without the capability";
+}
+
+// fi_av_set_user_id by 1.20's fi_ops_av (1.17's headers lack the entry): the table's size
+// says whether it is there, as the core's inline function checks.
+int set_user_id(fid_av *av, fi_addr_t addr, fi_addr_t id, uint64_t flags) {
+    auto *ops = reinterpret_cast<const tandem::compat::AvOps1_20 *>(av->ops);
+    if (ops->size < sizeof *ops || !ops->set_user_id) return -FI_ENOSYS;
+    return ops->set_user_id(av, addr, id, flags);
+}
+
+// A message from s to r; the source r's CQ names for it.
+fi_addr_t source_of_next(Receiver &r, Receiver &s, fi_addr_t r_at_s, uint64_t tag) {
+    char in[8], out[8] = "payload";
+    EXPECT_EQ(fi_trecv(r.ep, in, sizeof in, nullptr, FI_ADDR_UNSPEC, tag, 0, nullptr), 0);
+    EXPECT_EQ(fi_tsend(s.ep, out, sizeof out, nullptr, r_at_s, tag, nullptr), 0);
+    fi_cq_tagged_entry e{};
+    fi_addr_t src = 0x5eed;  // (what no outcome is)
+    for (int i = 0; i < 400000; ++i) {
+        if (fi_cq_readfrom(r.cq, &e, 1, &src) == 1) return src;
+        fi_cq_read(s.cq, &e, 0);
+    }
+    ADD_FAILURE() << "no completion for tag " << tag;
+    return src;
+}
+
+// An AV opened with FI_AV_USER_ID (2.0): a source without a user ID is FI_ADDR_NOTAVAIL, one
+// given an ID by fi_av_set_user_id is named by it; per-insert IDs are refused on such an AV,
+// and fi_av_set_user_id on any other AV, or for an entry the AV does not hold.
+TEST(Receives, AnAvOpenedWithUserIdsNamesSourcesByTheIdsSetLater) {
+    Receiver r, s;
+    r.av_flags = FI_AV_USER_ID;
+    ASSERT_NO_FATAL_FAILURE(r.open(FI_MSG | FI_TAGGED | FI_SOURCE));
+    ASSERT_NO_FATAL_FAILURE(s.open(FI_MSG | FI_TAGGED));
+    fi_addr_t from_s = r.insert(s);
+    fi_addr_t r_at_s = s.insert(r);
+    EXPECT_EQ(source_of_next(r, s, r_at_s, 1), FI_ADDR_NOTAVAIL) << "no user ID yet";
+    ASSERT_EQ(set_user_id(r.av, from_s, 0x1d5, 0), 0);
+    EXPECT_EQ(source_of_next(r, s, r_at_s, 2), fi_addr_t(0x1d5));
+
+    EXPECT_EQ(set_user_id(r.av, from_s + 100, 0x1d6, 0), -FI_EINVAL) << "no such entry";
+    EXPECT_EQ(set_user_id(s.av, r_at_s, 0x1d7, 0), -FI_EINVAL) << "an AV opened without";
+    char name[64];
+    size_t len = sizeof name;
+    ASSERT_EQ(fi_getname(&s.ep->fid, name, &len), 0);
+    fi_addr_t id = 0x1d8;
+    EXPECT_EQ(fi_av_insert(r.av, name, 1, &id, FI_AV_USER_ID, nullptr), -FI_EINVAL)
+        << "a per-insert ID on an AV opened with FI_AV_USER_ID";
 }
 
 // The size options of 1.22 (fi_endpoint(3)), by value: 1.17's headers do not name them.

@@ -29,6 +29,7 @@ struct RdmEndpoint {
     fid_ep *ep = nullptr;
     // Called before fi_enable, when set (options that must come first).
     std::function<void(fid_ep *)> before_enable;
+    uint64_t av_flags = 0;  // fi_av_attr::flags of the endpoint's AV
 
     // Returns false, with the step that failed in `why`, instead of asserting: usable in a
     // forked child, which reports through its exit status.
@@ -56,6 +57,7 @@ struct RdmEndpoint {
         cq_attr.format = FI_CQ_FORMAT_TAGGED;
         fi_av_attr av_attr{};
         av_attr.type = FI_AV_TABLE;
+        av_attr.flags = av_flags;
         if (fi_fabric(info->fabric_attr, &fabric, nullptr) ||
             fi_domain(fabric, info, &domain, nullptr) ||
             fi_cq_open(domain, &cq_attr, &cq, nullptr) ||
