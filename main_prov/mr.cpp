@@ -28,6 +28,24 @@ fi_ops mr_fi_ops = {
 constexpr uint64_t kAccessBits =
     FI_SEND | FI_RECV | FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE;
 
+// FI_MR_DMABUF (1.20): attr's first member names a DMA-buf, not iovecs (null without the
+// flag). tandem's paths move memory by its address (staged copies, IPC handles, CMA; the NIC
+// maps the DMA-buf), so the DMA-buf must be mapped in the process: the region, in *range, is
+// base_addr + offset.
+const compat::MrDmabuf *dmabuf_of(const Domain &domain, const fi_mr_attr &attr, uint64_t flags,
+                                  iovec &range) {
+    if (!(flags & compat::kMrDmabuf)) return nullptr;
+    const auto *dmabuf = reinterpret_cast<const compat::MrDmabuf *>(attr.mr_iov);
+    if (!dmabuf || dmabuf->fd < 0 || !dmabuf->len)
+        fail(FI_EINVAL, "FI_MR_DMABUF without a DMA-buf");
+    if (!(domain.info()->caps & FI_HMEM))
+        fail(FI_EINVAL, "FI_MR_DMABUF on a domain opened without FI_HMEM");
+    if (!dmabuf->base_addr)
+        fail(FI_EOPNOTSUPP, "a DMA-buf not mapped in the process (base_addr NULL)");
+    range = {static_cast<uint8_t *>(dmabuf->base_addr) + dmabuf->offset, dmabuf->len};
+    return dmabuf;
+}
+
 }  // namespace
 
 MemoryRegion::MemoryRegion(Domain *domain, const fi_mr_attr &attr, uint64_t flags)
@@ -40,26 +58,10 @@ MemoryRegion::MemoryRegion(Domain *domain, const fi_mr_attr &attr, uint64_t flag
     constexpr uint64_t kHmemAllocFlags = FI_HMEM_DEVICE_ONLY | FI_HMEM_HOST_ALLOC;
     if (flags & ~(FI_RMA_EVENT | kHmemAllocFlags | compat::kMrDmabuf))
         fail(FI_EBADFLAGS, "unsupported registration flags");
-    // FI_MR_DMABUF (1.20): attr's first member names a DMA-buf, not iovecs. tandem's paths
-    // move memory by its address (staged copies, IPC handles, CMA; the NIC maps the DMA-buf),
-    // so the DMA-buf must be mapped in the process: the region is base_addr + offset.
-    const iovec *ranges = attr.mr_iov;
-    size_t nranges = attr.iov_count;
     iovec dmabuf_range{};
-    const auto *dmabuf = (flags & compat::kMrDmabuf)
-                             ? reinterpret_cast<const compat::MrDmabuf *>(attr.mr_iov)
-                             : nullptr;
-    if (flags & compat::kMrDmabuf) {
-        if (!dmabuf || dmabuf->fd < 0 || !dmabuf->len)
-            fail(FI_EINVAL, "FI_MR_DMABUF without a DMA-buf");
-        if (!(domain->info()->caps & FI_HMEM))
-            fail(FI_EINVAL, "FI_MR_DMABUF on a domain opened without FI_HMEM");
-        if (!dmabuf->base_addr)
-            fail(FI_EOPNOTSUPP, "a DMA-buf not mapped in the process (base_addr NULL)");
-        dmabuf_range = {static_cast<uint8_t *>(dmabuf->base_addr) + dmabuf->offset, dmabuf->len};
-        ranges = &dmabuf_range;
-        nranges = 1;
-    }
+    const compat::MrDmabuf *dmabuf = dmabuf_of(*domain, attr, flags, dmabuf_range);
+    const iovec *ranges = dmabuf ? &dmabuf_range : attr.mr_iov;
+    const size_t nranges = dmabuf ? 1 : attr.iov_count;
     // How the memory was allocated (fi_mr(3)): by the device API's device allocator
     // (DEVICE_ONLY: the device's memory, as the checks below hold it to), or by its host
     // allocator (HOST_ALLOC: the host's memory, pinned, which tandem's CPU copies reach; the
