@@ -68,6 +68,11 @@ inline constexpr CapsMeaning caps_meaning(uint64_t caps, uint32_t version) {
         .tagged_multi_recv = v2 && (caps & kTaggedMultiRecv),
     };
 }
+// caps without the receive bits that mean nothing at this version (bit 46 is
+// FI_TAGGED_MULTI_RECV only from 2.0), so that a receive can test caps itself.
+inline constexpr uint64_t receive_caps(uint64_t caps, uint32_t version) {
+    return caps_meaning(caps, version).tagged_multi_recv ? caps : caps & ~kTaggedMultiRecv;
+}
 
 // --- other values 1.17's headers lack -----------------------------------------------------
 // fi_endpoint.h: option names after FI_OPT_XPU_TRIGGER (9), in their enum's order.

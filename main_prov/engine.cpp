@@ -37,8 +37,7 @@ Engine::Engine(Domain *domain, fi_info *info, fid_ep *self)
     directed_[1] = type_ == FI_EP_RDM && meaning.directed_tagged;
     exact_source_ = type_ == FI_EP_RDM && meaning.exact_directed;
     xpu_trigger_ = type_ == FI_EP_RDM && meaning.xpu_trigger;
-    // (Bit 46 is FI_TAGGED_MULTI_RECV only for an application of 2.0 or later.)
-    if (!meaning.tagged_multi_recv) caps_ &= ~compat::kTaggedMultiRecv;
+    caps_ = compat::receive_caps(caps_, compat::api_version_of(info_));
     if (info_->ep_attr->auth_key_size > kMaxAuthKeySize)
         fail(FI_EINVAL, "authorization key longer than tandem takes");
     auth_ = endpoint_auth_digest(info_, domain_->info());

@@ -64,7 +64,9 @@ fi_ops_ep stx_ep_ops = fid_ep_ops();
 
 SharedRxContext::SharedRxContext(Domain *domain, const fi_rx_attr &attr, void *context)
     : domain_(domain),
-      caps_(attr.caps ? attr.caps : (FI_MSG | FI_TAGGED | FI_MULTI_RECV | FI_DIRECTED_RECV)),
+      caps_(compat::receive_caps(
+          attr.caps ? attr.caps : (FI_MSG | FI_TAGGED | FI_MULTI_RECV | FI_DIRECTED_RECV),
+          compat::api_version_of(domain->info()))),
       meaning_(compat::caps_meaning(caps_, compat::api_version_of(domain->info()))),
       op_flags_(attr.op_flags),
       size_(attr.size ? attr.size : domain->info()->rx_attr->size) {
@@ -147,9 +149,7 @@ ssize_t SharedRxContext::post(const iovec *iov, void **desc, size_t count, fi_ad
         for (Engine *ep : endpoints_) ep->progress();
         return Engine::peek_or_claim_on(matcher_, report_endpoint(), args);
     }
-    const uint64_t caps =
-        meaning_.tagged_multi_recv ? caps_ : caps_ & ~compat::kTaggedMultiRecv;  // (bit 46: 2.0)
-    return Engine::post_recv_on(matcher_, report_endpoint(), caps, args);
+    return Engine::post_recv_on(matcher_, report_endpoint(), caps_, args);
 }
 
 ssize_t SharedRxContext::recv(void *buf, size_t len, void *desc, fi_addr_t src, void *context) {
