@@ -400,6 +400,7 @@ int Av::insert(const void *addr, size_t count, fi_addr_t *fi_addr, uint64_t flag
         ++done;
     }
     ++version_;
+    if (done) domain_->av_learnt_sources(this);
     return finish_insert(done, count, flags, context);
 }
 
@@ -496,6 +497,7 @@ int Av::set_user_id_of(fi_addr_t fi_addr, fi_addr_t user_id, uint64_t flags) {
     std::lock_guard guard(domain_->lock());
     if (!name_of(fi_addr)) return -FI_EINVAL;
     set_user_id(fi_addr, user_id);
+    domain_->av_learnt_sources(this);
     return 0;
 }
 

@@ -256,6 +256,10 @@ void Domain::remove_endpoint(Engine *ep) {
     std::erase(endpoints_, ep);
 }
 
+void Domain::av_learnt_sources(const Av *av) {
+    for (auto *ep : endpoints_) ep->tell_owner_new_sources(av);
+}
+
 void Domain::watch_fds(WaitSet &set) {
     std::vector<int> fds;
     for (auto *ep : endpoints_) ep->wait_fds(fds);

@@ -21,6 +21,7 @@
 
 namespace tandem {
 
+class Av;
 class Fabric;
 class Engine;
 class Cntr;
@@ -66,6 +67,9 @@ class Domain : public FidObject<Domain, fid_domain> {
     void progress();
     void add_endpoint(Engine *ep);
     void remove_endpoint(Engine *ep);
+    // av gained addresses or user IDs: its endpoints tell an SRX owner the sources it now
+    // knows (Engine::tell_owner_new_sources). The caller holds lock().
+    void av_learnt_sources(const Av *av);
     // Puts the descriptors of every endpoint into the wait set (before an application sleeps).
     void watch_fds(WaitSet &set);
     MrTable &mr_table() { return mr_table_; }

@@ -166,6 +166,10 @@ class Engine : public CmSource, public RemoteKeyResolver {
     int bind_srx(struct fid *srx);
     // The peer ops tandem installs in an SRX another provider owns (engine_owner_srx.cpp).
     static fi_ops_srx_peer *owner_peer_ops();
+    // The AV this endpoint reports sources by learnt addresses (fi_av_insert, and
+    // fi_av_set_user_id): messages queued with an SRX owner while their sender was unknown
+    // get their source now, before the application's next receive looks for them there.
+    void tell_owner_new_sources(const Av *av);
     int bind_stx(struct fid *stx);
     bool enabled() const { return enabled_; }
     int enable_locked();  // fi_enable; also implied by fi_connect / fi_accept (fi_cm(3))
@@ -487,6 +491,9 @@ class Engine : public CmSource, public RemoteKeyResolver {
     int start_queued(Unexpected *kept, void *entry);
     int discard_queued(Unexpected *kept);
     static int owner_hands_back(fi_peer_rx_entry *entry, bool start);
+    // foreach_unspec_addr's get_addr: an entry of this endpoint's (owner_queued_) its
+    // message's source, any other one FI_ADDR_UNSPEC (lnx asks about its other peers' too).
+    static fi_addr_t queued_source(void *entry);
     // What a completion and the owner are told of a source (FI_AV_USER_ID).
     fi_addr_t reported_source(fi_addr_t src) const;
     void deliver_eager(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,
@@ -648,6 +655,8 @@ class Engine : public CmSource, public RemoteKeyResolver {
     // message keep_unexpected is about to keep.
     peer::ForeignOwnerSrx *owner_srx_ = nullptr;
     void *unqueued_entry_ = nullptr;
+    // The entries messages are queued with the owner in, until it starts or discards them.
+    std::unordered_set<void *> owner_queued_;
     struct fid *srx_ = nullptr;
     struct fid *stx_ = nullptr;
     std::unordered_map<uint64_t, TxOp *> await_remote_;

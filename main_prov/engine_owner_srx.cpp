@@ -105,7 +105,38 @@ void Engine::queue_with_owner(Unexpected &kept) {
         DomainLock::PeerCall call(domain_->lock());
         ret = owner_srx_->queue(kept.tagged(), entry, m);
     }
-    if (ret) TANDEM_WARN(FI_LOG_EP_DATA, "the SRX owner refused a queued message: %d\n", ret);
+    if (ret) {
+        TANDEM_WARN(FI_LOG_EP_DATA, "the SRX owner refused a queued message: %d\n", ret);
+        return;
+    }
+    owner_queued_.insert(entry);
+}
+
+namespace {
+// The endpoint whose queued entries foreach_unspec_addr is asking about (get_addr has no
+// argument but the entry); set by tell_owner_new_sources on this thread, under the lock.
+thread_local const Engine *asking_owner = nullptr;
+}  // namespace
+
+// fi_peer(3): a peer whose AV gains addresses calls foreach_unspec_addr, and the owner gives
+// each entry it keeps with source FI_ADDR_UNSPEC to get_addr. Without it a message that came
+// before its sender was inserted would never meet a receive directed at that sender.
+void Engine::tell_owner_new_sources(const Av *av) {
+    if (!owner_srx_ || av != av_ || owner_queued_.empty()) return;
+    const Engine *outer = std::exchange(asking_owner, this);
+    {
+        DomainLock::PeerCall call(domain_->lock());
+        owner_srx_->foreach_unspec_addr(&queued_source);
+    }
+    asking_owner = outer;
+}
+
+fi_addr_t Engine::queued_source(void *entry) {
+    const Engine *ep = asking_owner;
+    if (!ep || !ep->owner_queued_.contains(entry)) return FI_ADDR_UNSPEC;
+    peer::OwnedReceive r = peer::ForeignOwnerSrx::read(ep->owner_srx_->abi(), entry);
+    const auto *kept = static_cast<const Unexpected *>(r.peer_context);
+    return ep->reported_source(source_of(*kept));
 }
 
 void Engine::owner_done(void *entry) {
@@ -127,6 +158,7 @@ int Engine::owner_hands_back(fi_peer_rx_entry *entry, bool start) {
 }
 
 int Engine::start_queued(Unexpected *kept, void *entry) {
+    owner_queued_.erase(entry);
     Unexpected ux = std::move(*kept);
     rx_->erase_unexpected(kept);
     RxOp *rx = owned_receive(*rx_, entry, ux.tagged());
@@ -136,6 +168,7 @@ int Engine::start_queued(Unexpected *kept, void *entry) {
 
 // fi_peer(3): no completion, and the entry is the owner's again (it frees it itself).
 int Engine::discard_queued(Unexpected *kept) {
+    owner_queued_.erase(kept->owner_entry);
     Unexpected ux = std::move(*kept);
     rx_->erase_unexpected(kept);
     if (ux.rendezvous()) {

@@ -106,6 +106,19 @@ void ForeignOwnerSrx::free_entry(void *entry) const {
     reinterpret_cast<const SrxOwnerOps2_0 *>(srx_->owner_ops)->free_entry(entry);
 }
 
+bool ForeignOwnerSrx::foreach_unspec_addr(GetAddr get_addr) const {
+    if (abi_ == SrxAbi::V1_17) return false;
+    // Same place in 1.19's table and 2.0's (behind queue_tag); an owner may leave it out.
+    auto *o = reinterpret_cast<const SrxOwnerOps1_19 *>(srx_->owner_ops);
+    static_assert(offsetof(SrxOwnerOps1_19, foreach_unspec_addr) ==
+                  offsetof(SrxOwnerOps2_0, foreach_unspec_addr));
+    if (o->size < offsetof(SrxOwnerOps1_19, foreach_unspec_addr) + sizeof(GetAddr) ||
+        !o->foreach_unspec_addr)
+        return false;
+    o->foreach_unspec_addr(srx_, get_addr);
+    return true;
+}
+
 SrxAbi ForeignOwnerSrx::core_abi() {
     return srx_abi_of(compat::core_version());
 }

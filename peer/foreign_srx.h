@@ -61,6 +61,10 @@ class ForeignOwnerSrx {
     int get(bool tagged, fi_addr_t addr, size_t size, uint64_t tag, void **entry) const;
     int queue(bool tagged, void *entry, const QueuedMessage &m) const;
     void free_entry(void *entry) const;
+    // foreach_unspec_addr (1.19): the owner asks get_addr again for the source of each entry it
+    // keeps with an unknown one, after tandem's AV learnt new addresses. false: the owner's
+    // release has no such call (1.17), or it gave none.
+    bool foreach_unspec_addr(GetAddr get_addr) const;
     OwnedReceive read(void *entry) const { return read(abi_, entry); }
     // (The peer ops get an entry alone: the layout is the core's.)
     static OwnedReceive read(SrxAbi abi, void *entry);

@@ -101,6 +101,8 @@ done
     echo "error: no providers in $build/lib: build tandem first (scripts/build.sh)" >&2
     exit 2
 }
+# (Absolute: the runner runs from its own directory, and the shims must be found from there.)
+build=$(cd "$build" && pwd)
 
 # --- what the build and the runner need ------------------------------------------------------
 source "$root/scripts/need-commands.sh"

@@ -48,14 +48,17 @@ void Endpoint::transfer_complete(const fi_cq_tagged_entry &entry, fi_addr_t src)
         return;
     }
     if (entry.op_context == &hello_rx_ctx_) {
-        if (entry.len == sizeof hello_in_ && hello_in_.magic == wire::kTwinMagic &&
-            src != FI_ADDR_NOTAVAIL) {
+        if (entry.len != sizeof hello_in_ || hello_in_.magic != wire::kTwinMagic) {
+            TANDEM_WARN(FI_LOG_EP_CTRL, "dropping a malformed twin hello (%zu bytes)\n", entry.len);
+        } else if (src == FI_ADDR_NOTAVAIL) {
+            // Its sender inserted us before we inserted it (fi_unexpected_msg does so): the
+            // hello names no one here, and remote_twin does not know that twin.
+            TANDEM_INFO(FI_LOG_EP_CTRL, "a twin hello from a sender not in the AV: ignored\n");
+        } else {
             remote_twins_[src] = hello_in_.caps;
             TANDEM_INFO(FI_LOG_EP_CTRL,
                         "remote twin at fi_addr %lu introduced itself (caps %#lx)\n",
                         (unsigned long)src, (unsigned long)hello_in_.caps);
-        } else {
-            TANDEM_WARN(FI_LOG_EP_CTRL, "dropping a malformed twin hello (%zu bytes)\n", entry.len);
         }
         hello_posted_ = false;  // repost at the next pass
         return;
