@@ -221,21 +221,20 @@ TEST(Receives, TaggedDirectedRecvDirectsTaggedReceivesOnly) {
 // place, length and tag; a message of another tag goes by it to its own receive; the buffer
 // is released, with FI_MULTI_RECV on the last completion, once less than FI_OPT_MIN_MULTI_RECV
 // is left. An endpoint without the capability refuses such a receive.
-TEST(Receives, TaggedMultiRecvPacksTheMessagesItsTagMatches) {
-    Receiver r, s;
-    ASSERT_NO_FATAL_FAILURE(r.open(FI_MSG | FI_TAGGED | kTaggedMultiRecv));
-    ASSERT_NO_FATAL_FAILURE(s.open(FI_MSG | FI_TAGGED));
+// The multi-receive buffer of FI_TAGGED_MULTI_RECV, posted on rx (r's endpoint, or the shared
+// receive context r's endpoint is bound to), takes the messages of s its tag matches.
+void check_tagged_multi_recv(Receiver &r, fid_ep *rx, Receiver &s) {
     r.insert(s);
     fi_addr_t to_r = s.insert(r);
     const size_t min_left = 16;
     ASSERT_FI_OK(
-        fi_setopt(&r.ep->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &min_left, sizeof min_left));
+        fi_setopt(&rx->fid, FI_OPT_ENDPOINT, FI_OPT_MIN_MULTI_RECV, &min_left, sizeof min_left));
     char pool[64], other[32];
     iovec iov{pool, sizeof pool};
     int ctx_pool, ctx_other;
     fi_msg_tagged msg{&iov, nullptr, 1, FI_ADDR_UNSPEC, 0x50, 0x0f, &ctx_pool, 0};
-    ASSERT_FI_OK(fi_trecvmsg(r.ep, &msg, FI_MULTI_RECV));  // tags 0x50 to 0x5f
-    ASSERT_FI_OK(fi_trecv(r.ep, other, sizeof other, nullptr, FI_ADDR_UNSPEC, 0x60, 0, &ctx_other));
+    ASSERT_FI_OK(fi_trecvmsg(rx, &msg, FI_MULTI_RECV));  // tags 0x50 to 0x5f
+    ASSERT_FI_OK(fi_trecv(rx, other, sizeof other, nullptr, FI_ADDR_UNSPEC, 0x60, 0, &ctx_other));
     // 20 B each: three fill 60 of the 64 B, which leaves less than 16.
     const uint64_t tags[4] = {0x51, 0x60, 0x52, 0x5f};
     char out[4][20];
@@ -268,9 +267,55 @@ TEST(Receives, TaggedMultiRecvPacksTheMessagesItsTagMatches) {
         at += 20;
     }
     EXPECT_EQ(at, 60u);
+}
 
-    fi_msg_tagged plain{&iov, nullptr, 1, FI_ADDR_UNSPEC, 0x50, 0, &ctx_pool, 0};
+TEST(Receives, TaggedMultiRecvPacksTheMessagesItsTagMatches) {
+    Receiver r, s;
+    ASSERT_NO_FATAL_FAILURE(r.open(FI_MSG | FI_TAGGED | kTaggedMultiRecv));
+    ASSERT_NO_FATAL_FAILURE(s.open(FI_MSG | FI_TAGGED));
+    ASSERT_NO_FATAL_FAILURE(check_tagged_multi_recv(r, r.ep, s));
+
+    char pool[64];
+    iovec iov{pool, sizeof pool};
+    fi_msg_tagged plain{&iov, nullptr, 1, FI_ADDR_UNSPEC, 0x50, 0, nullptr, 0};
     EXPECT_EQ(fi_trecvmsg(s.ep, &plain, FI_MULTI_RECV), -FI_EINVAL) << "without the capability";
+}
+
+// The same on a shared receive context (FI_SHARED_CONTEXT), which takes its capabilities from
+// the rx_attr it is opened with; one opened without the capability refuses the buffer.
+struct SrxReceiver : Receiver {
+    fid_ep *srx = nullptr;
+    void open_with_srx(uint64_t caps, uint64_t srx_caps) {
+        before_enable = [this, srx_caps](fid_ep *e) {
+            fi_rx_attr attr = *info->rx_attr;
+            attr.caps = srx_caps;
+            ASSERT_FI_OK(fi_srx_context(domain, &attr, &srx, nullptr));
+            ASSERT_FI_OK(fi_ep_bind(e, &srx->fid, 0));
+        };
+        ASSERT_NO_FATAL_FAILURE(open(caps));
+        ASSERT_NE(srx, nullptr);
+    }
+    ~SrxReceiver() {
+        if (ep) fi_close(&ep->fid);
+        ep = nullptr;
+        if (srx) fi_close(&srx->fid);
+    }
+};
+
+TEST(Receives, TaggedMultiRecvOnASharedReceiveContext) {
+    constexpr uint64_t kCaps = FI_MSG | FI_TAGGED | kTaggedMultiRecv;
+    SrxReceiver r, plain;
+    Receiver s;
+    ASSERT_NO_FATAL_FAILURE(r.open_with_srx(kCaps, kCaps | FI_RECV));
+    ASSERT_NO_FATAL_FAILURE(s.open(FI_MSG | FI_TAGGED));
+    ASSERT_NO_FATAL_FAILURE(check_tagged_multi_recv(r, r.srx, s));
+
+    ASSERT_NO_FATAL_FAILURE(plain.open_with_srx(kCaps, (kCaps & ~kTaggedMultiRecv) | FI_RECV));
+    char pool[64];
+    iovec iov{pool, sizeof pool};
+    fi_msg_tagged msg{&iov, nullptr, 1, FI_ADDR_UNSPEC, 0x50, 0, nullptr, 0};
+    EXPECT_EQ(fi_trecvmsg(plain.srx, &msg, FI_MULTI_RECV), -FI_EINVAL)
+        << "a context opened without the capability";
 }
 
 // fi_av_set_user_id by 1.20's fi_ops_av (1.17's headers lack the entry): the table's size
