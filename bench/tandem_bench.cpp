@@ -27,6 +27,7 @@
 // otherwise from the client's.
 
 #include "bench/bench_common.h"
+#include "common/fabric_compat.h"
 #include "peer/ep_diag.h"
 #include <rdma/fabric.h>
 #include <rdma/fi_atomic.h>
@@ -586,7 +587,7 @@ class Fabric {
         if (rma_ || atomic_) {
             WireRmaTarget mine{};
             const uint64_t mr_mode = info_->domain_attr->mr_mode;
-            mine.addr = (mr_mode & (FI_MR_VIRT_ADDR | FI_MR_BASIC))
+            mine.addr = (mr_mode & (FI_MR_VIRT_ADDR | tandem::compat::kMrBasic))
                             ? reinterpret_cast<uint64_t>(rx_.ptr)
                             : 0;
             mine.key = fi_mr_key(rx_.mr);

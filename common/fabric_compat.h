@@ -87,6 +87,13 @@ inline constexpr int kOptInjectTaggedSize = 17;       // 1.22
 inline constexpr int kOptInjectRmaSize = 18;          // 1.22
 inline constexpr int kOptInjectAtomicSize = 19;       // 1.22
 
+// Values 2.x headers still define but mark deprecated (their macros expand to a warning): the
+// old memory-registration modes, which applications of API 1.4 and earlier ask for, and the
+// empty order, which tandem offers. The same values in every release.
+inline constexpr int kMrBasic = 1;         // FI_MR_BASIC (enum fi_mr_mode)
+inline constexpr int kMrScalable = 2;      // FI_MR_SCALABLE
+inline constexpr uint64_t kOrderNone = 0;  // FI_ORDER_NONE
+
 // fi_domain.h (1.20): the fi_mr_regattr flag by which attr's first member (a union with
 // mr_iov from 1.20) points at a DMA-buf (struct fi_mr_dmabuf) instead of an iovec array.
 inline constexpr uint64_t kMrDmabuf = 1ull << 40;  // FI_MR_DMABUF

@@ -65,7 +65,7 @@ Domain::Domain(Fabric *fabric, const fi_info *info, void *context)
     link_ = open_link_domain(info_->domain_attr->name ? info_->domain_attr->name : "", &why);
     if (!link_) fail(FI_ENODEV, why.c_str());
     if (link_->caps().link_keys) {
-        const bool nic_regions = (mr_mode_ & FI_MR_BASIC) ||
+        const bool nic_regions = (mr_mode_ & compat::kMrBasic) ||
                                  ((mr_mode_ & FI_MR_PROV_KEY) && (mr_mode_ & FI_MR_VIRT_ADDR));
         rma_served_ = (info_->caps & FI_RMA_EVENT) || !nic_regions;
         mr_table_.set_link(link_.get(), !rma_served_);

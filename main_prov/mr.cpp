@@ -52,7 +52,7 @@ MemoryRegion::MemoryRegion(Domain *domain, const fi_mr_attr &attr, uint64_t flag
     : domain_(domain),
       access_(attr.access),
       offset_(attr.offset),
-      virt_addr_(domain->mr_mode() & (FI_MR_VIRT_ADDR | FI_MR_BASIC)) {
+      virt_addr_(domain->mr_mode() & (FI_MR_VIRT_ADDR | compat::kMrBasic)) {
     if (!attr.mr_iov && attr.iov_count) fail(FI_EINVAL, "memory region without iov");
     if (attr.access & ~kAccessBits) fail(FI_EINVAL, "unsupported access flags");
     constexpr uint64_t kHmemAllocFlags = FI_HMEM_DEVICE_ONLY | FI_HMEM_HOST_ALLOC;
@@ -88,7 +88,7 @@ MemoryRegion::MemoryRegion(Domain *domain, const fi_mr_attr &attr, uint64_t flag
     init_fid(FI_CLASS_MR, attr.context, &mr_fi_ops);
     desc_.owner = this;
     fid()->mem_desc = &desc_;
-    bool prov_key = domain->mr_mode() & (FI_MR_PROV_KEY | FI_MR_BASIC);
+    bool prov_key = domain->mr_mode() & (FI_MR_PROV_KEY | compat::kMrBasic);
     uint64_t key = attr.requested_key;
     LinkDomain *link = domain->mr_table().region_link();
     // Where the domain takes a NIC's keys (a device domain with RMA) the region is the NIC's;

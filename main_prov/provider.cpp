@@ -129,8 +129,8 @@ bool uses_nic_keys(const fi_info *hints, bool verbs) {
     const uint64_t want_mr_mode =
         hints && hints->domain_attr ? uint64_t(hints->domain_attr->mr_mode) : 0;
     return verbs && !want_rma_event &&
-           (!hints || !hints->domain_attr || want_mr_mode == FI_MR_BASIC ||
-            (want_mr_mode != FI_MR_SCALABLE &&
+           (!hints || !hints->domain_attr || want_mr_mode == compat::kMrBasic ||
+            (want_mr_mode != compat::kMrScalable &&
              subset(FI_MR_PROV_KEY | FI_MR_VIRT_ADDR, want_mr_mode)));
 }
 
@@ -162,7 +162,7 @@ bool tx_hints_fit(const fi_tx_attr &t, uint64_t caps) {
     const Config &cfg = Config::get();
     if (t.caps && !subset(t.caps, caps)) return false;
     if (!subset(t.msg_order, kMsgOrder)) return false;
-    if (t.comp_order & ~uint64_t(FI_ORDER_NONE)) return false;
+    if (t.comp_order & ~uint64_t(compat::kOrderNone)) return false;
     if (t.inject_size > cfg.inject_size || t.size > cfg.tx_size) return false;
     return !(t.iov_limit > kMaxIov || t.rma_iov_limit > 1);
 }
@@ -171,7 +171,7 @@ bool rx_hints_fit(const fi_rx_attr &r, uint64_t caps) {
     const Config &cfg = Config::get();
     if (r.caps && !subset(r.caps, caps)) return false;
     if (!subset(r.msg_order, kMsgOrder)) return false;
-    if (r.comp_order & ~uint64_t(FI_ORDER_NONE)) return false;
+    if (r.comp_order & ~uint64_t(compat::kOrderNone)) return false;
     return !(r.size > cfg.rx_size || r.iov_limit > kMaxIov);
 }
 
@@ -226,7 +226,7 @@ void fill_tx_attr(fi_tx_attr &tx, const fi_info *hints, uint64_t caps, uint32_t 
     tx.mode = 0;
     tx.op_flags = hints && hints->tx_attr ? hints->tx_attr->op_flags : 0;
     tx.msg_order = kMsgOrder;
-    tx.comp_order = FI_ORDER_NONE;
+    tx.comp_order = compat::kOrderNone;
     tx.inject_size = cfg.inject_size;
     tx.size = hints && hints->tx_attr && hints->tx_attr->size ? hints->tx_attr->size : cfg.tx_size;
     tx.iov_limit = kMaxIov;
@@ -239,7 +239,7 @@ void fill_rx_attr(fi_rx_attr &rx, const fi_info *hints, uint64_t caps) {
     rx.mode = 0;
     rx.op_flags = hints && hints->rx_attr ? hints->rx_attr->op_flags : 0;
     rx.msg_order = kMsgOrder;
-    rx.comp_order = FI_ORDER_NONE;
+    rx.comp_order = compat::kOrderNone;
     rx.total_buffered_recv = 0;
     rx.size = hints && hints->rx_attr && hints->rx_attr->size ? hints->rx_attr->size : cfg.rx_size;
     rx.iov_limit = kMaxIov;
@@ -270,7 +270,7 @@ void fill_ep_attr(fi_ep_attr &ep, const fi_info *hints, fi_ep_type type, bool ve
 int domain_mr_mode(const fi_info *hints, uint64_t caps, bool nic_keys) {
     uint64_t want_mr = hints && hints->domain_attr ? hints->domain_attr->mr_mode : 0;
     int mr_mode;
-    if (want_mr == FI_MR_BASIC || want_mr == FI_MR_SCALABLE)
+    if (want_mr == compat::kMrBasic || want_mr == compat::kMrScalable)
         mr_mode = static_cast<int>(want_mr);  // the pre-1.5 enumeration
     else if (nic_keys)
         mr_mode = static_cast<int>((want_mr & kMrModeSupported) | FI_MR_PROV_KEY | FI_MR_VIRT_ADDR);

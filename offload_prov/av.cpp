@@ -1,5 +1,6 @@
 #include "offload_prov/av.h"
 
+#include "common/fabric_compat.h"
 #include "offload_prov/domain.h"
 
 namespace tandem::off {
@@ -8,15 +9,21 @@ namespace {
 
 fi_ops av_fi_ops = fid_ops(&Trampoline<&Av::close>::call<fid>);
 
-fi_ops_av av_ops = {
-    .size = sizeof(fi_ops_av),
-    .insert = enosys<decltype(fi_ops_av::insert)>,
-    .insertsvc = enosys<decltype(fi_ops_av::insertsvc)>,
-    .insertsym = enosys<decltype(fi_ops_av::insertsym)>,
-    .remove = enosys<decltype(fi_ops_av::remove)>,
-    .lookup = enosys<decltype(fi_ops_av::lookup)>,
-    .straddr = enosys<decltype(fi_ops_av::straddr)>,
+// 1.20's table, as tandem's (common/fabric_compat.h): whatever headers the build uses, the
+// twin's AV answers every entry a core of 1.17 to 2.6 may call.
+using AvOps = compat::AvOps1_20;
+AvOps av_ops = {
+    .size = sizeof(AvOps),
+    .insert = enosys<decltype(AvOps::insert)>,
+    .insertsvc = enosys<decltype(AvOps::insertsvc)>,
+    .insertsym = enosys<decltype(AvOps::insertsym)>,
+    .remove = enosys<decltype(AvOps::remove)>,
+    .lookup = enosys<decltype(AvOps::lookup)>,
+    .straddr = enosys<decltype(AvOps::straddr)>,
     .av_set = &Trampoline<&Av::av_set>::call<fid_av>,
+    .insert_auth_key = enosys<decltype(AvOps::insert_auth_key)>,
+    .lookup_auth_key = enosys<decltype(AvOps::lookup_auth_key)>,
+    .set_user_id = enosys<decltype(AvOps::set_user_id)>,
 };
 
 fi_ops av_set_fi_ops = fid_ops(&Trampoline<&AvSet::close>::call<fid>);
@@ -36,7 +43,7 @@ fi_ops_av_set av_set_ops = {
 
 Av::Av(Domain *domain, fid_peer_av *owner) : domain_(domain), owner_(owner) {
     init_fid(FI_CLASS_AV, nullptr, &av_fi_ops);
-    fid()->ops = &av_ops;
+    fid()->ops = reinterpret_cast<fi_ops_av *>(&av_ops);
     domain_->hold();
 }
 

@@ -2,6 +2,7 @@
 // application: the core hides providers named off_* unless the caller asks for offload
 // providers only, and by convention it answers only hints whose mode has FI_PEER_TRANSFER
 // (the owner, tandem, promising to hand it peer objects).
+#include "common/fabric_compat.h"
 #include "common/fabric_error.h"
 #include "common/log.h"
 #include "common/wire.h"
@@ -72,14 +73,14 @@ int off_getinfo(uint32_t version, const char *, const char *, uint64_t, const fi
     fi->tx_attr->caps = fi->caps & ~uint64_t(FI_RECV | FI_REMOTE_READ | FI_REMOTE_WRITE |
                                              FI_MULTI_RECV | FI_SOURCE | FI_DIRECTED_RECV);
     fi->tx_attr->msg_order = kOrder;
-    fi->tx_attr->comp_order = FI_ORDER_NONE;
+    fi->tx_attr->comp_order = compat::kOrderNone;
     fi->tx_attr->inject_size = cfg.eager_limit;
     fi->tx_attr->size = 4096;
     fi->tx_attr->iov_limit = wire::kLocalMaxIov;
     fi->tx_attr->rma_iov_limit = 1;
     fi->rx_attr->caps = fi->caps & ~uint64_t(FI_SEND | FI_READ | FI_WRITE);
     fi->rx_attr->msg_order = kOrder;
-    fi->rx_attr->comp_order = FI_ORDER_NONE;
+    fi->rx_attr->comp_order = compat::kOrderNone;
     fi->rx_attr->size = 4096;
     fi->rx_attr->iov_limit = wire::kLocalMaxIov;
     fi->ep_attr->type = FI_EP_RDM;

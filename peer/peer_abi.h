@@ -1,9 +1,12 @@
 // The peer API's structures, from wherever this libfabric keeps them, and the few values the
 // two providers agree on that libfabric does not name publicly.
 //
-// libfabric 1.17 declares the peer structures in <rdma/fi_ext.h>; from 1.18 on they live in
-// <rdma/providers/fi_peer.h>. Where the header and fi_peer(3) differ, the header is the ABI
-// (fi_ops_srx_peer callbacks take a fi_peer_rx_entry *, whose field is owner_context).
+// libfabric 1.17 declares the peer structures in <rdma/fi_ext.h>. Where the header and
+// fi_peer(3) differ, the header is the ABI (fi_ops_srx_peer callbacks take a
+// fi_peer_rx_entry *, whose field is owner_context). Against the headers of 1.19 or later
+// (cmake -DTANDEM_LIBFABRIC_PREFIX) the two providers keep 1.17's structures between them
+// (peer/peer_api_1_17.h, in place of <rdma/providers/fi_peer.h>), unless a file that compares
+// those headers' layouts with tandem's included theirs first (tests/unit/abi_layouts_2x.cpp).
 #pragma once
 
 #include <atomic>
@@ -12,7 +15,11 @@
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_eq.h>
-#if __has_include(<rdma/providers/fi_peer.h>)
+#if FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION) >= FI_VERSION(1, 19)
+#ifndef FI_PEER_H
+#include "peer/peer_api_1_17.h"
+#endif
+#elif __has_include(<rdma/providers/fi_peer.h>)
 #include <rdma/providers/fi_peer.h>
 #endif
 #include <rdma/fi_ext.h>

@@ -6,7 +6,7 @@
 #include <rdma/fabric.h>
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
-#include <rdma/fi_ext.h>
+#include "tests/common/peer_structs.h"
 
 #include <cstddef>
 #include <vector>

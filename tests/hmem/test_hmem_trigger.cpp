@@ -23,6 +23,7 @@
 // hmem.emu.trigger.* (the emulated driver, node-local path), hmem.emu_net.trigger.* (the same over
 // the TCP link, FI_TANDEM_LOCAL=0), hmem.gpu.trigger.* (the real driver: without a GPU every test
 // skips with the reason).
+#include "common/fabric_compat.h"
 #include "tests/common/atomic_processes.h"
 #include "tests/common/hmem_driver.h"
 #include "tests/common/shared_map.h"
@@ -51,7 +52,7 @@ long long live_device_allocs() {
 
 constexpr uint64_t kCaps = FI_MSG | FI_TAGGED | FI_RMA | FI_SEND | FI_RECV | FI_READ | FI_WRITE |
                            FI_REMOTE_READ | FI_REMOTE_WRITE | FI_HMEM | FI_TRIGGER;
-constexpr uint64_t kXpuCaps = kCaps | FI_XPU_TRIGGER;
+constexpr uint64_t kXpuCaps = kCaps | tandem::compat::kXpuTriggerCap;
 constexpr int kMrMode = FI_MR_HMEM | FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED;
 constexpr uint64_t kTag = 0x7419;
 constexpr auto kQuiet = 50ms;  // how long "nothing moves yet" is watched
@@ -843,7 +844,7 @@ TEST(Xpu, DeviceBeyondTheCountIsRefusedAndNothingQueued) {
 // An endpoint opened without FI_XPU_TRIGGER: an XPU-triggered send is -FI_EINVAL. The same send
 // with a threshold trigger is taken and delivered (the call was otherwise valid).
 void xpu_without_cap(Report &r, Shared &sh, Trig &tr, Node &n, const Memory &dev) {
-    AP_REQUIRE(r, !(n.info->caps & FI_XPU_TRIGGER),
+    AP_REQUIRE(r, !(n.info->caps & tandem::compat::kXpuTriggerCap),
                "the endpoint has FI_XPU_TRIGGER though the hints did not ask for it");
     Buf src(dev);
     AP_TRY(src.make(r, n, kXpuLen, FI_SEND, 0xe1a));

@@ -18,7 +18,7 @@
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
-#include <rdma/fi_ext.h>
+#include "tests/common/peer_structs.h"
 #include <rdma/fi_tagged.h>
 
 #include <chrono>

@@ -13,7 +13,7 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
-#include <rdma/fi_ext.h>
+#include "tests/common/peer_structs.h"
 #include <rdma/fi_tagged.h>
 
 #include <arpa/inet.h>

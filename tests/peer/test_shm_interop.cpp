@@ -16,6 +16,11 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_ext.h>
+// (The peer contexts: in fi_ext.h up to 1.18, in fi_peer.h of the headers from 1.19 on; their
+// layout is the same in every release.)
+#if FI_VERSION(FI_MAJOR_VERSION, FI_MINOR_VERSION) >= FI_VERSION(1, 19)
+#include <rdma/providers/fi_peer.h>
+#endif
 #include <rdma/fi_tagged.h>
 
 #include <csignal>

@@ -2,11 +2,12 @@
 // (g++ -fsyntax-only -I<prefix>/include): the layouts and values tandem keeps for releases
 // newer than its own headers (peer/peer_abi_versions.h, common/fabric_compat.h) are those of
 // the release's own headers, or the compile fails.
+// (The headers' peer API first: tandem's own headers then use it, not 1.17's copy.)
+#include <rdma/providers/fi_peer.h>
+
 #include "common/fabric_compat.h"
 #include "peer/peer_abi_versions.h"
 #include "peer/peer_cntr.h"
-
-#include <rdma/providers/fi_peer.h>
 
 #include <cstddef>
 
