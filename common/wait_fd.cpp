@@ -45,12 +45,28 @@ void WaitSet::remove(int fd) noexcept {
     epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
 }
 
-bool WaitSet::wait(int timeout_ms) noexcept {
+int WaitSet::wait(int timeout_ms) noexcept {
     epoll_event ev[8];
+    int n = epoll_wait(epfd_, ev, 8, timeout_ms);
+    if (n < 0) return errno == EINTR ? -1 : 0;
+    return n > 0 ? 1 : 0;
+}
+
+bool WaitSet::wait_us(int64_t timeout_us) noexcept {
+    if (timeout_us < 0) {
+        while (wait(-1) < 0) {
+        }
+        return true;
+    }
+    epoll_event ev[8];
+    timespec ts{static_cast<time_t>(timeout_us / 1000000),
+                static_cast<long>(timeout_us % 1000000) * 1000};
     int n;
     do {
-        n = epoll_wait(epfd_, ev, 8, timeout_ms);
+        n = epoll_pwait2(epfd_, ev, 8, &ts, nullptr);
     } while (n < 0 && errno == EINTR);
+    if (n < 0 && errno == ENOSYS)  // a kernel before 5.11: whole milliseconds, rounded up
+        return wait(static_cast<int>((timeout_us + 999) / 1000)) > 0;
     return n > 0;
 }
 

@@ -34,8 +34,13 @@ class WaitSet {
     void add(int fd) noexcept;     // readable events; duplicates are ignored
     void remove(int fd) noexcept;  // absent descriptors are ignored
     // Sleeps until some member is readable or the timeout (ms, negative = forever) expires.
-    // Returns true if woken by a member.
-    bool wait(int timeout_ms) noexcept;
+    // 1: woken by a member; 0: timed out; -1: a signal handler ran (the blocking call that
+    // sleeps here returns -FI_EINTR, as a system call interrupted so does).
+    int wait(int timeout_ms) noexcept;
+    // The same with a timeout in microseconds (negative = forever), for sleeps shorter than a
+    // millisecond (a device polled on a timer).
+    // Signals interrupt it not (the caller blocks them).
+    bool wait_us(int64_t timeout_us) noexcept;
 
   private:
     int epfd_;

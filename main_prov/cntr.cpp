@@ -197,7 +197,7 @@ int Cntr::wait(uint64_t threshold, int timeout) {
         if (wait_.set()) {
             wait_.signal().drain();
             int left = deadline.remaining_ms();
-            wait_.set()->wait(left < 0 || left > 50 ? 50 : left);
+            if (wait_.set()->wait(left < 0 || left > 50 ? 50 : left) < 0) return -FI_EINTR;
         }
     }
 }

@@ -110,6 +110,13 @@ void Config::load(fi_provider *prov) {
     g_config.rdmacm_lib =
         p.text("rdmacm_lib", "librdmacm to load for the verbs link", "librdmacm.so.1");
     g_config.hmem_p2p = read_hmem_p2p(p);
+    g_config.progress_poll_us =
+        p.size("progress_poll_us",
+               "Automatic progress (FI_PROGRESS_AUTO): microseconds between the progress "
+               "thread's reads of device-written trigger variables (XPU triggers) while such "
+               "triggers wait; otherwise the thread sleeps until a descriptor or an "
+               "application's call wakes it",
+               10);
     g_config.local_path = p.flag("local",
                                  "Send to endpoints on the same node through the offload "
                                  "provider's shared memory (off: over the network path, as "

@@ -29,6 +29,7 @@ struct Config {
     std::string verbs_lib;   // libibverbs to load (the emulated device's library in tests)
     std::string rdmacm_lib;  // librdmacm to load
     int hmem_p2p;            // FI_OPT_FI_HMEM_P2P an endpoint with FI_HMEM starts with
+    size_t progress_poll_us;  // automatic progress: device trigger variables read this often
 
     static const Config &get();
     static void load(fi_provider *prov);

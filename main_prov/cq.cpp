@@ -250,7 +250,7 @@ ssize_t Cq::sreadfrom(void *buf, size_t count, fi_addr_t *src_addr, const void *
         if (deadline.expired()) return -FI_EAGAIN;
         int left = deadline.remaining_ms();
         // Sleep on the sockets; wake at least every 100 ms to recheck the deadline.
-        wait_.set()->wait(left < 0 || left > 100 ? 100 : left);
+        if (wait_.set()->wait(left < 0 || left > 100 ? 100 : left) < 0) return -FI_EINTR;
     }
 }
 

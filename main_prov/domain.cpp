@@ -1,6 +1,7 @@
 #include "main_prov/domain.h"
 
 #include "common/fabric_compat.h"
+#include "common/log.h"
 
 #include "hmem/atomic_target.h"
 
@@ -12,6 +13,7 @@
 #include "main_prov/fabric.h"
 #include "main_prov/interfaces.h"
 #include "main_prov/local_path.h"
+#include "main_prov/progress_thread.h"
 #include "main_prov/srx.h"
 #include "main_prov/wait.h"
 
@@ -75,9 +77,35 @@ Domain::Domain(Fabric *fabric, const fi_info *info, void *context)
     fid()->ops = &domain_ops;
     fid()->mr = &domain_mr_ops;
     fabric_->hold();
+    if (info_->domain_attr->control_progress == FI_PROGRESS_AUTO ||
+        info_->domain_attr->data_progress == FI_PROGRESS_AUTO)
+        start_progress_thread();
+}
+
+// FI_PROGRESS_AUTO: the thread shares the lock with the application's calls, so the lock is
+// taken under every threading model (FI_THREAD_DOMAIN serialises the application's calls, not
+// them with the thread).
+void Domain::start_progress_thread() {
+    mutex_.require();
+    progress_thread_ = std::make_unique<ProgressThread>(*this);
+    mutex_.watch_releases(progress_thread_.get());
+    if (int ret = progress_thread_->start()) {
+        mutex_.watch_releases(nullptr);
+        progress_thread_.reset();
+        fi_freeinfo(info_);
+        fabric_->release();
+        fail(-ret, "automatic progress thread");
+    }
+    TANDEM_INFO(FI_LOG_DOMAIN, "domain %s: automatic progress (thread tandem-progress)\n",
+                info_->domain_attr->name ? info_->domain_attr->name : "");
 }
 
 Domain::~Domain() {
+    if (progress_thread_) {
+        progress_thread_->stop();
+        mutex_.watch_releases(nullptr);
+        progress_thread_.reset();
+    }
     offload_.reset();
     fi_freeinfo(info_);
     fabric_->release();
@@ -246,6 +274,19 @@ void Domain::progress() {
     for (size_t i = 0; i < endpoints_.size(); ++i) endpoints_[i]->progress();
     // Completions of this pass may have brought counters to their thresholds.
     if (triggers_waiting()) start_triggers();
+}
+
+bool Domain::work_pending() const {
+    TANDEM_LOCK_ASSERT(mutex_.held(), "Domain::work_pending without the domain lock");
+    for (auto *ep : endpoints_)
+        if (ep->work_pending()) return true;
+    return false;
+}
+
+bool Domain::worth_a_look() const {
+    for (auto *ep : endpoints_)
+        if (ep->work_pending() || ep->twin_busy()) return true;
+    return triggers_waiting() && device_triggers_waiting_;
 }
 
 void Domain::add_endpoint(Engine *ep) {

@@ -26,6 +26,7 @@ class Fabric;
 class Engine;
 class Cntr;
 class OffloadDomain;
+class ProgressThread;
 struct PreparedWork;
 struct TriggeredOp;
 namespace peer {
@@ -65,6 +66,18 @@ class Domain : public FidObject<Domain, fid_domain> {
     Lock &lock() { return mutex_; }
     // Drives every endpoint of the domain; the caller holds lock().
     void progress();
+    // Work that only more passes move, which no descriptor announces (automatic progress
+    // does not sleep on it, and an application call that leaves it wakes the thread). The
+    // caller holds lock().
+    bool work_pending() const;
+    // After an application's call: whether a sleeping progress thread should look again
+    // (work_pending, or a twin with something going: its arm() then says whether it needs
+    // passes). The caller holds lock().
+    bool worth_a_look() const;
+    // Triggers waiting for a value a device writes (XPU): automatic progress polls them.
+    bool device_triggers_waiting() const { return device_triggers_waiting_; }
+    // FI_PROGRESS_AUTO (control or data): the domain's progress thread, or nullptr.
+    ProgressThread *progress_thread() const { return progress_thread_.get(); }
     void add_endpoint(Engine *ep);
     void remove_endpoint(Engine *ep);
     // av gained addresses or user IDs: its endpoints tell an SRX owner the sources it now
@@ -119,7 +132,11 @@ class Domain : public FidObject<Domain, fid_domain> {
     bool offload_tried_ = false;
     std::unordered_set<fid_cntr *> counters_;
     std::atomic<bool> triggers_waiting_{false};
+    bool device_triggers_waiting_ = false;  // written under the lock (note_triggers)
     CollAddresses coll_addresses_;
+    // Last: it runs this domain's progress until it is stopped, first thing in ~Domain.
+    std::unique_ptr<ProgressThread> progress_thread_;
+    void start_progress_thread();
     // FI_QUEUE_WORK, FI_CANCEL_WORK, FI_FLUSH_WORK (trigger.cpp).
     int queue_work(const fi_deferred_work *work);
     // queue_work's parts: a counter operation queued, or an endpoint's operation prepared.

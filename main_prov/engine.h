@@ -324,6 +324,14 @@ class Engine : public CmSource, public RemoteKeyResolver {
         empty_link_polls_ = 0;
     }
     void wait_fds(std::vector<int> &out) const;
+    // Work of this endpoint that only more passes move, announced by no descriptor: bytes or
+    // events its link holds (LinkTransport::busy), a shutdown held back. The caller holds the
+    // domain lock.
+    bool work_pending() const { return shutdown_held_ || transport_->busy(); }
+    // The twin has something going (no backlog, operation, held completion... : not quiet).
+    // Whether it needs passes rather than a peer's cell is the twin's arm() to say (wait_fds):
+    // a sleeper woken for this re-arms and learns it.
+    bool twin_busy() const { return twin_quiet_ && !*twin_quiet_; }
     // Passive side of an MSG connection: the request this endpoint answers with fi_accept.
     void adopt_request(std::unique_ptr<LinkConnection> conn);
     // The receive operations, on any matcher; completions that belong to no arrived message

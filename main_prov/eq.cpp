@@ -164,7 +164,7 @@ ssize_t Eq::sread(uint32_t *event, void *buf, size_t len, int timeout, uint64_t 
         watch_sources(*wait_.set());
         if (deadline.expired()) return -FI_EAGAIN;
         int left = deadline.remaining_ms();
-        wait_.set()->wait(left < 0 || left > 50 ? 50 : left);
+        if (wait_.set()->wait(left < 0 || left > 50 ? 50 : left) < 0) return -FI_EINTR;
     }
 }
 

@@ -95,6 +95,16 @@ class EqMutex {
 // that endpoint's progress. From then on the lock is taken (require()).
 class DomainLock {
   public:
+    // Told at every release of the lock, just before it (automatic progress: the domain's
+    // progress thread sleeps, and the call that releases may have left it work).
+    class ReleaseWatcher {
+      public:
+        virtual void released() noexcept = 0;
+
+      protected:
+        ~ReleaseWatcher() = default;
+    };
+
     explicit DomainLock(bool needed) : needed_(needed) {}
     void lock() {
         if (!needed_.load(std::memory_order_relaxed)) return;  // (skipped: no order to keep)
@@ -116,6 +126,8 @@ class DomainLock {
                            "the domain lock released by a thread that does not hold it "
                            "(turned on inside one of its guards?)");
 #endif
+        if (watcher_) [[unlikely]]
+            watcher_->released();
 #if TANDEM_LOCK_CHECKS
         owner_.store(nullptr, std::memory_order_relaxed);
 #endif
@@ -128,6 +140,12 @@ class DomainLock {
     // reaches the domain's endpoints before one of them is bound.
     void require() noexcept {
         needed_.store(true, std::memory_order_relaxed);
+    }
+    // Set before the watcher's thread starts and cleared after it ended (the domain's
+    // automatic progress), when no other thread is inside the domain; the lock is then
+    // required for good.
+    void watch_releases(ReleaseWatcher *watcher) noexcept {
+        watcher_ = watcher;
     }
     // Whether the lock is taken (for the log).
     bool taken() const noexcept {
@@ -173,6 +191,7 @@ class DomainLock {
     // thread that reads it afterwards learned of that binding through the EQ's mutex or the
     // application's own ordering of its calls.
     std::atomic<bool> needed_;
+    ReleaseWatcher *watcher_ = nullptr;
     std::mutex mutex_;
 #if TANDEM_LOCK_CHECKS
     // Relaxed: only the thread that stored its own address can find it there (a thread reads

@@ -6,6 +6,7 @@
 #include "common/params.h"
 #include "hmem/hmem.h"
 #include "main_prov/config.h"
+#include "main_prov/progress_thread.h"
 #include "main_prov/endpoint.h"
 #include "main_prov/fabric.h"
 #include "main_prov/interfaces.h"
@@ -62,7 +63,11 @@ uint64_t hmem_caps(const fi_info *hints) {
 int tandem_getinfo(uint32_t version, const char *node, const char *service, uint64_t flags,
                    const fi_info *hints, fi_info **info) noexcept;
 int tandem_fabric(fi_fabric_attr *attr, fid_fabric **fabric, void *context) noexcept;
-void tandem_cleanup() noexcept {}
+// The core calls it before it unloads the provider (fi_fini at exit): a domain the
+// application left open must not have its progress thread run on in unmapped code.
+void tandem_cleanup() noexcept {
+    ProgressThread::stop_all();
+}
 
 fi_provider g_provider = {
     .version = kProviderVersion,
@@ -146,8 +151,6 @@ bool ep_hints_fit(const fi_ep_attr &e, bool verbs) {
 
 bool domain_hints_fit(const fi_domain_attr &d, fi_ep_type type, const Interface &itf) {
     if (d.name && strcmp(d.name, itf.name.c_str()) != 0) return false;
-    if (d.control_progress == FI_PROGRESS_AUTO || d.data_progress == FI_PROGRESS_AUTO)
-        return false;  // progress is driven by the application's calls
     if (d.cq_data_size > kMaxCqData || d.mr_key_size > 8) return false;
     if (d.av_type != FI_AV_UNSPEC && d.av_type != FI_AV_MAP && d.av_type != FI_AV_TABLE)
         return false;
@@ -292,8 +295,12 @@ void fill_domain_attr(fi_domain_attr &d, const fi_info *hints, fi_ep_type type,
     d.threading = hints && hints->domain_attr && hints->domain_attr->threading != FI_THREAD_UNSPEC
                       ? hints->domain_attr->threading
                       : FI_THREAD_SAFE;
-    d.control_progress = FI_PROGRESS_MANUAL;
-    d.data_progress = FI_PROGRESS_MANUAL;
+    // Manual unless asked for automatic (a thread per domain: main_prov/progress_thread.h).
+    const fi_domain_attr *hd = hints ? hints->domain_attr : nullptr;
+    d.control_progress =
+        hd && hd->control_progress == FI_PROGRESS_AUTO ? FI_PROGRESS_AUTO : FI_PROGRESS_MANUAL;
+    d.data_progress =
+        hd && hd->data_progress == FI_PROGRESS_AUTO ? FI_PROGRESS_AUTO : FI_PROGRESS_MANUAL;
     d.resource_mgmt = FI_RM_ENABLED;
     d.av_type = hints && hints->domain_attr ? hints->domain_attr->av_type : FI_AV_UNSPEC;
     d.mr_mode = domain_mr_mode(hints, caps, nic_keys);

@@ -358,9 +358,11 @@ Cntr *Domain::counter_of(fid_cntr *cntr) const {
 }
 
 void Domain::note_triggers() {
-    bool waiting =
-        offload_ && offload_->triggers() && offload_->triggers()->pending(offload_->domain()) > 0;
+    size_t device = 0;
+    bool waiting = offload_ && offload_->triggers() &&
+                   offload_->triggers()->pending(offload_->domain(), &device) > 0;
     triggers_waiting_.store(waiting, std::memory_order_relaxed);
+    device_triggers_waiting_ = device > 0;
 }
 
 void Domain::start_triggers() {

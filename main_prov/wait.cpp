@@ -123,7 +123,7 @@ int WaitObject::wait(int timeout) {
         if (ready) return 0;
         if (deadline.expired()) return -FI_ETIMEDOUT;
         int left = deadline.remaining_ms();
-        set_.wait(left < 0 || left > 50 ? 50 : left);
+        if (set_.wait(left < 0 || left > 50 ? 50 : left) < 0) return -FI_EINTR;
     }
 }
 

@@ -31,7 +31,11 @@ peer::TriggerOps trigger_ops = {
         }
     },
     .progress = [](fid_domain *d) noexcept { return queue_of(d).progress(); },
-    .pending = [](fid_domain *d) noexcept { return queue_of(d).pending(); },
+    .pending =
+        [](fid_domain *d, size_t *device) noexcept {
+            if (device) *device = queue_of(d).device_pending();
+            return queue_of(d).pending();
+        },
     .cancel = [](fid_domain *d, const void *group,
                  const void *match) noexcept { return queue_of(d).cancel(group, match); },
     .flush = [](fid_domain *d, const void *group,

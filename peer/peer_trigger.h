@@ -33,7 +33,7 @@ struct PeerCntrOps {
 };
 
 // fi_open_ops name, on off_tandem's domain, of its trigger queue.
-inline constexpr const char *kTriggerOpsName = "off_tandem_trigger_v1";
+inline constexpr const char *kTriggerOpsName = "off_tandem_trigger_v2";
 
 // One unit of work for the queue. Its condition is one of:
 //  - a threshold: the counter's success count (plus its error count for deferred work, as
@@ -71,7 +71,10 @@ struct TriggerOps {
     int (*queue)(fid_domain *domain, const TriggerWork *work);
     // Starts what is due; the number started. Cheap when nothing waits (pending == 0).
     size_t (*progress)(fid_domain *domain);
-    size_t (*pending)(fid_domain *domain);
+    // The work waiting; *device (may be null) gets how much of it waits for a value a device
+    // writes (XPU triggers), which only polling notices (the owner's automatic progress then
+    // wakes on a timer).
+    size_t (*pending)(fid_domain *domain, size_t *device);
     // The work of group queued with this match key: discarded (reported), 0; -FI_ENOENT when
     // none waits (never queued, or already started).
     int (*cancel)(fid_domain *domain, const void *group, const void *match);

@@ -45,6 +45,12 @@ class TriggerQueue {
     int queue(const peer::TriggerWork &work);
     size_t progress();
     size_t pending() const { return pending_; }
+    // Work waiting for an XPU trigger variable (noticed only by reading it).
+    size_t device_pending() const {
+        size_t n = 0;
+        for (const auto &[var, w] : by_variable_) n += w.work.size();
+        return n;
+    }
     int cancel(const void *group, const void *match);
     size_t flush(const void *group, fid_cntr *cntr);
     size_t flush_counter(fid_cntr *cntr);

@@ -5,8 +5,9 @@
 // variable TANDEM_TEST_PROVIDER overrides it (e.g. "tcp;ofi_rxm") so that the test logic itself
 // can be cross-checked against a provider that ships with libfabric.
 //
-// tandem uses FI_PROGRESS_MANUAL: nothing moves unless somebody reads a CQ/EQ. Every wait in
-// these tests therefore goes through poll_until(), which drains the CQs of all endpoints of the
+// tandem's progress is FI_PROGRESS_MANUAL unless the hints ask for FI_PROGRESS_AUTO: nothing
+// moves unless somebody reads a CQ/EQ. Every wait in these tests therefore goes through
+// poll_until(), which drains the CQs of all endpoints of the
 // fixture in a loop and gives up after a deadline instead of hanging.
 #pragma once
 
@@ -487,6 +488,13 @@ inline fi_threading default_threading() {
     return t && !strcmp(t, "domain") ? FI_THREAD_DOMAIN : FI_THREAD_SAFE;
 }
 
+// TANDEM_TEST_PROGRESS=auto: FI_PROGRESS_AUTO for control and data (the api_auto.* variant:
+// the domain's progress thread runs beside every call of the suite).
+inline fi_progress default_progress() {
+    const char *p = std::getenv("TANDEM_TEST_PROGRESS");
+    return p && !strcmp(p, "auto") ? FI_PROGRESS_AUTO : FI_PROGRESS_UNSPEC;
+}
+
 struct FabricOptions {
     fi_ep_type ep_type = FI_EP_RDM;
     uint64_t caps = FI_MSG | FI_TAGGED | FI_RMA | FI_SOURCE | FI_DIRECTED_RECV | FI_MULTI_RECV |
@@ -496,6 +504,7 @@ struct FabricOptions {
     // TANDEM_TEST_THREADING=domain: FI_THREAD_DOMAIN, under which tandem takes no locks (the
     // api_domain.* variant of the single-threaded suites).
     fi_threading threading = default_threading();
+    fi_progress progress = default_progress();  // asked for control and data alike
     fi_cq_format cq_format = FI_CQ_FORMAT_TAGGED;
     fi_wait_obj cq_wait = FI_WAIT_NONE;
     size_t cq_size = 4096;
@@ -516,6 +525,8 @@ inline InfoPtr hints_for(const FabricOptions &o) {
     h->ep_attr->type = o.ep_type;
     h->domain_attr->mr_mode = o.mr_mode;
     h->domain_attr->threading = o.threading;
+    h->domain_attr->control_progress = o.progress;
+    h->domain_attr->data_progress = o.progress;
     h->fabric_attr->prov_name = strdup(provider_name());
     h->tx_attr->size = o.tx_size;
     h->rx_attr->size = o.rx_size;
@@ -575,6 +586,10 @@ class FabricTest : public ::testing::Test {
                           << ", 127.0.0.1, FI_SOURCE): " << fi_err_str(ret);
         ASSERT_NE(info, nullptr);
         say_verbs_device(info.get());
+        if (opts.progress == FI_PROGRESS_AUTO) {
+            ASSERT_EQ(info->domain_attr->data_progress, FI_PROGRESS_AUTO);
+            ASSERT_EQ(info->domain_attr->control_progress, FI_PROGRESS_AUTO);
+        }
         if (opts.tx_op_flags) info->tx_attr->op_flags |= opts.tx_op_flags;
         ASSERT_FI_OK(fi_fabric(info->fabric_attr, fabric.out(), nullptr));
         ASSERT_FI_OK(fi_domain(fabric, info.get(), domain.out(), nullptr));

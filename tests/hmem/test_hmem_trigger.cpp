@@ -716,7 +716,10 @@ TEST(Xpu, GetoptRefusesOtherIfacesAndDevices) {
 // while the sender progresses; the device writes the value into the variable (on the test's
 // stream, not waited for), the sender progresses, and the send completes first, with the
 // triggered context, and the bytes arrive.
-void xpu_send(Report &r, Shared &sh, Trig &tr, Node &n, const Memory &dev) {
+// host_asleep (FI_PROGRESS_AUTO): after the device's write the sender's host thread sleeps in
+// nanosleep, making no libfabric call, until the receiver has the message: tandem's progress
+// thread polls the variable (every FI_TANDEM_PROGRESS_POLL_US while XPU work waits).
+void xpu_send(Report &r, Shared &sh, Trig &tr, Node &n, const Memory &dev, bool host_asleep) {
     Buf src(dev);
     AP_TRY(src.make(r, n, kXpuLen, FI_SEND, 0x8b1));
     Link link(n);
@@ -732,6 +735,14 @@ void xpu_send(Report &r, Shared &sh, Trig &tr, Node &n, const Memory &dev) {
                " completion(s) at the sender before the device wrote the variable");
     DeviceStream stream;
     AP_TRY(stream.write(r, op.var));
+    if (host_asleep) {
+        const auto start = Clock::now();
+        while (!arrived(tr, 0) && Clock::now() - start < kWait) {
+            timespec nap{0, 50'000};
+            nanosleep(&nap, nullptr);
+        }
+        AP_REQUIRE(r, arrived(tr, 0), "the XPU-triggered send did not arrive while the host slept");
+    }
     Comp c;
     AP_TRY(cq.wait_first(r, c, "the XPU-triggered send"));
     AP_REQUIRE(r, c.ctx() == &op.ctx, "the first completion's op_context is ", c.ctx(),
@@ -743,7 +754,22 @@ void xpu_send(Report &r, Shared &sh, Trig &tr, Node &n, const Memory &dev) {
 TEST(Xpu, TaggedSendStartsWhenTheDeviceWritesTheValue) {
     REQUIRE_DEVICE();
     run_pair({.count = 1, .len = kXpuLen, .tagged = true}, kXpuCaps,
-             "XPU-triggered tagged send of 64 B from device memory", xpu_send);
+             "XPU-triggered tagged send of 64 B from device memory",
+             [](Report &r, Shared &sh, Trig &tr, Node &n, const Memory &dev) {
+                 xpu_send(r, sh, tr, n, dev, false);
+             });
+}
+
+TEST(Xpu, AutoProgressStartsTheSendWhileTheHostSleeps) {
+    REQUIRE_DEVICE();
+    // (The role processes inherit it: both ask for automatic progress.)
+    setenv("TANDEM_TEST_PROGRESS", "auto", 1);
+    run_pair({.count = 1, .len = kXpuLen, .tagged = true}, kXpuCaps,
+             "XPU-triggered tagged send, automatic progress, the sender's host asleep",
+             [](Report &r, Shared &sh, Trig &tr, Node &n, const Memory &dev) {
+                 xpu_send(r, sh, tr, n, dev, true);
+             });
+    unsetenv("TANDEM_TEST_PROGRESS");
 }
 
 // Two XPU-triggered sends (tags kTag, kTag + 1) get one variable and consecutive values; the

@@ -47,6 +47,13 @@ for v in FI_TANDEM_LINK FI_TANDEM_VERBS_LIB FI_TANDEM_RDMACM_LIB EMURDMA_NETDEV;
     [ -n "${!v:-}" ] && xargs+=(-x "$v")
 done
 
+# MPI_TEST_PROGRESS=auto: Open MPI asks the provider for automatic progress (its mtl ofi
+# parameters), and every rank's domain must have started tandem's progress thread.
+progress_args=()
+if [ "${MPI_TEST_PROGRESS:-}" = auto ]; then
+    progress_args=(--mca mtl_ofi_data_progress auto --mca mtl_ofi_control_progress auto)
+fi
+
 mode=${MPI_TEST_MODE:-p2p}
 if [ "$mode" = osc ]; then
     # The provider's debug lines name every atomic it executes (checked below); only the data
@@ -60,7 +67,7 @@ if [ "$mode" = osc ]; then
 else
     cmd=("$mpirun_bin" --allow-run-as-root --oversubscribe --bind-to none -np "$np"
          --mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include "$prov"
-         --mca pml_base_verbose 10 --mca mtl_base_verbose 10
+         --mca pml_base_verbose 10 --mca mtl_base_verbose 10 "${progress_args[@]}"
          "${xargs[@]}" "$prog" "$@")
 fi
 echo "FI_PROVIDER=${FI_PROVIDER:-<unset>} FI_PROVIDER_PATH=${FI_PROVIDER_PATH:-<unset>}"
@@ -123,7 +130,12 @@ case $prov in
         [ "$n" -eq 0 ] || { echo "FAIL: a utility provider logged $n lines: not plain $prov" >&2; status=1; }
         n=$(ranks_matching "::$core:ep_ctrl:.*RDM endpoint enabled on ${EXPECT_DOMAIN:-}")
         [ "$n" -eq "$np" ] ||
-            { echo "FAIL: $n of $np ranks enabled a $core RDM endpoint ${EXPECT_DOMAIN:+on $EXPECT_DOMAIN}" >&2; status=1; } ;;
+            { echo "FAIL: $n of $np ranks enabled a $core RDM endpoint ${EXPECT_DOMAIN:+on $EXPECT_DOMAIN}" >&2; status=1; }
+        if [ "${MPI_TEST_PROGRESS:-}" = auto ]; then
+            n=$(ranks_matching "::$core:domain:.*automatic progress \\(thread tandem-progress\\)")
+            [ "$n" -eq "$np" ] ||
+                { echo "FAIL: $n of $np ranks opened a $core domain with automatic progress" >&2; status=1; }
+        fi ;;
 esac
 [ "$status" -eq 0 ] && echo "PASS: $name on $np ranks over $prov"
 exit "$status"
