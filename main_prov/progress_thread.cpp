@@ -19,9 +19,16 @@ namespace {
 // The progress threads of the process, for fork(): before it, every thread is kept out of its
 // domain (its lock taken), so the child's copy of each domain is consistent and unlocked;
 // the child's objects then know that their thread does not run there (orphaned_).
+// Two mutexes, so that no cycle forms with the libfabric core's lock, which the core holds
+// when it calls the provider's cleanup (stop_all) and which a domain takes under its own lock
+// (opening off_tandem): fork_mutex comes before every domain lock and is taken only by a fork
+// and by a domain's close (which holds no lock); list_mutex guards the list alone and no lock
+// is ever taken under it.
 struct ProgressThreadRegistry {
-    std::mutex mutex;  // before every domain lock
+    std::mutex fork_mutex;
+    std::mutex list_mutex;
     std::vector<ProgressThread *> threads;
+    std::vector<ProgressThread *> forking;  // the threads whose domains prepare() locked
 
     static ProgressThreadRegistry &get() {
         static auto *registry = [] {
@@ -31,25 +38,42 @@ struct ProgressThreadRegistry {
         }();
         return *registry;
     }
+    void add(ProgressThread *t) {
+        std::lock_guard guard(list_mutex);
+        threads.push_back(t);
+    }
+    void remove(ProgressThread *t) {
+        std::lock_guard guard(list_mutex);
+        std::erase(threads, t);
+    }
     static void prepare() {
         auto &r = get();
-        r.mutex.lock();
-        for (auto *t : r.threads) t->domain_.lock().lock();
+        r.fork_mutex.lock();
+        {
+            std::lock_guard guard(r.list_mutex);
+            r.forking = r.threads;
+        }
+        for (auto *t : r.forking) t->domain_.lock().lock();
     }
     static void parent() {
         auto &r = get();
-        for (auto *t : r.threads) t->domain_.lock().unlock();
-        r.mutex.unlock();
+        for (auto *t : r.forking) t->domain_.lock().unlock();
+        r.forking.clear();
+        r.fork_mutex.unlock();
     }
     static void child() {
         auto &r = get();
-        for (auto *t : r.threads) {
+        for (auto *t : r.forking) {
             t->orphaned_ = true;
             t->asleep_.store(false, std::memory_order_relaxed);
             t->domain_.lock().unlock();
         }
+        // Another thread of the parent may have held the list's mutex: the child's copy
+        // starts afresh, with no thread.
+        new (&r.list_mutex) std::mutex;
         r.threads.clear();
-        r.mutex.unlock();
+        r.forking.clear();
+        r.fork_mutex.unlock();
     }
 };
 
@@ -67,7 +91,7 @@ bool ProgressThread::in_progress_thread() noexcept {
 
 int ProgressThread::start() {
     auto &registry = ProgressThreadRegistry::get();
-    std::lock_guard guard(registry.mutex);
+    std::lock_guard fork_guard(registry.fork_mutex);  // made and listed before any fork
     // Created with every signal blocked, so that the application's threads take them (a
     // handler's interrupted call is theirs) and this one is never interrupted.
     sigset_t all, old;
@@ -81,32 +105,43 @@ int ProgressThread::start() {
     }
     pthread_setname_np(thread_, "tandem-progress");  // what ps, gdb and the tests see
     running_ = true;
-    registry.threads.push_back(this);
+    registry.add(this);
     return 0;
 }
 
 void ProgressThread::stop() {
     if (!running_) return;
-    running_ = false;
-    if (orphaned_) return;  // a child of fork(): the thread is the parent's
-    {
-        auto &registry = ProgressThreadRegistry::get();
-        std::lock_guard guard(registry.mutex);
-        std::erase(registry.threads, this);
+    if (orphaned_) {  // a child of fork(): the thread is the parent's
+        running_ = false;
+        return;
     }
+    {
+        // Not while a fork() holds this domain's lock (prepare() has this object in hand).
+        auto &registry = ProgressThreadRegistry::get();
+        std::lock_guard guard(registry.fork_mutex);
+        registry.remove(this);
+    }
+    end();
+}
+
+void ProgressThread::end() {
+    running_ = false;
     stop_.store(true, std::memory_order_release);
     kick_.signal();
     pthread_join(thread_, nullptr);
 }
 
+// (Called with the core's lock held: the fork mutex is not taken, see the registry. The
+// process is exiting; a fork() in another thread at this moment is not served.)
 void ProgressThread::stop_all() noexcept {
+    auto &registry = ProgressThreadRegistry::get();
     std::vector<ProgressThread *> threads;
     {
-        auto &registry = ProgressThreadRegistry::get();
-        std::lock_guard guard(registry.mutex);
-        threads = registry.threads;
+        std::lock_guard guard(registry.list_mutex);
+        threads.swap(registry.threads);
     }
-    for (auto *t : threads) t->stop();
+    for (auto *t : threads)
+        if (t->running_ && !t->orphaned_) t->end();
 }
 
 void *ProgressThread::main(void *self) {

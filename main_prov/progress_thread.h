@@ -51,6 +51,8 @@ class ProgressThread final : public DomainLock::ReleaseWatcher {
 
   private:
     static void *main(void *self);
+    // Stops and joins the thread (stop() once it has left the registry).
+    void end();
     void run();
     // Before sleeping, under the lock: arms every source (Domain::watch_fds) and says how long
     // to sleep in microseconds (-1: until woken).

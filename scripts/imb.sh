@@ -60,11 +60,15 @@ usage: $0 [options] [-- IMB arguments, e.g. benchmark names]
                 ofi, as tests/mpi/run_mpi.sh's osc mode) or pt2pt (osc pt2pt over mtl ofi)
                 (default: $onesided; the rxm mode always takes pt2pt)
   -T SECONDS    timeout of each run (default: 360 quick, 900 otherwise)
+  -p PROGRESS   manual or auto: Open MPI's mtl_ofi_data_progress and mtl_ofi_control_progress
+                (auto: the provider's automatic progress, tandem's progress thread; default:
+                what Open MPI asks by default, which is the provider's default, manual)
 EOF
     exit 2
 }
 
-while getopts "s:b:B:m:n:qM:o:T:h" opt; do
+progress=""
+while getopts "s:b:B:m:n:qM:o:T:p:h" opt; do
     case $opt in
         s) src=$OPTARG ;;
         b) build=$(cd "$OPTARG" && pwd) ;;
@@ -75,6 +79,7 @@ while getopts "s:b:B:m:n:qM:o:T:h" opt; do
         M) maxlog=$OPTARG ;;
         o) onesided=$OPTARG ;;
         T) limit=$OPTARG ;;
+        p) progress=$OPTARG ;;
         *) usage ;;
     esac
 done
@@ -98,6 +103,7 @@ for b in "${bench_list[@]}"; do
     esac
 done
 case $onesided in rdma | pt2pt) ;; *) echo "error: -o takes rdma or pt2pt" >&2; exit 2 ;; esac
+case $progress in "" | manual | auto) ;; *) echo "error: -p takes manual or auto" >&2; exit 2 ;; esac
 for m in "${mode_list[@]}"; do
     case $m in local | tcp | rxm) ;; *) echo "error: unknown mode $m" >&2 && exit 2 ;; esac
 done
@@ -185,7 +191,7 @@ kill_session() {
 # run_one BINARY NP MODE: one mpirun; sets res (pass/FAIL/HANG) and why.
 run_one() {
     local b=$1 np=$2 mode=$3
-    local log=$rundir/IMB-$b-np$np-$mode.log
+    local log=$rundir/IMB-$b-np$np-$mode${progress:+-$progress}.log
     local prov=tandem osc=""
     # One-sided: osc rdma over btl ofi on tandem (run_mpi.sh's MPI_TEST_MODE=osc), or osc
     # pt2pt over pml cm (-o pt2pt: what an mtl ofi user of Open MPI 4.1 gets by default, as
@@ -220,6 +226,8 @@ run_one() {
     else
         cmd+=(--mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include "$prov"
               --mca pml_base_verbose 10 --mca mtl_base_verbose 10)
+        [ -n "$progress" ] &&
+            cmd+=(--mca mtl_ofi_data_progress "$progress" --mca mtl_ofi_control_progress "$progress")
         [ "$osc" = pt2pt ] && cmd+=(--mca osc pt2pt)
     fi
     local -a iargs=()

@@ -29,6 +29,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/common/progress_env.h"
+
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -488,13 +490,6 @@ inline fi_threading default_threading() {
     return t && !strcmp(t, "domain") ? FI_THREAD_DOMAIN : FI_THREAD_SAFE;
 }
 
-// TANDEM_TEST_PROGRESS=auto: FI_PROGRESS_AUTO for control and data (the api_auto.* variant:
-// the domain's progress thread runs beside every call of the suite).
-inline fi_progress default_progress() {
-    const char *p = std::getenv("TANDEM_TEST_PROGRESS");
-    return p && !strcmp(p, "auto") ? FI_PROGRESS_AUTO : FI_PROGRESS_UNSPEC;
-}
-
 struct FabricOptions {
     fi_ep_type ep_type = FI_EP_RDM;
     uint64_t caps = FI_MSG | FI_TAGGED | FI_RMA | FI_SOURCE | FI_DIRECTED_RECV | FI_MULTI_RECV |
@@ -504,7 +499,7 @@ struct FabricOptions {
     // TANDEM_TEST_THREADING=domain: FI_THREAD_DOMAIN, under which tandem takes no locks (the
     // api_domain.* variant of the single-threaded suites).
     fi_threading threading = default_threading();
-    fi_progress progress = default_progress();  // asked for control and data alike
+    fi_progress progress = test_progress();  // asked for control and data alike
     fi_cq_format cq_format = FI_CQ_FORMAT_TAGGED;
     fi_wait_obj cq_wait = FI_WAIT_NONE;
     size_t cq_size = 4096;

@@ -120,6 +120,8 @@ class AutoProgress : public FabricTest {
         ASSERT_FI_OK(fi_send(a().ep, s->data(), len, s->desc, a().peer[1], ctx(2)));
         EXPECT_TRUE(compute_until([&] { return landed(r->data(), len, seed); }))
             << len << " bytes: not delivered while the application made no call";
+        // (A sleep is counted when it begins: the one after the thread's work.)
+        EXPECT_TRUE(thread_asleep(tid));
         EXPECT_GT(sample(tid).wakeups, wakeups) << "the thread woke for the message";
         ASSERT_TRUE(wait_comp(b(), ctx(1))) << b().log.summary();
         ASSERT_TRUE(wait_comp(a(), ctx(2))) << a().log.summary();
@@ -195,6 +197,10 @@ TEST_F(AutoProgress, ClosingEndpointsWhileTheThreadRuns) {
     auto s = buf(1 << 20), r = buf(1 << 20);
     ASSERT_FI_OK(fi_recv(b().ep, r->data(), r->size(), r->desc, FI_ADDR_UNSPEC, ctx(1)));
     ASSERT_FI_OK(fi_send(a().ep, s->data(), s->size(), s->desc, a().peer[1], ctx(2)));
+    // Closed with the transfer under way, while its buffers still exist (an application may
+    // free a posted buffer only once the endpoint is closed).
+    eps.clear();
+    domain.reset();
 }
 
 // FI_THREAD_DOMAIN serialises the application's calls, not them with tandem's thread: the

@@ -18,6 +18,7 @@
 // Roles name their processes (prctl PR_SET_NAME, "at-target", "at-init-2", ...).
 #pragma once
 
+#include "tests/common/progress_env.h"
 #include "tests/common/shared_map.h"
 
 #include <rdma/fabric.h>
@@ -215,11 +216,7 @@ inline fi_info *tandem_info(const Lib &lib, uint64_t caps, int mr_mode, std::str
     hints->ep_attr->type = FI_EP_RDM;
     hints->domain_attr->mr_mode = mr_mode;
     hints->domain_attr->av_type = FI_AV_TABLE;
-    // TANDEM_TEST_PROGRESS=auto: the domain's progress thread moves what the role posts.
-    if (const char *p = getenv("TANDEM_TEST_PROGRESS"); p && strcmp(p, "auto") == 0) {
-        hints->domain_attr->data_progress = FI_PROGRESS_AUTO;
-        hints->domain_attr->control_progress = FI_PROGRESS_AUTO;
-    }
+    ask_test_progress(hints->domain_attr);
     hints->fabric_attr->prov_name = strdup("tandem");
     fi_info *list = nullptr;
     const int ret = lib.getinfo(kFiVersion, "127.0.0.1", nullptr, FI_SOURCE, hints, &list);

@@ -20,6 +20,7 @@
 // FI_TANDEM_LOCAL=0 (ctest's hmem.emu_net.*) turns tandem's node-local path off: the two
 // processes then talk over the TCP link, which stages all device memory and can do no P2P.
 #include "tests/common/hmem_driver.h"
+#include "tests/common/progress_env.h"
 
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
@@ -370,6 +371,7 @@ fi_info *make_hints(uint64_t caps, uint64_t mr_mode) {
     h->ep_attr->type = FI_EP_RDM;
     h->domain_attr->mr_mode = static_cast<int>(mr_mode);
     h->domain_attr->av_type = FI_AV_TABLE;
+    ask_test_progress(h->domain_attr);
     h->fabric_attr->prov_name = strdup("tandem");
     return h;
 }

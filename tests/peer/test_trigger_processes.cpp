@@ -13,6 +13,8 @@
 // (FI_TANDEM_LOCAL=0).
 #include <gtest/gtest.h>
 
+#include "tests/common/progress_env.h"
+
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
@@ -73,6 +75,7 @@ struct Side {
         hints->caps = FI_MSG | FI_RMA | FI_TRIGGER | FI_RMA_EVENT;
         hints->ep_attr->type = FI_EP_RDM;
         hints->domain_attr->mr_mode = FI_MR_VIRT_ADDR | FI_MR_PROV_KEY | FI_MR_ALLOCATED;
+        tandem_test::ask_test_progress(hints->domain_attr);
         hints->fabric_attr->prov_name = strdup("tandem");
         int ret = fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", nullptr, 0, hints, &info);
         fi_freeinfo(hints);
