@@ -201,8 +201,13 @@ bool Endpoint::flush(PeerLink &link) {
 void Endpoint::wake(PeerLink &link) {
     link.view.wake = false;
     if (!link.ring->take_wake()) return;
+    // Opened for reading too (Linux allows it on a FIFO; we never read): the FIFO then always
+    // has a reader, so a write after the peer died fails quietly (or fills the FIFO: EAGAIN)
+    // instead of raising SIGPIPE in the application's thread, whose handler may be the
+    // default: death. (A peer that sleeps armed and then dies: its arm made our next send
+    // wake it.)
     if (link.wake_fd < 0)
-        link.wake_fd = ::open(wake_path(link.key).c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+        link.wake_fd = ::open(wake_path(link.key).c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
     char byte = 0;
     if (link.wake_fd >= 0 && ::write(link.wake_fd, &byte, 1) < 0 && errno != EAGAIN)
         TANDEM_DEBUG(FI_LOG_EP_DATA, "wake of %s failed: %s\n", link.key.c_str(), strerror(errno));

@@ -93,6 +93,8 @@ bool read_all(int fd, void *p, size_t n, int timeout_ms) {
     fi_cq_attr cattr{};
     cattr.format = FI_CQ_FORMAT_TAGGED;
     cattr.size = 1024;
+    // "sleeper": reads its CQ with fi_cq_sread, asleep (armed) between messages.
+    if (mode == "sleeper") cattr.wait_obj = FI_WAIT_UNSPEC;
     if ((ret = fi_cq_open(domain, &cattr, &cq, nullptr))) die("fi_cq_open", ret);
     fi_av_attr aattr{};
     aattr.type = FI_AV_TABLE;
@@ -156,7 +158,7 @@ bool read_all(int fd, void *p, size_t n, int timeout_ms) {
             if (r == 0) sending = true;
         }
         fi_cq_tagged_entry e[8];
-        ssize_t n = fi_cq_read(cq, e, 8);
+        ssize_t n = mode == "sleeper" ? fi_cq_sread(cq, e, 8, nullptr, 50) : fi_cq_read(cq, e, 8);
         if (n == -FI_EAVAIL) {
             fi_cq_err_entry err{};
             fi_cq_readerr(cq, &err, 0);
@@ -680,6 +682,32 @@ TEST_F(PeerDeathTest, PeerKilledWithCompletionsUnreadLeavesTheSurvivorWorking) {
                      << " sent): " << a().log.summary();
     EXPECT_EQ(err->e.err, expected) << "got " << fi_strerror(err->e.err);
     ASSERT_NO_FATAL_FAILURE(check_survivor_works(719));
+}
+
+// A node-local peer asleep in fi_cq_sread has asked its senders to wake it (its ring's sleep
+// flag; the wake is a byte into its FIFO). Killed so, the first send after its death takes
+// that flag: the wake must not raise SIGPIPE in the sender (a process whose handler is the
+// default dies of it), and the survivor goes on as with any dead peer.
+TEST_F(PeerDeathTest, PeerKilledAsleepInItsReadDoesNotKillTheSender) {
+    ASSERT_NO_FATAL_FAILURE(start_child("sleeper"));
+    auto small = buf(64);
+    for (int i = 0; i < 4; ++i) {
+        ASSERT_FI_OK(
+            post([&] { return fi_send(a().ep, small->data(), 64, small->desc, dead, ctx(i)); }));
+        ASSERT_TRUE(wait_comp(a(), ctx(i))) << a().log.summary();
+    }
+    std::this_thread::sleep_for(200ms);  // the child back asleep in its read, armed
+    child.kill_and_reap();
+    for (int i = 0; i < 4; ++i)
+        ASSERT_FI_OK(post(
+            [&] { return fi_send(a().ep, small->data(), 64, small->desc, dead, ctx(10 + i)); }));
+    // Each send either completed (written into the dead peer's ring before its death was
+    // noticed) or failed as sends to a dead peer do: what matters is that this process lives.
+    for (int i = 0; i < 4; ++i) {
+        auto err = wait_err(a(), ctx(10 + i));
+        ASSERT_TRUE(a().log.has(ctx(10 + i)) || err) << a().log.summary();
+    }
+    ASSERT_NO_FATAL_FAILURE(check_survivor_works(721));
 }
 
 // The parent's CQ can be slept on (FI_WAIT_FD), so the test can wait for the dead peer's reset
