@@ -21,18 +21,26 @@ void Endpoint::post_hello_receive() {
                     fi_strerror(int(-ret)));
 }
 
+// What every twin of this process says (Config is read once per process), in storage that
+// outlives every endpoint: the owner may still hold a hello it has not sent when this twin is
+// closed (its link drains after the twin goes), so nothing per send is allocated or freed.
+// (A hello allocated per send leaked when the endpoint closed before its completion.)
+static wire::TwinHello &hello_out() {
+    static wire::TwinHello hello{
+        wire::kTwinMagic, 1, 0,
+        wire::kTwinNodeLocal | (Config::get().cma ? uint64_t(wire::kTwinCma) : 0)};
+    return hello;
+}
+
 void Endpoint::send_hellos() {
     std::vector<fi_addr_t> todo;
     todo.swap(introductions_);
     for (fi_addr_t addr : todo) {
-        auto *hello = new wire::TwinHello{
-            wire::kTwinMagic, 1, 0,
-            wire::kTwinNodeLocal | (Config::get().cma ? uint64_t(wire::kTwinCma) : 0)};
-        iovec iov{hello, sizeof *hello};
-        fi_msg_tagged msg{&iov, nullptr, 1, addr, wire::kTwinHelloTag, 0, hello, 0};
+        wire::TwinHello &hello = hello_out();
+        iovec iov{&hello, sizeof hello};
+        fi_msg_tagged msg{&iov, nullptr, 1, addr, wire::kTwinHelloTag, 0, &hello, 0};
         ssize_t ret = fi_tsendmsg(owner_ep_, &msg, FI_PEER_TRANSFER);
         if (ret == 0) continue;
-        delete hello;
         if (ret == -FI_EAGAIN)
             introductions_.push_back(addr);
         else
@@ -63,8 +71,7 @@ void Endpoint::transfer_complete(const fi_cq_tagged_entry &entry, fi_addr_t src)
         hello_posted_ = false;  // repost at the next pass
         return;
     }
-    // One of our hellos went out.
-    delete static_cast<wire::TwinHello *>(entry.op_context);
+    // One of our hellos went out (its storage is hello_out(): nothing to free).
 }
 
 void Endpoint::transfer_error(const fi_cq_err_entry &err) {
@@ -79,7 +86,6 @@ void Endpoint::transfer_error(const fi_cq_err_entry &err) {
         return;
     }
     TANDEM_INFO(FI_LOG_EP_CTRL, "twin hello not delivered: %s\n", fi_strerror(err.err));
-    delete static_cast<wire::TwinHello *>(err.op_context);
 }
 
 int Endpoint::remote_twin(fi_addr_t addr, uint64_t *caps) const {
