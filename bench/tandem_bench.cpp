@@ -67,22 +67,9 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // Errors and small helpers
 
-const char *g_role = "bench";
-
-[[noreturn]] void die(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    std::fprintf(stderr, "tandem_bench[%s]: error: ", g_role);
-    std::vfprintf(stderr, fmt, ap);
-    std::fprintf(stderr, "\n");
-    va_end(ap);
-    std::fflush(nullptr);
-    std::_Exit(2);
-}
-
-void check_fi(int64_t rc, const char *what) {
-    if (rc < 0) die("%s: %s (%" PRId64 ")", what, fi_strerror(static_cast<int>(-rc)), rc);
-}
+using tandem_bench::check_fi;
+using tandem_bench::die;
+using tandem_bench::g_role;
 
 double now_us() {
     using namespace std::chrono;
@@ -1789,15 +1776,16 @@ int run(const Options &o, bool is_server, int ctrl_fd) {
 }  // namespace
 
 int main(int argc, char **argv) {
+    tandem_bench::g_program = "tandem_bench";
     Options o = parse_options(argc, argv);
     setvbuf(stdout, nullptr, _IOLBF, 0);
     if (o.server) {
-        g_role = "server";
+        tandem_bench::set_role("server");
         int fd = listen_and_accept(o.host, o.port);
         return run(o, true, fd);
     }
     if (o.client) {
-        g_role = "client";
+        tandem_bench::set_role("client");
         int fd = connect_retry(o.host, o.port);
         return run(o, false, fd);
     }
@@ -1810,11 +1798,11 @@ int main(int argc, char **argv) {
     if (pid < 0) die("fork: %s", std::strerror(errno));
     if (pid == 0) {
         close(sv[0]);
-        g_role = "server";
+        tandem_bench::set_role("server");
         std::_Exit(run(o, true, sv[1]));
     }
     close(sv[1]);
-    g_role = "client";
+    tandem_bench::set_role("client");
     int rc = run(o, false, sv[0]);
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {

@@ -9,6 +9,7 @@
 #   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --trigger [--local] [--json FILE]
 #   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --coll [--np "2 4 8"] [--json FILE]
 #   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --nccl [--local] [--json FILE]
+#   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --progress [--local] [--json FILE]
 #   scripts/bench.sh [-b BUILD_DIR] [-n RUNS] --targets [--json FILE] [--baseline BUILD_DIR]
 #
 #   -b BUILD_DIR  the CMake build directory (default: <repo>/build); needs
@@ -47,10 +48,11 @@
 #                 "path", "provider", "failed": true}...]}, one object per line in the arrays;
 #                 metric latency (us), tagged_bw and rma_write_bw (MB/s; UCX has no RMA); a
 #                 failed run has no results, only its failures entry. --atomic, --trigger,
-#                 --coll and --nccl write one only when asked: {"tool", "mode", "date", "host",
-#                 "cores", "build", "runs", "results": [{"label", "key", "value"}...],
-#                 "medians": [{"label", "key", "value"}...], "failures": [{"label", "failed":
-#                 true}...]}, label and key as those modes key their tables (no run numbers).
+#                 --coll, --nccl and --progress write one only when asked: {"tool", "mode",
+#                 "date", "host", "cores", "build", "runs", "results": [{"label", "key",
+#                 "value"}...], "medians": [{"label", "key", "value"}...], "failures":
+#                 [{"label", "failed": true}...]}, label and key as those modes key their tables
+#                 (no run numbers).
 #   --plot [DIR]  after the runs, charts of the medians (scripts/bench-plot.sh, gnuplot):
 #                 DIR/latency.png (log-log) and DIR/bandwidth.png (tagged, log x), one series
 #                 per provider and path, and the same charts as latency.svg and bandwidth.svg.
@@ -107,6 +109,23 @@
 #                 the two programs alternate, the order reversed every other run. Prints every
 #                 run, the medians and the ratios plugin / raw (target >= 0.95). No UCX; -p
 #                 does not apply.
+#   --progress    automatic progress (FI_PROGRESS_AUTO) instead: BUILD_DIR/bench/progress_bench
+#                 on tandem, node-local and (without --local) over the link (FI_TANDEM_LOCAL=0),
+#                 every measurement in processes forked for it: overlap (a tagged receive of
+#                 1 MiB or 64 MiB posted, one fi_tsend, then both processes compute 100 ms
+#                 without a libfabric call; the share of the receive buffer that holds the data
+#                 then, in fully landed 4 KiB pages; auto against manual, target auto >= 90%),
+#                 idle CPU (one process with automatic progress, two endpoints after a message
+#                 each way, asleep 10 s: its CPU time as a share of one core, target < 1%) and
+#                 8 B ping-pong latency (both busy-polling; auto / manual, target <= 1.5). Auto
+#                 and manual alternate, the order reversed every other run. Prints every run,
+#                 the medians and each target's verdict (MISSED where missed); a missed target
+#                 is a finding, not a failure: the exit status is non-zero only when a run
+#                 failed. --json keys: LABEL local/auto, local/manual, local/idle (and link/...),
+#                 KEY overlap_1MiB, overlap_64MiB (%), latency_us, thread_wakeups_per_rt and
+#                 thread_cpu_pct (auto: the initiator's progress thread during the ping-pong),
+#                 cpu_pct, wakeups_per_s (idle). Busy-polling figures need idle cores: the load
+#                 average is printed before and after. No UCX; -p does not apply.
 #
 # Each run is one tandem_bench process pair (fork mode: server and client on this host, both
 # busy-polling, nothing pinned) per provider and path measuring tagged ping-pong latency and
@@ -138,6 +157,7 @@ atomic=0
 trigger=0
 coll=0
 nccl=0
+progress=0
 nps=""
 json=""
 size_list=""
@@ -163,6 +183,7 @@ while [ $# -gt 0 ]; do
         --trigger) trigger=1; shift ;;
         --coll) coll=1; shift ;;
         --nccl) nccl=1; shift ;;
+        --progress) progress=1; shift ;;
         --np) nps=$2; shift 2 ;;
         -h|--help) awk 'NR > 1 && !/^#/ { exit } NR > 1 { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
         *) echo "bench.sh: unknown option $1 (see -h)" >&2; exit 1 ;;
@@ -206,7 +227,7 @@ expand_sizes() {
 }
 
 default_mode=0
-[ "$hmem$atomic$trigger$coll$nccl" = 00000 ] && default_mode=1
+[ "$hmem$atomic$trigger$coll$nccl$progress" = 000000 ] && default_mode=1
 if [ "$default_mode" = 0 ]; then
     if [ -n "$size_list$path_list" ] || [ "$plot" = 1 ]; then
         echo "bench.sh: --sizes, --paths and --plot apply to the default mode only (see -h)" >&2
@@ -300,6 +321,21 @@ if [ "$nccl" = 1 ]; then
     use_ucx=0
 fi
 
+if [ "$progress" = 1 ]; then
+    if [ "$hmem$atomic$trigger$coll$nccl" != 00000 ]; then
+        echo "bench.sh: --progress excludes --hmem, --atomic, --trigger, --coll and --nccl (see -h)" >&2
+        exit 1
+    fi
+    [ -z "$providers" ] || { echo "bench.sh: -p does not apply to --progress (see -h)" >&2; exit 1; }
+    pb=$build/bench/progress_bench
+    [ -x "$pb" ] || { echo "bench.sh: $pb not built (cmake --build $build --target progress_bench)" >&2; exit 1; }
+    [ -e "$build/lib/libtandem-fi.so" ] || {
+        echo "bench.sh: $build/lib/libtandem-fi.so not built (cmake --build $build --target tandem-fi off_tandem-fi)" >&2
+        exit 1
+    }
+    use_ucx=0
+fi
+
 if [ "$hmem" = 1 ]; then
     hb=$build/bench/hmem_bench
     [ -x "$hb" ] || { echo "bench.sh: $hb not built (cmake --build $build --target hmem_bench)" >&2; exit 1; }
@@ -315,7 +351,7 @@ if [ "$hmem" = 1 ]; then
     exit $status
 fi
 bench=$build/bench/tandem_bench
-if [ "$coll" = 0 ]; then
+if [ "$coll" = 0 ] && [ "$progress" = 0 ]; then
     [ -x "$bench" ] || { echo "bench.sh: $bench not built (cmake --build $build --target tandem_bench)" >&2; exit 1; }
 fi
 if [ "$atomic" = 1 ] && [ "$trigger" = 1 ]; then
@@ -409,13 +445,14 @@ json_head() {
             print "  \"runs\": " runs ","
         }'
 }
-# mode_json (at exit): with --json, --atomic, --trigger, --coll and --nccl write their results
-# file's "LABEL KEY VALUE" lines ("LABEL failed 1" for a failed run) and the medians.
+# mode_json (at exit): with --json, --atomic, --trigger, --coll, --nccl and --progress write
+# their results file's "LABEL KEY VALUE" lines ("LABEL failed 1" for a failed run) and the
+# medians.
 mode_json() {
     [ "$default_mode" = 0 ] && [ -n "$json" ] && [ -e "$results" ] || return 0
     local mode fmt=%.2f
-    for mode in atomic trigger coll nccl; do [ "${!mode}" = 1 ] && break; done
-    [ "$mode" = coll ] && fmt=%.4g
+    for mode in atomic trigger coll nccl progress; do [ "${!mode}" = 1 ] && break; done
+    case $mode in coll|progress) fmt=%.4g ;; esac  # (an idle CPU share is a few thousandths)
     { json_head "$mode"
       awk -v fmt="$fmt" "$awk_json"'
         $2 == "failed" { fail[++nf] = $1; next }
@@ -591,6 +628,23 @@ keyed_exit() {
     fi
     exit 0
 }
+
+if [ "$progress" = 1 ]; then
+    # progress_bench forks the processes of every measurement, sets FI_TANDEM_LOCAL in each,
+    # alternates the modes and prints the table; "LABEL KEY VALUE" lines go to the results
+    # (--json). It bounds each of its waits (30 s) and each run; timeout(1) is the last resort.
+    progress_paths=local,link
+    [ "$local" = 1 ] && progress_paths=local
+    echo "bench.sh --progress: $runs runs; build $build; load average now: $(cut -d' ' -f1-3 /proc/loadavg)"
+    npaths=$(tr ',' '\n' <<<"$progress_paths" | wc -l)
+    if ! timeout -k 10 $((runs * npaths * 600 + 60)) env -u FI_PROVIDER -u FI_TANDEM_LOCAL \
+            FI_PROVIDER_PATH="$build/lib" "$pb" -n "$runs" -P "$progress_paths" -r "$results"; then
+        failed=1
+    fi
+    echo
+    echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
+    keyed_exit
+fi
 
 if [ "$coll" = 1 ]; then
     cb=$build/bench/coll_bench
