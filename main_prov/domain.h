@@ -76,8 +76,6 @@ class Domain : public FidObject<Domain, fid_domain> {
     bool worth_a_look() const;
     // Triggers waiting for a value a device writes (XPU): automatic progress polls them.
     bool device_triggers_waiting() const { return device_triggers_waiting_; }
-    // FI_PROGRESS_AUTO (control or data): the domain's progress thread, or nullptr.
-    ProgressThread *progress_thread() const { return progress_thread_.get(); }
     void add_endpoint(Engine *ep);
     void remove_endpoint(Engine *ep);
     // av gained addresses or user IDs: its endpoints tell an SRX owner the sources it now

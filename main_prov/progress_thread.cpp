@@ -85,10 +85,6 @@ ProgressThread::~ProgressThread() {
     stop();
 }
 
-bool ProgressThread::in_progress_thread() noexcept {
-    return t_progress_thread;
-}
-
 int ProgressThread::start() {
     auto &registry = ProgressThreadRegistry::get();
     std::lock_guard fork_guard(registry.fork_mutex);  // made and listed before any fork
@@ -169,7 +165,6 @@ void ProgressThread::run() {
     std::unique_lock guard(domain_.lock());
     while (!stop_.load(std::memory_order_acquire)) {
         domain_.progress();
-        passes_.fetch_add(1, std::memory_order_relaxed);
         if (domain_.work_pending()) {
             // Work only the CPU moves (bytes a socket did not take yet, a connection being
             // made): another pass, letting the application's calls in between.
@@ -180,7 +175,6 @@ void ProgressThread::run() {
         }
         const int64_t timeout_us = prepare_sleep();
         asleep_.store(true, std::memory_order_relaxed);
-        sleeps_.fetch_add(1, std::memory_order_relaxed);
         guard.unlock();
         set_.wait_us(timeout_us);
         kick_.drain();

@@ -41,11 +41,6 @@ class ProgressThread final : public DomainLock::ReleaseWatcher {
     // thread is woken. Under the lock.
     void released() noexcept override;
 
-    // Counts for the tests and the log (FI_TANDEM_... diagnostics): passes run, sleeps begun.
-    uint64_t passes() const { return passes_.load(std::memory_order_relaxed); }
-    uint64_t sleeps() const { return sleeps_.load(std::memory_order_relaxed); }
-    // Whether the calling thread is a progress thread (of any domain).
-    static bool in_progress_thread() noexcept;
     // Ends every progress thread of the process (the provider is about to be unloaded).
     static void stop_all() noexcept;
 
@@ -69,8 +64,6 @@ class ProgressThread final : public DomainLock::ReleaseWatcher {
     std::atomic<bool> stop_{false};
     // True between the thread's last pass and its wake-up (written under the domain lock).
     std::atomic<bool> asleep_{false};
-    std::atomic<uint64_t> passes_{0};
-    std::atomic<uint64_t> sleeps_{0};
 
     friend struct ProgressThreadRegistry;
 };
