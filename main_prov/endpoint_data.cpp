@@ -71,7 +71,7 @@ namespace tandem {
     Peer *peer = peer_of(dest);
     if (peer->lane ||
         (peer->route == Peer::Route::Undecided && goes_local(peer, dest) && peer->lane)) {
-        if (local_tx_pending_ || len > lane_limit_) return kNotTaken;
+        if (len > lane_limit_) return kNotTaken;
         return send_by_lane(peer->lane, buf, len, context, flags, tag, data, tagged);
     }
     // Over the link only at the level the general path reports at once (FI_INJECT_COMPLETE:

@@ -95,7 +95,6 @@ struct TxOp {
     RemoteRegion remote{};
     uint64_t data = 0;
     bool peer_transfer = false;  // the offload twin's (FI_PEER_TRANSFER): reported to it
-    bool local = false;          // posted through the offload twin (counted in local_tx_pending_)
     bool fenced = false;         // an atomic counted in its peer's atomics_out
     bool deferred = false;       // deferred work: completes on work_cntr (DeferredDone)
     Cntr *work_cntr = nullptr;
@@ -131,7 +130,6 @@ struct TxOp {
         remote = {};
         data = 0;
         peer_transfer = false;
-        local = false;
         fenced = false;
         deferred = false;
         work_cntr = nullptr;
@@ -387,9 +385,10 @@ class Engine : public CmSource, public RemoteKeyResolver {
     int prepare_atomic(const AtomicCall &a, AtomicRequest &r) const;
     bool make_tx_room();
     ssize_t issue_send(SendRequest &r);
-    // issue_send's ways: into a node-local peer's ring at once (true: done), through the
-    // offload twin, or over the link as an Eager message or an Rts.
-    bool inject_local(const SendRequest &r, Peer *peer, bool device);
+    // issue_send's ways: into a node-local peer's ring at once (kNotTaken: not a message for
+    // its lane), through the offload twin, or over the link as an Eager message or an Rts.
+    ssize_t inject_local(const SendRequest &r, Peer *peer, bool device);
+    ssize_t lane_refused(const SendRequest &r, Peer *peer);
     TxOp *new_send_op(const SendRequest &r, Peer *peer);
     ssize_t send_through_twin(TxOp *op, SendRequest &r, bool device, const hmem::MemRef *mem);
     ssize_t send_over_link(TxOp *op, const SendRequest &r, bool device, const hmem::MemRef *mem);
@@ -683,9 +682,8 @@ class Engine : public CmSource, public RemoteKeyResolver {
     // queue depths (tx_attr->size, rx_attr->size) as posted operations do.
     size_t tx_triggered_ = 0;
     size_t rx_triggered_ = 0;
-    char work_group_ = 0;          // (its address names work_group())
-    bool used_triggers_ = false;   // handed work to off_tandem's queue (discarded at close)
-    size_t local_tx_pending_ = 0;  // of tx_outstanding_, the operations posted to the twin
+    char work_group_ = 0;         // (its address names work_group())
+    bool used_triggers_ = false;  // handed work to off_tandem's queue (discarded at close)
 };
 
 }  // namespace tandem

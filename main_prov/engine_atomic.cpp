@@ -148,8 +148,6 @@ ssize_t Engine::issue_atomic(AtomicRequest &r) {
 ssize_t Engine::atomic_through_twin(TxOp *op, const AtomicCall &a, const AtomicOperands &in) {
     const fi_msg_atomic &m = a.msg;
     ++tx_outstanding_;
-    ++local_tx_pending_;
-    op->local = true;
     int ret;
     if (!m.desc && !hmem::all_host(in.operand_mem, m.iov_count)) {
         AtomicCall call = a;
@@ -166,7 +164,6 @@ ssize_t Engine::atomic_through_twin(TxOp *op, const AtomicCall &a, const AtomicO
     }
     if (ret) {
         --tx_outstanding_;
-        --local_tx_pending_;
         free_tx(op);
     }
     return ret;

@@ -92,13 +92,10 @@ ssize_t Engine::issue_rma(RmaRequest &r) {
             twin_count = op->iov.size();
         }
         ++tx_outstanding_;
-        ++local_tx_pending_;
-        op->local = true;
         int ret = local_->rma(op, twin_iov, twin_desc, twin_count, r.peer, r.addr, r.key, r.flags,
                               r.data, r.write);
         if (ret) {
             --tx_outstanding_;
-            --local_tx_pending_;
             free_tx(op);
         }
         return ret;

@@ -109,29 +109,32 @@ ssize_t Engine::issue_send(SendRequest &r) {
     Peer *peer = peer_for(r.dest);
     bool peer_transfer = r.flags & FI_PEER_TRANSFER;
     if (peer_transfer && !local_) return -FI_EINVAL;  // only our offload twin posts these
-    if (!peer_transfer && inject_local(r, peer, device)) return 0;
+    if (!peer_transfer)
+        if (ssize_t ret = inject_local(r, peer, device); ret != kNotTaken) return ret;
     TxOp *op = new_send_op(r, peer);
     // The twin's traffic crosses the link (node-local twins talk over their own rings).
     if (!peer_transfer && goes_local(peer, r.dest)) return send_through_twin(op, r, device, mem);
     return send_over_link(op, r, device, mem);
 }
 
-// A small node-local message goes straight into the peer's ring as a Short cell through its
-// lane (the one encoder of our Short cells; send_by_lane is its one-buffer form) and is
-// complete once there (the data has reached the peer's endpoint: FI_TRANSMIT_COMPLETE), with
-// no operation to allocate or complete later. Not while earlier operations through the twin
-// are pending (their completions come first), nor for FI_DELIVERY_COMPLETE (the receiver
-// answers) or device memory (the twin's P2P policy decides). When the lane is blocked or the
-// ring has no room now, the ordinary path posts it to the twin, which answers -FI_EAGAIN
-// while the ring is full (back-pressure: nothing is queued without bound). True when it went
-// (and is complete).
-bool Engine::inject_local(const SendRequest &r, Peer *peer, bool device) {
-    if (device || (r.flags & FI_DELIVERY_COMPLETE) || !local_ || local_tx_pending_ != 0 ||
-        r.payload.len > lane_limit_ || !goes_local(peer, r.dest) || !peer->lane)
-        return false;
+// A small node-local message of host memory is a Short cell: into the peer's ring through its
+// lane (the one encoder of our Short cells; send_by_lane is its one-buffer form), complete once
+// there (the data has reached the peer's endpoint: FI_TRANSMIT_COMPLETE), with no operation to
+// allocate or complete later. Completions carry no order (comp_order FI_ORDER_NONE), so earlier
+// operations through the twin still waiting for an answer do not hold it; the ring's order is
+// the message order. Not for FI_DELIVERY_COMPLETE (the receiver answers: an Eager cell of the
+// twin's) or device memory (the twin's P2P policy decides). When cells of the twin's wait for
+// room in that ring (ours would overtake them) or the ring is full: -FI_EAGAIN, back-pressure
+// as fi_msg(3) describes it, nothing queued without bound. When the peer died: an error
+// completion (FI_ECONNRESET). kNotTaken when the message is not one for the lane.
+ssize_t Engine::inject_local(const SendRequest &r, Peer *peer, bool device) {
+    if (device || (r.flags & FI_DELIVERY_COMPLETE) || !local_ || r.payload.len > lane_limit_ ||
+        !goes_local(peer, r.dest) || !peer->lane)
+        return kNotTaken;
     peer::LocalLane *lane = peer->lane;
     void *slot = lane->claim();
-    if (!slot) return false;
+    if (!slot) [[unlikely]]
+        return lane_refused(r, peer);
     stop_at("local.ring_reserved");
     write_short_gather(static_cast<uint8_t *>(slot), *lane->line,
                        uint8_t((r.tagged ? wire::kLocalTagged : 0) |
@@ -139,7 +142,17 @@ bool Engine::inject_local(const SendRequest &r, Peer *peer, bool device) {
                        r.payload.iov, r.payload.count, r.payload.len, r.tag, r.data);
     lane->publish(slot);
     complete_injected(r);
-    return true;
+    return 0;
+}
+
+// A lane that took no cell: its peer died (the send fails with an error completion, as any
+// operation towards it does) or it has no room now (-FI_EAGAIN).
+ssize_t Engine::lane_refused(const SendRequest &r, Peer *peer) {
+    if (!(*peer->lane->blocked & peer::kLaneDead)) return -FI_EAGAIN;
+    TxOp *op = new_send_op(r, peer);
+    ++tx_outstanding_;
+    fail_tx(op, FI_ECONNRESET);
+    return 0;
 }
 
 // The operation of a send that is not complete when issued, as it is reported.
@@ -180,13 +193,10 @@ ssize_t Engine::send_through_twin(TxOp *op, SendRequest &r, bool device, const h
         twin_count = op->iov.size();
     }
     ++tx_outstanding_;
-    ++local_tx_pending_;
-    op->local = true;
     int ret =
         local_->send(op, twin_iov, twin_desc, twin_count, r.dest, r.flags, r.tag, r.data, r.tagged);
     if (ret) {
         --tx_outstanding_;
-        --local_tx_pending_;
         free_tx(op);
     }
     return ret;
@@ -415,7 +425,6 @@ Cntr *Engine::tx_counter(uint64_t cq_flags) const {
 void Engine::retire_tx(TxOp *op) {
     for (uint64_t key : op->internal_keys) domain_->mr_table().erase_internal(key);
     --tx_outstanding_;
-    if (op->local) --local_tx_pending_;
     Peer *released = nullptr;
     if (op->fenced && --op->peer->atomics_out == 0 && !closing_) released = op->peer;
     free_tx(op);

@@ -228,7 +228,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         // at most one of theirs (a message whose room another producer took first) besides
         // our answers to the peer's own operations (bounded by its transmit queue).
         std::deque<Outgoing> backlog{};
-        uint8_t blocked = 0;  // dead, or cells in backlog: LocalLane::blocked
+        uint8_t blocked = 0;  // peer::kLaneBacklog, peer::kLaneDead: LocalLane::blocked
         Lane lane{};
     };
     // An operation waiting for the target's Fin (Rts, RMA) or for ReadData cells.

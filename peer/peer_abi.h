@@ -122,6 +122,7 @@ struct OwnerInbox {
 // twin endpoint. The owner writes a Short cell (common/short_cell.h) into `ring` itself,
 // claiming with `producer` and `view`, when `*blocked` is 0, and calls `wake` when the claim
 // asked for it (view->wake).
+inline constexpr uint8_t kLaneBacklog = 1, kLaneDead = 2;
 struct LocalLane {
     // After a publish whose claim found the peer asleep: wakes it.
     void (*wake)(LocalLane *lane);
@@ -129,8 +130,9 @@ struct LocalLane {
     ShmRing::ProducerView *view;  // the twin's, of this ring: one producer view per link
     uint32_t producer;            // the claimant id of this process
     const ShortLine *line;        // the twin's Short cell line (its name)
-    // Nonzero while cells of the twin's wait for room in this ring, or the peer is dead: the
-    // owner's cell would overtake them (or go nowhere), so it takes the ordinary way.
+    // Nonzero while cells of the twin's wait for room in this ring (kLaneBacklog: the owner's
+    // cell would overtake them, so the owner answers -FI_EAGAIN) or the peer is dead
+    // (kLaneDead: the owner fails the send).
     const uint8_t *blocked;
 
     // A cell of the ring for the owner's Short cell, or nullptr: blocked, or the ring full.

@@ -47,7 +47,7 @@ bool Endpoint::push_gather(PeerLink &link, const LocalHeader &hdr, const iovec *
     fill_cell(cell.data(), hdr, iov, count, offset, len, staged);
     if (link.backlog.empty()) ++backlogged_;
     link.backlog.push_back(Outgoing{std::move(cell), nullptr});
-    link.blocked = 1;
+    link.blocked |= peer::kLaneBacklog;
     return true;
 }
 
@@ -109,7 +109,7 @@ void Endpoint::push_staged(PeerLink &link, LocalHeader hdr, const iovec *iov, si
     }
     if (link.backlog.empty()) ++backlogged_;
     link.backlog.push_back(Outgoing{{}, std::move(stream)});
-    link.blocked = 1;
+    link.blocked |= peer::kLaneBacklog;
 }
 
 // The stream's next cells into the ring while it has room: true when the stream ended, with
@@ -177,7 +177,7 @@ bool Endpoint::flush(PeerLink &link) {
             link.backlog.pop_front();
             if (link.backlog.empty()) {
                 --backlogged_;
-                link.blocked = link.dead;
+                link.blocked &= uint8_t(~peer::kLaneBacklog);
             }
             finish_stream(*done, status);
             continue;
@@ -189,7 +189,7 @@ bool Endpoint::flush(PeerLink &link) {
         link.backlog.pop_front();
         if (link.backlog.empty()) {
             --backlogged_;
-            link.blocked = link.dead;
+            link.blocked &= uint8_t(~peer::kLaneBacklog);
         }
         notify(link);
     }
@@ -259,7 +259,7 @@ void Endpoint::push_cell(PeerLink &link, const uint8_t *cell, size_t n) {
     }
     if (link.backlog.empty()) ++backlogged_;
     link.backlog.push_back(Outgoing{std::vector<uint8_t>(cell, cell + n), nullptr});
-    link.blocked = 1;
+    link.blocked |= peer::kLaneBacklog;
 }
 
 }  // namespace tandem::off

@@ -189,7 +189,7 @@ void Endpoint::check_peers() {
         const std::string &key = link_key;  // (lambdas below take it: not a structured binding)
         if (link->dead || link->segment.owner_alive()) continue;
         link->dead = true;
-        link->blocked = 1;
+        link->blocked = peer::kLaneDead;  // (its backlog goes below)
         if (!link->backlog.empty()) --backlogged_;
         std::deque<Outgoing> unsent = std::move(link->backlog);
         link->backlog.clear();

@@ -2,6 +2,7 @@
 // unexpected messages, iovecs, CQ data, inject, truncation, ordering, directed receive,
 // FI_MULTI_RECV, FI_SELECTIVE_COMPLETION and cancel.
 #include "fabric_fixture.h"
+#include "peer/ep_diag.h"
 
 namespace tandem_test {
 namespace {
@@ -420,6 +421,43 @@ TEST_F(RdmMsgTest, MessagesMatchReceivesInSendOrder) {
 TEST_F(RdmMsgTest, UnexpectedMessagesOfEverySizeMatchReceivesInSendOrder) {
     sends_match_in_order(
         24, [](int i) -> size_t { return (i % 4 == 3) ? (300 << 10) : 8 * i; }, 2000, false);
+}
+
+// A small send behind a large one to the same peer that still waits for its receiver (a
+// rendezvous: complete when the receiver has read it) is not held behind it: it completes at
+// once (completions carry no order, FI_ORDER_NONE), and the receives posted afterwards take the
+// two in the order they were sent. Node-local, the small one is a Short cell in the peer's
+// ring behind the large one's Rts.
+TEST_F(RdmMsgTest, SmallSendBehindAWaitingLargeOneCompletesAtOnce) {
+    if (!is_own(info.get())) GTEST_SKIP() << "completion timing is the provider's own";
+    void *ops = nullptr;
+    ASSERT_EQ(fi_open_ops(&a().ep->fid, tandem::peer::kEpDiagOpsName, 0, &ops, nullptr), 0);
+    if (static_cast<tandem::peer::EpDiagOps *>(ops)->peer_path(a().ep, a().peer[1]) ==
+        int(tandem::peer::PeerPath::LocalStaged))
+        GTEST_SKIP() << "no cross-memory attach here: a large node-local send is staged, and "
+                        "completes without its receiver";
+    constexpr size_t kLarge = 4 << 20, kSmall = 64;
+    auto large = buf(kLarge), small = buf(kSmall), r0 = buf(kLarge), r1 = buf(kSmall);
+    fill_pattern(large->data(), kLarge, 71);
+    fill_pattern(small->data(), kSmall, 72);
+    ASSERT_FI_OK(post(
+        [&] { return fi_send(a().ep, large->data(), kLarge, large->desc, a().peer[1], ctx(0)); }));
+    ASSERT_FI_OK(post(
+        [&] { return fi_send(a().ep, small->data(), kSmall, small->desc, a().peer[1], ctx(1)); }));
+    ASSERT_TRUE(wait_comp(a(), ctx(1))) << a().log.summary();
+    EXPECT_FALSE(a().log.has(ctx(0))) << "the large send completed with no receive posted";
+    ASSERT_FI_OK(post(
+        [&] { return fi_recv(b().ep, r0->data(), kLarge, r0->desc, FI_ADDR_UNSPEC, ctx(10)); }));
+    ASSERT_FI_OK(post(
+        [&] { return fi_recv(b().ep, r1->data(), kSmall, r1->desc, FI_ADDR_UNSPEC, ctx(11)); }));
+    auto c0 = wait_comp(b(), ctx(10)), c1 = wait_comp(b(), ctx(11));
+    ASSERT_TRUE(c0 && c1) << b().log.summary();
+    EXPECT_EQ(c0->len, kLarge);
+    EXPECT_EQ(c1->len, kSmall);
+    EXPECT_EQ(check_pattern(r0->data(), kLarge, 71), -1);
+    EXPECT_EQ(check_pattern(r1->data(), kSmall, 72), -1);
+    ASSERT_TRUE(wait_comp(a(), ctx(0))) << a().log.summary();
+    EXPECT_TRUE(a().log.errs.empty()) << a().log.summary();
 }
 
 // FI_DELIVERY_COMPLETE sends (which the receiver answers) interleaved with plain ones, from
