@@ -136,6 +136,9 @@ int LocalPath::open_twin(OffloadDomain &off) {
     int ret = twin_info && twin_info->ep_attr->auth_key_size == key_len
                   ? fi_endpoint2(off.domain(), twin_info, &twin_, FI_PEER_TRANSFER, &transfer_)
                   : -FI_ENOMEM;
+    // The largest message its Short cell takes (what fits one ring cell): what it answers
+    // for an endpoint's inject size.
+    if (twin_info) inject_limit_ = twin_info->tx_attr->inject_size;
     fi_freeinfo(twin_info);
     // fi_peer(3): the peer sets its callbacks before fi_endpoint2 returns.
     const fi_ops_transfer_peer *t = transfer_.peer_ops;
@@ -151,7 +154,6 @@ int LocalPath::open_twin_ops() {
     ops_ = static_cast<peer::LocalPathOps *>(ops);
     if (!ret && (!ops_ || ops_->size < sizeof(peer::LocalPathOps))) ret = -FI_ENOSYS;
     if (ret) return ret;
-    inject_limit_ = ops_->inject_limit(twin_);
     void *coll = nullptr;
     if (fi_open_ops(&twin_->fid, peer::kCollOpsName, 0, &coll, nullptr) == 0 &&
         static_cast<peer::CollOps *>(coll)->size >= sizeof(peer::CollOps))

@@ -113,10 +113,6 @@ int local_single_copy(fid_ep *ep, fi_addr_t addr) noexcept try {
     return current_exception_errno();
 }
 
-size_t local_inject_limit(fid_ep *) noexcept {
-    return Config::get().eager_limit;
-}
-
 peer::LocalLane *local_lane(fid_ep *ep, fi_addr_t addr) noexcept try {
     return Endpoint::of(ep)->lane(addr);
 } catch (...) {
@@ -143,7 +139,6 @@ peer::LocalPathOps local_path_ops = {.size = sizeof(peer::LocalPathOps),
                                      .queued = local_queued,
                                      .introduce = local_introduce,
                                      .remote_twin = local_remote_twin,
-                                     .inject_limit = local_inject_limit,
                                      .single_copy = local_single_copy,
                                      .lane = local_lane,
                                      .progress = local_progress,

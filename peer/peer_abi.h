@@ -159,7 +159,7 @@ struct InboxView {
 
 // fi_open_ops name of off_tandem's endpoint extension: whether a peer (an fi_addr of the
 // shared AV) is reachable over the node-local path, so the owner routes it there.
-inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v7";
+inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v8";
 
 struct LocalPathOps {
     size_t size;
@@ -179,8 +179,6 @@ struct LocalPathOps {
     void (*introduce)(fid_ep *ep, fi_addr_t addr);
     // Whether the twin of the peer at addr introduced itself (1), with its capabilities.
     int (*remote_twin)(fid_ep *ep, fi_addr_t addr, uint64_t *caps);
-    // The largest message a lane's Short cell takes (what fits one ring cell).
-    size_t (*inject_limit)(fid_ep *ep);
     // How large transfers to the peer at addr are copied: 1 single copy (cross-memory
     // attach), 0 staged through the rings, -FI_ENOENT when not node-local.
     int (*single_copy)(fid_ep *ep, fi_addr_t addr);

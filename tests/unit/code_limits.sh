@@ -9,6 +9,12 @@
 #   adapter    the fid_ep adapter (class Endpoint, main_prov/endpoint.h) under 60 methods
 #   locks      no recursive mutex anywhere in them (the domain lock is a plain one, and the
 #              lock order is asserted: main_prov/lock_order.h)
+#   routes     the node-local Short cell's routes as docs/architecture.md draws them: each
+#              encoder and decoder called from the places listed there, and nowhere else (a
+#              new caller is a new route, to be drawn there and counted here)
+#   extensions the entries (function pointers) of the private extension tables between the
+#              two providers and for tools (peer/*.h, listed below): no more than today's,
+#              so that none comes back as the tables shrink (issue 36: 41 at its filing)
 # CHECK runs one of them (all by default). Each prints what breaks its limit, and the script
 # fails if any does.
 set -u
@@ -77,9 +83,67 @@ check_locks() {
     fi
 }
 
+# The production files that call a function, one per call, sorted: "file name" lines.
+callers_of() {
+    grep -o -- "\b$1(" "${sources[@]}" /dev/null | grep -v '^/dev/null' | sed "s/:.*/ $1/" | sort
+}
+
+check_routes() {
+    local name want got bad=0
+    # name, then the files its calls may be in (one word per call), as the routes table says.
+    local -a table=(
+        # The one Short encoder: its two forms, both in common/short_cell.h.
+        "write_short_head|common/short_cell.h common/short_cell.h common/short_cell.h"
+        # One buffer from tandem's data call (send_by_lane), and the twin's own traffic and
+        # the peer-API face (fill_short).
+        "write_short|common/short_cell.h main_prov/endpoint_data.cpp offload_prov/ep/cell_send.cpp"
+        # Any list, from tandem's general path (inject_local).
+        "write_short_gather|common/short_cell.h main_prov/engine_send.cpp"
+        # The one decoder: tandem's receive_short and its slow half, and the twin's for an
+        # owner that is not tandem.
+        "read_short|common/short_cell.h main_prov/endpoint_data.cpp main_prov/engine_recv.cpp offload_prov/ep/progress.cpp offload_prov/ep/progress.cpp"
+    )
+    for row in "${table[@]}"; do
+        name=${row%%|*}
+        want=$(tr ' ' '\n' <<<"${row#*|}" | sed "s/\$/ $name/" | sort)
+        got=$(callers_of "$name")
+        if [ "$got" != "$want" ]; then
+            echo "FAIL: $name is called from"; echo "$got" | sed 's/^/    /'
+            echo "  and the routes table lists"; echo "$want" | sed 's/^/    /'
+            bad=1
+        fi
+    done
+    # A Short message is never posted through the twin: the only call of LocalPath::send is
+    # the general path's for what the lane does not carry (eager with FI_DELIVERY_COMPLETE,
+    # staged, single copy, device memory).
+    got=$(grep -c -- 'local_->send(' main_prov/*.cpp | awk -F: '{ n += $2 } END { print n + 0 }')
+    if [ "$got" -ne 1 ]; then echo "FAIL: LocalPath::send has $got callers, the table lists 1"; bad=1; fi
+    if [ "$bad" -eq 0 ]; then echo "ok: the Short cell's encoder and decoder are called where the routes table says"; else status=1; fi
+}
+
+check_extensions() {
+    local total=0 n s line
+    local -a tables=(peer/peer_abi.h:PeerAvOps peer/peer_abi.h:PeerEpOps peer/peer_abi.h:OwnerInbox
+                     peer/peer_abi.h:LocalLane peer/peer_abi.h:LocalPathOps
+                     peer/peer_trigger.h:PeerCntrOps peer/peer_trigger.h:TriggerOps
+                     peer/peer_coll.h:CollOps peer/ep_diag.h:EpDiagOps)
+    for s in "${tables[@]}"; do
+        n=$(awk -v name="${s#*:}" '$0 ~ "^struct " name " \\{" { on = 1; next } on && /^};/ { exit }
+                                   on && /\(\*[a-z_]+\)\(/ { n++ } END { print n + 0 }' "${s%%:*}")
+        [ "$n" -gt 0 ] || { echo "FAIL: no entries found in ${s#*:} (${s%%:*})"; status=1; return; }
+        line+=" ${s#*:} $n"
+        total=$((total + n))
+    done
+    if [ "$total" -gt 34 ]; then
+        echo "FAIL: $total entries in the private extension tables (limit 34):$line"; status=1
+    else
+        echo "ok: $total entries in the private extension tables:$line"
+    fi
+}
+
 case $only in
-    all) check_functions; check_files; check_adapter; check_locks ;;
-    functions | files | adapter | locks) "check_$only" ;;
+    all) check_functions; check_files; check_adapter; check_locks; check_routes; check_extensions ;;
+    functions | files | adapter | locks | routes | extensions) "check_$only" ;;
     *) echo "unknown check: $only"; exit 2 ;;
 esac
 exit "$status"
