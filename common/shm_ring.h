@@ -262,6 +262,21 @@ class ShmRing {
         }
     }
 
+    // Consumer: one past the last cell claimed now in this lap (published or not), head when
+    // none is. A consumer that learns a producer died knows every cell that producer claimed
+    // is below this position, and has read them all (or skipped them, reclaim_dead) once
+    // consumed() reaches it. One load per cell: for rare checks, not for a data path.
+    uint64_t claimed_end() {
+        const uint64_t head = head_.load(std::memory_order_relaxed);
+        uint64_t end = head;
+        for (uint64_t position = head; position < head + cell_count_; ++position)
+            if (claimed_for(owner_at(position).load(std::memory_order_acquire), position))
+                end = position + 1;
+        return end;
+    }
+    // Consumer: the position of the next cell to consume (every cell below it consumed).
+    uint64_t consumed() const { return head_.load(std::memory_order_acquire); }
+
     // Payload bytes that share the cache line of the cell's sequence number (the line the
     // consumer polls).
     static constexpr size_t kFirstLinePayload = kCacheLine - 16;

@@ -222,6 +222,10 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         bool same_pid_ns = false;
         bool cma = false;
         bool dead = false;
+        // Its process was found gone and the verdict waits until our inbox is read up to
+        // drain_to: the cells it published before it died (a Fin, a WriteDone) count first.
+        bool death_seen = false;
+        uint64_t drain_to = 0;
         int wake_fd = -1;  // the peer's wake FIFO, write end, opened when first needed
         // Cells and streams waiting for room in the ring. The application's operations are
         // refused (-FI_EAGAIN) while anything waits here or the ring is full, so it holds
@@ -273,7 +277,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         return find_source(sender);
     }
     fi_addr_t find_source(std::string_view sender);
-    void check_peers();
+    bool check_peers();
+    void bury(PeerLink *link, const std::string &key);
 
     // ep/cell_send.cpp: cells into a peer's ring or its link's backlog, and wake-ups.
     void push(PeerLink &link, const wire::LocalHeader &hdr, const void *body, size_t len);

@@ -181,69 +181,88 @@ fi_addr_t Endpoint::find_source(std::string_view sender) {
 
 // A peer that died leaves our operations waiting on it with errors, not a hang, and no
 // cell it had claimed in our inbox without publishing it stops the cells behind.
-void Endpoint::check_peers() {
+//
+// A process that answered and then exited (a receiver's Fin, then its exit) must not fail the
+// operation its answer completes: the answer may still be in our inbox, unread, when its
+// death is seen (we read at most a batch of cells per pass, and the death may come between
+// the read and this check). So the verdict waits until the inbox has been read past every
+// cell claimed in it when the death was seen (ShmRing::claimed_end), which holds all the
+// dead process ever wrote to us. True while a verdict waits (the caller checks again soon).
+bool Endpoint::check_peers() {
     if (uint32_t n =
             inbox_ ? inbox_->reclaim_dead([this](uint32_t id) { return claimants_.alive(id); }) : 0)
         TANDEM_INFO(FI_LOG_EP_DATA, "skipped %u inbox cells claimed by dead processes\n", n);
-    for (auto &[link_key, link] : links_) {
-        const std::string &key = link_key;  // (lambdas below take it: not a structured binding)
-        if (link->dead || link->segment.owner_alive()) continue;
-        link->dead = true;
-        link->blocked = peer::kLaneDead;  // (its backlog goes below)
-        if (!link->backlog.empty()) --backlogged_;
-        std::deque<Outgoing> unsent = std::move(link->backlog);
-        link->backlog.clear();
-        for (const Outgoing &o : unsent)
-            if (o.stream) finish_stream(*o.stream, FI_ECONNRESET);
-        TANDEM_INFO(FI_LOG_EP_DATA, "node-local peer %s died\n", key.c_str());
-        for (auto it = pending_.begin(); it != pending_.end();) {
-            if (it->second.link != link.get()) {
-                ++it;
-                continue;
-            }
-            complete_tx(it->second.context, it->second.flags, it->second.len, FI_ECONNRESET);
-            it = pending_.erase(it);
+    bool waiting = false;
+    for (auto &[key, link] : links_) {
+        if (link->dead || (!link->death_seen && link->segment.owner_alive())) continue;
+        if (inbox_ && !link->death_seen) link->drain_to = inbox_->claimed_end();
+        link->death_seen = true;
+        if (inbox_ && inbox_->consumed() < link->drain_to) {
+            waiting = true;
+            continue;
         }
-        for (AtomicSlot &slot : atomics_)
-            if (slot.link == link.get()) finish_atomic_slot(slot, FI_ECONNRESET);
-        // Receives whose sender was still to write its half.
-        for (auto it = splits_.begin(); it != splits_.end();) {
-            auto sender = local_key(it->first.first.data(), it->first.first.size());
-            if (!sender || *sender != key) {
-                ++it;
-                continue;
-            }
-            Split split = it->second;
-            it = splits_.erase(it);
-            release_claim(split.claim);
-            if (split.entry) complete_rx(split.entry, split.hdr, split.n, FI_ECONNRESET, split.src);
-        }
-        // Its staged writes that failed here, and what it sent behind a split write of its:
-        // nobody waits for any of it now.
-        std::erase_if(failed_writes_, [&](const auto &f) {
-            auto sender = local_key(f.first.first.data(), f.first.first.size());
-            return sender && *sender == key;
-        });
-        std::erase_if(deferred_, [&](const auto &d) {
-            auto sender = local_key(d.first.data(), d.first.size());
-            return sender && *sender == key;
-        });
-        // Receives waiting for a staged copy it will never send, and its memory we mapped.
-        for (auto it = restaging_.begin(); it != restaging_.end();) {
-            auto sender = local_key(it->first.first.data(), it->first.first.size());
-            if (!sender || *sender != key) {
-                ++it;
-                continue;
-            }
-            fi_peer_rx_entry *entry = it->second;
-            LocalHeader hdr{};
-            hdr.total = entry->size;
-            hdr.tag = entry->tag;
-            it = restaging_.erase(it);
-            complete_rx(entry, hdr, 0, FI_ECONNRESET, entry->addr);
-        }
-        ipc_import_.forget_peer(static_cast<uint64_t>(link->pid));
+        bury(link.get(), key);
     }
+    return waiting;
+}
+
+// A peer found dead: what waits on it ends with FI_ECONNRESET, and nothing more goes to it.
+void Endpoint::bury(PeerLink *link, const std::string &key) {
+    link->dead = true;
+    link->blocked = peer::kLaneDead;  // (its backlog goes below)
+    if (!link->backlog.empty()) --backlogged_;
+    std::deque<Outgoing> unsent = std::move(link->backlog);
+    link->backlog.clear();
+    for (const Outgoing &o : unsent)
+        if (o.stream) finish_stream(*o.stream, FI_ECONNRESET);
+    TANDEM_INFO(FI_LOG_EP_DATA, "node-local peer %s died\n", key.c_str());
+    for (auto it = pending_.begin(); it != pending_.end();) {
+        if (it->second.link != link) {
+            ++it;
+            continue;
+        }
+        complete_tx(it->second.context, it->second.flags, it->second.len, FI_ECONNRESET);
+        it = pending_.erase(it);
+    }
+    for (AtomicSlot &slot : atomics_)
+        if (slot.link == link) finish_atomic_slot(slot, FI_ECONNRESET);
+    // Receives whose sender was still to write its half.
+    for (auto it = splits_.begin(); it != splits_.end();) {
+        auto sender = local_key(it->first.first.data(), it->first.first.size());
+        if (!sender || *sender != key) {
+            ++it;
+            continue;
+        }
+        Split split = it->second;
+        it = splits_.erase(it);
+        release_claim(split.claim);
+        if (split.entry) complete_rx(split.entry, split.hdr, split.n, FI_ECONNRESET, split.src);
+    }
+    // Its staged writes that failed here, and what it sent behind a split write of its:
+    // nobody waits for any of it now.
+    std::erase_if(failed_writes_, [&](const auto &f) {
+        auto sender = local_key(f.first.first.data(), f.first.first.size());
+        return sender && *sender == key;
+    });
+    std::erase_if(deferred_, [&](const auto &d) {
+        auto sender = local_key(d.first.data(), d.first.size());
+        return sender && *sender == key;
+    });
+    // Receives waiting for a staged copy it will never send, and its memory we mapped.
+    for (auto it = restaging_.begin(); it != restaging_.end();) {
+        auto sender = local_key(it->first.first.data(), it->first.first.size());
+        if (!sender || *sender != key) {
+            ++it;
+            continue;
+        }
+        fi_peer_rx_entry *entry = it->second;
+        LocalHeader hdr{};
+        hdr.total = entry->size;
+        hdr.tag = entry->tag;
+        it = restaging_.erase(it);
+        complete_rx(entry, hdr, 0, FI_ECONNRESET, entry->addr);
+    }
+    ipc_import_.forget_peer(static_cast<uint64_t>(link->pid));
 }
 
 }  // namespace tandem::off

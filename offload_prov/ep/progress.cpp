@@ -101,10 +101,9 @@ void Endpoint::progress_all(bool counted) {
     if (passes_ % 1024 == 0 || (atomics_pending_ && passes_ % 32 == 0) || !pending_.empty() ||
         !splits_.empty() || !restaging_.empty()) {
         int64_t now = coarse_now_ms();
-        if (now >= next_check_ms_) {
-            next_check_ms_ = now + 200;
-            check_peers();
-        }
+        if (now >= next_check_ms_)
+            // (Again at the next tick while a dead peer's verdict waits for our inbox.)
+            next_check_ms_ = now + (check_peers() ? 1 : 200);
     }
     // Operations that wait on a peer (its answer, or room in its ring), and pass after pass
     // brings nothing: the peer may have no core (more processes than cores), and our busy

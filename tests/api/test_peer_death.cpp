@@ -76,6 +76,29 @@ bool read_all(int fd, void *p, size_t n, int timeout_ms) {
     _exit(2);
 }
 
+// "answer_and_exit": kBurst small tagged messages to the parent (unexpected there: they fill
+// its inbox ahead of what follows), a byte to say so, then the first message the parent sends
+// is received (answered, when the parent asked for FI_DELIVERY_COMPLETE) and the child exits
+// at once, as a process whose work is done does.
+constexpr int kBurst = 100;
+[[noreturn]] void answer_and_exit(fid_ep *ep, fid_cq *cq, fi_addr_t peer, const void *buf,
+                                  int wfd) {
+    fi_cq_tagged_entry e[8];
+    for (int i = 0; i < kBurst; ++i) {
+        ssize_t r;
+        while ((r = fi_tinject(ep, buf, 64, peer, 0x5eed)) == -FI_EAGAIN) fi_cq_read(cq, e, 8);
+        if (r) die("fi_tinject", r);
+    }
+    uint8_t flag = 1;
+    if (!write_all(wfd, &flag, 1)) die("write burst", -FI_EIO);
+    for (;;) {
+        ssize_t n = fi_cq_read(cq, e, 8);
+        for (ssize_t i = 0; i < n; ++i)
+            if (e[i].flags & FI_RECV) _exit(0);
+        if (n == -FI_EAVAIL) die("the receive", n);
+    }
+}
+
 [[noreturn]] void child_main(int rfd, int wfd, const std::string &mode) {
     alarm(60);  // never outlive a broken parent for long
     FabricOptions o;
@@ -147,6 +170,7 @@ bool read_all(int fd, void *p, size_t n, int timeout_ms) {
         die("fi_trecv large", ret);
     uint8_t flag = 1;
     if (!write_all(wfd, &flag, 1)) die("write ready", -FI_EIO);
+    if (mode == "answer_and_exit") answer_and_exit(ep, cq, peer, mem.data(), wfd);
     for (;;) {
         if (mode == "idle" && idle) {  // reads nothing more: what arrives stays unread
             pause();
@@ -550,6 +574,40 @@ TEST_F(PeerDeathTest, ReceiverKilledBeforeItsCopyFailsTheSend) {
                      << a().log.summary();
     EXPECT_EQ(err->e.err, FI_ECONNRESET) << "got " << fi_strerror(err->e.err);
     ASSERT_NO_FATAL_FAILURE(check_survivor_works(713));
+}
+
+// A receiver that answers and exits at once (its work done) has not failed the sender: its
+// answer is in our inbox before its death, though perhaps behind more cells than one progress
+// pass reads. Node-local: the child fills our inbox with 100 small messages, then receives our
+// FI_DELIVERY_COMPLETE send, answers it (Fin) and exits; we make no progress until it is gone,
+// and then the first pass reads 64 cells, none of them the Fin, and checks the peers, whose
+// liveness check finds the child dead. The send completes, without an error.
+TEST_F(PeerDeathTest, ReceiverThatAnsweredAndExitedDoesNotFailTheSend) {
+    if (over_link()) GTEST_SKIP() << "node-local: a link moves nothing while we make no progress";
+    ASSERT_NO_FATAL_FAILURE(start_child("answer_and_exit"));
+    uint8_t burst = 0;
+    ASSERT_TRUE(read_all(child.rfd, &burst, 1, 20000)) << "the child did not send its burst";
+    auto s = buf(64);
+    iovec iov{s->data(), 64};
+    void *desc = s->desc;
+    fi_msg m{};
+    m.msg_iov = &iov;
+    m.desc = &desc;
+    m.iov_count = 1;
+    m.addr = dead;
+    m.context = ctx(0);
+    ASSERT_FI_OK(fi_sendmsg(a().ep, &m, FI_DELIVERY_COMPLETE | FI_COMPLETION));
+    int status = 0;
+    const auto until = Clock::now() + 20s;
+    pid_t r = 0;
+    while ((r = waitpid(child.pid, &status, WNOHANG)) == 0 && Clock::now() < until)
+        std::this_thread::sleep_for(5ms);
+    ASSERT_EQ(r, child.pid) << "the child did not exit";
+    child.pid = -1;
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "the child failed: " << status;
+    // (wait_comp gives a completion, not an error: a send failed with FI_ECONNRESET fails here.)
+    ASSERT_TRUE(wait_comp(a(), ctx(0), 5s))
+        << "the send failed or never completed, though it was answered: " << a().log.summary();
 }
 
 // Node-local: a sender dies holding a cell of our inbox it claimed and never published. The

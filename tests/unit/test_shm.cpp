@@ -474,6 +474,47 @@ TEST(ShmRing, AttachValidatesTheLayout) {
     EXPECT_EQ(ShmRing::attach(mem.get()), nullptr);
 }
 
+// What a consumer that learns of a producer's death waits for: claimed_end is one past the
+// last cell claimed (published or not), consumed the next cell to read; every cell claimed
+// before the check is read once consumed reaches claimed_end, in later laps too.
+TEST(ShmRing, ClaimedEndCoversEveryClaimedCellUntilConsumed) {
+    constexpr uint32_t kCells = 8, kCellSize = 128;
+    RingMemory mem(ShmRing::bytes_for(kCells, kCellSize));
+    ShmRing *ring = ShmRing::init(mem.get(), kCells, kCellSize);
+    ASSERT_NE(ring, nullptr);
+    EXPECT_EQ(ring->claimed_end(), 0u);
+    EXPECT_EQ(ring->consumed(), 0u);
+    for (int lap = 0; lap < 3; ++lap) {
+        const uint64_t base = ring->consumed();
+        void *first = ring->try_reserve(1), *second = ring->try_reserve(2);
+        void *third = ring->try_reserve(1);
+        ASSERT_TRUE(first && second && third);
+        ring->publish(first);
+        ring->publish(third);  // the second stays claimed, unpublished
+        EXPECT_EQ(ring->claimed_end(), base + 3) << "lap " << lap;
+        ASSERT_NE(ring->peek(), nullptr);
+        ring->release();
+        EXPECT_EQ(ring->consumed(), base + 1);
+        EXPECT_EQ(ring->peek(), nullptr);  // behind the unpublished one
+        EXPECT_EQ(ring->claimed_end(), base + 3);
+        ring->publish(second);
+        for (int i = 0; i < 2; ++i) {
+            ASSERT_NE(ring->peek(), nullptr);
+            ring->release();
+        }
+        EXPECT_EQ(ring->consumed(), base + 3);
+        EXPECT_EQ(ring->claimed_end(), base + 3) << "nothing claimed: the head";
+        // Fill the rest of the lap so the next one starts elsewhere in the cells.
+        for (uint32_t i = 0; i < kCells - 3; ++i) {
+            void *c = ring->try_reserve(3);
+            ASSERT_NE(c, nullptr);
+            ring->publish(c);
+            ASSERT_NE(ring->peek(), nullptr);
+            ring->release();
+        }
+    }
+}
+
 TEST(ShmRing, SingleThreadFifoFullAndEmpty) {
     constexpr uint32_t kCells = 8, kCellSize = 256;
     RingMemory mem(ShmRing::bytes_for(kCells, kCellSize));
