@@ -14,8 +14,10 @@
 #include "offload_prov/srx.h"
 
 #include <fcntl.h>
+#include <sys/epoll.h>
 #include <sys/random.h>
 #include <sys/stat.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -234,8 +236,8 @@ Endpoint::~Endpoint() {
     }
     for (auto &[key, link] : links_)
         if (link->wake_fd >= 0) ::close(link->wake_fd);
-    if (wake_rd_ >= 0) ::close(wake_rd_);
-    if (wake_wr_ >= 0) ::close(wake_wr_);
+    for (int fd : {wake_rd_, wake_wr_, wait_set_, liveness_timer_})
+        if (fd >= 0) ::close(fd);
     if (!wake_path_.empty()) unlink(wake_path_.c_str());
     // Messages queued with the owner belong to the owner's entries now: the owner frees the
     // entries when it closes (it closes us first), so only our side of them goes here.
@@ -333,6 +335,15 @@ void Endpoint::enable() {
     wake_rd_ = ::open(wake_path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     wake_wr_ = ::open(wake_path_.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
     if (wake_rd_ < 0 || wake_wr_ < 0) fail(errno, "open " + wake_path_);
+    wait_set_ = ::epoll_create1(EPOLL_CLOEXEC);
+    liveness_timer_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (wait_set_ < 0 || liveness_timer_ < 0) fail(errno, "epoll_create1 / timerfd_create");
+    for (int fd : {wake_rd_, liveness_timer_}) {
+        epoll_event ev{};
+        ev.events = EPOLLIN;
+        ev.data.fd = fd;
+        if (::epoll_ctl(wait_set_, EPOLL_CTL_ADD, fd, &ev) != 0) fail(errno, "epoll_ctl");
+    }
     auto *info = static_cast<SegmentInfo *>(segment_->data());
     *info = {};
     info->pid = getpid();

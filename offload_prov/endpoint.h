@@ -133,7 +133,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     void progress();
     [[gnu::noinline]] void progress_all(bool counted);
     int reachable(fi_addr_t addr);
-    int wait_fd() const { return wake_rd_; }
+    // What a sleeper watches: readable when a peer woke us (the FIFO) or a liveness check of
+    // the peers our operations wait on is due (a timer armed by arm()).
+    int wait_fd() const { return wait_set_; }
     int arm();
     void introduce(fi_addr_t addr) {
         note_work();
@@ -489,6 +491,12 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     std::vector<uint32_t> claim_generation_;
     std::vector<uint32_t> free_claims_;
     int wake_rd_ = -1, wake_wr_ = -1;
+    // An epoll set of wake_rd_ and the liveness timer (a timerfd), which wait_fd() hands out:
+    // a peer that dies writes nothing, so a sleeper whose operations wait on peers must wake
+    // for the next check of them (check_peers) by itself.
+    int wait_set_ = -1, liveness_timer_ = -1;
+    bool liveness_timer_armed_ = false;
+    void arm_liveness_timer();
 
     // ep/peer_links.cpp
     std::unordered_map<std::string, std::unique_ptr<PeerLink>> links_;

@@ -8,6 +8,7 @@
 #include "offload_prov/ep/endpoint_internal.h"
 
 #include <fcntl.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -218,13 +219,33 @@ int Endpoint::arm() {
     char drain[64];
     while (::read(wake_rd_, drain, sizeof drain) > 0) {
     }
+    uint64_t expirations;
+    (void)!::read(liveness_timer_, &expirations, sizeof expirations);
     bool pending =
         (inbox_ && !inbox_->arm()) || !tx_done_.empty() || !cq_backlog_.empty() || backlogged_;
     if (pending) {
         char byte = 0;
         (void)!::write(wake_wr_, &byte, 1);
+    } else {
+        arm_liveness_timer();
     }
     return pending ? 1 : 0;
+}
+
+// While operations wait on peers (an answer, a split copy's other half, an atomic's result),
+// the sleep ends when their next liveness check is due; otherwise no timer runs.
+void Endpoint::arm_liveness_timer() {
+    const bool waiting =
+        atomics_pending_ || !pending_.empty() || !splits_.empty() || !restaging_.empty();
+    if (!waiting && !liveness_timer_armed_) return;
+    itimerspec when{};
+    if (waiting) {
+        const int64_t ms = std::max<int64_t>(1, next_check_ms_ - coarse_now_ms());
+        when.it_value.tv_sec = ms / 1000;
+        when.it_value.tv_nsec = (ms % 1000) * 1000000;
+    }
+    ::timerfd_settime(liveness_timer_, 0, &when, nullptr);
+    liveness_timer_armed_ = waiting;
 }
 
 void Endpoint::answer(std::string_view sender, uint64_t msg_id, int status) {

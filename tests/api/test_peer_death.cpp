@@ -316,6 +316,19 @@ class PeerDeathTest : public FabricTest {
         child.kill_and_reap();
     }
 
+    // len bytes of buf to the child, completing at its answer (FI_DELIVERY_COMPLETE).
+    ssize_t send_delivery_complete(DataBuf &buf, size_t len, void *context) {
+        iovec iov{buf.data(), len};
+        void *desc = buf.desc;
+        fi_msg m{};
+        m.msg_iov = &iov;
+        m.desc = &desc;
+        m.iov_count = 1;
+        m.addr = dead;
+        m.context = context;
+        return fi_sendmsg(a().ep, &m, FI_DELIVERY_COMPLETE | FI_COMPLETION);
+    }
+
     void check_survivor_works(uint32_t seed) {
         a().log.clear();
         b().log.clear();
@@ -588,15 +601,7 @@ TEST_F(PeerDeathTest, ReceiverThatAnsweredAndExitedDoesNotFailTheSend) {
     uint8_t burst = 0;
     ASSERT_TRUE(read_all(child.rfd, &burst, 1, 20000)) << "the child did not send its burst";
     auto s = buf(64);
-    iovec iov{s->data(), 64};
-    void *desc = s->desc;
-    fi_msg m{};
-    m.msg_iov = &iov;
-    m.desc = &desc;
-    m.iov_count = 1;
-    m.addr = dead;
-    m.context = ctx(0);
-    ASSERT_FI_OK(fi_sendmsg(a().ep, &m, FI_DELIVERY_COMPLETE | FI_COMPLETION));
+    ASSERT_FI_OK(send_delivery_complete(*s, 64, ctx(0)));
     int status = 0;
     const auto until = Clock::now() + 20s;
     pid_t r = 0;
@@ -779,6 +784,49 @@ class PeerDeathWaitTest : public PeerDeathTest {
         ASSERT_FI_OK(fi_ep_bind(e.ep, &e.write_cntr->fid, FI_WRITE));
     }
 };
+
+// An application asleep on its CQ's descriptor (FI_GETWAIT, fi_trywait, poll) while its send
+// waits for a node-local receiver's answer (FI_DELIVERY_COMPLETE) wakes and reads the send's
+// error when the receiver dies: a dead process writes nothing to wake it, so the descriptor
+// becomes readable when the next liveness check of the peers that operations wait on is due.
+// The receiver is stopped before our send (it will never answer) and killed 300 ms into our
+// sleep; the sleep is allowed 10 s. (Not fi_cq_sread: it wakes every 100 ms by itself.)
+TEST_F(PeerDeathWaitTest, SleeperWaitingOnADeadReceiverWakesWithTheError) {
+    if (over_link()) GTEST_SKIP() << "node-local: a link's peer that dies resets its socket";
+    ASSERT_NO_FATAL_FAILURE(start_child("serve"));
+    auto s = buf(64);
+    ASSERT_FI_OK(post([&] { return fi_send(a().ep, s->data(), 64, s->desc, dead, ctx(0)); }));
+    ASSERT_TRUE(wait_comp(a(), ctx(0))) << a().log.summary();
+    ASSERT_EQ(kill(child.pid, SIGSTOP), 0);
+    int status = 0;
+    ASSERT_EQ(waitpid(child.pid, &status, WUNTRACED), child.pid);
+    ASSERT_FI_OK(send_delivery_complete(*s, 64, ctx(1)));
+    int fd = -1;
+    ASSERT_FI_OK(fi_control(&a().cq->fid, FI_GETWAIT, &fd));
+    std::thread killer([&] {
+        std::this_thread::sleep_for(300ms);
+        child.kill_and_reap();
+    });
+    const auto deadline = Clock::now() + 10s;
+    ssize_t n = -FI_EAGAIN;
+    fid *fids[] = {&a().cq->fid};
+    while (Clock::now() < deadline) {
+        fi_cq_tagged_entry e{};
+        if (fi_trywait(fabric, fids, 1) == FI_SUCCESS) {
+            pollfd pfd{fd, POLLIN, 0};
+            const auto left = std::chrono::duration_cast<Ms>(deadline - Clock::now()).count();
+            if (::poll(&pfd, 1, int(std::max<int64_t>(left, 0))) == 0) break;
+        }
+        n = fi_cq_read(a().cq, &e, 1);
+        if (n != -FI_EAGAIN) break;
+    }
+    killer.join();
+    ASSERT_EQ(n, -FI_EAVAIL) << "the sleeper did not wake for the receiver's death within 10 s";
+    fi_cq_err_entry err{};
+    ASSERT_EQ(fi_cq_readerr(a().cq, &err, 0), 1);
+    EXPECT_EQ(err.op_context, ctx(1));
+    EXPECT_EQ(err.err, FI_ECONNRESET) << fi_strerror(err.err);
+}
 
 // fi_writedata is two link work requests (the write, then the notice carrying the data). When
 // the connection fails while the write is being posted, the write is flushed and the notice
