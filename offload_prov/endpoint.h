@@ -280,6 +280,12 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     }
     fi_addr_t find_source(std::string_view sender);
     bool check_peers();
+    // Whether operations wait on a peer (its answer, a split copy's other half, an atomic's
+    // result, a restaged copy): its liveness is then checked (progress_all), and a sleeper
+    // wakes for the checks (arm_liveness_timer).
+    bool waiting_on_peers() const {
+        return atomics_pending_ || !pending_.empty() || !splits_.empty() || !restaging_.empty();
+    }
     void bury(PeerLink *link, const std::string &key);
 
     // ep/cell_send.cpp: cells into a peer's ring or its link's backlog, and wake-ups.

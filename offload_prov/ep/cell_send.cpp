@@ -235,8 +235,7 @@ int Endpoint::arm() {
 // While operations wait on peers (an answer, a split copy's other half, an atomic's result),
 // the sleep ends when their next liveness check is due; otherwise no timer runs.
 void Endpoint::arm_liveness_timer() {
-    const bool waiting =
-        atomics_pending_ || !pending_.empty() || !splits_.empty() || !restaging_.empty();
+    const bool waiting = waiting_on_peers();
     if (!waiting && !liveness_timer_armed_) return;
     itimerspec when{};
     if (waiting) {

@@ -96,8 +96,7 @@ void Endpoint::progress_all(bool counted) {
     // every poll showed up as a tenth of a ping-pong's time), every 32 while atomics wait for
     // answers (a small atomic's round trip is a few passes: a clock read each would be a
     // tenth of it), and on every pass while other operations wait on a peer.
-    const bool waiting =
-        atomics_pending_ || !pending_.empty() || !splits_.empty() || !restaging_.empty();
+    const bool waiting = waiting_on_peers();
     if (passes_ % 1024 == 0 || (atomics_pending_ && passes_ % 32 == 0) || !pending_.empty() ||
         !splits_.empty() || !restaging_.empty()) {
         int64_t now = coarse_now_ms();
