@@ -13,11 +13,7 @@
 #include "offload_prov/ep/endpoint_internal.h"
 #include "offload_prov/srx.h"
 
-#include <fcntl.h>
-#include <sys/epoll.h>
 #include <sys/random.h>
-#include <sys/stat.h>
-#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -25,10 +21,6 @@
 namespace tandem::off {
 
 namespace {
-
-using detail::reap_stale;
-using detail::SegmentInfo;
-using detail::wake_path;
 
 fi_ops ep_fi_ops = fid_ops(
     &Trampoline<&Endpoint::close>::call<fid>, &Trampoline<&Endpoint::bind>::call<fid>,
@@ -193,7 +185,7 @@ const uint64_t &probe_word() {
     static const uint64_t word = [] {
         uint64_t w = 0;
         if (getrandom(&w, sizeof w, 0) != ssize_t(sizeof w))
-            w = SegmentInfo::kMagic ^ uint64_t(getpid());
+            w = shm::SegmentInfo::kMagic ^ uint64_t(getpid());
         return w;
     }();
     return word;
@@ -234,11 +226,6 @@ Endpoint::~Endpoint() {
         for (; !cq_backlog_.empty(); cq_backlog_.pop_front())
             if (cq_backlog_.front().entry) srx_->owner().free_entry(cq_backlog_.front().entry);
     }
-    for (auto &[key, link] : links_)
-        if (link->wake_fd >= 0) ::close(link->wake_fd);
-    for (int fd : {wake_rd_, wake_wr_, wait_set_, liveness_timer_})
-        if (fd >= 0) ::close(fd);
-    if (!wake_path_.empty()) unlink(wake_path_.c_str());
     // Messages queued with the owner belong to the owner's entries now: the owner frees the
     // entries when it closes (it closes us first), so only our side of them goes here.
     for (HeldMessage *h : held_) delete h;
@@ -305,7 +292,7 @@ void Endpoint::enable() {
     size_t len = sizeof name;
     int ret = fi_getname(&owner_ep_->fid, name, &len);
     if (ret) fail(-ret, "fi_getname of the owner endpoint");
-    auto key = local_key(name, len);
+    auto key = shm::local_key(name, len);
     if (!key || len > wire::kLocalNameRoom) fail(FI_EINVAL, "owner address not an IP address");
     key_ = *key;
     memcpy(name_, name, len);
@@ -321,51 +308,21 @@ void Endpoint::enable() {
         return;
     }
 
-    reap_stale();
-    const Config &cfg = Config::get();
-    uint32_t cells = static_cast<uint32_t>(cfg.ring_cells);
-    size_t bytes = detail::segment_bytes(cells, wire::kLocalCellSize);
-    segment_.emplace(ShmSegment::create(segment_name(key_), bytes));
-    // We own the key now (the segment was created exclusively): a FIFO left by a dead owner
-    // of the same key goes. We keep a write end ourselves so that the read end never sees
-    // a hang-up (which would make it readable for ever).
-    wake_path_ = wake_path(key_);
-    unlink(wake_path_.c_str());
-    if (mkfifo(wake_path_.c_str(), 0600) != 0) fail(errno, "mkfifo " + wake_path_);
-    wake_rd_ = ::open(wake_path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    wake_wr_ = ::open(wake_path_.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
-    if (wake_rd_ < 0 || wake_wr_ < 0) fail(errno, "open " + wake_path_);
-    wait_set_ = ::epoll_create1(EPOLL_CLOEXEC);
-    liveness_timer_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
-    if (wait_set_ < 0 || liveness_timer_ < 0) fail(errno, "epoll_create1 / timerfd_create");
-    for (int fd : {wake_rd_, liveness_timer_}) {
-        epoll_event ev{};
-        ev.events = EPOLLIN;
-        ev.data.fd = fd;
-        if (::epoll_ctl(wait_set_, EPOLL_CTL_ADD, fd, &ev) != 0) fail(errno, "epoll_ctl");
-    }
-    auto *info = static_cast<SegmentInfo *>(segment_->data());
-    *info = {};
-    info->pid = getpid();
-    info->cell_size = wire::kLocalCellSize;
-    info->probe_addr = reinterpret_cast<uint64_t>(&probe_word());
-    info->probe_value = probe_word();
-    info->net_ns = own_net_namespace();
-    info->auth = auth_;
-    info->job = Config::get().job;
-    // (A segment we just created: its memory is zero, and no cell is touched before use.)
-    inbox_ = ShmRing::init(static_cast<uint8_t *>(segment_->data()) + sizeof(SegmentInfo), cells,
-                           wire::kLocalCellSize, /*zeroed=*/true);
-    if (!inbox_) fail(FI_EINVAL, "inbox ring shape");
-    info->split_claims = detail::kSplitClaims;  // (all free: the memory is zero)
-    heartbeat_ = &info->heartbeat;
-    beat();
-    split_claims_ = detail::split_claims_of(*segment_, *inbox_);
-    claim_generation_.assign(detail::kSplitClaims, 0);
+    shm::reap_stale();
+    const shm::InboxIdentity identity{.probe_addr = reinterpret_cast<uint64_t>(&probe_word()),
+                                      .probe_value = probe_word(),
+                                      .auth = auth_,
+                                      .job = Config::get().job};
+    segment_.emplace(shm::InboxSegment::create(
+        key_, static_cast<uint32_t>(Config::get().ring_cells), wire::kLocalCellSize, identity));
+    // We own the key now (the segment was created exclusively), and its wake FIFO with it.
+    wake_.emplace(key_);
+    inbox_ = segment_->ring;
+    heartbeat_ = &segment_->info->heartbeat;
+    split_claims_ = segment_->split_claims;
+    claim_generation_.assign(shm::kSplitClaims, 0);
     free_claims_.clear();
-    for (uint32_t i = detail::kSplitClaims; i-- > 0;) free_claims_.push_back(i);
-    // Written last: a peer that sees the magic sees an initialised ring.
-    __atomic_store_n(&info->magic, SegmentInfo::kMagic, __ATOMIC_RELEASE);
+    for (uint32_t i = shm::kSplitClaims; i-- > 0;) free_claims_.push_back(i);
     enabled_ = true;
 }
 

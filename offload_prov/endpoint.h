@@ -33,7 +33,10 @@
 #include "hmem/p2p_policy.h"
 #include "offload_prov/coll/engine.h"
 #include "common/shm_ring.h"
-#include "offload_prov/shm/shm_segment.h"
+#include "main_prov/shm/death_verdict.h"
+#include "main_prov/shm/inbox_segment.h"
+#include "main_prov/shm/shm_segment.h"
+#include "main_prov/shm/wake.h"
 #include "peer/peer_abi.h"
 #include "peer/peer_cq.h"
 
@@ -63,13 +66,6 @@ class Eq;
 
 // Largest message or RMA an endpoint takes (ep_attr->max_msg_size).
 inline constexpr uint64_t kMaxMessage = 1ull << 31;
-
-// The key naming a node-local endpoint: from its sockaddr (family, address, port), so the
-// bytes an application inserted into the AV and those an endpoint reports for itself agree.
-std::optional<std::string> local_key(const void *addr, size_t len);
-// Shared-memory object name of the endpoint with that key (per user: "/tandem-<uid>-<key>").
-std::string segment_name(const std::string &key);
-std::string segment_prefix();
 
 class Endpoint;
 
@@ -135,7 +131,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     int reachable(fi_addr_t addr);
     // What a sleeper watches: readable when a peer woke us (the FIFO) or a liveness check of
     // the peers our operations wait on is due (a timer armed by arm()).
-    int wait_fd() const { return wait_set_; }
+    int wait_fd() const { return wake_ ? wake_->fd() : -1; }
     int arm();
     void introduce(fi_addr_t addr) {
         note_work();
@@ -215,6 +211,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         ShmRing *ring = nullptr;
         ShmRing::ProducerView view{};                   // ours, of the peer's ring
         std::atomic<uint64_t> *split_claims = nullptr;  // its segment's (Cts it sends us)
+        const shm::SegmentInfo *info = nullptr;
 
         // How much later than their copies' cost our Rts got their Fin lately (a moving
         // average, ns): what waiting for this receiver costs beyond the copy.
@@ -224,11 +221,10 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         bool same_pid_ns = false;
         bool cma = false;
         bool dead = false;
-        // Its process was found gone and the verdict waits until our inbox is read up to
-        // drain_to: the cells it published before it died (a Fin, a WriteDone) count first.
-        bool death_seen = false;
-        uint64_t drain_to = 0;
-        int wake_fd = -1;  // the peer's wake FIFO, write end, opened when first needed
+        // Whether its process is gone, and then whether the cells it published before it
+        // died (a Fin, a WriteDone) are read (check_peers).
+        shm::DeathVerdict verdict{};
+        shm::PeerWake wake{};  // its wake FIFO
         // Cells and streams waiting for room in the ring. The application's operations are
         // refused (-FI_EAGAIN) while anything waits here or the ring is full, so it holds
         // at most one of theirs (a message whose room another producer took first) besides
@@ -483,25 +479,22 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     uint32_t producer_id_ = 0;  // own_process_token(): our claims in peers' rings
     uint64_t auth_ = 0;         // our owner's authorization key (digest): only peers of the same
     // Who claimed a cell of our inbox and never published it: still running, or dead?
-    ProcessWatch claimants_{segment_prefix()};
+    ProcessWatch claimants_{shm::segment_prefix()};
     wire::LocalHeader proto_{};  // name_len filled
     uint8_t name_[wire::kLocalNameRoom]{};
     // Our Short cells' line (common/short_cell.h), our lanes' senders' too.
     ShortLine short_line_;
-    std::optional<ShmSegment> segment_;
+    std::optional<shm::InboxSegment> segment_;
     ShmRing *inbox_ = nullptr;
-    std::string wake_path_;  // FIFO next to the segment: wakes us when we sleep
     // Our segment's split-copy claims (ep/split_copy.cpp): the table, each slot's generation,
     // and the slots free for a Cts.
     std::atomic<uint64_t> *split_claims_ = nullptr;
     std::vector<uint32_t> claim_generation_;
     std::vector<uint32_t> free_claims_;
-    int wake_rd_ = -1, wake_wr_ = -1;
-    // An epoll set of wake_rd_ and the liveness timer (a timerfd), which wait_fd() hands out:
-    // a peer that dies writes nothing, so a sleeper whose operations wait on peers must wake
-    // for the next check of them (check_peers) by itself.
-    int wait_set_ = -1, liveness_timer_ = -1;
-    bool liveness_timer_armed_ = false;
+    // The FIFO peers wake us through and our liveness timer: a peer that dies writes nothing,
+    // so a sleeper whose operations wait on peers must wake for the next check of them
+    // (check_peers) by itself. wait_fd() hands out its descriptor.
+    std::optional<shm::InboxWake> wake_;
     void arm_liveness_timer();
 
     // ep/peer_links.cpp

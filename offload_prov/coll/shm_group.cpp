@@ -1,7 +1,7 @@
 #include "offload_prov/coll/shm_group.h"
 
 #include "common/log.h"
-#include "offload_prov/endpoint.h"  // segment_prefix
+#include "main_prov/shm/inbox_segment.h"  // segment_prefix
 
 #include <rdma/fi_errno.h>
 
@@ -33,11 +33,11 @@ size_t layout_bytes(uint32_t n) {
 std::string ShmGroup::name_for(uint64_t ordered_key, uint32_t id) {
     char buf[64];
     snprintf(buf, sizeof buf, "coll-%016llx-%08x", (unsigned long long)ordered_key, id);
-    return segment_prefix() + buf;
+    return shm::segment_prefix() + buf;
 }
 
 ShmGroup::ShmGroup(ShmSegment seg, uint32_t n, uint32_t rank)
-    : seg_(std::move(seg)), members_(segment_prefix()), n_(n), rank_(rank) {
+    : seg_(std::move(seg)), members_(shm::segment_prefix()), n_(n), rank_(rank) {
     auto *base = static_cast<uint8_t *>(seg_.data());
     ctls_ = reinterpret_cast<Ctl *>(base + 64);
     slots_ = base + 64 + size_t(n) * sizeof(Ctl);

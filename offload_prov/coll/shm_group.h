@@ -17,7 +17,7 @@
 #pragma once
 
 #include "offload_prov/coll/schedule.h"
-#include "offload_prov/shm/shm_segment.h"
+#include "main_prov/shm/shm_segment.h"
 
 #include <atomic>
 #include <chrono>

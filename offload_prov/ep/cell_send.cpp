@@ -7,8 +7,6 @@
 #include "common/log.h"
 #include "offload_prov/ep/endpoint_internal.h"
 
-#include <fcntl.h>
-#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,9 +15,6 @@
 
 namespace tandem::off {
 
-using detail::info_of;
-using detail::SegmentInfo;
-using detail::wake_path;
 using wire::LocalHeader;
 using wire::LocalOp;
 
@@ -201,50 +196,29 @@ bool Endpoint::flush(PeerLink &link) {
 // protocol): after publishing, the producer that takes the flag writes the wake FIFO.
 void Endpoint::wake(PeerLink &link) {
     link.view.wake = false;
-    if (!link.ring->take_wake()) return;
-    // Opened for reading too (Linux allows it on a FIFO; we never read): the FIFO then always
-    // has a reader, so a write after the peer died fails quietly (or fills the FIFO: EAGAIN)
-    // instead of raising SIGPIPE in the application's thread, whose handler may be the
-    // default: death. (A peer that sleeps armed and then dies: its arm made our next send
-    // wake it.)
-    if (link.wake_fd < 0)
-        link.wake_fd = ::open(wake_path(link.key).c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
-    char byte = 0;
-    if (link.wake_fd >= 0 && ::write(link.wake_fd, &byte, 1) < 0 && errno != EAGAIN)
-        TANDEM_DEBUG(FI_LOG_EP_DATA, "wake of %s failed: %s\n", link.key.c_str(), strerror(errno));
+    if (link.ring->take_wake()) link.wake.wake();
 }
 
 int Endpoint::arm() {
     if (!enabled_) return 0;
-    char drain[64];
-    while (::read(wake_rd_, drain, sizeof drain) > 0) {
-    }
-    uint64_t expirations;
-    (void)!::read(liveness_timer_, &expirations, sizeof expirations);
+    if (wake_) wake_->drain();
     bool pending =
         (inbox_ && !inbox_->arm()) || !tx_done_.empty() || !cq_backlog_.empty() || backlogged_;
-    if (pending) {
-        char byte = 0;
-        (void)!::write(wake_wr_, &byte, 1);
-    } else {
+    if (!wake_) return pending ? 1 : 0;
+    if (pending)
+        wake_->wake_self();
+    else
         arm_liveness_timer();
-    }
     return pending ? 1 : 0;
 }
 
 // While operations wait on peers (an answer, a split copy's other half, an atomic's result),
 // the sleep ends when their next liveness check is due; otherwise no timer runs.
 void Endpoint::arm_liveness_timer() {
-    const bool waiting = waiting_on_peers();
-    if (!waiting && !liveness_timer_armed_) return;
-    itimerspec when{};
-    if (waiting) {
-        const int64_t ms = std::max<int64_t>(1, next_check_ms_ - coarse_now_ms());
-        when.it_value.tv_sec = ms / 1000;
-        when.it_value.tv_nsec = (ms % 1000) * 1000000;
-    }
-    ::timerfd_settime(liveness_timer_, 0, &when, nullptr);
-    liveness_timer_armed_ = waiting;
+    if (waiting_on_peers())
+        wake_->set_timer(next_check_ms_ - coarse_now_ms());
+    else if (wake_->timer_set())
+        wake_->stop_timer();
 }
 
 void Endpoint::answer(std::string_view sender, uint64_t msg_id, int status) {

@@ -7,7 +7,7 @@
 #include "offload_prov/av.h"
 #include "offload_prov/config.h"
 #include "offload_prov/ep/endpoint_internal.h"
-#include "offload_prov/shm/cma.h"
+#include "main_prov/shm/cma.h"
 
 #include <sys/socket.h>
 #include <unistd.h>
@@ -17,7 +17,6 @@
 
 namespace tandem::off {
 
-using detail::SegmentInfo;
 using wire::LocalHeader;
 
 int Endpoint::reachable(fi_addr_t addr) {
@@ -52,7 +51,7 @@ Endpoint::PeerLink *Endpoint::link_for(fi_addr_t addr) {
     uint8_t name[128];
     size_t len = sizeof name;
     if (av_->owner().lookup(addr, name, &len) != 0 || len > sizeof name) return nullptr;
-    auto key = local_key(name, len);
+    auto key = shm::local_key(name, len);
     if (!key) return nullptr;
     PeerLink *link = link_for_key(*key, std::string_view(reinterpret_cast<char *>(name), len));
     if (link) link_by_addr_[addr] = link;
@@ -82,17 +81,10 @@ bool address_taken_here(std::string_view addr) {
 Endpoint::PeerLink *Endpoint::link_for_key(const std::string &key, std::string_view addr) {
     auto it = links_.find(key);
     if (it != links_.end()) return it->second.get();
-    std::optional<ShmSegment> seg;
-    try {
-        seg.emplace(ShmSegment::open(segment_name(key)));
-    } catch (const FabricError &) {
-        return nullptr;  // no endpoint of this address on this node (or not ours to open)
-    }
-    if (seg->data_size() < sizeof(SegmentInfo)) return nullptr;
-    auto *info = static_cast<SegmentInfo *>(seg->data());
-    if (__atomic_load_n(&info->magic, __ATOMIC_ACQUIRE) != SegmentInfo::kMagic ||
-        info->cell_size != wire::kLocalCellSize || !seg->owner_alive())
-        return nullptr;
+    // (None: no endpoint of this address on this node, or not ours, or not one that lives.)
+    std::optional<shm::InboxSegment> seg = shm::InboxSegment::open(key, wire::kLocalCellSize);
+    if (!seg) return nullptr;
+    const shm::SegmentInfo *info = seg->info;
     // Segments are named by address, and two network namespaces that share /dev/shm may use
     // the same address: the one made in another namespace is not the peer meant when a
     // socket here holds that address.
@@ -110,13 +102,14 @@ Endpoint::PeerLink *Endpoint::link_for_key(const std::string &key, std::string_v
                     key.c_str());
         return nullptr;
     }
-    ShmRing *ring = ShmRing::attach(static_cast<uint8_t *>(seg->data()) + sizeof(SegmentInfo),
-                                    seg->data_size() - sizeof(SegmentInfo));
-    if (!ring) return nullptr;
-    // Named members: PeerLink grows, and a positional {} once landed in wake_fd (0: stdin).
-    auto link = std::make_unique<PeerLink>(
-        PeerLink{.key = key, .segment = std::move(*seg), .ring = ring, .pid = info->pid});
-    link->split_claims = detail::split_claims_of(link->segment, *ring);
+    // Named members: PeerLink grows, and a positional {} once landed in a descriptor (0: stdin).
+    auto link = std::make_unique<PeerLink>(PeerLink{.key = key,
+                                                    .segment = std::move(seg->segment),
+                                                    .ring = seg->ring,
+                                                    .split_claims = seg->split_claims,
+                                                    .info = info,
+                                                    .pid = info->pid,
+                                                    .wake = shm::PeerWake(key)});
     // Single copy needs the peer's pid to mean the peer here (one pid namespace, or the pid
     // would name another process) and the kernel's permission, which the probe finds out by
     // reading a random word the peer published: reading it proves both. Staged otherwise.
@@ -142,7 +135,7 @@ Endpoint::PeerLink *Endpoint::link_for_key(const std::string &key, std::string_v
 Endpoint::PeerLink *Endpoint::link_to(std::string_view sender) {
     if (last_sender_link_ && sender == last_sender_)
         return last_sender_link_->dead ? nullptr : last_sender_link_;
-    auto key = local_key(sender.data(), sender.size());
+    auto key = shm::local_key(sender.data(), sender.size());
     PeerLink *link = key ? link_for_key(*key, sender) : nullptr;
     if (link) {
         last_sender_.assign(sender);
@@ -180,28 +173,26 @@ fi_addr_t Endpoint::find_source(std::string_view sender) {
 }
 
 // A peer that died leaves our operations waiting on it with errors, not a hang, and no
-// cell it had claimed in our inbox without publishing it stops the cells behind.
-//
-// A process that answered and then exited (a receiver's Fin, then its exit) must not fail the
-// operation its answer completes: the answer may still be in our inbox, unread, when its
-// death is seen (we read at most a batch of cells per pass, and the death may come between
-// the read and this check). So the verdict waits until the inbox has been read past every
-// cell claimed in it when the death was seen (ShmRing::claimed_end), which holds all the
-// dead process ever wrote to us. True while a verdict waits (the caller checks again soon).
+// cell it had claimed in our inbox without publishing it stops the cells behind. A peer
+// is dead once the cells it wrote us before it died are read (shm::DeathVerdict): true while
+// a verdict waits for that (the caller checks again soon).
 bool Endpoint::check_peers() {
     if (uint32_t n =
             inbox_ ? inbox_->reclaim_dead([this](uint32_t id) { return claimants_.alive(id); }) : 0)
         TANDEM_INFO(FI_LOG_EP_DATA, "skipped %u inbox cells claimed by dead processes\n", n);
     bool waiting = false;
     for (auto &[key, link] : links_) {
-        if (link->dead || (!link->death_seen && link->segment.owner_alive())) continue;
-        if (inbox_ && !link->death_seen) link->drain_to = inbox_->claimed_end();
-        link->death_seen = true;
-        if (inbox_ && inbox_->consumed() < link->drain_to) {
-            waiting = true;
-            continue;
+        if (link->dead) continue;
+        switch (link->verdict.judge(link->segment, inbox_)) {
+            case shm::DeathVerdict::State::kAlive:
+                break;
+            case shm::DeathVerdict::State::kDraining:
+                waiting = true;
+                break;
+            case shm::DeathVerdict::State::kDead:
+                bury(link.get(), key);
+                break;
         }
-        bury(link.get(), key);
     }
     return waiting;
 }
@@ -228,7 +219,7 @@ void Endpoint::bury(PeerLink *link, const std::string &key) {
         if (slot.link == link) finish_atomic_slot(slot, FI_ECONNRESET);
     // Receives whose sender was still to write its half.
     for (auto it = splits_.begin(); it != splits_.end();) {
-        auto sender = local_key(it->first.first.data(), it->first.first.size());
+        auto sender = shm::local_key(it->first.first.data(), it->first.first.size());
         if (!sender || *sender != key) {
             ++it;
             continue;
@@ -241,16 +232,16 @@ void Endpoint::bury(PeerLink *link, const std::string &key) {
     // Its staged writes that failed here, and what it sent behind a split write of its:
     // nobody waits for any of it now.
     std::erase_if(failed_writes_, [&](const auto &f) {
-        auto sender = local_key(f.first.first.data(), f.first.first.size());
+        auto sender = shm::local_key(f.first.first.data(), f.first.first.size());
         return sender && *sender == key;
     });
     std::erase_if(deferred_, [&](const auto &d) {
-        auto sender = local_key(d.first.data(), d.first.size());
+        auto sender = shm::local_key(d.first.data(), d.first.size());
         return sender && *sender == key;
     });
     // Receives waiting for a staged copy it will never send, and its memory we mapped.
     for (auto it = restaging_.begin(); it != restaging_.end();) {
-        auto sender = local_key(it->first.first.data(), it->first.first.size());
+        auto sender = shm::local_key(it->first.first.data(), it->first.first.size());
         if (!sender || *sender != key) {
             ++it;
             continue;

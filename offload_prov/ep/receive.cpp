@@ -6,7 +6,7 @@
 #include "common/iov.h"
 #include "common/log.h"
 #include "common/test_hook.h"
-#include "offload_prov/shm/cma.h"
+#include "main_prov/shm/cma.h"
 #include "offload_prov/srx.h"
 
 #include <unistd.h>

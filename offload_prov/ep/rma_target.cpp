@@ -5,7 +5,7 @@
 
 #include "common/iov.h"
 #include "common/log.h"
-#include "offload_prov/shm/cma.h"
+#include "main_prov/shm/cma.h"
 
 #include <algorithm>
 

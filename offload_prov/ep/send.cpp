@@ -7,7 +7,7 @@
 #include "common/iov.h"
 #include "common/test_hook.h"
 #include "offload_prov/config.h"
-#include "offload_prov/shm/copy_costs.h"
+#include "main_prov/shm/copy_costs.h"
 #include "offload_prov/ep/endpoint_internal.h"
 
 #include <algorithm>
@@ -268,8 +268,7 @@ int64_t Endpoint::now_ns() {
 }
 
 bool Endpoint::peer_polls(PeerLink &link) {
-    auto *info = detail::info_of(link.segment);
-    uint32_t beat = __atomic_load_n(&info->heartbeat, __ATOMIC_RELAXED);
+    uint32_t beat = __atomic_load_n(&link.info->heartbeat, __ATOMIC_RELAXED);
     return uint32_t(coarse_now_ms()) - beat < kPeerPollMs;
 }
 

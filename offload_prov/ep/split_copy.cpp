@@ -7,7 +7,7 @@
 #include "common/test_hook.h"
 #include "offload_prov/config.h"
 #include "offload_prov/ep/endpoint_internal.h"
-#include "offload_prov/shm/cma.h"
+#include "main_prov/shm/cma.h"
 
 #include <cstring>
 
@@ -29,7 +29,7 @@ bool Endpoint::send_cts(PeerLink &link, uint64_t msg_id, const iovec *dst, size_
     free_claims_.pop_back();
     uint32_t gen = claim_generation_[slot];
     // Release: the slot is open before the Cts that names it can be read.
-    split_claims_[slot].store(uint64_t(gen) << 2 | detail::kClaimOpen, std::memory_order_release);
+    split_claims_[slot].store(uint64_t(gen) << 2 | shm::kClaimOpen, std::memory_order_release);
     *claim = uint64_t(slot) << 32 | gen;
     LocalHeader cts = proto_;
     cts.op = static_cast<uint8_t>(LocalOp::Cts);
@@ -48,9 +48,9 @@ bool Endpoint::send_cts(PeerLink &link, uint64_t msg_id, const iovec *dst, size_
 bool Endpoint::take_back(uint64_t claim) {
     if (claim == wire::kLocalNoClaim) return false;
     uint32_t slot = uint32_t(claim >> 32), gen = uint32_t(claim);
-    uint64_t open = uint64_t(gen) << 2 | detail::kClaimOpen;
+    uint64_t open = uint64_t(gen) << 2 | shm::kClaimOpen;
     return split_claims_[slot].compare_exchange_strong(
-        open, uint64_t(gen) << 2 | detail::kClaimReceiver, std::memory_order_acq_rel);
+        open, uint64_t(gen) << 2 | shm::kClaimReceiver, std::memory_order_acq_rel);
 }
 
 // The slot free again, under its next generation (a late Cts of the old one finds it taken).
@@ -58,7 +58,7 @@ void Endpoint::release_claim(uint64_t claim) {
     if (claim == wire::kLocalNoClaim) return;
     uint32_t slot = uint32_t(claim >> 32);
     uint32_t gen = ++claim_generation_[slot];
-    split_claims_[slot].store(uint64_t(gen) << 2 | detail::kClaimFree, std::memory_order_release);
+    split_claims_[slot].store(uint64_t(gen) << 2 | shm::kClaimFree, std::memory_order_release);
     free_claims_.push_back(slot);
 }
 
@@ -80,10 +80,10 @@ void Endpoint::handle_cts(const LocalHeader &hdr, std::string_view sender, const
     PeerLink *link = link_to(sender);
     if (hdr.rma_key != wire::kLocalNoClaim) {
         uint32_t slot = uint32_t(hdr.rma_key >> 32), gen = uint32_t(hdr.rma_key);
-        if (!link || !link->split_claims || slot >= detail::kSplitClaims) return;
-        uint64_t open = uint64_t(gen) << 2 | detail::kClaimOpen;
+        if (!link || !link->split_claims || slot >= shm::kSplitClaims) return;
+        uint64_t open = uint64_t(gen) << 2 | shm::kClaimOpen;
         if (!link->split_claims[slot].compare_exchange_strong(
-                open, uint64_t(gen) << 2 | detail::kClaimSender, std::memory_order_acq_rel))
+                open, uint64_t(gen) << 2 | shm::kClaimSender, std::memory_order_acq_rel))
             return;  // taken back: nothing of ours to write, nobody waits for a WriteDone
     }
     stop_at("local.cts_claimed");

@@ -8,9 +8,9 @@
 // single copy has a process to reach). Checks, on top of the sanitizers: the victim keeps
 // running, and its receive buffers' guard bytes are never written.
 #include "offload_prov/endpoint.h"
-#include "offload_prov/ep/endpoint_internal.h"
+#include "main_prov/shm/inbox_segment.h"
 #include "common/shm_ring.h"
-#include "offload_prov/shm/shm_segment.h"
+#include "main_prov/shm/shm_segment.h"
 #include "tests/common/rdm_endpoint.h"
 
 #include <rdma/fabric.h>
@@ -86,7 +86,7 @@ struct Harness {
     std::vector<uint8_t> region = std::vector<uint8_t>(64 * 1024);
     std::vector<uint8_t> rx = std::vector<uint8_t>(2 * kReceives * (kRecvSize + 2 * kGuard), 0xa5);
     fi_context2 ctx[2 * kReceives];
-    std::optional<ShmSegment> segment;
+    std::optional<shm::InboxSegment> segment;
     ShmRing *inbox = nullptr;
     uint32_t producer = 0;
 
@@ -162,13 +162,11 @@ extern "C" int LLVMFuzzerInitialize(int *, char ***) {
         abort();
     h->key = fi_mr_key(h->mr);
     for (size_t i = 0; i < 2 * kReceives; ++i) h->post(i);
-    auto key = off::local_key(h->victim.name.data(), h->victim.name.size());
+    auto key = shm::local_key(h->victim.name.data(), h->victim.name.size());
     if (!key) abort();
-    h->segment.emplace(ShmSegment::open(off::segment_name(*key)));
-    h->inbox = ShmRing::attach(
-        static_cast<uint8_t *>(h->segment->data()) + sizeof(off::detail::SegmentInfo),
-        h->segment->data_size() - sizeof(off::detail::SegmentInfo));
-    if (!h->inbox) abort();
+    h->segment = shm::InboxSegment::open(*key, wire::kLocalCellSize);
+    if (!h->segment) abort();
+    h->inbox = h->segment->ring;
     h->producer = own_process_token();
     return 0;
 }

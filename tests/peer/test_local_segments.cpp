@@ -2,7 +2,7 @@
 // user (0600), removed when the endpoint closes, and removed after a process that died
 // without closing, by the next endpoint created.
 #include "common/shm_ring.h"
-#include "offload_prov/shm/shm_segment.h"
+#include "main_prov/shm/shm_segment.h"
 #include "peer/ep_diag.h"
 #include "tests/common/rdm_endpoint.h"
 

@@ -8,9 +8,9 @@
 // The other processes are this program run again (role in TANDEM_TRUST_ROLE).
 #include "common/wire.h"
 #include "offload_prov/endpoint.h"
-#include "offload_prov/ep/endpoint_internal.h"
+#include "main_prov/shm/inbox_segment.h"
 #include "common/shm_ring.h"
-#include "offload_prov/shm/shm_segment.h"
+#include "main_prov/shm/shm_segment.h"
 #include "peer/ep_diag.h"
 #include "tests/common/rdm_endpoint.h"
 
@@ -237,14 +237,11 @@ TEST(LocalTrust, CellCannotNameAThirdProcess) {
 
     // The Rts cell, written into our inbox as a local process of this user can.
     std::string my_name = endpoint_name(me);
-    auto key = tandem::off::local_key(my_name.data(), my_name.size());
+    auto key = tandem::shm::local_key(my_name.data(), my_name.size());
     ASSERT_TRUE(key);
-    auto seg = tandem::ShmSegment::open(tandem::off::segment_name(*key));
-    namespace detail = tandem::off::detail;
-    auto *ring =
-        tandem::ShmRing::attach(static_cast<uint8_t *>(seg.data()) + sizeof(detail::SegmentInfo),
-                                seg.data_size() - sizeof(detail::SegmentInfo));
-    ASSERT_NE(ring, nullptr);
+    auto inbox = tandem::shm::InboxSegment::open(*key, tandem::wire::kLocalCellSize);
+    ASSERT_TRUE(inbox);
+    tandem::ShmRing *ring = inbox->ring;
     void *slot = ring->try_reserve(tandem::own_process_token());
     ASSERT_NE(slot, nullptr);
     auto *cell = static_cast<uint8_t *>(slot);

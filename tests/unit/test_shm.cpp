@@ -1,9 +1,13 @@
-// off_tandem's node-local building blocks: ShmSegment (named shared memory and its stale
-// owners), ShmRing (the MPSC queue inside it) and cross-memory attach.
-#include "offload_prov/shm/cma.h"
-#include "offload_prov/shm/copy_costs.h"
+// The node-local channel's building blocks (main_prov/shm/): ShmSegment (named shared memory
+// and its stale owners), ShmRing (the MPSC queue inside it), the inbox segment, wake-ups, the
+// death verdict on a peer, and cross-memory attach.
 #include "common/shm_ring.h"
-#include "offload_prov/shm/shm_segment.h"
+#include "main_prov/shm/cma.h"
+#include "main_prov/shm/copy_costs.h"
+#include "main_prov/shm/death_verdict.h"
+#include "main_prov/shm/inbox_segment.h"
+#include "main_prov/shm/shm_segment.h"
+#include "main_prov/shm/wake.h"
 
 #include <gtest/gtest.h>
 
@@ -1174,4 +1178,172 @@ TEST(Cma, GonePeerGivesESRCH) {
     char byte;
     iovec local{&byte, 1}, remote{&mine, 1};
     EXPECT_EQ(cma_read(gone, &local, 1, &remote, 1), -ESRCH);
+}
+
+// ---- The node-local channel's inbox segment, wake-ups and death verdict -------------------
+
+namespace {
+
+// A key no other test run uses (an inbox is named "/tandem-<uid>-<key>").
+std::string unique_key(const std::string &what) {
+    return unique_name(what).substr(1);  // (unique_name's "/tandem-ut-...", less the slash)
+}
+
+bool readable_within(int fd, int timeout_ms) {
+    pollfd p{fd, POLLIN, 0};
+    return ::poll(&p, 1, timeout_ms) == 1;
+}
+
+}  // namespace
+
+TEST(InboxSegment, APeerOpensWhatTheCreatorPublished) {
+    const std::string key = unique_key("inbox");
+    const shm::InboxIdentity identity{
+        .probe_addr = 0x1000, .probe_value = 0xfeed, .auth = 7, .job = 9};
+    shm::InboxSegment own = shm::InboxSegment::create(key, 16, 256, identity);
+    ASSERT_NE(own.ring, nullptr);
+    ASSERT_NE(own.split_claims, nullptr);
+    EXPECT_EQ(own.segment.name(), shm::segment_name(key));
+    EXPECT_EQ(own.segment.data_size(), shm::InboxSegment::bytes(16, 256));
+
+    std::optional<shm::InboxSegment> peer = shm::InboxSegment::open(key, 256);
+    ASSERT_TRUE(peer);
+    EXPECT_EQ(peer->info->magic, shm::SegmentInfo::kMagic);
+    EXPECT_EQ(peer->info->pid, ::getpid());
+    EXPECT_EQ(peer->info->cell_size, 256u);
+    EXPECT_EQ(peer->info->probe_value, 0xfeedu);
+    EXPECT_EQ(peer->info->auth, 7u);
+    EXPECT_EQ(peer->info->job, 9u);
+    EXPECT_EQ(peer->ring->cells(), 16u);
+    // One ring seen from both mappings: a cell published through the peer's arrives here.
+    void *cell = peer->ring->try_reserve(own_process_token());
+    ASSERT_NE(cell, nullptr);
+    memcpy(cell, "cell", 5);
+    peer->ring->publish(cell);
+    const void *got = own.ring->peek();
+    ASSERT_NE(got, nullptr);
+    EXPECT_STREQ(static_cast<const char *>(got), "cell");
+    own.ring->release();
+    // So is the claim table.
+    own.split_claims[3].store(shm::kClaimOpen);
+    EXPECT_EQ(peer->split_claims[3].load(), uint64_t(shm::kClaimOpen));
+}
+
+TEST(InboxSegment, OpenRefusesWhatIsNotALiveInboxOfThisShape) {
+    const std::string key = unique_key("inbox-refused");
+    EXPECT_FALSE(shm::InboxSegment::open(key, 256)) << "nothing under the key";
+
+    shm::InboxSegment own = shm::InboxSegment::create(key, 16, 256, {});
+    EXPECT_FALSE(shm::InboxSegment::open(key, 512)) << "another cell size";
+    // A segment under such a name that is not an inbox: no magic.
+    const std::string other = unique_key("not-an-inbox");
+    ShmSegment plain = ShmSegment::create(shm::segment_name(other), 4096);
+    EXPECT_FALSE(shm::InboxSegment::open(other, 256));
+
+    // An inbox whose owner died.
+    const std::string dead_key = unique_key("inbox-dead");
+    Pipe created;
+    Child child([&] {
+        shm::InboxSegment theirs = shm::InboxSegment::create(dead_key, 16, 256, {});
+        created.send(1);
+        ::_exit(0);  // a crash: nothing is removed
+        return 0;
+    });
+    int signal_value = 0;
+    ASSERT_TRUE(created.receive(signal_value));
+    ASSERT_EQ(child.wait(), 0);
+    EXPECT_FALSE(shm::InboxSegment::open(dead_key, 256));
+    EXPECT_EQ(ShmSegment::reap_stale(shm::segment_name(dead_key)), 1u);
+}
+
+TEST(InboxWake, APeersWakeTheOwnersOwnAndTheTimerMakeItsDescriptorReadable) {
+    const std::string key = unique_key("wake");
+    shm::InboxWake wake(key);
+    EXPECT_FALSE(readable_within(wake.fd(), 0));
+
+    shm::PeerWake peer(key);
+    peer.wake();
+    EXPECT_TRUE(readable_within(wake.fd(), 0));
+    wake.drain();
+    EXPECT_FALSE(readable_within(wake.fd(), 0)) << "drain left the peer's byte";
+
+    wake.wake_self();
+    EXPECT_TRUE(readable_within(wake.fd(), 0));
+    wake.drain();
+
+    wake.set_timer(30);
+    EXPECT_TRUE(wake.timer_set());
+    EXPECT_TRUE(readable_within(wake.fd(), 5000)) << "the timer never fired";
+    wake.drain();
+    EXPECT_FALSE(readable_within(wake.fd(), 0)) << "drain left the timer's expiry";
+
+    wake.set_timer(30);
+    wake.stop_timer();
+    EXPECT_FALSE(wake.timer_set());
+    EXPECT_FALSE(readable_within(wake.fd(), 200)) << "a stopped timer fired";
+}
+
+TEST(InboxWake, TheFifoGoesWithItsOwnerAndAWakeOfNobodyIsQuiet) {
+    const std::string key = unique_key("wake-gone");
+    struct stat st;
+    {
+        shm::InboxWake wake(key);
+        ASSERT_EQ(::stat(shm::wake_path(key).c_str(), &st), 0);
+        EXPECT_TRUE(S_ISFIFO(st.st_mode));
+        EXPECT_EQ(st.st_mode & 0777, 0600u);
+    }
+    EXPECT_NE(::stat(shm::wake_path(key).c_str(), &st), 0) << "the FIFO outlived its owner";
+    shm::PeerWake peer(key);
+    peer.wake();  // nobody there: no SIGPIPE, no error
+    shm::PeerWake nobody;
+    nobody.wake();
+    SUCCEED();
+}
+
+TEST(DeathVerdict, AlivePeerThenDrainingUntilOurInboxIsReadThenDead) {
+    constexpr uint32_t kCells = 8, kCellSize = 128;
+    RingMemory mem(ShmRing::bytes_for(kCells, kCellSize));
+    ShmRing *inbox = ShmRing::init(mem.get(), kCells, kCellSize);
+    ASSERT_NE(inbox, nullptr);
+
+    const std::string name = unique_name("verdict");
+    Pipe created, go;
+    Child child([&] {
+        ShmSegment theirs = ShmSegment::create(name, 4096);
+        created.send(1);
+        int v = 0;
+        go.receive(v);
+        ::_exit(0);
+        return 0;
+    });
+    int v = 0;
+    ASSERT_TRUE(created.receive(v));
+    ShmSegment peer = ShmSegment::open(name);
+    shm::DeathVerdict verdict;
+    EXPECT_EQ(verdict.judge(peer, inbox), shm::DeathVerdict::State::kAlive);
+
+    // What it wrote us before it died: one cell published, one claimed and never published.
+    void *answer = inbox->try_reserve(1);
+    void *torn = inbox->try_reserve(2);
+    ASSERT_TRUE(answer && torn);
+    inbox->publish(answer);
+    go.send(1);
+    ASSERT_EQ(child.wait(), 0);
+
+    EXPECT_EQ(verdict.judge(peer, inbox), shm::DeathVerdict::State::kDraining);
+    ASSERT_NE(inbox->peek(), nullptr);
+    inbox->release();  // the answer read
+    EXPECT_EQ(verdict.judge(peer, inbox), shm::DeathVerdict::State::kDraining)
+        << "dead before the cell it claimed was passed";
+    inbox->publish(torn);  // (as reclaim_dead skips it)
+    ASSERT_NE(inbox->peek(), nullptr);
+    inbox->release();
+    EXPECT_EQ(verdict.judge(peer, inbox), shm::DeathVerdict::State::kDead);
+    // Cells claimed after the death was seen are not its: they hold nothing back.
+    void *later = inbox->try_reserve(3);
+    ASSERT_NE(later, nullptr);
+    EXPECT_EQ(verdict.judge(peer, inbox), shm::DeathVerdict::State::kDead);
+    inbox->publish(later);
+    EXPECT_EQ(shm::DeathVerdict().judge(peer, nullptr), shm::DeathVerdict::State::kDead)
+        << "without an inbox there is nothing to drain";
 }

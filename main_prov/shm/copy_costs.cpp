@@ -1,6 +1,6 @@
-#include "offload_prov/shm/copy_costs.h"
+#include "main_prov/shm/copy_costs.h"
 
-#include "offload_prov/shm/cma.h"
+#include "main_prov/shm/cma.h"
 
 #include <sys/mman.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "offload_prov/shm/shm_segment.h"
+#include "main_prov/shm/shm_segment.h"
 
 #include <dirent.h>
 #include <fcntl.h>

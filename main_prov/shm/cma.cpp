@@ -1,4 +1,4 @@
-#include "offload_prov/shm/cma.h"
+#include "main_prov/shm/cma.h"
 
 #include <sys/uio.h>
 
