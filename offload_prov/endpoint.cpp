@@ -10,7 +10,6 @@
 #include "offload_prov/config.h"
 #include "offload_prov/cq.h"
 #include "offload_prov/domain.h"
-#include "offload_prov/ep/endpoint_internal.h"
 #include "offload_prov/srx.h"
 
 #include <sys/random.h>
@@ -301,6 +300,10 @@ void Endpoint::enable() {
     short_line_.build(name_, len);
     proto_.pid = getpid();
     producer_id_ = own_process_token();
+    sender_.ep = this;
+    sender_.producer = producer_id_;
+    sender_.name = name_;
+    sender_.short_line = &short_line_;
     if (!shm_permitted_) {
         // No segment, no inbox: our passes read nothing (as when the owner reads it).
         owner_reads_ = true;

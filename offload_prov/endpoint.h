@@ -35,6 +35,7 @@
 #include "common/shm_ring.h"
 #include "main_prov/shm/death_verdict.h"
 #include "main_prov/shm/inbox_segment.h"
+#include "main_prov/shm/outbox.h"
 #include "main_prov/shm/shm_segment.h"
 #include "main_prov/shm/wake.h"
 #include "peer/peer_abi.h"
@@ -170,33 +171,14 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // discard_held in ep/receive.cpp; transfer_*, remote_twin in ep/twin_hello.cpp; the rest
     // in endpoint.cpp.
 
-    // What happens when the last cell of a Stream is in the ring (status 0), when a device
-    // copy failed (FI_EIO: an empty last cell with that status ended the payload instead), or
-    // when the peer died first (FI_ECONNRESET).
-    struct StreamEnd {
-        enum class Kind : uint8_t {
-            None,
-            CompleteTx,   // a send nobody waits a Fin for: its completion, with the status
-            FailPending,  // an operation in pending_ (hdr.msg_id): fails on an error
-            ReadAccess,   // ReadData: the target's FI_REMOTE_READ access, on success only
-        } kind = Kind::None;
-        void *context = nullptr;  // CompleteTx
-        uint64_t flags = 0;       // CompleteTx
-        uint64_t rma_key = 0;     // ReadAccess
-    };
-    // A payload in as many cells as it takes (Frag, WriteFrag, ReadData), cut into cells as
-    // the peer's ring has room: memory for one payload in flight, not a copy of it.
-    struct Stream {
-        wire::LocalHeader hdr{};  // of its next cell (hdr.offset: where that cell starts)
-        std::vector<iovec> iov{};
-        std::vector<hmem::MemRef> mem{};  // empty: host memory
-        size_t len = 0;
-        StreamEnd end{};
-    };
-    // Waiting for room in a peer's ring, in order: a built cell, or a stream.
-    struct Outgoing {
-        std::vector<uint8_t> cell{};
-        std::unique_ptr<Stream> stream{};
+    using StreamEnd = shm::StreamEnd;
+    // Who writes our cells (shm::Sender): our claimant id and name, and the end of a stream
+    // (finish_stream).
+    struct CellSender final : shm::Sender {
+        Endpoint *ep = nullptr;
+        void stream_ended(const shm::Stream &stream, int status) override {
+            ep->finish_stream(stream, status);
+        }
     };
     struct PeerLink;
     // What the owner holds of a node-local peer (peer::LocalLane): its link and us.
@@ -208,8 +190,11 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     struct PeerLink {
         std::string key;
         ShmSegment segment;
-        ShmRing *ring = nullptr;
-        ShmRing::ProducerView view{};                   // ours, of the peer's ring
+        // Its ring as we write it. The application's operations are refused (-FI_EAGAIN)
+        // while anything waits in its backlog or the ring is full, so the backlog holds at
+        // most one of theirs (a message whose room another producer took first) besides our
+        // answers to the peer's own operations (bounded by its transmit queue).
+        shm::Outbox out{};
         std::atomic<uint64_t> *split_claims = nullptr;  // its segment's (Cts it sends us)
         const shm::SegmentInfo *info = nullptr;
 
@@ -224,13 +209,6 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         // Whether its process is gone, and then whether the cells it published before it
         // died (a Fin, a WriteDone) are read (check_peers).
         shm::DeathVerdict verdict{};
-        shm::PeerWake wake{};  // its wake FIFO
-        // Cells and streams waiting for room in the ring. The application's operations are
-        // refused (-FI_EAGAIN) while anything waits here or the ring is full, so it holds
-        // at most one of theirs (a message whose room another producer took first) besides
-        // our answers to the peer's own operations (bounded by its transmit queue).
-        std::deque<Outgoing> backlog{};
-        uint8_t blocked = 0;  // peer::kLaneBacklog, peer::kLaneDead: LocalLane::blocked
         Lane lane{};
     };
     // An operation waiting for the target's Fin (Rts, RMA) or for ReadData cells.
@@ -284,42 +262,12 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     }
     void bury(PeerLink *link, const std::string &key);
 
-    // ep/cell_send.cpp: cells into a peer's ring or its link's backlog, and wake-ups.
-    void push(PeerLink &link, const wire::LocalHeader &hdr, const void *body, size_t len);
-    bool push_gather(PeerLink &link, const wire::LocalHeader &hdr, const iovec *iov, size_t count,
-                     size_t offset, size_t len, const hmem::MemRef *mem = nullptr);
-    // (Defined in ep/endpoint_internal.h: inject inlines it too.)
-    bool try_push(PeerLink &link, const wire::LocalHeader &hdr, const iovec *iov, size_t count,
-                  size_t offset, size_t len, const uint8_t *staged);
+    // ep/cell_send.cpp: what a stream's end does, answers, and the sleep (arm). The cells
+    // themselves go through each link's shm::Outbox (main_prov/shm/outbox.h).
     // peer::LocalLane::wake of a link's lane.
     static void lane_wake(peer::LocalLane *lane);
-    // A Short cell (wire::LocalShortHeader, our name, len bytes of the list from offset, or
-    // of staged) into cell.
-    void fill_short(uint8_t *cell, const wire::LocalShortHeader &s, const iovec *iov, size_t count,
-                    size_t offset, size_t len, const uint8_t *staged) const;
-    // A cell's bytes: hdr, our name, then len bytes of the list from offset (or of staged).
-    void fill_cell(uint8_t *cell, const wire::LocalHeader &hdr, const iovec *iov, size_t count,
-                   size_t offset, size_t len, const uint8_t *staged) const;
-    void push_staged(PeerLink &link, wire::LocalHeader hdr, const iovec *iov, size_t count,
-                     size_t len, const hmem::MemRef *mem, StreamEnd end);
-    bool pump(PeerLink &link, Stream &stream, int *status);
-    void finish_stream(const Stream &stream, int status);
-    bool admits(PeerLink &link) const {
-        return link.backlog.empty() && link.ring->has_room(link.view);
-    }
-    bool flush(PeerLink &link);
-    // After a publish: wakes the peer if our claim found it asleep (inline: every cell).
-    void notify(PeerLink &link) {
-        if (link.view.wake) wake(link);
-    }
-    void wake(PeerLink &link);
+    void finish_stream(const shm::Stream &stream, int status);
     void answer(std::string_view sender, uint64_t msg_id, int status);
-    // A cell under a LocalShortHeader: the header, our name when h.name_len says so, then len
-    // bytes of body; into the ring now, or kept in order for the next progress call.
-    void push_compact(PeerLink &link, const wire::LocalShortHeader &h, const void *body,
-                      size_t len);
-    // A built cell of n bytes, into the ring now or into the backlog.
-    void push_cell(PeerLink &link, const uint8_t *cell, size_t n);
 
     // ep/send.cpp: messages (Eager, Rts, Frag, IpcRts), and the end of a pending operation.
     // Sends and RMA are prepared (checked, their lists copied into a LocalRequest) and then
@@ -517,7 +465,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     int64_t next_check_ms_ = 0;  // coarse_now_ms() of the next liveness check
 
     // ep/cell_send.cpp
-    size_t backlogged_ = 0;  // links with cells waiting for room in their peer's ring
+    CellSender sender_{};  // (sender_.backlogged: links whose backlog is not empty)
 
     // ep/send.cpp, ep/rma.cpp
     std::unordered_map<uint64_t, Pending> pending_;

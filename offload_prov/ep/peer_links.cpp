@@ -6,7 +6,6 @@
 #include "common/log.h"
 #include "offload_prov/av.h"
 #include "offload_prov/config.h"
-#include "offload_prov/ep/endpoint_internal.h"
 #include "main_prov/shm/cma.h"
 
 #include <sys/socket.h>
@@ -105,11 +104,10 @@ Endpoint::PeerLink *Endpoint::link_for_key(const std::string &key, std::string_v
     // Named members: PeerLink grows, and a positional {} once landed in a descriptor (0: stdin).
     auto link = std::make_unique<PeerLink>(PeerLink{.key = key,
                                                     .segment = std::move(seg->segment),
-                                                    .ring = seg->ring,
+                                                    .out = shm::Outbox(seg->ring, key),
                                                     .split_claims = seg->split_claims,
                                                     .info = info,
-                                                    .pid = info->pid,
-                                                    .wake = shm::PeerWake(key)});
+                                                    .pid = info->pid});
     // Single copy needs the peer's pid to mean the peer here (one pid namespace, or the pid
     // would name another process) and the kernel's permission, which the probe finds out by
     // reading a random word the peer published: reading it proves both. Staged otherwise.
@@ -200,12 +198,7 @@ bool Endpoint::check_peers() {
 // A peer found dead: what waits on it ends with FI_ECONNRESET, and nothing more goes to it.
 void Endpoint::bury(PeerLink *link, const std::string &key) {
     link->dead = true;
-    link->blocked = peer::kLaneDead;  // (its backlog goes below)
-    if (!link->backlog.empty()) --backlogged_;
-    std::deque<Outgoing> unsent = std::move(link->backlog);
-    link->backlog.clear();
-    for (const Outgoing &o : unsent)
-        if (o.stream) finish_stream(*o.stream, FI_ECONNRESET);
+    link->out.close_dead(sender_);  // (its backlog's streams end with FI_ECONNRESET)
     TANDEM_INFO(FI_LOG_EP_DATA, "node-local peer %s died\n", key.c_str());
     for (auto it = pending_.begin(); it != pending_.end();) {
         if (it->second.link != link) {

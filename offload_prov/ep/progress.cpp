@@ -76,9 +76,9 @@ void Endpoint::progress_all(bool counted) {
             handle_cell(c);
         inbox_->release();
     }
-    if (backlogged_)
+    if (sender_.backlogged)
         for (auto &[key, link] : links_)
-            if (!link->dead) flush(*link);
+            if (!link->dead) link->out.flush(sender_);
     // Completions the owner's CQ refused earlier go first, in order.
     while (!cq_backlog_.empty() && try_write_cq(cq_backlog_.front())) cq_backlog_.pop_front();
     while (!tx_done_.empty()) {
@@ -108,7 +108,7 @@ void Endpoint::progress_all(bool counted) {
     // brings nothing: the peer may have no core (more processes than cores), and our busy
     // poll would keep it off ours until the scheduler's time slice ends. Every kYieldAfter
     // fruitless passes we give the core away.
-    if ((waiting || backlogged_) && handled == 0) {
+    if ((waiting || sender_.backlogged) && handled == 0) {
         if (++fruitless_passes_ >= kYieldAfter) {
             fruitless_passes_ = 0;
             sched_yield();
@@ -118,7 +118,7 @@ void Endpoint::progress_all(bool counted) {
     }
     // Quiet when nothing but a cell can give this endpoint work: then the next passes only
     // look at the inbox until a cell comes or a call of the owner's brings work (note_work).
-    quiet_ = hello_posted_ && introductions_.empty() && coll_.idle() && !backlogged_ &&
+    quiet_ = hello_posted_ && introductions_.empty() && coll_.idle() && !sender_.backlogged &&
              cq_backlog_.empty() && tx_done_.empty() && !waiting && deferred_.empty();
 }
 
@@ -339,7 +339,7 @@ bool Endpoint::vouch_for_process(LocalHeader &hdr, std::string_view sender) {
         answer.op = static_cast<uint8_t>(LocalOp::Fin);
         answer.status = FI_EACCES;
     }
-    push(*link, answer, nullptr, 0);
+    link->out.push(sender_, answer, nullptr, 0);
     return false;
 }
 

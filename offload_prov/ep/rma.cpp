@@ -68,7 +68,7 @@ ssize_t Endpoint::issue_rma(LocalRequest &r) {
         complete_tx(r.context, cq_flags, r.len, FI_ECONNRESET);
         return 0;
     }
-    if (!admits(*link)) return -FI_EAGAIN;
+    if (!link->out.admits()) return -FI_EAGAIN;
     LocalHeader hdr = rma_header(proto_, r, next_id_++);
     Pending p{.context = r.context, .flags = cq_flags, .len = r.len, .link = link};
     if (r.device && !stage_device_rma(*link, r, hdr, p)) return 0;
@@ -81,7 +81,7 @@ ssize_t Endpoint::issue_rma(LocalRequest &r) {
         hdr.op = static_cast<uint8_t>(LocalOp::Read);
         hdr.iov_count = static_cast<uint8_t>(cma ? n : 0);
         pending_[hdr.msg_id] = std::move(p);
-        push(*link, hdr, body, hdr.iov_count * sizeof(LocalIov));
+        link->out.push(sender_, hdr, body, hdr.iov_count * sizeof(LocalIov));
         return 0;
     }
     // A large write read with CMA: the target may ask us (Cts) to write part of it ourselves.
@@ -137,15 +137,16 @@ void Endpoint::push_rma_write(PeerLink &link, LocalHeader hdr, const LocalReques
     if (r.len <= Config::get().eager_limit) {
         hdr.op = static_cast<uint8_t>(LocalOp::Write);
         hdr.size = static_cast<uint32_t>(r.len);
-        sent = push_gather(link, hdr, r.iov, r.count, 0, r.len, mem);
+        sent = link.out.push_gather(sender_, hdr, r.iov, r.count, 0, r.len, mem);
     } else if (cma) {
         hdr.op = static_cast<uint8_t>(LocalOp::Write);
         hdr.iov_count = static_cast<uint8_t>(n);
-        push(link, hdr, body, n * sizeof(LocalIov));
+        link.out.push(sender_, hdr, body, n * sizeof(LocalIov));
     } else {
         hdr.op = static_cast<uint8_t>(LocalOp::WriteFrag);
         // A failed device copy fails the write (a later Fin finds nothing to finish).
-        push_staged(link, hdr, r.iov, r.count, r.len, mem, {.kind = StreamEnd::Kind::FailPending});
+        link.out.push_stream(sender_, hdr, r.iov, r.count, r.len, mem,
+                             {.kind = StreamEnd::Kind::FailPending});
     }
     if (!sent) finish_pending(hdr.msg_id, FI_EIO);  // (a later Fin finds nothing to finish)
 }

@@ -189,8 +189,9 @@ int Endpoint::rma_read(const LocalHeader &hdr, std::string_view sender, const ui
     out.msg_id = hdr.msg_id;
     out.total = len;
     // The access counts once the data is sent, not when a device copy failed.
-    push_staged(*link, out, region.pieces, region.count, len, region.device ? region.mem : nullptr,
-                {.kind = StreamEnd::Kind::ReadAccess, .rma_key = hdr.rma_key});
+    link->out.push_stream(sender_, out, region.pieces, region.count, len,
+                          region.device ? region.mem : nullptr,
+                          {.kind = StreamEnd::Kind::ReadAccess, .rma_key = hdr.rma_key});
     return kNotFinished;
 }
 

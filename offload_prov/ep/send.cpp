@@ -8,7 +8,6 @@
 #include "common/test_hook.h"
 #include "offload_prov/config.h"
 #include "main_prov/shm/copy_costs.h"
-#include "offload_prov/ep/endpoint_internal.h"
 
 #include <algorithm>
 #include <atomic>
@@ -71,7 +70,7 @@ ssize_t Endpoint::issue_send(LocalRequest &r) {
         return 0;
     }
     // Back-pressure: the peer's ring is full, or cells wait for room already.
-    if (!admits(*link)) return -FI_EAGAIN;
+    if (!link->out.admits()) return -FI_EAGAIN;
     LocalHeader hdr = message_header(r.len, r.tag, r.data, r.flags, r.tagged);
     if (r.device)
         send_device(r, *link, hdr, cq_flags);
@@ -100,7 +99,7 @@ void Endpoint::send_host(const LocalRequest &r, PeerLink &link, LocalHeader &hdr
     if (len <= Config::get().eager_limit) {
         hdr.op = static_cast<uint8_t>(LocalOp::Eager);
         hdr.size = static_cast<uint32_t>(len);
-        push_gather(link, hdr, iov, count, 0, len);
+        link.out.push_gather(sender_, hdr, iov, count, 0, len);
         if (!ack) complete_tx(r.context, cq_flags, len, 0);
         return;
     }
@@ -118,7 +117,8 @@ void Endpoint::send_host(const LocalRequest &r, PeerLink &link, LocalHeader &hdr
     }
     // No cross-memory attach, or staging is better: through the ring, a cell at a time.
     hdr.op = static_cast<uint8_t>(LocalOp::Frag);
-    push_staged(link, hdr, iov, count, len, nullptr, send_end(ack, r.context, cq_flags));
+    link.out.push_stream(sender_, hdr, iov, count, len, nullptr,
+                         send_end(ack, r.context, cq_flags));
 }
 
 // Device memory: peer to peer through IPC handles where the policy and the driver allow,
@@ -146,12 +146,13 @@ void Endpoint::send_device(const LocalRequest &r, PeerLink &link, LocalHeader &h
     if (ack) await_delivery(hdr, link, r, cq_flags);
     if (len > Config::get().eager_limit) {
         hdr.op = static_cast<uint8_t>(LocalOp::Frag);
-        push_staged(link, hdr, iov, count, len, mem, send_end(ack, r.context, cq_flags));
+        link.out.push_stream(sender_, hdr, iov, count, len, mem,
+                             send_end(ack, r.context, cq_flags));
         return;
     }
     hdr.op = static_cast<uint8_t>(LocalOp::Eager);
     hdr.size = static_cast<uint32_t>(len);
-    if (!push_gather(link, hdr, iov, count, 0, len, mem)) {
+    if (!link.out.push_gather(sender_, hdr, iov, count, 0, len, mem)) {
         // The device could not copy it: an error completion, and nothing delivered.
         pending_.erase(hdr.msg_id);
         complete_tx(r.context, cq_flags, len, FI_EIO);
@@ -205,11 +206,11 @@ peer::LocalLane *Endpoint::lane(fi_addr_t addr) {
     if (!link || link->dead) return nullptr;
     if (!link->lane.wake)
         link->lane = {{.wake = &Endpoint::lane_wake,
-                       .ring = link->ring,
-                       .view = &link->view,
+                       .ring = link->out.ring(),
+                       .view = &link->out.view,
                        .producer = producer_id_,
                        .line = &short_line_,
-                       .blocked = &link->blocked},
+                       .blocked = &link->out.blocked},
                       this,
                       link};
     return &link->lane;
@@ -217,7 +218,7 @@ peer::LocalLane *Endpoint::lane(fi_addr_t addr) {
 
 void Endpoint::lane_wake(peer::LocalLane *lane) {
     auto *l = static_cast<Lane *>(lane);
-    l->ep->wake(*l->link);
+    l->link->out.wake();
 }
 
 // The header of a message's first (or only) cell, with a fresh id; op and size are the
@@ -251,7 +252,7 @@ bool Endpoint::stages_better(PeerLink &link, size_t len, double *rts_ns) {
     const size_t cells = (len + wire::kLocalBodyRoom - 1) / wire::kLocalBodyRoom;
     const double staged = 2 * costs.memcpy_ns(len) + 2 * kCellNs * double(cells);
     *rts_ns = len >= wire::kLocalSplitMin ? costs.cma_ns(len / 2) : costs.cma_ns(len);
-    const bool fits = link.backlog.empty() && link.ring->free_cells(link.view) >= cells;
+    const bool fits = link.out.free_cells() >= cells;
     if (fits && (!peer_polls(link) || staged < *rts_ns + link.rts_lateness_ns)) {
         // Staged now: what we learnt of the receiver's lateness fades, so that single copy
         // is tried again once in a while (otherwise the estimate could never come down).
@@ -284,7 +285,7 @@ void Endpoint::send_rts(PeerLink &link, LocalHeader hdr, Pending p) {
     hdr.iov_count = static_cast<uint8_t>(n);
     hdr.flags &= ~uint8_t(wire::kLocalAckReq);  // Fin comes anyway, after delivery
     pending_[hdr.msg_id] = std::move(p);
-    push(link, hdr, body, n * sizeof(LocalIov));
+    link.out.push(sender_, hdr, body, n * sizeof(LocalIov));
 }
 
 // An IpcRts (or, op, an IpcWrite) naming our device buffers; false when some buffer has no IPC
@@ -315,7 +316,7 @@ bool Endpoint::post_ipc(PeerLink &link, LocalHeader hdr, const iovec *iov, const
     hdr.iov_count = static_cast<uint8_t>(n);
     hdr.flags &= ~uint8_t(wire::kLocalAckReq);  // Fin comes anyway, after delivery
     pending_[hdr.msg_id] = std::move(p);
-    push(link, hdr, body, n * sizeof(wire::LocalIpc));
+    link.out.push(sender_, hdr, body, n * sizeof(wire::LocalIpc));
     return true;
 }
 
@@ -355,7 +356,7 @@ void Endpoint::finish_pending(uint64_t msg_id, int status) {
             p.ipc = false;
             pending_[msg_id] = std::move(p);
         }
-        push_staged(link, hdr, iov.data(), iov.size(), hdr.total, mem.data(), end);
+        link.out.push_stream(sender_, hdr, iov.data(), iov.size(), hdr.total, mem.data(), end);
         return;
     } else if (p.ipc && p.rma_write && status == FI_EOPNOTSUPP) {
         hmem::counters().refused_transfers.fetch_add(1, std::memory_order_relaxed);
@@ -371,7 +372,7 @@ void Endpoint::finish_pending(uint64_t msg_id, int status) {
             hdr.total = p.len;
             hdr.msg_id = msg_id;
             hdr.status = FI_EOPNOTSUPP;
-            push(*p.link, hdr, nullptr, 0);
+            p.link->out.push(sender_, hdr, nullptr, 0);
         }
     }
     complete_tx(p.context, p.flags, p.len, status);

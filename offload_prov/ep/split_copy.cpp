@@ -6,7 +6,6 @@
 #include "common/iov.h"
 #include "common/test_hook.h"
 #include "offload_prov/config.h"
-#include "offload_prov/ep/endpoint_internal.h"
 #include "main_prov/shm/cma.h"
 
 #include <cstring>
@@ -41,7 +40,7 @@ bool Endpoint::send_cts(PeerLink &link, uint64_t msg_id, const iovec *dst, size_
     LocalIov body[wire::kLocalMaxIov];
     for (size_t i = 0; i < nmine; ++i)
         body[i] = {reinterpret_cast<uint64_t>(mine[i].iov_base), mine[i].iov_len};
-    push(link, cts, body, nmine * sizeof(LocalIov));
+    link.out.push(sender_, cts, body, nmine * sizeof(LocalIov));
     return true;
 }
 
@@ -107,7 +106,7 @@ void Endpoint::handle_cts(const LocalHeader &hdr, std::string_view sender, const
     done.op = static_cast<uint8_t>(LocalOp::WriteDone);
     done.msg_id = hdr.msg_id;
     done.status = status;
-    push(*link, done, nullptr, 0);
+    link->out.push(sender_, done, nullptr, 0);
 }
 
 // Receiver side: the sender wrote its part (or could not: then we read it ourselves).

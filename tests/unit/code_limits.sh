@@ -95,8 +95,8 @@ check_routes() {
         # The one Short encoder: its two forms, both in common/short_cell.h.
         "write_short_head|common/short_cell.h common/short_cell.h common/short_cell.h"
         # One buffer from tandem's data call (send_by_lane), and the twin's own traffic and
-        # the peer-API face (fill_short).
-        "write_short|common/short_cell.h main_prov/endpoint_data.cpp offload_prov/ep/cell_send.cpp"
+        # the peer-API face (the channel's Outbox: shm::Outbox::fill_cell).
+        "write_short|common/short_cell.h main_prov/endpoint_data.cpp main_prov/shm/outbox.cpp"
         # Any list, from tandem's general path (inject_local).
         "write_short_gather|common/short_cell.h main_prov/engine_send.cpp"
         # The one decoder: tandem's receive_short and its slow half, and the twin's for an

@@ -6,8 +6,10 @@
 #include "main_prov/shm/copy_costs.h"
 #include "main_prov/shm/death_verdict.h"
 #include "main_prov/shm/inbox_segment.h"
+#include "main_prov/shm/outbox.h"
 #include "main_prov/shm/shm_segment.h"
 #include "main_prov/shm/wake.h"
+#include "peer/peer_abi.h"
 
 #include <gtest/gtest.h>
 
@@ -1346,4 +1348,151 @@ TEST(DeathVerdict, AlivePeerThenDrainingUntilOurInboxIsReadThenDead) {
     inbox->publish(later);
     EXPECT_EQ(shm::DeathVerdict().judge(peer, nullptr), shm::DeathVerdict::State::kDead)
         << "without an inbox there is nothing to drain";
+}
+
+namespace {
+
+// The endpoint's side of an Outbox in these tests: who writes, and the streams that ended.
+struct RecordingSender final : shm::Sender {
+    RecordingSender() {
+        producer = 7;
+        name = name_bytes;
+        short_line = &line;
+        line.build(name_bytes, 16);
+    }
+    void stream_ended(const shm::Stream &stream, int status) override {
+        ended.push_back({stream.hdr.msg_id, status});
+    }
+    uint8_t name_bytes[wire::kLocalNameRoom] = {2, 0, 1, 2, 127, 0, 0, 1};
+    ShortLine line;
+    std::vector<std::pair<uint64_t, int>> ended;
+};
+
+// A ring of node-local cells in memory of this process.
+struct CellRing {
+    explicit CellRing(uint32_t cells)
+        : mem(ShmRing::bytes_for(cells, wire::kLocalCellSize)),
+          ring(ShmRing::init(mem.get(), cells, wire::kLocalCellSize)) {}
+    RingMemory mem;
+    ShmRing *ring;
+};
+
+wire::LocalHeader header_of(wire::LocalOp op, uint64_t msg_id) {
+    wire::LocalHeader hdr{};
+    hdr.op = static_cast<uint8_t>(op);
+    hdr.name_len = 16;
+    hdr.msg_id = msg_id;
+    return hdr;
+}
+
+// The next cell of the ring, as the receiver reads it (nullopt: none).
+std::optional<wire::LocalHeader> read_header(ShmRing *ring, std::vector<uint8_t> *body = nullptr) {
+    const void *cell = ring->peek();
+    if (!cell) return std::nullopt;
+    wire::LocalHeader hdr;
+    memcpy(&hdr, cell, sizeof hdr);
+    if (body) {
+        auto *at = static_cast<const uint8_t *>(cell) + sizeof hdr + wire::kLocalNameRoom;
+        body->assign(at, at + hdr.size);
+    }
+    ring->release();
+    return hdr;
+}
+
+}  // namespace
+
+TEST(Outbox, CellsAndStreamsWaitInOrderBehindAFullRingAndFlushInOrder) {
+    constexpr uint32_t kCells = 4;
+    CellRing inbox(kCells);
+    ShmRing *ring = inbox.ring;
+    ASSERT_NE(ring, nullptr);
+    RecordingSender sender;
+    shm::Outbox out(ring, "");
+
+    for (uint64_t id = 0; id < kCells; ++id)
+        out.push(sender, header_of(wire::LocalOp::Fin, id), nullptr, 0);
+    EXPECT_FALSE(out.admits()) << "the ring is full";
+    EXPECT_EQ(out.blocked, 0) << "nothing waits yet";
+    out.push(sender, header_of(wire::LocalOp::Fin, 4), nullptr, 0);
+    EXPECT_EQ(out.blocked, peer::kLaneBacklog);
+    EXPECT_EQ(sender.backlogged, 1u);
+    // A payload of three cells and a bit, behind it.
+    std::vector<uint8_t> payload(3 * wire::kLocalBodyRoom + 100);
+    for (size_t i = 0; i < payload.size(); ++i) payload[i] = uint8_t(i * 7);
+    iovec iov{payload.data(), payload.size()};
+    wire::LocalHeader frag = header_of(wire::LocalOp::Frag, 5);
+    frag.total = payload.size();
+    out.push_stream(sender, frag, &iov, 1, payload.size(), nullptr,
+                    {.kind = shm::StreamEnd::Kind::CompleteTx});
+    EXPECT_TRUE(sender.ended.empty());
+    EXPECT_EQ(sender.backlogged, 1u) << "one Outbox, however much waits in it";
+
+    std::vector<uint64_t> order;
+    std::vector<uint8_t> assembled, body;
+    for (int round = 0; round < 10 && (order.size() < 6 || assembled.size() < payload.size());
+         ++round) {
+        while (auto hdr = read_header(ring, &body)) {
+            if (hdr->op == static_cast<uint8_t>(wire::LocalOp::Fin)) {
+                order.push_back(hdr->msg_id);
+                continue;
+            }
+            ASSERT_EQ(hdr->op, static_cast<uint8_t>(wire::LocalOp::Frag));
+            EXPECT_EQ(order.size(), 5u) << "a stream cell overtook a cell before it";
+            EXPECT_EQ(hdr->offset, assembled.size());
+            EXPECT_EQ(bool(hdr->flags & wire::kLocalLast),
+                      assembled.size() + hdr->size == payload.size());
+            assembled.insert(assembled.end(), body.begin(), body.end());
+        }
+        // The ring has room now, and still a cell posted now goes behind what waits.
+        if (round == 0) out.push(sender, header_of(wire::LocalOp::Fin, 6), nullptr, 0);
+        out.flush(sender);
+    }
+    EXPECT_EQ(order, (std::vector<uint64_t>{0, 1, 2, 3, 4, 6}));
+    EXPECT_EQ(assembled, payload);
+    ASSERT_EQ(sender.ended.size(), 1u);
+    EXPECT_EQ(sender.ended[0], (std::pair<uint64_t, int>{5, 0}));
+    EXPECT_EQ(sender.backlogged, 0u);
+    EXPECT_EQ(out.blocked, 0);
+    EXPECT_TRUE(out.admits());
+}
+
+// An Outbox writing into a ring of two cells.
+class OutboxOfTwo : public ::testing::Test {
+  protected:
+    CellRing inbox{2};
+    RecordingSender sender;
+    shm::Outbox out{inbox.ring, ""};
+};
+
+TEST_F(OutboxOfTwo, AnEagerCellNobodyAnswersGoesAsAShortCell) {
+    ShmRing *ring = inbox.ring;
+    wire::LocalHeader eager = header_of(wire::LocalOp::Eager, 0);
+    eager.tag = 0x1234;
+    eager.size = 5;
+    out.push(sender, eager, "hello", 5);
+    eager.flags = wire::kLocalAckReq;  // a Fin is wanted: the full header
+    out.push(sender, eager, "hello", 5);
+    const auto *cell = static_cast<const uint8_t *>(ring->peek());
+    ASSERT_NE(cell, nullptr);
+    EXPECT_EQ(cell[0], static_cast<uint8_t>(wire::LocalOp::Short));
+    ring->release();
+    cell = static_cast<const uint8_t *>(ring->peek());
+    ASSERT_NE(cell, nullptr);
+    EXPECT_EQ(cell[0], static_cast<uint8_t>(wire::LocalOp::Eager));
+    ring->release();
+}
+
+TEST_F(OutboxOfTwo, APeerFoundDeadEndsTheStreamsThatWaitedWithConnectionReset) {
+    out.push(sender, header_of(wire::LocalOp::Fin, 0), nullptr, 0);
+    out.push(sender, header_of(wire::LocalOp::Fin, 1), nullptr, 0);
+    std::vector<uint8_t> payload(100, 1);
+    iovec iov{payload.data(), payload.size()};
+    out.push_stream(sender, header_of(wire::LocalOp::Frag, 2), &iov, 1, payload.size(), nullptr,
+                    {.kind = shm::StreamEnd::Kind::FailPending});
+    EXPECT_TRUE(sender.ended.empty());
+    out.close_dead(sender);
+    ASSERT_EQ(sender.ended.size(), 1u);
+    EXPECT_EQ(sender.ended[0], (std::pair<uint64_t, int>{2, FI_ECONNRESET}));
+    EXPECT_EQ(out.blocked, peer::kLaneDead);
+    EXPECT_EQ(sender.backlogged, 0u);
 }
