@@ -322,10 +322,7 @@ void Endpoint::enable() {
     wake_.emplace(key_);
     inbox_ = segment_->ring;
     heartbeat_ = &segment_->info->heartbeat;
-    split_claims_ = segment_->split_claims;
-    claim_generation_.assign(shm::kSplitClaims, 0);
-    free_claims_.clear();
-    for (uint32_t i = shm::kSplitClaims; i-- > 0;) free_claims_.push_back(i);
+    claims_ = shm::SplitClaims(segment_->split_claims);
     enabled_ = true;
 }
 

@@ -320,11 +320,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     struct Split;
     bool send_cts(PeerLink &link, uint64_t msg_id, const iovec *dst, size_t ndst, size_t half,
                   size_t n, uint64_t *claim);
-    // After our part of a split: true when we took the sender's part back (it had not begun:
-    // we read it ourselves, and no WriteDone will come), false when the sender has it.
-    bool take_back(uint64_t claim);
-    void release_claim(uint64_t claim);
-    // Our part done: the rest read by us (take_back) or waited for (splits_), then finished.
+    // Our part done: the rest read by us (claims_.take_back) or waited for (splits_), then
+    // finished.
     void split_read(Split split, std::string_view sender);
     void finish_split(const Split &split, std::string_view sender, int err);
     void handle_cts(const wire::LocalHeader &hdr, std::string_view sender, const uint8_t *body);
@@ -434,11 +431,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     ShortLine short_line_;
     std::optional<shm::InboxSegment> segment_;
     ShmRing *inbox_ = nullptr;
-    // Our segment's split-copy claims (ep/split_copy.cpp): the table, each slot's generation,
-    // and the slots free for a Cts.
-    std::atomic<uint64_t> *split_claims_ = nullptr;
-    std::vector<uint32_t> claim_generation_;
-    std::vector<uint32_t> free_claims_;
+    // Our segment's split-copy claims (ep/split_copy.cpp).
+    shm::SplitClaims claims_;
     // The FIFO peers wake us through and our liveness timer: a peer that dies writes nothing,
     // so a sleeper whose operations wait on peers must wake for the next check of them
     // (check_peers) by itself. wait_fd() hands out its descriptor.

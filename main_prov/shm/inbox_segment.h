@@ -7,6 +7,7 @@
 
 #include "common/shm_ring.h"
 #include "main_prov/shm/shm_segment.h"
+#include "main_prov/shm/split_claims.h"
 
 #include <atomic>
 #include <cstddef>
@@ -32,14 +33,6 @@ struct SegmentInfo {
 };
 static_assert(sizeof(SegmentInfo) == 64);
 
-// The split-copy claims (offload_prov/ep/split_copy.cpp): a word per slot after the segment's
-// ring, generation << 2 | state. A receiver that splits a copy opens a slot and names it in
-// its Cts; the sender takes it before it writes its part, or the receiver takes it back to
-// read that part itself (the sender had no core in time): whoever takes it copies, the other
-// never.
-enum SplitClaim : uint64_t { kClaimFree = 0, kClaimOpen = 1, kClaimSender = 2, kClaimReceiver = 3 };
-inline constexpr uint32_t kSplitClaims = 64;
-
 // What the creator of an inbox says of itself in its SegmentInfo, besides its pid, cell size,
 // network namespace and heartbeat, which create() fills.
 struct InboxIdentity {
@@ -55,7 +48,8 @@ struct InboxSegment {
     ShmSegment segment;
     SegmentInfo *info = nullptr;
     ShmRing *ring = nullptr;
-    std::atomic<uint64_t> *split_claims = nullptr;  // nullptr: the segment has no table
+    // The split-copy claim table after the ring (split_claims.h); nullptr: the segment has none.
+    std::atomic<uint64_t> *split_claims = nullptr;
 
     // Creates the inbox of `key` with `cells` cells of `cell_size` bytes (ShmSegment::create:
     // a dead owner's leftover goes, a live owner's fails with -EEXIST), with every claim

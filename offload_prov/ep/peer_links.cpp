@@ -219,7 +219,7 @@ void Endpoint::bury(PeerLink *link, const std::string &key) {
         }
         Split split = it->second;
         it = splits_.erase(it);
-        release_claim(split.claim);
+        claims_.release(split.claim);
         if (split.entry) complete_rx(split.entry, split.hdr, split.n, FI_ECONNRESET, split.src);
     }
     // Its staged writes that failed here, and what it sent behind a split write of its:

@@ -23,13 +23,10 @@ bool Endpoint::send_cts(PeerLink &link, uint64_t msg_id, const iovec *dst, size_
                         size_t n, uint64_t *claim) {
     iovec mine[wire::kLocalMaxIov];
     size_t nmine = iov_slice(dst, ndst, half, n - half, mine, wire::kLocalMaxIov);
-    if (!nmine || iov_length(mine, nmine) != n - half || free_claims_.empty()) return false;
-    uint32_t slot = free_claims_.back();
-    free_claims_.pop_back();
-    uint32_t gen = claim_generation_[slot];
-    // Release: the slot is open before the Cts that names it can be read.
-    split_claims_[slot].store(uint64_t(gen) << 2 | shm::kClaimOpen, std::memory_order_release);
-    *claim = uint64_t(slot) << 32 | gen;
+    if (!nmine || iov_length(mine, nmine) != n - half) return false;
+    std::optional<shm::ClaimId> opened = claims_.open();
+    if (!opened) return false;
+    *claim = *opened;
     LocalHeader cts = proto_;
     cts.op = static_cast<uint8_t>(LocalOp::Cts);
     cts.msg_id = msg_id;
@@ -44,28 +41,11 @@ bool Endpoint::send_cts(PeerLink &link, uint64_t msg_id, const iovec *dst, size_
     return true;
 }
 
-bool Endpoint::take_back(uint64_t claim) {
-    if (claim == wire::kLocalNoClaim) return false;
-    uint32_t slot = uint32_t(claim >> 32), gen = uint32_t(claim);
-    uint64_t open = uint64_t(gen) << 2 | shm::kClaimOpen;
-    return split_claims_[slot].compare_exchange_strong(
-        open, uint64_t(gen) << 2 | shm::kClaimReceiver, std::memory_order_acq_rel);
-}
-
-// The slot free again, under its next generation (a late Cts of the old one finds it taken).
-void Endpoint::release_claim(uint64_t claim) {
-    if (claim == wire::kLocalNoClaim) return;
-    uint32_t slot = uint32_t(claim >> 32);
-    uint32_t gen = ++claim_generation_[slot];
-    split_claims_[slot].store(uint64_t(gen) << 2 | shm::kClaimFree, std::memory_order_release);
-    free_claims_.push_back(slot);
-}
-
 // Our part of a split is read: if the sender has not taken its part by now (it had no core
 // while we copied ours), we take it back and read it too, rather than wait for the sender to
 // be scheduled; otherwise its WriteDone finishes the split.
 void Endpoint::split_read(Split split, std::string_view sender) {
-    if (!split.err && !test_split_wait() && take_back(split.claim)) {
+    if (!split.err && !test_split_wait() && claims_.take_back(split.claim)) {
         finish_split(split, sender, FI_EAGAIN);
         return;
     }
@@ -77,14 +57,11 @@ void Endpoint::split_read(Split split, std::string_view sender) {
 void Endpoint::handle_cts(const LocalHeader &hdr, std::string_view sender, const uint8_t *body) {
     stop_at("local.cts_arrived");
     PeerLink *link = link_to(sender);
-    if (hdr.rma_key != wire::kLocalNoClaim) {
-        uint32_t slot = uint32_t(hdr.rma_key >> 32), gen = uint32_t(hdr.rma_key);
-        if (!link || !link->split_claims || slot >= shm::kSplitClaims) return;
-        uint64_t open = uint64_t(gen) << 2 | shm::kClaimOpen;
-        if (!link->split_claims[slot].compare_exchange_strong(
-                open, uint64_t(gen) << 2 | shm::kClaimSender, std::memory_order_acq_rel))
-            return;  // taken back: nothing of ours to write, nobody waits for a WriteDone
-    }
+    // Taken back (or not a claim of its table): nothing of ours to write, nobody waits for a
+    // WriteDone.
+    if (hdr.rma_key != wire::kLocalNoClaim &&
+        !(link && shm::SplitClaims::take_for_sender(link->split_claims, hdr.rma_key)))
+        return;
     stop_at("local.cts_claimed");
     int status = FI_EIO;
     auto it = pending_.find(hdr.msg_id);
@@ -121,7 +98,7 @@ void Endpoint::handle_write_done(const LocalHeader &hdr, std::string_view sender
 // The split's end: `sender_status` is the sender's part's (0 written; otherwise we read it
 // here: FI_EAGAIN when we took it back, an error when the sender could not write it).
 void Endpoint::finish_split(const Split &split, std::string_view sender, int sender_status) {
-    release_claim(split.claim);
+    claims_.release(split.claim);
     int err = split.err;
     if (!err && sender_status != 0) {
         // Our buffer and the sender's, both from `half` to `n`.

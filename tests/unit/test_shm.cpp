@@ -8,6 +8,7 @@
 #include "main_prov/shm/inbox_segment.h"
 #include "main_prov/shm/outbox.h"
 #include "main_prov/shm/shm_segment.h"
+#include "main_prov/shm/split_claims.h"
 #include "main_prov/shm/wake.h"
 #include "peer/peer_abi.h"
 
@@ -1226,9 +1227,6 @@ TEST(InboxSegment, APeerOpensWhatTheCreatorPublished) {
     ASSERT_NE(got, nullptr);
     EXPECT_STREQ(static_cast<const char *>(got), "cell");
     own.ring->release();
-    // So is the claim table.
-    own.split_claims[3].store(shm::kClaimOpen);
-    EXPECT_EQ(peer->split_claims[3].load(), uint64_t(shm::kClaimOpen));
 }
 
 TEST(InboxSegment, OpenRefusesWhatIsNotALiveInboxOfThisShape) {
@@ -1495,4 +1493,48 @@ TEST_F(OutboxOfTwo, APeerFoundDeadEndsTheStreamsThatWaitedWithConnectionReset) {
     EXPECT_EQ(sender.ended[0], (std::pair<uint64_t, int>{2, FI_ECONNRESET}));
     EXPECT_EQ(out.blocked, peer::kLaneDead);
     EXPECT_EQ(sender.backlogged, 0u);
+}
+
+TEST(SplitClaims, WhoeverTakesAnOpenClaimCopiesAndTheOtherNever) {
+    std::vector<std::atomic<uint64_t>> table(shm::kSplitClaims);
+    shm::SplitClaims claims(table.data());
+
+    // The sender takes it first: the receiver cannot take it back.
+    std::optional<shm::ClaimId> first = claims.open();
+    ASSERT_TRUE(first);
+    EXPECT_TRUE(shm::SplitClaims::take_for_sender(table.data(), *first));
+    EXPECT_FALSE(claims.take_back(*first));
+    EXPECT_FALSE(shm::SplitClaims::take_for_sender(table.data(), *first)) << "taken twice";
+    claims.release(*first);
+
+    // The receiver takes it back first: the sender's Cts arrives too late.
+    std::optional<shm::ClaimId> second = claims.open();
+    ASSERT_TRUE(second);
+    EXPECT_TRUE(claims.take_back(*second));
+    EXPECT_FALSE(shm::SplitClaims::take_for_sender(table.data(), *second));
+    claims.release(*second);
+
+    // A slot used again comes under its next generation: a late Cts of the old claim, or one
+    // naming no slot of the table, takes nothing.
+    std::vector<shm::ClaimId> open;
+    while (auto c = claims.open()) open.push_back(*c);
+    EXPECT_EQ(open.size(), size_t(shm::kSplitClaims)) << "every slot, then none";
+    EXPECT_FALSE(shm::SplitClaims::take_for_sender(table.data(), *first));
+    EXPECT_FALSE(
+        shm::SplitClaims::take_for_sender(table.data(), shm::ClaimId(shm::kSplitClaims) << 32));
+    EXPECT_FALSE(shm::SplitClaims::take_for_sender(nullptr, open[0]));
+    EXPECT_FALSE(claims.take_back(wire::kLocalNoClaim));
+    for (shm::ClaimId c : open) EXPECT_TRUE(shm::SplitClaims::take_for_sender(table.data(), c));
+}
+
+TEST(SplitClaims, ATableOfAnotherMappingSeesTheSameClaims) {
+    const std::string key = unique_key("claims");
+    shm::InboxSegment own = shm::InboxSegment::create(key, 4, 256, {});
+    std::optional<shm::InboxSegment> peer = shm::InboxSegment::open(key, 256);
+    ASSERT_TRUE(peer);
+    shm::SplitClaims claims(own.split_claims);
+    std::optional<shm::ClaimId> claim = claims.open();
+    ASSERT_TRUE(claim);
+    EXPECT_TRUE(shm::SplitClaims::take_for_sender(peer->split_claims, *claim));
+    EXPECT_FALSE(claims.take_back(*claim));
 }
