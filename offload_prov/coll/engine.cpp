@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <utility>
 
 namespace tandem::off::coll {
 
@@ -560,12 +561,17 @@ void Engine::progress() {
             if (!g->notice_rx && g->members.size() > 1) post_notice_receive(*g);
     }
     if (running_.empty()) return;
-    // The clock, for probes, only every 64th pass: operations wait long before they probe.
-    const bool timed = (++passes_ & 63) == 0;
+    // The clock, for probes, only every 64th pass (operations wait long before they probe), or
+    // after a sleep.
+    const bool timed = (++passes_ & 63) == 0 || std::exchange(checks_due_, false);
     const auto now = timed ? Clock::now() : Clock::time_point{};
     over_.clear();
     for (auto it = running_.begin(); it != running_.end(); ++it) {
         Running &r = *it;
+        if (timed) {
+            if (r.shm_op) r.shm_op->check_members_next();
+            if (r.node_out) r.node_out->check_members_next();
+        }
         bool finished = true;
         if (r.hier)
             finished = progress_hier(r, timed, now);

@@ -47,6 +47,9 @@ class Engine final : public Transport {
   public:
     // How long an operation waits on its transfers before it probes the members it waits for.
     static constexpr std::chrono::milliseconds kProbeAfter{500};
+    // How often a process asleep while operations run wakes for the checks of the members
+    // they wait on (arm: a dead member writes nothing, and the checks run in passes).
+    static constexpr int64_t kAsleepCheckMs = 100;
     using Clock = std::chrono::steady_clock;
 
     // reachable: whether a member (an fi_addr of the owner's AV) runs on this node, where the
@@ -63,6 +66,10 @@ class Engine final : public Transport {
     // Nothing for progress() to do (inline: the owner's every pass asks).
     bool idle() const { return !repost_notices_ && running_.empty(); }
     bool busy() const { return !running_.empty(); }
+    // A sleep may come before the next pass: that pass reads the clock for the probes and has
+    // the node-local operations look whether their members still run, whatever the count of
+    // passes says (which a sleeping process does not advance).
+    void checks_due() { checks_due_ = true; }
 
     // Completions of peer transfers: whether the context is one of ours, and its end.
     static bool owns(const void *context);
@@ -182,6 +189,7 @@ class Engine final : public Transport {
     std::unordered_map<uint64_t, uint32_t> joins_of_set_;  // joins so far, by set_key
     Running *current_ = nullptr;                           // whose operation is progressing
     uint64_t passes_ = 0;
+    bool checks_due_ = false;
     bool repost_notices_ = false;  // a group's notice receive ended (or could not be posted)
 };
 

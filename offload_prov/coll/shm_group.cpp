@@ -148,7 +148,7 @@ size_t ShmOp::chunk_bytes() const {
 // (the clock itself read every 1024th wait), not every so many polls, which a fast
 // succession of short operations reaches often.
 void ShmOp::waiting() {
-    if (++spins_ % 1024) return;
+    if (++spins_ % kSpinsPerCheck) return;
     const auto now = std::chrono::steady_clock::now();
     if (now - g_.last_check < ShmGroup::kMemberCheck) return;
     g_.last_check = now;

@@ -95,6 +95,9 @@ class ShmOp {
 
     bool progress();
     int status() const { return status_; }
+    // The next wait looks whether the other members still run (once kMemberCheck has passed
+    // since the last look), not only every so many waits: a process that slept made few.
+    void check_members_next() { spins_ = kSpinsPerCheck - 1; }
     void fail(int err) {
         if (!status_) status_ = err;
     }
@@ -108,6 +111,7 @@ class ShmOp {
     bool block_step();  // shm_blocks.cpp
     // Another member's progress holds us: rarely, see whether one of them died.
     void waiting();
+    static constexpr uint32_t kSpinsPerCheck = 1024;
 
     ShmGroup &g_;
     Args a_;

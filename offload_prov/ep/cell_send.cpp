@@ -6,6 +6,7 @@
 #include "common/log.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 namespace tandem::off {
@@ -44,10 +45,19 @@ int Endpoint::arm() {
 }
 
 // While operations wait on peers (an answer, a split copy's other half, an atomic's result),
-// the sleep ends when their next liveness check is due; otherwise no timer runs.
+// the sleep ends when their next liveness check is due; while collectives run, every
+// kAsleepCheckMs for theirs (probes of silent members, node-local members' processes).
+// Otherwise no timer runs.
 void Endpoint::arm_liveness_timer() {
-    if (waiting_on_peers())
-        wake_->set_timer(next_check_ms_ - coarse_now_ms());
+    const int64_t now = coarse_now_ms();
+    int64_t due = INT64_MAX;
+    if (waiting_on_peers()) due = next_check_ms_;
+    if (coll_.busy()) {
+        coll_.checks_due();
+        due = std::min(due, now + coll::Engine::kAsleepCheckMs);
+    }
+    if (due != INT64_MAX)
+        wake_->set_timer(due - now);
     else if (wake_->timer_set())
         wake_->stop_timer();
 }

@@ -23,6 +23,7 @@
 #include <rdma/fi_eq.h>
 #include <rdma/fi_errno.h>
 
+#include <poll.h>
 #include <sched.h>
 
 #include <algorithm>
@@ -140,6 +141,8 @@ class CollRank {
     fid_cq *cq = nullptr;
     fid_cntr *cntr = nullptr;  // opened when the endpoint has FI_TRIGGER
     fid_ep *ep = nullptr;
+    // The CQ's wait object (set before start()): FI_WAIT_FD for a rank that sleeps on it.
+    fi_wait_obj cq_wait = FI_WAIT_NONE;
 
     // A return code with its name.
     std::string str(long ret) const {
@@ -215,6 +218,37 @@ class CollRank {
         if (!take(ctx, what, &d)) return false;
         *err = d.err;
         return true;
+    }
+
+    // As wait_result, the way an application that does not spin waits: between reads it
+    // sleeps on the CQ's wait descriptor (FI_GETWAIT, fi_trywait, then poll for whatever is
+    // left of the wait), so only what the provider does ends a sleep: a sleep that runs to
+    // its end fails. Needs cq_wait FI_WAIT_FD.
+    bool sleep_for_result(void *ctx, const std::string &what, int *err) {
+        int fd = -1;
+        int ret = fi_control(&cq->fid, FI_GETWAIT, &fd);
+        if (ret) return AP_FAIL(r, "fi_control(FI_GETWAIT) -> ", str(ret));
+        const auto until = Clock::now() + wait_;
+        for (Done d;;) {
+            if (kept(ctx, &d)) {
+                *err = d.err;
+                return true;
+            }
+            fid *waits[] = {&cq->fid};
+            ret = fi_trywait(fabric, waits, 1);
+            if (ret == 0) {
+                const auto left =
+                    std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+                pollfd p{fd, POLLIN, 0};
+                if (left.count() <= 0 || poll(&p, 1, int(left.count())) == 0)
+                    return AP_FAIL(r, what, ": asleep on the CQ, nothing woke us within ",
+                                   wait_.count(), " s");
+            } else if (ret != -FI_EAGAIN) {
+                return AP_FAIL(r, "fi_trywait -> ", str(ret));
+            }
+            progress();
+            if (aborted(what)) return false;
+        }
     }
 
     // A fresh operation context (fi_context2-sized, valid until the rank ends).
@@ -433,16 +467,22 @@ class CollRank {
         int err = 0;
     };
 
+    // The completion of ctx if it is among the kept ones (taken out).
+    bool kept(void *ctx, Done *out) {
+        for (auto it = done_.begin(); it != done_.end(); ++it) {
+            if (it->ctx != ctx) continue;
+            *out = *it;
+            done_.erase(it);
+            return true;
+        }
+        return false;
+    }
+
     // The completion of ctx, taken out of the kept ones, within the wait.
     bool take(void *ctx, const std::string &what, Done *out) {
         const auto until = Clock::now() + wait_;
         for (;;) {
-            for (auto it = done_.begin(); it != done_.end(); ++it) {
-                if (it->ctx != ctx) continue;
-                *out = *it;
-                done_.erase(it);
-                return true;
-            }
+            if (kept(ctx, out)) return true;
             progress();
             if (aborted(what)) return false;
             if (Clock::now() > until)
@@ -477,6 +517,7 @@ class CollRank {
         fi_cq_attr cq_attr{};
         cq_attr.size = 1024;
         cq_attr.format = FI_CQ_FORMAT_TAGGED;
+        cq_attr.wait_obj = cq_wait;
         if ((ret = fi_cq_open(domain, &cq_attr, &cq, nullptr)))
             return AP_FAIL(r, "fi_cq_open -> ", str(ret));
         if (caps & FI_TRIGGER) {

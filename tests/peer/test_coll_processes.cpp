@@ -804,8 +804,11 @@ TEST(CollProcesses, JoinErrors) {
 // The last rank is killed after a first allreduce; the survivors' next allreduce, which it
 // never joins, must end at every survivor with an error completion FI_ECONNRESET (node-local:
 // the group's segment sees the process gone; over the link: the probes of the silent member
-// cannot be delivered), never hang; then a new group of the survivors works.
-void member_death(Rank &r) {
+// cannot be delivered), never hang; then a new group of the survivors works. `asleep`: the
+// survivors wait for those completions asleep on their CQ's descriptor, where no pass of
+// theirs runs the checks unless the provider wakes them for it.
+void member_death(Rank &r, bool asleep) {
+    if (asleep) r.cq_wait = FI_WAIT_FD;
     RK_TRY(r, r.start(FI_MSG | FI_COLLECTIVE));
     fid_mc *mc = r.join_all();
     RK_TRY(r, mc);
@@ -834,7 +837,7 @@ void member_death(Rank &r) {
             return fi_allreduce(ep, &in, 1, nullptr, &out, nullptr, g, FI_UINT64, FI_SUM, 0, c);
         }));
         int err = 0;
-        RK_TRY(r, r.wait_result(ctx, what, &err));
+        RK_TRY(r, asleep ? r.sleep_for_result(ctx, what, &err) : r.wait_result(ctx, what, &err));
         const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0);
         RK_CHECK(r, err == FI_ECONNRESET, what, " ended with err ", err, " (", fi_strerror(err),
                  "), not FI_ECONNRESET");
@@ -859,7 +862,11 @@ void member_death(Rank &r) {
 }
 
 TEST(CollProcesses, MemberDeath) {
-    run_ranks(4, member_death);
+    run_ranks(4, [](Rank &r) { member_death(r, false); });
+}
+
+TEST(CollProcesses, MemberDeathWhileTheSurvivorsSleep) {
+    run_ranks(4, [](Rank &r) { member_death(r, true); });
 }
 
 }  // namespace
