@@ -36,6 +36,7 @@
 #include "main_prov/shm/death_verdict.h"
 #include "main_prov/shm/inbox_segment.h"
 #include "main_prov/shm/outbox.h"
+#include "main_prov/shm/peer_inbox.h"
 #include "main_prov/shm/shm_segment.h"
 #include "main_prov/shm/wake.h"
 #include "peer/peer_abi.h"
@@ -187,28 +188,15 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         PeerLink *link = nullptr;
     };
     // A peer endpoint's inbox, opened on first use.
-    struct PeerLink {
-        std::string key;
-        ShmSegment segment;
-        // Its ring as we write it. The application's operations are refused (-FI_EAGAIN)
-        // while anything waits in its backlog or the ring is full, so the backlog holds at
-        // most one of theirs (a message whose room another producer took first) besides our
-        // answers to the peer's own operations (bounded by its transmit queue).
-        shm::Outbox out{};
-        std::atomic<uint64_t> *split_claims = nullptr;  // its segment's (Cts it sends us)
-        const shm::SegmentInfo *info = nullptr;
-
+    // (The application's operations are refused, -FI_EAGAIN, while anything waits in its
+    // Outbox's backlog or the ring is full, so the backlog holds at most one of theirs, a
+    // message whose room another producer took first, besides our answers to the peer's own
+    // operations, bounded by its transmit queue.)
+    struct PeerLink : shm::PeerInbox {
+        explicit PeerLink(shm::PeerInbox &&peer) : shm::PeerInbox(std::move(peer)) {}
         // How much later than their copies' cost our Rts got their Fin lately (a moving
         // average, ns): what waiting for this receiver costs beyond the copy.
         double rts_lateness_ns = 0;
-        pid_t pid = 0;
-        // The owner's pid names the same process here: CMA and device IPC may be tried.
-        bool same_pid_ns = false;
-        bool cma = false;
-        bool dead = false;
-        // Whether its process is gone, and then whether the cells it published before it
-        // died (a Fin, a WriteDone) are read (check_peers).
-        shm::DeathVerdict verdict{};
         Lane lane{};
     };
     // An operation waiting for the target's Fin (Rts, RMA) or for ReadData cells.

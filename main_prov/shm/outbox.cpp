@@ -2,6 +2,7 @@
 
 #include "common/iov.h"
 #include "common/log.h"
+#include "common/test_hook.h"
 #include "peer/peer_abi.h"
 
 #include <rdma/fi_errno.h>

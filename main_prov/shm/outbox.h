@@ -12,7 +12,6 @@
 
 #include "common/shm_ring.h"
 #include "common/short_cell.h"
-#include "common/test_hook.h"
 #include "common/wire.h"
 #include "hmem/hmem.h"
 #include "main_prov/shm/wake.h"

@@ -1,17 +1,12 @@
 // Peers' inboxes: the link to a destination (by fi_addr_t) or to a sender (by its address
-// bytes), opened on first use and cached per AV version; a sender's fi_addr_t; and the
-// liveness check that fails, rather than leaves hanging, what waited on a peer that died.
+// bytes), opened on first use (shm::open_peer) and cached per AV version; a sender's fi_addr_t; and
+// the liveness check that fails, rather than leaves hanging, what waited on a peer that died.
 #include "offload_prov/endpoint.h"
 
 #include "common/log.h"
 #include "offload_prov/av.h"
 #include "offload_prov/config.h"
-#include "main_prov/shm/cma.h"
 
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstring>
 
 namespace tandem::off {
@@ -57,73 +52,18 @@ Endpoint::PeerLink *Endpoint::link_for(fi_addr_t addr) {
     return link;
 }
 
-namespace {
-
-// Whether some socket of our network namespace holds addr (a TCP address and port): then
-// that address names that socket's endpoint here, whatever segment another namespace made
-// under the same name. A bind that fails with EADDRINUSE says so; any other outcome (bound,
-// or the address is not ours at all) leaves the segment's owner as the one meant.
-bool address_taken_here(std::string_view addr) {
-    sockaddr_storage ss{};
-    if (addr.size() > sizeof ss || addr.size() < sizeof(sa_family_t)) return false;
-    memcpy(&ss, addr.data(), addr.size());
-    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return false;
-    bool taken = bind(fd, reinterpret_cast<sockaddr *>(&ss), socklen_t(addr.size())) != 0 &&
-                 errno == EADDRINUSE;
-    close(fd);
-    return taken;
-}
-
-}  // namespace
-
 Endpoint::PeerLink *Endpoint::link_for_key(const std::string &key, std::string_view addr) {
     auto it = links_.find(key);
     if (it != links_.end()) return it->second.get();
-    // (None: no endpoint of this address on this node, or not ours, or not one that lives.)
-    std::optional<shm::InboxSegment> seg = shm::InboxSegment::open(key, wire::kLocalCellSize);
-    if (!seg) return nullptr;
-    const shm::SegmentInfo *info = seg->info;
-    // Segments are named by address, and two network namespaces that share /dev/shm may use
-    // the same address: the one made in another namespace is not the peer meant when a
-    // socket here holds that address.
-    // Another authorization key: not a peer of ours at all (fi_endpoint(3)). The owner's link
-    // then tries it, and is refused there too.
-    if (info->auth != auth_) {
-        TANDEM_INFO(FI_LOG_EP_CTRL, "%s: another authorization key: not a node-local peer\n",
-                    key.c_str());
-        return nullptr;
-    }
-    static const uint64_t our_net_ns = own_net_namespace();
-    if (info->net_ns && our_net_ns && info->net_ns != our_net_ns && address_taken_here(addr)) {
-        TANDEM_INFO(FI_LOG_EP_CTRL,
-                    "%s: the segment is another network namespace's; the address is taken here\n",
-                    key.c_str());
-        return nullptr;
-    }
-    // Named members: PeerLink grows, and a positional {} once landed in a descriptor (0: stdin).
-    auto link = std::make_unique<PeerLink>(PeerLink{.key = key,
-                                                    .segment = std::move(seg->segment),
-                                                    .out = shm::Outbox(seg->ring, key),
-                                                    .split_claims = seg->split_claims,
-                                                    .info = info,
-                                                    .pid = info->pid});
-    // Single copy needs the peer's pid to mean the peer here (one pid namespace, or the pid
-    // would name another process) and the kernel's permission, which the probe finds out by
-    // reading a random word the peer published: reading it proves both. Staged otherwise.
-    link->same_pid_ns = link->segment.owner_shares_pid_namespace();
-    const char *why = "";
-    if (!Config::get().cma)
-        why = " (FI_OFF_TANDEM_CMA=0)";
-    else if (!link->same_pid_ns)
-        why = " (another pid namespace)";
-    else if (info->job != Config::get().job)
-        why = " (another job)";
-    else if (!(link->cma = cma_probe(link->pid, reinterpret_cast<const void *>(info->probe_addr),
-                                     info->probe_value)))
-        why = " (the kernel refused the probe read)";
-    TANDEM_INFO(FI_LOG_EP_CTRL, "node-local peer %s (pid %d), single copy by CMA: %s%s\n",
-                key.c_str(), link->pid, link->cma ? "yes" : "no", why);
+    // (None: no endpoint of this address on this node, not ours, not one that lives, or not a
+    // peer of ours: shm::open_peer.)
+    const shm::PeerPolicy policy{.auth = auth_,
+                                 .job = Config::get().job,
+                                 .cma = Config::get().cma,
+                                 .cma_off = " (FI_OFF_TANDEM_CMA=0)"};
+    std::optional<shm::PeerInbox> peer = shm::open_peer(key, addr, policy);
+    if (!peer) return nullptr;
+    auto link = std::make_unique<PeerLink>(std::move(*peer));
     PeerLink *raw = link.get();
     links_.emplace(key, std::move(link));
     return raw;

@@ -7,6 +7,7 @@
 #include "main_prov/shm/death_verdict.h"
 #include "main_prov/shm/inbox_segment.h"
 #include "main_prov/shm/outbox.h"
+#include "main_prov/shm/peer_inbox.h"
 #include "main_prov/shm/shm_segment.h"
 #include "main_prov/shm/split_claims.h"
 #include "main_prov/shm/wake.h"
@@ -1537,4 +1538,65 @@ TEST(SplitClaims, ATableOfAnotherMappingSeesTheSameClaims) {
     ASSERT_TRUE(claim);
     EXPECT_TRUE(shm::SplitClaims::take_for_sender(peer->split_claims, *claim));
     EXPECT_FALSE(claims.take_back(*claim));
+}
+
+namespace {
+
+// An inbox of ours under a fresh key, published as a peer would see it, with the word a CMA
+// probe must read.
+struct OwnInbox {
+    explicit OwnInbox(const std::string &what, uint64_t auth, uint64_t job,
+                      uint64_t probe_value_said)
+        : key(unique_key(what)),
+          inbox(shm::InboxSegment::create(key, 4, wire::kLocalCellSize,
+                                          {.probe_addr = reinterpret_cast<uint64_t>(&word),
+                                           .probe_value = probe_value_said,
+                                           .auth = auth,
+                                           .job = job})) {}
+    static inline const uint64_t word = 0x5eed5eed5eed5eedull;
+    std::string key;
+    shm::InboxSegment inbox;
+};
+
+}  // namespace
+
+TEST(PeerInbox, APeerOfTheSameKeyIsOpenedWithItsRingAndPid) {
+    OwnInbox own("peer", /*auth=*/5, /*job=*/1, OwnInbox::word);
+    std::optional<shm::PeerInbox> peer =
+        shm::open_peer(own.key, {}, {.auth = 5, .job = 1, .cma = true});
+    ASSERT_TRUE(peer);
+    EXPECT_EQ(peer->key, own.key);
+    EXPECT_EQ(peer->pid, ::getpid());
+    EXPECT_TRUE(peer->same_pid_ns);
+    EXPECT_NE(peer->split_claims, nullptr);
+    EXPECT_FALSE(peer->dead);
+    // Our Outbox to it writes its ring.
+    RecordingSender sender;
+    wire::LocalHeader fin{};
+    fin.op = static_cast<uint8_t>(wire::LocalOp::Fin);
+    fin.msg_id = 42;
+    peer->out.push(sender, fin, nullptr, 0);
+    std::optional<wire::LocalHeader> got = read_header(own.inbox.ring);
+    ASSERT_TRUE(got);
+    EXPECT_EQ(got->msg_id, 42u);
+}
+
+TEST(PeerInbox, AnotherAuthorizationKeyIsNoPeer) {
+    OwnInbox own("peer-auth", /*auth=*/5, /*job=*/1, OwnInbox::word);
+    EXPECT_FALSE(shm::open_peer(own.key, {}, {.auth = 6, .job = 1, .cma = true}));
+    EXPECT_FALSE(shm::open_peer(unique_key("nobody"), {}, {.auth = 5, .job = 1, .cma = true}));
+}
+
+TEST(PeerInbox, SingleCopyOnlyWhenAllowedWithinTheJobAndTheProbeReadsTheWord) {
+    uint64_t mine = 1;
+    if (!cma_probe(::getpid(), &mine, 1)) GTEST_SKIP() << "CMA not permitted here";
+    OwnInbox own("peer-cma", /*auth=*/5, /*job=*/1, OwnInbox::word);
+    EXPECT_TRUE(shm::open_peer(own.key, {}, {.auth = 5, .job = 1, .cma = true}).value().cma);
+    EXPECT_FALSE(shm::open_peer(own.key, {}, {.auth = 5, .job = 1, .cma = false}).value().cma);
+    EXPECT_FALSE(shm::open_peer(own.key, {}, {.auth = 5, .job = 2, .cma = true}).value().cma)
+        << "another job";
+    // A probe that reads something else than the word published (a pid that names another
+    // process) does not pass.
+    OwnInbox liar("peer-probe", /*auth=*/5, /*job=*/1, OwnInbox::word ^ 1);
+    EXPECT_FALSE(shm::open_peer(liar.key, {}, {.auth = 5, .job = 1, .cma = true}).value().cma);
 }

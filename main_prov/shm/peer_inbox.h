@@ -1,0 +1,53 @@
+// A node-local peer as the channel holds it: its inbox segment (opened on first use), our
+// Outbox to it, whether we may copy its memory with CMA, and its liveness. open_peer decides
+// who is a peer at all (the same authorization key; in another network namespace, only while
+// no socket here holds its address) and whether single copy works with it (probed once).
+#pragma once
+
+#include "main_prov/shm/death_verdict.h"
+#include "main_prov/shm/inbox_segment.h"
+#include "main_prov/shm/outbox.h"
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace tandem::shm {
+
+struct PeerInbox {
+    std::string key;
+    ShmSegment segment;
+    Outbox out{};                                   // its ring as we write it
+    std::atomic<uint64_t> *split_claims = nullptr;  // its segment's (Cts it sends us)
+    const SegmentInfo *info = nullptr;
+    pid_t pid = 0;
+    // Its pid names the same process here: CMA and device IPC may be tried.
+    bool same_pid_ns = false;
+    bool cma = false;  // single copy by CMA works with it (the probe read its word)
+    bool dead = false;
+    // Whether its process is gone, and then whether the cells it published before it died
+    // (a Fin, a WriteDone) are read.
+    DeathVerdict verdict{};
+};
+
+// Who may be a node-local peer of ours, and whether we may copy with CMA at all.
+struct PeerPolicy {
+    uint64_t auth = 0;  // our authorization key's digest: a peer's must be the same
+    uint64_t job = 0;   // CMA only within one job
+    bool cma = true;    // false: never single copy (cma_off says why, for the log)
+    const char *cma_off = "";
+};
+
+// The peer `key` names (addr: the address bytes the key was made from), its inbox opened.
+// nullopt when there is no live inbox of this layout under the key, when it has another
+// authorization key (not a peer of ours at all, fi_endpoint(3)), or when it was made in
+// another network namespace while a socket of ours holds the address (segments are named by
+// address, and two namespaces that share /dev/shm may use the same one).
+std::optional<PeerInbox> open_peer(const std::string &key, std::string_view addr,
+                                   const PeerPolicy &policy);
+
+}  // namespace tandem::shm
