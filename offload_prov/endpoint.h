@@ -182,9 +182,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         }
     };
     struct PeerLink;
-    // What the owner holds of a node-local peer (peer::LocalLane): its link and us.
+    // What the owner holds of a node-local peer (peer::LocalLane), and its link.
     struct Lane : peer::LocalLane {
-        Endpoint *ep = nullptr;
         PeerLink *link = nullptr;
     };
     // A peer endpoint's inbox, opened on first use.

@@ -87,16 +87,18 @@ void Outbox::push_compact(Sender &s, const wire::LocalShortHeader &h, const void
 }
 
 void Outbox::push_cell(Sender &s, const uint8_t *cell, size_t n) {
-    if (backlog_.empty()) {
-        if (void *slot = ring_->try_reserve(s.producer, view)) {
-            // (A small cell is the one line the receiver polls: one copy, one burst.)
-            memcpy(slot, cell, n);
-            ring_->publish(slot);
-            notify();
-            return;
-        }
-    }
+    if (backlog_.empty() && write_now(s, cell, n)) return;
     keep(s, Outgoing{std::vector<uint8_t>(cell, cell + n), nullptr});
+}
+
+bool Outbox::write_now(Sender &s, const uint8_t *cell, size_t n) {
+    void *slot = ring_->try_reserve(s.producer, view);
+    if (!slot) return false;
+    // (A small cell is the one line the receiver polls: one copy, one burst.)
+    memcpy(slot, cell, n);
+    ring_->publish(slot);
+    notify();
+    return true;
 }
 
 void Outbox::push_stream(Sender &s, LocalHeader hdr, const iovec *iov, size_t count, size_t len,
@@ -176,12 +178,8 @@ bool Outbox::flush(Sender &s) {
             s.stream_ended(*done, status);
             continue;
         }
-        void *cell = ring_->try_reserve(s.producer, view);
-        if (!cell) return false;
-        memcpy(cell, next.cell.data(), next.cell.size());
-        ring_->publish(cell);
+        if (!write_now(s, next.cell.data(), next.cell.size())) return false;
         pop(s);
-        notify();
     }
     return true;
 }

@@ -130,6 +130,8 @@ class Outbox {
     // *status 0 (its last cell went) or FI_EIO (a device copy failed: an empty last cell
     // with that status ends the payload instead, and the receiver drops what it assembled).
     bool pump(Sender &s, Stream &stream, int *status);
+    // A built cell into the ring if it has room (false, nothing written, otherwise).
+    bool write_now(Sender &s, const uint8_t *cell, size_t n);
     void keep(Sender &s, Outgoing outgoing);
     void pop(Sender &s);
     // After a publish: wakes the peer if our claim found it asleep (inline: every cell).

@@ -562,13 +562,15 @@ void Engine::progress() {
     }
     if (running_.empty()) return;
     // The clock, for probes, only every 64th pass (operations wait long before they probe), or
-    // after a sleep.
-    const bool timed = (++passes_ & 63) == 0 || std::exchange(checks_due_, false);
+    // after a sleep; after a sleep, node-local operations also look at their members at their
+    // next wait (an awake process counts its waits for that).
+    const bool after_sleep = std::exchange(checks_due_, false);
+    const bool timed = (++passes_ & 63) == 0 || after_sleep;
     const auto now = timed ? Clock::now() : Clock::time_point{};
     over_.clear();
     for (auto it = running_.begin(); it != running_.end(); ++it) {
         Running &r = *it;
-        if (timed) {
+        if (after_sleep) {
             if (r.shm_op) r.shm_op->check_members_next();
             if (r.node_out) r.node_out->check_members_next();
         }

@@ -211,7 +211,6 @@ peer::LocalLane *Endpoint::lane(fi_addr_t addr) {
                        .producer = producer_id_,
                        .line = &short_line_,
                        .blocked = &link->out.blocked},
-                      this,
                       link};
     return &link->lane;
 }
