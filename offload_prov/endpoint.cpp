@@ -195,6 +195,7 @@ const uint64_t &probe_word() {
 Endpoint::Endpoint(Domain *domain, const fi_info *info, fi_peer_transfer_context *transfer)
     : domain_(domain), info_(fi_dupinfo(info)), owner_ep_(transfer->ep) {
     if (!info_) fail(FI_ENOMEM, "fi_dupinfo");
+    av_book_.ep = this;
     auth_ = endpoint_auth_digest(info_, nullptr);  // the owner passes its endpoint's key
     init_fid(FI_CLASS_EP, nullptr, &ep_fi_ops);
     fid()->ops = &ep_ops;
@@ -293,10 +294,8 @@ void Endpoint::enable() {
     if (ret) fail(-ret, "fi_getname of the owner endpoint");
     auto key = shm::local_key(name, len);
     if (!key || len > wire::kLocalNameRoom) fail(FI_EINVAL, "owner address not an IP address");
-    key_ = *key;
     memcpy(name_, name, len);
     proto_.name_len = static_cast<uint8_t>(len);
-    av_version_word_ = av_->owner().version_word();
     short_line_.build(name_, len);
     proto_.pid = getpid();
     producer_id_ = own_process_token();
@@ -311,18 +310,18 @@ void Endpoint::enable() {
         return;
     }
 
-    shm::reap_stale();
-    const shm::InboxIdentity identity{.probe_addr = reinterpret_cast<uint64_t>(&probe_word()),
-                                      .probe_value = probe_word(),
-                                      .auth = auth_,
-                                      .job = Config::get().job};
-    segment_.emplace(shm::InboxSegment::create(
-        key_, static_cast<uint32_t>(Config::get().ring_cells), wire::kLocalCellSize, identity));
-    // We own the key now (the segment was created exclusively), and its wake FIFO with it.
-    wake_.emplace(key_);
-    inbox_ = segment_->ring;
-    heartbeat_ = &segment_->info->heartbeat;
-    claims_ = shm::SplitClaims(segment_->split_claims);
+    const shm::Channel::InboxShape shape{
+        .cells = static_cast<uint32_t>(Config::get().ring_cells),
+        .cell_size = wire::kLocalCellSize,
+        .identity = {.probe_addr = reinterpret_cast<uint64_t>(&probe_word()),
+                     .probe_value = probe_word(),
+                     .auth = auth_,
+                     .job = Config::get().job}};
+    channel_.open_inbox(*key, shape,
+                        {.auth = auth_,
+                         .job = Config::get().job,
+                         .cma = Config::get().cma,
+                         .cma_off = " (FI_OFF_TANDEM_CMA=0)"});
     enabled_ = true;
 }
 

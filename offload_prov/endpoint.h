@@ -33,12 +33,7 @@
 #include "hmem/p2p_policy.h"
 #include "offload_prov/coll/engine.h"
 #include "common/shm_ring.h"
-#include "main_prov/shm/death_verdict.h"
-#include "main_prov/shm/inbox_segment.h"
-#include "main_prov/shm/outbox.h"
-#include "main_prov/shm/peer_inbox.h"
-#include "main_prov/shm/shm_segment.h"
-#include "main_prov/shm/wake.h"
+#include "main_prov/shm/channel.h"
 #include "peer/peer_abi.h"
 #include "peer/peer_cq.h"
 
@@ -133,7 +128,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     int reachable(fi_addr_t addr);
     // What a sleeper watches: readable when a peer woke us (the FIFO) or a liveness check of
     // the peers our operations wait on is due (a timer armed by arm()).
-    int wait_fd() const { return wake_ ? wake_->fd() : -1; }
+    int wait_fd() { return channel_.wake() ? channel_.wake()->fd() : -1; }
     int arm();
     void introduce(fi_addr_t addr) {
         note_work();
@@ -147,8 +142,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // peer::LocalPathOps::take_inbox: from now on the owner reads our inbox.
     peer::InboxView take_inbox(const peer::OwnerInbox &owner) {
         owner_inbox_ = owner;
-        owner_reads_ = owner_reads_ || inbox_ != nullptr;  // (no inbox: nothing to read)
-        return {inbox_, &quiet_};
+        owner_reads_ = owner_reads_ || channel_.has_inbox();  // (no inbox: nothing to read)
+        return {channel_.inbox(), &quiet_};
     }
     // peer::LocalPathOps::take_cell: a cell of ours the owner read (ep/progress.cpp).
     void take_cell(const uint8_t *cell);
@@ -181,22 +176,22 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
             ep->finish_stream(stream, status);
         }
     };
-    struct PeerLink;
-    // What the owner holds of a node-local peer (peer::LocalLane), and its link.
-    struct Lane : peer::LocalLane {
-        PeerLink *link = nullptr;
-    };
-    // A peer endpoint's inbox, opened on first use.
+    // A node-local peer, as the channel opened it (its inbox, our Outbox to it, ...).
     // (The application's operations are refused, -FI_EAGAIN, while anything waits in its
     // Outbox's backlog or the ring is full, so the backlog holds at most one of theirs, a
     // message whose room another producer took first, besides our answers to the peer's own
     // operations, bounded by its transmit queue.)
-    struct PeerLink : shm::PeerInbox {
-        explicit PeerLink(shm::PeerInbox &&peer) : shm::PeerInbox(std::move(peer)) {}
-        // How much later than their copies' cost our Rts got their Fin lately (a moving
-        // average, ns): what waiting for this receiver costs beyond the copy.
-        double rts_lateness_ns = 0;
-        Lane lane{};
+    using PeerLink = shm::PeerInbox;
+    // What the owner holds of a node-local peer (peer::LocalLane), and its peer.
+    struct Lane : peer::LocalLane {
+        PeerLink *link = nullptr;
+    };
+    // The owner's AV as our channel reads it (bound before enable).
+    struct AvBook final : shm::AddressBook {
+        const Endpoint *ep = nullptr;
+        const std::atomic<uint64_t> *version_word() const override;
+        int lookup(fi_addr_t addr, void *buf, size_t *addrlen) const override;
+        fi_addr_t addr_of(const void *addr, size_t addrlen) const override;
     };
     // An operation waiting for the target's Fin (Rts, RMA) or for ReadData cells.
     struct Pending {
@@ -227,19 +222,10 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // endpoint.cpp: the rest of the lifecycle.
     void enable();
 
-    // ep/peer_links.cpp: peers' inboxes by fi_addr_t or by sender, and their liveness.
-    PeerLink *link_for(fi_addr_t addr);
-    // addr: the peer's address bytes, of which key is made.
-    PeerLink *link_for_key(const std::string &key, std::string_view addr);
-    PeerLink *link_to(std::string_view sender);
-    // (Inline: every cell asks. The last sender is compared word by word: LastSender.)
-    fi_addr_t source_of(std::string_view sender) {
-        if (av_version_word_ &&
-            last_source_.matches(sender, av_version_word_->load(std::memory_order_acquire)))
-            return last_source_.addr;
-        return find_source(sender);
-    }
-    fi_addr_t find_source(std::string_view sender);
+    // ep/peer_links.cpp: peers (the channel's) by fi_addr_t or by sender, and their liveness.
+    PeerLink *link_for(fi_addr_t addr) { return channel_.peer_at(addr); }
+    PeerLink *link_to(std::string_view sender) { return channel_.sender_peer(sender); }
+    fi_addr_t source_of(std::string_view sender) { return channel_.source_of(sender); }
     bool check_peers();
     // Whether operations wait on a peer (its answer, a split copy's other half, an atomic's
     // result, a restaged copy): its liveness is then checked (progress_all), and a sleeper
@@ -247,7 +233,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     bool waiting_on_peers() const {
         return atomics_pending_ || !pending_.empty() || !splits_.empty() || !restaging_.empty();
     }
-    void bury(PeerLink *link, const std::string &key);
+    void bury(PeerLink &link);
 
     // ep/cell_send.cpp: what a stream's end does, answers, and the sleep (arm). The cells
     // themselves go through each link's shm::Outbox (main_prov/shm/outbox.h).
@@ -407,46 +393,26 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     Srx *srx_ = nullptr;
     bool enabled_ = false;
 
-    std::string key_;           // our own
-    uint32_t producer_id_ = 0;  // own_process_token(): our claims in peers' rings
-    uint64_t auth_ = 0;         // our owner's authorization key (digest): only peers of the same
-    // Who claimed a cell of our inbox and never published it: still running, or dead?
-    ProcessWatch claimants_{shm::segment_prefix()};
+    uint32_t producer_id_ = 0;   // own_process_token(): our claims in peers' rings
+    uint64_t auth_ = 0;          // our owner's authorization key (digest): only peers of the same
     wire::LocalHeader proto_{};  // name_len filled
     uint8_t name_[wire::kLocalNameRoom]{};
     // Our Short cells' line (common/short_cell.h), our lanes' senders' too.
     ShortLine short_line_;
-    std::optional<shm::InboxSegment> segment_;
-    ShmRing *inbox_ = nullptr;
-    // Our segment's split-copy claims (ep/split_copy.cpp).
-    shm::SplitClaims claims_;
-    // The FIFO peers wake us through and our liveness timer: a peer that dies writes nothing,
-    // so a sleeper whose operations wait on peers must wake for the next check of them
-    // (check_peers) by itself. wait_fd() hands out its descriptor.
-    std::optional<shm::InboxWake> wake_;
-    void arm_liveness_timer();
-
-    // ep/peer_links.cpp
-    std::unordered_map<std::string, std::unique_ptr<PeerLink>> links_;
-    std::unordered_map<fi_addr_t, PeerLink *> link_by_addr_;
-    // The last answer of link_for (links live as long as the endpoint): a run of sends to one
-    // peer skips the hash lookup. Both caches hold for one version of the AV.
-    fi_addr_t last_addr_ = FI_ADDR_NOTAVAIL;
-    PeerLink *last_link_ = nullptr;
-    uint64_t links_version_ = ~0ull;
-    std::vector<std::pair<std::string, fi_addr_t>> sources_;  // sender address -> fi_addr
-    uint64_t sources_version_ = ~0ull;
-    // source_of's last answer (same AV version).
-    LastSender last_source_;
-    const std::atomic<uint64_t> *av_version_word_ = nullptr;  // the owner AV's (enable())
-    // The last sender link_to() found (links live as long as the endpoint): a run of cells
-    // from one peer that need answers skips building its key.
-    std::string last_sender_;
-    PeerLink *last_sender_link_ = nullptr;
-    int64_t next_check_ms_ = 0;  // coarse_now_ms() of the next liveness check
-
     // ep/cell_send.cpp
     CellSender sender_{};  // (sender_.backlogged: links whose backlog is not empty)
+
+    // The node-local channel (main_prov/shm/channel.h): our inbox, its split-copy claims
+    // (ep/split_copy.cpp), the FIFO peers wake us through and our liveness timer (a peer
+    // that dies writes nothing, so a sleeper whose operations wait on peers must wake for
+    // the next check of them by itself: arm_liveness_timer; wait_fd() hands out its
+    // descriptor), and the peers.
+    AvBook av_book_{};
+    shm::Channel channel_{sender_, av_book_};
+    void arm_liveness_timer();
+    int64_t next_check_ms_ = 0;  // coarse_now_ms() of the next liveness check
+    // The lanes handed to the owner (lane()), by peer.
+    std::unordered_map<const PeerLink *, Lane> lanes_;
 
     // ep/send.cpp, ep/rma.cpp
     std::unordered_map<uint64_t, Pending> pending_;
@@ -538,10 +504,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // Our heartbeat in our segment (SegmentInfo::heartbeat): the coarse clock (ms) of one of
     // our last 64 passes, so that peers see whether we poll (the clock read costs a pass's
     // worth of instructions: once in 64).
-    uint32_t *heartbeat_ = nullptr;
-    void beat() {
-        if (heartbeat_) __atomic_store_n(heartbeat_, uint32_t(coarse_now_ms()), __ATOMIC_RELAXED);
-    }
+    void beat() { channel_.beat(); }
     // Nothing waits for a progress pass but what a cell may bring (no backlog, completion,
     // pending operation, collective, introduction): progress only peeks at the inbox. Set at
     // the end of a pass that leaves nothing behind; cleared by every call of the owner's that

@@ -32,6 +32,9 @@ struct PeerInbox {
     // Whether its process is gone, and then whether the cells it published before it died
     // (a Fin, a WriteDone) are read.
     DeathVerdict verdict{};
+    // What our sends to it learned: how much later than their copies' cost our Rts got
+    // their Fin lately (a moving average, ns), the cost of waiting for this receiver.
+    double rts_lateness_ns = 0;
 };
 
 // Who may be a node-local peer of ours, and whether we may copy with CMA at all.

@@ -33,12 +33,14 @@ void Endpoint::finish_stream(const shm::Stream &stream, int status) {
 
 int Endpoint::arm() {
     if (!enabled_) return 0;
-    if (wake_) wake_->drain();
-    bool pending = (inbox_ && !inbox_->arm()) || !tx_done_.empty() || !cq_backlog_.empty() ||
-                   sender_.backlogged;
-    if (!wake_) return pending ? 1 : 0;
+    shm::InboxWake *wake = channel_.wake();
+    if (wake) wake->drain();
+    ShmRing *inbox = channel_.inbox();
+    bool pending =
+        (inbox && !inbox->arm()) || !tx_done_.empty() || !cq_backlog_.empty() || sender_.backlogged;
+    if (!wake) return pending ? 1 : 0;
     if (pending)
-        wake_->wake_self();
+        wake->wake_self();
     else
         arm_liveness_timer();
     return pending ? 1 : 0;
@@ -56,10 +58,11 @@ void Endpoint::arm_liveness_timer() {
         coll_.checks_due();
         due = std::min(due, now + coll::Engine::kAsleepCheckMs);
     }
+    shm::InboxWake &wake = *channel_.wake();
     if (due != INT64_MAX)
-        wake_->set_timer(due - now);
-    else if (wake_->timer_set())
-        wake_->stop_timer();
+        wake.set_timer(due - now);
+    else if (wake.timer_set())
+        wake.stop_timer();
 }
 
 void Endpoint::answer(std::string_view sender, uint64_t msg_id, int status) {

@@ -37,7 +37,7 @@ void Endpoint::progress() {
         // for room in the owner's CQ.
         for (int i = 0; i < 64; ++i) {
             const auto *cell =
-                owner_reads_ ? nullptr : static_cast<const uint8_t *>(inbox_->peek());
+                owner_reads_ ? nullptr : static_cast<const uint8_t *>(channel_.inbox()->peek());
             if (!cell) {
                 if ((++passes_ & 63) == 0) beat();
                 if ((passes_ & 1023) != 0) return;
@@ -46,7 +46,7 @@ void Endpoint::progress() {
             }
             if (cell[0] != static_cast<uint8_t>(LocalOp::Short) || !deferred_.empty()) break;
             handle_short(cell);
-            inbox_->release();
+            channel_.inbox()->release();
             if (!cq_backlog_.empty()) break;
         }
         quiet_ = false;
@@ -66,7 +66,7 @@ void Endpoint::progress_all(bool counted) {
     // the owner reads the inbox, the cells it handed us since the last pass.)
     int handled = owner_reads_ ? std::exchange(cells_from_owner_, 0) : 0;
     for (; !owner_reads_ && handled < 64; ++handled) {
-        const void *cell = inbox_->peek();
+        const void *cell = channel_.inbox()->peek();
         if (!cell) break;
         auto *c = static_cast<const uint8_t *>(cell);
         // (The commonest cell first, without the dispatch's other checks.)
@@ -74,11 +74,9 @@ void Endpoint::progress_all(bool counted) {
             handle_short(c);
         else
             handle_cell(c);
-        inbox_->release();
+        channel_.inbox()->release();
     }
-    if (sender_.backlogged)
-        for (auto &[key, link] : links_)
-            if (!link->dead) link->out.flush(sender_);
+    channel_.flush();
     // Completions the owner's CQ refused earlier go first, in order.
     while (!cq_backlog_.empty() && try_write_cq(cq_backlog_.front())) cq_backlog_.pop_front();
     while (!tx_done_.empty()) {

@@ -204,15 +204,16 @@ bool Endpoint::send_peer_to_peer(const LocalRequest &r, PeerLink &link, const Lo
 peer::LocalLane *Endpoint::lane(fi_addr_t addr) {
     PeerLink *link = enabled_ ? link_for(addr) : nullptr;
     if (!link || link->dead) return nullptr;
-    if (!link->lane.wake)
-        link->lane = {{.wake = &Endpoint::lane_wake,
-                       .ring = link->out.ring(),
-                       .view = &link->out.view,
-                       .producer = producer_id_,
-                       .line = &short_line_,
-                       .blocked = &link->out.blocked},
-                      link};
-    return &link->lane;
+    Lane &lane = lanes_[link];
+    if (!lane.wake)
+        lane = {{.wake = &Endpoint::lane_wake,
+                 .ring = link->out.ring(),
+                 .view = &link->out.view,
+                 .producer = producer_id_,
+                 .line = &short_line_,
+                 .blocked = &link->out.blocked},
+                link};
+    return &lane;
 }
 
 void Endpoint::lane_wake(peer::LocalLane *lane) {

@@ -1,7 +1,8 @@
 // The node-local channel's building blocks (main_prov/shm/): ShmSegment (named shared memory
 // and its stale owners), ShmRing (the MPSC queue inside it), the inbox segment, wake-ups, the
-// death verdict on a peer, and cross-memory attach.
+// death verdict on a peer, cross-memory attach, and the channel that holds them together.
 #include "common/shm_ring.h"
+#include "main_prov/shm/channel.h"
 #include "main_prov/shm/cma.h"
 #include "main_prov/shm/copy_costs.h"
 #include "main_prov/shm/death_verdict.h"
@@ -15,7 +16,9 @@
 
 #include <gtest/gtest.h>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/prctl.h>
@@ -32,6 +35,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -1599,4 +1603,196 @@ TEST(PeerInbox, SingleCopyOnlyWhenAllowedWithinTheJobAndTheProbeReadsTheWord) {
     // process) does not pass.
     OwnInbox liar("peer-probe", /*auth=*/5, /*job=*/1, OwnInbox::word ^ 1);
     EXPECT_FALSE(shm::open_peer(liar.key, {}, {.auth = 5, .job = 1, .cma = true}).value().cma);
+}
+
+// ---- Channel ------------------------------------------------------------------------------
+
+namespace {
+
+// An AV as a channel reads it: fi_addr_t -> address bytes, with a version word that moves on
+// every change, and counts of the lookups the channel made.
+struct FakeBook final : shm::AddressBook {
+    std::atomic<uint64_t> version{1};
+    std::map<fi_addr_t, std::string> entries;
+    mutable int lookups = 0, reverse_lookups = 0;
+
+    const std::atomic<uint64_t> *version_word() const override { return &version; }
+    int lookup(fi_addr_t addr, void *buf, size_t *addrlen) const override {
+        ++lookups;
+        auto it = entries.find(addr);
+        if (it == entries.end()) return -FI_EINVAL;
+        if (*addrlen < it->second.size()) return -FI_ETOOSMALL;
+        memcpy(buf, it->second.data(), it->second.size());
+        *addrlen = it->second.size();
+        return 0;
+    }
+    fi_addr_t addr_of(const void *addr, size_t addrlen) const override {
+        ++reverse_lookups;
+        for (const auto &[a, bytes] : entries)
+            if (bytes == std::string_view(static_cast<const char *>(addr), addrlen)) return a;
+        return FI_ADDR_NOTAVAIL;
+    }
+    void set(fi_addr_t addr, const std::string &bytes) {
+        entries[addr] = bytes;
+        ++version;
+    }
+    void remove(fi_addr_t addr) {
+        entries.erase(addr);
+        ++version;
+    }
+};
+
+// An IPv4 endpoint address on the loopback, with a port no other test run uses (inboxes are
+// named after addresses).
+std::string loopback_address(int which) {
+    static const uint16_t base = uint16_t(20000 + (::getpid() * 7 + std::rand()) % 40000);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(uint16_t(base + which));
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    return {reinterpret_cast<const char *>(&sa), sizeof sa};
+}
+
+// One endpoint's channel with its inbox open under `address`.
+struct OpenChannel {
+    explicit OpenChannel(const std::string &address, const FakeBook &book)
+        : key(*shm::local_key(address.data(), address.size())), channel(sender, book) {
+        channel.open_inbox(key,
+                           {.cells = 8, .cell_size = wire::kLocalCellSize, .identity = {.auth = 3}},
+                           {.auth = 3});
+    }
+    std::string key;
+    RecordingSender sender;
+    shm::Channel channel;
+};
+
+wire::LocalHeader fin_of(uint64_t msg_id) {
+    wire::LocalHeader fin{};
+    fin.op = static_cast<uint8_t>(wire::LocalOp::Fin);
+    fin.msg_id = msg_id;
+    return fin;
+}
+
+}  // namespace
+
+TEST(Channel, ADestinationIsOpenedOnceAndForgottenWhenTheAvChanges) {
+    FakeBook book;
+    const std::string a = loopback_address(0), b = loopback_address(1);
+    OpenChannel ours(a, book), theirs(b, book);
+    book.set(5, b);
+
+    shm::PeerInbox *peer = ours.channel.peer_at(5);
+    ASSERT_NE(peer, nullptr);
+    EXPECT_EQ(peer->key, theirs.key);
+    EXPECT_EQ(peer->pid, ::getpid());
+    EXPECT_EQ(ours.channel.peer_at(5), peer);
+    EXPECT_EQ(book.lookups, 1) << "the second send to it asks the AV nothing";
+    EXPECT_EQ(ours.channel.peer_at(6), nullptr) << "not in the AV";
+
+    // The address removed: fi_addr_t 5 names nobody now, and then another endpoint.
+    book.remove(5);
+    EXPECT_EQ(ours.channel.peer_at(5), nullptr);
+    const std::string c = loopback_address(2);
+    OpenChannel third(c, book);
+    book.set(5, c);
+    shm::PeerInbox *now = ours.channel.peer_at(5);
+    ASSERT_NE(now, nullptr);
+    EXPECT_EQ(now->key, third.key);
+    // b's peer is kept (by key): found again without opening its segment twice.
+    book.set(7, b);
+    EXPECT_EQ(ours.channel.peer_at(7), peer);
+}
+
+TEST(Channel, WithoutAnInboxNoPeerIsReached) {
+    FakeBook book;
+    const std::string b = loopback_address(3);
+    OpenChannel theirs(b, book);
+    book.set(1, b);
+    RecordingSender sender;
+    shm::Channel closed(sender, book);  // FI_OPT_SHARED_MEMORY_PERMITTED false: never opened
+    EXPECT_FALSE(closed.has_inbox());
+    EXPECT_EQ(closed.inbox(), nullptr);
+    EXPECT_EQ(closed.wake(), nullptr);
+    EXPECT_EQ(closed.peer_at(1), nullptr);
+    EXPECT_EQ(closed.sender_peer(b), nullptr);
+    EXPECT_EQ(book.lookups, 0);
+}
+
+TEST(Channel, ACellThroughAPeersOutboxReachesItsInboxAndItsSenderIsFound) {
+    FakeBook book;
+    const std::string a = loopback_address(4), b = loopback_address(5);
+    OpenChannel ours(a, book), theirs(b, book);
+    book.set(0, a);
+    book.set(1, b);
+
+    shm::PeerInbox *to_them = ours.channel.peer_at(1);
+    ASSERT_NE(to_them, nullptr);
+    to_them->out.push(ours.sender, fin_of(77), nullptr, 0);
+    std::optional<wire::LocalHeader> got = read_header(theirs.channel.inbox());
+    ASSERT_TRUE(got);
+    EXPECT_EQ(got->msg_id, 77u);
+
+    // The receiver answers the cell's sender, named by its address bytes.
+    shm::PeerInbox *to_us = theirs.channel.sender_peer(a);
+    ASSERT_NE(to_us, nullptr);
+    EXPECT_EQ(to_us->key, ours.key);
+    EXPECT_EQ(theirs.channel.sender_peer(a), to_us);
+    EXPECT_EQ(theirs.channel.sender_peer(loopback_address(6)), nullptr) << "no inbox there";
+
+    // The sender's fi_addr_t: asked of the AV once per AV version.
+    EXPECT_EQ(theirs.channel.source_of(a), 0u);
+    EXPECT_EQ(theirs.channel.source_of(a), 0u);
+    EXPECT_EQ(book.reverse_lookups, 1);
+    book.remove(0);
+    EXPECT_EQ(theirs.channel.source_of(a), FI_ADDR_NOTAVAIL) << "removed from the AV";
+    EXPECT_EQ(book.reverse_lookups, 2);
+}
+
+TEST(Channel, APeerWhoseProcessDiedIsBuriedOnceWhatItWroteUsIsRead) {
+    FakeBook book;
+    const std::string a = loopback_address(7), c = loopback_address(8);
+    OpenChannel ours(a, book);
+    book.set(2, c);
+
+    Pipe ready, go, done;
+    Child child([&] {
+        FakeBook their_book;
+        their_book.set(0, a);
+        OpenChannel theirs(c, their_book);
+        ready.send(1);
+        int v = 0;
+        if (!go.receive(v)) return 1;
+        shm::PeerInbox *to_us = theirs.channel.peer_at(0);
+        if (!to_us) return 2;
+        to_us->out.push(theirs.sender, fin_of(9), nullptr, 0);  // its last word to us
+        done.send(1);
+        return 0;
+    });
+    int v = 0;
+    ASSERT_TRUE(ready.receive(v));
+    shm::PeerInbox *peer = ours.channel.peer_at(2);
+    ASSERT_NE(peer, nullptr);
+    std::vector<std::string> buried;
+    auto bury = [&](shm::PeerInbox &p) { buried.push_back(p.key); };
+    EXPECT_FALSE(ours.channel.check_peers(bury));
+    EXPECT_TRUE(buried.empty()) << "alive";
+
+    go.send(1);
+    ASSERT_TRUE(done.receive(v));
+    ASSERT_EQ(child.wait(), 0);
+    EXPECT_TRUE(ours.channel.check_peers(bury)) << "its Fin is still unread";
+    EXPECT_TRUE(buried.empty());
+    EXPECT_FALSE(peer->dead);
+    std::optional<wire::LocalHeader> got = read_header(ours.channel.inbox());
+    ASSERT_TRUE(got);
+    EXPECT_EQ(got->msg_id, 9u);
+
+    EXPECT_FALSE(ours.channel.check_peers(bury));
+    ASSERT_EQ(buried.size(), 1u);
+    EXPECT_EQ(buried[0], peer->key);
+    EXPECT_TRUE(peer->dead);
+    EXPECT_EQ(ours.channel.sender_peer(c), nullptr) << "nobody to answer";
+    EXPECT_EQ(ours.channel.peer_at(2), peer) << "a destination stays its peer, dead";
+    EXPECT_FALSE(ours.channel.check_peers(bury));
+    EXPECT_EQ(buried.size(), 1u) << "buried once";
 }

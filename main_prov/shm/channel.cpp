@@ -1,0 +1,111 @@
+#include "main_prov/shm/channel.h"
+
+#include "common/log.h"
+
+namespace tandem::shm {
+
+void Channel::open_inbox(const std::string &key, const InboxShape &shape,
+                         const PeerPolicy &policy) {
+    reap_stale();
+    InboxSegment seg = InboxSegment::create(key, shape.cells, shape.cell_size, shape.identity);
+    // We own the key now (the segment was created exclusively), and its wake FIFO with it.
+    wake_.emplace(key);
+    segment_.emplace(std::move(seg));
+    inbox_ = segment_->ring;
+    heartbeat_ = &segment_->info->heartbeat;
+    claims_ = SplitClaims(segment_->split_claims);
+    policy_ = policy;
+    version_word_ = book_.version_word();
+}
+
+PeerInbox *Channel::find_peer_at(fi_addr_t addr) {
+    if (!segment_) return nullptr;
+    uint64_t version = book_version();
+    if (version != peers_version_) {
+        peer_by_addr_.clear();
+        last_peer_ = nullptr;
+        peers_version_ = version;
+    }
+    PeerInbox *peer = nullptr;
+    if (auto it = peer_by_addr_.find(addr); it != peer_by_addr_.end()) {
+        peer = it->second;
+    } else {
+        uint8_t name[128];
+        size_t len = sizeof name;
+        if (book_.lookup(addr, name, &len) != 0 || len > sizeof name) return nullptr;
+        auto key = local_key(name, len);
+        if (!key) return nullptr;
+        peer = peer_of(*key, std::string_view(reinterpret_cast<char *>(name), len));
+        if (!peer) return nullptr;
+        peer_by_addr_[addr] = peer;
+    }
+    last_addr_ = addr;
+    last_peer_ = peer;
+    return peer;
+}
+
+PeerInbox *Channel::peer_of(const std::string &key, std::string_view addr) {
+    if (!segment_) return nullptr;
+    if (auto it = peers_.find(key); it != peers_.end()) return it->second.get();
+    // (None: no endpoint of this address on this node, not ours, not one that lives, or not a
+    // peer of ours: open_peer.)
+    std::optional<PeerInbox> opened = open_peer(key, addr, policy_);
+    if (!opened) return nullptr;
+    auto peer = std::make_unique<PeerInbox>(std::move(*opened));
+    PeerInbox *raw = peer.get();
+    peers_.emplace(key, std::move(peer));
+    return raw;
+}
+
+PeerInbox *Channel::sender_peer(std::string_view sender) {
+    if (last_sender_peer_ && sender == last_sender_)
+        return last_sender_peer_->dead ? nullptr : last_sender_peer_;
+    auto key = local_key(sender.data(), sender.size());
+    PeerInbox *peer = key ? peer_of(*key, sender) : nullptr;
+    if (peer) {
+        last_sender_.assign(sender);
+        last_sender_peer_ = peer;
+    }
+    return peer && !peer->dead ? peer : nullptr;
+}
+
+// source_of past its last-sender check. The name is read as whole words there: it comes from
+// a cell (zero-padded to a multiple of 8, the rest of the cell after it) and is kept here the
+// same way.
+fi_addr_t Channel::find_source(std::string_view sender) {
+    uint64_t version = book_version();
+    if (version != sources_version_) {
+        sources_.clear();
+        sources_version_ = version;
+    }
+    for (const auto &[name, a] : sources_)
+        if (name == sender) {
+            if (version_word_) last_source_.remember(sender, version, a);
+            return a;
+        }
+    fi_addr_t addr = book_.addr_of(sender.data(), sender.size());
+    if (sources_.size() >= 64) sources_.clear();
+    sources_.emplace_back(std::string(sender), addr);
+    if (version_word_) last_source_.remember(sender, version, addr);
+    return addr;
+}
+
+// No cell a dead process claimed in our inbox without publishing it stops the cells behind.
+void Channel::skip_dead_claims() {
+    if (!inbox_) return;
+    if (uint32_t n = inbox_->reclaim_dead([this](uint32_t id) { return claimants_.alive(id); }))
+        TANDEM_INFO(FI_LOG_EP_DATA, "skipped %u inbox cells claimed by dead processes\n", n);
+}
+
+void Channel::mark_dead(PeerInbox &peer) {
+    peer.dead = true;
+    peer.out.close_dead(sender_);  // (its backlog's streams end with FI_ECONNRESET)
+    TANDEM_INFO(FI_LOG_EP_DATA, "node-local peer %s died\n", peer.key.c_str());
+}
+
+void Channel::flush_all() {
+    for (auto &[key, peer] : peers_)
+        if (!peer->dead) peer->out.flush(sender_);
+}
+
+}  // namespace tandem::shm

@@ -1,0 +1,178 @@
+// The node-local channel of one endpoint: its own inbox (the segment it publishes, the wake
+// FIFO, the claim table of its split copies, its heartbeat), the peers it has opened and how
+// they are found (by a destination's fi_addr_t, by the address key, by the sender a cell
+// names), who writes its cells (a Sender), and the liveness check that buries a peer whose
+// process is gone. Protocol decisions (which cells an operation sends, what waits on a peer)
+// are the endpoint's; this class keeps the channel's state and its caches.
+//
+// Owned today by off_tandem's endpoint, which carries the node-local traffic; a class of its
+// own so that it moves to tandem's engine whole (docs/architecture.md, step 3b).
+#pragma once
+
+#include "main_prov/shm/inbox_segment.h"
+#include "main_prov/shm/peer_inbox.h"
+#include "main_prov/shm/shm_segment.h"
+#include "main_prov/shm/split_claims.h"
+#include "main_prov/shm/wake.h"
+#include "common/coarse_clock.h"
+#include "common/short_cell.h"
+
+#include <rdma/fabric.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace tandem::shm {
+
+// The address vector as the channel reads it: the address stored at an fi_addr_t (to find a
+// destination's inbox) and the reverse (a cell's sender as an fi_addr_t). Answers are kept
+// while the version word stays the same.
+class AddressBook {
+  public:
+    // Moves whenever an entry is inserted or removed, valid as long as the AV; nullptr: every
+    // lookup is a new version (nothing is kept). Asked once, when the inbox opens.
+    virtual const std::atomic<uint64_t> *version_word() const = 0;
+    // fi_av_lookup's answer: 0, *addrlen in: room, out: the address's length.
+    virtual int lookup(fi_addr_t addr, void *buf, size_t *addrlen) const = 0;
+    // The fi_addr_t of an address; FI_ADDR_NOTAVAIL when it is not inserted.
+    virtual fi_addr_t addr_of(const void *addr, size_t addrlen) const = 0;
+
+  protected:
+    ~AddressBook() = default;
+};
+
+class Channel {
+  public:
+    // The inbox's shape and who we say we are in it.
+    struct InboxShape {
+        uint32_t cells = 0;
+        uint32_t cell_size = 0;
+        InboxIdentity identity{};
+    };
+
+    // sender: who writes our cells (its producer, name and Short line are the endpoint's);
+    // book: the endpoint's AV.
+    Channel(Sender &sender, const AddressBook &book) : sender_(sender), book_(book) {}
+    Channel(const Channel &) = delete;
+    Channel &operator=(const Channel &) = delete;
+
+    // Creates and publishes our inbox under `key` (what dead processes left in /dev/shm goes
+    // first) and its wake FIFO. Throws ShmError (an inbox of a live owner under the key:
+    // EEXIST). Without it the channel reaches no peer (FI_OPT_SHARED_MEMORY_PERMITTED false).
+    // policy: who is a peer of ours, and whether single copy may be tried with them.
+    void open_inbox(const std::string &key, const InboxShape &shape, const PeerPolicy &policy);
+    bool has_inbox() const { return segment_.has_value(); }
+
+    // Our inbox's ring (nullptr without one), its wake (nullptr without one), the claim table
+    // of our split copies.
+    ShmRing *inbox() const { return inbox_; }
+    InboxWake *wake() { return wake_ ? &*wake_ : nullptr; }
+    SplitClaims &claims() { return claims_; }
+    // Our heartbeat (SegmentInfo::heartbeat): the coarse clock of a recent pass, which peers
+    // read to tell whether we poll.
+    void beat() {
+        if (heartbeat_) __atomic_store_n(heartbeat_, uint32_t(coarse_now_ms()), __ATOMIC_RELAXED);
+    }
+    Sender &sender() const { return sender_; }
+
+    // The peer at a destination of the AV, opened on first use and remembered per fi_addr_t
+    // until the AV changes (an address removed and another inserted may reuse it); nullptr
+    // when it is not a node-local peer (see open_peer) or we have no inbox. May be dead.
+    PeerInbox *peer_at(fi_addr_t addr) {
+        if (addr == last_addr_ && last_peer_ && book_version() == peers_version_) return last_peer_;
+        return find_peer_at(addr);
+    }
+    // The peer the key names (addr: the address bytes it was made from), opened on first use.
+    // May be dead.
+    PeerInbox *peer_of(const std::string &key, std::string_view addr);
+    // The peer that sent a cell (named by its address bytes), if it lives.
+    PeerInbox *sender_peer(std::string_view sender);
+    // The sender's fi_addr_t in the AV (FI_ADDR_NOTAVAIL: not inserted). Kept per sender and
+    // AV version: a receive completion must not pay a reverse lookup. (Inline: every cell
+    // asks; the last sender is compared word by word, LastSender.)
+    fi_addr_t source_of(std::string_view sender) {
+        if (version_word_ &&
+            last_source_.matches(sender, version_word_->load(std::memory_order_acquire)))
+            return last_source_.addr;
+        return find_source(sender);
+    }
+
+    // The liveness check: cells of our inbox claimed by processes that died are skipped, and
+    // each peer whose process is gone is judged (DeathVerdict). A peer found dead is marked
+    // so, its backlog's streams end (FI_ECONNRESET, through the Sender), and bury(peer) is
+    // called for what else waits on it. True while a verdict waits for our inbox to be read
+    // (the caller checks again soon).
+    template <class Bury>
+    bool check_peers(Bury &&bury) {
+        skip_dead_claims();
+        bool waiting = false;
+        for (auto &[key, peer] : peers_) {
+            if (peer->dead) continue;
+            switch (peer->verdict.judge(peer->segment, inbox_)) {
+                case DeathVerdict::State::kAlive:
+                    break;
+                case DeathVerdict::State::kDraining:
+                    waiting = true;
+                    break;
+                case DeathVerdict::State::kDead:
+                    mark_dead(*peer);
+                    bury(*peer);
+                    break;
+            }
+        }
+        return waiting;
+    }
+    // Writes what waits in the peers' backlogs (the Sender counts the backlogged Outboxes).
+    void flush() {
+        if (sender_.backlogged) flush_all();
+    }
+
+  private:
+    uint64_t book_version() const {
+        return version_word_ ? version_word_->load(std::memory_order_acquire) : ++uncached_;
+    }
+    PeerInbox *find_peer_at(fi_addr_t addr);
+    fi_addr_t find_source(std::string_view sender);
+    void skip_dead_claims();
+    void mark_dead(PeerInbox &peer);
+    void flush_all();
+
+    Sender &sender_;
+    const AddressBook &book_;
+    PeerPolicy policy_{};
+    const std::atomic<uint64_t> *version_word_ = nullptr;  // the AV's (open_inbox)
+
+    // Our inbox.
+    std::optional<InboxSegment> segment_;
+    ShmRing *inbox_ = nullptr;
+    uint32_t *heartbeat_ = nullptr;
+    SplitClaims claims_;
+    // The FIFO peers wake us through, and our liveness timer.
+    std::optional<InboxWake> wake_;
+    // Who claimed a cell of our inbox and never published it: still running, or dead?
+    ProcessWatch claimants_{segment_prefix()};
+
+    // Peers, by key (they live as long as the channel), and the caches of the lookups.
+    std::unordered_map<std::string, std::unique_ptr<PeerInbox>> peers_;
+    std::unordered_map<fi_addr_t, PeerInbox *> peer_by_addr_;
+    fi_addr_t last_addr_ = FI_ADDR_NOTAVAIL;
+    PeerInbox *last_peer_ = nullptr;
+    uint64_t peers_version_ = ~0ull;
+    mutable uint64_t uncached_ = 0;
+    std::vector<std::pair<std::string, fi_addr_t>> sources_;  // sender address -> fi_addr
+    uint64_t sources_version_ = ~0ull;
+    LastSender last_source_;
+    // The last sender sender_peer() found: a run of cells from one peer that need answers
+    // skips building its key.
+    std::string last_sender_;
+    PeerInbox *last_sender_peer_ = nullptr;
+};
+
+}  // namespace tandem::shm
