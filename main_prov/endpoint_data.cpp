@@ -300,12 +300,10 @@ ssize_t Engine::recv_one(void *buf, size_t len, void *desc, fi_addr_t src, uint6
 bool Engine::goes_local(Peer *peer, fi_addr_t addr) {
     if (!local_) return false;
     if (peer->route == Peer::Route::Undecided) {
-        bool local = Config::get().local_path && local_->reaches(addr);
-        peer->route = local ? Peer::Route::Local : Peer::Route::Link;
-        if (local)
-            peer->lane = local_->lane(addr);
-        else
-            local_->introduce(addr);
+        // (A node-local peer is one the twin gives a lane to.)
+        peer->lane = Config::get().local_path ? local_->lane(addr) : nullptr;
+        peer->route = peer->lane ? Peer::Route::Local : Peer::Route::Link;
+        if (!peer->lane) local_->introduce(addr);
     }
     return peer->route == Peer::Route::Local;
 }

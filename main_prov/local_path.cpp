@@ -176,10 +176,6 @@ LocalPath::~LocalPath() {
     if (eq_) fi_close(&eq_->fid);
 }
 
-bool LocalPath::reaches(fi_addr_t addr) {
-    return ops_ && ops_->reachable(twin_, addr) == 1;
-}
-
 int LocalPath::send(TxOp *op, const iovec *iov, void **desc, size_t count, fi_addr_t dest,
                     uint64_t flags, uint64_t tag, uint64_t data, bool tagged) {
     // The application's descriptors go to the twin as they are (peer::MrDesc): it learns

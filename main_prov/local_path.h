@@ -61,8 +61,6 @@ class LocalPath final : public peer::CqOwner {
                                            fid_eq *eq);
     ~LocalPath();
 
-    // Whether the peer at addr is on this node, reachable through the twin.
-    bool reaches(fi_addr_t addr);
     void introduce(fi_addr_t addr) { ops_->introduce(twin_, addr); }
     int remote_twin(fi_addr_t addr, uint64_t *caps) { return ops_->remote_twin(twin_, addr, caps); }
     int single_copy(fi_addr_t addr) { return ops_->single_copy(twin_, addr); }
@@ -86,7 +84,7 @@ class LocalPath final : public peer::CqOwner {
     // and the twin's handler of the cells in it that are not Short ones.
     peer::InboxView inbox() const { return inbox_; }
     void (*take_cell_entry() const)(fid_ep *, const uint8_t *) { return ops_->take_cell; }
-    // The node-local peer at addr's lane (peer::LocalLane), or nullptr.
+    // The node-local peer at addr's lane (peer::LocalLane), or nullptr: not node-local.
     peer::LocalLane *lane(fi_addr_t addr) { return ops_->lane(twin_, addr); }
     // The endpoint's FI_OPT_FI_HMEM_P2P, which the twin applies to its transfers.
     void set_p2p(int mode);

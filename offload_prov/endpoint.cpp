@@ -71,12 +71,6 @@ fi_ops_rma rma_ops = {
     .injectdata = enosys<decltype(fi_ops_rma::injectdata)>,
 };
 
-int local_reachable(fid_ep *ep, fi_addr_t addr) noexcept try {
-    return Endpoint::of(ep)->reachable(addr);
-} catch (...) {
-    return 0;
-}
-
 int local_wait_fd(fid_ep *ep) noexcept {
     return Endpoint::of(ep)->wait_fd();
 }
@@ -126,7 +120,6 @@ void local_take_cell(fid_ep *ep, const uint8_t *cell) noexcept try {
 }
 
 peer::LocalPathOps local_path_ops = {.size = sizeof(peer::LocalPathOps),
-                                     .reachable = local_reachable,
                                      .wait_fd = local_wait_fd,
                                      .arm = local_arm,
                                      .queued = local_queued,

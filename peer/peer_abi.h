@@ -157,13 +157,13 @@ struct InboxView {
     const bool *quiet;
 };
 
-// fi_open_ops name of off_tandem's endpoint extension: whether a peer (an fi_addr of the
-// shared AV) is reachable over the node-local path, so the owner routes it there.
-inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v8";
+// fi_open_ops name of off_tandem's endpoint extension: the node-local path as its owner uses
+// it (whether a peer, an fi_addr of the shared AV, is node-local: lane), the twin's progress
+// and sleep, and what the twin knows of remote twins.
+inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v9";
 
 struct LocalPathOps {
     size_t size;
-    int (*reachable)(fid_ep *ep, fi_addr_t addr);  // 1 yes, 0 no
     // A descriptor that becomes readable when a peer wrote to this endpoint while it slept.
     int (*wait_fd)(fid_ep *ep);
     // Before sleeping on wait_fd: asks senders to signal it. Returns 1 when work is already
@@ -182,7 +182,8 @@ struct LocalPathOps {
     // How large transfers to the peer at addr are copied: 1 single copy (cross-memory
     // attach), 0 staged through the rings, -FI_ENOENT when not node-local.
     int (*single_copy)(fid_ep *ep, fi_addr_t addr);
-    // The node-local peer at addr's lane, or nullptr (not node-local).
+    // The node-local peer at addr's lane, or nullptr: not node-local (no live inbox of a
+    // peer of ours under its address), and then the owner reaches it over a link.
     LocalLane *(*lane)(fid_ep *ep, fi_addr_t addr);
     // fi_peer(3)'s fi_cq_read(cq, NULL, 0), without the CQ in between: the owner calls it on
     // every pass of its progress while the twin is not quiet.
