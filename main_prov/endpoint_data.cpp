@@ -26,20 +26,20 @@
 
 namespace tandem {
 
-// The Short cell into the peer's ring ourselves (peer::LocalLane), unless cells of the twin's
-// wait for room there (ours would overtake them) or the ring is full.
-[[gnu::always_inline]] inline ssize_t Engine::send_by_lane(peer::LocalLane *lane, const void *buf,
+// The Short cell into the peer's ring ourselves (its Outbox: shm::Outbox::claim), unless cells
+// of the twin's wait for room there (ours would overtake them) or the ring is full.
+[[gnu::always_inline]] inline ssize_t Engine::send_by_lane(shm::PeerInbox *lane, const void *buf,
                                                            size_t len, void *context,
                                                            uint64_t flags, uint64_t tag,
                                                            uint64_t data, bool tagged) {
-    void *slot = lane->claim();
+    void *slot = lane->out.claim(lane_producer_);
     if (!slot) return kNotTaken;
     stop_at("local.ring_reserved");
-    write_short(static_cast<uint8_t *>(slot), *lane->line,
+    write_short(static_cast<uint8_t *>(slot), *lane_line_,
                 uint8_t((tagged ? wire::kLocalTagged : 0) |
                         ((flags & FI_REMOTE_CQ_DATA) ? wire::kLocalCqData : 0)),
                 buf, len, tag, data);
-    lane->publish(slot);
+    lane->out.publish(slot);
     if (send_cntr_) send_cntr_->inc();
     if (tx_cq_ && tx_reports(flags))
         tx_cq_->push(context, FI_SEND | (tagged ? FI_TAGGED : FI_MSG), 0, nullptr, 0, 0,
@@ -300,8 +300,10 @@ ssize_t Engine::recv_one(void *buf, size_t len, void *desc, fi_addr_t src, uint6
 bool Engine::goes_local(Peer *peer, fi_addr_t addr) {
     if (!local_) return false;
     if (peer->route == Peer::Route::Undecided) {
-        // (A node-local peer is one the twin gives a lane to.)
-        peer->lane = Config::get().local_path ? local_->lane(addr) : nullptr;
+        // (A node-local peer is one the twin's channel finds alive under its address.)
+        shm::Channel *channel = Config::get().local_path ? local_->channel() : nullptr;
+        shm::PeerInbox *to = channel ? channel->peer_at(addr) : nullptr;
+        peer->lane = to && !to->dead ? to : nullptr;
         peer->route = peer->lane ? Peer::Route::Local : Peer::Route::Link;
         if (!peer->lane) local_->introduce(addr);
     }

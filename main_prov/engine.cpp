@@ -249,9 +249,8 @@ int Engine::peer_path(fi_addr_t addr) {
     if (type_ == FI_EP_MSG) return int(peer::PeerPath::Link);
     Peer *peer = peer_for(addr);
     if (!goes_local(peer, addr)) return int(peer::PeerPath::Link);
-    int single = local_->single_copy(addr);
-    if (single < 0) return single;
-    return int(single ? peer::PeerPath::LocalSingleCopy : peer::PeerPath::LocalStaged);
+    if (!peer->lane || peer->lane->dead) return -FI_ENOENT;
+    return int(peer->lane->cma ? peer::PeerPath::LocalSingleCopy : peer::PeerPath::LocalStaged);
 }
 
 int Engine::enable_locked() {
@@ -275,6 +274,10 @@ int Engine::enable_locked() {
     if (local_ && (caps_ & FI_HMEM)) local_->set_p2p(p2p_.mode());
     if (local_) {
         lane_limit_ = std::min<size_t>(local_->inject_limit(), info_->ep_attr->max_msg_size);
+        if (shm::Channel *channel = local_->channel()) {
+            lane_producer_ = channel->sender().producer;
+            lane_line_ = channel->sender().short_line;
+        }
         twin_progress_ = local_->progress_entry();
         twin_ep_ = local_->twin();
         const peer::InboxView inbox = local_->inbox();

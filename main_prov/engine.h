@@ -16,6 +16,7 @@
 #include "main_prov/eq.h"
 #include "main_prov/link/link.h"
 #include "main_prov/rx_matcher.h"
+#include "main_prov/shm/peer_inbox.h"
 #include "main_prov/trigger.h"
 #include "peer/foreign_srx.h"
 #include "peer/peer_abi.h"
@@ -63,8 +64,9 @@ struct Peer {
     // RDM: how operations to this peer travel, decided at the first one and then kept, so
     // that the order of one peer's operations is one path's order.
     enum class Route : uint8_t { Undecided, Link, Local } route = Route::Undecided;
-    // Local: the twin's lane to it (small sends go straight into its ring), or nullptr.
-    peer::LocalLane *lane = nullptr;
+    // Local: the peer as the twin's node-local channel holds it, whose Outbox is the lane
+    // small sends go straight into its ring through (send_by_lane), or nullptr.
+    shm::PeerInbox *lane = nullptr;
     // Over a link, atomics sent whose answer has not come, and the operations posted behind
     // one that must not overtake it (see Engine::submit), in order.
     uint32_t atomics_out = 0;
@@ -369,7 +371,7 @@ class Engine : public CmSource, public RemoteKeyResolver {
     ssize_t post_recv_locked(const RecvArgs &a);
     ssize_t cancel_locked(void *context);
     int getname_locked(void *addr, size_t *addrlen) const;
-    inline ssize_t send_by_lane(peer::LocalLane *lane, const void *buf, size_t len, void *context,
+    inline ssize_t send_by_lane(shm::PeerInbox *lane, const void *buf, size_t len, void *context,
                                 uint64_t flags, uint64_t tag, uint64_t data, bool tagged);
     ssize_t send_by_link(Peer *peer, const void *buf, size_t len, void *context, uint64_t flags,
                          uint64_t tag, uint64_t data, bool tagged);
@@ -599,6 +601,10 @@ class Engine : public CmSource, public RemoteKeyResolver {
     // The largest send send_by_lane takes: the twin's cell or the endpoint's max_msg_size,
     // whichever is less; 0 without a twin.
     size_t lane_limit_ = 0;
+    // Who our Short cells say wrote them: the claimant id and the Short line of the channel's
+    // Sender (the twin's: one producer per process and peer ring), set with lane_limit_.
+    uint32_t lane_producer_ = 0;
+    const ShortLine *lane_line_ = nullptr;
     size_t link_direct_limit_ = 0;  // send_by_link's largest payload
     size_t direct_limit_ = 0;       // the larger of the two: send_direct's first check
     size_t direct_ceiling_ = 0;     // the same before the size options lowered it

@@ -131,16 +131,16 @@ ssize_t Engine::inject_local(const SendRequest &r, Peer *peer, bool device) {
     if (device || (r.flags & FI_DELIVERY_COMPLETE) || !local_ || r.payload.len > lane_limit_ ||
         !goes_local(peer, r.dest) || !peer->lane)
         return kNotTaken;
-    peer::LocalLane *lane = peer->lane;
-    void *slot = lane->claim();
+    shm::Outbox &out = peer->lane->out;
+    void *slot = out.claim(lane_producer_);
     if (!slot) [[unlikely]]
         return lane_refused(r, peer);
     stop_at("local.ring_reserved");
-    write_short_gather(static_cast<uint8_t *>(slot), *lane->line,
+    write_short_gather(static_cast<uint8_t *>(slot), *lane_line_,
                        uint8_t((r.tagged ? wire::kLocalTagged : 0) |
                                ((r.flags & FI_REMOTE_CQ_DATA) ? wire::kLocalCqData : 0)),
                        r.payload.iov, r.payload.count, r.payload.len, r.tag, r.data);
-    lane->publish(slot);
+    out.publish(slot);
     complete_injected(r);
     return 0;
 }
@@ -148,7 +148,7 @@ ssize_t Engine::inject_local(const SendRequest &r, Peer *peer, bool device) {
 // A lane that took no cell: its peer died (the send fails with an error completion, as any
 // operation towards it does) or it has no room now (-FI_EAGAIN).
 ssize_t Engine::lane_refused(const SendRequest &r, Peer *peer) {
-    if (!(*peer->lane->blocked & peer::kLaneDead)) return -FI_EAGAIN;
+    if (!(peer->lane->out.blocked & shm::Outbox::kDead)) return -FI_EAGAIN;
     TxOp *op = new_send_op(r, peer);
     ++tx_outstanding_;
     fail_tx(op, FI_ECONNRESET);

@@ -153,6 +153,13 @@ int LocalPath::open_twin_ops() {
     int ret = fi_open_ops(&twin_->fid, peer::kLocalPathOpsName, 0, &ops, nullptr);
     ops_ = static_cast<peer::LocalPathOps *>(ops);
     if (!ret && (!ops_ || ops_->size < sizeof(peer::LocalPathOps))) ret = -FI_ENOSYS;
+    if (!ret && ops_->channel_bytes != sizeof(shm::Channel)) {
+        TANDEM_WARN(FI_LOG_EP_CTRL,
+                    "off_tandem was built apart from tandem (its channel has %zu bytes, ours "
+                    "%zu): node-local path off\n",
+                    ops_->channel_bytes, sizeof(shm::Channel));
+        ret = -FI_ENOSYS;
+    }
     if (ret) return ret;
     void *coll = nullptr;
     if (fi_open_ops(&twin_->fid, peer::kCollOpsName, 0, &coll, nullptr) == 0 &&
@@ -164,6 +171,7 @@ int LocalPath::open_twin_ops() {
     // We read our own twin's inbox, and decode every Short cell in it (peer::InboxView).
     const peer::OwnerInbox owner{&ep_, &Engine::receive_short_from_twin};
     inbox_ = ops_->take_inbox(twin_, &owner);
+    channel_ = ops_->channel(twin_);
     return 0;
 }
 
@@ -264,10 +272,9 @@ void LocalPath::flush_transfers_now() {
 }
 
 void LocalPath::wait_fds(std::vector<int> &out) {
-    if (!ops_ || ops_->size < sizeof *ops_) return;
-    int fd = ops_->wait_fd(twin_);
-    if (fd < 0) return;
-    out.push_back(fd);
+    shm::InboxWake *wake = channel_ ? channel_->wake() : nullptr;
+    if (!wake) return;
+    out.push_back(wake->fd());
     ops_->arm(twin_);
 }
 

@@ -17,6 +17,7 @@
 
 #include "main_prov/owner_face.h"
 #include "main_prov/peer_rx_queue.h"
+#include "main_prov/shm/channel.h"
 #include "peer/peer_coll.h"
 #include "peer/peer_abi.h"
 #include "peer/peer_cq.h"
@@ -63,7 +64,6 @@ class LocalPath final : public peer::CqOwner {
 
     void introduce(fi_addr_t addr) { ops_->introduce(twin_, addr); }
     int remote_twin(fi_addr_t addr, uint64_t *caps) { return ops_->remote_twin(twin_, addr, caps); }
-    int single_copy(fi_addr_t addr) { return ops_->single_copy(twin_, addr); }
     // Post an operation; its completion arrives through peer_write / peer_writeerr with the
     // op as context. A negative errno when the twin refused it (nothing will complete).
     int send(TxOp *op, const iovec *iov, void **desc, size_t count, fi_addr_t dest, uint64_t flags,
@@ -84,8 +84,9 @@ class LocalPath final : public peer::CqOwner {
     // and the twin's handler of the cells in it that are not Short ones.
     peer::InboxView inbox() const { return inbox_; }
     void (*take_cell_entry() const)(fid_ep *, const uint8_t *) { return ops_->take_cell; }
-    // The node-local peer at addr's lane (peer::LocalLane), or nullptr: not node-local.
-    peer::LocalLane *lane(fi_addr_t addr) { return ops_->lane(twin_, addr); }
+    // The twin's node-local channel (peer::LocalPathOps::channel), or nullptr: then no peer
+    // is node-local.
+    shm::Channel *channel() const { return channel_; }
     // The endpoint's FI_OPT_FI_HMEM_P2P, which the twin applies to its transfers.
     void set_p2p(int mode);
     // Before the application sleeps: the twin's wake descriptor, armed.
@@ -133,6 +134,7 @@ class LocalPath final : public peer::CqOwner {
     peer::CollOps *coll_ops_ = nullptr;
     size_t inject_limit_ = 0;
     peer::InboxView inbox_{};
+    shm::Channel *channel_ = nullptr;
     struct TransferDone {
         fi_cq_tagged_entry entry;
         int err;

@@ -71,10 +71,6 @@ fi_ops_rma rma_ops = {
     .injectdata = enosys<decltype(fi_ops_rma::injectdata)>,
 };
 
-int local_wait_fd(fid_ep *ep) noexcept {
-    return Endpoint::of(ep)->wait_fd();
-}
-
 int local_arm(fid_ep *ep) noexcept try { return Endpoint::of(ep)->arm(); } catch (...) {
     return 1;
 }
@@ -94,16 +90,8 @@ int local_remote_twin(fid_ep *ep, fi_addr_t addr, uint64_t *caps) noexcept {
     return Endpoint::of(ep)->remote_twin(addr, caps);
 }
 
-int local_single_copy(fid_ep *ep, fi_addr_t addr) noexcept try {
-    return Endpoint::of(ep)->single_copy(addr);
-} catch (...) {
-    return current_exception_errno();
-}
-
-peer::LocalLane *local_lane(fid_ep *ep, fi_addr_t addr) noexcept try {
-    return Endpoint::of(ep)->lane(addr);
-} catch (...) {
-    return nullptr;
+shm::Channel *local_channel(fid_ep *ep) noexcept {
+    return Endpoint::of(ep)->channel();
 }
 
 void local_progress(fid_ep *ep) noexcept try { Endpoint::of(ep)->progress(); } catch (...) {
@@ -120,13 +108,12 @@ void local_take_cell(fid_ep *ep, const uint8_t *cell) noexcept try {
 }
 
 peer::LocalPathOps local_path_ops = {.size = sizeof(peer::LocalPathOps),
-                                     .wait_fd = local_wait_fd,
+                                     .channel_bytes = sizeof(shm::Channel),
                                      .arm = local_arm,
                                      .queued = local_queued,
                                      .introduce = local_introduce,
                                      .remote_twin = local_remote_twin,
-                                     .single_copy = local_single_copy,
-                                     .lane = local_lane,
+                                     .channel = local_channel,
                                      .progress = local_progress,
                                      .take_inbox = local_take_inbox,
                                      .take_cell = local_take_cell};

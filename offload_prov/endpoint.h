@@ -126,19 +126,17 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     void progress();
     [[gnu::noinline]] void progress_all(bool counted);
     int reachable(fi_addr_t addr);
-    // What a sleeper watches: readable when a peer woke us (the FIFO) or a liveness check of
-    // the peers our operations wait on is due (a timer armed by arm()).
-    int wait_fd() { return channel_.wake() ? channel_.wake()->fd() : -1; }
+    // What a sleeper watches is the channel's wake descriptor: readable when a peer woke us
+    // (the FIFO) or a liveness check of the peers our operations wait on is due (a timer
+    // armed by arm()).
     int arm();
     void introduce(fi_addr_t addr) {
         note_work();
         introductions_.push_back(addr);
     }
     int remote_twin(fi_addr_t addr, uint64_t *caps) const;
-    // LocalPathOps::single_copy: 1 CMA, 0 staged, -FI_ENOENT when not node-local.
-    int single_copy(fi_addr_t addr);
-    // peer::LocalPathOps::lane: the node-local peer at addr as the owner's sends hold it.
-    peer::LocalLane *lane(fi_addr_t addr);
+    // peer::LocalPathOps::channel: our node-local channel, or nullptr without an inbox.
+    shm::Channel *channel() { return enabled_ && channel_.has_inbox() ? &channel_ : nullptr; }
     // peer::LocalPathOps::take_inbox: from now on the owner reads our inbox.
     peer::InboxView take_inbox(const peer::OwnerInbox &owner) {
         owner_inbox_ = owner;
@@ -182,10 +180,6 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // message whose room another producer took first, besides our answers to the peer's own
     // operations, bounded by its transmit queue.)
     using PeerLink = shm::PeerInbox;
-    // What the owner holds of a node-local peer (peer::LocalLane), and its peer.
-    struct Lane : peer::LocalLane {
-        PeerLink *link = nullptr;
-    };
     // The owner's AV as our channel reads it (bound before enable).
     struct AvBook final : shm::AddressBook {
         const Endpoint *ep = nullptr;
@@ -237,8 +231,6 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
 
     // ep/cell_send.cpp: what a stream's end does, answers, and the sleep (arm). The cells
     // themselves go through each link's shm::Outbox (main_prov/shm/outbox.h).
-    // peer::LocalLane::wake of a link's lane.
-    static void lane_wake(peer::LocalLane *lane);
     void finish_stream(const shm::Stream &stream, int status);
     void answer(std::string_view sender, uint64_t msg_id, int status);
 
@@ -397,7 +389,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     uint64_t auth_ = 0;          // our owner's authorization key (digest): only peers of the same
     wire::LocalHeader proto_{};  // name_len filled
     uint8_t name_[wire::kLocalNameRoom]{};
-    // Our Short cells' line (common/short_cell.h), our lanes' senders' too.
+    // Our Short cells' line (common/short_cell.h): the owner's carry it too (channel_.sender()).
     ShortLine short_line_;
     // ep/cell_send.cpp
     CellSender sender_{};  // (sender_.backlogged: links whose backlog is not empty)
@@ -411,8 +403,6 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     shm::Channel channel_{sender_, av_book_};
     void arm_liveness_timer();
     int64_t next_check_ms_ = 0;  // coarse_now_ms() of the next liveness check
-    // The lanes handed to the owner (lane()), by peer.
-    std::unordered_map<const PeerLink *, Lane> lanes_;
 
     // ep/send.cpp, ep/rma.cpp
     std::unordered_map<uint64_t, Pending> pending_;

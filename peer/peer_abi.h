@@ -32,6 +32,10 @@
 #include "hmem/hmem.h"
 #include "peer/ep_diag.h"
 
+namespace tandem::shm {
+class Channel;
+}
+
 namespace tandem::peer {
 
 // What fi_mr_desc() of a tandem memory region points at: where the registered memory lives,
@@ -117,35 +121,6 @@ struct OwnerInbox {
     void (*take_short)(void *context, const uint8_t *cell);
 };
 
-// A node-local peer as the owner's sends see it (LocalPathOps::lane): the owner keeps it per
-// peer, so that a small send goes into the peer's ring without a lookup. Valid as long as the
-// twin endpoint. The owner writes a Short cell (common/short_cell.h) into `ring` itself,
-// claiming with `producer` and `view`, when `*blocked` is 0, and calls `wake` when the claim
-// asked for it (view->wake).
-inline constexpr uint8_t kLaneBacklog = 1, kLaneDead = 2;
-struct LocalLane {
-    // After a publish whose claim found the peer asleep: wakes it.
-    void (*wake)(LocalLane *lane);
-    ShmRing *ring;
-    ShmRing::ProducerView *view;  // the twin's, of this ring: one producer view per link
-    uint32_t producer;            // the claimant id of this process
-    const ShortLine *line;        // the twin's Short cell line (its name)
-    // Nonzero while cells of the twin's wait for room in this ring (kLaneBacklog: the owner's
-    // cell would overtake them, so the owner answers -FI_EAGAIN) or the peer is dead
-    // (kLaneDead: the owner fails the send).
-    const uint8_t *blocked;
-
-    // A cell of the ring for the owner's Short cell, or nullptr: blocked, or the ring full.
-    [[gnu::always_inline]] void *claim() {
-        return *blocked ? nullptr : ring->try_reserve(producer, *view);
-    }
-    // The claimed cell, written, to the peer (woken if the claim found it asleep).
-    [[gnu::always_inline]] void publish(void *cell) {
-        ring->publish(cell);
-        if (view->wake) wake(this);
-    }
-};
-
 // The twin's inbox once the owner reads it (LocalPathOps::take_inbox): the ring, of which the
 // owner is then the only reader, and whether the twin is quiet (no backlog, no operation
 // waiting, no completion held, no cell held behind a split write). While `*quiet`, the owner
@@ -160,14 +135,18 @@ struct InboxView {
 // fi_open_ops name of off_tandem's endpoint extension: the node-local path as its owner uses
 // it (whether a peer, an fi_addr of the shared AV, is node-local: lane), the twin's progress
 // and sleep, and what the twin knows of remote twins.
-inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v9";
+inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v10";
 
 struct LocalPathOps {
     size_t size;
-    // A descriptor that becomes readable when a peer wrote to this endpoint while it slept.
-    int (*wait_fd)(fid_ep *ep);
-    // Before sleeping on wait_fd: asks senders to signal it. Returns 1 when work is already
-    // pending (wait_fd is then readable at once, so the sleep ends immediately).
+    // sizeof(shm::Channel) as the twin was built: channel() is shared as a C++ object, which
+    // both providers must lay out alike (they are built together; an owner built apart
+    // refuses the table).
+    size_t channel_bytes;
+    // Before sleeping on the channel's wake descriptor (shm::InboxWake::fd): asks senders to
+    // signal it, and sets the liveness timer while the twin's operations wait on peers.
+    // Returns 1 when work is already pending (the descriptor is then readable at once, so the
+    // sleep ends immediately).
     int (*arm)(fid_ep *ep);
     // What fi_peer_rx_entry cannot carry of a message the twin queued with the owner's SRX:
     // its remote CQ data (FI_PEEK reports it before the message is delivered), and its source
@@ -179,12 +158,13 @@ struct LocalPathOps {
     void (*introduce)(fid_ep *ep, fi_addr_t addr);
     // Whether the twin of the peer at addr introduced itself (1), with its capabilities.
     int (*remote_twin)(fid_ep *ep, fi_addr_t addr, uint64_t *caps);
-    // How large transfers to the peer at addr are copied: 1 single copy (cross-memory
-    // attach), 0 staged through the rings, -FI_ENOENT when not node-local.
-    int (*single_copy)(fid_ep *ep, fi_addr_t addr);
-    // The node-local peer at addr's lane, or nullptr: not node-local (no live inbox of a
-    // peer of ours under its address), and then the owner reaches it over a link.
-    LocalLane *(*lane)(fid_ep *ep, fi_addr_t addr);
+    // The twin's node-local channel (main_prov/shm/channel.h), or nullptr when it has no
+    // inbox (FI_OPT_SHARED_MEMORY_PERMITTED false): its peers (a peer is node-local when
+    // Channel::peer_at finds it alive; the owner reaches every other one over a link), their
+    // Outboxes, which the owner's Short cells go through (Outbox::claim / publish, with the
+    // channel's Sender's producer id and Short line), the wake descriptor it sleeps on.
+    // Valid as long as the twin endpoint; used under the owner's lock, as the twin uses it.
+    shm::Channel *(*channel)(fid_ep *ep);
     // fi_peer(3)'s fi_cq_read(cq, NULL, 0), without the CQ in between: the owner calls it on
     // every pass of its progress while the twin is not quiet.
     void (*progress)(fid_ep *ep);

@@ -3,7 +3,6 @@
 #include "common/iov.h"
 #include "common/log.h"
 #include "common/test_hook.h"
-#include "peer/peer_abi.h"
 
 #include <rdma/fi_errno.h>
 
@@ -156,14 +155,14 @@ bool Outbox::pump(Sender &s, Stream &stream, int *status) {
 void Outbox::keep(Sender &s, Outgoing outgoing) {
     if (backlog_.empty()) ++s.backlogged;
     backlog_.push_back(std::move(outgoing));
-    blocked |= peer::kLaneBacklog;
+    blocked |= kBacklog;
 }
 
 void Outbox::pop(Sender &s) {
     backlog_.pop_front();
     if (backlog_.empty()) {
         --s.backlogged;
-        blocked &= uint8_t(~peer::kLaneBacklog);
+        blocked &= uint8_t(~kBacklog);
     }
 }
 
@@ -185,7 +184,7 @@ bool Outbox::flush(Sender &s) {
 }
 
 void Outbox::close_dead(Sender &s) {
-    blocked = peer::kLaneDead;
+    blocked = kDead;
     if (!backlog_.empty()) --s.backlogged;
     std::deque<Outgoing> unsent = std::move(backlog_);
     backlog_.clear();

@@ -5,9 +5,10 @@
 // own buffers as room appears (memory for one payload in flight, not a copy of it), drained
 // in order by flush(). After a publish whose claim found the peer asleep, the Outbox wakes it.
 //
-// Today off_tandem's endpoint holds an Outbox per node-local peer (its PeerLink), and tandem
-// writes its Short cells through the same ring and view (peer::LocalLane) while the backlog
-// is empty; step 3b of issue 36 makes the Outbox tandem's (docs/architecture.md).
+// One Outbox per peer and endpoint, in the channel's PeerInbox (main_prov/shm/channel.h):
+// off_tandem's cells go through it, and tandem's Short cells through claim and publish while
+// nothing waits in the backlog; step 3b of issue 36 makes every cell tandem's
+// (docs/architecture.md).
 #pragma once
 
 #include "common/shm_ring.h"
@@ -103,12 +104,25 @@ class Outbox {
     // FI_ECONNRESET).
     void close_dead(Sender &s);
 
+    // A cell of the ring for a cell its caller builds (tandem's Short cells), or nullptr:
+    // something waits in the backlog (the cell would overtake it), the peer is dead, or the
+    // ring is full. producer: the writer's claimant id (Sender::producer).
+    [[gnu::always_inline]] void *claim(uint32_t producer) {
+        return blocked ? nullptr : ring_->try_reserve(producer, view);
+    }
+    // The claimed cell, written, to the peer (woken if the claim found it asleep).
+    [[gnu::always_inline]] void publish(void *cell) {
+        ring_->publish(cell);
+        notify();
+    }
+
     ShmRing *ring() const { return ring_; }
-    // Ours of the peer's ring, and why a cell of someone else's may not go now (tandem's
-    // Short cells: peer::LocalLane reads both).
+    // Ours of the peer's ring, and why a claim gets no cell: kBacklog (something waits
+    // here), kDead (the peer died: the caller's send fails).
+    static constexpr uint8_t kBacklog = 1, kDead = 2;
     ShmRing::ProducerView view{};
-    uint8_t blocked = 0;  // peer::kLaneBacklog (something waits here), peer::kLaneDead
-    // After a publish through our view by someone else (tandem's Short cell): as notify().
+    uint8_t blocked = 0;
+    // After a publish whose claim found the peer asleep (view.wake): wakes it.
     void wake() {
         view.wake = false;
         if (ring_->take_wake()) wake_.wake();

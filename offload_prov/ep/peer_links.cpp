@@ -19,12 +19,6 @@ int Endpoint::reachable(fi_addr_t addr) {
     return link && !link->dead;
 }
 
-int Endpoint::single_copy(fi_addr_t addr) {
-    PeerLink *link = enabled_ ? link_for(addr) : nullptr;
-    if (!link || link->dead) return -FI_ENOENT;
-    return link->cma ? 1 : 0;
-}
-
 const std::atomic<uint64_t> *Endpoint::AvBook::version_word() const {
     return ep->av_ ? ep->av_->owner().version_word() : nullptr;
 }

@@ -198,29 +198,6 @@ bool Endpoint::send_peer_to_peer(const LocalRequest &r, PeerLink &link, const Lo
     return false;
 }
 
-// The owner's fast path for small messages: the peer's ring as the owner writes its Short cells
-// into it itself (peer::LocalLane), while the link has no backlog (`blocked`: the owner's cell
-// must not overtake ours) and the peer lives.
-peer::LocalLane *Endpoint::lane(fi_addr_t addr) {
-    PeerLink *link = enabled_ ? link_for(addr) : nullptr;
-    if (!link || link->dead) return nullptr;
-    Lane &lane = lanes_[link];
-    if (!lane.wake)
-        lane = {{.wake = &Endpoint::lane_wake,
-                 .ring = link->out.ring(),
-                 .view = &link->out.view,
-                 .producer = producer_id_,
-                 .line = &short_line_,
-                 .blocked = &link->out.blocked},
-                link};
-    return &lane;
-}
-
-void Endpoint::lane_wake(peer::LocalLane *lane) {
-    auto *l = static_cast<Lane *>(lane);
-    l->link->out.wake();
-}
-
 // The header of a message's first (or only) cell, with a fresh id; op and size are the
 // caller's.
 LocalHeader Endpoint::message_header(size_t len, uint64_t tag, uint64_t data, uint64_t flags,

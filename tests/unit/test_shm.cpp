@@ -1417,7 +1417,7 @@ TEST(Outbox, CellsAndStreamsWaitInOrderBehindAFullRingAndFlushInOrder) {
     EXPECT_FALSE(out.admits()) << "the ring is full";
     EXPECT_EQ(out.blocked, 0) << "nothing waits yet";
     out.push(sender, header_of(wire::LocalOp::Fin, 4), nullptr, 0);
-    EXPECT_EQ(out.blocked, peer::kLaneBacklog);
+    EXPECT_EQ(out.blocked, shm::Outbox::kBacklog);
     EXPECT_EQ(sender.backlogged, 1u);
     // A payload of three cells and a bit, behind it.
     std::vector<uint8_t> payload(3 * wire::kLocalBodyRoom + 100);
@@ -1496,7 +1496,7 @@ TEST_F(OutboxOfTwo, APeerFoundDeadEndsTheStreamsThatWaitedWithConnectionReset) {
     out.close_dead(sender);
     ASSERT_EQ(sender.ended.size(), 1u);
     EXPECT_EQ(sender.ended[0], (std::pair<uint64_t, int>{2, FI_ECONNRESET}));
-    EXPECT_EQ(out.blocked, peer::kLaneDead);
+    EXPECT_EQ(out.blocked, shm::Outbox::kDead);
     EXPECT_EQ(sender.backlogged, 0u);
 }
 
