@@ -284,7 +284,10 @@ void Endpoint::enable() {
     sender_.name = name_;
     sender_.short_line = &short_line_;
     if (!shm_permitted_) {
-        // No segment, no inbox: our passes read nothing (as when the owner reads it).
+        // No segment, no inbox: our passes read nothing (as when the owner reads it). A
+        // wake without a FIFO still ends a sleep for our checks (collectives probing their
+        // members).
+        channel_.open_wake_only();
         owner_reads_ = true;
         enabled_ = true;
         return;

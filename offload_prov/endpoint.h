@@ -135,8 +135,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         introductions_.push_back(addr);
     }
     int remote_twin(fi_addr_t addr, uint64_t *caps) const;
-    // peer::LocalPathOps::channel: our node-local channel, or nullptr without an inbox.
-    shm::Channel *channel() { return enabled_ && channel_.has_inbox() ? &channel_ : nullptr; }
+    // peer::LocalPathOps::channel: our node-local channel once enabled (without an inbox it
+    // reaches no peer, and has its wake all the same).
+    shm::Channel *channel() { return enabled_ ? &channel_ : nullptr; }
     // peer::LocalPathOps::take_inbox: from now on the owner reads our inbox.
     peer::InboxView take_inbox(const peer::OwnerInbox &owner) {
         owner_inbox_ = owner;

@@ -158,8 +158,9 @@ struct LocalPathOps {
     void (*introduce)(fid_ep *ep, fi_addr_t addr);
     // Whether the twin of the peer at addr introduced itself (1), with its capabilities.
     int (*remote_twin)(fid_ep *ep, fi_addr_t addr, uint64_t *caps);
-    // The twin's node-local channel (main_prov/shm/channel.h), or nullptr when it has no
-    // inbox (FI_OPT_SHARED_MEMORY_PERMITTED false): its peers (a peer is node-local when
+    // The twin's node-local channel (main_prov/shm/channel.h), once it is enabled (without an
+    // inbox, FI_OPT_SHARED_MEMORY_PERMITTED false, it reaches no peer, and the owner still
+    // sleeps on its wake descriptor for the twin's checks): its peers (a peer is node-local when
     // Channel::peer_at finds it alive; the owner reaches every other one over a link), their
     // Outboxes, which the owner's Short cells go through (Outbox::claim / publish, with the
     // channel's Sender's producer id and Short line), the wake descriptor it sleeps on.

@@ -69,9 +69,12 @@ class Channel {
     // policy: who is a peer of ours, and whether single copy may be tried with them.
     void open_inbox(const std::string &key, const InboxShape &shape, const PeerPolicy &policy);
     bool has_inbox() const { return segment_.has_value(); }
+    // Without an inbox: only the wake, with no FIFO (InboxWake::NoFifo), so that a sleeper
+    // still wakes for its own checks.
+    void open_wake_only() { wake_.emplace(InboxWake::NoFifo{}); }
 
-    // Our inbox's ring (nullptr without one), its wake (nullptr without one), the claim table
-    // of our split copies.
+    // Our inbox's ring (nullptr without one), its wake (nullptr before open_inbox or
+    // open_wake_only), the claim table of our split copies.
     ShmRing *inbox() const { return inbox_; }
     InboxWake *wake() { return wake_ ? &*wake_ : nullptr; }
     SplitClaims &claims() { return claims_; }

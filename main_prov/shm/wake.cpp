@@ -16,12 +16,6 @@
 namespace tandem::shm {
 
 InboxWake::InboxWake(const std::string &key) : path_(wake_path(key)) {
-    auto fail_with = [this](const char *what) {
-        int err = errno;
-        std::string where = path_;
-        release();  // (a throwing constructor runs no destructor)
-        throw ShmError(-err, std::string(what) + " " + where);
-    };
     unlink(path_.c_str());
     if (mkfifo(path_.c_str(), 0600) != 0) {
         int err = errno;
@@ -31,6 +25,25 @@ InboxWake::InboxWake(const std::string &key) : path_(wake_path(key)) {
     read_end_ = ::open(path_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     write_end_ = ::open(path_.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
     if (read_end_ < 0 || write_end_ < 0) fail_with("open");
+    open_wait_set();
+}
+
+InboxWake::InboxWake(NoFifo) {
+    int ends[2];
+    if (::pipe2(ends, O_NONBLOCK | O_CLOEXEC) != 0) fail_with("pipe2 for a wake without a FIFO");
+    read_end_ = ends[0];
+    write_end_ = ends[1];
+    open_wait_set();
+}
+
+void InboxWake::fail_with(const char *what) {
+    int err = errno;
+    std::string where = path_;
+    release();  // (a throwing constructor runs no destructor)
+    throw ShmError(-err, std::string(what) + " " + where);
+}
+
+void InboxWake::open_wait_set() {
     wait_set_ = ::epoll_create1(EPOLL_CLOEXEC);
     timer_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
     if (wait_set_ < 0 || timer_ < 0) fail_with("epoll_create1 / timerfd_create for");

@@ -17,6 +17,11 @@ class InboxWake {
     // Makes the FIFO of the endpoint with that key (wake_path); one left by a dead owner of
     // the key goes (the key is ours once our segment exists). Throws ShmError.
     explicit InboxWake(const std::string &key);
+    // An endpoint without an inbox (FI_OPT_SHARED_MEMORY_PERMITTED false): no FIFO, so no
+    // peer wakes it, but it wakes itself (wake_self) and for its checks (the timer) the same
+    // way. Throws ShmError.
+    struct NoFifo {};
+    explicit InboxWake(NoFifo);
     ~InboxWake();
     InboxWake(const InboxWake &) = delete;
     InboxWake &operator=(const InboxWake &) = delete;
@@ -33,6 +38,9 @@ class InboxWake {
     bool timer_set() const noexcept { return timer_set_; }
 
   private:
+    // The epoll set of the read end and the timer (the constructors' common part).
+    void open_wait_set();
+    [[noreturn]] void fail_with(const char *what);
     void release() noexcept;
 
     std::string path_;

@@ -143,6 +143,9 @@ class CollRank {
     fid_ep *ep = nullptr;
     // The CQ's wait object (set before start()): FI_WAIT_FD for a rank that sleeps on it.
     fi_wait_obj cq_wait = FI_WAIT_NONE;
+    // FI_OPT_SHARED_MEMORY_PERMITTED (set before start()): false, and the endpoint makes no
+    // node-local segment (its peers are reached over the link).
+    bool shm_permitted = true;
 
     // A return code with its name.
     std::string str(long ret) const {
@@ -532,6 +535,12 @@ class CollRank {
         if ((ret = fi_ep_bind(ep, &eq->fid, 0))) return AP_FAIL(r, "fi_ep_bind(EQ) -> ", str(ret));
         if ((ret = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV)))
             return AP_FAIL(r, "fi_ep_bind(CQ) -> ", str(ret));
+        // (FI_OPT_SHARED_MEMORY_PERMITTED is 11 in fi_endpoint.h's enum from libfabric 1.21;
+        // 1.17's headers lack it.)
+        constexpr int kOptSharedMemoryPermitted = 11;
+        if (!shm_permitted && (ret = fi_setopt(&ep->fid, FI_OPT_ENDPOINT, kOptSharedMemoryPermitted,
+                                               &shm_permitted, sizeof shm_permitted)))
+            return AP_FAIL(r, "fi_setopt(FI_OPT_SHARED_MEMORY_PERMITTED) -> ", str(ret));
         if ((ret = fi_enable(ep))) return AP_FAIL(r, "fi_enable -> ", str(ret));
         return true;
     }

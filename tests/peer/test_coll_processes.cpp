@@ -869,4 +869,14 @@ TEST(CollProcesses, MemberDeathWhileTheSurvivorsSleep) {
     run_ranks(4, [](Rank &r) { member_death(r, true); });
 }
 
+// The same with endpoints not permitted shared memory (FI_OPT_SHARED_MEMORY_PERMITTED false):
+// no node-local segment, and so no wake FIFO either, but the sleepers must still wake for the
+// probes of the silent member.
+TEST(CollProcesses, MemberDeathWhileTheSurvivorsSleepWithoutSharedMemory) {
+    run_ranks(4, [](Rank &r) {
+        r.shm_permitted = false;
+        member_death(r, true);
+    });
+}
+
 }  // namespace

@@ -1288,6 +1288,19 @@ TEST(InboxWake, APeersWakeTheOwnersOwnAndTheTimerMakeItsDescriptorReadable) {
     EXPECT_FALSE(readable_within(wake.fd(), 200)) << "a stopped timer fired";
 }
 
+TEST(InboxWake, WithoutAFifoItStillWakesItselfAndForItsTimer) {
+    shm::InboxWake wake{shm::InboxWake::NoFifo{}};
+    EXPECT_FALSE(readable_within(wake.fd(), 0));
+    wake.wake_self();
+    EXPECT_TRUE(readable_within(wake.fd(), 0));
+    wake.drain();
+    EXPECT_FALSE(readable_within(wake.fd(), 0)) << "drain left our own byte";
+    wake.set_timer(30);
+    EXPECT_TRUE(readable_within(wake.fd(), 5000)) << "the timer never fired";
+    wake.drain();
+    EXPECT_FALSE(readable_within(wake.fd(), 0)) << "drain left the timer's expiry";
+}
+
 TEST(InboxWake, TheFifoGoesWithItsOwnerAndAWakeOfNobodyIsQuiet) {
     const std::string key = unique_key("wake-gone");
     struct stat st;
