@@ -307,7 +307,8 @@ run_one() {
     # carries only RMA and atomics (it has no sends), so a meeting there is one-sided traffic;
     # without btl ofi, osc rdma creates no window here at all (MPI_ERR_WIN).
     local met_local met_link
-    met_local=$(grep -Ec '::off_tandem:ep_ctrl:.*node-local peer .* single copy' "$log" || true)
+    # (The node-local channel's open_peer logs under the provider whose call opened the peer.)
+    met_local=$(grep -Ec '::(off_)?tandem:ep_ctrl:.*node-local peer .* single copy' "$log" || true)
     met_link=$(grep -Ec '::off_tandem:ep_ctrl:.*remote twin at .* introduced itself' "$log" || true)
     if [ "$mode" = local ]; then
         [ "$met_local" -gt 0 ] || fail "no rank met a peer on the node-local path"

@@ -46,9 +46,11 @@ tandem_endpoint_in_path() {
     grep -Eq "::tandem:ep_ctrl:.*$2 endpoint enabled on " "$1"
 }
 
-# node_local_in_path LOG: true if off_tandem carried traffic to a node-local peer.
+# node_local_in_path LOG: true if the node-local channel opened a peer's inbox to carry traffic
+# (the channel's open_peer logs it, from whichever provider's call opened it first: tandem's
+# data calls, or off_tandem answering a cell).
 node_local_in_path() {
-    grep -Eq '::off_tandem:ep_ctrl:.*node-local peer ' "$1"
+    grep -Eq '::(off_)?tandem:ep_ctrl:.*node-local peer ' "$1"
 }
 
 # Add each ;-separated component of $1 to an inclusion filter in FI_PROVIDER.
