@@ -278,9 +278,8 @@ void Endpoint::enable() {
     proto_.name_len = static_cast<uint8_t>(len);
     short_line_.build(name_, len);
     proto_.pid = getpid();
-    producer_id_ = own_process_token();
     sender_.ep = this;
-    sender_.producer = producer_id_;
+    sender_.producer = own_process_token();  // our claims in peers' rings
     sender_.name = name_;
     sender_.short_line = &short_line_;
     if (!shm_permitted_) {

@@ -386,8 +386,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     Srx *srx_ = nullptr;
     bool enabled_ = false;
 
-    uint32_t producer_id_ = 0;   // own_process_token(): our claims in peers' rings
-    uint64_t auth_ = 0;          // our owner's authorization key (digest): only peers of the same
+    uint64_t auth_ = 0;          // our owner's authorization key (digest): peers must have the same
     wire::LocalHeader proto_{};  // name_len filled
     uint8_t name_[wire::kLocalNameRoom]{};
     // Our Short cells' line (common/short_cell.h): the owner's carry it too (channel_.sender()).

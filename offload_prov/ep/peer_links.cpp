@@ -3,11 +3,7 @@
 // verdict fails, rather than leaves hanging: what waited on a peer that died.
 #include "offload_prov/endpoint.h"
 
-#include "common/log.h"
 #include "offload_prov/av.h"
-#include "offload_prov/config.h"
-
-#include <cstring>
 
 namespace tandem::off {
 
