@@ -2,9 +2,6 @@
 
 #include "main_prov/domain.h"
 #include "main_prov/wait.h"
-#include "peer/peer_trigger.h"
-
-#include <cstring>
 
 namespace tandem {
 
@@ -15,7 +12,7 @@ fi_ops cntr_fi_ops = {
     .close = &Trampoline<&Cntr::close>::call<fid>,
     .bind = enosys<decltype(fi_ops::bind)>,
     .control = &Trampoline<&Cntr::control>::call<fid>,
-    .ops_open = &Trampoline<&Cntr::ops_open>::call<fid>,
+    .ops_open = enosys<decltype(fi_ops::ops_open)>,
     .tostr = enosys<decltype(fi_ops::tostr)>,
     .ops_set = enosys<decltype(fi_ops::ops_set)>,
 };
@@ -29,12 +26,6 @@ fi_ops_cntr cntr_ops = {
     .wait = &Trampoline<&Cntr::wait>::call<fid_cntr>,
     .adderr = &Trampoline<&Cntr::adderr>::call<fid_cntr>,
     .seterr = &Trampoline<&Cntr::seterr>::call<fid_cntr>,
-};
-
-peer::PeerCntrOps peer_cntr_ops = {
-    .size = sizeof(peer::PeerCntrOps),
-    .success_word = [](fid_cntr *c) noexcept { return &Cntr::of(c)->success_word(); },
-    .error_word = [](fid_cntr *c) noexcept { return &Cntr::of(c)->error_word(); },
 };
 
 }  // namespace
@@ -74,13 +65,6 @@ int Cntr::close() {
     }
     wait_.leave();  // waits for an fi_wait inside this counter: not under the domain lock
     delete this;
-    return 0;
-}
-
-int Cntr::ops_open(const char *name, uint64_t, void **ops, void *) {
-    if (!name || !ops) return -FI_EINVAL;
-    if (strcmp(name, peer::kPeerCntrOpsName) != 0) return -FI_ENOSYS;
-    *ops = &peer_cntr_ops;
     return 0;
 }
 

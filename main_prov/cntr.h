@@ -28,7 +28,6 @@ class Cntr : public FidObject<Cntr, fid_cntr> {
 
     int close();
     int control(int command, void *arg);
-    int ops_open(const char *name, uint64_t flags, void **ops, void *context);
     uint64_t read();
     uint64_t readerr();
     int add(uint64_t value);
@@ -61,7 +60,7 @@ class Cntr : public FidObject<Cntr, fid_cntr> {
     void hold() { ++refs_; }
     void release() { --refs_; }
     Domain *domain() const { return domain_; }
-    // What a trigger queue reads (peer::PeerCntrOps).
+    // What a trigger queue reads (peer::TriggerWork::successes, errors).
     const std::atomic<uint64_t> &success_word() const { return value_; }
     const std::atomic<uint64_t> &error_word() const { return errors_; }
 

@@ -52,6 +52,8 @@ peer::TriggerWork deferred_condition(Cntr *trigger, uint64_t threshold) {
     peer::TriggerWork work;
     work.kind = peer::TriggerWork::Kind::Threshold;
     work.cntr = trigger->fid();
+    work.successes = &trigger->success_word();
+    work.errors = &trigger->error_word();
     work.threshold = threshold;
     work.with_errors = true;
     work.names[0] = trigger->fid();
@@ -121,7 +123,8 @@ ssize_t Engine::queue_triggered(TriggeredRequest &&r) {
     switch (ctx->event_type) {
         case FI_TRIGGER_THRESHOLD: {
             fid_cntr *cntr = ctx->trigger.threshold.cntr;
-            if (!domain_->counter_of(cntr)) {
+            Cntr *counter = domain_->counter_of(cntr);
+            if (!counter) {
                 TANDEM_WARN(FI_LOG_EP_DATA,
                             "FI_TRIGGER: the threshold counter is not an open counter of this "
                             "endpoint's domain\n");
@@ -129,6 +132,8 @@ ssize_t Engine::queue_triggered(TriggeredRequest &&r) {
             }
             work.kind = peer::TriggerWork::Kind::Threshold;
             work.cntr = cntr;
+            work.successes = &counter->success_word();
+            work.errors = &counter->error_word();
             work.threshold = ctx->trigger.threshold.threshold;
             work.names[0] = cntr;
             break;

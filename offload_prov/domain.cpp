@@ -50,16 +50,6 @@ peer::TriggerOps trigger_ops = {
     },
 };
 
-// A tandem counter's words (peer::PeerCntrOps), asked once per counter that gets work.
-TriggerQueue::CounterWords words_of(fid_cntr *cntr) {
-    void *ops = nullptr;
-    if (!cntr || !cntr->fid.ops || !cntr->fid.ops->ops_open ||
-        cntr->fid.ops->ops_open(&cntr->fid, peer::kPeerCntrOpsName, 0, &ops, nullptr) != 0)
-        return {};
-    auto *c = static_cast<peer::PeerCntrOps *>(ops);
-    return {c->success_word(cntr), c->error_word(cntr)};
-}
-
 fi_ops_domain domain_ops = {
     .size = sizeof(fi_ops_domain),
     .av_open = &Trampoline<&Domain::av_open>::call<fid_domain>,
@@ -88,7 +78,7 @@ Domain::Domain(Fabric *fabric, const fi_info *info, fid_domain *owner)
     : fabric_(fabric),
       info_(fi_dupinfo(info)),
       owner_(owner),
-      triggers_(words_of, [this](uint64_t var, uint64_t *value) { return xpu_read(var, value); }) {
+      triggers_([this](uint64_t var, uint64_t *value) { return xpu_read(var, value); }) {
     if (!info_) fail(FI_ENOMEM, "fi_dupinfo");
     init_fid(FI_CLASS_DOMAIN, nullptr, &domain_fi_ops);
     fid()->ops = &domain_ops;

@@ -6,8 +6,10 @@
 // trigger queue of its off_tandem peer domain, which holds it and starts it when its
 // condition is met, by calling tandem back: tandem issues the operation on its endpoint as if
 // it had just been posted, so node-local peers and link peers are served alike. Counters stay
-// tandem's; the queue reads their values through PeerCntrOps, and is driven by tandem's
-// progress (every pass that can have moved a counter: completions, fi_cntr_add/set).
+// tandem's; the queue reads their values through the words tandem hands with each work (one
+// load each per pass, and no call back into tandem from inside its own progress), and is
+// driven by tandem's progress (every pass that can have moved a counter: completions,
+// fi_cntr_add/set).
 //
 // Every call of TriggerOps is made with tandem's domain lock held (or under FI_THREAD_DOMAIN
 // by the application's serialisation), and the queue calls start / discard under it too.
@@ -21,19 +23,8 @@
 
 namespace tandem::peer {
 
-// fi_open_ops name, on a tandem counter's fid, of what a peer may read of it.
-inline constexpr const char *kPeerCntrOpsName = "tandem_peer_cntr_v1";
-
-struct PeerCntrOps {
-    size_t size;
-    // The words holding the success and error counts, valid as long as the counter: a trigger
-    // queue compares them with its thresholds on each pass (one load each, no call).
-    const std::atomic<uint64_t> *(*success_word)(fid_cntr *cntr);
-    const std::atomic<uint64_t> *(*error_word)(fid_cntr *cntr);
-};
-
 // fi_open_ops name, on off_tandem's domain, of its trigger queue.
-inline constexpr const char *kTriggerOpsName = "off_tandem_trigger_v2";
+inline constexpr const char *kTriggerOpsName = "off_tandem_trigger_v3";
 
 // One unit of work for the queue. Its condition is one of:
 //  - a threshold: the counter's success count (plus its error count for deferred work, as
@@ -45,6 +36,11 @@ inline constexpr const char *kTriggerOpsName = "off_tandem_trigger_v2";
 struct TriggerWork {
     enum class Kind : uint32_t { Threshold, Xpu } kind = Kind::Threshold;
     fid_cntr *cntr = nullptr;
+    // Threshold work: the words holding cntr's success and error counts, valid as long as the
+    // counter (its work is flushed before it closes, flush_counter). The owner holds the
+    // counter and hands them with the work: the queue has nothing to ask it back.
+    const std::atomic<uint64_t> *successes = nullptr;
+    const std::atomic<uint64_t> *errors = nullptr;
     uint64_t threshold = 0;
     bool with_errors = false;
     uint64_t xpu_var = 0;  // handle from xpu_variable

@@ -18,7 +18,7 @@ int TriggerQueue::queue(const peer::TriggerWork &work) {
     uintptr_t id;
     uint64_t at;
     if (work.kind == peer::TriggerWork::Kind::Threshold) {
-        if (!work.cntr) return -FI_EINVAL;
+        if (!work.cntr || !work.successes || (work.with_errors && !work.errors)) return -FI_EINVAL;
         lists = &by_counter_;
         // Work counting errors too (deferred work) waits in a list of its own: it must not
         // queue behind work of the same counter that waits for successes alone.
@@ -30,15 +30,7 @@ int TriggerQueue::queue(const peer::TriggerWork &work) {
         id = work.xpu_var;
         at = work.xpu_value;
     }
-    auto [it, fresh] = lists->try_emplace(id);
-    if (fresh && work.kind == peer::TriggerWork::Kind::Threshold) {
-        it->second.words = words_(work.cntr);
-        if (!it->second.words.success) {
-            lists->erase(it);
-            return -FI_EINVAL;
-        }
-    }
-    it->second.work.emplace(Key{at, next_order_++}, work);
+    (*lists)[id].work.emplace(Key{at, next_order_++}, work);
     ++pending_;
     return 0;
 }
@@ -82,9 +74,9 @@ size_t TriggerQueue::start_due(Lists &lists, bool xpu) {
             if (xpu) {
                 if (!xpu_read_(id, &value)) break;
             } else {
-                const CounterWords &w = it->second.words;
-                value = w.success->load(std::memory_order_acquire);
-                if (head->second.with_errors) value += w.errors->load(std::memory_order_acquire);
+                const peer::TriggerWork &w = head->second;
+                value = w.successes->load(std::memory_order_acquire);
+                if (w.with_errors) value += w.errors->load(std::memory_order_acquire);
             }
             if (value < head->first.first) break;
             Key key = head->first;
@@ -93,9 +85,7 @@ size_t TriggerQueue::start_due(Lists &lists, bool xpu) {
             --pending_;
             if (work.start(work.arg) == -FI_EAGAIN) {
                 // First in line again, in its place: the next pass retries it.
-                auto again = lists.try_emplace(id).first;
-                if (!xpu && !again->second.words.success) again->second.words = words_(work.cntr);
-                again->second.work.emplace(key, work);
+                lists[id].work.emplace(key, work);
                 ++pending_;
                 break;
             }

@@ -25,19 +25,11 @@ namespace tandem::off {
 
 class TriggerQueue {
   public:
-    // Where a counter's words are: tandem's PeerCntrOps in the provider, plain atomics in
-    // the unit tests. nullptr when the fid is not a counter the queue can read.
-    struct CounterWords {
-        const std::atomic<uint64_t> *success = nullptr;
-        const std::atomic<uint64_t> *errors = nullptr;
-    };
-    using WordsOf = std::function<CounterWords(fid_cntr *)>;
     // XPU trigger variables: the value the device has written so far (false: not known yet,
     // a read is under way), from whatever watches the variable.
     using XpuRead = std::function<bool(uint64_t var, uint64_t *value)>;
 
-    explicit TriggerQueue(WordsOf words, XpuRead xpu_read = {})
-        : words_(std::move(words)), xpu_read_(std::move(xpu_read)) {}
+    explicit TriggerQueue(XpuRead xpu_read = {}) : xpu_read_(std::move(xpu_read)) {}
     ~TriggerQueue();
     TriggerQueue(const TriggerQueue &) = delete;
     TriggerQueue &operator=(const TriggerQueue &) = delete;
@@ -59,8 +51,9 @@ class TriggerQueue {
 
   private:
     using Key = std::pair<uint64_t, uint64_t>;  // (threshold or XPU value, order queued)
+    // The work of one list; threshold work reads its counter's words off its head (every
+    // work of a list names the same counter).
     struct Waiting {
-        CounterWords words;
         std::map<Key, peer::TriggerWork> work;
     };
     // Threshold work by counter, XPU work by variable.
@@ -69,7 +62,6 @@ class TriggerQueue {
     template <class Pred>
     size_t discard_if(Pred pred, bool report);
 
-    WordsOf words_;
     XpuRead xpu_read_;
     Lists by_counter_;
     Lists by_variable_;

@@ -48,20 +48,15 @@ void discard_job(void *arg, int err, bool report) {
 
 class TriggerQueueTest : public ::testing::Test {
   protected:
-    TriggerQueue::CounterWords words(fid_cntr *c) {
-        auto *k = reinterpret_cast<Counter *>(c);
-        return {&k->success, &k->errors};
-    }
     Log log;
     std::map<std::string, Job> jobs;
     std::map<uint64_t, uint64_t> xpu;
     int group = 0;
     // Last: its destructor discards what is left, calling back into the jobs above.
-    TriggerQueue queue{[this](fid_cntr *c) { return words(c); },
-                       [this](uint64_t var, uint64_t *v) {
-                           *v = xpu[var];
-                           return true;
-                       }};
+    TriggerQueue queue{[this](uint64_t var, uint64_t *v) {
+        *v = xpu[var];
+        return true;
+    }};
 
     Job &job(const std::string &name) {
         Job &j = jobs[name];
@@ -73,6 +68,8 @@ class TriggerQueueTest : public ::testing::Test {
             const void *grp = nullptr) {
         TriggerWork w;
         w.cntr = c.fid();
+        w.successes = &c.success;
+        w.errors = &c.errors;
         w.threshold = threshold;
         w.with_errors = with_errors;
         w.names[0] = c.fid();
@@ -185,6 +182,7 @@ TEST_F(TriggerQueueTest, ClosingACounterDiscardsWorkNamingItInAnyRole) {
     Counter trigger, done;
     TriggerWork w;
     w.cntr = trigger.fid();
+    w.successes = &trigger.success;
     w.threshold = 1;
     w.names[0] = trigger.fid();
     w.names[1] = done.fid();  // its completion counter
@@ -218,13 +216,22 @@ TEST_F(TriggerQueueTest, XpuWorkStartsInValueOrderAsTheVariableGrows) {
 
 TEST_F(TriggerQueueTest, WorkWithoutACondition) {
     TriggerWork w;  // no counter
+    w.arg = &job("accepted once complete");
     w.start = start_job;
     w.discard = discard_job;
     EXPECT_EQ(queue.queue(w), -FI_EINVAL);
-    TriggerQueue no_xpu{[](fid_cntr *) { return TriggerQueue::CounterWords{}; }};
     Counter c;
     w.cntr = c.fid();
-    EXPECT_EQ(no_xpu.queue(w), -FI_EINVAL);  // a counter the queue cannot read
+    EXPECT_EQ(queue.queue(w), -FI_EINVAL);  // a counter without its words
+    w.successes = &c.success;
+    w.with_errors = true;
+    EXPECT_EQ(queue.queue(w), -FI_EINVAL);  // deferred work without the error word
+    w.errors = &c.errors;
+    EXPECT_EQ(queue.queue(w), 0);
+    EXPECT_EQ(queue.pending(), 1u);
+    w.kind = TriggerWork::Kind::Xpu;
+    TriggerQueue no_xpu;
+    EXPECT_EQ(no_xpu.queue(w), -FI_EINVAL);  // XPU work where nothing reads variables
 }
 
 }  // namespace
