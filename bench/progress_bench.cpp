@@ -844,7 +844,7 @@ void pair_child(const Options &o, fi_progress mode, int role, int ctrl_fd, int o
     ctrl.send_blob(Fabric::name(e));
     f.set_peer(&e, ctrl.recv_blob("the peer's endpoint name"));
     // One message each way first, so that the measured transfers find the connection (or the
-    // node-local segments) made and both sides introduced.
+    // node-local segments) made.
     {
         Buffer &ws = f.alloc(8), &wr = f.alloc(8);
         f.post_recv(&e, wr, 8, kTagWarm, o.wait_s);

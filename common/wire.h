@@ -342,12 +342,10 @@ static_assert(sizeof(LocalIpc) == 112 && std::is_trivially_copyable_v<LocalIpc>)
 static_assert(kLocalBodyRoom >= kLocalMaxIov * sizeof(LocalIpc));
 
 // ---------------------------------------------------------------------------------------
-// The offload twins' own messages to each other across nodes, carried as peer transfers
-// (FI_PEER_TRANSFER) over tandem's endpoint with kProtoPeer: tagged messages on tag
-// kTwinHelloTag.
-
-// Collectives (offload_prov/coll/) travel as peer transfers between twins too, tagged
-//   bits 60-63: 0xC, collective traffic (kTwinHelloTag's top nibble is 0x7)
+// The offload twins' own messages to each other across nodes: collectives
+// (offload_prov/coll/), carried as peer transfers (FI_PEER_TRANSFER) over tandem's endpoint
+// with kProtoPeer, tagged
+//   bits 60-63: 0xC, collective traffic
 //   bits 28-59: the group (a hash both ends compute from its members and join number)
 //   bits 12-27: the operation's number in its group (wraps)
 //   bits  0-11: the round of the operation's schedule
@@ -378,23 +376,6 @@ struct CollNotice {
 };
 static_assert(sizeof(CollNotice) == 16);
 
-inline constexpr uint64_t kTwinHelloTag = 0x74776e68656c6c6full;  // "twnhello"
-inline constexpr uint32_t kTwinMagic = 0x74776e31;                // "twn1"
-
-enum TwinCaps : uint64_t {
-    kTwinNodeLocal = 1u << 0,  // runs a node-local path (shared memory)
-    kTwinCma = 1u << 1,        // cross-memory attach permitted on its node
-};
-
-// Sent once by a twin to each remote peer its owner starts talking to over a link: what the
-// remote twin may count on (the HMEM and collective work to come negotiates through it).
-struct TwinHello {
-    uint32_t magic;  // kTwinMagic
-    uint16_t version;
-    uint16_t reserved;
-    uint64_t caps;  // TwinCaps
-};
-static_assert(sizeof(TwinHello) == 16);
 static_assert(kLocalBodyRoom >= kLocalMaxIov * sizeof(LocalIov));
 
 // ---------------------------------------------------------------------------------------

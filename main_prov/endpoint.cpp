@@ -32,19 +32,13 @@ fi_ops alias_fi_ops = {
 
 namespace {
 
-int diag_remote_twin(fid_ep *fid, fi_addr_t addr, uint64_t *caps) noexcept try {
-    return Endpoint::of(fid)->engine().remote_twin(addr, caps);
-} catch (...) {
-    return current_exception_errno();
-}
-
 int diag_peer_path(fid_ep *fid, fi_addr_t addr) noexcept try {
     return Endpoint::of(fid)->engine().peer_path(addr);
 } catch (...) {
     return current_exception_errno();
 }
 
-peer::EpDiagOps ep_diag_ops = {sizeof(peer::EpDiagOps), diag_remote_twin, diag_peer_path};
+peer::EpDiagOps ep_diag_ops = {sizeof(peer::EpDiagOps), diag_peer_path};
 
 fi_ops ep_fi_ops = {
     .size = sizeof(fi_ops),

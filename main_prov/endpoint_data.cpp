@@ -296,7 +296,6 @@ ssize_t Engine::recv_one(void *buf, size_t len, void *desc, fi_addr_t src, uint6
 }
 
 // RDM: whether operations to this peer go through the offload twin (see Peer::Route).
-// A peer reached over a link also meets our twin: the twin introduces itself to the peer's.
 bool Engine::goes_local(Peer *peer, fi_addr_t addr) {
     if (!local_) return false;
     if (peer->route == Peer::Route::Undecided) {
@@ -305,7 +304,11 @@ bool Engine::goes_local(Peer *peer, fi_addr_t addr) {
         shm::PeerInbox *to = channel ? channel->peer_at(addr) : nullptr;
         peer->lane = to && !to->dead ? to : nullptr;
         peer->route = peer->lane ? Peer::Route::Local : Peer::Route::Link;
-        if (!peer->lane) local_->introduce(addr);
+        // (The node-local channel logs the peers it opens; this is the other half, which
+        // tools read to tell which path a run met its peers on.)
+        if (!peer->lane)
+            TANDEM_INFO(FI_LOG_EP_CTRL, "peer at fi_addr %lu: over the link\n",
+                        (unsigned long)addr);
     }
     return peer->route == Peer::Route::Local;
 }

@@ -237,12 +237,6 @@ int Engine::bind_stx(struct fid *stx) {
     return 0;
 }
 
-int Engine::remote_twin(fi_addr_t addr, uint64_t *caps) {
-    std::lock_guard guard(domain_->lock());
-    if (!local_) return -FI_ENOSYS;
-    return local_->remote_twin(addr, caps);
-}
-
 int Engine::peer_path(fi_addr_t addr) {
     std::lock_guard guard(domain_->lock());
     if (!enabled_) return -FI_EOPBADSTATE;

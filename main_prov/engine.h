@@ -192,8 +192,6 @@ class Engine : public CmSource, public RemoteKeyResolver {
     uint64_t caps() const { return caps_; }
     // fi_getopt(FI_OPT_XPU_TRIGGER): how many variables an XPU trigger of that device needs.
     int xpu_trigger_shape(fi_trigger_xpu *xpu, size_t *optlen);
-    // What the offload twin learned of the peer's twin (EpDiagOps).
-    int remote_twin(fi_addr_t addr, uint64_t *caps);
     // EpDiagOps::peer_path: a peer::PeerPath or a negative errno.
     int peer_path(fi_addr_t addr);
 

@@ -20,8 +20,8 @@
 namespace tandem {
 
 // cap 0: an operation of the offload twin (FI_PEER_TRANSFER), which is tandem's own traffic
-// and does not depend on what the application asked for (a fi_pingpong endpoint with FI_MSG
-// alone still has twins that introduce themselves with tagged messages).
+// and does not depend on what the application asked for (an endpoint without FI_TAGGED still
+// carries its twin's collectives, which are tagged messages).
 void Engine::check_tx_ready(uint64_t cap) const {
     if (!enabled_) fail(FI_EOPBADSTATE, "endpoint not enabled");
     if (cap && !(caps_ & cap)) fail(FI_EOPNOTSUPP, "capability not requested");

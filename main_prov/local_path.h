@@ -62,8 +62,6 @@ class LocalPath final : public peer::CqOwner {
                                            fid_eq *eq);
     ~LocalPath();
 
-    void introduce(fi_addr_t addr) { ops_->introduce(twin_, addr); }
-    int remote_twin(fi_addr_t addr, uint64_t *caps) { return ops_->remote_twin(twin_, addr, caps); }
     // Post an operation; its completion arrives through peer_write / peer_writeerr with the
     // op as context. A negative errno when the twin refused it (nothing will complete).
     int send(TxOp *op, const iovec *iov, void **desc, size_t count, fi_addr_t dest, uint64_t flags,

@@ -5,6 +5,7 @@
 
 #include "common/auth_key.h"
 #include "common/fabric_compat.h"
+#include "common/log.h"
 #include "common/unsupported_ops.h"
 #include "offload_prov/av.h"
 #include "offload_prov/config.h"
@@ -81,15 +82,6 @@ void local_queued(fid_ep *ep, fi_peer_rx_entry *entry, uint64_t *data, fi_addr_t
     if (src) *src = held ? Endpoint::of(ep)->held_source(*held) : FI_ADDR_NOTAVAIL;
 }
 
-void local_introduce(fid_ep *ep, fi_addr_t addr) noexcept try {
-    Endpoint::of(ep)->introduce(addr);
-} catch (...) {
-}
-
-int local_remote_twin(fid_ep *ep, fi_addr_t addr, uint64_t *caps) noexcept {
-    return Endpoint::of(ep)->remote_twin(addr, caps);
-}
-
 shm::Channel *local_channel(fid_ep *ep) noexcept {
     return Endpoint::of(ep)->channel();
 }
@@ -111,8 +103,6 @@ peer::LocalPathOps local_path_ops = {.size = sizeof(peer::LocalPathOps),
                                      .channel_bytes = sizeof(shm::Channel),
                                      .arm = local_arm,
                                      .queued = local_queued,
-                                     .introduce = local_introduce,
-                                     .remote_twin = local_remote_twin,
                                      .channel = local_channel,
                                      .progress = local_progress,
                                      .take_inbox = local_take_inbox,
@@ -326,6 +316,25 @@ int Endpoint::getopt(int level, int optname, void *optval, size_t *optlen) {
     *static_cast<int *>(optval) = p2p_.mode();
     *optlen = sizeof(int);
     return 0;
+}
+
+// Completions of the peer transfers we post on the owner's endpoint: our collectives' messages
+// to other processes (coll::Engine's contexts), which are all we post there.
+void Endpoint::transfer_complete(const fi_cq_tagged_entry &entry, fi_addr_t) {
+    note_work();
+    if (coll::Engine::owns(entry.op_context))
+        coll_.transfer_done(entry.op_context, 0);
+    else
+        TANDEM_WARN(FI_LOG_EP_DATA, "a peer transfer completed that we never posted: ignored\n");
+}
+
+void Endpoint::transfer_error(const fi_cq_err_entry &err) {
+    note_work();
+    if (coll::Engine::owns(err.op_context))
+        coll_.transfer_done(err.op_context, err.err ? err.err : FI_EIO);
+    else
+        TANDEM_WARN(FI_LOG_EP_DATA, "a peer transfer failed that we never posted: %s\n",
+                    fi_strerror(err.err));
 }
 
 }  // namespace tandem::off

@@ -130,11 +130,6 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // (the FIFO) or a liveness check of the peers our operations wait on is due (a timer
     // armed by arm()).
     int arm();
-    void introduce(fi_addr_t addr) {
-        note_work();
-        introductions_.push_back(addr);
-    }
-    int remote_twin(fi_addr_t addr, uint64_t *caps) const;
     // peer::LocalPathOps::channel: our node-local channel once enabled (without an inbox it
     // reaches no peer, and has its wake all the same).
     shm::Channel *channel() { return enabled_ ? &channel_ : nullptr; }
@@ -163,8 +158,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // The public calls above live with their job: sendmsg, tsendmsg in ep/send.cpp;
     // writemsg, readmsg in ep/rma.cpp; the atomics in ep/atomic.cpp; progress in
     // ep/progress.cpp; reachable in ep/peer_links.cpp; arm in ep/cell_send.cpp; start_held,
-    // discard_held in ep/receive.cpp; transfer_*, remote_twin in ep/twin_hello.cpp; the rest
-    // in endpoint.cpp.
+    // discard_held in ep/receive.cpp; the rest in endpoint.cpp.
 
     using StreamEnd = shm::StreamEnd;
     // Who writes our cells (shm::Sender): our claimant id and name, and the end of a stream
@@ -372,10 +366,6 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     void serve_atomic(const uint8_t *cell);
     void finish_atomic(const uint8_t *cell);
 
-    // ep/twin_hello.cpp: introductions to remote twins over the owner's endpoint.
-    void post_hello_receive();
-    void send_hellos();
-
     // endpoint.cpp: what we are bound to, and our own inbox.
     Domain *domain_;
     fi_info *info_;
@@ -496,7 +486,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // worth of instructions: once in 64).
     void beat() { channel_.beat(); }
     // Nothing waits for a progress pass but what a cell may bring (no backlog, completion,
-    // pending operation, collective, introduction): progress only peeks at the inbox. Set at
+    // pending operation, collective): progress only peeks at the inbox. Set at
     // the end of a pass that leaves nothing behind; cleared by every call of the owner's that
     // may bring work (note_work). One that forgot to would only wait for the whole pass that
     // comes every 1024 passes.
@@ -514,14 +504,6 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     peer::OwnerInbox owner_inbox_{};
     bool owner_reads_ = false;
     int cells_from_owner_ = 0;
-
-    // ep/twin_hello.cpp: peer transfers with remote twins (wire::TwinHello over the owner's
-    // endpoint).
-    wire::TwinHello hello_in_{};
-    int hello_rx_ctx_ = 0;  // its address is the receive's context
-    bool hello_posted_ = false;
-    std::vector<fi_addr_t> introductions_;
-    std::unordered_map<fi_addr_t, uint64_t> remote_twins_;
 
     // coll/: the owner's collective groups and their operations (peer::CollOps).
     coll::Engine coll_{owner_ep_, [this](fi_addr_t a) { return reachable(a) == 1; }};

@@ -1,7 +1,6 @@
 // tandem's endpoint diagnostics (fi_open_ops on an endpoint, for tests and tools such as
-// bench/tandem_bench): what path operations to a peer take, and what the endpoint's offload
-// twin learned of remote twins. A header of its own so that a tool needs nothing else of
-// tandem's.
+// bench/tandem_bench): what path operations to a peer take. A header of its own so that a tool
+// needs nothing else of tandem's.
 #pragma once
 
 #include <rdma/fabric.h>
@@ -12,9 +11,8 @@
 
 namespace tandem::peer {
 
-// fi_open_ops name of tandem's endpoint diagnostics (tests, tools): what the endpoint's
-// offload twin learned about remote twins.
-inline constexpr const char *kEpDiagOpsName = "tandem_ep_diag_v1";
+// fi_open_ops name of tandem's endpoint diagnostics (tests, tools).
+inline constexpr const char *kEpDiagOpsName = "tandem_ep_diag_v2";
 
 // The path an RDM endpoint's operations to a peer take (EpDiagOps::peer_path).
 enum class PeerPath : int {
@@ -25,7 +23,6 @@ enum class PeerPath : int {
 
 struct EpDiagOps {
     size_t size;
-    int (*remote_twin)(fid_ep *ep, fi_addr_t addr, uint64_t *caps);  // 1, 0, or -errno
     // The path to the peer at addr (a PeerPath), decided now if no operation decided it yet;
     // or a negative errno (-FI_EINVAL: no such address). An MSG endpoint's is its link.
     int (*peer_path)(fid_ep *ep, fi_addr_t addr);

@@ -133,9 +133,9 @@ struct InboxView {
 };
 
 // fi_open_ops name of off_tandem's endpoint extension: the node-local path as its owner uses
-// it (whether a peer, an fi_addr of the shared AV, is node-local: lane), the twin's progress
-// and sleep, and what the twin knows of remote twins.
-inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v10";
+// it (the twin's channel, which says whether a peer is node-local), and the twin's progress
+// and sleep.
+inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v11";
 
 struct LocalPathOps {
     size_t size;
@@ -153,11 +153,6 @@ struct LocalPathOps {
     // as the AV names it now (entry->addr was fixed when the message came, perhaps before the
     // application inserted the sender): FI_ADDR_NOTAVAIL while the sender is not in the AV.
     void (*queued)(fid_ep *ep, fi_peer_rx_entry *entry, uint64_t *data, fi_addr_t *src);
-    // The owner will talk to this peer over a link: the twin introduces itself to the
-    // peer's twin (a peer transfer over the owner's endpoint).
-    void (*introduce)(fid_ep *ep, fi_addr_t addr);
-    // Whether the twin of the peer at addr introduced itself (1), with its capabilities.
-    int (*remote_twin)(fid_ep *ep, fi_addr_t addr, uint64_t *caps);
     // The twin's node-local channel (main_prov/shm/channel.h), once it is enabled (without an
     // inbox, FI_OPT_SHARED_MEMORY_PERMITTED false, it reaches no peer, and the owner still
     // sleeps on its wake descriptor for the twin's checks): its peers (a peer is node-local when

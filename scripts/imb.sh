@@ -301,15 +301,15 @@ run_one() {
         "$log" || true)
     [ "$n" -eq 0 ] || fail "a utility provider logged $n lines: not plain tandem"
     # The path of the mode. A rank's tandem endpoint logs its first meeting with each peer it
-    # moves data with: node-local ("node-local peer ...") or over the link (the peer's offload
-    # twin introducing itself). (The endpoint line's "node-local path on" says only that the
+    # moves data with: node-local ("node-local peer ...") or over the link ("peer at fi_addr
+    # ...: over the link"). (The endpoint line's "node-local path on" says only that the
     # offload twin is there, which it is with FI_TANDEM_LOCAL=0 too.) With osc rdma, btl ofi
     # carries only RMA and atomics (it has no sends), so a meeting there is one-sided traffic;
     # without btl ofi, osc rdma creates no window here at all (MPI_ERR_WIN).
     local met_local met_link
     # (The node-local channel's open_peer logs under the provider whose call opened the peer.)
     met_local=$(grep -Ec '::(off_)?tandem:ep_ctrl:.*node-local peer .* single copy' "$log" || true)
-    met_link=$(grep -Ec '::off_tandem:ep_ctrl:.*remote twin at .* introduced itself' "$log" || true)
+    met_link=$(grep -Ec '::tandem:ep_ctrl:.*peer at fi_addr [0-9]+: over the link' "$log" || true)
     if [ "$mode" = local ]; then
         [ "$met_local" -gt 0 ] || fail "no rank met a peer on the node-local path"
         [ "$met_link" -eq 0 ] || fail "$met_link peers met over the link in the local mode"

@@ -59,8 +59,6 @@ void Endpoint::progress() {
 void Endpoint::progress_all(bool counted) {
     if (!counted && (++passes_ & 63) == 0) beat();
     if (!enabled_) return;
-    if (!hello_posted_) post_hello_receive();
-    if (!introductions_.empty()) send_hellos();
     if (!coll_.idle()) coll_.progress();
     // A bounded batch: a sender that never stops must not starve the rest of the owner. (When
     // the owner reads the inbox, the cells it handed us since the last pass.)
@@ -116,8 +114,8 @@ void Endpoint::progress_all(bool counted) {
     }
     // Quiet when nothing but a cell can give this endpoint work: then the next passes only
     // look at the inbox until a cell comes or a call of the owner's brings work (note_work).
-    quiet_ = hello_posted_ && introductions_.empty() && coll_.idle() && !sender_.backlogged &&
-             cq_backlog_.empty() && tx_done_.empty() && !waiting && deferred_.empty();
+    quiet_ = coll_.idle() && !sender_.backlogged && cq_backlog_.empty() && tx_done_.empty() &&
+             !waiting && deferred_.empty();
 }
 
 void Endpoint::complete_tx(void *context, uint64_t flags, size_t len, int err) {

@@ -503,6 +503,67 @@ void every_reduction(Rank &r) {
     RK_CHECK(r, runs >= 3 * 14, "only ", runs, " reductions reported supported");
 }
 
+// The collectives' own messages never meet the application's receives: over the link they are
+// tagged peer transfers on the application's endpoint (fi_peer(3), FI_PEER_TRANSFER), matched
+// only against the twin's receives. Each rank posts wildcard receives (any source; any tag) before
+// the collectives run; the application's messages sent after them must be what fills them, and
+// no completion but the application's reaches its CQ (finish). Endpoints without FI_TAGGED carry
+// their collectives' tagged messages too (every_collective asks FI_MSG | FI_COLLECTIVE alone).
+void collectives_beside_wildcard_receives(Rank &r) {
+    RK_TRY(r, r.start(FI_MSG | FI_TAGGED | FI_COLLECTIVE));
+    fid_ep *ep = r.ep;
+    const int n = r.n, me = r.rank;
+    char tagged_in[64] = {}, plain_in[64] = {};
+    void *tagged_rx = r.new_ctx(), *plain_rx = r.new_ctx();
+    RK_TRY(r, r.post("wildcard fi_trecv", tagged_rx, [&](void *ctx) {
+        return fi_trecv(ep, tagged_in, sizeof tagged_in, nullptr, FI_ADDR_UNSPEC, 0, ~0ull, ctx);
+    }));
+    RK_TRY(r, r.post("wildcard fi_recv", plain_rx, [&](void *ctx) {
+        return fi_recv(ep, plain_in, sizeof plain_in, nullptr, FI_ADDR_UNSPEC, ctx);
+    }));
+    fid_mc *mc = r.join_all();
+    RK_TRY(r, mc);
+    const fi_addr_t g = fi_mc_addr(mc);
+    for (int i = 0; i < 20; ++i) {
+        uint64_t in = uint64_t(me) + 1, out = 0;
+        RK_TRY(r, r.run("fi_allreduce", [&](void *ctx) {
+            return fi_allreduce(ep, &in, 1, nullptr, &out, nullptr, g, FI_UINT64, FI_SUM, 0, ctx);
+        }));
+        RK_CHECK(r, out == uint64_t(n) * uint64_t(n + 1) / 2, "allreduce ", i, " gave ", out);
+        RK_TRY(r, r.run("fi_barrier", [&](void *ctx) { return fi_barrier(ep, g, ctx); }));
+    }
+    RK_TRY(r, r.barrier("the collectives are done"));
+    // Only now does anything the application receives leave: to the next rank.
+    const std::string tagged_out = cat("tagged from ", me), plain_out = cat("plain from ", me);
+    const fi_addr_t next = fi_addr_t((me + 1) % n);
+    void *tagged_tx = r.new_ctx(), *plain_tx = r.new_ctx();
+    RK_TRY(r, r.post("fi_tsend", tagged_tx, [&](void *ctx) {
+        return fi_tsend(ep, tagged_out.c_str(), tagged_out.size() + 1, nullptr, next,
+                        0x5eed0000u + unsigned(me), ctx);
+    }));
+    RK_TRY(r, r.post("fi_send", plain_tx, [&](void *ctx) {
+        return fi_send(ep, plain_out.c_str(), plain_out.size() + 1, nullptr, next, ctx);
+    }));
+    int err = -1;
+    for (void *tx : {tagged_tx, plain_tx}) {
+        RK_TRY(r, r.wait_result(tx, "a send of the application's", &err));
+        RK_CHECK(r, err == 0, "a send of the application's failed: ", err);
+    }
+    RK_TRY(r, r.wait_result(tagged_rx, "the wildcard fi_trecv", &err));
+    RK_CHECK(r, err == 0, "the wildcard fi_trecv failed: ", err);
+    RK_TRY(r, r.wait_result(plain_rx, "the wildcard fi_recv", &err));
+    RK_CHECK(r, err == 0, "the wildcard fi_recv failed: ", err);
+    const int prev = (me + n - 1) % n;
+    RK_CHECK(r, std::string(tagged_in) == cat("tagged from ", prev), "the wildcard fi_trecv got \"",
+             tagged_in, "\"");
+    RK_CHECK(r, std::string(plain_in) == cat("plain from ", prev), "the wildcard fi_recv got \"",
+             plain_in, "\"");
+}
+
+TEST(CollProcesses, CollectivesNeverMeetTheApplicationsWildcardReceives) {
+    run_ranks(3, collectives_beside_wildcard_receives);
+}
+
 TEST(CollProcesses, EveryReductionReportedSupported) {
     run_ranks(3, every_reduction);
 }
