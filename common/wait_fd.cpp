@@ -34,11 +34,12 @@ WaitSet::~WaitSet() {
     close(epfd_);
 }
 
-void WaitSet::add(int fd) noexcept {
+void WaitSet::add(WaitFd fd) noexcept {
     epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.fd = fd;
-    epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
+    ev.events = EPOLLIN | (fd.writable ? EPOLLOUT : 0u);
+    ev.data.fd = fd.fd;
+    if (epoll_ctl(epfd_, EPOLL_CTL_ADD, fd.fd, &ev) != 0 && errno == EEXIST)
+        epoll_ctl(epfd_, EPOLL_CTL_MOD, fd.fd, &ev);
 }
 
 void WaitSet::remove(int fd) noexcept {

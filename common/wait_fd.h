@@ -23,6 +23,14 @@ class EventFd {
     int fd_;
 };
 
+// A descriptor a sleeper watches: readable, and writable too while its owner has bytes it
+// could not write yet (a socket whose buffer was full, a connect under way): the peer that
+// drains them sends nothing back, so only the writable edge can wake the sleeper for them.
+struct WaitFd {
+    int fd = -1;
+    bool writable = false;
+};
+
 class WaitSet {
   public:
     WaitSet();
@@ -31,7 +39,10 @@ class WaitSet {
     WaitSet &operator=(const WaitSet &) = delete;
 
     int fd() const noexcept { return epfd_; }
-    void add(int fd) noexcept;     // readable events; duplicates are ignored
+    void add(int fd) noexcept { add(WaitFd{fd, false}); }
+    // Watches fd as it asks now: a descriptor already in the set takes the new interest (each
+    // sleep brings the set up to date first, so writable interest lasts while it is wanted).
+    void add(WaitFd fd) noexcept;
     void remove(int fd) noexcept;  // absent descriptors are ignored
     // Sleeps until some member is readable or the timeout (ms, negative = forever) expires.
     // 1: woken by a member; 0: timed out; -1: a signal handler ran (the blocking call that

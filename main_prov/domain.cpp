@@ -302,9 +302,9 @@ void Domain::av_learnt_sources(const Av *av) {
 }
 
 void Domain::watch_fds(WaitSet &set) {
-    std::vector<int> fds;
+    std::vector<WaitFd> fds;
     for (auto *ep : endpoints_) ep->wait_fds(fds);
-    for (int fd : fds) set.add(fd);
+    for (WaitFd fd : fds) set.add(fd);
 }
 
 }  // namespace tandem

@@ -447,7 +447,7 @@ int Engine::getname_locked(void *addr, size_t *addrlen) const {
     return 0;
 }
 
-void Engine::wait_fds(std::vector<int> &out) const {
+void Engine::wait_fds(std::vector<WaitFd> &out) const {
     // The application may sleep on the listener, and wake because a peer connects.
     link_may_wake();
     transport_->wait_fds(out);

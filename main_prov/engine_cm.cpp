@@ -124,11 +124,11 @@ void Engine::progress_cm() {
 // The EQ's sleeper watches the link's descriptors: when one wakes it, the next pass polls the
 // link (as wait_fds arranges for a CQ's sleeper).
 void Engine::cm_watch(WaitSet &set) {
-    std::vector<int> fds;
+    std::vector<WaitFd> fds;
     std::lock_guard guard(domain_->lock());
     link_may_wake();
     transport_->wait_fds(fds);
-    for (int fd : fds) set.add(fd);
+    for (WaitFd fd : fds) set.add(fd);
 }
 
 // FI_SHUTDOWN of a MSG endpoint waits until the application has read every receive

@@ -271,10 +271,10 @@ void LocalPath::flush_transfers_now() {
     transfers_flushing_.clear();
 }
 
-void LocalPath::wait_fds(std::vector<int> &out) {
+void LocalPath::wait_fds(std::vector<WaitFd> &out) {
     shm::InboxWake *wake = channel_ ? channel_->wake() : nullptr;
     if (!wake) return;
-    out.push_back(wake->fd());
+    out.push_back({wake->fd(), false});
     ops_->arm(twin_);
 }
 

@@ -88,7 +88,7 @@ class LocalPath final : public peer::CqOwner {
     // The endpoint's FI_OPT_FI_HMEM_P2P, which the twin applies to its transfers.
     void set_p2p(int mode);
     // Before the application sleeps: the twin's wake descriptor, armed.
-    void wait_fds(std::vector<int> &out);
+    void wait_fds(std::vector<WaitFd> &out);
 
     // The twin's collective engine (peer::CollOps), or null when it has none.
     const peer::CollOps *coll_ops() const { return coll_ops_; }

@@ -239,10 +239,10 @@ void PassiveEndpoint::progress_cm() {
 }
 
 void PassiveEndpoint::cm_watch(WaitSet &set) {
-    std::vector<int> fds;
+    std::vector<WaitFd> fds;
     std::lock_guard guard(mutex_);
     transport_->wait_fds(fds);
-    for (int fd : fds) set.add(fd);
+    for (WaitFd fd : fds) set.add(fd);
 }
 
 }  // namespace tandem

@@ -15,6 +15,7 @@
 // RDMA read, or bounce buffers from the answer, never from the transport's name.
 #pragma once
 
+#include "common/wait_fd.h"
 #include "hmem/hmem.h"
 
 #include <rdma/fi_errno.h>
@@ -247,8 +248,9 @@ class LinkTransport {
     virtual int poll(WorkCompletion *wc, int max) = 0;
     virtual bool poll_cm(CmEvent &event) = 0;
 
-    // Descriptors that become readable when poll()/poll_cm() has work.
-    virtual void wait_fds(std::vector<int> &out) const = 0;
+    // Descriptors that become readable when poll()/poll_cm() has work, each writable too
+    // while bytes wait for room in it (WaitFd::writable).
+    virtual void wait_fds(std::vector<WaitFd> &out) const = 0;
 
     // One pass that looks at everything now (the listener, every connection), for callers
     // that progress rarely (a passive endpoint, from EQ reads): poll() may look at some

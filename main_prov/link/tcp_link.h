@@ -263,7 +263,7 @@ class TcpTransport final : public LinkTransport {
     int post_recv(void *buf, size_t len, uint64_t wr_id) override;
     int poll(WorkCompletion *wc, int max) override;
     bool poll_cm(CmEvent &event) override;
-    void wait_fds(std::vector<int> &out) const override;
+    void wait_fds(std::vector<WaitFd> &out) const override;
 
     bool drain(int timeout_ms) override;
     bool idle() const override {

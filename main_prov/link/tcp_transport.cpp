@@ -147,10 +147,10 @@ bool TcpTransport::poll_cm(CmEvent &event) {
     return true;
 }
 
-void TcpTransport::wait_fds(std::vector<int> &out) const {
-    if (listen_fd_ >= 0) out.push_back(listen_fd_);
+void TcpTransport::wait_fds(std::vector<WaitFd> &out) const {
+    if (listen_fd_ >= 0) out.push_back({listen_fd_, false});
     for (auto &c : conns_)
-        if (c->wait_fd() >= 0) out.push_back(c->wait_fd());
+        if (c->wait_fd() >= 0) out.push_back({c->wait_fd(), c->wants_write()});
 }
 
 }  // namespace tandem

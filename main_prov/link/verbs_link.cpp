@@ -319,9 +319,9 @@ bool VerbsTransport::poll_cm(CmEvent &event) {
     return true;
 }
 
-void VerbsTransport::wait_fds(std::vector<int> &out) const {
-    if (channel_) out.push_back(channel_->fd);
-    if (comp_channel_) out.push_back(comp_channel_->fd);
+void VerbsTransport::wait_fds(std::vector<WaitFd> &out) const {
+    if (channel_) out.push_back({channel_->fd, false});
+    if (comp_channel_) out.push_back({comp_channel_->fd, false});
 }
 
 int VerbsTransport::post_recv(void *buf, size_t len, uint64_t wr_id) {

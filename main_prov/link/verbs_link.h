@@ -196,7 +196,7 @@ class VerbsTransport final : public LinkTransport {
     int post_recv(void *buf, size_t len, uint64_t wr_id) override;
     int poll(WorkCompletion *wc, int max) override;
     bool poll_cm(CmEvent &event) override;
-    void wait_fds(std::vector<int> &out) const override;
+    void wait_fds(std::vector<WaitFd> &out) const override;
     void progress_now() override { progress(); }
     bool idle() const override;
     bool busy() const override;

@@ -44,6 +44,23 @@ class FdWaitTest : public FabricTest {
         EXPECT_EQ(ret, 0) << "FI_GETWAIT: " << fi_err_str(ret);
         return fd;
     }
+    // An endpoint of a domain of its own (so that nothing but its own calls drive it), whose
+    // CQ has the wait object `wait`, with b at to_b.
+    void open_sender(Fid<fid_domain> &domain, Endpoint &sender, fi_wait_obj wait, fi_addr_t &to_b) {
+        ASSERT_FI_OK(fi_domain(fabric, info.get(), domain.out(), nullptr));
+        fi_cq_attr cq_attr{};
+        cq_attr.format = FI_CQ_FORMAT_TAGGED;
+        cq_attr.wait_obj = wait;
+        ASSERT_FI_OK(fi_cq_open(domain, &cq_attr, sender.cq.out(), nullptr));
+        fi_av_attr av_attr{};
+        av_attr.type = FI_AV_TABLE;
+        ASSERT_FI_OK(fi_av_open(domain, &av_attr, sender.av.out(), nullptr));
+        ASSERT_FI_OK(fi_endpoint(domain, info.get(), sender.ep.out(), nullptr));
+        ASSERT_FI_OK(fi_ep_bind(sender.ep, &sender.av->fid, 0));
+        ASSERT_FI_OK(fi_ep_bind(sender.ep, &sender.cq->fid, FI_TRANSMIT | FI_RECV));
+        ASSERT_FI_OK(fi_enable(sender.ep));
+        ASSERT_FI_RET(fi_av_insert(sender.av, b().name.data(), 1, &to_b, 0, nullptr), 1);
+    }
 };
 
 TEST_F(FdWaitTest, GetwaitReturnsDescriptor) {
@@ -140,20 +157,9 @@ TEST_F(FdWaitTest, EpollOnCqFdWakesWhenMessageArrives) {
 // epoll_wait has no periodic wake-up either.
 TEST_F(FdWaitTest, EpollOnCqFdWakesForASenderInAnotherDomain) {
     Fid<fid_domain> other_domain;
-    ASSERT_FI_OK(fi_domain(fabric, info.get(), other_domain.out(), nullptr));
     Endpoint sender;
-    fi_cq_attr cq_attr{};
-    cq_attr.format = FI_CQ_FORMAT_TAGGED;
-    ASSERT_FI_OK(fi_cq_open(other_domain, &cq_attr, sender.cq.out(), nullptr));
-    fi_av_attr av_attr{};
-    av_attr.type = FI_AV_TABLE;
-    ASSERT_FI_OK(fi_av_open(other_domain, &av_attr, sender.av.out(), nullptr));
-    ASSERT_FI_OK(fi_endpoint(other_domain, info.get(), sender.ep.out(), nullptr));
-    ASSERT_FI_OK(fi_ep_bind(sender.ep, &sender.av->fid, 0));
-    ASSERT_FI_OK(fi_ep_bind(sender.ep, &sender.cq->fid, FI_TRANSMIT | FI_RECV));
-    ASSERT_FI_OK(fi_enable(sender.ep));
     fi_addr_t to_b = FI_ADDR_NOTAVAIL;
-    ASSERT_FI_RET(fi_av_insert(sender.av, b().name.data(), 1, &to_b, 0, nullptr), 1);
+    ASSERT_NO_FATAL_FAILURE(open_sender(other_domain, sender, FI_WAIT_NONE, to_b));
 
     const int fd = cq_fd(b());
     ASSERT_GE(fd, 0);
@@ -179,6 +185,97 @@ TEST_F(FdWaitTest, EpollOnCqFdWakesForASenderInAnotherDomain) {
         << sent << ", received " << received;
     EXPECT_EQ(e.op_context, ctx(1));
     EXPECT_EQ(check_pattern(r.data(), 64, 601), -1);
+    sender.ep.reset();
+}
+
+// A sender that sleeps on its CQ's descriptor while its sends are still on the way: a burst of
+// eager sends far larger than a socket's buffers (over a link, what did not fit goes out only
+// when tandem runs, and the peer taking it gives the sender nothing to read), then one large
+// send (rendezvous). fi_trywait must refuse the sleep while such work waits, or the descriptor
+// must wake for it: every sleep here is bounded, and one that runs to its end fails. The
+// receiver is driven by a thread of its own, in another domain. (Measured: over the TCP link the
+// sender sleeps a few times in the burst, node-local a few hundred times.)
+TEST_F(FdWaitTest, ASenderAsleepWhileItsSendsAreOnTheWayWakesForThem) {
+    Fid<fid_domain> other_domain;
+    Endpoint sender;
+    fi_addr_t to_b = FI_ADDR_NOTAVAIL;
+    ASSERT_NO_FATAL_FAILURE(open_sender(other_domain, sender, FI_WAIT_FD, to_b));
+
+    // Eager sends of 64 KiB (tandem's eager limit), as many as the queues take, up to 32 MiB
+    // in all; then one of 32 MiB.
+    constexpr size_t kEager = 64u << 10, kLarge = 32u << 20;
+    const size_t burst = std::min<size_t>({512, info->tx_attr->size, info->rx_attr->size});
+    AlignedBuf s(kLarge), r(kLarge);
+    fill_pattern(s.data(), kLarge, 611);
+    std::atomic<size_t> received{0};
+    std::atomic<bool> stop{false}, slept{false};
+    std::thread receiver([&] {
+        // The receiver takes nothing before the sender's first sleep: the sender then sleeps
+        // with what its socket could not take, and only that socket's room can wake it.
+        const auto start_by = std::chrono::steady_clock::now() + 10s;
+        while (!slept.load() && !stop.load() && std::chrono::steady_clock::now() < start_by)
+            std::this_thread::sleep_for(1ms);
+        size_t posted = 0;
+        while (!stop.load() && received.load() < burst + 1) {
+            if (posted < burst + 1) {
+                const bool large = posted == burst;
+                uint8_t *at = large ? r.data() : r.data() + (posted % (kLarge / kEager)) * kEager;
+                if (fi_recv(b().ep, at, large ? kLarge : kEager, nullptr, FI_ADDR_UNSPEC, ctx(1)) ==
+                    0)
+                    ++posted;
+            }
+            fi_cq_tagged_entry e{};
+            if (fi_cq_read(b().cq, &e, 1) == 1) ++received;
+        }
+    });
+
+    int fd = -1;
+    ASSERT_FI_OK(fi_control(&sender.cq->fid, FI_GETWAIT, &fd));
+    Epoll ep;
+    ASSERT_TRUE(ep.add(fd));
+    fid_t fids[1] = {&sender.cq->fid};
+    size_t posted = 0, sent = 0;
+    std::string why;
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (sent < burst + 1 && why.empty() && std::chrono::steady_clock::now() < deadline) {
+        // The burst goes out first, the large send once the burst is done (its receive is
+        // the last one posted).
+        while (posted < burst + (sent == burst ? 1 : 0)) {
+            const bool large = posted == burst;
+            ssize_t ret = fi_send(sender.ep, s.data() + (large ? 0 : (posted % 8) * kEager),
+                                  large ? kLarge : kEager, nullptr, to_b, ctx(0));
+            if (ret == -FI_EAGAIN) break;
+            if (ret) {
+                why = "fi_send: " + fi_err_str(int(ret));
+                break;
+            }
+            ++posted;
+        }
+        fi_cq_tagged_entry e{};
+        ssize_t n = fi_cq_read(sender.cq, &e, 1);
+        if (n == 1) {
+            ++sent;
+            continue;
+        }
+        // Asleep only while a send is outstanding: with none, a send that found no room
+        // (-FI_EAGAIN, a full node-local ring) has no completion to wait for, and is retried.
+        if (n != -FI_EAGAIN)
+            why = "fi_cq_read: " + fi_err_str(int(n));
+        else if (posted > sent && fi_trywait(fabric, fids, 1) == FI_SUCCESS &&
+                 (slept = true, ep.wait(5000) == 0))
+            why = "asleep for 5 s with " + std::to_string(posted - sent) +
+                  " sends on their way: nothing woke the sender";
+    }
+    // A send may complete before its receiver has taken it (node-local: once in the ring).
+    const auto drained = std::chrono::steady_clock::now() + 20s;
+    while (received.load() < burst + 1 && std::chrono::steady_clock::now() < drained)
+        std::this_thread::sleep_for(1ms);
+    stop = true;
+    receiver.join();
+    EXPECT_TRUE(why.empty()) << why;
+    EXPECT_EQ(sent, burst + 1) << "of " << burst << " eager sends and a large one";
+    EXPECT_EQ(received.load(), burst + 1);
+    EXPECT_EQ(check_pattern(r.data(), kLarge, 611), -1);
     sender.ep.reset();
 }
 

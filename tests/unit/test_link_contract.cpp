@@ -515,13 +515,13 @@ TEST_P(LinkContract, AWorkRequestAcceptedAsTheConnectionFailsCompletesOnce) {
     b.transport.reset();
     // Wait, without progressing a, until the failure reached a's descriptors: the
     // connection's own socket, or the transport's channels.
-    std::vector<int> fds;
+    std::vector<tandem::WaitFd> fds;
     if (ab->wait_fd() >= 0)
-        fds.push_back(ab->wait_fd());
+        fds.push_back({ab->wait_fd(), false});
     else
         a.transport->wait_fds(fds);
     std::vector<pollfd> pfds;
-    for (int fd : fds) pfds.push_back({fd, POLLIN, 0});
+    for (tandem::WaitFd fd : fds) pfds.push_back({fd.fd, POLLIN, 0});
     ASSERT_GT(::poll(pfds.data(), pfds.size(), 5000), 0) << "the failure never reached a";
     std::vector<uint8_t> src(64, 3);
     iovec wiov{src.data(), src.size()};
