@@ -282,17 +282,20 @@ void Endpoint::enable() {
         return;
     }
 
+    // Who we are in our inbox, and whom we take for a peer: the same authorization key and
+    // job in both.
+    const Config &config = Config::get();
     const shm::Channel::InboxShape shape{
-        .cells = static_cast<uint32_t>(Config::get().ring_cells),
+        .cells = static_cast<uint32_t>(config.ring_cells),
         .cell_size = wire::kLocalCellSize,
         .identity = {.probe_addr = reinterpret_cast<uint64_t>(&probe_word()),
                      .probe_value = probe_word(),
                      .auth = auth_,
-                     .job = Config::get().job}};
+                     .job = config.job}};
     channel_.open_inbox(*key, shape,
-                        {.auth = auth_,
-                         .job = Config::get().job,
-                         .cma = Config::get().cma,
+                        {.auth = shape.identity.auth,
+                         .job = shape.identity.job,
+                         .cma = config.cma,
                          .cma_off = " (FI_OFF_TANDEM_CMA=0)"});
     enabled_ = true;
 }

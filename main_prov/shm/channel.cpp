@@ -2,6 +2,8 @@
 
 #include "common/log.h"
 
+#include <algorithm>
+
 namespace tandem::shm {
 
 void Channel::open_inbox(const std::string &key, const InboxShape &shape,
@@ -78,14 +80,16 @@ fi_addr_t Channel::find_source(std::string_view sender) {
         sources_.clear();
         sources_version_ = version;
     }
-    for (const auto &[name, a] : sources_)
-        if (name == sender) {
-            if (version_word_) last_source_.remember(sender, version, a);
-            return a;
-        }
-    fi_addr_t addr = book_.addr_of(sender.data(), sender.size());
-    if (sources_.size() >= 64) sources_.clear();
-    sources_.emplace_back(std::string(sender), addr);
+    auto known = std::find_if(sources_.begin(), sources_.end(),
+                              [&](const auto &source) { return source.first == sender; });
+    fi_addr_t addr;
+    if (known != sources_.end()) {
+        addr = known->second;
+    } else {
+        addr = book_.addr_of(sender.data(), sender.size());
+        if (sources_.size() >= 64) sources_.clear();
+        sources_.emplace_back(std::string(sender), addr);
+    }
     if (version_word_) last_source_.remember(sender, version, addr);
     return addr;
 }
