@@ -30,7 +30,7 @@ int TriggerQueue::queue(const peer::TriggerWork &work) {
         id = work.xpu_var;
         at = work.xpu_value;
     }
-    (*lists)[id].work.emplace(Key{at, next_order_++}, work);
+    (*lists)[id].emplace(Key{at, next_order_++}, work);
     ++pending_;
     return 0;
 }
@@ -65,11 +65,11 @@ size_t TriggerQueue::start_due(Lists &lists, bool xpu) {
         for (;;) {
             auto it = lists.find(id);
             if (it == lists.end()) break;
-            if (it->second.work.empty()) {
+            if (it->second.empty()) {
                 lists.erase(it);
                 break;
             }
-            auto head = it->second.work.begin();
+            auto head = it->second.begin();
             uint64_t value;
             if (xpu) {
                 if (!xpu_read_(id, &value)) break;
@@ -81,11 +81,11 @@ size_t TriggerQueue::start_due(Lists &lists, bool xpu) {
             if (value < head->first.first) break;
             Key key = head->first;
             peer::TriggerWork work = head->second;
-            it->second.work.erase(head);
+            it->second.erase(head);
             --pending_;
             if (work.start(work.arg) == -FI_EAGAIN) {
                 // First in line again, in its place: the next pass retries it.
-                lists[id].work.emplace(key, work);
+                lists[id].emplace(key, work);
                 ++pending_;
                 break;
             }
@@ -100,7 +100,7 @@ size_t TriggerQueue::discard_if(Pred pred, bool report) {
     std::vector<peer::TriggerWork> gone;
     for (Lists *lists : {&by_counter_, &by_variable_}) {
         for (auto it = lists->begin(); it != lists->end();) {
-            auto &work = it->second.work;
+            auto &work = it->second;
             for (auto w = work.begin(); w != work.end();) {
                 if (pred(w->second)) {
                     gone.push_back(w->second);

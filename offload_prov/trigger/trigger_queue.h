@@ -40,7 +40,7 @@ class TriggerQueue {
     // Work waiting for an XPU trigger variable (noticed only by reading it).
     size_t device_pending() const {
         size_t n = 0;
-        for (const auto &[var, w] : by_variable_) n += w.work.size();
+        for (const auto &[var, w] : by_variable_) n += w.size();
         return n;
     }
     int cancel(const void *group, const void *match);
@@ -51,12 +51,10 @@ class TriggerQueue {
 
   private:
     using Key = std::pair<uint64_t, uint64_t>;  // (threshold or XPU value, order queued)
-    // The work of one list; threshold work reads its counter's words off its head (every
-    // work of a list names the same counter).
-    struct Waiting {
-        std::map<Key, peer::TriggerWork> work;
-    };
-    // Threshold work by counter, XPU work by variable.
+    // The work of one list, in start order; threshold work reads its counter's words off its
+    // head (every work of a list names the same counter). Threshold work by counter, XPU work
+    // by variable.
+    using Waiting = std::map<Key, peer::TriggerWork>;
     using Lists = std::unordered_map<uintptr_t, Waiting>;
     size_t start_due(Lists &lists, bool xpu);
     template <class Pred>
