@@ -46,18 +46,22 @@ uint64_t cq_flags_of(const TriggeredRequest &r) {
         r);
 }
 
-// The condition of deferred work (fi_trigger(3)): its triggering counter's successes plus
-// errors at the threshold.
-peer::TriggerWork deferred_condition(Cntr *trigger, uint64_t threshold) {
+// A threshold condition on trigger (with the words the queue reads): its successes at the
+// threshold for FI_TRIGGER, its successes plus errors for deferred work (fi_trigger(3)).
+peer::TriggerWork threshold_condition(Cntr *trigger, uint64_t threshold, bool with_errors) {
     peer::TriggerWork work;
     work.kind = peer::TriggerWork::Kind::Threshold;
     work.cntr = trigger->fid();
     work.successes = &trigger->success_word();
     work.errors = &trigger->error_word();
     work.threshold = threshold;
-    work.with_errors = true;
+    work.with_errors = with_errors;
     work.names[0] = trigger->fid();
     return work;
+}
+
+peer::TriggerWork deferred_condition(Cntr *trigger, uint64_t threshold) {
+    return threshold_condition(trigger, threshold, true);
 }
 
 }  // namespace
@@ -130,12 +134,7 @@ ssize_t Engine::queue_triggered(TriggeredRequest &&r) {
                             "endpoint's domain\n");
                 return -FI_EINVAL;
             }
-            work.kind = peer::TriggerWork::Kind::Threshold;
-            work.cntr = cntr;
-            work.successes = &counter->success_word();
-            work.errors = &counter->error_word();
-            work.threshold = ctx->trigger.threshold.threshold;
-            work.names[0] = cntr;
+            work = threshold_condition(counter, ctx->trigger.threshold.threshold, false);
             break;
         }
         case FI_TRIGGER_XPU:
