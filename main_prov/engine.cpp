@@ -447,9 +447,10 @@ int Engine::getname_locked(void *addr, size_t *addrlen) const {
     return 0;
 }
 
-void Engine::wait_fds(std::vector<WaitFd> &out) const {
+void Engine::wait_fds(std::vector<WaitFd> &out) {
     // The application may sleep on the listener, and wake because a peer connects.
     link_may_wake();
+    transport_->before_sleep();
     transport_->wait_fds(out);
     if (local_) local_->wait_fds(out);
 }

@@ -321,7 +321,8 @@ class Engine : public CmSource, public RemoteKeyResolver {
         link_countdown_ = 1;
         empty_link_polls_ = 0;
     }
-    void wait_fds(std::vector<WaitFd> &out) const;
+    // (Not const: what the link owes its peers goes first, LinkTransport::before_sleep.)
+    void wait_fds(std::vector<WaitFd> &out);
     // Work of this endpoint that only more passes move, announced by no descriptor: bytes or
     // events its link holds (LinkTransport::busy), a shutdown held back. The caller holds the
     // domain lock.

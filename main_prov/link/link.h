@@ -251,6 +251,10 @@ class LinkTransport {
     // Descriptors that become readable when poll()/poll_cm() has work, each writable too
     // while bytes wait for room in it (WaitFd::writable).
     virtual void wait_fds(std::vector<WaitFd> &out) const = 0;
+    // Before the application sleeps on those descriptors: what a peer waits for that this side
+    // would send only at a later pass goes now (TCP's delayed acknowledgements, which complete
+    // the peer's sends), since a sleeper makes no passes.
+    virtual void before_sleep() {}
 
     // One pass that looks at everything now (the listener, every connection), for callers
     // that progress rarely (a passive endpoint, from EQ reads): poll() may look at some

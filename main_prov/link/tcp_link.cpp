@@ -256,6 +256,14 @@ void TcpConnection::maybe_send_ack() {
     flush_send();
 }
 
+void TcpConnection::acknowledge_all() {
+    if (state_ != State::Established || rx_count_ == acked_sent_) return;
+    // Behind frames already queued if need be: they carry the acknowledgement of when they
+    // were queued, older than this one.
+    queue_frame(make_frame(wire::TcpOp::Ack, nullptr, nullptr, 0, false));
+    flush_send();
+}
+
 void TcpConnection::progress(bool readable) {
     if (state_ == State::Closed) return;
     if (state_ == State::Connecting) {

@@ -77,6 +77,9 @@ class TcpConnection final : public LinkConnection {
     // either way.
     void progress(bool readable);
     bool wants_write() const { return !outq_.empty() || state_ == State::Connecting; }
+    // The acknowledgement of every frame received so far, now (before the application sleeps:
+    // progress would have sent it only after kAckIdlePasses passes).
+    void acknowledge_all();
     void send_cm_request(const void *priv, size_t len);
     // A connection nobody above holds: accepted and its request not reported yet, or rejected
     // (reject: no event names it again). When it fails it is dropped without an event.
@@ -264,6 +267,7 @@ class TcpTransport final : public LinkTransport {
     int poll(WorkCompletion *wc, int max) override;
     bool poll_cm(CmEvent &event) override;
     void wait_fds(std::vector<WaitFd> &out) const override;
+    void before_sleep() override;
 
     bool drain(int timeout_ms) override;
     bool idle() const override {

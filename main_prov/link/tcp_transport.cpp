@@ -153,4 +153,10 @@ void TcpTransport::wait_fds(std::vector<WaitFd> &out) const {
         if (c->wait_fd() >= 0) out.push_back({c->wait_fd(), c->wants_write()});
 }
 
+// A receiver asleep in fi_cq_sread, or on its descriptor, makes no passes; a peer whose sends
+// complete on our acknowledgements would wait for them as long as it sleeps.
+void TcpTransport::before_sleep() {
+    for (auto &c : conns_) c->acknowledge_all();
+}
+
 }  // namespace tandem

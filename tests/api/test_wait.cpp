@@ -279,6 +279,115 @@ TEST_F(FdWaitTest, ASenderAsleepWhileItsSendsAreOnTheWayWakesForThem) {
     sender.ep.reset();
 }
 
+// A receiver that took what it waited for and then sleeps on its CQ's descriptor: the sends it
+// took must still complete at the sender. Sent with FI_TRANSMIT_COMPLETE over the TCP link they
+// complete on the receiver's acknowledgement, which rides on its own traffic or goes after a
+// few passes without any; a sleeper makes no passes, so it must go before the sleep. The sender
+// (another domain, on a thread of its own) sleeps on its own descriptor too while it waits, and
+// answers its five send completions with a sixth message; only that can wake the receiver (a
+// raw epoll_wait has no periodic wake-up). fabtests' fi_rdm_tagged_peek has this shape.
+TEST_F(FdWaitTest, AReceiverAsleepOnItsDescriptorLetsTheSendsItTookComplete) {
+    Fid<fid_domain> other_domain;
+    Endpoint sender;
+    fi_addr_t to_b = FI_ADDR_NOTAVAIL;
+    ASSERT_NO_FATAL_FAILURE(open_sender(other_domain, sender, FI_WAIT_FD, to_b));
+
+    constexpr int kSends = 5;
+    constexpr size_t kSize = 1024;
+    AlignedBuf s(kSize * (kSends + 1)), r(kSize * (kSends + 1));
+    for (int i = 0; i <= kSends; ++i) fill_pattern(s.data() + kSize * i, kSize, 620 + i);
+    for (int i = 0; i <= kSends; ++i)
+        ASSERT_FI_OK(fi_recv(b().ep, r.data() + kSize * i, kSize, nullptr, FI_ADDR_UNSPEC, ctx(1)));
+    std::atomic<int> completed{0};
+    std::atomic<bool> stop{false};
+    std::string sender_error;
+    std::thread sending([&] {
+        const auto give_up = std::chrono::steady_clock::now() + 20s;
+        int fd = -1;
+        if (fi_control(&sender.cq->fid, FI_GETWAIT, &fd) != 0) {
+            sender_error = "FI_GETWAIT on the sender's CQ";
+            return;
+        }
+        Epoll sleeper;
+        sleeper.add(fd);
+        fid_t own[1] = {&sender.cq->fid};
+        auto post_one = [&](int i) {
+            iovec iov{s.data() + kSize * i, kSize};
+            fi_msg msg{};
+            msg.msg_iov = &iov;
+            msg.iov_count = 1;
+            msg.addr = to_b;
+            msg.context = ctx(0);
+            ssize_t ret;
+            while ((ret = fi_sendmsg(sender.ep, &msg, FI_COMPLETION | FI_TRANSMIT_COMPLETE)) ==
+                       -FI_EAGAIN &&
+                   !stop.load() && std::chrono::steady_clock::now() < give_up) {
+                fi_cq_tagged_entry e{};
+                if (fi_cq_read(sender.cq, &e, 1) == 1) ++completed;
+            }
+            if (ret) sender_error = "fi_sendmsg: " + fi_err_str(int(ret));
+            return ret == 0;
+        };
+        auto wait_for = [&](int count) {
+            while (completed.load() < count && !stop.load() &&
+                   std::chrono::steady_clock::now() < give_up) {
+                fi_cq_tagged_entry e{};
+                if (fi_cq_read(sender.cq, &e, 1) == 1)
+                    ++completed;
+                else if (fi_trywait(fabric, own, 1) == FI_SUCCESS && sleeper.wait(10000) == 0)
+                    sender_error = "asleep for 10 s with " + std::to_string(count - completed) +
+                                   " sends to complete";
+            }
+        };
+        for (int i = 0; i < kSends; ++i)
+            if (!post_one(i)) return;
+        wait_for(kSends);
+        // The sixth, once the five completed; the sender goes on driving it to its end.
+        if (completed.load() == kSends && post_one(kSends)) wait_for(kSends + 1);
+    });
+
+    const int fd = cq_fd(b());
+    ASSERT_GE(fd, 0);
+    Epoll ep;
+    ASSERT_TRUE(ep.add(fd));
+    fid_t fids[1] = {&b().cq->fid};
+    int received = 0;
+    std::string why;
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    // The first five busy-polled, as a client that then has nothing left to wait for but the
+    // sender's next message; then asleep, each sleep bounded at 10 s.
+    while (received <= kSends && why.empty() && std::chrono::steady_clock::now() < deadline) {
+        fi_cq_tagged_entry e{};
+        ssize_t n = fi_cq_read(b().cq, &e, 1);
+        if (n == 1) {
+            ++received;
+            continue;
+        }
+        if (n != -FI_EAGAIN)
+            why = "fi_cq_read: " + fi_err_str(int(n));
+        else if (received == kSends && fi_trywait(fabric, fids, 1) == FI_SUCCESS &&
+                 ep.wait(10000) == 0)
+            why = "asleep for 10 s after " + std::to_string(received) +
+                  " messages; the sender saw " + std::to_string(completed.load()) +
+                  " of its sends complete";
+    }
+    // b goes on driving what the sixth still needs, until the sender has its completion.
+    while (why.empty() && completed.load() < kSends + 1 &&
+           std::chrono::steady_clock::now() < deadline) {
+        fi_cq_tagged_entry e{};
+        fi_cq_read(b().cq, &e, 1);
+    }
+    stop = true;
+    sending.join();
+    EXPECT_TRUE(why.empty()) << why;
+    EXPECT_TRUE(sender_error.empty()) << sender_error;
+    EXPECT_EQ(completed.load(), kSends + 1);
+    EXPECT_EQ(received, kSends + 1);
+    for (int i = 0; i <= kSends; ++i)
+        EXPECT_EQ(check_pattern(r.data() + kSize * i, kSize, 620 + i), -1) << "message " << i;
+    sender.ep.reset();
+}
+
 TEST_F(FdWaitTest, WaitNoneCqHasNoFd) {
     // A CQ opened without a wait object has nothing to hand out.
     Fid<fid_cq> cq;
