@@ -63,6 +63,12 @@ class Deadline {
     explicit Deadline(int timeout_ms);
     bool expired() const noexcept;
     int remaining_ms() const noexcept;  // -1 for infinite
+    // What is left, at most limit_ms (negative: no limit); -1 when neither bounds it.
+    int remaining_ms(int limit_ms) const noexcept {
+        const int left = remaining_ms();
+        if (limit_ms < 0) return left;
+        return left < 0 || left > limit_ms ? limit_ms : left;
+    }
 
   private:
     bool infinite_;

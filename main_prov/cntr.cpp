@@ -78,7 +78,9 @@ int Cntr::control(int command, void *arg) {
 // The eventfd is written only when a waiter may be asleep (armed by fi_cntr_wait or
 // fi_trywait): a busy-polling application pays no system call per completion.
 void Cntr::bump(std::atomic<uint64_t> &which, uint64_t n) {
-    which.fetch_add(n, std::memory_order_release);
+    // Sequentially consistent, as the waiter's arming and look (wait): the increment and the
+    // look at armed_ are not reordered, so one of the two sees the other.
+    which.fetch_add(n);
     wake();
 }
 
@@ -147,7 +149,7 @@ int Cntr::adderr(uint64_t value) {
 
 int Cntr::seterr(uint64_t value) {
     if (imported()) return -FI_ENOSYS;
-    errors_.store(value, std::memory_order_release);
+    errors_.store(value);  // (sequentially consistent: see bump)
     wake();
     changed_by_application();
     return 0;
@@ -166,23 +168,28 @@ int Cntr::wait(uint64_t threshold, int timeout) {
     Deadline deadline(timeout);
     uint64_t errs_at_start = errors_.load();
     for (;;) {
+        int limit = -1;
         {
             std::lock_guard guard(domain_->lock());
+            // Armed, with old signals drained, before the value is looked at: an increment
+            // after the look (fi_cntr_add on another thread takes no lock) then signals, and
+            // the sleep below ends at once.
+            if (wait_.set()) {
+                wait_.signal().drain();
+                armed_ = true;
+            }
             domain_->progress();
             if (value_.load() >= threshold) return 0;
             // fi_cntr_wait(3): an error increment ends the wait with -FI_EAVAIL.
             if (errors_.load() != errs_at_start) return -FI_EAVAIL;
             if (wait_.set()) {
                 domain_->watch_fds(*wait_.set());
-                armed_ = true;
+                limit = domain_->sleep_limit_ms();
             }
         }
         if (deadline.expired()) return -FI_ETIMEDOUT;
-        if (wait_.set()) {
-            wait_.signal().drain();
-            int left = deadline.remaining_ms();
-            if (wait_.set()->wait(left < 0 || left > 50 ? 50 : left) < 0) return -FI_EINTR;
-        }
+        // (As fi_cq_sread: no periodic wake-up beyond the domain's limit.)
+        if (wait_.set() && wait_.set()->wait(deadline.remaining_ms(limit)) < 0) return -FI_EINTR;
     }
 }
 

@@ -53,7 +53,7 @@ class Cntr : public FidObject<Cntr, fid_cntr> {
     // and fi_cntr_set are these, then start what the new value makes due.)
     void add_by_work(uint64_t value) { bump(value_, value); }
     void set_by_work(uint64_t value) {
-        value_.store(value, std::memory_order_release);
+        value_.store(value);  // (sequentially consistent: see bump)
         wake();
     }
     int trywait();

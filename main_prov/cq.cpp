@@ -236,6 +236,7 @@ ssize_t Cq::sreadfrom(void *buf, size_t count, fi_addr_t *src_addr, const void *
     if (count && !buf) return -FI_EINVAL;
     Deadline deadline(timeout);
     for (;;) {
+        int limit;
         {
             std::lock_guard guard(domain_->lock());
             ssize_t n = read_locked(buf, count, src_addr);
@@ -246,11 +247,12 @@ ssize_t Cq::sreadfrom(void *buf, size_t count, fi_addr_t *src_addr, const void *
             }
             domain_->watch_fds(*wait_.set());
             armed_ = true;
+            limit = domain_->sleep_limit_ms();
         }
         if (deadline.expired()) return -FI_EAGAIN;
-        int left = deadline.remaining_ms();
-        // Sleep on the sockets; wake at least every 100 ms to recheck the deadline.
-        if (wait_.set()->wait(left < 0 || left > 100 ? 100 : left) < 0) return -FI_EINTR;
+        // Asleep until a descriptor wakes us (a completion, a socket, the node-local wake, the
+        // twin's timer), the deadline, or the domain's limit: no periodic wake-up beyond that.
+        if (wait_.set()->wait(deadline.remaining_ms(limit)) < 0) return -FI_EINTR;
     }
 }
 

@@ -283,6 +283,13 @@ bool Domain::work_pending() const {
     return false;
 }
 
+int Domain::sleep_limit_ms() const {
+    if (work_pending()) return 1;
+    if (device_triggers_waiting_)
+        return std::max(1, static_cast<int>(Config::get().progress_poll_us / 1000));
+    return -1;
+}
+
 bool Domain::worth_a_look() const {
     for (auto *ep : endpoints_)
         if (ep->work_pending() || ep->twin_busy()) return true;
