@@ -123,7 +123,8 @@ uint64_t Cntr::readerr() {
     if (imported()) return 0;  // (the owner's to say; fi_peer(3) has the peer answer nothing)
     std::lock_guard guard(domain_->lock());
     domain_->progress();
-    return errors_.load(std::memory_order_acquire);
+    last_err_read_ = errors_.load(std::memory_order_acquire);
+    return last_err_read_;
 }
 
 int Cntr::add(uint64_t value) {
@@ -193,6 +194,9 @@ int Cntr::wait(uint64_t threshold, int timeout) {
     }
 }
 
+// fi_trywait(3) refuses the sleep while events are queued: for a counter, a value or error
+// count the application has not read (fi_cntr_read, fi_cntr_readerr). An increment after the
+// look below finds the counter armed and signals, one before it is refused here.
 int Cntr::trywait() {
     std::lock_guard guard(domain_->lock());
     domain_->progress();
@@ -200,6 +204,7 @@ int Cntr::trywait() {
         domain_->watch_fds(*wait_.set());
         armed_ = true;
     }
+    if (value_.load() != last_read_ || errors_.load() != last_err_read_) return -FI_EAGAIN;
     return 0;
 }
 

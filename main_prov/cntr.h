@@ -80,6 +80,7 @@ class Cntr : public FidObject<Cntr, fid_cntr> {
     // fi_cntr_read polled with the value unchanged (guarded by the domain lock).
     IdleYield idle_;
     uint64_t last_read_ = 0;
+    uint64_t last_err_read_ = 0;  // what fi_cntr_readerr returned last (trywait)
     int refs_ = 0;
 };
 

@@ -444,6 +444,32 @@ TEST_F(EqCntrFdTest, CounterFdWaitObject) {
     EXPECT_EQ(fi_trywait(fabric, fids, 1), FI_SUCCESS);
 }
 
+// fi_trywait on a counter refuses the sleep while the counter holds what the application has not
+// read: an fi_cntr_add (here on this thread, as from another one) between the application's
+// fi_cntr_read and its fi_trywait signals no descriptor, since nothing was armed yet, and a
+// sleep then would last until the next increment.
+TEST_F(EqCntrFdTest, CounterTrywaitRefusesWhileAnIncrementIsUnread) {
+    Fid<fid_cntr> c;
+    ASSERT_NO_FATAL_FAILURE(open_cntr(c, FI_WAIT_FD));
+    int fd = -1;
+    ASSERT_FI_OK(fi_control(&c->fid, FI_GETWAIT, &fd));
+    fid_t fids[1] = {&c->fid};
+    ASSERT_EQ(fi_cntr_read(c), 0u);
+    ASSERT_FI_OK(fi_cntr_add(c, 1));
+    EXPECT_EQ(fi_trywait(fabric, fids, 1), -FI_EAGAIN) << "an unread increment";
+    EXPECT_EQ(fi_cntr_read(c), 1u);
+    EXPECT_EQ(fi_trywait(fabric, fids, 1), FI_SUCCESS) << "everything read";
+    ASSERT_FI_OK(fi_cntr_adderr(c, 1));
+    EXPECT_EQ(fi_trywait(fabric, fids, 1), -FI_EAGAIN) << "an unread error";
+    EXPECT_EQ(fi_cntr_readerr(c), 1u);
+    EXPECT_EQ(fi_trywait(fabric, fids, 1), FI_SUCCESS) << "the error read";
+    // Armed by that fi_trywait: an increment now wakes the descriptor.
+    ASSERT_FI_OK(fi_cntr_add(c, 1));
+    Epoll ep;
+    ASSERT_TRUE(ep.add(fd));
+    EXPECT_EQ(ep.wait(0), 1) << "an increment after fi_trywait left the descriptor asleep";
+}
+
 // ---- wait sets -------------------------------------------------------------------------------
 
 class WaitSetTest : public FabricTest {
