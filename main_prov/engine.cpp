@@ -123,7 +123,7 @@ int Engine::close() {
         // The twin's own receives go before the twin: nothing that arrives while the endpoint
         // drains below may land in its memory.
         peer_rx_.drop_posted();
-        twin_progress_ = nullptr;  // (the drain below progresses the link alone)
+        twin_cq_ = nullptr;  // (the drain below progresses the link alone)
         twin_ep_ = nullptr;
         twin_quiet_ = nullptr;
         inbox_ring_ = nullptr;
@@ -272,7 +272,7 @@ int Engine::enable_locked() {
             lane_producer_ = channel->sender().producer;
             lane_line_ = channel->sender().short_line;
         }
-        twin_progress_ = local_->progress_entry();
+        twin_cq_ = local_->twin_cq();
         twin_ep_ = local_->twin();
         const peer::InboxView inbox = local_->inbox();
         inbox_ring_ = inbox.ring;

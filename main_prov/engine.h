@@ -303,9 +303,9 @@ class Engine : public CmSource, public RemoteKeyResolver {
             const void *cell = inbox_ring_->peek();
             if (cell) read_inbox(static_cast<const uint8_t *>(cell));
             if (!*twin_quiet_ || (!cell && (++express_passes_ & (kTwinEvery - 1)) == 0))
-                twin_progress_(twin_ep_);
-        } else if (twin_progress_) {
-            twin_progress_(twin_ep_);
+                fi_cq_read(twin_cq_, nullptr, 0);
+        } else if (twin_cq_) {
+            fi_cq_read(twin_cq_, nullptr, 0);
         }
         // The link's side of the pass only when due (see progress_link): most passes of an
         // endpoint whose traffic is node-local end here.
@@ -633,8 +633,9 @@ class Engine : public CmSource, public RemoteKeyResolver {
     std::unique_ptr<LinkConnection> pending_request_;
 
     std::unique_ptr<LocalPath> local_;  // RDM: node-local peers through off_tandem
-    // local_'s progress entry (LocalPathOps::progress) and twin, or null without local_.
-    void (*twin_progress_)(fid_ep *) = nullptr;
+    // local_'s twin and its CQ (fi_cq_read(twin_cq_, NULL, 0) drives the twin, fi_peer(3)),
+    // or null without local_.
+    fid_cq *twin_cq_ = nullptr;
     fid_ep *twin_ep_ = nullptr;
     // The twin's inbox, which we read (LocalPathOps::take_inbox): its ring and whether the
     // twin is quiet (null without local_), the twin's handler of the cells that are not ours,

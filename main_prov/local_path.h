@@ -73,11 +73,9 @@ class LocalPath final : public peer::CqOwner {
     // An atomic operation for the twin to carry to the peer's twin, which executes it; the
     // previous values land in the call's result buffers before the completion.
     int atomic(TxOp *op, const AtomicCall &a);
-    // fi_peer(3): the owner drives the peer's progress with fi_cq_read(cq, NULL, 0); the
-    // twin offers the same without the CQ's call in between (on every pass: inline).
-    void progress() { ops_->progress(twin_); }
-    // The same as a function and its argument, for an owner that calls it directly.
-    void (*progress_entry() const)(fid_ep *) { return ops_->progress; }
+    // The twin's CQ: fi_peer(3)'s owner drives the peer's progress with fi_cq_read(cq, NULL, 0)
+    // on it (Engine::progress).
+    fid_cq *twin_cq() const { return cq_; }
     // The twin's inbox, which the endpoint reads (peer::InboxView; null ring: it does not),
     // and the twin's handler of the cells in it that are not Short ones.
     peer::InboxView inbox() const { return inbox_; }

@@ -86,9 +86,6 @@ shm::Channel *local_channel(fid_ep *ep) noexcept {
     return Endpoint::of(ep)->channel();
 }
 
-void local_progress(fid_ep *ep) noexcept try { Endpoint::of(ep)->progress(); } catch (...) {
-}
-
 peer::InboxView local_take_inbox(fid_ep *ep, const peer::OwnerInbox *owner) noexcept {
     if (!owner || !owner->take_short) return {nullptr, nullptr};
     return Endpoint::of(ep)->take_inbox(*owner);
@@ -104,7 +101,6 @@ peer::LocalPathOps local_path_ops = {.size = sizeof(peer::LocalPathOps),
                                      .arm = local_arm,
                                      .queued = local_queued,
                                      .channel = local_channel,
-                                     .progress = local_progress,
                                      .take_inbox = local_take_inbox,
                                      .take_cell = local_take_cell};
 

@@ -135,7 +135,7 @@ struct InboxView {
 // fi_open_ops name of off_tandem's endpoint extension: the node-local path as its owner uses
 // it (the twin's channel, which says whether a peer is node-local), and the twin's progress
 // and sleep.
-inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v11";
+inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v12";
 
 struct LocalPathOps {
     size_t size;
@@ -161,9 +161,6 @@ struct LocalPathOps {
     // channel's Sender's producer id and Short line), the wake descriptor it sleeps on.
     // Valid as long as the twin endpoint; used under the owner's lock, as the twin uses it.
     shm::Channel *(*channel)(fid_ep *ep);
-    // fi_peer(3)'s fi_cq_read(cq, NULL, 0), without the CQ in between: the owner calls it on
-    // every pass of its progress while the twin is not quiet.
-    void (*progress)(fid_ep *ep);
     // The owner becomes the reader of the twin's inbox (see InboxView), with its Short
     // decoder (the twin copies *owner). Its own twin only; once, after the twin is enabled.
     InboxView (*take_inbox)(fid_ep *ep, const OwnerInbox *owner);
