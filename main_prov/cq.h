@@ -96,6 +96,7 @@ class Cq final : public FidObject<Cq, fid_cq>, public peer::CqOwner {
     // fi_trywait: 0 when it is safe to sleep, -FI_EAGAIN when entries are ready.
     int trywait();
     WaitSet *wait_set() const { return wait_.set(); }
+    Domain *domain() const { return domain_; }
     void hold() { ++refs_; }
     void release() { --refs_; }
 

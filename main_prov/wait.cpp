@@ -96,6 +96,7 @@ int WaitObject::wait(int timeout) {
             for (auto *m : members) ++walks_[m];
         }
         bool ready = false;
+        int limit = -1;
         {
             // Released however the pass ends: a member's close waits for it.
             struct Release {
@@ -114,16 +115,20 @@ int WaitObject::wait(int timeout) {
                     if (some_done) set.walk_done_.notify_all();
                 }
             } release{*this, members};
-            for (auto *m : members)
+            for (auto *m : members) {
                 if (trywait_one(m) == -FI_EAGAIN) {
                     ready = true;
                     break;
                 }
+                const int l = sleep_limit_of(m);
+                if (l >= 0 && (limit < 0 || l < limit)) limit = l;
+            }
         }
         if (ready) return 0;
         if (deadline.expired()) return -FI_ETIMEDOUT;
-        int left = deadline.remaining_ms();
-        if (set_.wait(left < 0 || left > 50 ? 50 : left) < 0) return -FI_EINTR;
+        // Asleep until a member's descriptor wakes the set, the deadline, or the shortest of
+        // the members' limits: no periodic wake-up beyond those (as fi_cq_sread).
+        if (set_.wait(deadline.remaining_ms(limit)) < 0) return -FI_EINTR;
     }
 }
 
@@ -228,6 +233,28 @@ int report_wait_object(void *arg, bool own_fd, bool in_set) {
     if (!arg) return -FI_EINVAL;
     *static_cast<fi_wait_obj *>(arg) = own_fd ? FI_WAIT_FD : in_set ? FI_WAIT_SET : FI_WAIT_NONE;
     return 0;
+}
+
+// How long fi_wait may sleep on a member before it must look again: its domain's
+// Domain::sleep_limit_ms for a CQ or counter (-1: until a descriptor wakes it); 50 ms for an
+// EQ, whose sources span domains and whose periodic pass closes a connection request that
+// stalls (Eq::sread keeps the same).
+int sleep_limit_of(struct fid *f) {
+    Domain *domain = nullptr;
+    switch (f->fclass) {
+        case FI_CLASS_CQ:
+            domain = Cq::of(f)->domain();
+            break;
+        case FI_CLASS_CNTR:
+            domain = Cntr::of(f)->domain();
+            break;
+        case FI_CLASS_EQ:
+            return 50;
+        default:
+            return -1;
+    }
+    std::lock_guard guard(domain->lock());
+    return domain->sleep_limit_ms();
 }
 
 int trywait_one(struct fid *f) {

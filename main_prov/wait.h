@@ -105,6 +105,8 @@ int report_wait_object(void *arg, bool own_fd, bool in_set);
 
 // fi_trywait for any of tandem's waitable objects.
 int trywait_one(struct fid *f);
+// How long fi_wait may sleep on one of them before it must look again (-1: no limit).
+int sleep_limit_of(struct fid *f);
 
 template <class AddFds>
 int WaitBinding::control(int command, void *arg, AddFds &&add_fds) {

@@ -4,6 +4,7 @@
 #include "fabric_fixture.h"
 
 #include <sys/epoll.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 // fi_wait_open, fi_wait and the fi_poll_* calls: deprecated from libfabric 2.0, whose headers mark
@@ -32,6 +33,37 @@ struct Epoll {
     }
 };
 
+// How often the calling thread has given the core away waiting (getrusage's ru_nvcsw): a
+// blocking call that sleeps through an idle second adds one; one that wakes every 50 ms to
+// look again adds twenty. What a wake-up test cannot see (a periodic look finds what a missed
+// wake-up left behind), this can.
+long voluntary_switches() {
+    rusage usage{};
+    getrusage(RUSAGE_THREAD, &usage);
+    return usage.ru_nvcsw;
+}
+constexpr long kIdleSleepSwitches = 3;  // one sleep, and room for a lock's or the kernel's
+
+// An endpoint of a domain of its own (so that nothing but its own calls drive it), whose CQ has
+// the wait object `wait`, with the endpoint named `to_name` at *to.
+void open_sender_domain(fid_fabric *fabric, fi_info *info, const std::vector<uint8_t> &to_name,
+                        Fid<fid_domain> &domain, Endpoint &sender, fi_wait_obj wait,
+                        fi_addr_t &to) {
+    ASSERT_FI_OK(fi_domain(fabric, info, domain.out(), nullptr));
+    fi_cq_attr cq_attr{};
+    cq_attr.format = FI_CQ_FORMAT_TAGGED;
+    cq_attr.wait_obj = wait;
+    ASSERT_FI_OK(fi_cq_open(domain, &cq_attr, sender.cq.out(), nullptr));
+    fi_av_attr av_attr{};
+    av_attr.type = FI_AV_TABLE;
+    ASSERT_FI_OK(fi_av_open(domain, &av_attr, sender.av.out(), nullptr));
+    ASSERT_FI_OK(fi_endpoint(domain, info, sender.ep.out(), nullptr));
+    ASSERT_FI_OK(fi_ep_bind(sender.ep, &sender.av->fid, 0));
+    ASSERT_FI_OK(fi_ep_bind(sender.ep, &sender.cq->fid, FI_TRANSMIT | FI_RECV));
+    ASSERT_FI_OK(fi_enable(sender.ep));
+    ASSERT_FI_RET(fi_av_insert(sender.av, to_name.data(), 1, &to, 0, nullptr), 1);
+}
+
 class FdWaitTest : public FabricTest {
   protected:
     void configure(FabricOptions &o) override {
@@ -47,19 +79,7 @@ class FdWaitTest : public FabricTest {
     // An endpoint of a domain of its own (so that nothing but its own calls drive it), whose
     // CQ has the wait object `wait`, with b at to_b.
     void open_sender(Fid<fid_domain> &domain, Endpoint &sender, fi_wait_obj wait, fi_addr_t &to_b) {
-        ASSERT_FI_OK(fi_domain(fabric, info.get(), domain.out(), nullptr));
-        fi_cq_attr cq_attr{};
-        cq_attr.format = FI_CQ_FORMAT_TAGGED;
-        cq_attr.wait_obj = wait;
-        ASSERT_FI_OK(fi_cq_open(domain, &cq_attr, sender.cq.out(), nullptr));
-        fi_av_attr av_attr{};
-        av_attr.type = FI_AV_TABLE;
-        ASSERT_FI_OK(fi_av_open(domain, &av_attr, sender.av.out(), nullptr));
-        ASSERT_FI_OK(fi_endpoint(domain, info.get(), sender.ep.out(), nullptr));
-        ASSERT_FI_OK(fi_ep_bind(sender.ep, &sender.av->fid, 0));
-        ASSERT_FI_OK(fi_ep_bind(sender.ep, &sender.cq->fid, FI_TRANSMIT | FI_RECV));
-        ASSERT_FI_OK(fi_enable(sender.ep));
-        ASSERT_FI_RET(fi_av_insert(sender.av, b().name.data(), 1, &to_b, 0, nullptr), 1);
+        open_sender_domain(fabric, info.get(), b().name, domain, sender, wait, to_b);
     }
 };
 
@@ -388,6 +408,17 @@ TEST_F(FdWaitTest, AReceiverAsleepOnItsDescriptorLetsTheSendsItTookComplete) {
     sender.ep.reset();
 }
 
+// fi_cq_sread with nothing to come sleeps until its deadline in one sleep: no periodic
+// wake-up (it woke every 100 ms before 2026-12-05).
+TEST_F(FdWaitTest, AnIdleCqSreadSleepsWithoutWakingUp) {
+    fi_cq_tagged_entry e{};
+    ASSERT_EQ(fi_cq_read(b().cq, &e, 1), -FI_EAGAIN);
+    const long before = voluntary_switches();
+    EXPECT_EQ(fi_cq_sread(b().cq, &e, 1, nullptr, 1000), -FI_EAGAIN);
+    EXPECT_LE(voluntary_switches() - before, kIdleSleepSwitches)
+        << "fi_cq_sread woke up during an idle second";
+}
+
 TEST_F(FdWaitTest, WaitNoneCqHasNoFd) {
     // A CQ opened without a wait object has nothing to hand out.
     Fid<fid_cq> cq;
@@ -442,6 +473,18 @@ TEST_F(EqCntrFdTest, CounterFdWaitObject) {
     EXPECT_GE(fd, 0);
     fid_t fids[1] = {&c->fid};
     EXPECT_EQ(fi_trywait(fabric, fids, 1), FI_SUCCESS);
+}
+
+// fi_cntr_wait with nothing to come sleeps until its deadline in one sleep (it woke every 50 ms
+// before 2026-12-05).
+TEST_F(EqCntrFdTest, AnIdleCntrWaitSleepsWithoutWakingUp) {
+    Fid<fid_cntr> c;
+    ASSERT_NO_FATAL_FAILURE(open_cntr(c, FI_WAIT_FD));
+    ASSERT_EQ(fi_cntr_read(c), 0u);
+    const long before = voluntary_switches();
+    EXPECT_EQ(fi_cntr_wait(c, 1, 1000), -FI_ETIMEDOUT);
+    EXPECT_LE(voluntary_switches() - before, kIdleSleepSwitches)
+        << "fi_cntr_wait woke up during an idle second";
 }
 
 // fi_trywait on a counter refuses the sleep while the counter holds what the application has not
@@ -499,6 +542,68 @@ TEST_F(WaitSetTest, WaitTimesOutWhenNothingHappens) {
     EXPECT_LT(ret, 0) << "fi_wait on an idle wait set returned " << ret;
     EXPECT_GE(elapsed.count(), 80);
     EXPECT_LT(elapsed.count(), 5000);
+}
+
+// fi_wait sleeps until a member's descriptor wakes the set: with the sender in another domain
+// (driven by a thread of its own) nothing of b's domain runs while b sleeps, and fi_wait has no
+// periodic pass that would find the message by itself, so the message's own wake-up (the
+// peer's FIFO node-local, the socket over the link) is what ends the sleep. One fi_wait of
+// 20 s: it returns 0 once, and the receive is then complete.
+TEST_F(WaitSetTest, FiWaitWakesForASenderInAnotherDomain) {
+    Fid<fid_domain> other_domain;
+    Endpoint sender;
+    fi_addr_t to_b = FI_ADDR_NOTAVAIL;
+    ASSERT_NO_FATAL_FAILURE(
+        open_sender_domain(fabric, info.get(), b().name, other_domain, sender, FI_WAIT_NONE, to_b));
+    AlignedBuf s(256), r(256);
+    fill_pattern(s.data(), 256, 631);
+    ASSERT_FI_OK(fi_recv(b().ep, r.data(), 256, nullptr, FI_ADDR_UNSPEC, ctx(1)));
+    std::atomic<bool> asleep{false}, stop{false}, sent{false};
+    std::thread sending([&] {
+        while (!asleep.load() && !stop.load()) std::this_thread::sleep_for(1ms);
+        // (Past fi_wait's first look: b is asleep, or about to be, when the message leaves.)
+        std::this_thread::sleep_for(50ms);
+        while (!stop.load() &&
+               fi_send(sender.ep, s.data(), 256, nullptr, to_b, ctx(0)) == -FI_EAGAIN) {
+            fi_cq_tagged_entry e{};
+            fi_cq_read(sender.cq, &e, 1);
+        }
+        while (!stop.load() && !sent.load()) {
+            fi_cq_tagged_entry e{};
+            if (fi_cq_read(sender.cq, &e, 1) == 1) sent = true;
+        }
+    });
+    int ret = -FI_EAGAIN;
+    bool got = false;
+    const auto deadline = Clock::now() + 20s;
+    // A pass first (b's listener takes the sender's connection over the link, and every wake
+    // may be for a step of it): then each fi_wait until the receive is in.
+    while (!got && Clock::now() < deadline) {
+        asleep = true;
+        ret = fi_wait(ws, 20000);
+        if (ret != 0) break;
+        b().log.drain();
+        got = b().log.has(ctx(1));
+    }
+    stop = !got;
+    while (got && !sent.load() && Clock::now() < deadline) b().log.drain();
+    stop = true;
+    sending.join();
+    EXPECT_EQ(ret, 0) << "fi_wait: " << fi_err_str(ret);
+    ASSERT_TRUE(got) << "receive never completed; " << b().log.summary();
+    EXPECT_EQ(check_pattern(r.data(), 256, 631), -1);
+    sender.ep.reset();
+}
+
+// fi_wait on a set of CQs with nothing to come sleeps until its deadline in one sleep (it woke
+// every 50 ms before 2026-12-05).
+TEST_F(WaitSetTest, AnIdleFiWaitSleepsWithoutWakingUp) {
+    fi_cq_tagged_entry e{};
+    ASSERT_EQ(fi_cq_read(b().cq, &e, 1), -FI_EAGAIN);
+    const long before = voluntary_switches();
+    EXPECT_EQ(fi_wait(ws, 1000), -FI_ETIMEDOUT);
+    EXPECT_LE(voluntary_switches() - before, kIdleSleepSwitches)
+        << "fi_wait woke up during an idle second";
 }
 
 TEST_F(WaitSetTest, WaitReturnsWhenCompletionArrives) {
