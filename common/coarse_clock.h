@@ -17,4 +17,12 @@ inline int64_t coarse_now_ms() {
     return int64_t(now.tv_sec) * 1000 + now.tv_nsec / 1000000;
 }
 
+// A sleeper's limit for a timer due at `due` (coarse_now_ms): the milliseconds left, at least
+// 1 (the coarse clock may lag the sleep's own); -1 for no timer (due < 0).
+inline int ms_until(int64_t due) {
+    if (due < 0) return -1;
+    const int64_t left = due - coarse_now_ms();
+    return left < 1 ? 1 : left > 3600000 ? 3600000 : static_cast<int>(left);
+}
+
 }  // namespace tandem

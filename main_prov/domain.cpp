@@ -1,5 +1,6 @@
 #include "main_prov/domain.h"
 
+#include "common/coarse_clock.h"
 #include "common/fabric_compat.h"
 #include "common/log.h"
 
@@ -285,9 +286,11 @@ bool Domain::work_pending() const {
 
 int Domain::sleep_limit_ms() const {
     if (work_pending()) return 1;
-    if (device_triggers_waiting_)
-        return std::max(1, static_cast<int>(Config::get().progress_poll_us / 1000));
-    return -1;
+    int limit = device_triggers_waiting_
+                    ? std::max(1, static_cast<int>(Config::get().progress_poll_us / 1000))
+                    : -1;
+    for (auto *ep : endpoints_) limit = Deadline::shorter(limit, ms_until(ep->next_timer_ms()));
+    return limit;
 }
 
 bool Domain::worth_a_look() const {

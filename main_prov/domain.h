@@ -76,11 +76,12 @@ class Domain : public FidObject<Domain, fid_domain> {
     bool worth_a_look() const;
     // Triggers waiting for a value a device writes (XPU): automatic progress polls them.
     bool device_triggers_waiting() const { return device_triggers_waiting_; }
-    // How long an application's blocking call (fi_cq_sread, fi_cntr_wait) may sleep on the
-    // descriptors of watch_fds before it must pass again: -1, until one wakes it, unless work
-    // waits that no descriptor announces (what the progress thread does not sleep through
-    // either): 1 ms while passes move it (work_pending), the poll interval while XPU triggers
-    // wait. The caller holds lock().
+    // How long a blocking call (fi_cq_sread, fi_cntr_wait, fi_wait, fi_eq_sread through an
+    // endpoint) or the progress thread may sleep on the descriptors of watch_fds before it
+    // must pass again: -1, until one wakes it, unless work waits that no descriptor announces:
+    // 1 ms while passes move it (work_pending), the poll interval while XPU triggers wait,
+    // until an endpoint's link has timed work (Engine::next_timer_ms: a stalled connection
+    // request's time). The caller holds lock().
     int sleep_limit_ms() const;
     void add_endpoint(Engine *ep);
     void remove_endpoint(Engine *ep);

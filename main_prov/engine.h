@@ -288,6 +288,7 @@ class Engine : public CmSource, public RemoteKeyResolver {
     // CmSource
     void progress_cm() override;
     void cm_watch(WaitSet &set) override;
+    int sleep_limit_ms() override;
     // RemoteKeyResolver
     bool resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access,
                  LocalPieces &out) noexcept override;
@@ -327,6 +328,8 @@ class Engine : public CmSource, public RemoteKeyResolver {
     // events its link holds (LinkTransport::busy), a shutdown held back. The caller holds the
     // domain lock.
     bool work_pending() const { return shutdown_held_ || transport_->busy(); }
+    // When a pass of this endpoint has timed work (LinkTransport::next_timer_ms); -1: none.
+    int64_t next_timer_ms() const { return transport_->next_timer_ms(); }
     // The twin has something going (no backlog, operation, held completion... : not quiet).
     // Whether it needs passes rather than a peer's cell is the twin's arm() to say (wait_fds):
     // a sleeper woken for this re-arms and learns it.

@@ -114,7 +114,7 @@ int Engine::shutdown(uint64_t flags) {
 
 // An EQ read is a connection-management call: the pass it makes polls the link, whatever
 // the countdown of a quiet or idle link says (progress_link), or a connection's answer waits
-// up to 256 of the EQ's passes (fi_eq_sread makes one per 50 ms: 12.8 s).
+// up to 256 of the EQ's passes.
 void Engine::progress_cm() {
     std::lock_guard guard(domain_->lock());
     poll_link_soon();
@@ -127,8 +127,14 @@ void Engine::cm_watch(WaitSet &set) {
     std::vector<WaitFd> fds;
     std::lock_guard guard(domain_->lock());
     link_may_wake();
+    transport_->before_sleep();
     transport_->wait_fds(fds);
     for (WaitFd fd : fds) set.add(fd);
+}
+
+int Engine::sleep_limit_ms() {
+    std::lock_guard guard(domain_->lock());
+    return domain_->sleep_limit_ms();
 }
 
 // FI_SHUTDOWN of a MSG endpoint waits until the application has read every receive

@@ -96,6 +96,13 @@ void Eq::progress_sources() {
     for_each_source([](CmSource &s) { s.progress_cm(); });
 }
 
+int Eq::sleep_limit_ms() {
+    int limit = -1;
+    for_each_source(
+        [&limit](CmSource &s) { limit = Deadline::shorter(limit, s.sleep_limit_ms()); });
+    return limit;
+}
+
 void Eq::watch_sources(WaitSet &set) {
     for_each_source([&set](CmSource &s) { s.cm_watch(set); });
 }
@@ -162,9 +169,11 @@ ssize_t Eq::sread(uint32_t *event, void *buf, size_t len, int timeout, uint64_t 
         ssize_t n = read(event, buf, len, flags);
         if (n != -FI_EAGAIN) return n;
         watch_sources(*wait_.set());
+        const int limit = sleep_limit_ms();
         if (deadline.expired()) return -FI_EAGAIN;
-        int left = deadline.remaining_ms();
-        if (wait_.set()->wait(left < 0 || left > 50 ? 50 : left) < 0) return -FI_EINTR;
+        // Asleep until a source's descriptor or a write wakes us, the deadline, or the
+        // sources' limit (a held FI_SHUTDOWN, a stalled stranger's time): no periodic wake-up.
+        if (wait_.set()->wait(deadline.remaining_ms(limit)) < 0) return -FI_EINTR;
     }
 }
 

@@ -31,6 +31,9 @@ class CmSource {
     // source's lock keeps them open (a descriptor closed meanwhile could be a new one by the
     // time it is added).
     virtual void cm_watch(WaitSet &set) = 0;
+    // How long a sleeper may wait on those descriptors before progress_cm must run again
+    // (-1: until one wakes it).
+    virtual int sleep_limit_ms() = 0;
 
   private:
     friend class Eq;
@@ -58,6 +61,8 @@ class Eq : public FidObject<Eq, fid_eq> {
     void post_error(fid_t fid, void *context, int err, const void *err_data, size_t err_len,
                     uint64_t data = 0);
     int trywait();
+    // The shortest of its sources' sleep limits (CmSource::sleep_limit_ms); -1: none.
+    int sleep_limit_ms();
     void add_source(CmSource *src);
     // Returns once no other thread is inside `src` on this EQ's behalf, so that the caller
     // may free it. The caller holds no lock of tandem's: a walk that is inside `src` may be

@@ -1,5 +1,6 @@
 #include "main_prov/pep.h"
 
+#include "common/coarse_clock.h"
 #include "common/auth_key.h"
 #include "common/log.h"
 #include "main_prov/config.h"
@@ -241,8 +242,17 @@ void PassiveEndpoint::progress_cm() {
 void PassiveEndpoint::cm_watch(WaitSet &set) {
     std::vector<WaitFd> fds;
     std::lock_guard guard(mutex_);
+    transport_->before_sleep();
     transport_->wait_fds(fds);
     for (WaitFd fd : fds) set.add(fd);
+}
+
+// What the listener does without a peer's bytes: a connection request that stalls is closed
+// when its time runs out.
+int PassiveEndpoint::sleep_limit_ms() {
+    std::lock_guard guard(mutex_);
+    if (transport_->busy()) return 1;
+    return ms_until(transport_->next_timer_ms());
 }
 
 }  // namespace tandem

@@ -53,6 +53,7 @@ class PassiveEndpoint : public FidObject<PassiveEndpoint, fid_pep>,
 
     void progress_cm() override;
     void cm_watch(WaitSet &set) override;
+    int sleep_limit_ms() override;
 
   private:
     bool resolve(uint64_t, uint64_t, size_t, uint64_t, LocalPieces &) noexcept override {

@@ -157,8 +157,11 @@ void ProgressThread::released() noexcept {
 
 int64_t ProgressThread::prepare_sleep() {
     domain_.watch_fds(set_);
-    if (!domain_.device_triggers_waiting()) return -1;
-    return static_cast<int64_t>(Config::get().progress_poll_us);
+    if (domain_.device_triggers_waiting())
+        return static_cast<int64_t>(Config::get().progress_poll_us);
+    // (Timed work of the links, a stalled stranger's time: Domain::sleep_limit_ms.)
+    const int limit = domain_.sleep_limit_ms();
+    return limit < 0 ? -1 : int64_t(limit) * 1000;
 }
 
 void ProgressThread::run() {

@@ -236,9 +236,8 @@ int report_wait_object(void *arg, bool own_fd, bool in_set) {
 }
 
 // How long fi_wait may sleep on a member before it must look again: its domain's
-// Domain::sleep_limit_ms for a CQ or counter (-1: until a descriptor wakes it); 50 ms for an
-// EQ, whose sources span domains and whose periodic pass closes a connection request that
-// stalls (Eq::sread keeps the same).
+// Domain::sleep_limit_ms for a CQ or counter, its sources' for an EQ (-1: until a descriptor
+// wakes it).
 int sleep_limit_of(struct fid *f) {
     Domain *domain = nullptr;
     switch (f->fclass) {
@@ -249,7 +248,7 @@ int sleep_limit_of(struct fid *f) {
             domain = Cntr::of(f)->domain();
             break;
         case FI_CLASS_EQ:
-            return 50;
+            return Eq::of(f)->sleep_limit_ms();
         default:
             return -1;
     }

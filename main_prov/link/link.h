@@ -255,6 +255,9 @@ class LinkTransport {
     // would send only at a later pass goes now (TCP's delayed acknowledgements, which complete
     // the peer's sends), since a sleeper makes no passes.
     virtual void before_sleep() {}
+    // When (coarse_now_ms) a pass has timed work to do whatever the peers send (TCP: a
+    // connection request that stalls is closed then); -1: none. A sleeper wakes for it.
+    virtual int64_t next_timer_ms() const { return -1; }
 
     // One pass that looks at everything now (the listener, every connection), for callers
     // that progress rarely (a passive endpoint, from EQ reads): poll() may look at some

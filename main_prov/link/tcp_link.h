@@ -268,6 +268,7 @@ class TcpTransport final : public LinkTransport {
     bool poll_cm(CmEvent &event) override;
     void wait_fds(std::vector<WaitFd> &out) const override;
     void before_sleep() override;
+    int64_t next_timer_ms() const override;
 
     bool drain(int timeout_ms) override;
     bool idle() const override {

@@ -157,6 +157,23 @@ void TcpTransport::wait_fds(std::vector<WaitFd> &out) const {
 // complete on our acknowledgements would wait for them as long as it sleeps.
 void TcpTransport::before_sleep() {
     for (auto &c : conns_) c->acknowledge_all();
+    // A stalled stranger whose time ran out goes now: a pass of a woken sleeper may not be one
+    // that looks at strangers (they are looked at on the passes that check everything).
+    if (has_strangers()) {
+        const int64_t due = next_timer_ms();
+        if (due >= 0 && coarse_now_ms() >= due) check_strangers();
+    }
+}
+
+int64_t TcpTransport::next_timer_ms() const {
+    int64_t due = -1;
+    for (auto &c : conns_) {
+        if (c->state() != TcpConnection::State::AwaitingRequest || c->request_started_ms() < 0)
+            continue;
+        const int64_t at = c->request_started_ms() + kRequestTimeoutMs + 1;  // (check_strangers)
+        if (due < 0 || at < due) due = at;
+    }
+    return due;
 }
 
 }  // namespace tandem

@@ -369,6 +369,38 @@ TEST_F(RoguePeerTest, ASlowlorisRequestIsClosed) {
     exchange_checked(808);
 }
 
+class RoguePeerSleeperTest : public RoguePeerTest {
+  protected:
+    void configure(FabricOptions &o) override {
+        RoguePeerTest::configure(o);
+        o.cq_wait = FI_WAIT_FD;
+    }
+};
+
+// A request that stalls is closed on time while the application sleeps in fi_cq_sread: the
+// sleep has no periodic wake-up to run the check, so it ends when the request's time runs out
+// (LinkTransport::next_timer_ms, Domain::sleep_limit_ms), and the check runs before the next
+// sleep. The application sleeps 8 s; the rogue waits 12 s for the close.
+TEST_F(RoguePeerSleeperTest, AStalledRequestIsClosedWhileTheApplicationSleeps) {
+    int fd = connect_rogue();
+    auto req = rdm_request();
+    ASSERT_EQ(::send(fd, req.data(), 1, MSG_NOSIGNAL), 1);
+    poll_for(300ms);  // a accepts the connection and reads the byte: the request's time starts
+    std::atomic<bool> closed{false};
+    std::thread rogue([&] {
+        pollfd p{fd, POLLIN, 0};
+        if (::poll(&p, 1, 12000) <= 0) return;
+        uint8_t sink[64];
+        const ssize_t n = recv(fd, sink, sizeof sink, MSG_DONTWAIT);
+        closed = n == 0 || (n < 0 && errno == ECONNRESET);
+    });
+    fi_cq_tagged_entry e{};
+    EXPECT_EQ(fi_cq_sread(a().cq, &e, 1, nullptr, 8000), -FI_EAGAIN);
+    rogue.join();
+    EXPECT_TRUE(closed) << "a request stalled for 8 s while its listener slept was not closed";
+    exchange_checked(811);
+}
+
 // Connections that never identify themselves: beyond the link's limit (64) the oldest are
 // closed, so a peer opening many holds neither sockets nor memory for ever.
 TEST_F(RoguePeerTest, SilentConnectionsBeyondTheLimitAreClosed) {

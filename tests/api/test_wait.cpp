@@ -487,6 +487,21 @@ TEST_F(EqCntrFdTest, AnIdleCntrWaitSleepsWithoutWakingUp) {
         << "fi_cntr_wait woke up during an idle second";
 }
 
+// fi_eq_sread with nothing to come sleeps until its deadline in one sleep (it woke every 50 ms
+// before 2026-12-05).
+TEST_F(EqCntrFdTest, AnIdleEqSreadSleepsWithoutWakingUp) {
+    fi_eq_attr attr{};
+    attr.wait_obj = FI_WAIT_FD;
+    Fid<fid_eq> eq;
+    ASSERT_FI_OK(fi_eq_open(fabric, &attr, eq.out(), nullptr));
+    uint32_t event = 0;
+    fi_eq_entry entry{};
+    const long before = voluntary_switches();
+    EXPECT_EQ(fi_eq_sread(eq, &event, &entry, sizeof entry, 1000, 0), -FI_EAGAIN);
+    EXPECT_LE(voluntary_switches() - before, kIdleSleepSwitches)
+        << "fi_eq_sread woke up during an idle second";
+}
+
 // fi_trywait on a counter refuses the sleep while the counter holds what the application has not
 // read: an fi_cntr_add (here on this thread, as from another one) between the application's
 // fi_cntr_read and its fi_trywait signals no descriptor, since nothing was armed yet, and a
