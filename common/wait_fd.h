@@ -63,9 +63,9 @@ class Deadline {
     explicit Deadline(int timeout_ms);
     bool expired() const noexcept;
     int remaining_ms() const noexcept;  // -1 for infinite
-    // What is left, at most limit_ms (negative: no limit); -1 when neither bounds it.
     // The shorter of two sleep limits (negative: no limit).
     static int shorter(int a, int b) noexcept { return a < 0 ? b : b < 0 ? a : (a < b ? a : b); }
+    // What is left, at most limit_ms (negative: no limit); -1 when neither bounds it.
     int remaining_ms(int limit_ms) const noexcept {
         const int left = remaining_ms();
         if (limit_ms < 0) return left;

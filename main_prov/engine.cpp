@@ -447,11 +447,16 @@ int Engine::getname_locked(void *addr, size_t *addrlen) const {
     return 0;
 }
 
-void Engine::wait_fds(std::vector<WaitFd> &out) {
-    // The application may sleep on the listener, and wake because a peer connects.
-    link_may_wake();
+// (The application may sleep on the listener too, and wake because a peer connects.)
+void Engine::link_fds(std::vector<WaitFd> &out) {
+    link_countdown_ = 1;
+    empty_link_polls_ = 0;
     transport_->before_sleep();
     transport_->wait_fds(out);
+}
+
+void Engine::wait_fds(std::vector<WaitFd> &out) {
+    link_fds(out);
     if (local_) local_->wait_fds(out);
 }
 

@@ -316,13 +316,11 @@ class Engine : public CmSource, public RemoteKeyResolver {
     // Work for the link (or completions of the twin's transfers to report): the next pass
     // polls it, however long the link was idle or quiet.
     void poll_link_soon() const { link_countdown_ = 1; }
-    // Before a sleeper watches the link's descriptors (a CQ's wait_fds, an EQ's cm_watch):
-    // what wakes it is polled at the next pass, and the link counts as busy again.
-    void link_may_wake() const {
-        link_countdown_ = 1;
-        empty_link_polls_ = 0;
-    }
-    // (Not const: what the link owes its peers goes first, LinkTransport::before_sleep.)
+    // The link's descriptors, for a sleeper (a CQ's wait_fds, an EQ's cm_watch): what the link
+    // owes its peers goes first (LinkTransport::before_sleep), and what wakes the sleeper is
+    // polled at the next pass, the link counting as busy again.
+    void link_fds(std::vector<WaitFd> &out);
+    // The link's descriptors and the node-local path's (which arms the twin).
     void wait_fds(std::vector<WaitFd> &out);
     // Work of this endpoint that only more passes move, announced by no descriptor: bytes or
     // events its link holds (LinkTransport::busy), a shutdown held back. The caller holds the

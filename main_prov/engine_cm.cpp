@@ -126,9 +126,7 @@ void Engine::progress_cm() {
 void Engine::cm_watch(WaitSet &set) {
     std::vector<WaitFd> fds;
     std::lock_guard guard(domain_->lock());
-    link_may_wake();
-    transport_->before_sleep();
-    transport_->wait_fds(fds);
+    link_fds(fds);
     for (WaitFd fd : fds) set.add(fd);
 }
 

@@ -120,8 +120,7 @@ int WaitObject::wait(int timeout) {
                     ready = true;
                     break;
                 }
-                const int l = sleep_limit_of(m);
-                if (l >= 0 && (limit < 0 || l < limit)) limit = l;
+                limit = Deadline::shorter(limit, sleep_limit_of(m));
             }
         }
         if (ready) return 0;

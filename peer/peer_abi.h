@@ -133,8 +133,8 @@ struct InboxView {
 };
 
 // fi_open_ops name of off_tandem's endpoint extension: the node-local path as its owner uses
-// it (the twin's channel, which says whether a peer is node-local), and the twin's progress
-// and sleep.
+// it (the twin's channel, which says whether a peer is node-local), the twin's inbox, and the
+// twin's sleep. (The owner drives the twin's progress through its CQ, as fi_peer(3) says.)
 inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v12";
 
 struct LocalPathOps {
