@@ -591,22 +591,8 @@ fi_addr_t PeerAvAnswers::peer_ep_addr(fid_ep *ep) {
     size_t len = sizeof buf;
     // (Before the guard: the endpoint may be one of tandem's, whose fi_getname locks.)
     if (fi_getname(&ep->fid, buf, &len) != 0) return FI_ADDR_NOTAVAIL;
-    return peer_addr_of(buf, len);
-}
-
-int PeerAvAnswers::peer_lookup(fi_addr_t fi_addr, void *addr, size_t *addrlen) {
-    if (!addrlen) return -FI_EINVAL;
     PeerEntryGuard guard(av_.domain()->lock(), twin_calls_);
-    return av_.lookup_locked(fi_addr, addr, addrlen);
-}
-
-fi_addr_t PeerAvAnswers::peer_addr_of(const void *addr, size_t addrlen) {
-    PeerEntryGuard guard(av_.domain()->lock(), twin_calls_);
-    return av_.addr_of_bytes(addr, addrlen);
-}
-
-const std::atomic<uint64_t> *PeerAvAnswers::peer_version_word() {
-    return av_.version_word_ptr();
+    return av_.addr_of_bytes(buf, len);
 }
 
 }  // namespace tandem

@@ -24,7 +24,7 @@ class Av;
 class Domain;
 class Eq;
 
-// What an importer of an AV is answered (fi_peer(3) "PEER AV", and tandem's lookups). Two
+// What an importer of an AV is answered (fi_peer(3) "PEER AV"). Two
 // kinds of importer reach it: tandem's own offload twin, which runs only inside tandem's calls
 // and so holds the domain lock, and a provider tandem did not build (fi_export_fid), which
 // does not. Each gets its own fid_peer_av, which knows which kind it serves.
@@ -34,9 +34,6 @@ class PeerAvAnswers final : public peer::AvOwner {
     peer::ExportedAv &exported() { return exported_; }
     int peer_query(fi_av_attr *attr) override;
     fi_addr_t peer_ep_addr(fid_ep *ep) override;
-    int peer_lookup(fi_addr_t fi_addr, void *addr, size_t *addrlen) override;
-    fi_addr_t peer_addr_of(const void *addr, size_t addrlen) override;
-    const std::atomic<uint64_t> *peer_version_word() override;
 
   private:
     Av &av_;
@@ -83,7 +80,7 @@ class Av final : public FidObject<Av, fid_av> {
     int lookup_locked(fi_addr_t fi_addr, void *addr, size_t *addrlen) const;
     void query_locked(fi_av_attr &attr) const;
     fi_addr_t addr_of_bytes(const void *addr, size_t addrlen) const;
-    // The word version() reads; a peer provider reads it without our lock.
+    // The word version() reads, which the node-local channel reads without our lock.
     const std::atomic<uint64_t> *version_word_ptr() const { return &version_word(); }
     Domain *domain() const { return domain_; }
     // A named AV's map_addr: a table whose entry i is the fi_addr_t of the i-th address
@@ -128,8 +125,8 @@ class Av final : public FidObject<Av, fid_av> {
     // Opened with FI_EVENT: every insert is asynchronous (fi_av(3)), reported on eq_.
     bool async_ = false;
     std::vector<fi_addr_t> map_table_;
-    // Bumped by every insert and remove of a private AV; a peer provider reads it without our
-    // lock (peer_version_word).
+    // Bumped by every insert and remove of a private AV; read without our lock
+    // (version_word_ptr).
     std::atomic<uint64_t> version_{0};
     // version_, or the shared segment's word for FI_SHARED_AV: what version() reads.
     const std::atomic<uint64_t> &version_word() const;

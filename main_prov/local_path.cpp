@@ -56,15 +56,31 @@ OffloadDomain::~OffloadDomain() {
     fi_freeinfo(info_);
 }
 
-LocalPath::LocalPath(Engine &ep, RxMatcher &rx)
+LocalPath::LocalPath(Engine &ep, RxMatcher &rx, Av &av)
     : ep_(ep),
       face_(ep),
-      rx_queue_(*ep.domain(), rx, &ep, PeerRxQueue::Mode::ThroughOwner, false) {}
+      rx_queue_(*ep.domain(), rx, &ep, PeerRxQueue::Mode::ThroughOwner, false),
+      book_(av) {}
+
+const std::atomic<uint64_t> *LocalPath::AvBook::version_word() const {
+    return av_.version_word_ptr();
+}
+
+int LocalPath::AvBook::lookup(fi_addr_t addr, void *buf, size_t *addrlen) const {
+    TANDEM_LOCK_ASSERT(av_.domain()->lock().held(), "the channel read the AV outside our lock");
+    return av_.lookup_locked(addr, buf, addrlen);
+}
+
+fi_addr_t LocalPath::AvBook::addr_of(const void *addr, size_t addrlen) const {
+    TANDEM_LOCK_ASSERT(av_.domain()->lock().held(), "the channel read the AV outside our lock");
+    return av_.addr_of_bytes(addr, addrlen);
+}
 
 std::unique_ptr<LocalPath> LocalPath::open(Engine &ep, OffloadDomain &off, Av &av, RxMatcher &rx,
                                            fid_eq *eq) {
-    std::unique_ptr<LocalPath> lp(new LocalPath(ep, rx));
+    std::unique_ptr<LocalPath> lp(new LocalPath(ep, rx, av));
     lp->hmem_ = ep.caps_ & FI_HMEM;
+    lp->twin_fabric_ = off.fabric();
     const char *step = "fi_cq_open";
     fi_cq_attr cq_attr{};
     cq_attr.format = FI_CQ_FORMAT_TAGGED;
@@ -85,6 +101,10 @@ std::unique_ptr<LocalPath> LocalPath::open(Engine &ep, OffloadDomain &off, Av &a
     if (!ret) {
         step = "fi_endpoint2";
         ret = lp->open_twin(off);
+    }
+    if (!ret) {
+        step = "fi_open_ops";
+        ret = lp->lend_channel();
     }
     if (!ret && !ep.shm_permitted_) {
         // FI_OPT_SHARED_MEMORY_PERMITTED, handed on: the twin makes no segment.
@@ -146,9 +166,9 @@ int LocalPath::open_twin(OffloadDomain &off) {
     return ret;
 }
 
-// The twin's extensions (peer::LocalPathOps, and its collective engine when it has one), and
-// what the owner's receive side takes from it.
-int LocalPath::open_twin_ops() {
+// The twin's node-local extension (peer::LocalPathOps), and our channel lent to it: the twin
+// opens its inbox on it when it is enabled.
+int LocalPath::lend_channel() {
     void *ops = nullptr;
     int ret = fi_open_ops(&twin_->fid, peer::kLocalPathOpsName, 0, &ops, nullptr);
     ops_ = static_cast<peer::LocalPathOps *>(ops);
@@ -160,7 +180,12 @@ int LocalPath::open_twin_ops() {
                     ops_->channel_bytes, sizeof(shm::Channel));
         ret = -FI_ENOSYS;
     }
-    if (ret) return ret;
+    return ret ? ret : ops_->use_channel(twin_, &channel_);
+}
+
+// What the owner's receive side takes from the enabled twin, and its collective engine when it
+// has one.
+int LocalPath::open_twin_ops() {
     void *coll = nullptr;
     if (fi_open_ops(&twin_->fid, peer::kCollOpsName, 0, &coll, nullptr) == 0 &&
         static_cast<peer::CollOps *>(coll)->size >= sizeof(peer::CollOps))
@@ -171,7 +196,6 @@ int LocalPath::open_twin_ops() {
     // We read our own twin's inbox, and decode every Short cell in it (peer::InboxView).
     const peer::OwnerInbox owner{&ep_, &Engine::receive_short_from_twin};
     inbox_ = ops_->take_inbox(twin_, &owner);
-    channel_ = ops_->channel(twin_);
     return 0;
 }
 
@@ -272,10 +296,13 @@ void LocalPath::flush_transfers_now() {
 }
 
 void LocalPath::wait_fds(std::vector<WaitFd> &out) {
-    shm::InboxWake *wake = channel_ ? channel_->wake() : nullptr;
+    shm::InboxWake *wake = channel_.wake();
     if (!wake) return;
     out.push_back({wake->fd(), false});
-    ops_->arm(twin_);
+    // The twin's endpoint arms it (fi_trywait on the twin's CQ); -FI_EAGAIN, work pending,
+    // leaves the descriptor readable, so the sleep ends at once.
+    fid *twin_cq = &cq_->fid;
+    fi_trywait(twin_fabric_, &twin_cq, 1);
 }
 
 // A receive's completion flags as the protocol flags rx_complete keeps.

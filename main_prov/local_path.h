@@ -80,9 +80,9 @@ class LocalPath final : public peer::CqOwner {
     // and the twin's handler of the cells in it that are not Short ones.
     peer::InboxView inbox() const { return inbox_; }
     void (*take_cell_entry() const)(fid_ep *, const uint8_t *) { return ops_->take_cell; }
-    // The twin's node-local channel (peer::LocalPathOps::channel), or nullptr: then no peer
-    // is node-local.
-    shm::Channel *channel() const { return channel_; }
+    // The endpoint's node-local channel, built over its AV and lent to the twin
+    // (peer::LocalPathOps::use_channel), which opens its inbox on it.
+    shm::Channel *channel() { return &channel_; }
     // The endpoint's FI_OPT_FI_HMEM_P2P, which the twin applies to its transfers.
     void set_p2p(int mode);
     // Before the application sleeps: the twin's wake descriptor, armed.
@@ -106,9 +106,11 @@ class LocalPath final : public peer::CqOwner {
     ssize_t peer_writeerr(const fi_cq_err_entry &err) override;
 
   private:
-    explicit LocalPath(Engine &ep, RxMatcher &rx);
-    // open's steps: the twin endpoint, and its extensions once it is enabled.
+    LocalPath(Engine &ep, RxMatcher &rx, Av &av);
+    // open's steps: the twin endpoint; its extension table, which lends it the channel before
+    // it is enabled; what the owner's receive side takes from it once it is.
     int open_twin(OffloadDomain &off);
+    int lend_channel();
     int open_twin_ops();
     void flush_transfers_now();
     // The descriptors the twin gets: the application's with FI_HMEM, none without.
@@ -121,6 +123,7 @@ class LocalPath final : public peer::CqOwner {
     peer::ExportedCq cq_export_{*this};
     PeerRxQueue rx_queue_;
     fi_peer_transfer_context transfer_{};
+    fid_fabric *twin_fabric_ = nullptr;
     fid_cq *cq_ = nullptr;
     fid_eq *eq_ = nullptr;
     fid_av *av_ = nullptr;
@@ -130,7 +133,20 @@ class LocalPath final : public peer::CqOwner {
     peer::CollOps *coll_ops_ = nullptr;
     size_t inject_limit_ = 0;
     peer::InboxView inbox_{};
-    shm::Channel *channel_ = nullptr;
+    // The AV as the channel reads it, inside tandem's calls (the domain lock held).
+    class AvBook final : public shm::AddressBook {
+      public:
+        explicit AvBook(const Av &av) : av_(av) {}
+        const std::atomic<uint64_t> *version_word() const override;
+        int lookup(fi_addr_t addr, void *buf, size_t *addrlen) const override;
+        fi_addr_t addr_of(const void *addr, size_t addrlen) const override;
+
+      private:
+        const Av &av_;
+    };
+    AvBook book_;
+    shm::Sender sender_;  // named by the twin when it is enabled
+    shm::Channel channel_{sender_, book_};
     struct TransferDone {
         fi_cq_tagged_entry entry;
         int err;

@@ -46,6 +46,22 @@ ssize_t Cq::read(void *buf, size_t count) {
     return 0;
 }
 
+Cq *Cq::ours(struct fid *f) {
+    return f && f->fclass == FI_CLASS_CQ && f->ops == &cq_fi_ops ? Cq::of(f) : nullptr;
+}
+
+int Cq::trywait() {
+    bool pending = false;
+    for (Endpoint *ep : endpoints_) {  // (every one armed)
+        try {
+            pending |= ep->arm() != 0;
+        } catch (...) {
+            pending = true;  // (a pass will report what failed)
+        }
+    }
+    return pending ? -FI_EAGAIN : 0;
+}
+
 ssize_t Cq::readfrom(void *buf, size_t count, fi_addr_t *) {
     return read(buf, count);
 }

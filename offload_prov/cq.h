@@ -1,7 +1,8 @@
 // off_tandem's fid_cq: only ever the peer of an owner's CQ. Completions go straight to the
 // owner through fid_peer_cq's write / writeerr; reading this CQ with a NULL buffer and a
 // count of 0 drives the progress of the endpoints bound to it (fi_peer(3)); every other read
-// answers -FI_ENOSYS, as fi_peer(3) says.
+// answers -FI_ENOSYS, as fi_peer(3) says. fi_trywait on it (off_tandem's fabric) is how an
+// owner about to sleep asks the endpoints bound to it to arm their wake-ups (trywait).
 #pragma once
 
 #include "common/fid_adaptor.h"
@@ -28,6 +29,12 @@ class Cq : public FidObject<Cq, fid_cq> {
     const char *strerror(int prov_errno, const void *err_data, char *buf, size_t len);
 
     const peer::ImportedCq &owner() const { return owner_; }
+    // The Cq behind a fid, or nullptr when the fid is not one of ours.
+    static Cq *ours(struct fid *f);
+    // fi_trywait(3) for the endpoints bound to it, each armed (Endpoint::arm): -FI_EAGAIN when
+    // one of them has work pending (its wake descriptor is then readable already), 0 when the
+    // owner may sleep.
+    int trywait();
     void attach(Endpoint *ep) { endpoints_.push_back(ep); }
     void detach(Endpoint *ep) { std::erase(endpoints_, ep); }
 

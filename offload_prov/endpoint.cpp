@@ -72,18 +72,15 @@ fi_ops_rma rma_ops = {
     .injectdata = enosys<decltype(fi_ops_rma::injectdata)>,
 };
 
-int local_arm(fid_ep *ep) noexcept try { return Endpoint::of(ep)->arm(); } catch (...) {
-    return 1;
-}
-
 void local_queued(fid_ep *ep, fi_peer_rx_entry *entry, uint64_t *data, fi_addr_t *src) noexcept {
     auto *held = static_cast<HeldMessage *>(entry ? entry->peer_context : nullptr);
     if (data) *data = held ? held->hdr.cq_data : 0;
     if (src) *src = held ? Endpoint::of(ep)->held_source(*held) : FI_ADDR_NOTAVAIL;
 }
 
-shm::Channel *local_channel(fid_ep *ep) noexcept {
-    return Endpoint::of(ep)->channel();
+int local_use_channel(fid_ep *ep, shm::Channel *channel) noexcept {
+    if (!ep || !channel) return -FI_EINVAL;
+    return Endpoint::of(ep)->use_channel(channel);
 }
 
 peer::InboxView local_take_inbox(fid_ep *ep, const peer::OwnerInbox *owner) noexcept {
@@ -98,9 +95,8 @@ void local_take_cell(fid_ep *ep, const uint8_t *cell) noexcept try {
 
 peer::LocalPathOps local_path_ops = {.size = sizeof(peer::LocalPathOps),
                                      .channel_bytes = sizeof(shm::Channel),
-                                     .arm = local_arm,
                                      .queued = local_queued,
-                                     .channel = local_channel,
+                                     .use_channel = local_use_channel,
                                      .take_inbox = local_take_inbox,
                                      .take_cell = local_take_cell};
 
@@ -161,7 +157,6 @@ const uint64_t &probe_word() {
 Endpoint::Endpoint(Domain *domain, const fi_info *info, fi_peer_transfer_context *transfer)
     : domain_(domain), info_(fi_dupinfo(info)), owner_ep_(transfer->ep) {
     if (!info_) fail(FI_ENOMEM, "fi_dupinfo");
-    av_book_.ep = this;
     auth_ = endpoint_auth_digest(info_, nullptr);  // the owner passes its endpoint's key
     init_fid(FI_CLASS_EP, nullptr, &ep_fi_ops);
     fid()->ops = &ep_ops;
@@ -195,6 +190,9 @@ Endpoint::~Endpoint() {
     // Messages queued with the owner belong to the owner's entries now: the owner frees the
     // entries when it closes (it closes us first), so only our side of them goes here.
     for (HeldMessage *h : held_) delete h;
+    // The owner's channel outlives us: it names nobody who is gone (what waits in its
+    // backlogs is dropped with it).
+    if (sender_) *sender_ = shm::Sender{};
     if (cq_) cq_->detach(this);
     if (av_) av_->release();
     if (srx_) srx_->release();
@@ -264,15 +262,21 @@ void Endpoint::enable() {
     proto_.name_len = static_cast<uint8_t>(len);
     short_line_.build(name_, len);
     proto_.pid = getpid();
-    sender_.ep = this;
-    sender_.producer = own_process_token();  // our claims in peers' rings
-    sender_.name = name_;
-    sender_.short_line = &short_line_;
+    if (!channel_) {
+        own_channel_ = std::make_unique<OwnChannel>();
+        channel_ = &own_channel_->channel;
+    }
+    sender_ = &channel_->sender();
+    sender_->producer = own_process_token();  // our claims in peers' rings
+    sender_->name = name_;
+    sender_->short_line = &short_line_;
+    stream_ends_.ep = this;
+    sender_->streams = &stream_ends_;
     if (!shm_permitted_) {
         // No segment, no inbox: our passes read nothing (as when the owner reads it). A
         // wake without a FIFO still ends a sleep for our checks (collectives probing their
         // members).
-        channel_.open_wake_only();
+        channel_->open_wake_only();
         owner_reads_ = true;
         enabled_ = true;
         return;
@@ -288,11 +292,11 @@ void Endpoint::enable() {
                      .probe_value = probe_word(),
                      .auth = auth_,
                      .job = config.job}};
-    channel_.open_inbox(*key, shape,
-                        {.auth = shape.identity.auth,
-                         .job = shape.identity.job,
-                         .cma = config.cma,
-                         .cma_off = " (FI_OFF_TANDEM_CMA=0)"});
+    channel_->open_inbox(*key, shape,
+                         {.auth = shape.identity.auth,
+                          .job = shape.identity.job,
+                          .cma = config.cma,
+                          .cma_off = " (FI_OFF_TANDEM_CMA=0)"});
     enabled_ = true;
 }
 

@@ -128,16 +128,21 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     int reachable(fi_addr_t addr);
     // What a sleeper watches is the channel's wake descriptor: readable when a peer woke us
     // (the FIFO) or a liveness check of the peers our operations wait on is due (a timer
-    // armed by arm()).
+    // armed by arm()). 1 when work is pending (the descriptor made readable already).
+    // Through fi_trywait on our CQ (Cq::trywait).
     int arm();
-    // peer::LocalPathOps::channel: our node-local channel once enabled (without an inbox it
-    // reaches no peer, and has its wake all the same).
-    shm::Channel *channel() { return enabled_ ? &channel_ : nullptr; }
+    // peer::LocalPathOps::use_channel: the owner's node-local channel, which we open our
+    // inbox on when enabled and send through (before fi_enable, once).
+    int use_channel(shm::Channel *channel) {
+        if (enabled_ || channel_) return -FI_EOPBADSTATE;
+        channel_ = channel;
+        return 0;
+    }
     // peer::LocalPathOps::take_inbox: from now on the owner reads our inbox.
     peer::InboxView take_inbox(const peer::OwnerInbox &owner) {
         owner_inbox_ = owner;
-        owner_reads_ = owner_reads_ || channel_.has_inbox();  // (no inbox: nothing to read)
-        return {channel_.inbox(), &quiet_};
+        owner_reads_ = owner_reads_ || channel_->has_inbox();  // (no inbox: nothing to read)
+        return {channel_->inbox(), &quiet_};
     }
     // peer::LocalPathOps::take_cell: a cell of ours the owner read (ep/progress.cpp).
     void take_cell(const uint8_t *cell);
@@ -161,9 +166,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // discard_held in ep/receive.cpp; the rest in endpoint.cpp.
 
     using StreamEnd = shm::StreamEnd;
-    // Who writes our cells (shm::Sender): our claimant id and name, and the end of a stream
-    // (finish_stream).
-    struct CellSender final : shm::Sender {
+    // The end of each of our streams (finish_stream): we name ourselves the channel's
+    // listener (shm::Sender::streams), every stream being ours.
+    struct StreamEnds final : shm::StreamListener {
         Endpoint *ep = nullptr;
         void stream_ended(const shm::Stream &stream, int status) override {
             ep->finish_stream(stream, status);
@@ -175,12 +180,18 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // message whose room another producer took first, besides our answers to the peer's own
     // operations, bounded by its transmit queue.)
     using PeerLink = shm::PeerInbox;
-    // The owner's AV as our channel reads it (bound before enable).
-    struct AvBook final : shm::AddressBook {
-        const Endpoint *ep = nullptr;
-        const std::atomic<uint64_t> *version_word() const override;
-        int lookup(fi_addr_t addr, void *buf, size_t *addrlen) const override;
-        fi_addr_t addr_of(const void *addr, size_t addrlen) const override;
+    // A channel of our own, for an owner that lends none (a provider tandem did not build):
+    // fi_peer(3)'s AV gives no way to read an entry, so it looks no address up. It receives
+    // (its inbox is published under the owner's address) and reaches no peer.
+    struct NoAddresses final : shm::AddressBook {
+        const std::atomic<uint64_t> *version_word() const override { return nullptr; }
+        int lookup(fi_addr_t, void *, size_t *) const override { return -FI_ENOSYS; }
+        fi_addr_t addr_of(const void *, size_t) const override { return FI_ADDR_NOTAVAIL; }
+    };
+    struct OwnChannel {
+        shm::Sender sender;
+        NoAddresses book;
+        shm::Channel channel{sender, book};
     };
     // An operation waiting for the target's Fin (Rts, RMA) or for ReadData cells.
     struct Pending {
@@ -212,9 +223,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     void enable();
 
     // ep/peer_links.cpp: peers (the channel's) by fi_addr_t or by sender, and their liveness.
-    PeerLink *link_for(fi_addr_t addr) { return channel_.peer_at(addr); }
-    PeerLink *link_to(std::string_view sender) { return channel_.sender_peer(sender); }
-    fi_addr_t source_of(std::string_view sender) { return channel_.source_of(sender); }
+    PeerLink *link_for(fi_addr_t addr) { return channel_->peer_at(addr); }
+    PeerLink *link_to(std::string_view sender) { return channel_->sender_peer(sender); }
+    fi_addr_t source_of(std::string_view sender) { return channel_->source_of(sender); }
     bool check_peers();
     // Whether operations wait on a peer (its answer, a split copy's other half, an atomic's
     // result, a restaged copy): its liveness is then checked (progress_all), and a sleeper
@@ -379,18 +390,20 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     uint64_t auth_ = 0;          // our owner's authorization key (digest): peers must have the same
     wire::LocalHeader proto_{};  // name_len filled
     uint8_t name_[wire::kLocalNameRoom]{};
-    // Our Short cells' line (common/short_cell.h): the owner's carry it too (channel_.sender()).
+    // Our Short cells' line (common/short_cell.h): the owner's carry it too (channel_->sender()).
     ShortLine short_line_;
-    // ep/cell_send.cpp
-    CellSender sender_{};  // (sender_.backlogged: links whose backlog is not empty)
 
-    // The node-local channel (main_prov/shm/channel.h): our inbox, its split-copy claims
-    // (ep/split_copy.cpp), the FIFO peers wake us through and our liveness timer (a peer
-    // that dies writes nothing, so a sleeper whose operations wait on peers must wake for
-    // the next check of them by itself: arm_liveness_timer; wait_fd() hands out its
-    // descriptor), and the peers.
-    AvBook av_book_{};
-    shm::Channel channel_{sender_, av_book_};
+    // The node-local channel (main_prov/shm/channel.h), the owner's (use_channel) or, without
+    // one lent, our own: our inbox, its split-copy claims (ep/split_copy.cpp), the FIFO peers
+    // wake us through and our liveness timer (a peer that dies writes nothing, so a sleeper
+    // whose operations wait on peers must wake for the next check of them by itself:
+    // arm_liveness_timer), and the peers. Set from enable on.
+    shm::Channel *channel_ = nullptr;
+    std::unique_ptr<OwnChannel> own_channel_;
+    // The channel's sender, which we fill in at enable (ep/cell_send.cpp; ->backlogged: links
+    // whose backlog is not empty), and the end of our streams.
+    shm::Sender *sender_ = nullptr;
+    StreamEnds stream_ends_{};
     void arm_liveness_timer();
     int64_t next_check_ms_ = 0;  // coarse_now_ms() of the next liveness check
 
@@ -484,7 +497,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // Our heartbeat in our segment (SegmentInfo::heartbeat): the coarse clock (ms) of one of
     // our last 64 passes, so that peers see whether we poll (the clock read costs a pass's
     // worth of instructions: once in 64).
-    void beat() { channel_.beat(); }
+    void beat() {
+        if (channel_) channel_->beat();
+    }
     // Nothing waits for a progress pass but what a cell may bring (no backlog, completion,
     // pending operation, collective): progress only peeks at the inbox. Set at
     // the end of a pass that leaves nothing behind; cleared by every call of the owner's that

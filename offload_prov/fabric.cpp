@@ -1,5 +1,6 @@
 #include "offload_prov/fabric.h"
 
+#include "offload_prov/cq.h"
 #include "offload_prov/domain.h"
 #include "offload_prov/eq.h"
 #include "peer/peer_abi.h"
@@ -16,7 +17,7 @@ fi_ops_fabric fabric_ops = {
     .passive_ep = enosys<decltype(fi_ops_fabric::passive_ep)>,
     .eq_open = &Trampoline<&Fabric::eq_open>::call<fid_fabric>,
     .wait_open = enosys<decltype(fi_ops_fabric::wait_open)>,
-    .trywait = enosys<decltype(fi_ops_fabric::trywait)>,
+    .trywait = &Trampoline<&Fabric::trywait>::call<fid_fabric>,
     .domain2 = &Trampoline<&Fabric::domain2>::call<fid_fabric>,
 };
 
@@ -31,6 +32,19 @@ int Fabric::close() {
     if (refs_.load()) return -FI_EBUSY;
     delete this;
     return 0;
+}
+
+// Our CQs' endpoints prepare their wake-ups for a sleeping owner; every CQ is asked, even
+// after one answered that work is pending, so that each arms what it watches.
+int Fabric::trywait(struct fid **fids, int count) {
+    if (count < 0 || (count && !fids)) return -FI_EINVAL;
+    int ret = 0;
+    for (int i = 0; i < count; ++i) {
+        Cq *cq = Cq::ours(fids[i]);
+        if (!cq) return -FI_EINVAL;
+        if (cq->trywait() == -FI_EAGAIN) ret = -FI_EAGAIN;
+    }
+    return ret;
 }
 
 // A domain of the offload provider exists only as the peer of an owner's domain.

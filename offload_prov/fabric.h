@@ -1,4 +1,5 @@
-// off_tandem's fid_fabric: opens peer domains and peer EQs, nothing an application would use.
+// off_tandem's fid_fabric: opens peer domains and peer EQs, and answers fi_trywait on its CQs
+// for their owner; nothing an application would use.
 #pragma once
 
 #include "common/fid_adaptor.h"
@@ -17,6 +18,9 @@ class Fabric : public FidObject<Fabric, fid_fabric> {
     int domain(fi_info *info, fid_domain **dom, void *context);
     int domain2(fi_info *info, fid_domain **dom, uint64_t flags, void *context);
     int eq_open(fi_eq_attr *attr, fid_eq **eq, void *context);
+    // fi_trywait(3) on CQs of ours (Cq::trywait): -FI_EAGAIN when one has work pending,
+    // -FI_EINVAL for a fid that is not one of our CQs.
+    int trywait(struct fid **fids, int count);
     void hold() { ++refs_; }
     void release() { --refs_; }
 

@@ -74,25 +74,6 @@ inline constexpr uint64_t kGetinfoInternal = 1ull << 58;
 // The offload provider's name: the "off_" prefix is what makes the core hide it.
 inline constexpr const char *kOffloadProvName = "off_tandem";
 
-// fi_open_ops name of tandem's extension of fid_peer_av: fi_peer(3)'s owner ops give an
-// offload provider the AV's attributes and one endpoint's address, but no way to read an
-// entry, and the node-local path needs the peer's address to find its shared segment.
-inline constexpr const char *kPeerAvOpsName = "tandem_peer_av_v2";
-
-struct PeerAvOps {
-    size_t size;
-    // The address stored at fi_addr (like fi_av_lookup); *addrlen in: room, out: length.
-    int (*lookup)(fid_peer_av *av, fi_addr_t fi_addr, void *addr, size_t *addrlen);
-    // The fi_addr of an address, FI_ADDR_NOTAVAIL when it is not in the AV (the reverse
-    // lookup a receiver needs to report a source).
-    fi_addr_t (*addr_of)(fid_peer_av *av, const void *addr, size_t addrlen);
-    // A word that changes whenever an entry is inserted or removed, valid as long as the AV:
-    // translations cached by the peer hold while it stays the same. A word rather than a
-    // call because the peer checks it on every send (one load instead of two calls and the
-    // owner's lock).
-    const std::atomic<uint64_t> *(*version_word)(fid_peer_av *av);
-};
-
 // fi_open_ops name of tandem's endpoint extension for its offload twin: RMA that arrives over
 // the node-local path targets regions registered with tandem, so the offload provider checks
 // the key, bounds and access through the owner (as an RNIC checks an rkey), and reports the
@@ -133,34 +114,38 @@ struct InboxView {
 };
 
 // fi_open_ops name of off_tandem's endpoint extension: the node-local path as its owner uses
-// it (the twin's channel, which says whether a peer is node-local), the twin's inbox, and the
-// twin's sleep. (The owner drives the twin's progress through its CQ, as fi_peer(3) says.)
-inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v12";
+// it (the owner's channel, which the twin opens its inbox on and sends through), the twin's
+// inbox, and the twin's sleep. (The owner drives the twin's progress through its CQ, as
+// fi_peer(3) says.)
+// Before it sleeps on the channel's wake descriptor (shm::InboxWake::fd), the owner calls
+// fi_trywait on the twin's CQ (off_tandem's fabric): its endpoints ask senders to signal that
+// descriptor and set their liveness timers while their operations wait on peers, and it
+// answers -FI_EAGAIN when work is pending (the descriptor is then readable at once).
+inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v14";
 
 struct LocalPathOps {
     size_t size;
-    // sizeof(shm::Channel) as the twin was built: channel() is shared as a C++ object, which
-    // both providers must lay out alike (they are built together; an owner built apart
-    // refuses the table).
+    // sizeof(shm::Channel) as the twin was built: the owner's channel is shared as a C++
+    // object, which both providers must lay out alike (they are built together; an owner
+    // built apart refuses the table).
     size_t channel_bytes;
-    // Before sleeping on the channel's wake descriptor (shm::InboxWake::fd): asks senders to
-    // signal it, and sets the liveness timer while the twin's operations wait on peers.
-    // Returns 1 when work is already pending (the descriptor is then readable at once, so the
-    // sleep ends immediately).
-    int (*arm)(fid_ep *ep);
     // What fi_peer_rx_entry cannot carry of a message the twin queued with the owner's SRX:
     // its remote CQ data (FI_PEEK reports it before the message is delivered), and its source
     // as the AV names it now (entry->addr was fixed when the message came, perhaps before the
     // application inserted the sender): FI_ADDR_NOTAVAIL while the sender is not in the AV.
     void (*queued)(fid_ep *ep, fi_peer_rx_entry *entry, uint64_t *data, fi_addr_t *src);
-    // The twin's node-local channel (main_prov/shm/channel.h), once it is enabled (without an
-    // inbox, FI_OPT_SHARED_MEMORY_PERMITTED false, it reaches no peer, and the owner still
-    // sleeps on its wake descriptor for the twin's checks): its peers (a peer is node-local when
-    // Channel::peer_at finds it alive; the owner reaches every other one over a link), their
-    // Outboxes, which the owner's Short cells go through (Outbox::claim / publish, with the
-    // channel's Sender's producer id and Short line), the wake descriptor it sleeps on.
-    // Valid as long as the twin endpoint; used under the owner's lock, as the twin uses it.
-    shm::Channel *(*channel)(fid_ep *ep);
+    // The owner's node-local channel (main_prov/shm/channel.h), built over the owner's AV
+    // (fi_peer(3)'s AV gives a peer no way to read an entry, and the channel finds a peer's
+    // inbox by its address). Before fi_enable, once; it outlives the twin endpoint and is used
+    // under the owner's lock. When enabled the twin opens its inbox on it (shape and policy are
+    // the twin's settings, FI_OFF_TANDEM_*; FI_OPT_SHARED_MEMORY_PERMITTED false: the wake
+    // only, no inbox), names the channel's Sender (its producer id, the owner endpoint's name
+    // and Short line; itself as the listener of every stream) and sends all its cells through
+    // the peers' Outboxes; the owner writes its Short cells through them too (Outbox::claim /
+    // publish) and sleeps on the channel's wake descriptor. Without it (an owner tandem did
+    // not build) the twin makes a channel of its own that looks no address up: it receives,
+    // and reaches no peer. -FI_EOPBADSTATE after fi_enable or a second time.
+    int (*use_channel)(fid_ep *ep, shm::Channel *channel);
     // The owner becomes the reader of the twin's inbox (see InboxView), with its Short
     // decoder (the twin copies *owner). Its own twin only; once, after the twin is enabled.
     InboxView (*take_inbox)(fid_ep *ep, const OwnerInbox *owner);

@@ -5,9 +5,10 @@
 // process is gone. Protocol decisions (which cells an operation sends, what waits on a peer)
 // are the endpoint's; this class keeps the channel's state and its caches.
 //
-// Owned today by off_tandem's endpoint, which carries most of the node-local traffic; tandem
-// uses it for its Short cells and its sleep (peer::LocalPathOps::channel). A class of its own
-// so that it moves to tandem's engine whole (docs/architecture.md, step 3b).
+// Built by tandem's endpoint over its own AV (LocalPath) and lent to its offload twin
+// (peer::LocalPathOps::use_channel), which opens the inbox on it and still carries most of the
+// node-local traffic through it; tandem writes its Short cells through the peers' Outboxes and
+// sleeps on its wake (docs/architecture.md, step 3b).
 #pragma once
 
 #include "main_prov/shm/inbox_segment.h"

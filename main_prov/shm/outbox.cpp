@@ -14,6 +14,14 @@ namespace tandem::shm {
 using wire::LocalHeader;
 using wire::LocalOp;
 
+void Sender::stream_ended(const Stream &stream, int status) {
+    if (streams)
+        streams->stream_ended(stream, status);
+    else
+        TANDEM_WARN(FI_LOG_EP_DATA, "a stream (operation %llu) ended with nobody to tell\n",
+                    static_cast<unsigned long long>(stream.hdr.msg_id));
+}
+
 void Outbox::push(Sender &s, const LocalHeader &hdr, const void *body, size_t len) {
     iovec iov{const_cast<void *>(body), len};
     push_gather(s, hdr, &iov, len ? 1 : 0, 0, len);

@@ -52,19 +52,28 @@ struct Stream {
     StreamEnd end{};
 };
 
+// Who is told that a stream ended: the provider whose operation it carries.
+class StreamListener {
+  public:
+    virtual void stream_ended(const Stream &stream, int status) = 0;
+
+  protected:
+    ~StreamListener() = default;
+};
+
 // Who writes, the same for every Outbox of one endpoint: our claimant id in peers' rings and
 // our name as every cell carries it; how many of our Outboxes hold a backlog (so that
-// progress flushes only when one does); and what is done when a stream ends.
+// progress flushes only when one does); and who hears of a stream's end. The channel that
+// tandem builds holds one; the twin, which pushes every stream today, names itself its
+// listener (a stream of tandem's will carry whom to tell, step 3b's producer side).
 class Sender {
   public:
     uint32_t producer = 0;                  // own_process_token()
     const uint8_t *name = nullptr;          // wire::kLocalNameRoom bytes, zero-padded
     const ShortLine *short_line = nullptr;  // our Short cells' first line
     size_t backlogged = 0;                  // Outboxes whose backlog is not empty
-    virtual void stream_ended(const Stream &stream, int status) = 0;
-
-  protected:
-    ~Sender() = default;
+    StreamListener *streams = nullptr;      // nobody: a stream's end is dropped (logged)
+    void stream_ended(const Stream &stream, int status);
 };
 
 class Outbox {

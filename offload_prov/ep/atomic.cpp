@@ -152,7 +152,7 @@ ssize_t Endpoint::post_atomic(atomic::Kind kind, const fi_msg_atomic &m, const f
     memcpy(cell + sizeof h, name_, at - sizeof h);  // name_ is zero-padded
     TANDEM_DEBUG(FI_LOG_EP_DATA, "atomic op %d type %d x%zu to %s\n", m.op, m.datatype, count,
                  link->key.c_str());
-    link->out.push_cell(sender_, cell, at + len);
+    link->out.push_cell(*sender_, cell, at + len);
     return 0;
 }
 
@@ -218,7 +218,7 @@ void Endpoint::serve_atomic(const uint8_t *cell) {
     out.size = static_cast<uint32_t>(len);
     out.tag = h.tag;
     out.cq_data = static_cast<uint32_t>(status);
-    link->out.push_compact(sender_, out, fetched, len);
+    link->out.push_compact(*sender_, out, fetched, len);
 }
 
 // The slot an AtomicResp names, if it still waits (it was failed already when its peer was

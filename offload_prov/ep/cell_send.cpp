@@ -33,11 +33,11 @@ void Endpoint::finish_stream(const shm::Stream &stream, int status) {
 
 int Endpoint::arm() {
     if (!enabled_) return 0;
-    shm::InboxWake *wake = channel_.wake();
+    shm::InboxWake *wake = channel_->wake();
     if (wake) wake->drain();
-    ShmRing *inbox = channel_.inbox();
-    bool pending =
-        (inbox && !inbox->arm()) || !tx_done_.empty() || !cq_backlog_.empty() || sender_.backlogged;
+    ShmRing *inbox = channel_->inbox();
+    bool pending = (inbox && !inbox->arm()) || !tx_done_.empty() || !cq_backlog_.empty() ||
+                   sender_->backlogged;
     if (!wake) return pending ? 1 : 0;
     if (pending)
         wake->wake_self();
@@ -58,7 +58,7 @@ void Endpoint::arm_liveness_timer() {
         coll_.checks_due();
         due = std::min(due, now + coll::Engine::kAsleepCheckMs);
     }
-    shm::InboxWake &wake = *channel_.wake();
+    shm::InboxWake &wake = *channel_->wake();
     if (due != INT64_MAX)
         wake.set_timer(due - now);
     else if (wake.timer_set())
@@ -72,7 +72,7 @@ void Endpoint::answer(std::string_view sender, uint64_t msg_id, int status) {
     hdr.op = static_cast<uint8_t>(LocalOp::Fin);
     hdr.msg_id = msg_id;
     hdr.status = status;
-    link->out.push(sender_, hdr, nullptr, 0);
+    link->out.push(*sender_, hdr, nullptr, 0);
 }
 
 }  // namespace tandem::off

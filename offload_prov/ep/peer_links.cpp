@@ -1,6 +1,6 @@
-// Peers: the owner's AV as the channel reads it (the channel, main_prov/shm/channel.h, opens
-// and keeps the peers); whether a peer is reachable and how; and what the liveness check's
-// verdict fails, rather than leaves hanging: what waited on a peer that died.
+// Peers (the channel, main_prov/shm/channel.h, opens and keeps them over the owner's AV):
+// whether a peer is reachable, and what the liveness check's verdict fails, rather than leaves
+// hanging: what waited on a peer that died.
 #include "offload_prov/endpoint.h"
 
 #include "offload_prov/av.h"
@@ -15,24 +15,12 @@ int Endpoint::reachable(fi_addr_t addr) {
     return link && !link->dead;
 }
 
-const std::atomic<uint64_t> *Endpoint::AvBook::version_word() const {
-    return ep->av_ ? ep->av_->owner().version_word() : nullptr;
-}
-
-int Endpoint::AvBook::lookup(fi_addr_t addr, void *buf, size_t *addrlen) const {
-    return ep->av_ ? ep->av_->owner().lookup(addr, buf, addrlen) : -FI_ENOAV;
-}
-
-fi_addr_t Endpoint::AvBook::addr_of(const void *addr, size_t addrlen) const {
-    return ep->av_ ? ep->av_->owner().addr_of(addr, addrlen) : FI_ADDR_NOTAVAIL;
-}
-
 // A peer that died leaves our operations waiting on it with errors, not a hang, and no
 // cell it had claimed in our inbox without publishing it stops the cells behind. A peer
 // is dead once the cells it wrote us before it died are read (shm::DeathVerdict): true while
 // a verdict waits for that (the caller checks again soon).
 bool Endpoint::check_peers() {
-    return channel_.check_peers([this](PeerLink &link) { bury(link); });
+    return channel_->check_peers([this](PeerLink &link) { bury(link); });
 }
 
 // A peer found dead (the channel marked it so and ended its backlog's streams): what else
@@ -58,7 +46,7 @@ void Endpoint::bury(PeerLink &link) {
         }
         Split split = it->second;
         it = splits_.erase(it);
-        channel_.claims().release(split.claim);
+        channel_->claims().release(split.claim);
         if (split.entry) complete_rx(split.entry, split.hdr, split.n, FI_ECONNRESET, split.src);
     }
     // Its staged writes that failed here, and what it sent behind a split write of its:

@@ -37,7 +37,7 @@ void Endpoint::progress() {
         // for room in the owner's CQ.
         for (int i = 0; i < 64; ++i) {
             const auto *cell =
-                owner_reads_ ? nullptr : static_cast<const uint8_t *>(channel_.inbox()->peek());
+                owner_reads_ ? nullptr : static_cast<const uint8_t *>(channel_->inbox()->peek());
             if (!cell) {
                 if ((++passes_ & 63) == 0) beat();
                 if ((passes_ & 1023) != 0) return;
@@ -46,7 +46,7 @@ void Endpoint::progress() {
             }
             if (cell[0] != static_cast<uint8_t>(LocalOp::Short) || !deferred_.empty()) break;
             handle_short(cell);
-            channel_.inbox()->release();
+            channel_->inbox()->release();
             if (!cq_backlog_.empty()) break;
         }
         quiet_ = false;
@@ -64,7 +64,7 @@ void Endpoint::progress_all(bool counted) {
     // the owner reads the inbox, the cells it handed us since the last pass.)
     int handled = owner_reads_ ? std::exchange(cells_from_owner_, 0) : 0;
     for (; !owner_reads_ && handled < 64; ++handled) {
-        const void *cell = channel_.inbox()->peek();
+        const void *cell = channel_->inbox()->peek();
         if (!cell) break;
         auto *c = static_cast<const uint8_t *>(cell);
         // (The commonest cell first, without the dispatch's other checks.)
@@ -72,9 +72,9 @@ void Endpoint::progress_all(bool counted) {
             handle_short(c);
         else
             handle_cell(c);
-        channel_.inbox()->release();
+        channel_->inbox()->release();
     }
-    channel_.flush();
+    channel_->flush();
     // Completions the owner's CQ refused earlier go first, in order.
     while (!cq_backlog_.empty() && try_write_cq(cq_backlog_.front())) cq_backlog_.pop_front();
     while (!tx_done_.empty()) {
@@ -104,7 +104,7 @@ void Endpoint::progress_all(bool counted) {
     // brings nothing: the peer may have no core (more processes than cores), and our busy
     // poll would keep it off ours until the scheduler's time slice ends. Every kYieldAfter
     // fruitless passes we give the core away.
-    if ((waiting || sender_.backlogged) && handled == 0) {
+    if ((waiting || sender_->backlogged) && handled == 0) {
         if (++fruitless_passes_ >= kYieldAfter) {
             fruitless_passes_ = 0;
             sched_yield();
@@ -114,7 +114,7 @@ void Endpoint::progress_all(bool counted) {
     }
     // Quiet when nothing but a cell can give this endpoint work: then the next passes only
     // look at the inbox until a cell comes or a call of the owner's brings work (note_work).
-    quiet_ = coll_.idle() && !sender_.backlogged && cq_backlog_.empty() && tx_done_.empty() &&
+    quiet_ = coll_.idle() && !sender_->backlogged && cq_backlog_.empty() && tx_done_.empty() &&
              !waiting && deferred_.empty();
 }
 
@@ -335,7 +335,7 @@ bool Endpoint::vouch_for_process(LocalHeader &hdr, std::string_view sender) {
         answer.op = static_cast<uint8_t>(LocalOp::Fin);
         answer.status = FI_EACCES;
     }
-    link->out.push(sender_, answer, nullptr, 0);
+    link->out.push(*sender_, answer, nullptr, 0);
     return false;
 }
 

@@ -81,7 +81,7 @@ ssize_t Endpoint::issue_rma(LocalRequest &r) {
         hdr.op = static_cast<uint8_t>(LocalOp::Read);
         hdr.iov_count = static_cast<uint8_t>(cma ? n : 0);
         pending_[hdr.msg_id] = std::move(p);
-        link->out.push(sender_, hdr, body, hdr.iov_count * sizeof(LocalIov));
+        link->out.push(*sender_, hdr, body, hdr.iov_count * sizeof(LocalIov));
         return 0;
     }
     // A large write read with CMA: the target may ask us (Cts) to write part of it ourselves.
@@ -137,15 +137,15 @@ void Endpoint::push_rma_write(PeerLink &link, LocalHeader hdr, const LocalReques
     if (r.len <= Config::get().eager_limit) {
         hdr.op = static_cast<uint8_t>(LocalOp::Write);
         hdr.size = static_cast<uint32_t>(r.len);
-        sent = link.out.push_gather(sender_, hdr, r.iov, r.count, 0, r.len, mem);
+        sent = link.out.push_gather(*sender_, hdr, r.iov, r.count, 0, r.len, mem);
     } else if (cma) {
         hdr.op = static_cast<uint8_t>(LocalOp::Write);
         hdr.iov_count = static_cast<uint8_t>(n);
-        link.out.push(sender_, hdr, body, n * sizeof(LocalIov));
+        link.out.push(*sender_, hdr, body, n * sizeof(LocalIov));
     } else {
         hdr.op = static_cast<uint8_t>(LocalOp::WriteFrag);
         // A failed device copy fails the write (a later Fin finds nothing to finish).
-        link.out.push_stream(sender_, hdr, r.iov, r.count, r.len, mem,
+        link.out.push_stream(*sender_, hdr, r.iov, r.count, r.len, mem,
                              {.kind = StreamEnd::Kind::FailPending});
     }
     if (!sent) finish_pending(hdr.msg_id, FI_EIO);  // (a later Fin finds nothing to finish)

@@ -189,7 +189,7 @@ int Endpoint::rma_read(const LocalHeader &hdr, std::string_view sender, const ui
     out.msg_id = hdr.msg_id;
     out.total = len;
     // The access counts once the data is sent, not when a device copy failed.
-    link->out.push_stream(sender_, out, region.pieces, region.count, len,
+    link->out.push_stream(*sender_, out, region.pieces, region.count, len,
                           region.device ? region.mem : nullptr,
                           {.kind = StreamEnd::Kind::ReadAccess, .rma_key = hdr.rma_key});
     return kNotFinished;

@@ -99,7 +99,7 @@ void Endpoint::send_host(const LocalRequest &r, PeerLink &link, LocalHeader &hdr
     if (len <= Config::get().eager_limit) {
         hdr.op = static_cast<uint8_t>(LocalOp::Eager);
         hdr.size = static_cast<uint32_t>(len);
-        link.out.push_gather(sender_, hdr, iov, count, 0, len);
+        link.out.push_gather(*sender_, hdr, iov, count, 0, len);
         if (!ack) complete_tx(r.context, cq_flags, len, 0);
         return;
     }
@@ -117,7 +117,7 @@ void Endpoint::send_host(const LocalRequest &r, PeerLink &link, LocalHeader &hdr
     }
     // No cross-memory attach, or staging is better: through the ring, a cell at a time.
     hdr.op = static_cast<uint8_t>(LocalOp::Frag);
-    link.out.push_stream(sender_, hdr, iov, count, len, nullptr,
+    link.out.push_stream(*sender_, hdr, iov, count, len, nullptr,
                          send_end(ack, r.context, cq_flags));
 }
 
@@ -146,13 +146,13 @@ void Endpoint::send_device(const LocalRequest &r, PeerLink &link, LocalHeader &h
     if (ack) await_delivery(hdr, link, r, cq_flags);
     if (len > Config::get().eager_limit) {
         hdr.op = static_cast<uint8_t>(LocalOp::Frag);
-        link.out.push_stream(sender_, hdr, iov, count, len, mem,
+        link.out.push_stream(*sender_, hdr, iov, count, len, mem,
                              send_end(ack, r.context, cq_flags));
         return;
     }
     hdr.op = static_cast<uint8_t>(LocalOp::Eager);
     hdr.size = static_cast<uint32_t>(len);
-    if (!link.out.push_gather(sender_, hdr, iov, count, 0, len, mem)) {
+    if (!link.out.push_gather(*sender_, hdr, iov, count, 0, len, mem)) {
         // The device could not copy it: an error completion, and nothing delivered.
         pending_.erase(hdr.msg_id);
         complete_tx(r.context, cq_flags, len, FI_EIO);
@@ -262,7 +262,7 @@ void Endpoint::send_rts(PeerLink &link, LocalHeader hdr, Pending p) {
     hdr.iov_count = static_cast<uint8_t>(n);
     hdr.flags &= ~uint8_t(wire::kLocalAckReq);  // Fin comes anyway, after delivery
     pending_[hdr.msg_id] = std::move(p);
-    link.out.push(sender_, hdr, body, n * sizeof(LocalIov));
+    link.out.push(*sender_, hdr, body, n * sizeof(LocalIov));
 }
 
 // An IpcRts (or, op, an IpcWrite) naming our device buffers; false when some buffer has no IPC
@@ -293,7 +293,7 @@ bool Endpoint::post_ipc(PeerLink &link, LocalHeader hdr, const iovec *iov, const
     hdr.iov_count = static_cast<uint8_t>(n);
     hdr.flags &= ~uint8_t(wire::kLocalAckReq);  // Fin comes anyway, after delivery
     pending_[hdr.msg_id] = std::move(p);
-    link.out.push(sender_, hdr, body, n * sizeof(wire::LocalIpc));
+    link.out.push(*sender_, hdr, body, n * sizeof(wire::LocalIpc));
     return true;
 }
 
@@ -333,7 +333,7 @@ void Endpoint::finish_pending(uint64_t msg_id, int status) {
             p.ipc = false;
             pending_[msg_id] = std::move(p);
         }
-        link.out.push_stream(sender_, hdr, iov.data(), iov.size(), hdr.total, mem.data(), end);
+        link.out.push_stream(*sender_, hdr, iov.data(), iov.size(), hdr.total, mem.data(), end);
         return;
     } else if (p.ipc && p.rma_write && status == FI_EOPNOTSUPP) {
         hmem::counters().refused_transfers.fetch_add(1, std::memory_order_relaxed);
@@ -349,7 +349,7 @@ void Endpoint::finish_pending(uint64_t msg_id, int status) {
             hdr.total = p.len;
             hdr.msg_id = msg_id;
             hdr.status = FI_EOPNOTSUPP;
-            p.link->out.push(sender_, hdr, nullptr, 0);
+            p.link->out.push(*sender_, hdr, nullptr, 0);
         }
     }
     complete_tx(p.context, p.flags, p.len, status);

@@ -24,7 +24,7 @@ bool Endpoint::send_cts(PeerLink &link, uint64_t msg_id, const iovec *dst, size_
     iovec mine[wire::kLocalMaxIov];
     size_t nmine = iov_slice(dst, ndst, half, n - half, mine, wire::kLocalMaxIov);
     if (!nmine || iov_length(mine, nmine) != n - half) return false;
-    std::optional<shm::ClaimId> opened = channel_.claims().open();
+    std::optional<shm::ClaimId> opened = channel_->claims().open();
     if (!opened) return false;
     *claim = *opened;
     LocalHeader cts = proto_;
@@ -37,7 +37,7 @@ bool Endpoint::send_cts(PeerLink &link, uint64_t msg_id, const iovec *dst, size_
     LocalIov body[wire::kLocalMaxIov];
     for (size_t i = 0; i < nmine; ++i)
         body[i] = {reinterpret_cast<uint64_t>(mine[i].iov_base), mine[i].iov_len};
-    link.out.push(sender_, cts, body, nmine * sizeof(LocalIov));
+    link.out.push(*sender_, cts, body, nmine * sizeof(LocalIov));
     return true;
 }
 
@@ -45,7 +45,7 @@ bool Endpoint::send_cts(PeerLink &link, uint64_t msg_id, const iovec *dst, size_
 // while we copied ours), we take it back and read it too, rather than wait for the sender to
 // be scheduled; otherwise its WriteDone finishes the split.
 void Endpoint::split_read(Split split, std::string_view sender) {
-    if (!split.err && !test_split_wait() && channel_.claims().take_back(split.claim)) {
+    if (!split.err && !test_split_wait() && channel_->claims().take_back(split.claim)) {
         finish_split(split, sender, FI_EAGAIN);
         return;
     }
@@ -83,7 +83,7 @@ void Endpoint::handle_cts(const LocalHeader &hdr, std::string_view sender, const
     done.op = static_cast<uint8_t>(LocalOp::WriteDone);
     done.msg_id = hdr.msg_id;
     done.status = status;
-    link->out.push(sender_, done, nullptr, 0);
+    link->out.push(*sender_, done, nullptr, 0);
 }
 
 // Receiver side: the sender wrote its part (or could not: then we read it ourselves).
@@ -98,7 +98,7 @@ void Endpoint::handle_write_done(const LocalHeader &hdr, std::string_view sender
 // The split's end: `sender_status` is the sender's part's (0 written; otherwise we read it
 // here: FI_EAGAIN when we took it back, an error when the sender could not write it).
 void Endpoint::finish_split(const Split &split, std::string_view sender, int sender_status) {
-    channel_.claims().release(split.claim);
+    channel_->claims().release(split.claim);
     int err = split.err;
     if (!err && sender_status != 0) {
         // Our buffer and the sender's, both from `half` to `n`.

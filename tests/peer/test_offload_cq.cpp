@@ -6,9 +6,13 @@
 // The owner here is the test itself: its own fid_peer_cq, which refuses every completion's
 // first attempt, and two owner endpoints of its own (just enough of a fid_ep for the twin:
 // a name, and a tagged receive that is accepted and never completes), over tandem's AV and
-// SRX (exported, fi_export_fid) so that addressing and matching are real.
+// SRX (exported, fi_export_fid) so that addressing and matching are real. Like tandem, each
+// owner endpoint lends its twin a node-local channel (peer::LocalPathOps::use_channel) that
+// reads the AV, here with fi_av_lookup.
 #include <gtest/gtest.h>
 
+#include "main_prov/shm/channel.h"
+#include "peer/peer_abi.h"
 #include "tests/common/owner_cq.h"
 
 #include <rdma/fabric.h>
@@ -26,6 +30,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <memory>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -78,74 +84,158 @@ struct OwnerEp {
 };
 static_assert(offsetof(OwnerEp, ep) == 0);
 
-TEST(OffloadCq, CompletionsTheOwnersCqRefusesAreWrittenAgainNotDropped) {
-    // tandem's domain, AV and SRX; off_tandem's domain over it.
-    fi_info *hints = fi_allocinfo();
-    hints->ep_attr->type = FI_EP_RDM;
-    hints->caps = FI_MSG | FI_TAGGED;
-    hints->fabric_attr->prov_name = strdup("tandem");
-    fi_info *all = nullptr, *tinfo = nullptr;
-    ASSERT_EQ(fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", nullptr, 0, hints, &all), 0);
-    for (fi_info *fi = all; fi && !tinfo; fi = fi->next)
-        if (strcmp(fi->fabric_attr->prov_name, "tandem") == 0) tinfo = fi_dupinfo(fi);
-    fi_freeinfo(all);
-    ASSERT_NE(tinfo, nullptr);
-    hints->mode = FI_PEER_TRANSFER;
-    free(hints->fabric_attr->prov_name);
-    hints->fabric_attr->prov_name = strdup("off_tandem");
-    fi_info *oinfo = nullptr;
-    ASSERT_EQ(fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, kOffloadProvOnly, hints, &oinfo), 0);
-    fi_freeinfo(hints);
-    fid_fabric *tfab = nullptr, *ofab = nullptr;
-    fid_domain *tdom = nullptr, *odom = nullptr;
-    ASSERT_EQ(fi_fabric(tinfo->fabric_attr, &tfab, nullptr), 0);
-    ASSERT_EQ(fi_domain(tfab, tinfo, &tdom, nullptr), 0);
-    ASSERT_EQ(fi_fabric(oinfo->fabric_attr, &ofab, nullptr), 0);
-    fi_peer_domain_context dctx{sizeof dctx, tdom};
-    ASSERT_EQ(fi_domain2(ofab, oinfo, &odom, FI_PEER, &dctx), 0);
+// tandem's AV as an owner's channel reads it: fi_av_lookup, and the reverse over the addresses
+// this test inserted (nothing kept between calls: no version word).
+struct AvLookups final : tandem::shm::AddressBook {
+    fid_av *av = nullptr;
+    std::vector<std::pair<fi_addr_t, sockaddr_in>> inserted;
+    const std::atomic<uint64_t> *version_word() const override { return nullptr; }
+    int lookup(fi_addr_t addr, void *buf, size_t *addrlen) const override {
+        return fi_av_lookup(av, addr, buf, addrlen);
+    }
+    fi_addr_t addr_of(const void *addr, size_t addrlen) const override {
+        for (const auto &[fi_addr, name] : inserted)
+            if (addrlen == sizeof name && memcmp(addr, &name, addrlen) == 0) return fi_addr;
+        return FI_ADDR_NOTAVAIL;
+    }
+};
+// The channel an owner endpoint lends its twin.
+struct LentChannel {
+    tandem::shm::Sender sender;
+    tandem::shm::Channel channel;
+    explicit LentChannel(const AvLookups &book) : channel(sender, book) {}
+};
 
-    fi_av_attr av_attr{};
-    av_attr.type = FI_AV_TABLE;
-    fid_av *tav = nullptr, *oav = nullptr;
-    ASSERT_EQ(fi_av_open(tdom, &av_attr, &tav, nullptr), 0);
-    fid *exported = nullptr;
-    ASSERT_EQ(fi_export_fid(&tav->fid, 0, &exported, nullptr), 0);
-    fi_peer_av_context avctx{sizeof avctx, reinterpret_cast<decltype(avctx.av)>(exported)};
-    fi_av_attr oav_attr{};
-    oav_attr.flags = FI_PEER;
-    ASSERT_EQ(fi_av_open(odom, &oav_attr, &oav, &avctx), 0);
+// tandem's domain, AV and SRX; off_tandem's domain over it, importing them, and the owner's CQ.
+class OffloadCqTest : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        fi_info *hints = fi_allocinfo();
+        hints->ep_attr->type = FI_EP_RDM;
+        hints->caps = FI_MSG | FI_TAGGED;
+        hints->fabric_attr->prov_name = strdup("tandem");
+        fi_info *all = nullptr;
+        ASSERT_EQ(fi_getinfo(FI_VERSION(1, 17), "127.0.0.1", nullptr, 0, hints, &all), 0);
+        for (fi_info *fi = all; fi && !tinfo; fi = fi->next)
+            if (strcmp(fi->fabric_attr->prov_name, "tandem") == 0) tinfo = fi_dupinfo(fi);
+        fi_freeinfo(all);
+        ASSERT_NE(tinfo, nullptr);
+        hints->mode = FI_PEER_TRANSFER;
+        free(hints->fabric_attr->prov_name);
+        hints->fabric_attr->prov_name = strdup("off_tandem");
+        ASSERT_EQ(fi_getinfo(FI_VERSION(1, 17), nullptr, nullptr, kOffloadProvOnly, hints, &oinfo),
+                  0);
+        fi_freeinfo(hints);
+        ASSERT_EQ(fi_fabric(tinfo->fabric_attr, &tfab, nullptr), 0);
+        ASSERT_EQ(fi_domain(tfab, tinfo, &tdom, nullptr), 0);
+        ASSERT_EQ(fi_fabric(oinfo->fabric_attr, &ofab, nullptr), 0);
+        fi_peer_domain_context dctx{sizeof dctx, tdom};
+        ASSERT_EQ(fi_domain2(ofab, oinfo, &odom, FI_PEER, &dctx), 0);
 
-    fi_rx_attr rx_attr = *tinfo->rx_attr;
-    fid_ep *tsrx = nullptr, *osrx = nullptr;
-    ASSERT_EQ(fi_srx_context(tdom, &rx_attr, &tsrx, nullptr), 0);
-    ASSERT_EQ(fi_export_fid(&tsrx->fid, 0, &exported, nullptr), 0);
-    fi_peer_srx_context srxctx{sizeof srxctx, reinterpret_cast<fid_peer_srx *>(exported)};
-    fi_rx_attr orx_attr{};
-    orx_attr.op_flags = FI_PEER;
-    ASSERT_EQ(fi_srx_context(odom, &orx_attr, &osrx, &srxctx), 0);
+        fi_av_attr av_attr{};
+        av_attr.type = FI_AV_TABLE;
+        ASSERT_EQ(fi_av_open(tdom, &av_attr, &tav, nullptr), 0);
+        book.av = tav;
+        fid *exported = nullptr;
+        ASSERT_EQ(fi_export_fid(&tav->fid, 0, &exported, nullptr), 0);
+        fi_peer_av_context avctx{sizeof avctx, reinterpret_cast<decltype(avctx.av)>(exported)};
+        fi_av_attr oav_attr{};
+        oav_attr.flags = FI_PEER;
+        ASSERT_EQ(fi_av_open(odom, &oav_attr, &oav, &avctx), 0);
 
-    OwnerCq owner_cq(true);
-    fi_peer_cq_context cqctx{sizeof cqctx, &owner_cq.cq};
-    fi_cq_attr cq_attr{};
-    cq_attr.format = FI_CQ_FORMAT_TAGGED;
-    cq_attr.flags = FI_PEER;
-    fid_cq *ocq = nullptr;
-    ASSERT_EQ(fi_cq_open(odom, &cq_attr, &ocq, &cqctx), 0);
+        fi_rx_attr rx_attr = *tinfo->rx_attr;
+        ASSERT_EQ(fi_srx_context(tdom, &rx_attr, &tsrx, nullptr), 0);
+        ASSERT_EQ(fi_export_fid(&tsrx->fid, 0, &exported, nullptr), 0);
+        fi_peer_srx_context srxctx{sizeof srxctx, reinterpret_cast<fid_peer_srx *>(exported)};
+        fi_rx_attr orx_attr{};
+        orx_attr.op_flags = FI_PEER;
+        ASSERT_EQ(fi_srx_context(odom, &orx_attr, &osrx, &srxctx), 0);
 
-    // Two twins: a sends, b receives.
-    OwnerEp owner[2];
-    fid_ep *twin[2] = {};
-    fi_addr_t addr[2];
-    for (int i = 0; i < 2; ++i) {
+        fi_peer_cq_context cqctx{sizeof cqctx, &owner_cq.cq};
+        fi_cq_attr cq_attr{};
+        cq_attr.format = FI_CQ_FORMAT_TAGGED;
+        cq_attr.flags = FI_PEER;
+        ASSERT_EQ(fi_cq_open(odom, &cq_attr, &ocq, &cqctx), 0);
+    }
+
+    void TearDown() override {
+        auto close = [](auto *&obj) {
+            if (obj) {
+                EXPECT_EQ(fi_close(&obj->fid), 0);
+            }
+            obj = nullptr;
+        };
+        for (fid_ep *&t : twin) close(t);
+        close(osrx), close(oav), close(ocq), close(tsrx), close(tav);
+        close(odom), close(ofab), close(tdom), close(tfab);
+        fi_freeinfo(oinfo);
+        fi_freeinfo(tinfo);
+    }
+
+    // The twin of owner endpoint i, bound and enabled, and the owner's address in tandem's AV;
+    // lent a channel over that AV unless `lend` is false (an owner tandem did not build).
+    void open_twin(int i, bool lend) {
         ASSERT_TRUE(owner[i].open());
         fi_peer_transfer_context tctx{sizeof tctx, oinfo, &owner[i].ep, nullptr};
         ASSERT_EQ(fi_endpoint2(odom, oinfo, &twin[i], FI_PEER_TRANSFER, &tctx), 0);
+        if (lend) {
+            void *ops = nullptr;
+            ASSERT_EQ(fi_open_ops(&twin[i]->fid, tandem::peer::kLocalPathOpsName, 0, &ops, nullptr),
+                      0);
+            auto *local = static_cast<tandem::peer::LocalPathOps *>(ops);
+            ASSERT_EQ(local->channel_bytes, sizeof(tandem::shm::Channel));
+            lent[i] = std::make_unique<LentChannel>(book);
+            ASSERT_EQ(local->use_channel(twin[i], &lent[i]->channel), 0);
+            EXPECT_EQ(local->use_channel(twin[i], &lent[i]->channel), -FI_EOPBADSTATE);
+        }
         ASSERT_EQ(fi_ep_bind(twin[i], &ocq->fid, FI_TRANSMIT | FI_RECV), 0);
         ASSERT_EQ(fi_ep_bind(twin[i], &oav->fid, 0), 0);
         ASSERT_EQ(fi_ep_bind(twin[i], &osrx->fid, 0), 0);
         ASSERT_EQ(fi_enable(twin[i]), 0);
         ASSERT_EQ(fi_av_insert(tav, &owner[i].name, 1, &addr[i], 0, nullptr), 1);
+        book.inserted.emplace_back(addr[i], owner[i].name);
     }
+
+    // The owner's progress: every completion, once (until `count` or 10 s), then 200 passes
+    // that must write nothing more.
+    void drive_until(size_t count) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (owner_cq.taken.size() < count && std::chrono::steady_clock::now() < deadline)
+            ASSERT_EQ(fi_cq_read(ocq, nullptr, 0), 0);
+        for (int i = 0; i < 200; ++i) ASSERT_EQ(fi_cq_read(ocq, nullptr, 0), 0);
+    }
+
+    // One 64 B tagged message from twin 0 to owner 1, its receive posted on tandem's SRX first.
+    struct Message {
+        char out[64], in[64] = {};
+        int send_ctx = 0, recv_ctx = 0;
+    };
+    void post_and_send(Message &m, uint64_t tag) {
+        memset(m.out, int('a' + tag % 26), sizeof m.out);
+        ASSERT_EQ(fi_trecv(tsrx, m.in, sizeof m.in, nullptr, FI_ADDR_UNSPEC, tag, 0, &m.recv_ctx),
+                  0);
+        iovec iov{m.out, sizeof m.out};
+        fi_msg_tagged msg{&iov, nullptr, 1, addr[1], tag, 0, &m.send_ctx, 0};
+        ASSERT_EQ(fi_tsendmsg(twin[0], &msg, FI_COMPLETION), 0);
+    }
+
+    fi_info *tinfo = nullptr, *oinfo = nullptr;
+    fid_fabric *tfab = nullptr, *ofab = nullptr;
+    fid_domain *tdom = nullptr, *odom = nullptr;
+    fid_av *tav = nullptr, *oav = nullptr;
+    fid_ep *tsrx = nullptr, *osrx = nullptr;
+    fid_cq *ocq = nullptr;
+    OwnerCq owner_cq{true};  // (refusing every other call: each completion is refused once)
+    AvLookups book;
+    OwnerEp owner[2];
+    fid_ep *twin[2] = {};
+    fi_addr_t addr[2] = {FI_ADDR_NOTAVAIL, FI_ADDR_NOTAVAIL};
+    std::unique_ptr<LentChannel> lent[2];  // (destroyed after TearDown closed the twins)
+};
+
+TEST_F(OffloadCqTest, CompletionsTheOwnersCqRefusesAreWrittenAgainNotDropped) {
+    // Two twins: a sends, b receives.
+    for (int i = 0; i < 2; ++i) ASSERT_NO_FATAL_FAILURE(open_twin(i, true));
 
     // Receives first (one of them too small: an error completion), then the messages.
     constexpr int kMessages = 6, kShort = 3;
@@ -162,11 +252,7 @@ TEST(OffloadCq, CompletionsTheOwnersCqRefusesAreWrittenAgainNotDropped) {
         fi_msg_tagged msg{&iov, nullptr, 1, addr[1], uint64_t(0x100 + i), 0, &send_ctx[i], 0};
         ASSERT_EQ(fi_tsendmsg(twin[0], &msg, FI_COMPLETION), 0);
     }
-    // The owner's progress: every completion, once.
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (owner_cq.taken.size() < 2 * kMessages && std::chrono::steady_clock::now() < deadline)
-        ASSERT_EQ(fi_cq_read(ocq, nullptr, 0), 0);
-    for (int i = 0; i < 200; ++i) ASSERT_EQ(fi_cq_read(ocq, nullptr, 0), 0);  // nothing more
+    ASSERT_NO_FATAL_FAILURE(drive_until(2 * kMessages));
 
     EXPECT_GE(owner_cq.refused, size_t(2 * kMessages));
     ASSERT_EQ(owner_cq.taken.size(), size_t(2 * kMessages))
@@ -195,19 +281,54 @@ TEST(OffloadCq, CompletionsTheOwnersCqRefusesAreWrittenAgainNotDropped) {
     }
     EXPECT_EQ(sends, kMessages);
     EXPECT_EQ(recvs, kMessages);
+}
 
-    for (fid_ep *t : twin) EXPECT_EQ(fi_close(&t->fid), 0);
-    EXPECT_EQ(fi_close(&osrx->fid), 0);
-    EXPECT_EQ(fi_close(&oav->fid), 0);
-    EXPECT_EQ(fi_close(&ocq->fid), 0);
-    EXPECT_EQ(fi_close(&tsrx->fid), 0);
-    EXPECT_EQ(fi_close(&tav->fid), 0);
-    EXPECT_EQ(fi_close(&odom->fid), 0);
-    EXPECT_EQ(fi_close(&ofab->fid), 0);
-    EXPECT_EQ(fi_close(&tdom->fid), 0);
-    EXPECT_EQ(fi_close(&tfab->fid), 0);
-    fi_freeinfo(oinfo);
-    fi_freeinfo(tinfo);
+// An owner about to sleep asks its twins, through fi_trywait on their CQ (off_tandem's
+// fabric), to arm their wake-ups: -FI_EAGAIN while a twin has work a pass must do (here a
+// message in the receiver's inbox and completions the owner's CQ refused), 0 once it is done.
+TEST_F(OffloadCqTest, TrywaitOnTheTwinsCqRefusesWhileATwinHasWorkPending) {
+    for (int i = 0; i < 2; ++i) ASSERT_NO_FATAL_FAILURE(open_twin(i, true));
+    fid *cq = &ocq->fid;
+    EXPECT_EQ(fi_trywait(ofab, &cq, 1), 0) << "idle twins";
+
+    Message m;
+    ASSERT_NO_FATAL_FAILURE(post_and_send(m, 0x9));
+    EXPECT_EQ(fi_trywait(ofab, &cq, 1), -FI_EAGAIN) << "a message waits, unread";
+
+    ASSERT_NO_FATAL_FAILURE(drive_until(2));
+    ASSERT_EQ(owner_cq.taken.size(), 2u);
+    EXPECT_EQ(fi_trywait(ofab, &cq, 1), 0) << "everything delivered and completed";
+
+    fid *not_ours = &tav->fid;
+    EXPECT_EQ(fi_trywait(ofab, &not_ours, 1), -FI_EINVAL);
+}
+
+// An owner tandem did not build lends its twin no channel (fi_peer(3) has no such call): the
+// twin makes one of its own, which cannot read the owner's AV (fi_peer(3)'s AV reads no
+// entry). Its inbox is published under the owner's address, so a node-local peer reaches it,
+// and the message's source is unknown to it; it reaches no peer itself.
+TEST_F(OffloadCqTest, ATwinLentNoChannelIsReachedButReachesNoPeer) {
+    ASSERT_NO_FATAL_FAILURE(open_twin(0, true));
+    ASSERT_NO_FATAL_FAILURE(open_twin(1, false));
+
+    Message m;
+    ASSERT_NO_FATAL_FAILURE(post_and_send(m, 0x7));
+    ASSERT_NO_FATAL_FAILURE(drive_until(2));
+    ASSERT_EQ(owner_cq.taken.size(), 2u);
+    const OwnerCq::Entry *recv = nullptr;
+    for (const auto &e : owner_cq.taken) {
+        EXPECT_FALSE(e.err);
+        if (e.flags & FI_RECV) recv = &e;
+    }
+    ASSERT_NE(recv, nullptr);
+    EXPECT_EQ(recv->context, &m.recv_ctx);
+    EXPECT_EQ(recv->len, sizeof m.in);
+    EXPECT_EQ(recv->src, FI_ADDR_NOTAVAIL) << "the twin's own channel reads no address";
+    EXPECT_EQ(memcmp(m.in, m.out, sizeof m.in), 0);
+
+    iovec iov{m.out, sizeof m.out};
+    fi_msg_tagged back{&iov, nullptr, 1, addr[0], 0x7, 0, &m.send_ctx, 0};
+    EXPECT_EQ(fi_tsendmsg(twin[1], &back, FI_COMPLETION), -FI_EHOSTUNREACH);
 }
 
 }  // namespace

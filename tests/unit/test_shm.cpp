@@ -1369,13 +1369,15 @@ TEST(DeathVerdict, AlivePeerThenDrainingUntilOurInboxIsReadThenDead) {
 namespace {
 
 // The endpoint's side of an Outbox in these tests: who writes, and the streams that ended.
-struct RecordingSender final : shm::Sender {
+struct RecordingSender final : shm::Sender, shm::StreamListener {
     RecordingSender() {
         producer = 7;
         name = name_bytes;
         short_line = &line;
+        streams = this;
         line.build(name_bytes, 16);
     }
+    RecordingSender(const RecordingSender &) = delete;
     void stream_ended(const shm::Stream &stream, int status) override {
         ended.push_back({stream.hdr.msg_id, status});
     }
