@@ -104,7 +104,9 @@ void Channel::skip_dead_claims() {
 void Channel::mark_dead(PeerInbox &peer) {
     peer.dead = true;
     peer.out.close_dead(sender_);  // (its backlog's streams end with FI_ECONNRESET)
-    TANDEM_INFO(FI_LOG_EP_DATA, "node-local peer %s died\n", peer.key.c_str());
+    TANDEM_INFO(FI_LOG_EP_DATA,
+                "node-local peer %s is gone (its endpoint closed or its process died)\n",
+                peer.key.c_str());
 }
 
 void Channel::flush_all() {

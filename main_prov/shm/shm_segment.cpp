@@ -369,7 +369,11 @@ void ShmSegment::release() noexcept {
     if (!base_) return;
     // A forked child inherits the object but not the ownership of the name; and the name
     // is only ours while it still refers to the object we created.
-    if (is_creator() && same_object(name_, dev_, ino_)) ::shm_unlink(name_.c_str());
+    if (is_creator()) {
+        reinterpret_cast<ShmSegmentHeader *>(base_)->ready.store(ShmSegmentHeader::kClosed,
+                                                                 std::memory_order_release);
+        if (same_object(name_, dev_, ino_)) ::shm_unlink(name_.c_str());
+    }
     ::munmap(base_, mapped_size_);
     base_ = nullptr;
     if (lock_fd_ >= 0) ::close(std::exchange(lock_fd_, -1));
@@ -380,6 +384,8 @@ bool ShmSegment::is_creator() const noexcept {
 }
 
 bool ShmSegment::owner_alive() const {
+    if (header()->ready.load(std::memory_order_acquire) == ShmSegmentHeader::kClosed)
+        return false;  // (its owner closed it, and runs on)
     if (owner_shares_pid_namespace())
         return process_alive(header()->owner_pid, header()->owner_start_time);
     return owner_lock_held(lock_fd_);

@@ -34,11 +34,14 @@ struct ShmError : FabricError {
 };
 
 // The first bytes of every segment. Fields other than `ready` are written once, before
-// `ready`, by the creator; anyone else reads them only after seeing `ready` set.
+// `ready`, by the creator; anyone else reads them only after seeing `ready` set. The creator
+// sets `ready` to kClosed when it lets go of the segment (its endpoint closed, its process
+// running on): its owner is then gone for every reader, as a dead one is.
 struct ShmSegmentHeader {
     static constexpr uint64_t kMagic = 0x54414e44454d5348ULL;  // "TANDEMSH"
     static constexpr uint32_t kVersion = 2;
     static constexpr uint32_t kReady = 1;
+    static constexpr uint32_t kClosed = 2;
 
     uint64_t magic;
     uint32_t version;

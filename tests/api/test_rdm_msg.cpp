@@ -4,6 +4,9 @@
 #include "fabric_fixture.h"
 #include "peer/ep_diag.h"
 
+#include <cstdlib>
+#include <cstring>
+
 namespace tandem_test {
 namespace {
 
@@ -552,6 +555,25 @@ TEST_F(RdmMsgTest, ThousandsOfSmallMessages) {
 }
 
 // ---- cancel --------------------------------------------------------------------------------
+
+// A peer that closed its endpoint, its process running on, receives nothing more: a send to
+// it fails, once the sender has seen it go (half a second of progress here), rather than
+// completing into an inbox nobody reads (it did, node-local). Node-local the peer is gone
+// (FI_ECONNRESET, as for a peer whose process died); over a link the connection the send
+// needs is refused (FI_ECONNREFUSED: nobody listens at the address).
+TEST_F(RdmMsgTest, SendsToAPeerWhoseEndpointClosedFail) {
+    const char *local = std::getenv("FI_TANDEM_LOCAL");
+    const int expected = local && std::strcmp(local, "0") == 0 ? FI_ECONNREFUSED : FI_ECONNRESET;
+    ASSERT_NO_FATAL_FAILURE(exchange_checked(142));
+    eps.erase(eps.begin() + 1);  // b closed: its endpoint, then its AV and CQ
+    poll_for(std::chrono::milliseconds(500));
+    auto s = buf(128);
+    ASSERT_FI_OK(
+        post([&] { return fi_send(a().ep, s->data(), 128, s->desc, a().peer[1], ctx(7)); }));
+    auto err = wait_err(a(), ctx(7));
+    ASSERT_TRUE(err) << a().log.summary();
+    EXPECT_EQ(err->e.err, expected) << describe(*err);
+}
 
 TEST_F(RdmMsgTest, CancelledReceiveCompletesWithEcanceledAndIsNotMatched) {
     auto r1 = buf(64, 0xAB), r2 = buf(64), s = buf(64);
