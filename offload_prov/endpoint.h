@@ -124,7 +124,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
 
     // Called by the owner, under its serialisation.
     void progress();
-    [[gnu::noinline]] void progress_all(bool counted);
+    [[gnu::noinline]] void progress_all(bool counted, bool check_due = false);
     int reachable(fi_addr_t addr);
     // What a sleeper watches is the channel's wake descriptor: readable when a peer woke us
     // (the FIFO) or a liveness check of the peers our operations wait on is due (a timer
@@ -496,9 +496,12 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     uint64_t passes_ = 0;
     // Our heartbeat in our segment (SegmentInfo::heartbeat): the coarse clock (ms) of one of
     // our last 64 passes, so that peers see whether we poll (the clock read costs a pass's
-    // worth of instructions: once in 64).
-    void beat() {
-        if (channel_) channel_->beat();
+    // worth of instructions: once in 64). True when the same clock says the peers' liveness
+    // check is due.
+    bool beat() {
+        const int64_t now = coarse_now_ms();
+        if (channel_) channel_->beat(now);
+        return now >= next_check_ms_;
     }
     // Nothing waits for a progress pass but what a cell may bring (no backlog, completion,
     // pending operation, collective): progress only peeks at the inbox. Set at

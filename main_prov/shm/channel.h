@@ -80,10 +80,10 @@ class Channel {
     ShmRing *inbox() const { return inbox_; }
     InboxWake *wake() { return wake_ ? &*wake_ : nullptr; }
     SplitClaims &claims() { return claims_; }
-    // Our heartbeat (SegmentInfo::heartbeat): the coarse clock of a recent pass, which peers
-    // read to tell whether we poll.
-    void beat() {
-        if (heartbeat_) __atomic_store_n(heartbeat_, uint32_t(coarse_now_ms()), __ATOMIC_RELAXED);
+    // Our heartbeat (SegmentInfo::heartbeat): the coarse clock (coarse_now_ms) of a recent
+    // pass, which peers read to tell whether we poll.
+    void beat(int64_t now) {
+        if (heartbeat_) __atomic_store_n(heartbeat_, uint32_t(now), __ATOMIC_RELAXED);
     }
     Sender &sender() const { return sender_; }
 

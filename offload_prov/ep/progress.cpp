@@ -32,16 +32,17 @@ const uint8_t *body_of(const uint8_t *cell) {
 void Endpoint::progress() {
     if (quiet_) {
         // Nothing of ours waits for a pass (see quiet_): only the inbox to look at (unless our
-        // owner reads it), and a whole pass every 1024th time (the peers' liveness). Short
-        // cells are taken here, and the pass stays quiet unless one left a completion waiting
-        // for room in the owner's CQ.
+        // owner reads it), and every 4th time our heartbeat, then a whole pass when the peers'
+        // liveness check is due. (tandem, which reads our inbox, calls us every 16th of its
+        // empty passes while we are quiet: the clock is read once in its 64, as it is in a
+        // busy pass's 64 below.) Short cells are taken here, and the pass stays quiet unless
+        // one left a completion waiting for room in the owner's CQ.
         for (int i = 0; i < 64; ++i) {
             const auto *cell =
                 owner_reads_ ? nullptr : static_cast<const uint8_t *>(channel_->inbox()->peek());
             if (!cell) {
-                if ((++passes_ & 63) == 0) beat();
-                if ((passes_ & 1023) != 0) return;
-                progress_all(true);
+                if ((++passes_ & (owner_reads_ ? 3 : 63)) != 0 || !beat()) return;
+                progress_all(true, true);
                 return;
             }
             if (cell[0] != static_cast<uint8_t>(LocalOp::Short) || !deferred_.empty()) break;
@@ -55,9 +56,9 @@ void Endpoint::progress() {
 }
 
 // A whole pass: everything that may wait for one, then the inbox. `counted`: progress()
-// counted this pass already.
-void Endpoint::progress_all(bool counted) {
-    if (!counted && (++passes_ & 63) == 0) beat();
+// counted this pass already; `check_due`: and found the liveness check due.
+void Endpoint::progress_all(bool counted, bool check_due) {
+    if (!counted && (++passes_ & 63) == 0) check_due = beat();
     if (!enabled_) return;
     if (!coll_.idle()) coll_.progress();
     // A bounded batch: a sender that never stops must not starve the rest of the owner. (When
@@ -88,12 +89,15 @@ void Endpoint::progress_all(bool counted) {
         w.e.prov_errno = c.err;
         write_cq(w);
     }
-    // Peers' liveness every 200 ms; the clock itself only every 1024 passes (reading it on
-    // every poll showed up as a tenth of a ping-pong's time), every 32 while atomics wait for
-    // answers (a small atomic's round trip is a few passes: a clock read each would be a
-    // tenth of it), and on every pass while other operations wait on a peer.
+    // Peers' liveness every 200 ms; the clock itself read with the heartbeat, every 64 passes
+    // (reading it on every poll showed up as a tenth of a ping-pong's time), every 32 while
+    // atomics wait for answers (a small atomic's round trip is a few passes: a clock read each
+    // would be a tenth of it), and on every pass while other operations wait on a peer. (Once
+    // in 1024 passes was too seldom: a process sharing its core with others, whose passes each
+    // give the core away, took seconds to notice a dead peer, and meanwhile staged a large
+    // send into the dead peer's ring and completed it.)
     const bool waiting = waiting_on_peers();
-    if (passes_ % 1024 == 0 || (atomics_pending_ && passes_ % 32 == 0) || !pending_.empty() ||
+    if (check_due || (atomics_pending_ && passes_ % 32 == 0) || !pending_.empty() ||
         !splits_.empty() || !restaging_.empty()) {
         int64_t now = coarse_now_ms();
         if (now >= next_check_ms_)
