@@ -162,6 +162,7 @@ struct ByteBuf {
         return p.get() + len;
     }
     void drop_front(std::size_t n) {
+        if (n == 0) return;  // (a partial frame stays where it is, not moved onto itself)
         if (n < len) memmove(p.get(), p.get() + n, len - n);
         len = n < len ? len - n : 0;
     }
@@ -340,10 +341,26 @@ struct CmId {
     int sock = -1;
     bool wildcard = false;
     std::uint16_t port = 0;
+    // What goes out: tx from tx_off, and the payloads of large READ responses, which are sent
+    // straight from the responder's MR as the socket takes them (a NIC reads the memory while it
+    // transmits; a copy of tens of MiB first made a READ take seconds under a sanitizer). Each
+    // goes out when tx_off reaches its `at`, before the rest of tx.
     std::vector<std::uint8_t> tx;
     std::size_t tx_off = 0;
-    ByteBuf rx;                 // bytes read, not yet a whole frame
+    struct TxFromMr {
+        std::size_t at;
+        Mr *mr;
+        const std::uint8_t *p;
+        std::size_t len;
+    };
+    std::deque<TxFromMr> tx_from_mr;
+    ByteBuf rx;  // bytes read, not yet a whole frame
+    // A READ response whose payload is still coming: placed in the READ's memory as it arrives,
+    // as a NIC places it, never gathered whole in rx first.
+    Hdr rx_resp{};
+    std::uint64_t rx_resp_at = 0, rx_resp_left = 0;
     bool in_ep = false;         // sock is in ctx->ep
+    bool reads_held = false;    // emurdma_hold_reads: sock is kept out of ctx->ep
     std::deque<Frame> rx_reqs;  // requests from the peer, executed in order
     bool rnr_armed = false;     // the head request waits for a receive
     Clock::time_point rnr_deadline;
@@ -413,10 +430,16 @@ void app_sent(Qp *qp);
 void app_recv_posted(Qp *qp);
 void app_srq_posted(Srq *srq);
 void send_frame(CmId *id, const Hdr &h, const void *payload, std::size_t len);
+// Whether an id has bytes to send (tx or tx_from_mr), and dropping them all.
+bool tx_pending(const CmId *id);
+void tx_clear(CmId *id);
+// ibv_dereg_mr: READ responses still sending from mr take a copy of what they have left.
+void tx_copy_from_mr(Mr *mr);
 void qp_to_error(Qp *qp, bool notify_peer);
 void inject_error(Qp *qp);
 void close_sock(CmId *id);
 void cm_serve(CmId *id);  // registers an id's sockets with its NIC
+void hold_reads(CmId *id, bool hold);
 
 // Connection manager, called by the NIC.
 void queue_cm_event(CmId *id, rdma_cm_event_type type, int status, const void *pdata,

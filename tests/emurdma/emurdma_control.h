@@ -30,10 +30,11 @@ extern "C" {
 /* Counters of this process since it loaded the library (or the last emurdma_reset_stats), and two
  * gauges. Work requests are counted when the NIC executes them, not when posted. */
 struct emurdma_stats {
-    unsigned long long sends;        /* SEND and SEND_WITH_IMM transmitted */
-    unsigned long long writes;       /* RDMA_WRITE and RDMA_WRITE_WITH_IMM transmitted */
-    unsigned long long reads;        /* RDMA_READ requests transmitted */
-    unsigned long long inline_sends; /* work requests posted with IBV_SEND_INLINE */
+    unsigned long long sends;          /* SEND and SEND_WITH_IMM transmitted */
+    unsigned long long writes;         /* RDMA_WRITE and RDMA_WRITE_WITH_IMM transmitted */
+    unsigned long long reads;          /* RDMA_READ requests transmitted */
+    unsigned long long read_responses; /* RDMA_READ requests served here (response begun) */
+    unsigned long long inline_sends;   /* work requests posted with IBV_SEND_INLINE */
     unsigned long long rnr_waits; /* incoming messages that found no receive posted (once each) */
     unsigned long long remote_access_errors; /* IBV_WC_REM_ACCESS_ERR completions made here */
     unsigned long long flushes;              /* IBV_WC_WR_FLUSH_ERR completions made here */
@@ -64,6 +65,12 @@ EMURDMA_EXPORT void emurdma_remove_device(void);
  * RDMA_CM_EVENT_UNREACHABLE, and send work requests of existing QPs complete with
  * IBV_WC_RETRY_EXC_ERR. Up: async IBV_EVENT_PORT_ACTIVE. */
 EMURDMA_EXPORT void emurdma_set_port_state(int up);
+
+/* Holds (hold != 0) or releases the reading of the connection of the QP with that number: while
+ * held, neither the NIC thread nor the app's calls read what its peer sent, which stays in the
+ * socket (and, once that is full, in the peer's NIC), as if this NIC were slow to take it.
+ * Returns 0, or -1 when no such QP exists or it has no connection. */
+EMURDMA_EXPORT int emurdma_hold_reads(uint32_t qp_num, int hold);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -20,6 +20,9 @@
 // finds none waits at the head (RNR) with everything behind it, until a receive is posted or the
 // requester's RNR retries have run out; the latter is decided here, where the receive would be
 // posted, so a message is never both delivered and failed.
+// A large READ response goes out of the responder's MR as the socket takes it, and lands in the
+// requester's memory part by part as it arrives, as a NIC's DMA would: the emulator never holds
+// a whole one (CmId::tx_from_mr, CmId::rx_resp).
 #include "tests/emurdma/emurdma.h"
 
 #include <poll.h>
@@ -42,6 +45,9 @@ constexpr std::uint32_t kRnrTimerUs[32] = {
 
 constexpr std::size_t kReadChunk = 64 * 1024;
 constexpr std::size_t kReadBudget = 4 * 1024 * 1024;  // per pass, so one peer cannot starve others
+// READ responses from this size on are sent from the responder's MR (CmId::tx_from_mr); smaller
+// ones are copied, which costs less than keeping track of them.
+constexpr std::size_t kSendFromMrMin = 64 * 1024;
 
 struct Span {
     std::uint8_t *p;
@@ -70,10 +76,11 @@ ibv_wc_status map_sges(Pd *pd, const std::vector<ibv_sge> &sges, std::uint64_t l
 
 // The remote side of a WRITE or READ: key known in the QP's PD, range inside, access granted.
 std::uint8_t *resolve_rkey(Qp *qp, std::uint32_t rkey, std::uint64_t addr, std::uint64_t len,
-                           int need) {
+                           int need, Mr **mr = nullptr) {
     auto &m = S().rkeys;
     auto it = m.find(rkey);
     if (it == m.end() || it->second->pd != qp->pd || !(it->second->access & need)) return nullptr;
+    if (mr) *mr = it->second;
     return mr_span(it->second, addr, len);
 }
 
@@ -252,17 +259,25 @@ bool execute_request(CmId *id, const Hdr &h, const std::uint8_t *data) {
         case kRead: {
             std::uint64_t len = h.rlen;
             const std::uint8_t *p = nullptr;
+            Mr *mr = nullptr;
             if (len > 0) {
-                p = resolve_rkey(qp, h.rkey, h.raddr, len, IBV_ACCESS_REMOTE_READ);
+                p = resolve_rkey(qp, h.rkey, h.raddr, len, IBV_ACCESS_REMOTE_READ, &mr);
                 if (!p) {
                     respond(id, kNak, kNakAccess);
                     qp_to_error(qp, true);
                     return true;
                 }
             }
+            S().stats.read_responses++;
             Hdr rh{};
             rh.type = kReadResp;
-            send_frame(id, rh, p, len);
+            if (len < kSendFromMrMin) {
+                send_frame(id, rh, p, len);
+            } else if (id->sock >= 0) {
+                rh.len = len;
+                append(id, &rh, sizeof(rh));
+                id->tx_from_mr.push_back({id->tx.size(), mr, p, static_cast<std::size_t>(len)});
+            }
             return true;
         }
         default:
@@ -307,36 +322,53 @@ void drain_requests(CmId *id) {
     }
 }
 
+// The work request a response answers: the oldest transmitted one not answered yet.
+SendWqe *answered_wqe(Qp *qp) {
+    for (std::size_t i = 0; i < qp->next_tx; ++i)
+        if (qp->sq[i].st == SendWqe::kSent) return &qp->sq[i];
+    return nullptr;
+}
+
+// Bytes [at, at + n) of the payload of a READ response (h.len in all) into the memory of the READ
+// it answers. Its MRs are looked up again for each part, as one may have gone since the request
+// went out or since the last part: a part that cannot be placed fails the READ, and the parts
+// after it are dropped.
+void place_read_part(Qp *qp, const Hdr &h, std::uint64_t at, const std::uint8_t *p, std::size_t n) {
+    SendWqe *w = answered_wqe(qp);
+    if (!w || w->status != IBV_WC_SUCCESS) return;
+    std::vector<Span> spans;
+    w->status = map_sges(qp->pd, w->sge, h.len, IBV_ACCESS_LOCAL_WRITE, spans);
+    if (w->status == IBV_WC_LOC_LEN_ERR) w->status = IBV_WC_BAD_RESP_ERR;
+    if (w->status != IBV_WC_SUCCESS) return;
+    std::uint64_t span_at = 0;  // where in the payload the span starts
+    for (const Span &sp : spans) {
+        if (n == 0) break;
+        if (at < span_at + sp.n) {
+            std::size_t k =
+                static_cast<std::size_t>(std::min<std::uint64_t>(span_at + sp.n - at, n));
+            memcpy(sp.p + (at - span_at), p, k);
+            p += k;
+            at += k;
+            n -= k;
+        }
+        span_at += sp.n;
+    }
+}
+
+// payload: the whole of the response's; nullptr for a READ response read_sock placed as it came.
 void on_response(CmId *id, const Hdr &h, const std::uint8_t *payload) {
     Qp *qp = id->qp;
     if (!qp || qp->pub.state == IBV_QPS_ERR) return;
-    SendWqe *w = nullptr;
-    for (std::size_t i = 0; i < qp->next_tx; ++i) {
-        if (qp->sq[i].st == SendWqe::kSent) {
-            w = &qp->sq[i];
-            break;
-        }
-    }
+    if (h.type == kReadResp && payload) place_read_part(qp, h, 0, payload, h.len);
+    SendWqe *w = answered_wqe(qp);
     if (!w) return;
     w->st = SendWqe::kDone;
     switch (h.type) {
         case kAck:
             w->status = IBV_WC_SUCCESS;
             break;
-        case kReadResp: {
-            std::vector<Span> spans;
-            // Looked up again: the MR may have gone since the request went out.
-            w->status = map_sges(qp->pd, w->sge, h.len, IBV_ACCESS_LOCAL_WRITE, spans);
-            if (w->status == IBV_WC_LOC_LEN_ERR) w->status = IBV_WC_BAD_RESP_ERR;
-            if (w->status == IBV_WC_SUCCESS) {
-                std::size_t off = 0;
-                for (const Span &sp : spans) {
-                    memcpy(sp.p, payload + off, sp.n);
-                    off += sp.n;
-                }
-            }
-            break;
-        }
+        case kReadResp:
+            break;  // its status is what placing its payload made it
         default:
             switch (h.code) {
                 case kNakAccess:
@@ -401,25 +433,41 @@ void dispatch(CmId *id, const Hdr &h, const std::uint8_t *p) {
 }
 
 void flush_tx(CmId *id) {
-    while (id->sock >= 0 && id->tx_off < id->tx.size()) {
-        ssize_t n = send(id->sock, id->tx.data() + id->tx_off, id->tx.size() - id->tx_off,
-                         MSG_DONTWAIT | MSG_NOSIGNAL);
+    while (id->sock >= 0 && tx_pending(id)) {
+        // tx up to the next payload sent from an MR, then that payload.
+        bool from_mr = !id->tx_from_mr.empty() && id->tx_from_mr.front().at == id->tx_off;
+        const std::uint8_t *p = id->tx.data() + id->tx_off;
+        std::size_t len =
+            (id->tx_from_mr.empty() ? id->tx.size() : id->tx_from_mr.front().at) - id->tx_off;
+        if (from_mr) {
+            p = id->tx_from_mr.front().p;
+            len = id->tx_from_mr.front().len;
+        }
+        ssize_t n = send(id->sock, p, len, MSG_DONTWAIT | MSG_NOSIGNAL);
         if (n > 0) {
-            id->tx_off += static_cast<std::size_t>(n);
+            if (!from_mr) {
+                id->tx_off += static_cast<std::size_t>(n);
+                continue;
+            }
+            CmId::TxFromMr &r = id->tx_from_mr.front();
+            r.p += n;
+            r.len -= static_cast<std::size_t>(n);
+            if (r.len == 0) id->tx_from_mr.pop_front();
             continue;
         }
         if (n < 0 && errno == EINTR) continue;
         if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
         // The peer is gone: nothing more goes out; reading reports its end.
-        id->tx.clear();
-        id->tx_off = 0;
+        tx_clear(id);
         return;
     }
-    if (id->tx_off == id->tx.size()) {
+    if (!tx_pending(id)) {
         id->tx.clear();
         id->tx_off = 0;
-    } else if (id->tx_off > (1U << 20)) {
+    } else if (id->tx_off > (1U << 20) && id->tx_off >= id->tx.size() / 2) {
+        // Only once half of it went, so the move costs at most what was sent.
         id->tx.erase(id->tx.begin(), id->tx.begin() + static_cast<std::ptrdiff_t>(id->tx_off));
+        for (CmId::TxFromMr &r : id->tx_from_mr) r.at -= id->tx_off;
         id->tx_off = 0;
     }
 }
@@ -446,10 +494,32 @@ void read_sock(CmId *id) {
     // Handlers may close the socket (and clear rx): parse from a buffer of our own.
     ByteBuf buf = std::move(id->rx);
     std::size_t off = 0;
-    while (id->sock >= 0 && buf.len - off >= sizeof(Hdr)) {
+    while (id->sock >= 0) {
+        if (id->rx_resp_left) {
+            // More of a READ response's payload: into the READ's memory.
+            auto n =
+                static_cast<std::size_t>(std::min<std::uint64_t>(buf.len - off, id->rx_resp_left));
+            if (n == 0) break;
+            if (id->qp && id->qp->pub.state != IBV_QPS_ERR)
+                place_read_part(id->qp, id->rx_resp, id->rx_resp_at, buf.p.get() + off, n);
+            off += n;
+            id->rx_resp_at += n;
+            id->rx_resp_left -= n;
+            if (id->rx_resp_left == 0) on_response(id, id->rx_resp, nullptr);
+            continue;
+        }
+        if (buf.len - off < sizeof(Hdr)) break;
         Hdr h;
         memcpy(&h, buf.p.get() + off, sizeof(h));
-        if (buf.len - off - sizeof(h) < h.len) break;
+        if (buf.len - off - sizeof(h) < h.len) {
+            if (h.type != kReadResp) break;
+            // A READ response not all here: its payload is placed part by part as it comes.
+            id->rx_resp = h;
+            id->rx_resp_at = 0;
+            id->rx_resp_left = h.len;
+            off += sizeof(h);
+            continue;
+        }
         dispatch(id, h, buf.p.get() + off + sizeof(h));
         off += sizeof(h) + h.len;
     }
@@ -471,7 +541,7 @@ void serve_id(CmId *id) {
     }
     if (id->sock >= 0) {
         flush_tx(id);
-        if (id->close_after_flush && id->tx.empty()) close_sock(id);
+        if (id->close_after_flush && !tx_pending(id)) close_sock(id);
     }
 }
 
@@ -506,7 +576,7 @@ void free_graveyard() {
 // The TX backlog of a connection goes out when the socket has room: on the NIC's next pass, or
 // on the app's while the NIC leaves the sockets to it.
 void need_flush(CmId *id) {
-    if (id->sock >= 0 && id->tx_off < id->tx.size() && !id->ctx->nic_backoff) wake(id->ctx);
+    if (id->sock >= 0 && tx_pending(id) && !id->ctx->nic_backoff) wake(id->ctx);
 }
 
 // How long a pass of the app keeps the NIC thread off the connections: its next ibv_poll_cq is
@@ -547,6 +617,36 @@ void wake(Context *ctx) {
     std::uint64_t one = 1;
     if (write(ctx->wake_fd, &one, sizeof(one)) < 0) {
         // Cannot fail short of a broken fd: the NIC looks at everything on its next pass anyway.
+    }
+}
+
+bool tx_pending(const CmId *id) {
+    return id->tx_off < id->tx.size() || !id->tx_from_mr.empty();
+}
+
+void tx_clear(CmId *id) {
+    id->tx.clear();
+    id->tx_off = 0;
+    id->tx_from_mr.clear();
+}
+
+void tx_copy_from_mr(Mr *mr) {
+    for (Context *ctx : S().contexts) {
+        for (auto &[serial, id] : ctx->ids) {
+            auto &refs = id->tx_from_mr;
+            for (std::size_t i = 0; i < refs.size();) {
+                if (refs[i].mr != mr) {
+                    ++i;
+                    continue;
+                }
+                // What the NIC has not read of the MR yet, read now: it goes into tx where the
+                // payload was to go out, and the payloads after it move along.
+                CmId::TxFromMr r = refs[i];
+                id->tx.insert(id->tx.begin() + static_cast<std::ptrdiff_t>(r.at), r.p, r.p + r.len);
+                refs.erase(refs.begin() + static_cast<std::ptrdiff_t>(i));
+                for (std::size_t j = i; j < refs.size(); ++j) refs[j].at += r.len;
+            }
+        }
     }
 }
 
@@ -605,9 +705,9 @@ void close_sock(CmId *id) {
     close(id->sock);
     wake(id->ctx);
     id->sock = -1;
-    id->tx.clear();
-    id->tx_off = 0;
+    tx_clear(id);
     id->rx = ByteBuf{};
+    id->rx_resp_left = 0;
     id->rx_reqs.clear();
     id->rnr_armed = false;
     if (id->listen_fd < 0 && id->ctx) id->ctx->ids.erase(id->serial);
@@ -615,13 +715,23 @@ void close_sock(CmId *id) {
 
 void cm_serve(CmId *id) {
     id->ctx->ids[id->serial] = id;
-    if (id->sock >= 0 && !id->in_ep) {
+    if (id->sock >= 0 && !id->in_ep && !id->reads_held) {
         epoll_event ev{};
         ev.events = EPOLLIN;
         ev.data.u64 = id->serial;
         id->in_ep = epoll_ctl(id->ctx->ep, EPOLL_CTL_ADD, id->sock, &ev) == 0;
     }
     wake(id->ctx);
+}
+
+void hold_reads(CmId *id, bool hold) {
+    id->reads_held = hold;
+    if (hold && id->in_ep) {
+        epoll_ctl(id->ctx->ep, EPOLL_CTL_DEL, id->sock, nullptr);
+        id->in_ep = false;
+    } else if (!hold) {
+        cm_serve(id);  // back in the epoll set: what waited is read on the next pass
+    }
 }
 
 void app_pass(Context *ctx, bool armed) {
@@ -698,7 +808,7 @@ void nic_main(Context *ctx) {
                 pfds.push_back({id->listen_fd, POLLIN, 0});
                 serials.push_back(serial);
             }
-            if (!backoff && id->sock >= 0 && id->tx_off < id->tx.size()) {
+            if (!backoff && id->sock >= 0 && tx_pending(id)) {
                 pfds.push_back({id->sock, POLLOUT, 0});
                 serials.push_back(serial);
             }

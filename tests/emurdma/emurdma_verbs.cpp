@@ -815,7 +815,10 @@ int ibv_dereg_mr(ibv_mr *ibmr) {
     std::lock_guard lk(s.mu);
     auto *mr = reinterpret_cast<Mr *>(ibmr);
     if (!mr) return EINVAL;
-    // Under the lock the NIC is not inside this MR: every copy is done with the lock held.
+    // Under the lock the NIC is not inside this MR: every copy and send is done with the lock
+    // held. A READ response still sending from it sends the rest from a copy (the memory may be
+    // unmapped next); a request that comes after this finds the key gone.
+    tx_copy_from_mr(mr);
     s.lkeys.erase(mr->pub.lkey);
     s.rkeys.erase(mr->pub.rkey);
     if (mr->map_addr) munmap(mr->map_addr, mr->map_len);
@@ -1181,6 +1184,15 @@ EMURDMA_API void emurdma_remove_device(void) {
     }
     cm_device_removed();
     s.cm_ctx = nullptr;  // the next id gets a fresh context (a re-plugged device)
+}
+
+EMURDMA_API int emurdma_hold_reads(uint32_t qp_num, int hold) {
+    State &s = S();
+    std::lock_guard lk(s.mu);
+    auto it = s.qps.find(qp_num);
+    if (it == s.qps.end() || !it->second->id || it->second->id->sock < 0) return -1;
+    hold_reads(it->second->id, hold != 0);
+    return 0;
 }
 
 EMURDMA_API void emurdma_set_port_state(int up) {

@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstring>
 #include <initializer_list>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -88,7 +89,8 @@ namespace {
     X(emurdma_reset_stats)        \
     X(emurdma_inject_qp_error)    \
     X(emurdma_remove_device)      \
-    X(emurdma_set_port_state)
+    X(emurdma_set_port_state)     \
+    X(emurdma_hold_reads)
 
 // The function table, as the provider keeps one.
 struct Api {
@@ -1175,6 +1177,61 @@ TEST_F(Data, WriteAndReadWithScatterGather) {
     api().emurdma_get_stats(&st);
     EXPECT_GE(st.writes, 1U);
     EXPECT_GE(st.reads, 1U);
+}
+
+// A READ much larger than a socket takes at once: its response comes in many parts, each placed
+// where it belongs in the READ's scatter list (two MRs; the parts' edges fall anywhere).
+TEST_F(Data, LargeReadLandsWholeAcrossItsScatterList) {
+    connect();
+    constexpr size_t kFirst = 3u << 20, kSecond = 5u << 20;
+    std::vector<uint8_t> remote(kFirst + kSecond);
+    for (size_t i = 0; i < remote.size(); ++i) remote[i] = uint8_t(i * 131 + (i >> 16));
+    std::vector<uint8_t> d1(kFirst), d2(kSecond);
+    ibv_mr *m1 = a.reg(d1.data(), d1.size());
+    ibv_mr *m2 = a.reg(d2.data(), d2.size());
+    ibv_mr *mr = p.reg(remote.data(), remote.size());
+    ASSERT_EQ(post_send(a.qp(), IBV_WR_RDMA_READ, 1,
+                        {sge(d1.data(), kFirst, m1), sge(d2.data(), kSecond, m2)},
+                        IBV_SEND_SIGNALED, reinterpret_cast<uintptr_t>(remote.data()), mr->rkey),
+              0);
+    ASSERT_NO_FATAL_FAILURE(expect_completions(a.cq, {{1, IBV_WC_SUCCESS}}));
+    EXPECT_TRUE(std::equal(d1.begin(), d1.end(), remote.begin()));
+    EXPECT_TRUE(std::equal(d2.begin(), d2.end(), remote.begin() + kFirst));
+}
+
+// A large READ response is sent from the responder's MR as the socket takes it. Deregistering
+// that MR while the response is on its way, and unmapping its memory, must leave the NIC reading
+// nothing freed: the READ delivers what the memory held at deregistration. The requester's reads
+// are held until then, so the sockets (a few MiB) hold only the start of the 64 MiB response.
+TEST_F(Data, ResponderMrDeregisteredWhileItsReadResponseIsOnItsWay) {
+    connect();
+    constexpr size_t kLen = 64u << 20;
+    auto remote = std::make_unique<std::vector<uint8_t>>(kLen);
+    for (size_t i = 0; i < kLen; ++i) (*remote)[i] = uint8_t(i * 7 + (i >> 12));
+    const std::vector<uint8_t> want = *remote;
+    std::vector<uint8_t> dst(kLen);
+    ibv_mr *md = a.reg(dst.data(), dst.size());
+    ibv_mr *mr = p.reg(remote->data(), remote->size());
+    emurdma_stats st{};
+    api().emurdma_get_stats(&st);
+    const unsigned long long served = st.read_responses;
+    ASSERT_EQ(api().emurdma_hold_reads(a.qp()->qp_num, 1), 0);
+    ASSERT_EQ(post_send(a.qp(), IBV_WR_RDMA_READ, 1, {sge(dst.data(), kLen, md)}, IBV_SEND_SIGNALED,
+                        reinterpret_cast<uintptr_t>(remote->data()), mr->rkey),
+              0);
+    // The responder's NIC serves the request on its own.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(kTimeoutMs);
+    do {
+        api().emurdma_get_stats(&st);
+    } while (st.read_responses == served && std::chrono::steady_clock::now() < deadline);
+    ASSERT_EQ(st.read_responses, served + 1);
+    std::erase(p.mrs, mr);
+    ASSERT_EQ(api().ibv_dereg_mr(mr), 0);
+    std::fill(remote->begin(), remote->end(), uint8_t(0xee));
+    remote.reset();  // (64 MiB: unmapped)
+    ASSERT_EQ(api().emurdma_hold_reads(a.qp()->qp_num, 0), 0);
+    ASSERT_NO_FATAL_FAILURE(expect_completions(a.cq, {{1, IBV_WC_SUCCESS}}));
+    EXPECT_TRUE(dst == want);
 }
 
 TEST_F(Data, WriteWithImmConsumesAReceive) {
