@@ -329,12 +329,12 @@ SendWqe *answered_wqe(Qp *qp) {
     return nullptr;
 }
 
-// Bytes [at, at + n) of the payload of a READ response (h.len in all) into the memory of the READ
-// it answers. Its MRs are looked up again for each part, as one may have gone since the request
-// went out or since the last part: a part that cannot be placed fails the READ, and the parts
-// after it are dropped.
-void place_read_part(Qp *qp, const Hdr &h, std::uint64_t at, const std::uint8_t *p, std::size_t n) {
-    SendWqe *w = answered_wqe(qp);
+// Bytes [at, at + n) of the payload of a READ response (h.len in all) into the memory of w, the
+// READ it answers. Its MRs are looked up again for each part, as one may have gone since the
+// request went out or since the last part: a part that cannot be placed fails the READ, and the
+// parts after it are dropped.
+void place_read_part(Qp *qp, SendWqe *w, const Hdr &h, std::uint64_t at, const std::uint8_t *p,
+                     std::size_t n) {
     if (!w || w->status != IBV_WC_SUCCESS) return;
     std::vector<Span> spans;
     w->status = map_sges(qp->pd, w->sge, h.len, IBV_ACCESS_LOCAL_WRITE, spans);
@@ -359,9 +359,9 @@ void place_read_part(Qp *qp, const Hdr &h, std::uint64_t at, const std::uint8_t 
 void on_response(CmId *id, const Hdr &h, const std::uint8_t *payload) {
     Qp *qp = id->qp;
     if (!qp || qp->pub.state == IBV_QPS_ERR) return;
-    if (h.type == kReadResp && payload) place_read_part(qp, h, 0, payload, h.len);
     SendWqe *w = answered_wqe(qp);
     if (!w) return;
+    if (h.type == kReadResp && payload) place_read_part(qp, w, h, 0, payload, h.len);
     w->st = SendWqe::kDone;
     switch (h.type) {
         case kAck:
@@ -501,7 +501,8 @@ void read_sock(CmId *id) {
                 static_cast<std::size_t>(std::min<std::uint64_t>(buf.len - off, id->rx_resp_left));
             if (n == 0) break;
             if (id->qp && id->qp->pub.state != IBV_QPS_ERR)
-                place_read_part(id->qp, id->rx_resp, id->rx_resp_at, buf.p.get() + off, n);
+                place_read_part(id->qp, answered_wqe(id->qp), id->rx_resp, id->rx_resp_at,
+                                buf.p.get() + off, n);
             off += n;
             id->rx_resp_at += n;
             id->rx_resp_left -= n;

@@ -1202,7 +1202,8 @@ TEST_F(Data, LargeReadLandsWholeAcrossItsScatterList) {
 // A large READ response is sent from the responder's MR as the socket takes it. Deregistering
 // that MR while the response is on its way, and unmapping its memory, must leave the NIC reading
 // nothing freed: the READ delivers what the memory held at deregistration. The requester's reads
-// are held until then, so the sockets (a few MiB) hold only the start of the 64 MiB response.
+// are held until then, so the socket (a few hundred KiB) holds only the start of the 64 MiB
+// response.
 TEST_F(Data, ResponderMrDeregisteredWhileItsReadResponseIsOnItsWay) {
     connect();
     constexpr size_t kLen = 64u << 20;
