@@ -290,15 +290,16 @@ int Engine::enable_locked() {
     direct_ceiling_ = std::max(lane_limit_, link_direct_limit_);
     apply_size_limits();
     // One line per endpoint at info level: a user's log then says which endpoint ran and
-    // whether its node-local peers go through off_tandem.
+    // whether its node-local peers go through off_tandem (FI_TANDEM_LOCAL=0 sends them over the
+    // link though the twin is there).
     EndpointName at;
     at.ss = transport_->name();
     const fi_threading threading = domain_->threading();
     TANDEM_INFO(FI_LOG_EP_CTRL,
                 "%s endpoint enabled on %s, node-local path %s, at %s, %s (domain lock %s)\n",
                 type_ == FI_EP_RDM ? "RDM" : "MSG", info_->domain_attr->name,
-                local_ && shm_permitted_ ? "on" : "off", at.to_string().c_str(),
-                fi_tostr(&threading, FI_TYPE_THREADING),
+                local_ && shm_permitted_ && Config::get().local_path ? "on" : "off",
+                at.to_string().c_str(), fi_tostr(&threading, FI_TYPE_THREADING),
                 domain_->lock().taken() ? "taken" : "skipped");
     if (info_->handle) {
         // Passive side: the connection request this endpoint was created for.

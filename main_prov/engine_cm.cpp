@@ -236,10 +236,10 @@ void Engine::connection_up(Peer *peer, CmEvent &ev) {
     }
 }
 
-// Rejected or unreachable.
+// Rejected or unreachable: either way the application sees FI_ECONNREFUSED.
 void Engine::connection_refused(Peer *peer, CmEvent &ev) {
     LinkConnection *conn = ev.conn;
-    int err = ev.type == CmEventType::Rejected ? FI_ECONNREFUSED : FI_ECONNREFUSED;
+    const int err = FI_ECONNREFUSED;
     if (type_ == FI_EP_MSG) {
         msg_state_ = MsgState::Shutdown;
         if (eq_)
@@ -248,7 +248,7 @@ void Engine::connection_refused(Peer *peer, CmEvent &ev) {
     }
     // A connection that lost the race to one already up fails nothing.
     if (peer && (peer->conn == conn || !peer->established)) {
-        fail_peer(peer, FI_ECONNREFUSED);
+        fail_peer(peer, err);
         if (peer->conn == conn) peer->conn = nullptr;
     }
     forget_served(conn);

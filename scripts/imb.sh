@@ -302,10 +302,9 @@ run_one() {
     [ "$n" -eq 0 ] || fail "a utility provider logged $n lines: not plain tandem"
     # The path of the mode. A rank's tandem endpoint logs its first meeting with each peer it
     # moves data with: node-local ("node-local peer ...") or over the link ("peer at fi_addr
-    # ...: over the link"). (The endpoint line's "node-local path on" says only that the
-    # offload twin is there, which it is with FI_TANDEM_LOCAL=0 too.) With osc rdma, btl ofi
-    # carries only RMA and atomics (it has no sends), so a meeting there is one-sided traffic;
-    # without btl ofi, osc rdma creates no window here at all (MPI_ERR_WIN).
+    # ...: over the link"). With osc rdma, btl ofi carries only RMA and atomics (it has no
+    # sends), so a meeting there is one-sided traffic; without btl ofi, osc rdma creates no
+    # window here at all (MPI_ERR_WIN).
     local met_local met_link
     # (The node-local channel's open_peer logs under the provider whose call opened the peer.)
     met_local=$(grep -Ec '::(off_)?tandem:ep_ctrl:.*node-local peer .* single copy' "$log" || true)

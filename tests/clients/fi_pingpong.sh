@@ -81,7 +81,11 @@ for side in server client; do
             rxm_in_path "$tmp/$side" && { echo "FAIL: $side: ofi_rxm ran, not plain $prov" >&2; status=1; }
             tandem_endpoint_in_path "$tmp/$side" "$ep_upper" ||
                 { echo "FAIL: $side: tandem enabled no $ep_upper endpoint" >&2; status=1; }
-            if [ "$ep" = rdm ] && [ "${FI_TANDEM_LOCAL:-1}" != 0 ]; then
+            # The endpoint's line says which, as the path then taken does.
+            if [ "$ep" = rdm ] && [ "${FI_TANDEM_LOCAL:-1}" != 0 ]; then path=on; else path=off; fi
+            grep -Eq "::tandem:ep_ctrl:.*$ep_upper endpoint enabled on .*, node-local path $path," "$tmp/$side" ||
+                { echo "FAIL: $side: the endpoint's line does not say \"node-local path $path\"" >&2; status=1; }
+            if [ "$path" = on ]; then
                 node_local_in_path "$tmp/$side" ||
                     { echo "FAIL: $side: the node-local path did not run" >&2; status=1; }
             else
