@@ -370,22 +370,36 @@ void Engine::drop_malformed_short() {
     TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed node-local cell\n");
 }
 
-void Engine::receive_short_from_twin(void *self, const uint8_t *cell) {
-    auto *ep = static_cast<Engine *>(self);
-    TANDEM_ASSERT_DOMAIN_LOCK_HELD(ep->domain_);
-    ep->receive_short(cell);
-}
-
 void Engine::read_inbox(const uint8_t *cell) {
     for (int i = 0; i < 64; ++i) {
-        if (cell[0] == static_cast<uint8_t>(wire::LocalOp::Short) && *twin_quiet_)
+        if (holds_->active()) [[unlikely]] {
+            if (!read_held(cell)) return;
+        } else if (cell[0] == static_cast<uint8_t>(wire::LocalOp::Short)) {
             receive_short(cell);
-        else
+        } else {
             twin_take_cell_(twin_ep_, cell);
+        }
         inbox_ring_->release();
         cell = static_cast<const uint8_t *>(inbox_ring_->peek());
-        if (!cell) return;
+        // (A cell the twin took may have lifted a hold: its sender's kept cells go next.)
+        if (!cell && !holds_->has_released()) return;
     }
+}
+
+// While a sender is held or released cells wait: those first (they are older than anything
+// of their sender's in the ring), then `cell` kept or dispatched. False: there was no cell.
+bool Engine::read_held(const uint8_t *cell) {
+    holds_->replay([this](const uint8_t *c) { dispatch_cell(c); });
+    if (!cell) return false;
+    if (!holds_->keep_if_held(cell)) dispatch_cell(cell);
+    return true;
+}
+
+void Engine::dispatch_cell(const uint8_t *cell) {
+    if (cell[0] == static_cast<uint8_t>(wire::LocalOp::Short))
+        receive_short(cell);
+    else
+        twin_take_cell_(twin_ep_, cell);
 }
 
 // The tables of the message and tagged calls, here with the calls (see endpoint_alias.h).

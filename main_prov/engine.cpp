@@ -126,6 +126,7 @@ int Engine::close() {
         twin_cq_ = nullptr;  // (the drain below progresses the link alone)
         twin_ep_ = nullptr;
         twin_quiet_ = nullptr;
+        holds_ = nullptr;
         inbox_ring_ = nullptr;
         twin_take_cell_ = nullptr;
         local_.reset();  // the twin first: it holds entries of rx_ until it is closed
@@ -278,6 +279,7 @@ int Engine::enable_locked() {
         inbox_ring_ = inbox.ring;
         twin_quiet_ = inbox.ring ? inbox.quiet : nullptr;
         twin_take_cell_ = local_->take_cell_entry();
+        holds_ = inbox.ring ? &local_->channel()->holds() : nullptr;
     }
     transport_->set_device_p2p(p2p_.mode() != FI_HMEM_P2P_DISABLED);
     // What send_by_link takes: an eager message the link sends from the caller's buffer

@@ -17,6 +17,7 @@
 #include "main_prov/link/link.h"
 #include "main_prov/rx_matcher.h"
 #include "main_prov/shm/peer_inbox.h"
+#include "main_prov/shm/sender_hold.h"
 #include "main_prov/trigger.h"
 #include "peer/foreign_srx.h"
 #include "peer/peer_abi.h"
@@ -298,11 +299,15 @@ class Engine : public CmSource, public RemoteKeyResolver {
     // comes through here; the twin's progress is called straight through its ops table.)
     void progress() {
         if (twin_quiet_) {
-            // We read the twin's inbox (peer::InboxView): Short cells with our own decoder
-            // while the twin is quiet, every other cell by the twin. The twin runs after, while
-            // it has work, and every kTwinEvery empty passes (its checks and heartbeat).
+            // We read the twin's inbox (peer::InboxView): Short cells with our own decoder,
+            // every other cell by the twin, a held sender's kept (shm::SenderHold). The twin
+            // runs after, while it has work, and every kTwinEvery empty passes (its checks and
+            // heartbeat).
             const void *cell = inbox_ring_->peek();
-            if (cell) read_inbox(static_cast<const uint8_t *>(cell));
+            if (cell)
+                read_inbox(static_cast<const uint8_t *>(cell));
+            else if (holds_->has_released()) [[unlikely]]
+                read_inbox(nullptr);  // a hold lifted by the twin's own pass
             if (!*twin_quiet_ || (!cell && (++express_passes_ & (kTwinEvery - 1)) == 0))
                 fi_cq_read(twin_cq_, nullptr, 0);
         } else if (twin_cq_) {
@@ -639,22 +644,27 @@ class Engine : public CmSource, public RemoteKeyResolver {
     fid_cq *twin_cq_ = nullptr;
     fid_ep *twin_ep_ = nullptr;
     // The twin's inbox, which we read (LocalPathOps::take_inbox): its ring and whether the
-    // twin is quiet (null without local_), the twin's handler of the cells that are not ours,
-    // the passes since the twin last ran, and the last sender resolved.
+    // twin is quiet (null without local_), the channel's holds of senders behind a split
+    // write, the twin's handler of the cells that are not ours, the passes since the twin
+    // last ran, and the last sender resolved.
     ShmRing *inbox_ring_ = nullptr;
     const bool *twin_quiet_ = nullptr;
+    shm::SenderHold *holds_ = nullptr;
     void (*twin_take_cell_)(fid_ep *, const uint8_t *) = nullptr;
     static constexpr unsigned kTwinEvery = 16;
     unsigned express_passes_ = 0;
     LastSender last_sender_;
-    // The cells at the head of the twin's inbox, first `cell`, up to a batch: each Short cell
-    // ours while the twin is quiet, every other one the twin's (twin_take_cell_).
+    // The cells at the head of the twin's inbox, first `cell` (nullptr: only cells released
+    // from a hold), up to a batch: each Short cell ours, every other one the twin's
+    // (twin_take_cell_), a held sender's kept until its hold is lifted and then replayed
+    // first, through the same dispatch (read_held).
     void read_inbox(const uint8_t *cell);
-    // The one decoder of Short cells on our receive side: from read_inbox, and from the twin
-    // for those it read or held back (peer::OwnerInbox). Matches, copies and completes, or
-    // keeps the message as unexpected; a malformed cell is dropped and logged.
+    [[gnu::noinline]] bool read_held(const uint8_t *cell);
+    void dispatch_cell(const uint8_t *cell);
+    // The one decoder of Short cells on our receive side (read_inbox, dispatch_cell). Matches,
+    // copies and completes, or keeps the message as unexpected; a malformed cell is dropped
+    // and logged.
     inline void receive_short(const uint8_t *cell);
-    static void receive_short_from_twin(void *self, const uint8_t *cell);
     [[gnu::cold, gnu::noinline]] static void drop_malformed_short();
     // receive_short past a plain posted receive: a device or multi-receive buffer, or none
     // yet (unexpected).

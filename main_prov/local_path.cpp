@@ -194,8 +194,7 @@ int LocalPath::open_twin_ops() {
         ops_->queued(twin_, entry, data, src);
     });
     // We read our own twin's inbox, and decode every Short cell in it (peer::InboxView).
-    const peer::OwnerInbox owner{&ep_, &Engine::receive_short_from_twin};
-    inbox_ = ops_->take_inbox(twin_, &owner);
+    inbox_ = ops_->take_inbox(twin_);
     return 0;
 }
 

@@ -83,9 +83,8 @@ int local_use_channel(fid_ep *ep, shm::Channel *channel) noexcept {
     return Endpoint::of(ep)->use_channel(channel);
 }
 
-peer::InboxView local_take_inbox(fid_ep *ep, const peer::OwnerInbox *owner) noexcept {
-    if (!owner || !owner->take_short) return {nullptr, nullptr};
-    return Endpoint::of(ep)->take_inbox(*owner);
+peer::InboxView local_take_inbox(fid_ep *ep) noexcept {
+    return Endpoint::of(ep)->take_inbox();
 }
 
 void local_take_cell(fid_ep *ep, const uint8_t *cell) noexcept try {

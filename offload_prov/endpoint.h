@@ -17,8 +17,9 @@
 // Receives are the owner's: an arriving message asks the owner's SRX for a buffer
 // (get_msg / get_tag); a message that finds none is queued with the owner and held here until
 // the owner starts or discards it. When the owner is tandem, it reads our inbox itself
-// (take_inbox): it decodes the Short cells and hands us the others (take_cell), and we pass
-// any Short cell we meet to its decoder (peer::OwnerInbox). Completions go to the owner's CQ
+// (take_inbox): it decodes the Short cells and hands us the others (take_cell), keeping a
+// sender's cells behind a split write of theirs (the channel's shm::SenderHold, which our RMA
+// target sets and lifts). Completions go to the owner's CQ
 // (fid_peer_cq); those of sends that complete when posted are written at the next progress
 // call, so that the owner is never re-entered from inside its own send.
 #pragma once
@@ -139,8 +140,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         return 0;
     }
     // peer::LocalPathOps::take_inbox: from now on the owner reads our inbox.
-    peer::InboxView take_inbox(const peer::OwnerInbox &owner) {
-        owner_inbox_ = owner;
+    peer::InboxView take_inbox() {
         owner_reads_ = owner_reads_ || channel_->has_inbox();  // (no inbox: nothing to read)
         return {channel_->inbox(), &quiet_};
     }
@@ -297,8 +297,6 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     void finish_split(const Split &split, std::string_view sender, int err);
     void handle_cts(const wire::LocalHeader &hdr, std::string_view sender, const uint8_t *body);
     void handle_write_done(const wire::LocalHeader &hdr, std::string_view sender);
-    bool defer_if_held(const uint8_t *cell);
-    void replay_deferred(const std::string &sender);
 
     // ep/receive.cpp: a message into the owner's receive buffer, or held for one.
     void handle_message(const wire::LocalHeader &hdr, std::string_view sender, fi_addr_t src,
@@ -468,14 +466,6 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // Staged writes (WriteFrag) whose fragment failed here, by initiator and id: the first
     // error, reported at their last fragment.
     std::map<std::pair<std::string, uint64_t>, int> failed_writes_;
-    // Initiators with an RMA write split in progress (keyed by their address bytes): what
-    // else they send waits here, in order, until their WriteDone, so that a later message,
-    // read or write of theirs never overtakes the write (FI_ORDER_SAW, RAW, WAW).
-    // Their copies are kept for reuse (up to a ring's worth): fresh heap memory per cell
-    // cost page faults that halved the rate of a stream of split writes.
-    using CellCopy = std::unique_ptr<uint8_t[]>;
-    std::map<std::string, std::deque<CellCopy>, std::less<>> deferred_;
-    std::vector<CellCopy> spare_cells_;
 
     // ep/progress.cpp
     struct TxCompletion {
@@ -516,10 +506,9 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // Passes in a row that found nothing while operations waited on a peer (progress_all).
     static constexpr unsigned kYieldAfter = 4;
     unsigned fruitless_passes_ = 0;
-    // Our own owner reads our inbox (take_inbox): our passes leave the ring alone, the cells
-    // it hands us come through take_cell (counted for the pass's yield decision), and every
-    // Short cell we meet goes to its decoder.
-    peer::OwnerInbox owner_inbox_{};
+    // Our own owner reads our inbox (take_inbox): our passes leave the ring alone, and the
+    // cells it hands us come through take_cell (counted for the pass's yield decision). It
+    // decodes every Short cell itself.
     bool owner_reads_ = false;
     int cells_from_owner_ = 0;
 

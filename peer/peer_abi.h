@@ -92,22 +92,14 @@ struct PeerEpOps {
     const std::atomic<uint64_t> *(*mr_generation)(fid_ep *ep);
 };
 
-// The owner's decoder of Short cells (common/short_cell.h), for an owner that reads its twin's
-// inbox itself (LocalPathOps::take_inbox): every Short cell that reaches the owner's receive
-// side goes through it, whichever of the two read it off the ring. The twin calls it for the
-// Short cells it held back (behind an RMA write split in progress from their sender) or took
-// while it was not quiet, under the owner's lock, as the owner calls it for the rest.
-struct OwnerInbox {
-    void *context;
-    void (*take_short)(void *context, const uint8_t *cell);
-};
-
 // The twin's inbox once the owner reads it (LocalPathOps::take_inbox): the ring, of which the
 // owner is then the only reader, and whether the twin is quiet (no backlog, no operation
-// waiting, no completion held, no cell held behind a split write). While `*quiet`, the owner
-// takes a Short cell at the head with its own decoder; every other cell, and any cell while
-// the twin is not quiet, it hands to take_cell. The owner calls the twin's progress for its
-// other work while it is not quiet, and every few passes while it is (checks, heartbeat).
+// waiting, no completion held, no sender held behind a split write). The owner decodes every
+// Short cell itself (common/short_cell.h) and hands every other cell to take_cell; it keeps
+// a sender's cells while the channel holds that sender (shm::SenderHold, set and lifted by the
+// twin's RMA target) and replays them through the same dispatch once the hold is lifted. The
+// owner calls the twin's progress for its other work while it is not quiet, and every few
+// passes while it is (checks, heartbeat).
 struct InboxView {
     ShmRing *ring;
     const bool *quiet;
@@ -121,7 +113,7 @@ struct InboxView {
 // fi_trywait on the twin's CQ (off_tandem's fabric): its endpoints ask senders to signal that
 // descriptor and set their liveness timers while their operations wait on peers, and it
 // answers -FI_EAGAIN when work is pending (the descriptor is then readable at once).
-inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v14";
+inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v15";
 
 struct LocalPathOps {
     size_t size;
@@ -146,9 +138,9 @@ struct LocalPathOps {
     // not build) the twin makes a channel of its own that looks no address up: it receives,
     // and reaches no peer. -FI_EOPBADSTATE after fi_enable or a second time.
     int (*use_channel)(fid_ep *ep, shm::Channel *channel);
-    // The owner becomes the reader of the twin's inbox (see InboxView), with its Short
-    // decoder (the twin copies *owner). Its own twin only; once, after the twin is enabled.
-    InboxView (*take_inbox)(fid_ep *ep, const OwnerInbox *owner);
+    // The owner becomes the reader of the twin's inbox (see InboxView). Its own twin only;
+    // once, after the twin is enabled.
+    InboxView (*take_inbox)(fid_ep *ep);
     // A cell the owner read off the inbox that is the twin's to handle (see InboxView); the
     // owner releases it from the ring afterwards.
     void (*take_cell)(fid_ep *ep, const uint8_t *cell);

@@ -14,6 +14,7 @@
 #include "main_prov/shm/inbox_segment.h"
 #include "main_prov/shm/peer_inbox.h"
 #include "main_prov/shm/shm_segment.h"
+#include "main_prov/shm/sender_hold.h"
 #include "main_prov/shm/split_claims.h"
 #include "main_prov/shm/wake.h"
 #include "common/coarse_clock.h"
@@ -76,10 +77,12 @@ class Channel {
     void open_wake_only() { wake_.emplace(InboxWake::NoFifo{}); }
 
     // Our inbox's ring (nullptr without one), its wake (nullptr before open_inbox or
-    // open_wake_only), the claim table of our split copies.
+    // open_wake_only), the claim table of our split copies, and the senders whose cells wait
+    // behind a split write of theirs (which the ring's reader keeps and replays).
     ShmRing *inbox() const { return inbox_; }
     InboxWake *wake() { return wake_ ? &*wake_ : nullptr; }
     SplitClaims &claims() { return claims_; }
+    SenderHold &holds() { return holds_; }
     // Our heartbeat (SegmentInfo::heartbeat): the coarse clock (coarse_now_ms) of a recent
     // pass, which peers read to tell whether we poll.
     void beat(int64_t now) {
@@ -159,6 +162,7 @@ class Channel {
     ShmRing *inbox_ = nullptr;
     uint32_t *heartbeat_ = nullptr;
     SplitClaims claims_;
+    SenderHold holds_;
     // The FIFO peers wake us through, and our liveness timer.
     std::optional<InboxWake> wake_;
     // Who claimed a cell of our inbox and never published it: still running, or dead?

@@ -55,8 +55,8 @@ void Endpoint::bury(PeerLink &link) {
         auto sender = shm::local_key(f.first.first.data(), f.first.first.size());
         return sender && *sender == key;
     });
-    std::erase_if(deferred_, [&](const auto &d) {
-        auto sender = shm::local_key(d.first.data(), d.first.size());
+    channel_->holds().forget([&](std::string_view s) {
+        auto sender = shm::local_key(s.data(), s.size());
         return sender && *sender == key;
     });
     // Receives waiting for a staged copy it will never send, and its memory we mapped.

@@ -45,7 +45,8 @@ void Endpoint::progress() {
                 progress_all(true, true);
                 return;
             }
-            if (cell[0] != static_cast<uint8_t>(LocalOp::Short) || !deferred_.empty()) break;
+            if (cell[0] != static_cast<uint8_t>(LocalOp::Short) || channel_->holds().active())
+                break;
             handle_short(cell);
             channel_->inbox()->release();
             if (!cq_backlog_.empty()) break;
@@ -64,15 +65,22 @@ void Endpoint::progress_all(bool counted, bool check_due) {
     // A bounded batch: a sender that never stops must not starve the rest of the owner. (When
     // the owner reads the inbox, the cells it handed us since the last pass.)
     int handled = owner_reads_ ? std::exchange(cells_from_owner_, 0) : 0;
+    shm::SenderHold &holds = channel_->holds();
     for (; !owner_reads_ && handled < 64; ++handled) {
+        // Cells released from a hold go first: they are older than their sender's in the ring.
+        if (holds.has_released()) holds.replay([this](const uint8_t *c) { handle_cell(c); });
         const void *cell = channel_->inbox()->peek();
         if (!cell) break;
         auto *c = static_cast<const uint8_t *>(cell);
         // (The commonest cell first, without the dispatch's other checks.)
-        if (c[0] == static_cast<uint8_t>(LocalOp::Short) && deferred_.empty())
-            handle_short(c);
-        else
+        if (!holds.active()) {
+            if (c[0] == static_cast<uint8_t>(LocalOp::Short))
+                handle_short(c);
+            else
+                handle_cell(c);
+        } else if (!holds.keep_if_held(c)) {
             handle_cell(c);
+        }
         channel_->inbox()->release();
     }
     channel_->flush();
@@ -119,7 +127,7 @@ void Endpoint::progress_all(bool counted, bool check_due) {
     // Quiet when nothing but a cell can give this endpoint work: then the next passes only
     // look at the inbox until a cell comes or a call of the owner's brings work (note_work).
     quiet_ = coll_.idle() && !sender_->backlogged && cq_backlog_.empty() && tx_done_.empty() &&
-             !waiting && deferred_.empty();
+             !waiting && !holds.active();
 }
 
 void Endpoint::complete_tx(void *context, uint64_t flags, size_t len, int err) {
@@ -133,7 +141,6 @@ void Endpoint::take_cell(const uint8_t *cell) {
 }
 
 void Endpoint::handle_cell(const uint8_t *cell) {
-    if (!deferred_.empty() && defer_if_held(cell)) return;
     switch (static_cast<LocalOp>(cell[0])) {
         case LocalOp::Short:
             handle_short(cell);
@@ -344,13 +351,9 @@ bool Endpoint::vouch_for_process(LocalHeader &hdr, std::string_view sender) {
 }
 
 // A Short cell is an Eager message with the fields it leaves out implied. When our owner reads
-// our inbox, its decoder takes every Short cell (one route for them on its receive side);
-// otherwise the owner's SRX gives the receive (place_short, out of this line).
+// our inbox, its decoder takes every Short cell (one route for them on its receive side), and
+// none comes here; otherwise the owner's SRX gives the receive (place_short, out of this line).
 void Endpoint::handle_short(const uint8_t *cell) {
-    if (owner_reads_) [[likely]] {
-        owner_inbox_.take_short(owner_inbox_.context, cell);
-        return;
-    }
     ShortView s;
     if (!read_short(cell, s)) [[unlikely]] {
         TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed cell\n");

@@ -162,9 +162,10 @@ bool Endpoint::split_rma_write(const LocalHeader &hdr, std::string_view sender,
     std::copy(remote, remote + hdr.iov_count, split.remote);
     std::copy(region.pieces, region.pieces + region.count, split.target);
     if (got < 0 || size_t(got) != half) split.err = got == -ESRCH ? FI_ECONNRESET : FI_EIO;
-    // What the initiator sends meanwhile waits behind the write (deferred_), until the split
-    // is finished: now, or at the initiator's WriteDone.
-    deferred_.try_emplace(std::string(sender));
+    // What the initiator sends meanwhile waits behind the write (the channel's SenderHold,
+    // kept by the inbox's reader), until the split is finished: now, or at the initiator's
+    // WriteDone.
+    channel_->holds().hold(sender);
     split_read(split, sender);
     return true;
 }

@@ -115,64 +115,11 @@ void Endpoint::finish_split(const Split &split, std::string_view sender, int sen
     }
     if (!split.entry) {
         finish_rma(split.hdr, sender, err);
-        replay_deferred(std::string(sender));
+        channel_->holds().lift(sender);  // the inbox's reader replays what it kept
         return;
     }
     answer(sender, split.hdr.msg_id, err);
     complete_rx(split.entry, split.hdr, split.n, err, split.src);
-}
-
-// A cell from an initiator whose RMA write is split (see deferred_) waits for its WriteDone;
-// answers to our own operations (Fin, Cts, WriteDone, ReadData) do not.
-bool Endpoint::defer_if_held(const uint8_t *cell) {
-    std::string_view sender;
-    if (cell[0] == static_cast<uint8_t>(LocalOp::AtomicResp)) return false;  // an answer
-    if (cell[0] == static_cast<uint8_t>(LocalOp::Short) ||
-        cell[0] == static_cast<uint8_t>(LocalOp::Atomic)) {
-        wire::LocalShortHeader s;
-        memcpy(&s, cell, sizeof s);
-        if (s.name_len > wire::kLocalNameRoom) return false;
-        sender = {reinterpret_cast<const char *>(cell + sizeof s), s.name_len};
-    } else {
-        LocalHeader hdr;
-        memcpy(&hdr, cell, sizeof hdr);
-        auto op = static_cast<LocalOp>(hdr.op);
-        if (op == LocalOp::Fin || op == LocalOp::Cts || op == LocalOp::WriteDone ||
-            op == LocalOp::ReadData || hdr.name_len > wire::kLocalNameRoom)
-            return false;
-        sender = {reinterpret_cast<const char *>(cell + sizeof hdr), hdr.name_len};
-    }
-    auto it = deferred_.find(sender);
-    if (it == deferred_.end()) return false;
-    CellCopy copy;
-    if (spare_cells_.empty()) {
-        copy = std::make_unique_for_overwrite<uint8_t[]>(wire::kLocalCellSize);
-    } else {
-        copy = std::move(spare_cells_.back());
-        spare_cells_.pop_back();
-    }
-    memcpy(copy.get(), cell, wire::kLocalCellSize);
-    it->second.push_back(std::move(copy));
-    return true;
-}
-
-// The initiator's split write is done: what it sent meanwhile is handled now, in order, up
-// to the next write of its that splits.
-void Endpoint::replay_deferred(const std::string &sender) {
-    auto it = deferred_.find(sender);
-    if (it == deferred_.end()) return;
-    std::deque<CellCopy> cells = std::move(it->second);
-    deferred_.erase(it);
-    while (!cells.empty()) {
-        CellCopy cell = std::move(cells.front());
-        cells.pop_front();
-        handle_cell(cell.get());
-        if (spare_cells_.size() < Config::get().ring_cells) spare_cells_.push_back(std::move(cell));
-        if (auto again = deferred_.find(sender); again != deferred_.end()) {
-            for (auto &rest : cells) again->second.push_back(std::move(rest));
-            return;
-        }
-    }
 }
 
 }  // namespace tandem::off

@@ -123,7 +123,7 @@ check_routes() {
 
 check_extensions() {
     local total=0 n s line
-    local -a tables=(peer/peer_abi.h:PeerEpOps peer/peer_abi.h:OwnerInbox
+    local -a tables=(peer/peer_abi.h:PeerEpOps
                      peer/peer_abi.h:LocalPathOps
                      peer/peer_trigger.h:TriggerOps
                      peer/peer_coll.h:CollOps peer/ep_diag.h:EpDiagOps)

@@ -9,6 +9,7 @@
 #include "main_prov/shm/inbox_segment.h"
 #include "main_prov/shm/outbox.h"
 #include "main_prov/shm/peer_inbox.h"
+#include "main_prov/shm/sender_hold.h"
 #include "main_prov/shm/shm_segment.h"
 #include "main_prov/shm/split_claims.h"
 #include "main_prov/shm/wake.h"
@@ -1810,4 +1811,123 @@ TEST(Channel, APeerWhoseProcessDiedIsBuriedOnceWhatItWroteUsIsRead) {
     EXPECT_EQ(ours.channel.peer_at(2), peer) << "a destination stays its peer, dead";
     EXPECT_FALSE(ours.channel.check_peers(bury));
     EXPECT_EQ(buried.size(), 1u) << "buried once";
+}
+
+// SenderHold: the cells of a sender behind its split write, kept by the inbox's reader.
+
+namespace {
+
+// A cell of `op` from `sender`, its id (msg_id, or the Short's tag) marking it.
+std::vector<uint8_t> held_cell(wire::LocalOp op, std::string_view sender, uint64_t id) {
+    std::vector<uint8_t> cell(wire::kLocalCellSize, 0);
+    if (op == wire::LocalOp::Short || op == wire::LocalOp::Atomic) {
+        wire::LocalShortHeader s{};
+        s.op = static_cast<uint8_t>(op);
+        s.name_len = static_cast<uint8_t>(sender.size());
+        s.tag = id;
+        memcpy(cell.data(), &s, sizeof s);
+        memcpy(cell.data() + sizeof s, sender.data(), sender.size());
+    } else {
+        wire::LocalHeader h{};
+        h.op = static_cast<uint8_t>(op);
+        h.name_len = static_cast<uint8_t>(sender.size());
+        h.msg_id = id;
+        memcpy(cell.data(), &h, sizeof h);
+        memcpy(cell.data() + sizeof h, sender.data(), sender.size());
+    }
+    return cell;
+}
+
+// The id held_cell() gave a cell.
+uint64_t held_id(const uint8_t *cell) {
+    if (cell[0] == static_cast<uint8_t>(wire::LocalOp::Short)) {
+        wire::LocalShortHeader s;
+        memcpy(&s, cell, sizeof s);
+        return s.tag;
+    }
+    wire::LocalHeader h;
+    memcpy(&h, cell, sizeof h);
+    return h.msg_id;
+}
+
+}  // namespace
+
+TEST(SenderHold, KeepsAHeldSendersCellsAndReplaysThemInOrderOnceLifted) {
+    shm::SenderHold holds;
+    EXPECT_FALSE(holds.active());
+    holds.hold("A");
+    EXPECT_TRUE(holds.active());
+    auto s1 = held_cell(wire::LocalOp::Short, "A", 1), e2 = held_cell(wire::LocalOp::Eager, "A", 2),
+         w3 = held_cell(wire::LocalOp::Write, "A", 3), b = held_cell(wire::LocalOp::Short, "B", 9),
+         fin = held_cell(wire::LocalOp::Fin, "A", 7);
+    EXPECT_TRUE(holds.keep_if_held(s1.data()));
+    EXPECT_TRUE(holds.keep_if_held(e2.data()));
+    EXPECT_FALSE(holds.keep_if_held(b.data())) << "another sender goes on";
+    EXPECT_FALSE(holds.keep_if_held(fin.data())) << "an answer to an operation of ours goes on";
+    EXPECT_TRUE(holds.keep_if_held(w3.data()));
+    // The cells are copies: the ring's may be reused at once.
+    s1.assign(s1.size(), 0xFF);
+    std::vector<uint64_t> got;
+    auto dispatch = [&](const uint8_t *c) { got.push_back(held_id(c)); };
+    holds.replay(dispatch);
+    EXPECT_TRUE(got.empty()) << "nothing is released before the lift";
+    holds.lift("A");
+    EXPECT_TRUE(holds.has_released());
+    holds.replay(dispatch);
+    EXPECT_EQ(got, (std::vector<uint64_t>{1, 2, 3}));
+    EXPECT_FALSE(holds.active());
+    EXPECT_FALSE(holds.keep_if_held(e2.data())) << "the hold is gone";
+}
+
+TEST(SenderHold, AReplayedWriteThatSplitsAgainHoldsWhatFollowsIt) {
+    shm::SenderHold holds;
+    holds.hold("A");
+    auto w1 = held_cell(wire::LocalOp::Write, "A", 1), s2 = held_cell(wire::LocalOp::Short, "A", 2),
+         s3 = held_cell(wire::LocalOp::Short, "A", 3),
+         later = held_cell(wire::LocalOp::Eager, "A", 4);
+    for (auto *c : {&w1, &s2, &s3}) ASSERT_TRUE(holds.keep_if_held(c->data()));
+    holds.lift("A");
+    std::vector<uint64_t> got;
+    holds.replay([&](const uint8_t *c) {
+        got.push_back(held_id(c));
+        if (held_id(c) == 1) holds.hold("A");  // the replayed write splits again
+    });
+    EXPECT_EQ(got, (std::vector<uint64_t>{1}));
+    EXPECT_TRUE(holds.active());
+    EXPECT_EQ(holds.held_senders(), 1u);
+    // A cell newer in the ring waits behind the ones kept again.
+    EXPECT_TRUE(holds.keep_if_held(later.data()));
+    holds.lift("A");
+    holds.replay([&](const uint8_t *c) { got.push_back(held_id(c)); });
+    EXPECT_EQ(got, (std::vector<uint64_t>{1, 2, 3, 4}));
+    EXPECT_FALSE(holds.active());
+}
+
+TEST(SenderHold, ADeadSendersCellsAreForgottenAndTheOthersKept) {
+    shm::SenderHold holds;
+    holds.hold("A");
+    holds.hold("B");
+    auto a1 = held_cell(wire::LocalOp::Short, "A", 1), b2 = held_cell(wire::LocalOp::Short, "B", 2),
+         a3 = held_cell(wire::LocalOp::Eager, "A", 3);
+    for (auto *c : {&a1, &b2, &a3}) ASSERT_TRUE(holds.keep_if_held(c->data()));
+    holds.lift("A");  // A's released but not yet replayed when it is found dead
+    holds.forget([](std::string_view s) { return s == "A"; });
+    EXPECT_FALSE(holds.has_released());
+    EXPECT_TRUE(holds.active()) << "B is still held";
+    holds.lift("B");
+    std::vector<uint64_t> got;
+    holds.replay([&](const uint8_t *c) { got.push_back(held_id(c)); });
+    EXPECT_EQ(got, (std::vector<uint64_t>{2}));
+    EXPECT_FALSE(holds.active());
+}
+
+TEST(SenderHold, ACellWhoseNameDoesNotFitIsNeverKept) {
+    shm::SenderHold holds;
+    std::string long_name(wire::kLocalNameRoom + 1, 'x');
+    holds.hold(long_name);
+    auto bad = held_cell(wire::LocalOp::Eager, long_name, 1);
+    EXPECT_FALSE(holds.keep_if_held(bad.data()));
+    EXPECT_EQ(shm::SenderHold::sender_of(bad.data()), std::nullopt);
+    EXPECT_EQ(shm::SenderHold::sender_of(held_cell(wire::LocalOp::Rts, "A", 1).data()),
+              std::optional<std::string_view>("A"));
 }
