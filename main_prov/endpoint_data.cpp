@@ -377,7 +377,7 @@ void Engine::read_inbox(const uint8_t *cell) {
         } else if (cell[0] == static_cast<uint8_t>(wire::LocalOp::Short)) {
             receive_short(cell);
         } else {
-            twin_take_cell_(twin_ep_, cell);
+            dispatch_cell(cell);
         }
         inbox_ring_->release();
         cell = static_cast<const uint8_t *>(inbox_ring_->peek());
@@ -395,9 +395,13 @@ bool Engine::read_held(const uint8_t *cell) {
     return true;
 }
 
+// Messages in host cells are ours; RMA, atomics, rendezvous, staged and device messages and
+// the answers to the twin's operations are the twin's.
 void Engine::dispatch_cell(const uint8_t *cell) {
     if (cell[0] == static_cast<uint8_t>(wire::LocalOp::Short))
         receive_short(cell);
+    else if (cell[0] == static_cast<uint8_t>(wire::LocalOp::Eager))
+        receive_eager_cell(cell);
     else
         twin_take_cell_(twin_ep_, cell);
 }

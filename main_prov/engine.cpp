@@ -19,6 +19,7 @@
 #include "main_prov/srx.h"
 
 #include <rdma/fi_errno.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -271,6 +272,7 @@ int Engine::enable_locked() {
         lane_limit_ = std::min<size_t>(local_->inject_limit(), info_->ep_attr->max_msg_size);
         if (shm::Channel *channel = local_->channel()) {
             lane_producer_ = channel->sender().producer;
+            local_pid_ = getpid();
             lane_line_ = channel->sender().short_line;
         }
         twin_cq_ = local_->twin_cq();

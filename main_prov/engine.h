@@ -510,8 +510,13 @@ class Engine : public CmSource, public RemoteKeyResolver {
     static fi_addr_t queued_source(void *entry);
     // What a completion and the owner are told of a source (FI_AV_USER_ID).
     fi_addr_t reported_source(fi_addr_t src) const;
-    void deliver_eager(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,
-                       const uint8_t *payload, fi_addr_t src);
+    // The message's bytes into the receive, and its completion; the receive's error (0,
+    // FI_ETRUNC, or the device's refusal or failure).
+    int deliver_eager(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,
+                      const uint8_t *payload, fi_addr_t src);
+    // What an unexpected message discarded (FI_DISCARD) still owes its sender: the Fin of a
+    // rendezvous over a link, or of a node-local message whose sender waits for one.
+    void release_discarded(const Unexpected &ux);
     void keep_order(RxOp *rx, LinkConnection *conn);
     void report_rx(RxOp *rx);
     void start_rendezvous(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,
@@ -609,6 +614,7 @@ class Engine : public CmSource, public RemoteKeyResolver {
     // Who our Short cells say wrote them: the claimant id and the Short line of the channel's
     // Sender (the twin's: one producer per process and peer ring), set with lane_limit_.
     uint32_t lane_producer_ = 0;
+    pid_t local_pid_ = 0;  // ours, in the Fin cells we answer node-local senders with
     const ShortLine *lane_line_ = nullptr;
     size_t link_direct_limit_ = 0;  // send_by_link's largest payload
     size_t direct_limit_ = 0;       // the larger of the two: send_direct's first check
@@ -648,7 +654,7 @@ class Engine : public CmSource, public RemoteKeyResolver {
     // write, the twin's handler of the cells that are not ours, the passes since the twin
     // last ran, and the last sender resolved.
     ShmRing *inbox_ring_ = nullptr;
-    const bool *twin_quiet_ = nullptr;
+    bool *twin_quiet_ = nullptr;
     shm::SenderHold *holds_ = nullptr;
     void (*twin_take_cell_)(fid_ep *, const uint8_t *) = nullptr;
     static constexpr unsigned kTwinEvery = 16;
@@ -661,6 +667,17 @@ class Engine : public CmSource, public RemoteKeyResolver {
     void read_inbox(const uint8_t *cell);
     [[gnu::noinline]] bool read_held(const uint8_t *cell);
     void dispatch_cell(const uint8_t *cell);
+    // The decoder of Eager cells (a whole message under the long header): matched, delivered
+    // and completed as a Short cell's message is, or kept as unexpected; a sender that asked
+    // for delivery complete (wire::kLocalAckReq) gets its Fin once the message is in a
+    // receive buffer, or discarded (answer_local).
+    [[gnu::noinline]] void receive_eager_cell(const uint8_t *cell);
+    // A node-local sender's fi_addr_t (FI_ADDR_NOTAVAIL: not in the AV), cached as for Short
+    // cells.
+    fi_addr_t local_source(std::string_view sender);
+    // A Fin (status: 0 or a positive FI_* code) for the sender's operation msg_id, through
+    // the sender's Outbox in the channel; nothing when the sender is gone.
+    void answer_local(std::string_view sender, uint64_t msg_id, int status);
     // The one decoder of Short cells on our receive side (read_inbox, dispatch_cell). Matches,
     // copies and completes, or keeps the message as unexpected; a malformed cell is dropped
     // and logged.
@@ -669,6 +686,8 @@ class Engine : public CmSource, public RemoteKeyResolver {
     // receive_short past a plain posted receive: a device or multi-receive buffer, or none
     // yet (unexpected).
     [[gnu::noinline]] void receive_short_slow(const uint8_t *cell, fi_addr_t src);
+    void receive_local(const wire::ProtoHeader &hdr, std::string_view sender, const uint8_t *data,
+                       fi_addr_t src);
     // Whether a device receive refuses len bytes of a node-local message (deliver_eager).
     bool local_refuses_device(size_t len);
     // FI_PEER_TRANSFER: the twin's receives (its traffic never meets the application's).

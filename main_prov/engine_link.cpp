@@ -62,11 +62,11 @@ void Engine::send_control(LinkConnection *conn, wire::ProtoOp op, const void *bo
     if (conn->post_send(iov, len ? 2 : 1, nullptr, wr_id(msg, kWrControl))) delete msg;
 }
 
-// conn == nullptr: a node-local message (a Short cell, receive_short_slow). A device receive
+// conn == nullptr: a node-local message (a Short or Eager cell). A device receive
 // then refuses it only under FI_HMEM_P2P_REQUIRED, as the twin decides for the cells it
 // delivers: nothing about a message in a host cell is peer to peer, and no link decides.
-void Engine::deliver_eager(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,
-                           const uint8_t *payload, fi_addr_t src) {
+int Engine::deliver_eager(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,
+                          const uint8_t *payload, fi_addr_t src) {
     keep_order(rx, conn);
     size_t copied = 0;
     int err = 0;
@@ -84,6 +84,7 @@ void Engine::deliver_eager(RxOp *rx, LinkConnection *conn, const wire::ProtoHead
     }
     if (!err && copied < hdr.size) err = FI_ETRUNC;
     rx_complete(rx, copied, hdr.tag, hdr.cq_data, hdr.flags, src, err, hdr.size - copied);
+    return err;
 }
 
 void Engine::start_rendezvous(RxOp *rx, LinkConnection *conn, const wire::ProtoHeader &hdr,

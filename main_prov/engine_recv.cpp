@@ -10,9 +10,12 @@
 #include "common/fabric_compat.h"
 #include "main_prov/local_path.h"
 #include "main_prov/peer_rx_queue.h"
+#include "main_prov/shm/channel.h"
+#include "common/log.h"
 #include "peer/peer_abi.h"
 
 #include <algorithm>
+#include <cstring>
 
 namespace tandem {
 
@@ -165,38 +168,106 @@ void Engine::deliver_unexpected_any(RxOp *rx, Unexpected &ux) {
 
 void Engine::deliver_unexpected(RxOp *rx, Unexpected &ux) {
     fi_addr_t src = source_of(ux);
-    if (ux.rendezvous())
+    if (ux.rendezvous()) {
         start_rendezvous(rx, ux.conn, ux.hdr, ux.rts, src);
-    else
-        deliver_eager(rx, ux.conn, ux.hdr, ux.data.data(), src);
+        return;
+    }
+    int err = deliver_eager(rx, ux.conn, ux.hdr, ux.data.data(), src);
+    if (!ux.answer_to.empty())
+        answer_local(ux.answer_to, ux.hdr.msg_id, err == FI_ETRUNC ? 0 : err);
 }
 
-// A Short cell that no plain posted receive takes: into a device or multi-receive buffer that
-// matches it, or kept, with its payload, until a receive comes (in the same queue as every
-// other unexpected message, so that one sender's messages match in the order it sent them).
+void Engine::release_discarded(const Unexpected &ux) {
+    if (ux.rendezvous()) {
+        wire::FinBody fin{ux.hdr.msg_id, uint32_t(wire::FinStatus::Ok), 0};
+        send_control(ux.conn, wire::ProtoOp::Fin, &fin, sizeof fin, ux.hdr.msg_id);
+    } else if (!ux.answer_to.empty()) {
+        answer_local(ux.answer_to, ux.hdr.msg_id, 0);  // the receiver dropped it: done
+    }
+}
+
+// A Short cell that no plain posted receive takes.
 void Engine::receive_short_slow(const uint8_t *cell, fi_addr_t src) {
     ShortView v;
     if (!read_short(cell, v)) return;  // (receive_short read it already)
-    const bool tagged = v.flags & wire::kLocalTagged;
     wire::ProtoHeader hdr{};
     hdr.op = static_cast<uint8_t>(wire::ProtoOp::Eager);
-    hdr.flags = uint8_t((tagged ? wire::kProtoTagged : 0) |
+    hdr.flags = uint8_t(((v.flags & wire::kLocalTagged) ? wire::kProtoTagged : 0) |
                         ((v.flags & wire::kLocalCqData) ? wire::kProtoCqData : 0));
     hdr.size = v.size;
     hdr.tag = v.tag;
     hdr.cq_data = v.cq_data;
+    receive_local(hdr, v.sender, v.data, src);
+}
+
+void Engine::receive_eager_cell(const uint8_t *cell) {
+    wire::LocalHeader lh;
+    memcpy(&lh, cell, sizeof lh);
+    if (lh.name_len > wire::kLocalNameRoom || lh.size > wire::kLocalBodyRoom || lh.total != lh.size)
+        [[unlikely]] {
+        TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed eager cell (%u bytes, %llu claimed)\n",
+                    lh.size, (unsigned long long)lh.total);
+        return;
+    }
+    const std::string_view sender(reinterpret_cast<const char *>(cell + sizeof lh), lh.name_len);
+    wire::ProtoHeader hdr{};
+    hdr.op = static_cast<uint8_t>(wire::ProtoOp::Eager);
+    hdr.flags = uint8_t(((lh.flags & wire::kLocalTagged) ? wire::kProtoTagged : 0) |
+                        ((lh.flags & wire::kLocalCqData) ? wire::kProtoCqData : 0) |
+                        ((lh.flags & wire::kLocalAckReq) ? wire::kProtoAckReq : 0));
+    hdr.size = lh.size;
+    hdr.tag = lh.tag;
+    hdr.cq_data = lh.cq_data;
+    hdr.msg_id = lh.msg_id;
+    receive_local(hdr, sender, cell + sizeof lh + wire::kLocalNameRoom, local_source(sender));
+}
+
+// A node-local message in a host cell: into the first posted receive it matches (a device or
+// multi-receive buffer included), or kept, with its payload, until a receive comes (in the
+// same queue as every other unexpected message, so that one sender's messages match in the
+// order it sent them). A sender waiting for a Fin (kProtoAckReq) gets it once the message
+// is delivered or discarded.
+void Engine::receive_local(const wire::ProtoHeader &hdr, std::string_view sender,
+                           const uint8_t *data, fi_addr_t src) {
     RxMatcher &m = *rx_;
-    if (RxOp *rx = m.match_posted(tagged, v.tag, src)) {
-        deliver_eager(slice_for(m, rx, v.size), nullptr, hdr, v.data, src);
+    if (RxOp *rx = m.match_posted(hdr.flags & wire::kProtoTagged, hdr.tag, src)) {
+        int err = deliver_eager(slice_for(m, rx, hdr.size), nullptr, hdr, data, src);
+        if (hdr.flags & wire::kProtoAckReq)
+            answer_local(sender, hdr.msg_id, err == FI_ETRUNC ? 0 : err);
         return;
     }
     Unexpected ux;
     ux.ep = this;
     ux.src = src;
-    if (src == FI_ADDR_NOTAVAIL) ux.sender = v.sender;
+    if (src == FI_ADDR_NOTAVAIL) ux.sender = sender;
+    if (hdr.flags & wire::kProtoAckReq) ux.answer_to = sender;
     ux.hdr = hdr;
-    ux.data.assign(v.data, v.data + v.size);
+    ux.data.assign(data, data + hdr.size);
     m.push_unexpected(std::move(ux));
+}
+
+fi_addr_t Engine::local_source(std::string_view sender) {
+    const uint64_t version = av_version_word_->load(std::memory_order_acquire);
+    if (last_sender_.matches(sender, version)) return last_sender_.addr;
+    const fi_addr_t src = av_->addr_of_bytes(sender.data(), sender.size());
+    last_sender_.remember(sender, version, src);
+    return src;
+}
+
+void Engine::answer_local(std::string_view sender, uint64_t msg_id, int status) {
+    shm::Channel *channel = local_ ? local_->channel() : nullptr;
+    shm::PeerInbox *to = channel ? channel->sender_peer(sender) : nullptr;
+    if (!to) return;  // the sender is gone: nobody waits for the answer
+    wire::LocalHeader fin{};
+    fin.op = static_cast<uint8_t>(wire::LocalOp::Fin);
+    fin.name_len = lane_line_->name_len;
+    fin.pid = local_pid_;
+    fin.msg_id = msg_id;
+    fin.status = status;
+    to->out.push(channel->sender(), fin, nullptr, 0);
+    // A full ring keeps the Fin in the peer's backlog, which the twin's pass flushes: that pass
+    // must come while the twin would otherwise be quiet.
+    if (channel->sender().backlogged) *twin_quiet_ = false;
 }
 
 // What the twin decides for the cells it delivers into device memory: a copy, refused only
@@ -253,13 +324,10 @@ ssize_t Engine::peek_or_claim_on(RxMatcher &m, Engine *report_ep, const RecvArgs
             found->claimed = true;
             found->claim_context = a.context;
         } else if (a.flags & FI_DISCARD) {
-            if (found->peer_entry) {
+            if (found->peer_entry)
                 PeerRxQueue::of(found->peer_entry)->discard(found->peer_entry);
-            } else if (found->rendezvous()) {
-                wire::FinBody fin{found->hdr.msg_id, uint32_t(wire::FinStatus::Ok), 0};
-                ep->send_control(found->conn, wire::ProtoOp::Fin, &fin, sizeof fin,
-                                 found->hdr.msg_id);
-            }
+            else
+                ep->release_discarded(*found);
             m.erase_unexpected(found);
         }
         if (ep) ep->write_rx_cq({a.context, cq_flags, size, nullptr, data, tag, src}, src);
@@ -270,12 +338,10 @@ ssize_t Engine::peek_or_claim_on(RxMatcher &m, Engine *report_ep, const RecvArgs
     if (!m.take_claimed(a.context, ux)) return -FI_EINVAL;
     Engine *ep = ux.ep ? ux.ep : report_ep;
     if (a.flags & FI_DISCARD) {
-        if (ux.peer_entry) {
+        if (ux.peer_entry)
             PeerRxQueue::of(ux.peer_entry)->discard(ux.peer_entry);
-        } else if (ux.rendezvous()) {
-            wire::FinBody fin{ux.hdr.msg_id, uint32_t(wire::FinStatus::Ok), 0};
-            ep->send_control(ux.conn, wire::ProtoOp::Fin, &fin, sizeof fin, ux.hdr.msg_id);
-        }
+        else
+            ep->release_discarded(ux);
         fi_addr_t src = source_of(ux);
         if (ux.hdr.flags & wire::kProtoCqData) cq_flags |= FI_REMOTE_CQ_DATA;
         if (ep)

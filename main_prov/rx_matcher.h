@@ -136,6 +136,9 @@ struct Unexpected {
     // A node-local message from a sender not in the AV when it came: its name, looked up again
     // whenever a receive asks its source (the application may insert it meanwhile).
     std::string sender;
+    // A node-local message whose sender waits for a Fin once it is delivered or discarded
+    // (wire::kLocalAckReq; hdr.msg_id is the sender's id): the sender's name.
+    std::string answer_to;
     wire::ProtoHeader hdr{};
     std::vector<uint8_t> data;
     wire::RtsBody rts{};

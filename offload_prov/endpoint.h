@@ -17,10 +17,10 @@
 // Receives are the owner's: an arriving message asks the owner's SRX for a buffer
 // (get_msg / get_tag); a message that finds none is queued with the owner and held here until
 // the owner starts or discards it. When the owner is tandem, it reads our inbox itself
-// (take_inbox): it decodes the Short cells and hands us the others (take_cell), keeping a
-// sender's cells behind a split write of theirs (the channel's shm::SenderHold, which our RMA
-// target sets and lifts). Completions go to the owner's CQ
-// (fid_peer_cq); those of sends that complete when posted are written at the next progress
+// (take_inbox): it decodes the Short and Eager cells and hands us the others (take_cell),
+// keeping a sender's cells behind a split write of theirs (the channel's shm::SenderHold,
+// which our RMA target sets and lifts). Completions go to the owner's CQ (fid_peer_cq); those
+// of sends that complete when posted are written at the next progress
 // call, so that the owner is never re-entered from inside its own send.
 #pragma once
 

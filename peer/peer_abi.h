@@ -95,14 +95,16 @@ struct PeerEpOps {
 // The twin's inbox once the owner reads it (LocalPathOps::take_inbox): the ring, of which the
 // owner is then the only reader, and whether the twin is quiet (no backlog, no operation
 // waiting, no completion held, no sender held behind a split write). The owner decodes every
-// Short cell itself (common/short_cell.h) and hands every other cell to take_cell; it keeps
+// Short and Eager cell itself and hands every other cell to take_cell; it keeps
 // a sender's cells while the channel holds that sender (shm::SenderHold, set and lifted by the
 // twin's RMA target) and replays them through the same dispatch once the hold is lifted. The
 // owner calls the twin's progress for its other work while it is not quiet, and every few
 // passes while it is (checks, heartbeat).
 struct InboxView {
     ShmRing *ring;
-    const bool *quiet;
+    // The owner clears it when it leaves the twin work: a cell of its own pushed into a
+    // peer's full ring waits in that peer's Outbox backlog, which the twin's pass flushes.
+    bool *quiet;
 };
 
 // fi_open_ops name of off_tandem's endpoint extension: the node-local path as its owner uses

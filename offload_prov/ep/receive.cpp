@@ -1,6 +1,7 @@
 // Receives, which are the owner's: a whole message asks the owner's SRX for a buffer and is
 // delivered into it (its bytes, a CMA read, a mapping of the sender's device memory, or a
-// staged read), or is held here until the owner starts or discards it.
+// staged read), or is held here until the owner starts or discards it. (An owner that is
+// tandem decodes Eager cells itself: their bytes come here only from an owner that is not.)
 #include "offload_prov/endpoint.h"
 
 #include "common/iov.h"

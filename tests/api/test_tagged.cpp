@@ -12,6 +12,19 @@ class TaggedTest : public FabricTest {
     ssize_t tsend(Endpoint &from, DataBuf &s, size_t len, fi_addr_t to, uint64_t tag, void *c) {
         return post([&] { return fi_tsend(from.ep, s.data(), len, s.desc, to, tag, c); });
     }
+    // len bytes of s a -> b under tag, completing once delivered (FI_DELIVERY_COMPLETE).
+    ssize_t tsend_delivery_complete(DataBuf &s, size_t len, uint64_t tag, void *c) {
+        iovec iov = {s.data(), len};
+        void *desc = s.desc;
+        fi_msg_tagged m{};
+        m.msg_iov = &iov;
+        m.desc = &desc;
+        m.iov_count = 1;
+        m.addr = a().peer[1];
+        m.tag = tag;
+        m.context = c;
+        return post([&] { return fi_tsendmsg(a().ep, &m, FI_COMPLETION | FI_DELIVERY_COMPLETE); });
+    }
     ssize_t trecv(Endpoint &on, DataBuf &r, size_t len, uint64_t tag, uint64_t ignore, void *c,
                   fi_addr_t src = FI_ADDR_UNSPEC) {
         return post([&] { return fi_trecv(on.ep, r.data(), len, r.desc, src, tag, ignore, c); });
@@ -392,6 +405,32 @@ TEST_F(TaggedThreeTest, DirectedTaggedReceive) {
 // peer's messages, posted before they arrive and after, and reports that address as the source.
 // (It used to wait for ever: a second insert made a second fi_addr_t, and arriving messages
 // resolved to the first.)
+// FI_DELIVERY_COMPLETE (fi_cq(3)): the send completes once the message is in a receive
+// buffer. Node-local, a small one goes whole in a cell whose sender waits for the receiver's
+// answer; sent before any receive is posted, it is kept as unexpected, and the answer must
+// still come once a receive takes it.
+TEST_F(TaggedTest, DeliveryCompleteSendOfAnUnexpectedMessageCompletesOnceReceived) {
+    constexpr size_t kLen = 1000;
+    auto s = buf(kLen), r = buf(kLen);
+    fill_pattern(s->data(), kLen, 231);
+    ASSERT_FI_OK(tsend_delivery_complete(*s, kLen, 0x91, ctx(10)));
+    poll_for(50ms);  // arrived, and nobody receives it yet
+    ASSERT_FI_OK(trecv(b(), *r, kLen, 0x91, 0, ctx(2)));
+    ASSERT_TRUE(wait_comp(b(), ctx(2))) << b().log.summary();
+    EXPECT_EQ(check_pattern(r->data(), kLen, 231), -1);
+    EXPECT_TRUE(wait_comp(a(), ctx(10))) << "the send never completed: " << a().log.summary();
+}
+
+// The same message discarded by the receiver (FI_PEEK | FI_DISCARD) completes its send
+// successfully: the receiver processed it.
+TEST_F(TaggedTest, DeliveryCompleteSendOfADiscardedMessageCompletes) {
+    constexpr size_t kLen = 1000;
+    auto s = buf(kLen);
+    ASSERT_FI_OK(tsend_delivery_complete(*s, kLen, 0x92, ctx(10)));
+    ASSERT_TRUE(peek_until_found(0x92, 0, FI_DISCARD, ctx(1)));
+    EXPECT_TRUE(wait_comp(a(), ctx(10))) << "the send never completed: " << a().log.summary();
+}
+
 TEST_F(TaggedTest, ReceiveDirectedAtAReinsertedPeerMatchesIt) {
     fi_addr_t again = FI_ADDR_NOTAVAIL;
     ASSERT_FI_RET(fi_av_insert(b().av, a().name.data(), 1, &again, 0, nullptr), 1);
