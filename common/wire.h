@@ -269,6 +269,10 @@ enum LocalFlags : uint8_t {
     kLocalCqData = 1u << 1,
     kLocalLast = 1u << 2,    // last Frag / WriteFrag of its message
     kLocalAckReq = 1u << 3,  // the sender waits for a Fin once the message is delivered
+    // A Frag of a device message whose receiver could not map its IpcRts: the staged copy
+    // sent again, or the empty last Frag that ends it with an error (FI_HMEM_P2P_REQUIRED).
+    // The receive it goes to was matched already, by whoever decodes IpcRts.
+    kLocalRestaged = 1u << 4,
 };
 
 struct LocalHeader {

@@ -395,13 +395,17 @@ bool Engine::read_held(const uint8_t *cell) {
     return true;
 }
 
-// Messages in host cells are ours; RMA, atomics, rendezvous, staged and device messages and
-// the answers to the twin's operations are the twin's.
+// Messages in host cells are ours (Short, Eager, Frag); RMA, atomics, rendezvous, device
+// messages (a restaged one's Frags included) and the answers to the twin's operations are the
+// twin's.
 void Engine::dispatch_cell(const uint8_t *cell) {
     if (cell[0] == static_cast<uint8_t>(wire::LocalOp::Short))
         receive_short(cell);
     else if (cell[0] == static_cast<uint8_t>(wire::LocalOp::Eager))
         receive_eager_cell(cell);
+    else if (cell[0] == static_cast<uint8_t>(wire::LocalOp::Frag) &&
+             !(cell[offsetof(wire::LocalHeader, flags)] & wire::kLocalRestaged))
+        receive_frag(cell);
     else
         twin_take_cell_(twin_ep_, cell);
 }

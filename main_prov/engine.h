@@ -39,6 +39,7 @@
 #include <chrono>
 #include <deque>
 #include <list>
+#include <map>
 #include <memory>
 #include <unordered_map>
 #include <unordered_set>
@@ -687,7 +688,12 @@ class Engine : public CmSource, public RemoteKeyResolver {
     // yet (unexpected).
     [[gnu::noinline]] void receive_short_slow(const uint8_t *cell, fi_addr_t src);
     void receive_local(const wire::ProtoHeader &hdr, std::string_view sender, const uint8_t *data,
-                       fi_addr_t src);
+                       fi_addr_t src, std::vector<uint8_t> *owned = nullptr);
+    static wire::ProtoHeader proto_header_of(const wire::LocalHeader &lh);
+    // The decoder of Frag cells: a staged message reassembled (staged_), then received whole.
+    [[gnu::noinline]] void receive_frag(const uint8_t *cell);
+    // Staged messages being reassembled, by sender and id: what came so far, in order.
+    std::map<std::pair<std::string, uint64_t>, std::vector<uint8_t>> staged_;
     // Whether a device receive refuses len bytes of a node-local message (deliver_eager).
     bool local_refuses_device(size_t len);
     // FI_PEER_TRANSFER: the twin's receives (its traffic never meets the application's).

@@ -324,6 +324,7 @@ void Endpoint::finish_pending(uint64_t msg_id, int status) {
         hdr.msg_id = msg_id;
         // FI_DELIVERY_COMPLETE: complete at the receiver's Fin for the staged copy.
         if (p.ack) hdr.flags |= wire::kLocalAckReq;
+        if (!p.rma_write) hdr.flags |= wire::kLocalRestaged;  // for the receive it holds
         PeerLink &link = *p.link;
         std::vector<iovec> iov = p.iov;
         std::vector<hmem::MemRef> mem = p.mem;
@@ -344,7 +345,7 @@ void Endpoint::finish_pending(uint64_t msg_id, int status) {
         if (!p.link->dead) {
             LocalHeader hdr = proto_;
             hdr.op = static_cast<uint8_t>(LocalOp::Frag);
-            hdr.flags = p.hdr_flags | wire::kLocalLast;
+            hdr.flags = p.hdr_flags | wire::kLocalLast | wire::kLocalRestaged;
             hdr.tag = p.tag;
             hdr.total = p.len;
             hdr.msg_id = msg_id;

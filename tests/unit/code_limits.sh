@@ -101,7 +101,7 @@ check_routes() {
         "write_short_gather|common/short_cell.h main_prov/engine_send.cpp"
         # The one decoder: tandem's receive_short and its slow half, and the twin's for an
         # owner that is not tandem.
-        "read_short|common/short_cell.h main_prov/endpoint_data.cpp main_prov/engine_recv.cpp offload_prov/ep/progress.cpp offload_prov/ep/progress.cpp"
+        "read_short|common/short_cell.h main_prov/endpoint_data.cpp main_prov/engine_local_rx.cpp offload_prov/ep/progress.cpp offload_prov/ep/progress.cpp"
     )
     for row in "${table[@]}"; do
         name=${row%%|*}

@@ -1,0 +1,164 @@
+// The node-local channel's receive side in tandem: the decoders of the message cells that
+// carry host memory, read off the twin's inbox by read_inbox (endpoint_data.cpp, with the
+// Short cell's fast path). A Short cell past a plain posted receive, an Eager cell and a
+// staged message's Frag cells end in receive_local, which matches, delivers or keeps the
+// message as any other (the one queue of unexpected messages), and answers a sender that
+// waits for a Fin through its Outbox. Rendezvous (Rts, split copies), device IPC, RMA and
+// atomics are still the twin's (docs/architecture.md, step 3).
+#include "common/log.h"
+#include "main_prov/av.h"
+#include "main_prov/engine.h"
+#include "main_prov/local_path.h"
+#include "main_prov/shm/channel.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace tandem {
+
+// A Short cell that no plain posted receive takes.
+void Engine::receive_short_slow(const uint8_t *cell, fi_addr_t src) {
+    ShortView v;
+    if (!read_short(cell, v)) return;  // (receive_short read it already)
+    wire::ProtoHeader hdr{};
+    hdr.op = static_cast<uint8_t>(wire::ProtoOp::Eager);
+    hdr.flags = uint8_t(((v.flags & wire::kLocalTagged) ? wire::kProtoTagged : 0) |
+                        ((v.flags & wire::kLocalCqData) ? wire::kProtoCqData : 0));
+    hdr.size = v.size;
+    hdr.tag = v.tag;
+    hdr.cq_data = v.cq_data;
+    receive_local(hdr, v.sender, v.data, src);
+}
+
+void Engine::receive_eager_cell(const uint8_t *cell) {
+    wire::LocalHeader lh;
+    memcpy(&lh, cell, sizeof lh);
+    if (lh.name_len > wire::kLocalNameRoom || lh.size > wire::kLocalBodyRoom || lh.total != lh.size)
+        [[unlikely]] {
+        TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed eager cell (%u bytes, %llu claimed)\n",
+                    lh.size, (unsigned long long)lh.total);
+        return;
+    }
+    const std::string_view sender(reinterpret_cast<const char *>(cell + sizeof lh), lh.name_len);
+    receive_local(proto_header_of(lh), sender, cell + sizeof lh + wire::kLocalNameRoom,
+                  local_source(sender));
+}
+
+// A fragment of a staged message (Frag cells: one sender's come in order, each after the one
+// before), the whole message received once its last fragment came. A Frag with a status ends
+// its message instead (the sender could not copy its memory): nobody waits for it here. A
+// restaged device message (kLocalRestaged) is the twin's, which matched it already.
+void Engine::receive_frag(const uint8_t *cell) {
+    wire::LocalHeader lh;
+    memcpy(&lh, cell, sizeof lh);
+    if (lh.name_len > wire::kLocalNameRoom || lh.size > wire::kLocalBodyRoom) [[unlikely]] {
+        TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed fragment\n");
+        return;
+    }
+    const std::string_view sender(reinterpret_cast<const char *>(cell + sizeof lh), lh.name_len);
+    std::pair<std::string, uint64_t> id{std::string(sender), lh.msg_id};
+    if (lh.status) {
+        staged_.erase(id);
+        return;
+    }
+    // A message of 0 bytes goes whole (Eager), and none is larger than we take: the first
+    // fragment's total is what we reserve, so it is checked first.
+    if (lh.total == 0 || lh.total > info_->ep_attr->max_msg_size) {
+        staged_.erase(id);
+        TANDEM_WARN(FI_LOG_EP_DATA, "dropping a fragment of a %llu-byte message\n",
+                    (unsigned long long)lh.total);
+        return;
+    }
+    // Each fragment goes at the end of what came before, so the memory held is what was
+    // sent, not what the first fragment claims.
+    std::vector<uint8_t> &data = staged_[id];
+    if (data.empty()) data.reserve(std::min<uint64_t>(lh.total, 64u << 20));
+    if (lh.offset != data.size() || lh.size > lh.total - lh.offset) {
+        staged_.erase(id);
+        TANDEM_WARN(FI_LOG_EP_DATA, "dropping a fragment out of its message\n");
+        return;
+    }
+    const uint8_t *body = cell + sizeof lh + wire::kLocalNameRoom;
+    data.insert(data.end(), body, body + lh.size);
+    if (data.size() < lh.total) return;
+    std::vector<uint8_t> whole = std::move(data);
+    staged_.erase(id);
+    wire::ProtoHeader hdr = proto_header_of(lh);
+    hdr.size = whole.size();
+    receive_local(hdr, sender, whole.data(), local_source(sender), &whole);
+}
+
+// The message a long header describes, as the engine's receive side takes every message.
+wire::ProtoHeader Engine::proto_header_of(const wire::LocalHeader &lh) {
+    wire::ProtoHeader hdr{};
+    hdr.op = static_cast<uint8_t>(wire::ProtoOp::Eager);
+    hdr.flags = uint8_t(((lh.flags & wire::kLocalTagged) ? wire::kProtoTagged : 0) |
+                        ((lh.flags & wire::kLocalCqData) ? wire::kProtoCqData : 0) |
+                        ((lh.flags & wire::kLocalAckReq) ? wire::kProtoAckReq : 0));
+    hdr.size = lh.size;
+    hdr.tag = lh.tag;
+    hdr.cq_data = lh.cq_data;
+    hdr.msg_id = lh.msg_id;
+    return hdr;
+}
+
+// A node-local message in host cells: into the first posted receive it matches (a device or
+// multi-receive buffer included), or kept, with its payload, until a receive comes (in the
+// same queue as every other unexpected message, so that one sender's messages match in the
+// order it sent them; `owned`, when given, is moved there). A sender waiting for a Fin
+// (kProtoAckReq) gets it once the message is delivered or discarded.
+void Engine::receive_local(const wire::ProtoHeader &hdr, std::string_view sender,
+                           const uint8_t *data, fi_addr_t src, std::vector<uint8_t> *owned) {
+    RxMatcher &m = *rx_;
+    if (RxOp *rx = m.match_posted(hdr.flags & wire::kProtoTagged, hdr.tag, src)) {
+        int err = deliver_eager(slice_for(m, rx, hdr.size), nullptr, hdr, data, src);
+        if (hdr.flags & wire::kProtoAckReq)
+            answer_local(sender, hdr.msg_id, err == FI_ETRUNC ? 0 : err);
+        return;
+    }
+    Unexpected ux;
+    ux.ep = this;
+    ux.src = src;
+    if (src == FI_ADDR_NOTAVAIL) ux.sender = sender;
+    if (hdr.flags & wire::kProtoAckReq) ux.answer_to = sender;
+    ux.hdr = hdr;
+    if (owned)
+        ux.data = std::move(*owned);
+    else
+        ux.data.assign(data, data + hdr.size);
+    m.push_unexpected(std::move(ux));
+}
+
+fi_addr_t Engine::local_source(std::string_view sender) {
+    const uint64_t version = av_version_word_->load(std::memory_order_acquire);
+    if (last_sender_.matches(sender, version)) return last_sender_.addr;
+    const fi_addr_t src = av_->addr_of_bytes(sender.data(), sender.size());
+    last_sender_.remember(sender, version, src);
+    return src;
+}
+
+void Engine::answer_local(std::string_view sender, uint64_t msg_id, int status) {
+    shm::Channel *channel = local_ ? local_->channel() : nullptr;
+    shm::PeerInbox *to = channel ? channel->sender_peer(sender) : nullptr;
+    if (!to) return;  // the sender is gone: nobody waits for the answer
+    wire::LocalHeader fin{};
+    fin.op = static_cast<uint8_t>(wire::LocalOp::Fin);
+    fin.name_len = lane_line_->name_len;
+    fin.pid = local_pid_;
+    fin.msg_id = msg_id;
+    fin.status = status;
+    to->out.push(channel->sender(), fin, nullptr, 0);
+    // A full ring keeps the Fin in the peer's backlog, which the twin's pass flushes: that pass
+    // must come while the twin would otherwise be quiet.
+    if (channel->sender().backlogged) *twin_quiet_ = false;
+}
+
+// What the twin decides for the cells it delivers into device memory: a copy, refused only
+// under FI_HMEM_P2P_REQUIRED.
+bool Engine::local_refuses_device(size_t len) {
+    if (!len || p2p_.mode() != FI_HMEM_P2P_REQUIRED) return false;
+    hmem::counters().refused_transfers.fetch_add(1, std::memory_order_relaxed);
+    return true;
+}
+
+}  // namespace tandem
