@@ -10,12 +10,9 @@
 #include "common/fabric_compat.h"
 #include "main_prov/local_path.h"
 #include "main_prov/peer_rx_queue.h"
-#include "main_prov/shm/channel.h"
-#include "common/log.h"
 #include "peer/peer_abi.h"
 
 #include <algorithm>
-#include <cstring>
 
 namespace tandem {
 

@@ -52,21 +52,23 @@ void SenderHold::lift(std::string_view sender) {
 }
 
 bool SenderHold::keep_if_held(const uint8_t *cell) {
-    auto sender = sender_of(cell);
-    if (!sender) return false;
-    auto it = held_.find(*sender);
-    if (it == held_.end()) return false;
-    it->second.push_back(copy_of(cell));
-    return true;
+    std::deque<CellCopy> *kept = queue_of(cell);
+    if (kept) kept->push_back(copy_of(cell));
+    return kept;
 }
 
 bool SenderHold::keep_copy(CellCopy &cell) {
-    auto sender = sender_of(cell.get());
-    if (!sender) return false;
+    std::deque<CellCopy> *kept = queue_of(cell.get());
+    if (kept) kept->push_back(std::move(cell));
+    return kept;
+}
+
+// The kept cells of the cell's sender while it is held; nullptr otherwise.
+std::deque<SenderHold::CellCopy> *SenderHold::queue_of(const uint8_t *cell) {
+    auto sender = sender_of(cell);
+    if (!sender) return nullptr;
     auto it = held_.find(*sender);
-    if (it == held_.end()) return false;
-    it->second.push_back(std::move(cell));
-    return true;
+    return it == held_.end() ? nullptr : &it->second;
 }
 
 SenderHold::CellCopy SenderHold::copy_of(const uint8_t *cell) {

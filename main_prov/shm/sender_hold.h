@@ -71,6 +71,7 @@ class SenderHold {
   private:
     using CellCopy = std::unique_ptr<uint8_t[]>;
     bool keep_copy(CellCopy &cell);
+    std::deque<CellCopy> *queue_of(const uint8_t *cell);
     CellCopy copy_of(const uint8_t *cell);
     void recycle(CellCopy cell);
     void update() { active_ = !held_.empty() || !released_.empty(); }
