@@ -7,6 +7,7 @@
 #include "common/fabric_compat.h"
 #include "common/log.h"
 #include "common/unsupported_ops.h"
+#include "main_prov/shm/copy_costs.h"
 #include "offload_prov/av.h"
 #include "offload_prov/config.h"
 #include "offload_prov/cq.h"
@@ -17,6 +18,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <mutex>
 
 namespace tandem::off {
 
@@ -296,7 +298,25 @@ void Endpoint::enable() {
                           .job = shape.identity.job,
                           .cma = config.cma,
                           .cma_off = " (FI_OFF_TANDEM_CMA=0)"});
+    if (config.cma) measure_copy_costs();
     enabled_ = true;
+}
+
+// What copies cost decides between staging a large message and single copy (stages_better).
+// Measured at set-up, so that no message waits for it; the first endpoint of the process
+// measures and says so.
+void Endpoint::measure_copy_costs() {
+    static std::once_flag logged;
+    const CopyCosts &costs = CopyCosts::get();
+    std::call_once(logged, [&costs] {
+        TANDEM_INFO(FI_LOG_EP_CTRL,
+                    "copy costs measured in %.1f ms: 64 KiB by memcpy %.1f us, by CMA %.1f us; "
+                    "1 MiB by memcpy %.1f us, by CMA %.1f us%s\n",
+                    costs.measuring_ns() / 1e6, costs.memcpy_ns(64u << 10) / 1e3,
+                    costs.cma_ns(64u << 10) / 1e3, costs.memcpy_ns(1u << 20) / 1e3,
+                    costs.cma_ns(1u << 20) / 1e3,
+                    costs.cma_measured() ? "" : " (CMA refused: staged only)");
+    });
 }
 
 int Endpoint::setopt(int level, int optname, const void *optval, size_t optlen) {

@@ -30,11 +30,14 @@ double CopyCosts::at(const double (&ns)[kPoints], size_t n) {
 }
 
 // Each size the best of a few rounds (the least disturbed by the other processes), between
-// two buffers touched beforehand (page faults are no part of a steady transfer's cost).
+// two buffers touched beforehand (page faults are no part of a steady transfer's cost; the
+// kernel populates the mapping in one call, cheaper than a fault per page).
 CopyCosts CopyCosts::measure() {
+    const auto start = std::chrono::steady_clock::now();
     CopyCosts c;
     const size_t max = kSizes[kPoints - 1];
-    void *mem = mmap(nullptr, 2 * max, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void *mem = mmap(nullptr, 2 * max, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
     if (mem == MAP_FAILED) return c;
     auto *from = static_cast<char *>(mem), *to = from + max;
     memset(from, 1, max);
@@ -63,6 +66,7 @@ CopyCosts CopyCosts::measure() {
         c.cma_[i] = c.cma_ok_ ? best_cma : 1e18;
     }
     munmap(mem, 2 * max);
+    c.measuring_ns_ = ns_since(start);
     return c;
 }
 

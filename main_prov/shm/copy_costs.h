@@ -1,5 +1,9 @@
 // What copying costs on this machine: memcpy, and cross-memory attach (process_vm_readv),
-// measured once per process, the first time a large node-local message needs the answer.
+// measured once per process, when its first node-local endpoint is enabled (off_tandem's
+// Endpoint::enable): at set-up, not in the first large message, whose sender would otherwise
+// stall for the measurement inside the caller's timed loop (fi_pingpong -S 64k -I 300 read
+// 150-170 us a transfer instead of 20 on the virtual machines of our CI, where first touches
+// of memory are slow and the measurement took 40 ms a process).
 // The node-local path chooses between staging a message through the rings (two memcpy, by
 // the sender into cells and by the receiver out of them) and single copy by CMA (one kernel
 // copy, split between both processes from kLocalSplitMin) from these figures, not from a
@@ -22,10 +26,15 @@ class CopyCosts {
 
     // The figures of this process, measured at the first call (a few milliseconds).
     static const CopyCosts &get();
+    // How long the measurement took (for the log line of the endpoint that made it).
+    double measuring_ns() const { return measuring_ns_; }
     // Measures now (tests; get() keeps the first measurement).
     static CopyCosts measure();
 
-    static constexpr size_t kSizes[] = {16u << 10, 64u << 10, 256u << 10, 1u << 20, 4u << 20};
+    // Up to 1 MiB: the choice is between staging and single copy, and a ring of the default
+    // 256 cells stages 1 MiB at most (larger messages go by CMA whatever the figures say).
+    // Past it the figures grow in proportion.
+    static constexpr size_t kSizes[] = {16u << 10, 64u << 10, 256u << 10, 1u << 20};
     static constexpr size_t kPoints = sizeof kSizes / sizeof kSizes[0];
 
   private:
@@ -33,6 +42,7 @@ class CopyCosts {
     double memcpy_[kPoints] = {};
     double cma_[kPoints] = {};
     bool cma_ok_ = false;
+    double measuring_ns_ = 0;
 };
 
 }  // namespace tandem

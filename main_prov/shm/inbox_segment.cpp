@@ -36,7 +36,8 @@ std::atomic<uint64_t> *split_claims_of(const ShmSegment &segment, const ShmRing 
 
 InboxSegment InboxSegment::create(const std::string &key, uint32_t cells, uint32_t cell_size,
                                   const InboxIdentity &identity) {
-    InboxSegment inbox{ShmSegment::create(segment_name(key), bytes(cells, cell_size))};
+    InboxSegment inbox{ShmSegment::create(segment_name(key), bytes(cells, cell_size),
+                                          ShmSegment::Pages::kPrefilled)};
     auto *info = static_cast<SegmentInfo *>(inbox.segment.data());
     *info = {};
     info->pid = getpid();
@@ -61,7 +62,8 @@ InboxSegment InboxSegment::create(const std::string &key, uint32_t cells, uint32
 std::optional<InboxSegment> InboxSegment::open(const std::string &key, uint32_t cell_size) {
     std::optional<InboxSegment> inbox;
     try {
-        inbox.emplace(InboxSegment{ShmSegment::open(segment_name(key))});
+        inbox.emplace(
+            InboxSegment{ShmSegment::open(segment_name(key), ShmSegment::Pages::kPrefilled)});
     } catch (const FabricError &) {
         return std::nullopt;  // no endpoint of this address on this node (or not ours to open)
     }

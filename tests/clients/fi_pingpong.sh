@@ -88,6 +88,12 @@ for side in server client; do
             if [ "$path" = on ]; then
                 node_local_in_path "$tmp/$side" ||
                     { echo "FAIL: $side: the node-local path did not run" >&2; status=1; }
+                # What copies cost is measured while the endpoint is enabled, before any
+                # message (the first large one waited 40 ms for it in the timed loop).
+                costs=$(grep -n -m1 "::off_tandem:ep_ctrl:.* copy costs measured in " "$tmp/$side" | cut -d: -f1)
+                enabled=$(grep -n -m1 "::tandem:ep_ctrl:.*$ep_upper endpoint enabled on " "$tmp/$side" | cut -d: -f1)
+                [ -n "$costs" ] && [ -n "$enabled" ] && [ "$costs" -lt "$enabled" ] ||
+                    { echo "FAIL: $side: copy costs not measured before the endpoint was enabled" >&2; status=1; }
             else
                 node_local_in_path "$tmp/$side" &&
                     { echo "FAIL: $side: the node-local path ran with FI_TANDEM_LOCAL=${FI_TANDEM_LOCAL:-1}" >&2; status=1; }
