@@ -350,14 +350,7 @@ bool Engine::goes_local(Peer *peer, fi_addr_t addr) {
         drop_malformed_short();
         return;
     }
-    const uint64_t version = av_version_word_->load(std::memory_order_acquire);
-    fi_addr_t src;
-    if (last_sender_.matches(v.sender, version)) {
-        src = last_sender_.addr;
-    } else {
-        src = av_->addr_of_bytes(v.sender.data(), v.sender.size());
-        last_sender_.remember(v.sender, version, src);
-    }
+    const fi_addr_t src = local_source(v.sender);
     RxMatcher &m = *rx_;
     if (RxOp *rx = m.match_plain(v.flags & wire::kLocalTagged, v.tag, src)) [[likely]] {
         short_into(m, rx, v, src);

@@ -129,9 +129,7 @@ void Engine::receive_local(const wire::ProtoHeader &hdr, std::string_view sender
     m.push_unexpected(std::move(ux));
 }
 
-fi_addr_t Engine::local_source(std::string_view sender) {
-    const uint64_t version = av_version_word_->load(std::memory_order_acquire);
-    if (last_sender_.matches(sender, version)) return last_sender_.addr;
+fi_addr_t Engine::local_source_lookup(std::string_view sender, uint64_t version) {
     const fi_addr_t src = av_->addr_of_bytes(sender.data(), sender.size());
     last_sender_.remember(sender, version, src);
     return src;
