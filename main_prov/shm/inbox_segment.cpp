@@ -36,8 +36,7 @@ std::atomic<uint64_t> *split_claims_of(const ShmSegment &segment, const ShmRing 
 
 InboxSegment InboxSegment::create(const std::string &key, uint32_t cells, uint32_t cell_size,
                                   const InboxIdentity &identity) {
-    InboxSegment inbox{ShmSegment::create(segment_name(key), bytes(cells, cell_size),
-                                          ShmSegment::Pages::kPrefilled)};
+    InboxSegment inbox{ShmSegment::create(segment_name(key), bytes(cells, cell_size))};
     auto *info = static_cast<SegmentInfo *>(inbox.segment.data());
     *info = {};
     info->pid = getpid();
@@ -62,8 +61,7 @@ InboxSegment InboxSegment::create(const std::string &key, uint32_t cells, uint32
 std::optional<InboxSegment> InboxSegment::open(const std::string &key, uint32_t cell_size) {
     std::optional<InboxSegment> inbox;
     try {
-        inbox.emplace(
-            InboxSegment{ShmSegment::open(segment_name(key), ShmSegment::Pages::kPrefilled)});
+        inbox.emplace(InboxSegment{ShmSegment::open(segment_name(key))});
     } catch (const FabricError &) {
         return std::nullopt;  // no endpoint of this address on this node (or not ours to open)
     }

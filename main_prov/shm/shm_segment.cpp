@@ -25,10 +25,6 @@ namespace {
 // glibc's shm_open names live here; reap_stale lists them and the unlink checks stat them.
 constexpr const char *kShmDir = "/dev/shm";
 
-int map_flags(ShmSegment::Pages pages) {
-    return MAP_SHARED | (pages == ShmSegment::Pages::kPrefilled ? MAP_POPULATE : 0);
-}
-
 [[noreturn]] void throw_errno(int positive_errno, const std::string &what) {
     throw ShmError(-positive_errno, what + ": " + std::strerror(positive_errno));
 }
@@ -202,14 +198,14 @@ bool pid_namespace_is_ours(uint64_t ns) {
     return ns == 0 || ours == 0 || ns == ours;
 }
 
-ShmSegment ShmSegment::create(const std::string &name, size_t size, Pages pages) {
+ShmSegment ShmSegment::create(const std::string &name, size_t size) {
     check_name(name, "segment name");
     if (size == 0 || size > size_t(std::numeric_limits<off_t>::max()) - kHeaderSize)
         throw ShmError(-EINVAL, "bad shm segment size " + std::to_string(size));
     for (int attempt = 0;; ++attempt) {
         // 0600 here is only a request that the umask may narrow; init_created sets it.
         int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-        if (fd >= 0) return init_created(fd, name, kHeaderSize + size, pages);
+        if (fd >= 0) return init_created(fd, name, kHeaderSize + size);
         int e = errno;
         if (e != EEXIST || attempt == 1) throw_errno(e, "shm_open(create) " + name);
         if (remove_if_stale(name) == Staleness::kKept)
@@ -217,8 +213,7 @@ ShmSegment ShmSegment::create(const std::string &name, size_t size, Pages pages)
     }
 }
 
-ShmSegment ShmSegment::init_created(int fd_raw, const std::string &name, size_t total,
-                                    Pages pages) {
+ShmSegment ShmSegment::init_created(int fd_raw, const std::string &name, size_t total) {
     FdGuard fd(fd_raw);
     try {
         // The umask may have removed bits (even the owner's); the mode must be exactly 0600
@@ -234,7 +229,7 @@ ShmSegment ShmSegment::init_created(int fd_raw, const std::string &name, size_t 
         // Before `ready`: nobody may see the segment without its owner lock.
         struct flock lk = owner_lock_range(F_RDLCK);
         if (::fcntl(fd.get(), F_OFD_SETLK, &lk) != 0) throw_errno(errno, "owner lock " + name);
-        void *addr = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, map_flags(pages), fd.get(), 0);
+        void *addr = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
         if (addr == MAP_FAILED) throw_errno(errno, "mmap " + name);
         MappingGuard mapping(addr, total);
 
@@ -258,15 +253,15 @@ ShmSegment ShmSegment::init_created(int fd_raw, const std::string &name, size_t 
     }
 }
 
-ShmSegment ShmSegment::open(const std::string &name, Pages pages) {
+ShmSegment ShmSegment::open(const std::string &name) {
     check_name(name, "segment name");
     int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
     if (fd < 0) throw_errno(errno, "shm_open " + name);
     FdGuard guard(fd);
-    return map_existing(fd, name, pages);
+    return map_existing(fd, name);
 }
 
-ShmSegment ShmSegment::map_existing(int fd, const std::string &name, Pages pages) {
+ShmSegment ShmSegment::map_existing(int fd, const std::string &name) {
     struct stat st;
     if (::fstat(fd, &st) != 0) throw_errno(errno, "fstat " + name);
     // Whoever can write the segment can steer this process through it: only our own,
@@ -276,7 +271,7 @@ ShmSegment ShmSegment::map_existing(int fd, const std::string &name, Pages pages
     if (st.st_size == 0) throw ShmError(-EAGAIN, name + " is still being created");
     if (size_t(st.st_size) < kHeaderSize) throw ShmError(-EPROTO, name + " is too small");
     size_t total = size_t(st.st_size);
-    void *addr = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, map_flags(pages), fd, 0);
+    void *addr = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (addr == MAP_FAILED) throw_errno(errno, "mmap " + name);
     MappingGuard mapping(addr, total);
 
@@ -302,7 +297,7 @@ ShmSegment::Staleness ShmSegment::remove_if_stale(const std::string &name) {
     if (fd < 0) return errno == ENOENT ? Staleness::kGone : Staleness::kKept;
     FdGuard guard(fd);
     try {
-        ShmSegment seg = map_existing(fd, name, Pages::kOnTouch);
+        ShmSegment seg = map_existing(fd, name);
         if (seg.owner_alive()) return Staleness::kKept;
         // Two removers can find the same dead segment; the second must not unlink a fresh
         // segment the first has created under the name meanwhile. Removers serialise on a

@@ -83,24 +83,16 @@ class ShmSegment {
     // ShmRing, say) starts on its own line.
     static constexpr size_t kHeaderSize = 64;
 
-    // Whether a mapping's page tables are filled at once (MAP_POPULATE, one call) or page by
-    // page as the process first touches them. A ring's cells are 8 KiB apart, so each of
-    // the first lap's messages touched a page of its own on both sides: on the virtual
-    // machines of our CI that made a node-local ping-pong's first 300 round trips several
-    // times slower (fi_pingpong -S 8 -I 300: 23 us a transfer lazily, 14 prefilled; the
-    // steady state 3.0 and 1.7). Segments only looked at (the liveness walks) stay lazy.
-    enum class Pages { kOnTouch, kPrefilled };
-
     // Creates `name` ("/something", no other '/') with `size` bytes for the caller, readable
     // and writable by this user only. A name left behind by a dead owner is removed and
     // the creation retried once; a live owner's name fails with -EEXIST. So does a name whose
     // creator died before finishing the header: nothing in it says who that was.
-    static ShmSegment create(const std::string &name, size_t size, Pages pages = Pages::kOnTouch);
+    static ShmSegment create(const std::string &name, size_t size);
 
     // Maps an existing segment read-write. Refuses (-EACCES) one that belongs to another
     // user or is open to group/others, -EAGAIN while its creator is still writing the
     // header, -EPROTO when it is not a segment of this layout.
-    static ShmSegment open(const std::string &name, Pages pages = Pages::kOnTouch);
+    static ShmSegment open(const std::string &name);
 
     // Removes every segment under /dev/shm whose name starts with `prefix` ("/something")
     // and whose owner is dead. Segments of live owners, of other users and ones that are not
@@ -147,8 +139,8 @@ class ShmSegment {
     }
     enum class Staleness { kRemoved, kGone, kKept };
     static Staleness remove_if_stale(const std::string &name);
-    static ShmSegment map_existing(int fd, const std::string &name, Pages pages);
-    static ShmSegment init_created(int fd, const std::string &name, size_t total, Pages pages);
+    static ShmSegment map_existing(int fd, const std::string &name);
+    static ShmSegment init_created(int fd, const std::string &name, size_t total);
     void release() noexcept;
 
     std::string name_;
