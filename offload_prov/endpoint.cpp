@@ -286,6 +286,10 @@ void Endpoint::enable() {
     // Who we are in our inbox, and whom we take for a peer: the same authorization key and
     // job in both.
     const Config &config = Config::get();
+    // Before the inbox exists: its heartbeat starts when it is made, and a peer that found it
+    // older than kPeerPollMs (the measurement took longer) would take us for a receiver
+    // without a core and stage what it sends.
+    if (config.cma) measure_copy_costs();
     const shm::Channel::InboxShape shape{
         .cells = static_cast<uint32_t>(config.ring_cells),
         .cell_size = wire::kLocalCellSize,
@@ -298,7 +302,6 @@ void Endpoint::enable() {
                           .job = shape.identity.job,
                           .cma = config.cma,
                           .cma_off = " (FI_OFF_TANDEM_CMA=0)"});
-    if (config.cma) measure_copy_costs();
     enabled_ = true;
 }
 
