@@ -70,8 +70,11 @@ void Engine::receive_frag(const uint8_t *cell) {
         return;
     }
     // Each fragment goes at the end of what came before, so the memory held is what was
-    // sent, not what the first fragment claims.
+    // sent, not what the first fragment claims. A first fragment where a message of that id
+    // is under way is a new process's at the sender's address (the one before died mid
+    // message, and ids start again at 1): what the dead one sent gives way.
     std::vector<uint8_t> &data = staged_[id];
+    if (lh.offset == 0) data.clear();
     if (data.empty()) data.reserve(std::min<uint64_t>(lh.total, 64u << 20));
     if (lh.offset != data.size() || lh.size > lh.total - lh.offset) {
         staged_.erase(id);

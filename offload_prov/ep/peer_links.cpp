@@ -27,6 +27,10 @@ bool Endpoint::check_peers() {
 // waits on it ends with FI_ECONNRESET.
 void Endpoint::bury(PeerLink &link) {
     const std::string &key = link.key;
+    const auto sent_by_it = [&key](std::string_view name) {
+        auto sender = shm::local_key(name.data(), name.size());
+        return sender && *sender == key;
+    };
     for (auto it = pending_.begin(); it != pending_.end();) {
         if (it->second.link != &link) {
             ++it;
@@ -39,8 +43,7 @@ void Endpoint::bury(PeerLink &link) {
         if (slot.link == &link) finish_atomic_slot(slot, FI_ECONNRESET);
     // Receives whose sender was still to write its half.
     for (auto it = splits_.begin(); it != splits_.end();) {
-        auto sender = shm::local_key(it->first.first.data(), it->first.first.size());
-        if (!sender || *sender != key) {
+        if (!sent_by_it(it->first.first)) {
             ++it;
             continue;
         }
@@ -49,20 +52,15 @@ void Endpoint::bury(PeerLink &link) {
         channel_->claims().release(split.claim);
         if (split.entry) complete_rx(split.entry, split.hdr, split.n, FI_ECONNRESET, split.src);
     }
-    // Its staged writes that failed here, and what it sent behind a split write of its:
-    // nobody waits for any of it now.
-    std::erase_if(failed_writes_, [&](const auto &f) {
-        auto sender = shm::local_key(f.first.first.data(), f.first.first.size());
-        return sender && *sender == key;
-    });
-    channel_->holds().forget([&](std::string_view s) {
-        auto sender = shm::local_key(s.data(), s.size());
-        return sender && *sender == key;
-    });
+    // Its staged writes that failed here, the messages it was staging, and what it sent
+    // behind a split write of its: nobody waits for any of it now.
+    const auto keyed_by_it = [&](const auto &entry) { return sent_by_it(entry.first.first); };
+    std::erase_if(failed_writes_, keyed_by_it);
+    std::erase_if(staged_, keyed_by_it);
+    channel_->holds().forget(sent_by_it);
     // Receives waiting for a staged copy it will never send, and its memory we mapped.
     for (auto it = restaging_.begin(); it != restaging_.end();) {
-        auto sender = shm::local_key(it->first.first.data(), it->first.first.size());
-        if (!sender || *sender != key) {
+        if (!sent_by_it(it->first.first)) {
             ++it;
             continue;
         }

@@ -242,8 +242,10 @@ void Endpoint::handle_frag(const LocalHeader &hdr, std::string_view sender, cons
     }
     // The fragments of a message come in order (one sender, one ring): each goes at
     // the end of what came before, so the memory held is what was sent, not what the
-    // first fragment claims.
+    // first fragment claims. A first fragment for an id under way is a new process's at
+    // the sender's address (see Engine::receive_frag): the dead one's part gives way.
     auto &st = staged_[id];
+    if (hdr.offset == 0) st.data.clear();
     if (st.data.empty()) {
         st.hdr = hdr;
         // One allocation for messages up to 64 MiB (untouched pages cost nothing).

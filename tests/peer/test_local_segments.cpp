@@ -2,6 +2,7 @@
 // user (0600), removed when the endpoint closes, and removed after a process that died
 // without closing, by the next endpoint created.
 #include "common/shm_ring.h"
+#include "common/wire.h"
 #include "main_prov/shm/shm_segment.h"
 #include "peer/ep_diag.h"
 #include "tests/common/rdm_endpoint.h"
@@ -362,6 +363,72 @@ TEST(LocalSegments, AProducerKilledBeforePublishingDoesNotStallTheInbox) {
     }
     b.close();
     a.close();
+}
+
+// A process that dies in the middle of a staged message leaves its first fragments with the
+// receiver. A new process at the same address (a server restarted on its port) numbers its
+// messages from 1 again: its message of the same number must arrive whole, neither appended
+// to the dead one's part nor dropped as out of order. The cells are written into the inbox
+// as the two processes write them; restaged (a device message sent again through cells)
+// they are the twin's to reassemble, otherwise tandem's.
+void staged_message_of_a_new_process_at_the_same_address(bool restaged) {
+    Rdm a;
+    std::string why;
+    ASSERT_TRUE(a.try_open(why)) << why;
+    tandem::ShmSegment seg = tandem::ShmSegment::open(inbox_name(a));
+    auto *ring = tandem::ShmRing::attach(static_cast<char *>(seg.data()) + kInboxRingOffset,
+                                         seg.data_size() - kInboxRingOffset);
+    ASSERT_NE(ring, nullptr);
+    char name[64];
+    size_t name_len = sizeof name;
+    ASSERT_EQ(fi_getname(&a.ep->fid, name, &name_len), 0);  // the sender's: any address will do
+    ASSERT_LE(name_len, tandem::wire::kLocalNameRoom);
+
+    constexpr uint32_t kPart = 1000;
+    std::vector<uint8_t> got(2 * kPart + 16, 0);
+    ASSERT_EQ(fi_recv(a.ep, got.data(), got.size(), nullptr, FI_ADDR_UNSPEC, &got), 0);
+    auto frag = [&](uint32_t pid, uint64_t offset, uint8_t fill) {
+        void *slot = ring->try_reserve(tandem::own_process_token());
+        ASSERT_NE(slot, nullptr);
+        auto *cell = static_cast<uint8_t *>(slot);
+        tandem::wire::LocalHeader h{};
+        h.op = uint8_t(tandem::wire::LocalOp::Frag);
+        h.flags = restaged ? tandem::wire::kLocalRestaged : 0;
+        h.name_len = uint8_t(name_len);
+        h.pid = pid;
+        h.msg_id = 1;
+        h.offset = offset;
+        h.size = kPart;
+        h.total = 2 * kPart;
+        memcpy(cell, &h, sizeof h);
+        memcpy(cell + sizeof h, name, name_len);
+        memset(cell + sizeof h + tandem::wire::kLocalNameRoom, fill, kPart);
+        ring->publish(slot);
+    };
+    frag(1001, 0, 0xd1);  // the process that died, its first half sent
+    frag(1002, 0, 0x51);  // the new one at its address: a whole message of the same id
+    frag(1002, kPart, 0x52);
+
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    fi_cq_tagged_entry e{};
+    ssize_t ret;
+    while ((ret = fi_cq_read(a.cq, &e, 1)) == -FI_EAGAIN)
+        ASSERT_LT(std::chrono::steady_clock::now(), deadline)
+            << "the new process's message never arrived";
+    ASSERT_EQ(ret, 1);
+    EXPECT_EQ(e.op_context, &got);
+    EXPECT_EQ(e.len, 2 * kPart);
+    for (uint32_t i = 0; i < 2 * kPart; ++i)
+        ASSERT_EQ(got[i], i < kPart ? 0x51 : 0x52) << "byte " << i;
+    a.close();
+}
+
+TEST(LocalSegments, AStagedMessageOfANewProcessAtADeadOnesAddressArrivesWhole) {
+    staged_message_of_a_new_process_at_the_same_address(false);
+}
+
+TEST(LocalSegments, ARestagedMessageOfANewProcessAtADeadOnesAddressArrivesWhole) {
+    staged_message_of_a_new_process_at_the_same_address(true);
 }
 
 }  // namespace
