@@ -40,6 +40,8 @@ inline bool test_split_wait() {
 //   local.cts_claimed     ... has claimed its half and not written it
 //   local.before_cma_read a node-local receiver is about to copy a message out of its
 //                         sender's memory
+//   local.stream_backlogged  a node-local sender has written the first cells of a staged
+//                         payload and keeps the rest until the peer's ring has room
 //   link.request_received a TCP link listener has read a connection request, not answered it
 //   link.read_requested   a TCP link target has read an RDMA read request, not answered it
 //   link.write_received   a TCP link target has read an RDMA write's header, not its data

@@ -131,6 +131,11 @@ int Engine::close() {
         inbox_ring_ = nullptr;
         twin_take_cell_ = nullptr;
         local_.reset();  // the twin first: it holds entries of rx_ until it is closed
+        // Receives that staged messages arriving here had taken go back to the front of the
+        // queue (a shared receive context outlives us), unreported.
+        for (auto &[id, staged] : staged_)
+            if (staged.into) rx_->post_front(staged.into);
+        staged_.clear();
         rx_->forget_endpoint(this);
         if (srx_) SharedRxContext::of(srx_)->detach(this);
         if (stx_) SharedTxContext::of(stx_)->detach();

@@ -310,9 +310,9 @@ class Engine : public CmSource, public RemoteKeyResolver {
             else if (holds_->has_released()) [[unlikely]]
                 read_inbox(nullptr);  // a hold lifted by the twin's own pass
             if (!*twin_quiet_ || (!cell && (++express_passes_ & (kTwinEvery - 1)) == 0))
-                fi_cq_read(twin_cq_, nullptr, 0);
+                drive_twin();
         } else if (twin_cq_) {
-            fi_cq_read(twin_cq_, nullptr, 0);
+            drive_twin();
         }
         // The link's side of the pass only when due (see progress_link): most passes of an
         // endpoint whose traffic is node-local end here.
@@ -697,10 +697,39 @@ class Engine : public CmSource, public RemoteKeyResolver {
     void receive_local(const wire::ProtoHeader &hdr, std::string_view sender, const uint8_t *data,
                        fi_addr_t src, std::vector<uint8_t> *owned = nullptr);
     static wire::ProtoHeader proto_header_of(const wire::LocalHeader &lh);
-    // The decoder of Frag cells: a staged message reassembled (staged_), then received whole.
+    // The decoder of Frag cells: a staged message copied into the posted receive that took it
+    // at its first fragment, or reassembled (staged_) and received whole.
     [[gnu::noinline]] void receive_frag(const uint8_t *cell);
-    // Staged messages being reassembled, by sender and id: what came so far, in order.
-    std::map<std::pair<std::string, uint64_t>, std::vector<uint8_t>> staged_;
+    // A staged message under way. A plain host receive posted when its first fragment came
+    // takes it then (into: each fragment is copied there as it comes, once, with nothing
+    // allocated); otherwise what came so far is kept here, in order, and received whole.
+    struct StagedMessage {
+        wire::ProtoHeader hdr{};  // the message's (size: its total)
+        pid_t pid = 0;            // the sender's process (its death ends the message)
+        RxOp *into = nullptr;
+        size_t placed = 0;          // into: the bytes that fit the receive
+        uint64_t received = 0;      // bytes of it so far (the next fragment's offset)
+        std::vector<uint8_t> data;  // without into
+    };
+    using StagedMap = std::map<std::pair<std::string, uint64_t>, StagedMessage>;  // sender, id
+    StagedMap::iterator start_staged(std::pair<std::string, uint64_t> id,
+                                     const wire::LocalHeader &lh, std::string_view sender);
+    void finish_staged(StagedMap::iterator it);
+    // The message will not come whole: a receive that took it fails with status (an FI_*
+    // code), and what came of it goes.
+    void end_staged(StagedMap::iterator it, int status);
+    // The staged messages of senders the channel's liveness check found dead (their
+    // receives fail with FI_ECONNRESET); deaths_seen_: how many of its deaths we looked at.
+    [[gnu::noinline]] void forget_dead_senders();
+    StagedMap staged_;
+    size_t deaths_seen_ = 0;
+    // The twin's pass (fi_peer(3): a read of its CQ with no room for entries), then, while a
+    // staged message is under way, what the channel's liveness check (the twin's) found dead.
+    void drive_twin() {
+        fi_cq_read(twin_cq_, nullptr, 0);
+        if (!staged_.empty()) [[unlikely]]
+            forget_dead_senders();
+    }
     // Whether a device receive refuses len bytes of a node-local message (deliver_eager).
     bool local_refuses_device(size_t len);
     // FI_PEER_TRANSFER: the twin's receives (its traffic never meets the application's).

@@ -1,10 +1,13 @@
 // The node-local channel's receive side in tandem: the decoders of the message cells that
 // carry host memory, read off the twin's inbox by read_inbox (endpoint_data.cpp, with the
 // Short cell's fast path). A Short cell past a plain posted receive, an Eager cell and a
-// staged message's Frag cells end in receive_local, which matches, delivers or keeps the
-// message as any other (the one queue of unexpected messages), and answers a sender that
-// waits for a Fin through its Outbox. Rendezvous (Rts, split copies), device IPC, RMA and
-// atomics are still the twin's (docs/architecture.md, step 3).
+// staged message reassembled from its Frag cells end in receive_local, which matches,
+// delivers or keeps the message as any other (the one queue of unexpected messages), and
+// answers a sender that waits for a Fin through its Outbox; a staged message that a plain
+// posted receive takes at its first fragment is copied there fragment by fragment.
+// Rendezvous (Rts, split copies), device IPC, RMA and atomics are still the twin's
+// (docs/architecture.md, step 3).
+#include "common/iov.h"
 #include "common/log.h"
 #include "main_prov/av.h"
 #include "main_prov/engine.h"
@@ -45,9 +48,8 @@ void Engine::receive_eager_cell(const uint8_t *cell) {
 }
 
 // A fragment of a staged message (Frag cells: one sender's come in order, each after the one
-// before), the whole message received once its last fragment came. A Frag with a status ends
-// its message instead (the sender could not copy its memory): nobody waits for it here. A
-// restaged device message (kLocalRestaged) is the twin's, which matched it already.
+// before). A Frag with a status ends its message instead (the sender could not copy its
+// memory). A restaged device message (kLocalRestaged) is the twin's, which matched it already.
 void Engine::receive_frag(const uint8_t *cell) {
     wire::LocalHeader lh;
     memcpy(&lh, cell, sizeof lh);
@@ -57,38 +59,103 @@ void Engine::receive_frag(const uint8_t *cell) {
     }
     const std::string_view sender(reinterpret_cast<const char *>(cell + sizeof lh), lh.name_len);
     std::pair<std::string, uint64_t> id{std::string(sender), lh.msg_id};
+    auto it = staged_.find(id);
     if (lh.status) {
-        staged_.erase(id);
+        if (it != staged_.end()) end_staged(it, lh.status);
         return;
     }
     // A message of 0 bytes goes whole (Eager), and none is larger than we take: the first
-    // fragment's total is what we reserve, so it is checked first.
+    // fragment's total is what reassembly reserves, so it is checked first.
     if (lh.total == 0 || lh.total > info_->ep_attr->max_msg_size) {
-        staged_.erase(id);
+        if (it != staged_.end()) end_staged(it, FI_EIO);
         TANDEM_WARN(FI_LOG_EP_DATA, "dropping a fragment of a %llu-byte message\n",
                     (unsigned long long)lh.total);
         return;
     }
-    // Each fragment goes at the end of what came before, so the memory held is what was
-    // sent, not what the first fragment claims. A first fragment where a message of that id
-    // is under way is a new process's at the sender's address (the one before died mid
-    // message, and ids start again at 1): what the dead one sent gives way.
-    std::vector<uint8_t> &data = staged_[id];
-    if (lh.offset == 0) data.clear();
-    if (data.empty()) data.reserve(std::min<uint64_t>(lh.total, 64u << 20));
-    if (lh.offset != data.size() || lh.size > lh.total - lh.offset) {
-        staged_.erase(id);
+    // A first fragment where a message of that id is under way is a new process's at the
+    // sender's address (the one before died mid message, and ids start again at 1): the dead
+    // one's message ends as its death would have ended it.
+    if (lh.offset == 0) {
+        if (it != staged_.end()) end_staged(it, FI_ECONNRESET);
+        it = start_staged(std::move(id), lh, sender);
+    }
+    if (it == staged_.end() || lh.offset != it->second.received ||
+        lh.total != it->second.hdr.size || lh.size > lh.total - lh.offset) {
+        if (it != staged_.end()) end_staged(it, FI_EIO);
         TANDEM_WARN(FI_LOG_EP_DATA, "dropping a fragment out of its message\n");
         return;
     }
+    StagedMessage &m = it->second;
     const uint8_t *body = cell + sizeof lh + wire::kLocalNameRoom;
-    data.insert(data.end(), body, body + lh.size);
-    if (data.size() < lh.total) return;
-    std::vector<uint8_t> whole = std::move(data);
-    staged_.erase(id);
-    wire::ProtoHeader hdr = proto_header_of(lh);
-    hdr.size = whole.size();
-    receive_local(hdr, sender, whole.data(), local_source(sender), &whole);
+    if (m.into)
+        m.placed += iov_scatter(m.into->iov, m.into->count, lh.offset, body, lh.size);
+    else
+        m.data.insert(m.data.end(), body, body + lh.size);
+    m.received += lh.size;
+    if (m.received == lh.total) finish_staged(it);
+}
+
+// A staged message's first fragment: the first posted receive it matches takes it now when
+// that is a plain host buffer and the channel watches the sender's process (the one that
+// wrote the fragment), whose death would end the message; otherwise it is reassembled.
+Engine::StagedMap::iterator Engine::start_staged(std::pair<std::string, uint64_t> id,
+                                                 const wire::LocalHeader &lh,
+                                                 std::string_view sender) {
+    StagedMessage m;
+    m.hdr = proto_header_of(lh);
+    m.hdr.size = lh.total;
+    m.pid = lh.pid;
+    shm::Channel *channel = local_ ? local_->channel() : nullptr;
+    shm::PeerInbox *peer = channel ? channel->sender_peer(sender) : nullptr;
+    if (peer && peer->pid == m.pid)
+        m.into =
+            rx_->match_plain(m.hdr.flags & wire::kProtoTagged, m.hdr.tag, local_source(sender));
+    // (Each fragment goes at the end of what came before, so the memory held is what was sent,
+    // not what the first fragment claims.)
+    if (!m.into) m.data.reserve(std::min<uint64_t>(lh.total, 64u << 20));
+    return staged_.insert_or_assign(std::move(id), std::move(m)).first;
+}
+
+void Engine::finish_staged(StagedMap::iterator it) {
+    StagedMessage m = std::move(it->second);
+    const std::string sender = it->first.first;
+    staged_.erase(it);
+    const fi_addr_t src = local_source(sender);
+    if (!m.into) {
+        receive_local(m.hdr, sender, m.data.data(), src, &m.data);
+        return;
+    }
+    const size_t olen = m.hdr.size - m.placed;
+    rx_complete(m.into, m.placed, m.hdr.tag, m.hdr.cq_data, m.hdr.flags, src, olen ? FI_ETRUNC : 0,
+                olen);
+    if (m.hdr.flags & wire::kProtoAckReq) answer_local(sender, m.hdr.msg_id, 0);
+}
+
+void Engine::end_staged(StagedMap::iterator it, int status) {
+    if (RxOp *rx = it->second.into) {
+        const wire::ProtoHeader &hdr = it->second.hdr;
+        rx_complete(rx, 0, hdr.tag, hdr.cq_data, hdr.flags, local_source(it->first.first), status,
+                    hdr.size);
+    }
+    staged_.erase(it);
+}
+
+void Engine::forget_dead_senders() {
+    shm::Channel *channel = local_ ? local_->channel() : nullptr;
+    if (!channel) return;
+    const std::vector<shm::Channel::Death> &deaths = channel->deaths();
+    for (; deaths_seen_ < deaths.size(); ++deaths_seen_) {
+        const shm::Channel::Death &dead = deaths[deaths_seen_];
+        for (auto it = staged_.begin(); it != staged_.end();) {
+            auto next = std::next(it);
+            if (it->second.pid == dead.pid) {
+                const std::string &name = it->first.first;
+                auto key = shm::local_key(name.data(), name.size());
+                if (key && *key == dead.key) end_staged(it, FI_ECONNRESET);
+            }
+            it = next;
+        }
+    }
 }
 
 // The message a long header describes, as the engine's receive side takes every message.

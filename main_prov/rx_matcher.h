@@ -178,6 +178,10 @@ class RxMatcher {
     RxMatcher() { spare_.reserve(kSpareMax); }
 
     void post(RxOp *rx) { list_for(rx->tagged).push_back(rx); }
+    // A receive taken off the queue, given back ahead of the rest (its place when it was
+    // taken, as far as the receives posted since are concerned): a message it was to take
+    // never arrived here (an endpoint fed by a shared context closed).
+    void post_front(RxOp *rx) { list_for(rx->tagged).push_front(rx); }
     // The first posted receive for an arriving message; removed unless it is a multi-receive
     // buffer (which stays until retired).
     RxOp *match_posted(bool tagged, uint64_t tag, fi_addr_t src) {
@@ -249,6 +253,13 @@ class RxMatcher {
             rx->posted_next = nullptr;
             (tail_ ? tail_->posted_next : head_) = rx;
             tail_ = rx;
+            rx->posted = true;
+        }
+        void push_front(RxOp *rx) {
+            rx->posted_prev = nullptr;
+            rx->posted_next = head_;
+            (head_ ? head_->posted_prev : tail_) = rx;
+            head_ = rx;
             rx->posted = true;
         }
         void erase(RxOp *rx) {

@@ -104,6 +104,7 @@ void Channel::skip_dead_claims() {
 void Channel::mark_dead(PeerInbox &peer) {
     peer.dead = true;
     peer.out.close_dead(sender_);  // (its backlog's streams end with FI_ECONNRESET)
+    deaths_.push_back({peer.key, peer.pid});
     TANDEM_INFO(FI_LOG_EP_DATA,
                 "node-local peer %s is gone (its endpoint closed or its process died)\n",
                 peer.key.c_str());

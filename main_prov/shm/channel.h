@@ -137,6 +137,14 @@ class Channel {
         }
         return waiting;
     }
+    // The peers found dead so far, in that order (mark_dead): their key and the process that
+    // died, so that what an endpoint keeps of a sender's cells (tandem's staged messages) goes
+    // with it. Grows by one per death, as peers_ keeps the dead.
+    struct Death {
+        std::string key;
+        pid_t pid = 0;
+    };
+    const std::vector<Death> &deaths() const { return deaths_; }
     // Writes what waits in the peers' backlogs (the Sender counts the backlogged Outboxes).
     void flush() {
         if (sender_.backlogged) flush_all();
@@ -170,6 +178,7 @@ class Channel {
 
     // Peers, by key (they live as long as the channel), and the caches of the lookups.
     std::unordered_map<std::string, std::unique_ptr<PeerInbox>> peers_;
+    std::vector<Death> deaths_;
     std::unordered_map<fi_addr_t, PeerInbox *> peer_by_addr_;
     fi_addr_t last_addr_ = FI_ADDR_NOTAVAIL;
     PeerInbox *last_peer_ = nullptr;

@@ -123,6 +123,7 @@ void Outbox::push_stream(Sender &s, LocalHeader hdr, const iovec *iov, size_t co
         return;
     }
     keep(s, Outgoing{{}, std::move(stream)});
+    stop_at("local.stream_backlogged");
 }
 
 bool Outbox::pump(Sender &s, Stream &stream, int *status) {

@@ -502,6 +502,36 @@ TEST_F(PeerDeathTest, KilledSenderLeavesReceiverUsable) {
     ASSERT_NO_FATAL_FAILURE(check_survivor_works(712));
 }
 
+// Node-local without single copy (FI_OFF_TANDEM_CMA=0 in the sender), a large message is
+// staged through the receiver's ring, and the receive that took it at its first fragment gets
+// each fragment as it comes. The sender stops once its first cells are in our ring (the rest
+// waiting in its backlog), and is killed there once we have read the first of them: the
+// receive fails with FI_ECONNRESET when the death is noticed, as a link's rendezvous does,
+// and is never reported as received. (A sender that dies before we read its first fragment
+// leaves only a reassembly behind, which no receive waits on.)
+TEST_F(PeerDeathTest, KilledStagingSenderFailsTheReceiveThatTookItsMessage) {
+    if (over_link()) GTEST_SKIP() << "a node-local staged message (a link reads the message)";
+    auto r = buf(kChildMsg);
+    std::memset(r->data(), 0, kChildMsg);
+    ASSERT_FI_OK(post(
+        [&] { return fi_recv(a().ep, r->data(), kChildMsg, r->desc, FI_ADDR_UNSPEC, ctx(0)); }));
+    ASSERT_NO_FATAL_FAILURE(
+        start_child("sender", "local.stream_backlogged", {"FI_OFF_TANDEM_CMA=0"}));
+    ASSERT_TRUE(child.wait_stopped([&] { progress(); }, 20s))
+        << "the child never stopped with part of its message sent: " << a().log.summary();
+    // The fragments it sent are read (into the receive) while it lives: the channel then
+    // knows its process, and hears of its death.
+    ASSERT_TRUE(poll_until([&] { return r->data()[0] != 0 || a().log.has(ctx(0)); }, 20s))
+        << "no byte of the message reached the receive";
+    child.kill_and_reap();
+    auto err = wait_err(a(), ctx(0), 15s);
+    ASSERT_TRUE(err) << "the receive interrupted by the sender's death did not fail: "
+                     << a().log.summary();
+    EXPECT_EQ(err->e.err, FI_ECONNRESET) << "got " << fi_strerror(err->e.err);
+    EXPECT_FALSE(a().log.has(ctx(0))) << "a partial message reported as received";
+    ASSERT_NO_FATAL_FAILURE(check_survivor_works(713));
+}
+
 // Death at chosen points of the protocol: the child stops itself there (common/test_hook.h) and
 // is killed. Each survivor outcome within a bound, one per path.
 

@@ -31,6 +31,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <cstdio>
 #include <cstring>
 #include <set>
@@ -365,6 +366,64 @@ TEST(LocalSegments, AProducerKilledBeforePublishingDoesNotStallTheInbox) {
     a.close();
 }
 
+// An endpoint's inbox as another process writes it: Frag cells of staged messages, each under
+// `name` (a sender's address) with the given pid, written into the ring as that sender would.
+class ForgedSender {
+  public:
+    explicit ForgedSender(const Rdm &to) : seg_(tandem::ShmSegment::open(inbox_name(to))) {
+        ring_ = tandem::ShmRing::attach(static_cast<char *>(seg_.data()) + kInboxRingOffset,
+                                        seg_.data_size() - kInboxRingOffset);
+    }
+    bool ready() const { return ring_ != nullptr; }
+    // A name for the cells: the address of `as` (whose inbox the receiver's channel opens when
+    // it looks the sender up).
+    bool name_as(const Rdm &as) {
+        name_len_ = sizeof name_;
+        return fi_getname(&as.ep->fid, name_, &name_len_) == 0 &&
+               name_len_ <= tandem::wire::kLocalNameRoom;
+    }
+    // A fragment of `size` bytes of `fill` at `offset` of a `total`-byte message; a status
+    // other than 0 makes it the sender's giving up (an empty last cell).
+    void frag(uint32_t pid, uint64_t msg_id, uint64_t offset, uint32_t size, uint64_t total,
+              uint8_t fill, uint8_t flags = 0, int32_t status = 0) {
+        void *slot = ring_->try_reserve(tandem::own_process_token());
+        ASSERT_NE(slot, nullptr);
+        auto *cell = static_cast<uint8_t *>(slot);
+        tandem::wire::LocalHeader h{};
+        h.op = uint8_t(tandem::wire::LocalOp::Frag);
+        h.flags = flags;
+        h.name_len = uint8_t(name_len_);
+        h.pid = int32_t(pid);
+        h.msg_id = msg_id;
+        h.offset = offset;
+        h.size = size;
+        h.total = total;
+        h.status = status;
+        memcpy(cell, &h, sizeof h);
+        memset(cell + sizeof h, 0, tandem::wire::kLocalNameRoom);  // (zero-padded, as sent)
+        memcpy(cell + sizeof h, name_, name_len_);
+        memset(cell + sizeof h + tandem::wire::kLocalNameRoom, fill, size);
+        ring_->publish(slot);
+    }
+
+  private:
+    tandem::ShmSegment seg_;
+    tandem::ShmRing *ring_ = nullptr;
+    char name_[64] = {};
+    size_t name_len_ = 0;
+};
+
+// The next entry of a's CQ (10 s at most): 1 with *e, or -FI_EAVAIL with the error in *err.
+ssize_t next_completion(Rdm &a, fi_cq_tagged_entry *e, fi_cq_err_entry *err) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    ssize_t ret;
+    while ((ret = fi_cq_read(a.cq, e, 1)) == -FI_EAGAIN &&
+           std::chrono::steady_clock::now() < deadline) {
+    }
+    if (ret == -FI_EAVAIL) (void)fi_cq_readerr(a.cq, err, 0);
+    return ret;
+}
+
 // A process that dies in the middle of a staged message leaves its first fragments with the
 // receiver. A new process at the same address (a server restarted on its port) numbers its
 // messages from 1 again: its message of the same number must arrive whole, neither appended
@@ -375,47 +434,21 @@ void staged_message_of_a_new_process_at_the_same_address(bool restaged) {
     Rdm a;
     std::string why;
     ASSERT_TRUE(a.try_open(why)) << why;
-    tandem::ShmSegment seg = tandem::ShmSegment::open(inbox_name(a));
-    auto *ring = tandem::ShmRing::attach(static_cast<char *>(seg.data()) + kInboxRingOffset,
-                                         seg.data_size() - kInboxRingOffset);
-    ASSERT_NE(ring, nullptr);
-    char name[64];
-    size_t name_len = sizeof name;
-    ASSERT_EQ(fi_getname(&a.ep->fid, name, &name_len), 0);  // the sender's: any address will do
-    ASSERT_LE(name_len, tandem::wire::kLocalNameRoom);
+    ForgedSender in(a);
+    ASSERT_TRUE(in.ready());
+    ASSERT_TRUE(in.name_as(a));  // the sender's: any address will do
 
     constexpr uint32_t kPart = 1000;
     std::vector<uint8_t> got(2 * kPart + 16, 0);
     ASSERT_EQ(fi_recv(a.ep, got.data(), got.size(), nullptr, FI_ADDR_UNSPEC, &got), 0);
-    auto frag = [&](uint32_t pid, uint64_t offset, uint8_t fill) {
-        void *slot = ring->try_reserve(tandem::own_process_token());
-        ASSERT_NE(slot, nullptr);
-        auto *cell = static_cast<uint8_t *>(slot);
-        tandem::wire::LocalHeader h{};
-        h.op = uint8_t(tandem::wire::LocalOp::Frag);
-        h.flags = restaged ? tandem::wire::kLocalRestaged : 0;
-        h.name_len = uint8_t(name_len);
-        h.pid = pid;
-        h.msg_id = 1;
-        h.offset = offset;
-        h.size = kPart;
-        h.total = 2 * kPart;
-        memcpy(cell, &h, sizeof h);
-        memcpy(cell + sizeof h, name, name_len);
-        memset(cell + sizeof h + tandem::wire::kLocalNameRoom, fill, kPart);
-        ring->publish(slot);
-    };
-    frag(1001, 0, 0xd1);  // the process that died, its first half sent
-    frag(1002, 0, 0x51);  // the new one at its address: a whole message of the same id
-    frag(1002, kPart, 0x52);
+    const uint8_t flags = restaged ? tandem::wire::kLocalRestaged : 0;
+    in.frag(1001, 1, 0, kPart, 2 * kPart, 0xd1, flags);  // the process that died: half sent
+    in.frag(1002, 1, 0, kPart, 2 * kPart, 0x51, flags);  // the new one: a whole message
+    in.frag(1002, 1, kPart, kPart, 2 * kPart, 0x52, flags);
 
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     fi_cq_tagged_entry e{};
-    ssize_t ret;
-    while ((ret = fi_cq_read(a.cq, &e, 1)) == -FI_EAGAIN)
-        ASSERT_LT(std::chrono::steady_clock::now(), deadline)
-            << "the new process's message never arrived";
-    ASSERT_EQ(ret, 1);
+    fi_cq_err_entry err{};
+    ASSERT_EQ(next_completion(a, &e, &err), 1) << "the new process's message never arrived";
     EXPECT_EQ(e.op_context, &got);
     EXPECT_EQ(e.len, 2 * kPart);
     for (uint32_t i = 0; i < 2 * kPart; ++i)
@@ -429,6 +462,66 @@ TEST(LocalSegments, AStagedMessageOfANewProcessAtADeadOnesAddressArrivesWhole) {
 
 TEST(LocalSegments, ARestagedMessageOfANewProcessAtADeadOnesAddressArrivesWhole) {
     staged_message_of_a_new_process_at_the_same_address(true);
+}
+
+// A receiver `a` with a receive of 2 * kPart bytes posted, and a live node-local peer `b` (an
+// endpoint of this process, whose pid the forged cells carry) in whose name cells reach a.
+class StagedFromLivePeer : public ::testing::Test {
+  protected:
+    static constexpr uint32_t kPart = 1000;
+    void SetUp() override {
+        std::string why;
+        ASSERT_TRUE(a.try_open(why)) << why;
+        ASSERT_TRUE(b.try_open(why)) << why;
+        in.emplace(a);
+        ASSERT_TRUE(in->ready());
+        ASSERT_TRUE(in->name_as(b));
+        ASSERT_EQ(fi_recv(a.ep, got.data(), got.size(), nullptr, FI_ADDR_UNSPEC, &got), 0);
+    }
+    void TearDown() override {
+        in.reset();
+        b.close();
+        a.close();
+    }
+    Rdm a, b;
+    std::optional<ForgedSender> in;
+    std::vector<uint8_t> got = std::vector<uint8_t>(2 * kPart, 0);
+    const uint32_t pid = uint32_t(getpid());
+};
+
+// A staged message from a live peer goes into the receive posted for it as its fragments
+// come: the first fragment's bytes are in the buffer before the message is complete, and the
+// completion comes with the last.
+TEST_F(StagedFromLivePeer, ItIsCopiedIntoThePostedReceiveAsItsFragmentsCome) {
+    in->frag(pid, 7, 0, kPart, 2 * kPart, 0x61);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    fi_cq_tagged_entry e{};
+    ssize_t ret;
+    while ((ret = fi_cq_read(a.cq, &e, 1)) == -FI_EAGAIN && got[kPart - 1] != 0x61 &&
+           std::chrono::steady_clock::now() < deadline) {
+    }
+    ASSERT_EQ(ret, -FI_EAGAIN) << "a completion for half a message";
+    ASSERT_EQ(got[kPart - 1], 0x61) << "the first fragment was not copied into the receive";
+    in->frag(pid, 7, kPart, kPart, 2 * kPart, 0x62);
+    fi_cq_err_entry err{};
+    ASSERT_EQ(next_completion(a, &e, &err), 1) << "the message never completed";
+    EXPECT_EQ(e.op_context, &got);
+    EXPECT_EQ(e.len, 2 * kPart);
+    for (uint32_t i = 0; i < 2 * kPart; ++i)
+        ASSERT_EQ(got[i], i < kPart ? 0x61 : 0x62) << "byte " << i;
+}
+
+// A sender that cannot copy the rest of its staged message (its device copy failed) ends it
+// with a status: the receive that took the message at its first fragment fails with that
+// status, as the sender's send does, rather than wait for bytes that will not come.
+TEST_F(StagedFromLivePeer, OneItsSenderGaveUpOnFailsTheReceiveThatTookIt) {
+    in->frag(pid, 9, 0, kPart, 2 * kPart, 0x71);
+    in->frag(pid, 9, kPart, 0, 2 * kPart, 0, tandem::wire::kLocalLast, FI_EIO);
+    fi_cq_tagged_entry e{};
+    fi_cq_err_entry err{};
+    ASSERT_EQ(next_completion(a, &e, &err), -FI_EAVAIL) << "the receive did not fail";
+    EXPECT_EQ(err.op_context, &got);
+    EXPECT_EQ(err.err, FI_EIO) << fi_strerror(err.err);
 }
 
 }  // namespace
