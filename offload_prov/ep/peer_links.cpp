@@ -52,11 +52,14 @@ void Endpoint::bury(PeerLink &link) {
         channel_->claims().release(split.claim);
         if (split.entry) complete_rx(split.entry, split.hdr, split.n, FI_ECONNRESET, split.src);
     }
-    // Its staged writes that failed here, the messages it was staging, and what it sent
-    // behind a split write of its: nobody waits for any of it now.
+    // Its staged writes that failed here, the messages it was staging (its own, by pid: a new
+    // process at its address may have begun one under the same id), and what it sent behind
+    // a split write of its: nobody waits for any of it now.
     const auto keyed_by_it = [&](const auto &entry) { return sent_by_it(entry.first.first); };
     std::erase_if(failed_writes_, keyed_by_it);
-    std::erase_if(staged_, keyed_by_it);
+    std::erase_if(staged_, [&](const auto &entry) {
+        return entry.second.hdr.pid == link.pid && keyed_by_it(entry);
+    });
     channel_->holds().forget(sent_by_it);
     // Receives waiting for a staged copy it will never send, and its memory we mapped.
     for (auto it = restaging_.begin(); it != restaging_.end();) {
