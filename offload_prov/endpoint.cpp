@@ -18,7 +18,6 @@
 #include <unistd.h>
 
 #include <cstring>
-#include <mutex>
 
 namespace tandem::off {
 
@@ -286,10 +285,13 @@ void Endpoint::enable() {
     // Who we are in our inbox, and whom we take for a peer: the same authorization key and
     // job in both.
     const Config &config = Config::get();
-    // Before the inbox exists: its heartbeat starts when it is made, and a peer that found it
-    // older than kPeerPollMs (the measurement took longer) would take us for a receiver
-    // without a core and stage what it sends.
-    if (config.cma) measure_copy_costs();
+    // What copies cost decides between staging a large message and single copy
+    // (stages_better): measured at set-up, so that no message waits for it, by the first
+    // endpoint of the process (CopyCosts::get logs it). Before the inbox exists: its heartbeat
+    // starts when it is made, and a peer that found it older than kPeerPollMs (the
+    // measurement took longer) would take us for a receiver without a core and stage what it
+    // sends.
+    if (config.cma) (void)CopyCosts::get();
     const shm::Channel::InboxShape shape{
         .cells = static_cast<uint32_t>(config.ring_cells),
         .cell_size = wire::kLocalCellSize,
@@ -303,23 +305,6 @@ void Endpoint::enable() {
                           .cma = config.cma,
                           .cma_off = " (FI_OFF_TANDEM_CMA=0)"});
     enabled_ = true;
-}
-
-// What copies cost decides between staging a large message and single copy (stages_better).
-// Measured at set-up, so that no message waits for it; the first endpoint of the process
-// measures and says so.
-void Endpoint::measure_copy_costs() {
-    static std::once_flag logged;
-    const CopyCosts &costs = CopyCosts::get();
-    std::call_once(logged, [&costs] {
-        TANDEM_INFO(FI_LOG_EP_CTRL,
-                    "copy costs measured in %.1f ms: 64 KiB by memcpy %.1f us, by CMA %.1f us; "
-                    "1 MiB by memcpy %.1f us, by CMA %.1f us%s\n",
-                    costs.measuring_ns() / 1e6, costs.memcpy_ns(64u << 10) / 1e3,
-                    costs.cma_ns(64u << 10) / 1e3, costs.memcpy_ns(1u << 20) / 1e3,
-                    costs.cma_ns(1u << 20) / 1e3,
-                    costs.cma_measured() ? "" : " (CMA refused: staged only)");
-    });
 }
 
 int Endpoint::setopt(int level, int optname, const void *optval, size_t optlen) {

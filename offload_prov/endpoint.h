@@ -221,7 +221,6 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
 
     // endpoint.cpp: the rest of the lifecycle.
     void enable();
-    void measure_copy_costs();
 
     // ep/peer_links.cpp: peers (the channel's) by fi_addr_t or by sender, and their liveness.
     PeerLink *link_for(fi_addr_t addr) { return channel_->peer_at(addr); }
