@@ -324,8 +324,6 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // ep/progress.cpp: cells dispatched by op, and completions to the owner's CQ.
     void complete_tx(void *context, uint64_t flags, size_t len, int err);
     void handle_cell(const uint8_t *cell);
-    static bool names_process(const wire::LocalHeader &hdr);
-    bool vouch_for_process(wire::LocalHeader &hdr, std::string_view sender);
     void handle_short(const uint8_t *cell);
     [[gnu::noinline]] void place_short(const uint8_t *cell, fi_addr_t src, int ret,
                                        fi_peer_rx_entry *entry);

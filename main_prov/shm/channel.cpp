@@ -2,6 +2,9 @@
 
 #include "common/log.h"
 
+#include <rdma/fi_errno.h>
+#include <unistd.h>
+
 #include <algorithm>
 
 namespace tandem::shm {
@@ -69,6 +72,50 @@ PeerInbox *Channel::sender_peer(std::string_view sender) {
         last_sender_peer_ = peer;
     }
     return peer && !peer->dead ? peer : nullptr;
+}
+
+bool Channel::names_process(const wire::LocalHeader &hdr) {
+    switch (static_cast<wire::LocalOp>(hdr.op)) {
+        case wire::LocalOp::Rts:
+        case wire::LocalOp::Cts:
+        case wire::LocalOp::IpcRts:
+        case wire::LocalOp::IpcWrite:
+            return true;
+        case wire::LocalOp::Write:
+        case wire::LocalOp::Read:
+            // Without the initiator's iov a write's data is inline, and a read's answer goes
+            // back in ReadData cells: no cross-memory attach to the initiator.
+            return hdr.iov_count > 0;
+        default:
+            return false;
+    }
+}
+
+PeerInbox *Channel::vouch_for_process(wire::LocalHeader &hdr, std::string_view sender) {
+    PeerInbox *peer = sender_peer(sender);
+    const auto op = static_cast<wire::LocalOp>(hdr.op);
+    const bool cma = op != wire::LocalOp::IpcRts && op != wire::LocalOp::IpcWrite;
+    if (peer && (!cma || peer->cma)) {
+        hdr.pid = peer->pid;
+        return peer;
+    }
+    TANDEM_WARN(
+        FI_LOG_EP_DATA, "refusing a cell (op %u) that names process %d: %s\n", hdr.op, hdr.pid,
+        !peer ? "its sender has no segment here" : "no cross-memory attach with its sender");
+    if (!peer) return nullptr;
+    wire::LocalHeader answer{};
+    answer.name_len = sender_.short_line ? sender_.short_line->name_len : 0;
+    answer.pid = getpid();
+    answer.msg_id = hdr.msg_id;
+    if (op == wire::LocalOp::Cts) {
+        answer.op = static_cast<uint8_t>(wire::LocalOp::WriteDone);
+        answer.status = FI_EIO;
+    } else {
+        answer.op = static_cast<uint8_t>(wire::LocalOp::Fin);
+        answer.status = FI_EACCES;
+    }
+    peer->out.push(sender_, answer, nullptr, 0);
+    return nullptr;
 }
 
 // source_of past its last-sender check. The name is read as whole words there: it comes from

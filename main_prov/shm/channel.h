@@ -102,6 +102,19 @@ class Channel {
     PeerInbox *peer_of(const std::string &key, std::string_view addr);
     // The peer that sent a cell (named by its address bytes), if it lives.
     PeerInbox *sender_peer(std::string_view sender);
+    // Whether a cell names a process we are to read from or write into (cross-memory attach),
+    // or whose device memory we are to map: its pid field then matters (vouch_for_process).
+    static bool names_process(const wire::LocalHeader &hdr);
+    // The pid a cell gives is only the sender's word. The process we read from or write into
+    // is the one that owns the sender's segment (where its name leads), and cross-memory
+    // attach to it must be allowed (the same job, pid namespace and the kernel's permission:
+    // PeerInbox::cma): otherwise a local process could have us copy a third process's memory
+    // into a receive, or our data into a third process. The sender's peer, with hdr.pid set
+    // to its process; nullptr for a cell that fails this (logged), which is answered as
+    // refused when the sender has a segment, so that a sender that meant it does not wait for
+    // ever (a Cts by a WriteDone with FI_EIO: the receiver copies that part itself; anything
+    // else by a Fin with FI_EACCES).
+    PeerInbox *vouch_for_process(wire::LocalHeader &hdr, std::string_view sender);
     // The sender's fi_addr_t in the AV (FI_ADDR_NOTAVAIL: not inserted). Kept per sender and
     // AV version: a receive completion must not pay a reverse lookup. (Inline: every cell
     // asks; the last sender is compared word by word, LastSender.)

@@ -168,7 +168,7 @@ void Endpoint::handle_cell(const uint8_t *cell) {
         TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed cell (op %u)\n", hdr.op);
         return;
     }
-    if (names_process(hdr) && !vouch_for_process(hdr, sender)) return;
+    if (shm::Channel::names_process(hdr) && !channel_->vouch_for_process(hdr, sender)) return;
     handle_long_cell(hdr, sender, body);
 }
 
@@ -300,56 +300,6 @@ void Endpoint::handle_read_data(const LocalHeader &hdr, const uint8_t *body) {
         p.received = SIZE_MAX / 2;  // reported as an error when the last one came
     p.received += hdr.size;
     if (hdr.flags & wire::kLocalLast) finish_pending(hdr.msg_id, p.received > p.len ? FI_EIO : 0);
-}
-
-// Whether the cell names a process we are to read from or write into (cross-memory attach),
-// or whose device memory we are to map: its pid field then matters.
-bool Endpoint::names_process(const LocalHeader &hdr) {
-    switch (static_cast<LocalOp>(hdr.op)) {
-        case LocalOp::Rts:
-        case LocalOp::Cts:
-        case LocalOp::IpcRts:
-        case LocalOp::IpcWrite:
-            return true;
-        case LocalOp::Write:
-        case LocalOp::Read:
-            // Without the initiator's iov a write's data is inline, and a read's answer goes
-            // back in ReadData cells: no cross-memory attach to the initiator.
-            return hdr.iov_count > 0;
-        default:
-            return false;
-    }
-}
-
-// The pid a cell gives is only the sender's word. The process we read from or write into is
-// the one that owns the sender's segment (where its name leads), and cross-memory attach to
-// it must be allowed (the same job, pid namespace and the kernel's permission: PeerLink::cma):
-// otherwise a local process could have us copy a third process's memory into a receive, or
-// our data into a third process. A cell that fails this is answered as refused, so that a
-// sender that meant it does not wait for ever. True when hdr.pid now names the sender.
-bool Endpoint::vouch_for_process(LocalHeader &hdr, std::string_view sender) {
-    PeerLink *link = link_to(sender);
-    const auto op = static_cast<LocalOp>(hdr.op);
-    const bool cma = op != LocalOp::IpcRts && op != LocalOp::IpcWrite;
-    if (link && (!cma || link->cma)) {
-        hdr.pid = link->pid;
-        return true;
-    }
-    TANDEM_WARN(
-        FI_LOG_EP_DATA, "refusing a cell (op %u) that names process %d: %s\n", hdr.op, hdr.pid,
-        !link ? "its sender has no segment here" : "no cross-memory attach with its sender");
-    if (!link) return false;
-    LocalHeader answer = proto_;
-    answer.msg_id = hdr.msg_id;
-    if (op == LocalOp::Cts) {
-        answer.op = static_cast<uint8_t>(LocalOp::WriteDone);
-        answer.status = FI_EIO;  // the receiver then copies that part itself
-    } else {
-        answer.op = static_cast<uint8_t>(LocalOp::Fin);
-        answer.status = FI_EACCES;
-    }
-    link->out.push(*sender_, answer, nullptr, 0);
-    return false;
 }
 
 // A Short cell is an Eager message with the fields it leaves out implied. When our owner reads
