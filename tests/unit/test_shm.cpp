@@ -1799,6 +1799,7 @@ TEST(Channel, APeerWhoseProcessDiedIsBuriedOnceWhatItWroteUsIsRead) {
     EXPECT_TRUE(ours.channel.check_peers(bury)) << "its Fin is still unread";
     EXPECT_TRUE(buried.empty());
     EXPECT_FALSE(peer->dead);
+    EXPECT_TRUE(ours.channel.deaths().empty()) << "logged before its last word was read";
     std::optional<wire::LocalHeader> got = read_header(ours.channel.inbox());
     ASSERT_TRUE(got);
     EXPECT_EQ(got->msg_id, 9u);
@@ -1807,10 +1808,16 @@ TEST(Channel, APeerWhoseProcessDiedIsBuriedOnceWhatItWroteUsIsRead) {
     ASSERT_EQ(buried.size(), 1u);
     EXPECT_EQ(buried[0], peer->key);
     EXPECT_TRUE(peer->dead);
+    // The death is logged for the endpoint (tandem ends that process's staged messages).
+    ASSERT_EQ(ours.channel.deaths().size(), 1u);
+    EXPECT_EQ(ours.channel.deaths()[0].key, peer->key);
+    EXPECT_EQ(ours.channel.deaths()[0].pid, peer->pid);
+    EXPECT_NE(peer->pid, 0);
     EXPECT_EQ(ours.channel.sender_peer(c), nullptr) << "nobody to answer";
     EXPECT_EQ(ours.channel.peer_at(2), peer) << "a destination stays its peer, dead";
     EXPECT_FALSE(ours.channel.check_peers(bury));
     EXPECT_EQ(buried.size(), 1u) << "buried once";
+    EXPECT_EQ(ours.channel.deaths().size(), 1u) << "logged once";
 }
 
 // SenderHold: the cells of a sender behind its split write, kept by the inbox's reader.
