@@ -388,19 +388,32 @@ bool Engine::read_held(const uint8_t *cell) {
     return true;
 }
 
-// Messages in host cells are ours (Short, Eager, Frag); RMA, atomics, rendezvous, device
-// messages (a restaged one's Frags included) and the answers to the twin's operations are the
-// twin's.
+// Messages of host memory are ours (Short, Eager, Frag, Rts, and the WriteDone of a split copy
+// of ours); RMA, atomics, device messages (a restaged one's Frags included) and the answers to
+// the twin's operations are the twin's.
 void Engine::dispatch_cell(const uint8_t *cell) {
-    if (cell[0] == static_cast<uint8_t>(wire::LocalOp::Short))
-        receive_short(cell);
-    else if (cell[0] == static_cast<uint8_t>(wire::LocalOp::Eager))
-        receive_eager_cell(cell);
-    else if (cell[0] == static_cast<uint8_t>(wire::LocalOp::Frag) &&
-             !(cell[offsetof(wire::LocalHeader, flags)] & wire::kLocalRestaged))
-        receive_frag(cell);
-    else
-        twin_take_cell_(twin_ep_, cell);
+    using wire::LocalOp;
+    switch (static_cast<LocalOp>(cell[0])) {
+        case LocalOp::Short:
+            receive_short(cell);
+            return;
+        case LocalOp::Eager:
+            receive_eager_cell(cell);
+            return;
+        case LocalOp::Frag:
+            if (cell[offsetof(wire::LocalHeader, flags)] & wire::kLocalRestaged) break;
+            receive_frag(cell);
+            return;
+        case LocalOp::Rts:
+            receive_rts_cell(cell);
+            return;
+        case LocalOp::WriteDone:
+            if (!local_splits_.empty() && receive_write_done(cell)) return;
+            break;
+        default:
+            break;
+    }
+    twin_take_cell_(twin_ep_, cell);
 }
 
 // The tables of the message and tagged calls, here with the calls (see endpoint_alias.h).

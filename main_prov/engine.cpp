@@ -124,6 +124,10 @@ int Engine::close() {
         // The twin's own receives go before the twin: nothing that arrives while the endpoint
         // drains below may land in its memory.
         peer_rx_.drop_posted();
+        // Receives whose sender writes its part of a split copy: that part may still land in
+        // their buffers, so they are not offered to another message; dropped, unreported.
+        for (auto &[id, split] : local_splits_) rx_->drop(split.rx);
+        local_splits_.clear();
         twin_cq_ = nullptr;  // (the drain below progresses the link alone)
         twin_ep_ = nullptr;
         twin_quiet_ = nullptr;
@@ -277,7 +281,6 @@ int Engine::enable_locked() {
         lane_limit_ = std::min<size_t>(local_->inject_limit(), info_->ep_attr->max_msg_size);
         if (shm::Channel *channel = local_->channel()) {
             lane_producer_ = channel->sender().producer;
-            local_pid_ = getpid();
             lane_line_ = channel->sender().short_line;
         }
         twin_cq_ = local_->twin_cq();

@@ -18,6 +18,7 @@
 #include "main_prov/rx_matcher.h"
 #include "main_prov/shm/peer_inbox.h"
 #include "main_prov/shm/sender_hold.h"
+#include "main_prov/shm/single_copy.h"
 #include "main_prov/trigger.h"
 #include "peer/foreign_srx.h"
 #include "peer/peer_abi.h"
@@ -615,7 +616,6 @@ class Engine : public CmSource, public RemoteKeyResolver {
     // Who our Short cells say wrote them: the claimant id and the Short line of the channel's
     // Sender (the twin's: one producer per process and peer ring), set with lane_limit_.
     uint32_t lane_producer_ = 0;
-    pid_t local_pid_ = 0;  // ours, in the Fin cells we answer node-local senders with
     const ShortLine *lane_line_ = nullptr;
     size_t link_direct_limit_ = 0;  // send_by_link's largest payload
     size_t direct_limit_ = 0;       // the larger of the two: send_direct's first check
@@ -718,16 +718,40 @@ class Engine : public CmSource, public RemoteKeyResolver {
     // The message will not come whole: a receive that took it fails with status (an FI_*
     // code), and what came of it goes.
     void end_staged(StagedMap::iterator it, int status);
-    // The staged messages of senders the channel's liveness check found dead (their
-    // receives fail with FI_ECONNRESET); deaths_seen_: how many of its deaths we looked at.
+    // The staged messages and split copies of senders the channel's liveness check found dead
+    // (their receives fail with FI_ECONNRESET); deaths_seen_: how many of its deaths we
+    // looked at.
     [[gnu::noinline]] void forget_dead_senders();
     StagedMap staged_;
     size_t deaths_seen_ = 0;
+    // The decoder of Rts cells (engine_local_rts.cpp): the message read out of its sender's
+    // memory (cross-memory attach, shm::SingleCopy) into the posted receive it matches, or kept
+    // as unexpected with the sender's buffer list until one is posted; the sender's Fin once
+    // it is read, or discarded.
+    [[gnu::noinline]] void receive_rts_cell(const uint8_t *cell);
+    void start_local_rts(RxOp *rx, const wire::ProtoHeader &hdr, std::string_view sender,
+                         const LocalRts &rts, fi_addr_t src);
+    void finish_local_rts(RxOp *rx, const wire::ProtoHeader &hdr, std::string_view sender,
+                          fi_addr_t src, size_t n, int err);
+    // A WriteDone ending one of our split copies (false: not ours, the twin's RMA target's).
+    [[gnu::noinline]] bool receive_write_done(const uint8_t *cell);
+    // Split copies whose sender writes its part (by sender and id), until its WriteDone.
+    struct LocalSplit {
+        RxOp *rx = nullptr;
+        wire::ProtoHeader hdr{};  // the message's (size: what the sender sends)
+        fi_addr_t src = FI_ADDR_NOTAVAIL;
+        shm::SingleCopy copy;
+    };
+    std::map<std::pair<std::string, uint64_t>, LocalSplit> local_splits_;
+    // The channel's backlogs are the twin's pass to flush: after a push of ours (an answer,
+    // a Cts) that waits in one, that pass must come.
+    void flush_soon(shm::Channel &channel);
     // The twin's pass (fi_peer(3): a read of its CQ with no room for entries), then, while a
-    // staged message is under way, what the channel's liveness check (the twin's) found dead.
+    // staged message or a split copy waits on its sender, what the channel's liveness check
+    // (the twin's) found dead.
     void drive_twin() {
         fi_cq_read(twin_cq_, nullptr, 0);
-        if (!staged_.empty()) [[unlikely]]
+        if (!staged_.empty() || !local_splits_.empty()) [[unlikely]]
             forget_dead_senders();
     }
     // Whether a device receive refuses len bytes of a node-local message (deliver_eager).

@@ -4,8 +4,8 @@
 // staged message reassembled from its Frag cells end in receive_local, which matches,
 // delivers or keeps the message as any other (the one queue of unexpected messages), and
 // answers a sender that waits for a Fin through its Outbox; a staged message that a plain
-// posted receive takes at its first fragment is copied there fragment by fragment.
-// Rendezvous (Rts, split copies), device IPC, RMA and atomics are still the twin's
+// posted receive takes at its first fragment is copied there fragment by fragment. Rts cells
+// are engine_local_rts.cpp's; device IPC, RMA and atomics are still the twin's
 // (docs/architecture.md, step 3).
 #include "common/iov.h"
 #include "common/log.h"
@@ -146,14 +146,27 @@ void Engine::forget_dead_senders() {
     const std::vector<shm::Channel::Death> &deaths = channel->deaths();
     for (; deaths_seen_ < deaths.size(); ++deaths_seen_) {
         const shm::Channel::Death &dead = deaths[deaths_seen_];
+        // (By process as well as address: a new process at the address may have begun a
+        // message under the same id before the death was judged.)
+        const auto sent_by_dead = [&dead](const std::string &sender, pid_t pid) {
+            return pid == dead.pid && shm::names_key(sender, dead.key);
+        };
         for (auto it = staged_.begin(); it != staged_.end();) {
             auto next = std::next(it);
-            if (it->second.pid == dead.pid) {
-                const std::string &name = it->first.first;
-                auto key = shm::local_key(name.data(), name.size());
-                if (key && *key == dead.key) end_staged(it, FI_ECONNRESET);
-            }
+            if (sent_by_dead(it->first.first, it->second.pid)) end_staged(it, FI_ECONNRESET);
             it = next;
+        }
+        for (auto it = local_splits_.begin(); it != local_splits_.end();) {
+            if (!sent_by_dead(it->first.first, it->second.copy.pid())) {
+                ++it;
+                continue;
+            }
+            LocalSplit split = std::move(it->second);
+            const std::string sender = it->first.first;
+            it = local_splits_.erase(it);
+            split.copy.abandon(*channel);
+            finish_local_rts(split.rx, split.hdr, sender, split.src, split.copy.length(),
+                             split.copy.status());
         }
     }
 }
@@ -209,16 +222,16 @@ void Engine::answer_local(std::string_view sender, uint64_t msg_id, int status) 
     shm::Channel *channel = local_ ? local_->channel() : nullptr;
     shm::PeerInbox *to = channel ? channel->sender_peer(sender) : nullptr;
     if (!to) return;  // the sender is gone: nobody waits for the answer
-    wire::LocalHeader fin{};
-    fin.op = static_cast<uint8_t>(wire::LocalOp::Fin);
-    fin.name_len = lane_line_->name_len;
-    fin.pid = local_pid_;
-    fin.msg_id = msg_id;
+    wire::LocalHeader fin = channel->header(wire::LocalOp::Fin, msg_id);
     fin.status = status;
     to->out.push(channel->sender(), fin, nullptr, 0);
-    // A full ring keeps the Fin in the peer's backlog, which the twin's pass flushes: that pass
-    // must come while the twin would otherwise be quiet.
-    if (channel->sender().backlogged) *twin_quiet_ = false;
+    flush_soon(*channel);
+}
+
+// A full ring keeps what we pushed in the peer's backlog, which the twin's pass flushes: that
+// pass must come while the twin would otherwise be quiet.
+void Engine::flush_soon(shm::Channel &channel) {
+    if (channel.sender().backlogged) *twin_quiet_ = false;
 }
 
 // What the twin decides for the cells it delivers into device memory: a copy, refused only

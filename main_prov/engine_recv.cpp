@@ -166,7 +166,10 @@ void Engine::deliver_unexpected_any(RxOp *rx, Unexpected &ux) {
 void Engine::deliver_unexpected(RxOp *rx, Unexpected &ux) {
     fi_addr_t src = source_of(ux);
     if (ux.rendezvous()) {
-        start_rendezvous(rx, ux.conn, ux.hdr, ux.rts, src);
+        if (ux.conn)
+            start_rendezvous(rx, ux.conn, ux.hdr, ux.rts, src);
+        else
+            start_local_rts(rx, ux.hdr, ux.answer_to, ux.local_rts, src);
         return;
     }
     int err = deliver_eager(rx, ux.conn, ux.hdr, ux.data.data(), src);
@@ -175,7 +178,7 @@ void Engine::deliver_unexpected(RxOp *rx, Unexpected &ux) {
 }
 
 void Engine::release_discarded(const Unexpected &ux) {
-    if (ux.rendezvous()) {
+    if (ux.rendezvous() && ux.conn) {
         wire::FinBody fin{ux.hdr.msg_id, uint32_t(wire::FinStatus::Ok), 0};
         send_control(ux.conn, wire::ProtoOp::Fin, &fin, sizeof fin, ux.hdr.msg_id);
     } else if (!ux.answer_to.empty()) {

@@ -127,7 +127,7 @@ void PeerRxQueue::start(peer::OwnerRxEntry *e, RxOp *rx) {
     if (report_ep_)
         report_ep_->write_rx_err(rx, FI_RECV | (tagged ? FI_TAGGED : FI_MSG), -ret, 0, 0,
                                  e->entry.tag, 0);
-    release(rx);
+    matcher_.drop(rx);
     delete e;
 }
 
@@ -147,7 +147,7 @@ void PeerRxQueue::peer_free_entry(fi_peer_rx_entry *entry) {
     PeerEntryGuard guard(domain_.lock(), caller_holds_lock());
     auto *e = peer::OwnerRxEntry::of(entry);
     // ThroughOwner: the RxOp completed (and went) through LocalPath already.
-    if (mode_ == Mode::Direct && e->owner_op) release(static_cast<RxOp *>(e->owner_op));
+    if (mode_ == Mode::Direct && e->owner_op) matcher_.drop(static_cast<RxOp *>(e->owner_op));
     if (spare_.size() < 256)
         spare_.push_back(e);
     else
@@ -170,17 +170,5 @@ void PeerRxQueue::peer_foreach_unspec_addr(const std::function<void(fi_peer_rx_e
 }
 
 // Direct mode: the importer reported the receive; tandem's bookkeeping of it ends here.
-void PeerRxQueue::release(RxOp *rx) {
-    if (RxOp *parent = rx->parent) {
-        matcher_.free_op(rx);
-        if (--parent->children == 0 && parent->retired) {
-            --matcher_.outstanding;
-            matcher_.free_op(parent);
-        }
-        return;
-    }
-    --matcher_.outstanding;
-    matcher_.free_op(rx);
-}
 
 }  // namespace tandem

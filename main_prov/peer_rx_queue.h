@@ -62,7 +62,6 @@ class PeerRxQueue final : public peer::SrxOwner {
     int queue(fi_peer_rx_entry *entry, bool tagged);
     peer::OwnerRxEntry *new_entry(fi_addr_t addr, uint64_t tag, size_t size);
     void fill(peer::OwnerRxEntry *e, RxOp *rx, bool tagged);
-    void release(RxOp *rx);
 
     Domain &domain_;
     RxMatcher &matcher_;

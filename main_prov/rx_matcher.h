@@ -8,6 +8,7 @@
 #include "hmem/hmem.h"
 
 #include <rdma/fabric.h>
+#include <sys/types.h>
 #include <sys/uio.h>
 
 #include <cstddef>
@@ -129,6 +130,14 @@ static_assert(std::is_trivially_destructible_v<RxOp> && std::is_trivially_copyab
 
 // A message that arrived before a receive matched it: the eager payload, or for a
 // rendezvous only the sender's buffer description.
+// A node-local Rts (wire::LocalOp::Rts): the sender's buffers and its process (vouched for by
+// the channel, shm::Channel::vouch_for_process), read with cross-memory attach.
+struct LocalRts {
+    pid_t pid = 0;
+    uint8_t count = 0;
+    wire::LocalIov iov[wire::kLocalMaxIov]{};
+};
+
 struct Unexpected {
     Engine *ep = nullptr;            // the endpoint it arrived on (answers it, reports it)
     LinkConnection *conn = nullptr;  // nullptr: a node-local message (Short cell), from src
@@ -142,6 +151,7 @@ struct Unexpected {
     wire::ProtoHeader hdr{};
     std::vector<uint8_t> data;
     wire::RtsBody rts{};
+    LocalRts local_rts{};  // a node-local rendezvous (no conn): what its sender named
     bool claimed = false;
     void *claim_context = nullptr;
     // A message a peer provider holds (peer SRX, fi_peer(3)): hdr carries its tag, size and
@@ -182,6 +192,20 @@ class RxMatcher {
     // taken, as far as the receives posted since are concerned): a message it was to take
     // never arrived here (an endpoint fed by a shared context closed).
     void post_front(RxOp *rx) { list_for(rx->tagged).push_front(rx); }
+    // A receive matched and never to complete (its endpoint closed under it): freed, and with
+    // its last slice a multi-receive buffer already retired.
+    void drop(RxOp *rx) {
+        if (RxOp *parent = rx->parent) {
+            free_op(rx);
+            if (--parent->children == 0 && parent->retired) {
+                --outstanding;
+                free_op(parent);
+            }
+            return;
+        }
+        --outstanding;
+        free_op(rx);
+    }
     // The first posted receive for an arriving message; removed unless it is a multi-receive
     // buffer (which stays until retired).
     RxOp *match_posted(bool tagged, uint64_t tag, fi_addr_t src) {

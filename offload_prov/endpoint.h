@@ -35,6 +35,7 @@
 #include "offload_prov/coll/engine.h"
 #include "common/shm_ring.h"
 #include "main_prov/shm/channel.h"
+#include "main_prov/shm/single_copy.h"
 #include "peer/peer_abi.h"
 #include "peer/peer_cq.h"
 
@@ -281,20 +282,14 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     bool drop_failed_fragment(const wire::LocalHeader &hdr, std::string_view sender, bool last);
     int rma_write(const wire::LocalHeader &hdr, std::string_view sender, const uint8_t *body,
                   const RmaRegion &region);
-    bool split_rma_write(const wire::LocalHeader &hdr, std::string_view sender,
-                         const RmaRegion &region, const iovec *remote);
     int rma_read(const wire::LocalHeader &hdr, std::string_view sender, const uint8_t *body,
                  const RmaRegion &region);
     void finish_rma(const wire::LocalHeader &hdr, std::string_view sender, int status);
 
-    // ep/split_copy.cpp: copies by both sides (Cts, WriteDone), and the cells held behind them.
+    // ep/split_copy.cpp: copies by both sides (Cts, WriteDone): the sender's part, and the end
+    // of a split of ours (the write finished, or the message delivered).
     struct Split;
-    bool send_cts(PeerLink &link, uint64_t msg_id, const iovec *dst, size_t ndst, size_t half,
-                  size_t n, uint64_t *claim);
-    // Our part done: the rest read by us (claims_.take_back) or waited for (splits_), then
-    // finished.
-    void split_read(Split split, std::string_view sender);
-    void finish_split(const Split &split, std::string_view sender, int err);
+    void end_split(const Split &split, std::string_view sender);
     void handle_cts(const wire::LocalHeader &hdr, std::string_view sender, const uint8_t *body);
     void handle_write_done(const wire::LocalHeader &hdr, std::string_view sender);
 
@@ -316,8 +311,6 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
                       const hmem::MemRef *to_mem, size_t nto, size_t len);
     int map_ipc(const wire::LocalHeader &hdr, const wire::LocalIpc *ipc, uint64_t local_device,
                 iovec *remote, hmem::MemRef *rmem);
-    static int cma_read_staged(pid_t pid, const iovec *local, const hmem::MemRef *mem,
-                               size_t nlocal, const iovec *remote, size_t nremote, size_t n);
     void complete_rx(fi_peer_rx_entry *entry, const wire::LocalHeader &hdr, size_t n, int err,
                      fi_addr_t src);
 
@@ -445,20 +438,13 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         bool device = false;
         int place(size_t at, const uint8_t *from, size_t k) const;
     };
-    // Rts messages and RMA writes copied by both sides: the receiver's (target's) half is
-    // done, the sender's (initiator's) pending.
+    // Rts messages (for an owner that is not tandem) and RMA writes copied by both sides: the
+    // receiver's (target's) half is done, the sender's (initiator's) pending.
     struct Split {
         fi_peer_rx_entry *entry;  // the receive; nullptr for an RMA write
         wire::LocalHeader hdr;
-        size_t n;                          // bytes delivered in all
-        size_t half;                       // where the sender's part starts
-        iovec remote[wire::kLocalMaxIov];  // the sender's buffers (to read its part if it fails)
-        size_t nremote;
-        int err;
         fi_addr_t src;
-        iovec target[kMaxRmaPieces];  // an RMA write's target region (what the key resolved to)
-        size_t ntarget;
-        uint64_t claim;  // the Cts's claim (wire::kLocalNoClaim: none)
+        shm::SingleCopy copy;  // into the receive, or the write's target region
     };
     std::map<std::pair<std::string, uint64_t>, Split> splits_;
     // Staged writes (WriteFrag) whose fragment failed here, by initiator and id: the first

@@ -103,19 +103,21 @@ PeerInbox *Channel::vouch_for_process(wire::LocalHeader &hdr, std::string_view s
         FI_LOG_EP_DATA, "refusing a cell (op %u) that names process %d: %s\n", hdr.op, hdr.pid,
         !peer ? "its sender has no segment here" : "no cross-memory attach with its sender");
     if (!peer) return nullptr;
-    wire::LocalHeader answer{};
-    answer.name_len = sender_.short_line ? sender_.short_line->name_len : 0;
-    answer.pid = getpid();
-    answer.msg_id = hdr.msg_id;
-    if (op == wire::LocalOp::Cts) {
-        answer.op = static_cast<uint8_t>(wire::LocalOp::WriteDone);
-        answer.status = FI_EIO;
-    } else {
-        answer.op = static_cast<uint8_t>(wire::LocalOp::Fin);
-        answer.status = FI_EACCES;
-    }
+    const bool cts = op == wire::LocalOp::Cts;
+    wire::LocalHeader answer =
+        header(cts ? wire::LocalOp::WriteDone : wire::LocalOp::Fin, hdr.msg_id);
+    answer.status = cts ? FI_EIO : FI_EACCES;
     peer->out.push(sender_, answer, nullptr, 0);
     return nullptr;
+}
+
+wire::LocalHeader Channel::header(wire::LocalOp op, uint64_t msg_id) const {
+    wire::LocalHeader hdr{};
+    hdr.op = static_cast<uint8_t>(op);
+    hdr.name_len = sender_.short_line ? sender_.short_line->name_len : 0;
+    hdr.pid = pid_;
+    hdr.msg_id = msg_id;
+    return hdr;
 }
 
 // source_of past its last-sender check. The name is read as whole words there: it comes from

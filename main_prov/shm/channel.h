@@ -21,6 +21,7 @@
 #include "common/short_cell.h"
 
 #include <rdma/fabric.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdint>
@@ -62,7 +63,8 @@ class Channel {
 
     // sender: who writes our cells (its producer, name and Short line are the endpoint's);
     // book: the endpoint's AV.
-    Channel(Sender &sender, const AddressBook &book) : sender_(sender), book_(book) {}
+    Channel(Sender &sender, const AddressBook &book)
+        : sender_(sender), book_(book), pid_(getpid()) {}
     Channel(const Channel &) = delete;
     Channel &operator=(const Channel &) = delete;
 
@@ -89,6 +91,9 @@ class Channel {
         if (heartbeat_) __atomic_store_n(heartbeat_, uint32_t(now), __ATOMIC_RELAXED);
     }
     Sender &sender() const { return sender_; }
+    // The long header of a cell we send to a peer (our name's length, our pid), for `op` of
+    // operation msg_id: the answers (Fin, Cts, WriteDone) the channel's readers write.
+    wire::LocalHeader header(wire::LocalOp op, uint64_t msg_id) const;
 
     // The peer at a destination of the AV, opened on first use and remembered per fi_addr_t
     // until the AV changes (an address removed and another inserted may reuse it); nullptr
@@ -175,6 +180,7 @@ class Channel {
 
     Sender &sender_;
     const AddressBook &book_;
+    const pid_t pid_;  // ours, in the headers of our answers (header)
     PeerPolicy policy_{};
     const std::atomic<uint64_t> *version_word_ = nullptr;  // the AV's (open_inbox)
 

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace tandem::shm {
 
@@ -68,6 +69,12 @@ struct InboxSegment {
 // The key naming a node-local endpoint: from its sockaddr (family, address, port), so the
 // bytes an application inserted into the AV and those an endpoint reports for itself agree.
 std::optional<std::string> local_key(const void *addr, size_t len);
+// Whether the sender a cell names (its address bytes) is the endpoint with that key: what a
+// peer's death ends of the state kept by sender.
+inline bool names_key(std::string_view sender, const std::string &key) {
+    std::optional<std::string> of_sender = local_key(sender.data(), sender.size());
+    return of_sender && *of_sender == key;
+}
 // Shared-memory object names of this user's endpoints ("/tandem-<uid>-"), and of the one
 // with that key.
 std::string segment_prefix();

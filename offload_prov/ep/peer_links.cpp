@@ -26,10 +26,8 @@ bool Endpoint::check_peers() {
 // A peer found dead (the channel marked it so and ended its backlog's streams): what else
 // waits on it ends with FI_ECONNRESET.
 void Endpoint::bury(PeerLink &link) {
-    const std::string &key = link.key;
-    const auto sent_by_it = [&key](std::string_view name) {
-        auto sender = shm::local_key(name.data(), name.size());
-        return sender && *sender == key;
+    const auto sent_by_it = [&link](std::string_view name) {
+        return shm::names_key(name, link.key);
     };
     for (auto it = pending_.begin(); it != pending_.end();) {
         if (it->second.link != &link) {
@@ -47,10 +45,11 @@ void Endpoint::bury(PeerLink &link) {
             ++it;
             continue;
         }
-        Split split = it->second;
+        Split split = std::move(it->second);
         it = splits_.erase(it);
-        channel_->claims().release(split.claim);
-        if (split.entry) complete_rx(split.entry, split.hdr, split.n, FI_ECONNRESET, split.src);
+        split.copy.abandon(*channel_);
+        if (split.entry)
+            complete_rx(split.entry, split.hdr, split.copy.length(), FI_ECONNRESET, split.src);
     }
     // Its staged writes that failed here, the messages it was staging (its own, by pid: a new
     // process at its address may have begun one under the same id), and what it sent behind

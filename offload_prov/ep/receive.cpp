@@ -1,7 +1,8 @@
 // Receives, which are the owner's: a whole message asks the owner's SRX for a buffer and is
 // delivered into it (its bytes, a CMA read, a mapping of the sender's device memory, or a
 // staged read), or is held here until the owner starts or discards it. (An owner that is
-// tandem decodes Eager cells itself: their bytes come here only from an owner that is not.)
+// tandem decodes host messages itself, Eager, Frag and Rts cells: they come here only from an
+// owner that is not; tandem's messages here are device ones, IpcRts and its restaged Frags.)
 #include "offload_prov/endpoint.h"
 
 #include "common/iov.h"
@@ -112,40 +113,22 @@ void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::str
         iov_scatter(entry->iov, entry->count, 0, data, n);
     } else if (n) {
         iovec remote[wire::kLocalMaxIov];
-        size_t nremote = 0, left = n;
-        for (size_t i = 0; i < hdr.iov_count && left; ++i) {
-            size_t take = std::min<size_t>(rts_iov[i].length, left);
-            remote[nremote++] = {reinterpret_cast<void *>(rts_iov[i].addr), take};
-            left -= take;
-        }
+        for (size_t i = 0; i < hdr.iov_count; ++i)
+            remote[i] = {reinterpret_cast<void *>(rts_iov[i].addr), rts_iov[i].length};
         if (device) {
             // Cross-memory attach cannot reach device memory: through a host bounce buffer.
-            err = cma_read_staged(hdr.pid, entry->iov, mem, count, remote, nremote, n);
+            err = shm::SingleCopy::read_through_host(hdr.pid, entry->iov, mem, count, remote,
+                                                     hdr.iov_count, n);
         } else {
-            // A large message is copied by both sides at once: the sender writes the second
-            // half into our buffer while we read the first (two cores, twice the copy rate).
-            size_t half = (n / 2) & ~size_t(4095);
-            PeerLink *link = n >= wire::kLocalSplitMin ? link_to(sender) : nullptr;
             stop_at("local.before_cma_read");
-            uint64_t claim = wire::kLocalNoClaim;
-            if (link && link->cma &&
-                send_cts(*link, hdr.msg_id, entry->iov, entry->count, half, n, &claim)) {
-                iovec local[wire::kLocalMaxIov * 4], first[wire::kLocalMaxIov];
-                size_t nlocal =
-                    iov_slice(entry->iov, entry->count, 0, half, local, std::size(local));
-                size_t nfirst = iov_slice(remote, nremote, 0, half, first, std::size(first));
-                ssize_t got = cma_read(hdr.pid, local, nlocal, first, nfirst);
-                Split split{entry, hdr, n, half, {}, nremote, 0, src, {}, 0, claim};
-                for (size_t i = 0; i < nremote; ++i) split.remote[i] = remote[i];
-                if (got < 0 || size_t(got) != half)
-                    split.err = got == -ESRCH ? FI_ECONNRESET : FI_EIO;
-                split_read(split, sender);  // completed now, or by the sender's WriteDone
+            shm::SingleCopy copy(hdr.pid, entry->iov, entry->count, remote, hdr.iov_count, n);
+            if (!copy.start(*channel_, link_to(sender), hdr.msg_id)) {
+                // Completed by the sender's WriteDone.
+                splits_.emplace(std::make_pair(std::string(sender), hdr.msg_id),
+                                Split{entry, hdr, src, copy});
                 return;
             }
-            iovec local[wire::kLocalMaxIov * 4];
-            size_t nlocal = iov_slice(entry->iov, entry->count, 0, n, local, std::size(local));
-            ssize_t got = cma_read(hdr.pid, local, nlocal, remote, nremote);
-            if (got < 0 || size_t(got) != n) err = got == -ESRCH ? FI_ECONNRESET : FI_EIO;
+            err = copy.status();
         }
     }
     if (hdr.op == static_cast<uint8_t>(LocalOp::Rts) ||
@@ -199,25 +182,6 @@ int Endpoint::map_ipc(const LocalHeader &hdr, const wire::LocalIpc *ipc, uint64_
         if (ret == -FI_EINVAL) return FI_EINVAL;
         if (ret) return FI_EOPNOTSUPP;
         remote[i] = {addr, e.length};
-    }
-    return 0;
-}
-
-// Cross-memory attach into buffers that may be device memory: a chunk at a time through a
-// host bounce buffer, then the device's copy. 0 or an FI_* code.
-int Endpoint::cma_read_staged(pid_t pid, const iovec *local, const hmem::MemRef *mem, size_t nlocal,
-                              const iovec *remote, size_t nremote, size_t n) {
-    constexpr size_t kChunk = 1 << 20;
-    std::vector<uint8_t> bounce(std::min(n, kChunk));
-    for (size_t off = 0; off < n;) {
-        size_t k = std::min(kChunk, n - off);
-        iovec from[wire::kLocalMaxIov * 4];
-        size_t nfrom = iov_slice(remote, nremote, off, k, from, std::size(from));
-        iovec to{bounce.data(), k};
-        ssize_t got = cma_read(pid, &to, 1, from, nfrom);
-        if (got < 0 || size_t(got) != k) return got == -ESRCH ? FI_ECONNRESET : FI_EIO;
-        if (hmem::scatter(local, mem, nlocal, off, bounce.data(), k) != ssize_t(k)) return FI_EIO;
-        off += k;
     }
     return 0;
 }

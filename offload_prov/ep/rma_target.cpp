@@ -24,7 +24,7 @@ int Endpoint::resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access, 
 namespace {
 
 // What a case of handle_rma returns when the operation does not finish there: a write split
-// with the initiator (split_read finishes it), a read answered in ReadData cells, or one whose
+// with the initiator (its WriteDone finishes it), a read answered in ReadData cells, or one whose
 // initiator is gone. (Other returns are a status: 0 or a positive fabric errno.)
 constexpr int kNotFinished = -1;
 
@@ -126,7 +126,9 @@ bool Endpoint::drop_failed_fragment(const LocalHeader &hdr, std::string_view sen
 }
 
 // A Write cell: its data in the cell, or read from the initiator's buffers (into device memory
-// staged through the host, into host memory with CMA, by both sides when it is large).
+// staged through the host, into host memory with CMA, by both sides when it is large: what
+// the initiator sends meanwhile waits behind the write, the channel's SenderHold kept by the
+// inbox's reader, until the split is finished at its WriteDone).
 int Endpoint::rma_write(const LocalHeader &hdr, std::string_view sender, const uint8_t *body,
                         const RmaRegion &region) {
     const size_t len = hdr.total;
@@ -134,40 +136,14 @@ int Endpoint::rma_write(const LocalHeader &hdr, std::string_view sender, const u
     iovec remote[wire::kLocalMaxIov];
     remote_iovs(body, hdr.iov_count, remote);
     if (region.device)
-        return cma_read_staged(hdr.pid, region.pieces, region.mem, region.count, remote,
-                               hdr.iov_count, len);
-    if (split_rma_write(hdr, sender, region, remote)) return kNotFinished;
-    ssize_t got = cma_read(hdr.pid, region.pieces, region.count, remote, hdr.iov_count);
-    return got < 0 || size_t(got) != len ? FI_EIO : 0;
-}
-
-// A large write is copied by both sides at once, as a large message is (see deliver): the
-// initiator writes the second half while we read the first. False, with nothing read, when
-// the initiator cannot take its part (too small a write, no CMA to it, no Cts sent).
-bool Endpoint::split_rma_write(const LocalHeader &hdr, std::string_view sender,
-                               const RmaRegion &region, const iovec *remote) {
-    const size_t len = hdr.total;
-    size_t half = (len / 2) & ~size_t(4095);
-    PeerLink *link = len >= wire::kLocalSplitMin ? link_to(sender) : nullptr;
-    uint64_t claim = wire::kLocalNoClaim;
-    if (!link || !link->cma ||
-        !send_cts(*link, hdr.msg_id, region.pieces, region.count, half, len, &claim))
-        return false;
-    iovec local[kMaxRmaPieces], first[wire::kLocalMaxIov];
-    size_t nlocal = iov_slice(region.pieces, region.count, 0, half, local, std::size(local));
-    size_t nfirst = iov_slice(remote, hdr.iov_count, 0, half, first, std::size(first));
-    ssize_t got = cma_read(hdr.pid, local, nlocal, first, nfirst);
-    Split split{nullptr,          hdr, len,          half, {}, hdr.iov_count, 0,
-                FI_ADDR_NOTAVAIL, {},  region.count, claim};
-    std::copy(remote, remote + hdr.iov_count, split.remote);
-    std::copy(region.pieces, region.pieces + region.count, split.target);
-    if (got < 0 || size_t(got) != half) split.err = got == -ESRCH ? FI_ECONNRESET : FI_EIO;
-    // What the initiator sends meanwhile waits behind the write (the channel's SenderHold,
-    // kept by the inbox's reader), until the split is finished: now, or at the initiator's
-    // WriteDone.
+        return shm::SingleCopy::read_through_host(hdr.pid, region.pieces, region.mem, region.count,
+                                                  remote, hdr.iov_count, len);
+    shm::SingleCopy copy(hdr.pid, region.pieces, region.count, remote, hdr.iov_count, len);
+    if (copy.start(*channel_, link_to(sender), hdr.msg_id)) return copy.status();
     channel_->holds().hold(sender);
-    split_read(split, sender);
-    return true;
+    splits_.emplace(std::make_pair(std::string(sender), hdr.msg_id),
+                    Split{nullptr, hdr, FI_ADDR_NOTAVAIL, copy});
+    return kNotFinished;
 }
 
 // A Read cell: the region written into the initiator's buffers with CMA or, where CMA cannot

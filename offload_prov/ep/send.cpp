@@ -260,7 +260,8 @@ void Endpoint::send_rts(PeerLink &link, LocalHeader hdr, Pending p) {
     for (const iovec &v : p.iov)
         if (v.iov_len) body[n++] = {reinterpret_cast<uint64_t>(v.iov_base), v.iov_len};
     hdr.iov_count = static_cast<uint8_t>(n);
-    hdr.flags &= ~uint8_t(wire::kLocalAckReq);  // Fin comes anyway, after delivery
+    hdr.size = static_cast<uint32_t>(n * sizeof(LocalIov));  // (the list is the cell's body)
+    hdr.flags &= ~uint8_t(wire::kLocalAckReq);               // Fin comes anyway, after delivery
     pending_[hdr.msg_id] = std::move(p);
     link.out.push(*sender_, hdr, body, n * sizeof(LocalIov));
 }

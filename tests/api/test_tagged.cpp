@@ -431,6 +431,27 @@ TEST_F(TaggedTest, DeliveryCompleteSendOfADiscardedMessageCompletes) {
     EXPECT_TRUE(wait_comp(a(), ctx(10))) << "the send never completed: " << a().log.summary();
 }
 
+// A message read out of its sender's memory (a rendezvous: node-local, 4 MiB is more than the
+// receiver's ring holds, so it is never staged) that the receiver discards unread: the sender
+// is told its buffer is free, and its send completes, successfully (the receiver took it).
+TEST_F(TaggedTest, SendOfADiscardedRendezvousMessageCompletes) {
+    constexpr size_t kLen = 4 << 20;
+    auto s = buf(kLen);
+    ASSERT_FI_OK(tsend(a(), *s, kLen, a().peer[1], 0x93, ctx(10)));
+    ASSERT_TRUE(peek_until_found(0x93, 0, FI_DISCARD, ctx(1)));
+    EXPECT_TRUE(wait_comp(a(), ctx(10))) << "the send never completed: " << a().log.summary();
+}
+
+// The same discarded through the claim a peek made.
+TEST_F(TaggedTest, SendOfAClaimedAndDiscardedRendezvousMessageCompletes) {
+    constexpr size_t kLen = 4 << 20;
+    auto s = buf(kLen);
+    ASSERT_FI_OK(tsend(a(), *s, kLen, a().peer[1], 0x94, ctx(10)));
+    ASSERT_TRUE(peek_until_found(0x94, 0, FI_CLAIM, ctx(1)));
+    ASSERT_FI_OK(trecvmsg(b(), nullptr, 0, nullptr, 0x94, 0, ctx(1), FI_CLAIM | FI_DISCARD));
+    EXPECT_TRUE(wait_comp(a(), ctx(10))) << "the send never completed: " << a().log.summary();
+}
+
 TEST_F(TaggedTest, ReceiveDirectedAtAReinsertedPeerMatchesIt) {
     fi_addr_t again = FI_ADDR_NOTAVAIL;
     ASSERT_FI_RET(fi_av_insert(b().av, a().name.data(), 1, &again, 0, nullptr), 1);

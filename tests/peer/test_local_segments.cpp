@@ -405,6 +405,29 @@ class ForgedSender {
         memset(cell + sizeof h + tandem::wire::kLocalNameRoom, fill, size);
         ring_->publish(slot);
     }
+    // An Rts of a `total`-byte message naming one buffer of ours, `length` bytes at `at`.
+    void rts(uint32_t pid, uint64_t msg_id, uint64_t total, const void *at, uint64_t length) {
+        void *slot = ring_->try_reserve(tandem::own_process_token());
+        ASSERT_NE(slot, nullptr);
+        auto *cell = static_cast<uint8_t *>(slot);
+        tandem::wire::LocalHeader h{};
+        h.op = uint8_t(tandem::wire::LocalOp::Rts);
+        h.name_len = uint8_t(name_len_);
+        h.iov_count = 1;
+        h.size = sizeof(tandem::wire::LocalIov);
+        h.pid = int32_t(pid);
+        h.msg_id = msg_id;
+        h.total = total;
+        const tandem::wire::LocalIov iov{reinterpret_cast<uint64_t>(at), length};
+        memcpy(cell, &h, sizeof h);
+        memset(cell + sizeof h, 0, tandem::wire::kLocalNameRoom);
+        memcpy(cell + sizeof h, name_, name_len_);
+        memcpy(cell + sizeof h + tandem::wire::kLocalNameRoom, &iov, sizeof iov);
+        ring_->publish(slot);
+    }
+    // The first cell waiting in the inbox (read, not taken): what the endpoint's owner was
+    // sent while it did not poll. nullptr: none.
+    const uint8_t *peek() { return static_cast<const uint8_t *>(ring_->peek()); }
 
   private:
     tandem::ShmSegment seg_;
@@ -509,6 +532,32 @@ TEST_F(StagedFromLivePeer, ItIsCopiedIntoThePostedReceiveAsItsFragmentsCome) {
     EXPECT_EQ(e.len, 2 * kPart);
     for (uint32_t i = 0; i < 2 * kPart; ++i)
         ASSERT_EQ(got[i], i < kPart ? 0x61 : 0x62) << "byte " << i;
+}
+
+// An Rts whose buffers hold fewer bytes than the message it announces is no message anyone
+// can read: it is refused, its sender told (a Fin with FI_EIO, so that a sender that meant it
+// does not wait for ever), and the receive posted stays for the next message.
+class RtsFromLivePeer : public StagedFromLivePeer {};
+
+TEST_F(RtsFromLivePeer, OneWhoseBuffersDoNotHoldItsMessageIsRefusedAndItsSenderTold) {
+    std::vector<uint8_t> theirs(kPart, 0x33);
+    in->rts(pid, 5, 2 * kPart, theirs.data(), kPart);
+    in->frag(pid, 6, 0, kPart, kPart, 0x44);  // then a whole staged message
+    fi_cq_tagged_entry e{};
+    fi_cq_err_entry err{};
+    ASSERT_EQ(next_completion(a, &e, &err), 1) << "no completion";
+    EXPECT_EQ(e.op_context, &got);
+    EXPECT_EQ(e.len, kPart) << "the receive did not go to the message after the Rts";
+    EXPECT_EQ(got[0], 0x44);
+    ForgedSender at_b(b);  // (b does not poll: the answer waits in its inbox)
+    ASSERT_TRUE(at_b.ready());
+    const uint8_t *cell = at_b.peek();
+    ASSERT_NE(cell, nullptr) << "the Rts's sender was not answered";
+    tandem::wire::LocalHeader fin;
+    memcpy(&fin, cell, sizeof fin);
+    EXPECT_EQ(fin.op, uint8_t(tandem::wire::LocalOp::Fin));
+    EXPECT_EQ(fin.msg_id, 5u);
+    EXPECT_EQ(fin.status, FI_EIO) << fi_strerror(fin.status);
 }
 
 // A sender that cannot copy the rest of its staged message (its device copy failed) ends it
