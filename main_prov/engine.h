@@ -752,8 +752,15 @@ class Engine : public CmSource, public RemoteKeyResolver {
     void drive_twin() {
         fi_cq_read(twin_cq_, nullptr, 0);
         if (!staged_.empty() || !local_splits_.empty()) [[unlikely]]
-            forget_dead_senders();
+            wait_on_senders();
     }
+    // What the liveness check found dead ends (forget_dead_senders), and while a split copy's
+    // sender writes its part with nothing in our inbox, every kYieldEvery such passes give the
+    // core away: the sender may be waiting for it (more processes than cores), as the twin
+    // does for what waits on its peers.
+    [[gnu::noinline]] void wait_on_senders();
+    static constexpr unsigned kYieldEvery = 4;
+    unsigned split_waits_ = 0;
     // Whether a device receive refuses len bytes of a node-local message (deliver_eager).
     bool local_refuses_device(size_t len);
     // FI_PEER_TRANSFER: the twin's receives (its traffic never meets the application's).

@@ -11,6 +11,8 @@
 #include "main_prov/local_path.h"
 #include "main_prov/shm/channel.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -104,6 +106,12 @@ void Engine::finish_local_rts(RxOp *rx, const wire::ProtoHeader &hdr, std::strin
     const size_t olen = hdr.size - n;
     if (!err && olen) err = FI_ETRUNC;
     rx_complete(rx, n, hdr.tag, hdr.cq_data, hdr.flags, src, err, olen);
+}
+
+void Engine::wait_on_senders() {
+    forget_dead_senders();
+    if (!local_splits_.empty() && !inbox_ring_->peek() && ++split_waits_ % kYieldEvery == 0)
+        sched_yield();
 }
 
 bool Engine::receive_write_done(const uint8_t *cell) {
