@@ -149,6 +149,12 @@ ssize_t Engine::inject_local(const SendRequest &r, Peer *peer, bool device) {
 // operation towards it does) or it has no room now (-FI_EAGAIN).
 ssize_t Engine::lane_refused(const SendRequest &r, Peer *peer) {
     if (!(peer->lane->out.blocked & shm::Outbox::kDead)) return -FI_EAGAIN;
+    // A new process may have the dead one's address now (a server restarted on its port): the
+    // channel then finds its inbox, which is this peer's lane from now on (try again).
+    if (shm::PeerInbox *now = local_->channel()->peer_at(r.dest); now && !now->dead) {
+        peer->lane = now;
+        return -FI_EAGAIN;
+    }
     TxOp *op = new_send_op(r, peer);
     ++tx_outstanding_;
     fail_tx(op, FI_ECONNRESET);

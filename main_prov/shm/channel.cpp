@@ -32,7 +32,7 @@ PeerInbox *Channel::find_peer_at(fi_addr_t addr) {
         peers_version_ = version;
     }
     PeerInbox *peer = nullptr;
-    if (auto it = peer_by_addr_.find(addr); it != peer_by_addr_.end()) {
+    if (auto it = peer_by_addr_.find(addr); it != peer_by_addr_.end() && !it->second->dead) {
         peer = it->second;
     } else {
         uint8_t name[128];
@@ -51,20 +51,48 @@ PeerInbox *Channel::find_peer_at(fi_addr_t addr) {
 
 PeerInbox *Channel::peer_of(const std::string &key, std::string_view addr) {
     if (!segment_) return nullptr;
-    if (auto it = peers_.find(key); it != peers_.end()) return it->second.get();
+    auto it = peers_.find(key);
+    if (it != peers_.end() && (!it->second->dead || !reopen_due(*it->second)))
+        return it->second.get();
     // (None: no endpoint of this address on this node, not ours, not one that lives, or not a
     // peer of ours: open_peer.)
     std::optional<PeerInbox> opened = open_peer(key, addr, policy_);
-    if (!opened) return nullptr;
+    if (!opened) return it == peers_.end() ? nullptr : it->second.get();
     auto peer = std::make_unique<PeerInbox>(std::move(*opened));
     PeerInbox *raw = peer.get();
-    peers_.emplace(key, std::move(peer));
+    if (it == peers_.end()) {
+        peers_.emplace(key, std::move(peer));
+        return raw;
+    }
+    // A new process at a dead peer's address: the key is its peer's now.
+    TANDEM_INFO(FI_LOG_EP_CTRL, "node-local peer %s: a new process (pid %d) after pid %d\n",
+                key.c_str(), raw->pid, it->second->pid);
+    buried_.push_back(std::move(it->second));
+    it->second = std::move(peer);
+    forget_lookups();
     return raw;
 }
 
+bool Channel::reopen_due(PeerInbox &dead) {
+    const int64_t now = coarse_now_ms();
+    if (now < dead.reopen_at_ms) return false;
+    dead.reopen_at_ms = now + kReopenEveryMs;
+    return true;
+}
+
+// The lookups kept by address and by sender name: one may lead to a peer that a new one
+// replaced.
+void Channel::forget_lookups() {
+    peer_by_addr_.clear();
+    last_addr_ = FI_ADDR_NOTAVAIL;
+    last_peer_ = nullptr;
+    last_sender_.clear();
+    last_sender_peer_ = nullptr;
+}
+
 PeerInbox *Channel::sender_peer(std::string_view sender) {
-    if (last_sender_peer_ && sender == last_sender_)
-        return last_sender_peer_->dead ? nullptr : last_sender_peer_;
+    if (last_sender_peer_ && sender == last_sender_ && !last_sender_peer_->dead)
+        return last_sender_peer_;
     auto key = local_key(sender.data(), sender.size());
     PeerInbox *peer = key ? peer_of(*key, sender) : nullptr;
     if (peer) {

@@ -99,11 +99,14 @@ class Channel {
     // until the AV changes (an address removed and another inserted may reuse it); nullptr
     // when it is not a node-local peer (see open_peer) or we have no inbox. May be dead.
     PeerInbox *peer_at(fi_addr_t addr) {
-        if (addr == last_addr_ && last_peer_ && book_version() == peers_version_) return last_peer_;
+        if (addr == last_addr_ && last_peer_ && !last_peer_->dead &&
+            book_version() == peers_version_)
+            return last_peer_;
         return find_peer_at(addr);
     }
     // The peer the key names (addr: the address bytes it was made from), opened on first use.
-    // May be dead.
+    // May be dead: then, every kReopenEveryMs at most, a new process at that address (a
+    // server restarted on its port) is looked for, and takes the key once it has an inbox.
     PeerInbox *peer_of(const std::string &key, std::string_view addr);
     // The peer that sent a cell (named by its address bytes), if it lives.
     PeerInbox *sender_peer(std::string_view sender);
@@ -173,6 +176,9 @@ class Channel {
         return version_word_ ? version_word_->load(std::memory_order_acquire) : ++uncached_;
     }
     PeerInbox *find_peer_at(fi_addr_t addr);
+    static constexpr int64_t kReopenEveryMs = 100;
+    bool reopen_due(PeerInbox &dead);
+    void forget_lookups();
     fi_addr_t find_source(std::string_view sender);
     void skip_dead_claims();
     void mark_dead(PeerInbox &peer);
@@ -197,6 +203,9 @@ class Channel {
 
     // Peers, by key (they live as long as the channel), and the caches of the lookups.
     std::unordered_map<std::string, std::unique_ptr<PeerInbox>> peers_;
+    // Dead peers whose key a new process took: kept, as peers_ keeps the dead, for what still
+    // holds them (operations that waited on them).
+    std::vector<std::unique_ptr<PeerInbox>> buried_;
     std::vector<Death> deaths_;
     std::unordered_map<fi_addr_t, PeerInbox *> peer_by_addr_;
     fi_addr_t last_addr_ = FI_ADDR_NOTAVAIL;

@@ -29,6 +29,8 @@ struct PeerInbox {
     bool same_pid_ns = false;
     bool cma = false;  // single copy by CMA works with it (the probe read its word)
     bool dead = false;
+    // Dead: when the channel next looks for a new process at its address (Channel::peer_of).
+    int64_t reopen_at_ms = 0;
     // Whether its process is gone, and then whether the cells it published before it died
     // (a Fin, a WriteDone) are read.
     DeathVerdict verdict{};

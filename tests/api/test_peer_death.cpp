@@ -8,8 +8,11 @@
 #include "fabric_fixture.h"
 #include "tests/common/scoped_env.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -99,7 +102,9 @@ constexpr int kBurst = 100;
     FabricOptions o;
     InfoPtr hints = hints_for(o);
     InfoPtr info;
-    int ret = getinfo_own("127.0.0.1", nullptr, FI_SOURCE, hints.get(), &info);
+    // (PEER_CHILD_SERVICE: the port to take, as a server restarted on its port does.)
+    int ret =
+        getinfo_own("127.0.0.1", std::getenv("PEER_CHILD_SERVICE"), FI_SOURCE, hints.get(), &info);
     if (ret) die("fi_getinfo", ret);
     fid_fabric *fabric;
     fid_domain *domain;
@@ -447,6 +452,57 @@ TEST_F(PeerDeathTest, SendToKilledPeerFails) {
         EXPECT_FALSE(a().log.has(ctx(i))) << "a send to a dead peer completed successfully";
     }
     ASSERT_NO_FATAL_FAILURE(check_survivor_works(711));
+}
+
+// A node-local peer dies and a new process takes its address (a server restarted on its
+// port). The survivor, which found the first one dead, reaches the new one both ways: a
+// message it reads out of the new process's memory (an Rts of 32 MiB: its sender is checked
+// against the process the address leads to now), and a send the new process answers
+// (FI_DELIVERY_COMPLETE).
+TEST_F(PeerDeathTest, ANewProcessAtADeadPeersAddressIsReachedAgain) {
+    if (over_link()) GTEST_SKIP() << "node-local peers (a link connects to whoever listens)";
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(s, 0);
+    sockaddr_in sin{};
+    sin.sin_family = AF_INET;
+    sin.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t slen = sizeof sin;
+    ASSERT_EQ(bind(s, reinterpret_cast<sockaddr *>(&sin), sizeof sin), 0);
+    ASSERT_EQ(getsockname(s, reinterpret_cast<sockaddr *>(&sin), &slen), 0);
+    close(s);
+    const std::string service = "PEER_CHILD_SERVICE=" + std::to_string(ntohs(sin.sin_port));
+    ASSERT_NO_FATAL_FAILURE(start_child("idle", "", {service}));
+    auto small = buf(64);
+    ASSERT_FI_OK(send_delivery_complete(*small, 64, ctx(0)));
+    ASSERT_TRUE(wait_comp(a(), ctx(0))) << "send to the first child failed: " << a().log.summary();
+    child.kill_and_reap();
+    ASSERT_FI_OK(send_delivery_complete(*small, 64, ctx(1)));
+    auto err = wait_err(a(), ctx(1), 15s);
+    ASSERT_TRUE(err) << "a send to the dead child did not fail: " << a().log.summary();
+    ASSERT_EQ(err->e.err, FI_ECONNRESET) << "got " << fi_strerror(err->e.err);
+
+    const fi_addr_t first = dead;  // (the address, as the AV gave it before the restart)
+    Child again;
+    std::swap(child.pid, again.pid);  // (the first one's pipes close with `again`)
+    std::swap(child.rfd, again.rfd);
+    std::swap(child.wfd, again.wfd);
+    ASSERT_NO_FATAL_FAILURE(start_child("sender", "", {service}));
+    auto r = buf(kChildMsg);
+    ASSERT_FI_OK(post(
+        [&] { return fi_recv(a().ep, r->data(), kChildMsg, r->desc, FI_ADDR_UNSPEC, ctx(2)); }));
+    auto c = wait_comp(a(), ctx(2), 20s);
+    ASSERT_TRUE(c) << "no message from the new process: " << a().log.summary();
+    EXPECT_EQ(c->len, kChildMsg);
+    EXPECT_EQ(check_pattern(r->data(), kChildMsg, kChildSeed), -1);
+    ASSERT_FI_OK(send_delivery_complete(*small, 64, ctx(3)));
+    EXPECT_TRUE(wait_comp(a(), ctx(3), 15s))
+        << "a send to the new process did not complete: " << a().log.summary();
+    // A small message to the address as inserted before the restart (the peer whose ring the
+    // first process's death closed): into the new process's ring.
+    ASSERT_FI_OK(
+        post([&] { return fi_send(a().ep, small->data(), 64, small->desc, first, ctx(4)); }));
+    EXPECT_TRUE(wait_comp(a(), ctx(4), 15s))
+        << "a small send to the restarted address did not complete: " << a().log.summary();
 }
 
 TEST_F(PeerDeathTest, KilledSenderLeavesReceiverUsable) {
