@@ -220,12 +220,7 @@ fi_addr_t Engine::local_source_lookup(std::string_view sender, uint64_t version)
 
 void Engine::answer_local(std::string_view sender, uint64_t msg_id, int status) {
     shm::Channel *channel = local_ ? local_->channel() : nullptr;
-    shm::PeerInbox *to = channel ? channel->sender_peer(sender) : nullptr;
-    if (!to) return;  // the sender is gone: nobody waits for the answer
-    wire::LocalHeader fin = channel->header(wire::LocalOp::Fin, msg_id);
-    fin.status = status;
-    to->out.push(channel->sender(), fin, nullptr, 0);
-    flush_soon(*channel);
+    if (channel && channel->answer(sender, msg_id, status)) flush_soon(*channel);
 }
 
 // A full ring keeps what we pushed in the peer's backlog, which the twin's pass flushes: that

@@ -139,6 +139,15 @@ PeerInbox *Channel::vouch_for_process(wire::LocalHeader &hdr, std::string_view s
     return nullptr;
 }
 
+bool Channel::answer(std::string_view sender, uint64_t msg_id, int status) {
+    PeerInbox *to = sender_peer(sender);
+    if (!to) return false;
+    wire::LocalHeader fin = header(wire::LocalOp::Fin, msg_id);
+    fin.status = status;
+    to->out.push(sender_, fin, nullptr, 0);
+    return true;
+}
+
 wire::LocalHeader Channel::header(wire::LocalOp op, uint64_t msg_id) const {
     wire::LocalHeader hdr{};
     hdr.op = static_cast<uint8_t>(op);

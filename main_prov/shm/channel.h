@@ -94,6 +94,10 @@ class Channel {
     // The long header of a cell we send to a peer (our name's length, our pid), for `op` of
     // operation msg_id: the answers (Fin, Cts, WriteDone) the channel's readers write.
     wire::LocalHeader header(wire::LocalOp op, uint64_t msg_id) const;
+    // A Fin (status: 0 or a positive FI_* code) for the sender's operation msg_id, through the
+    // sender's Outbox (kept in its backlog when the ring is full: flush sends it); false, with
+    // nothing sent, when the sender is gone (nobody waits for the answer).
+    bool answer(std::string_view sender, uint64_t msg_id, int status);
 
     // The peer at a destination of the AV, opened on first use and remembered per fi_addr_t
     // until the AV changes (an address removed and another inserted may reuse it); nullptr

@@ -66,13 +66,7 @@ void Endpoint::arm_liveness_timer() {
 }
 
 void Endpoint::answer(std::string_view sender, uint64_t msg_id, int status) {
-    PeerLink *link = link_to(sender);
-    if (!link) return;  // the sender is gone: nobody waits for the answer
-    LocalHeader hdr = proto_;
-    hdr.op = static_cast<uint8_t>(LocalOp::Fin);
-    hdr.msg_id = msg_id;
-    hdr.status = status;
-    link->out.push(*sender_, hdr, nullptr, 0);
+    channel_->answer(sender, msg_id, status);
 }
 
 }  // namespace tandem::off
