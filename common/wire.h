@@ -264,6 +264,11 @@ enum class LocalOp : uint8_t {
 inline constexpr uint64_t kLocalSplitMin = 256 * 1024;
 inline constexpr uint64_t kLocalNoClaim = ~uint64_t(0);
 
+// An operation id (msg_id) is its sender's own, only echoed by the receiver. One endpoint's
+// two providers send under one name: tandem's ids have this bit, off_tandem's do not, so that
+// the answers (Fin, Cts) reach the operation's owner and no receiver confuses two messages.
+inline constexpr uint64_t kLocalOwnerOp = uint64_t(1) << 63;
+
 enum LocalFlags : uint8_t {
     kLocalTagged = 1u << 0,
     kLocalCqData = 1u << 1,

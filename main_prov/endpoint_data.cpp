@@ -388,9 +388,17 @@ bool Engine::read_held(const uint8_t *cell) {
     return true;
 }
 
+// The operation id of a long-header cell (an answer's: whose operation it ends).
+static uint64_t answer_id(const uint8_t *cell) {
+    uint64_t id;
+    memcpy(&id, cell + offsetof(wire::LocalHeader, msg_id), sizeof id);
+    return id;
+}
+
 // Messages of host memory are ours (Short, Eager, Frag, Rts, and the WriteDone of a split copy
-// of ours); RMA, atomics, device messages (a restaged one's Frags included) and the answers to
-// the twin's operations are the twin's.
+// of ours), and the answers to our operations (Fin, Cts: ids with kLocalOwnerOp); RMA, atomics,
+// device messages (a restaged one's Frags included) and the answers to the twin's operations
+// are the twin's.
 void Engine::dispatch_cell(const uint8_t *cell) {
     using wire::LocalOp;
     switch (static_cast<LocalOp>(cell[0])) {
@@ -409,6 +417,20 @@ void Engine::dispatch_cell(const uint8_t *cell) {
             return;
         case LocalOp::WriteDone:
             if (!local_splits_.empty() && receive_write_done(cell)) return;
+            break;
+        case LocalOp::Fin:
+            if (uint64_t id = answer_id(cell); id & wire::kLocalOwnerOp) {
+                int32_t status;
+                memcpy(&status, cell + offsetof(wire::LocalHeader, status), sizeof status);
+                finish_local_send(id, status);
+                return;
+            }
+            break;
+        case LocalOp::Cts:
+            if (answer_id(cell) & wire::kLocalOwnerOp) {
+                receive_cts(cell);
+                return;
+            }
             break;
         default:
             break;

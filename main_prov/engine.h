@@ -148,7 +148,7 @@ struct TxOp {
 // A new field must be reset above: this fails when the layout changes.
 static_assert(sizeof(TxOp) == 416, "TxOp changed: update TxOp::reset()");
 
-class Engine : public CmSource, public RemoteKeyResolver {
+class Engine : public CmSource, public RemoteKeyResolver, public shm::StreamListener {
   public:
     // self: the adapter's fid_ep, which connection events name and the twin is opened for.
     Engine(Domain *domain, fi_info *info, fid_ep *self);
@@ -398,8 +398,31 @@ class Engine : public CmSource, public RemoteKeyResolver {
     // its lane), through the offload twin, or over the link as an Eager message or an Rts.
     ssize_t inject_local(const SendRequest &r, Peer *peer, bool device);
     ssize_t lane_refused(const SendRequest &r, Peer *peer);
+    bool relane(Peer *peer, fi_addr_t dest);
     TxOp *new_send_op(const SendRequest &r, Peer *peer);
     ssize_t send_through_twin(TxOp *op, SendRequest &r, bool device, const hmem::MemRef *mem);
+    // engine_local_send.cpp: a node-local message of host memory that is no Short cell, as
+    // an Eager cell, an Rts or a Frag stream through the peer's Outbox; what ends it.
+    ssize_t send_local(SendRequest &r, Peer *peer);
+    void send_local_eager(TxOp *op, shm::PeerInbox &to, const wire::LocalHeader &hdr,
+                          const iovec *iov, size_t count);
+    void send_local_rts(TxOp *op, shm::PeerInbox &to, wire::LocalHeader hdr, double rts_ns);
+    void send_local_frag(TxOp *op, shm::PeerInbox &to, wire::LocalHeader hdr, const iovec *iov,
+                         size_t count);
+    void await_local(TxOp *op, shm::PeerInbox &to, int64_t posted_ns, double expected_ns);
+    [[gnu::noinline]] void finish_local_send(uint64_t msg_id, int status);
+    [[gnu::noinline]] void receive_cts(const uint8_t *cell);
+    void stream_ended(const shm::Stream &stream, int status) override;
+    void fail_sends_to_dead();
+    // Our node-local operations waiting for an answer (a Fin), by id (with kLocalOwnerOp): the
+    // peer, and for an Rts when it was posted and what its copy was expected to take.
+    struct LocalSend {
+        TxOp *op = nullptr;
+        shm::PeerInbox *to = nullptr;
+        int64_t posted_ns = 0;
+        double expected_ns = 0;
+    };
+    std::unordered_map<uint64_t, LocalSend> local_sends_;
     ssize_t send_over_link(TxOp *op, const SendRequest &r, bool device, const hmem::MemRef *mem);
     int prepare_eager(TxOp *op, const SendRequest &r, bool device, const hmem::MemRef *mem);
     int prepare_rts(TxOp *op, const SendRequest &r, bool device, const hmem::MemRef *mem,
@@ -751,7 +774,7 @@ class Engine : public CmSource, public RemoteKeyResolver {
     // (the twin's) found dead.
     void drive_twin() {
         fi_cq_read(twin_cq_, nullptr, 0);
-        if (!staged_.empty() || !local_splits_.empty()) [[unlikely]]
+        if (!staged_.empty() || !local_splits_.empty() || !local_sends_.empty()) [[unlikely]]
             wait_on_senders();
     }
     // What the liveness check found dead ends (forget_dead_senders), and while a split copy's

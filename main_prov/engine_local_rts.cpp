@@ -71,8 +71,7 @@ void Engine::start_local_rts(RxOp *rx, const wire::ProtoHeader &hdr, std::string
                              const LocalRts &rts, fi_addr_t src) {
     const size_t n = std::min<size_t>(hdr.size, rx->total);
     iovec theirs[wire::kLocalMaxIov];
-    for (size_t i = 0; i < rts.count; ++i)
-        theirs[i] = {reinterpret_cast<void *>(rts.iov[i].addr), rts.iov[i].length};
+    shm::remote_iovecs(reinterpret_cast<const uint8_t *>(rts.iov), rts.count, theirs);
     shm::Channel *channel = local_ ? local_->channel() : nullptr;
     stop_at("local.before_cma_read");
     int err = 0;

@@ -168,6 +168,7 @@ void Engine::forget_dead_senders() {
             finish_local_rts(split.rx, split.hdr, sender, split.src, split.copy.length(),
                              split.copy.status());
         }
+        if (!local_sends_.empty()) fail_sends_to_dead();
     }
 }
 

@@ -1,5 +1,6 @@
-// Transmit side of the endpoint: a send's post and issue (into a node-local ring, through the
-// offload twin, or over a link as an Eager message or an Rts), and what every transmit shares
+// Transmit side of the endpoint: a send's post and issue (a Short cell into a node-local ring,
+// a larger node-local message of host memory by engine_local_send.cpp, device memory through
+// the offload twin, or over a link as an Eager message or an Rts), and what every transmit shares
 // once issued (RMA and atomics too): the order behind a peer's atomics, the start on a
 // connection, the link's work requests, completion and failure, the operations' free list.
 #include "common/iov.h"
@@ -109,8 +110,11 @@ ssize_t Engine::issue_send(SendRequest &r) {
     Peer *peer = peer_for(r.dest);
     bool peer_transfer = r.flags & FI_PEER_TRANSFER;
     if (peer_transfer && !local_) return -FI_EINVAL;  // only our offload twin posts these
-    if (!peer_transfer)
+    if (!peer_transfer) {
         if (ssize_t ret = inject_local(r, peer, device); ret != kNotTaken) return ret;
+        // (Device memory: the twin's P2P policy and IPC handles decide how it goes.)
+        if (!device && goes_local(peer, r.dest)) return send_local(r, peer);
+    }
     TxOp *op = new_send_op(r, peer);
     // The twin's traffic crosses the link (node-local twins talk over their own rings).
     if (!peer_transfer && goes_local(peer, r.dest)) return send_through_twin(op, r, device, mem);
@@ -149,16 +153,20 @@ ssize_t Engine::inject_local(const SendRequest &r, Peer *peer, bool device) {
 // operation towards it does) or it has no room now (-FI_EAGAIN).
 ssize_t Engine::lane_refused(const SendRequest &r, Peer *peer) {
     if (!(peer->lane->out.blocked & shm::Outbox::kDead)) return -FI_EAGAIN;
-    // A new process may have the dead one's address now (a server restarted on its port): the
-    // channel then finds its inbox, which is this peer's lane from now on (try again).
-    if (shm::PeerInbox *now = local_->channel()->peer_at(r.dest); now && !now->dead) {
-        peer->lane = now;
-        return -FI_EAGAIN;
-    }
+    if (relane(peer, r.dest)) return -FI_EAGAIN;  // (try again: into the new peer's ring)
     TxOp *op = new_send_op(r, peer);
     ++tx_outstanding_;
     fail_tx(op, FI_ECONNRESET);
     return 0;
+}
+
+// A new process may have a dead peer's address now (a server restarted on its port): the
+// channel then finds its inbox, which is this peer's lane from now on (true).
+bool Engine::relane(Peer *peer, fi_addr_t dest) {
+    shm::PeerInbox *now = local_->channel()->peer_at(dest);
+    if (!now || now->dead) return false;
+    peer->lane = now;
+    return true;
 }
 
 // The operation of a send that is not complete when issued, as it is reported.
@@ -180,8 +188,8 @@ TxOp *Engine::new_send_op(const SendRequest &r, Peer *peer) {
     return op;
 }
 
-// A send to a node-local peer, posted to the offload twin: it copies (or has the receiver
-// read) the payload itself, except that an inject's buffer is the application's again when
+// A send of device memory to a node-local peer, posted to the offload twin: it copies (or has the
+// receiver read) the payload itself, except that an inject's buffer is the application's again when
 // we return: hand the twin our copy of it.
 ssize_t Engine::send_through_twin(TxOp *op, SendRequest &r, bool device, const hmem::MemRef *mem) {
     const iovec *twin_iov = r.payload.iov;

@@ -63,7 +63,9 @@ class LocalPath final : public peer::CqOwner {
     ~LocalPath();
 
     // Post an operation; its completion arrives through peer_write / peer_writeerr with the
-    // op as context. A negative errno when the twin refused it (nothing will complete).
+    // op as context. A negative errno when the twin refused it (nothing will complete). A send
+    // here is of device memory (the twin's P2P policy and IPC handles): tandem sends host
+    // memory itself (Engine::send_local).
     int send(TxOp *op, const iovec *iov, void **desc, size_t count, fi_addr_t dest, uint64_t flags,
              uint64_t tag, uint64_t data, bool tagged);
     // The largest message a lane's Short cell takes.

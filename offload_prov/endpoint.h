@@ -232,7 +232,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // result, a restaged copy): its liveness is then checked (progress_all), and a sleeper
     // wakes for the checks (arm_liveness_timer).
     bool waiting_on_peers() const {
-        return atomics_pending_ || !pending_.empty() || !splits_.empty() || !restaging_.empty();
+        return atomics_pending_ || !pending_.empty() || !splits_.empty() || !restaging_.empty() ||
+               (channel_ && channel_->owner_waits);
     }
     void bury(PeerLink &link);
 
@@ -250,14 +251,6 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     wire::LocalHeader message_header(size_t len, uint64_t tag, uint64_t data, uint64_t flags,
                                      bool tagged);
     void send_rts(PeerLink &link, wire::LocalHeader hdr, Pending p);
-    // Whether a host message of len bytes (more than a cell) to a peer we may read with CMA
-    // goes through the rings rather than by single copy (see the definition).
-    bool stages_better(PeerLink &link, size_t len, double *rts_ns);
-    // Whether the peer has polled within the last kPeerPollMs, as far as its heartbeat (of
-    // the coarse clock, a tick or so behind) tells.
-    bool peer_polls(PeerLink &link);
-    static constexpr uint32_t kPeerPollMs = 6;
-    static int64_t now_ns();
     bool post_ipc(PeerLink &link, wire::LocalHeader hdr, const iovec *iov, const hmem::MemRef *mem,
                   size_t count, Pending p, wire::LocalOp op = wire::LocalOp::IpcRts);
     // A staged send's end: at the receiver's Fin (FI_DELIVERY_COMPLETE), else when sent.

@@ -91,6 +91,10 @@ class Channel {
         if (heartbeat_) __atomic_store_n(heartbeat_, uint32_t(now), __ATOMIC_RELAXED);
     }
     Sender &sender() const { return sender_; }
+    // Set by tandem while operations of its own wait on a peer's answer (a Fin): the twin's
+    // liveness check then runs as for its own waits (every pass, and a timer while asleep),
+    // so that a peer's death ends them.
+    bool owner_waits = false;
     // The long header of a cell we send to a peer (our name's length, our pid), for `op` of
     // operation msg_id: the answers (Fin, Cts, WriteDone) the channel's readers write.
     wire::LocalHeader header(wire::LocalOp op, uint64_t msg_id) const;

@@ -15,7 +15,9 @@ using wire::LocalHeader;
 using wire::LocalOp;
 
 void Sender::stream_ended(const Stream &stream, int status) {
-    if (streams)
+    if (stream.end.to)
+        stream.end.to->stream_ended(stream, status);
+    else if (streams)
         streams->stream_ended(stream, status);
     else
         TANDEM_WARN(FI_LOG_EP_DATA, "a stream (operation %llu) ended with nobody to tell\n",

@@ -28,6 +28,8 @@
 
 namespace tandem::shm {
 
+class StreamListener;
+
 // What happens when the last cell of a Stream is in the ring (status 0), when a device copy
 // failed (FI_EIO: an empty last cell with that status ended the payload instead), or when the
 // peer died first (FI_ECONNRESET). The Outbox hands it back to its Sender untouched.
@@ -41,6 +43,9 @@ struct StreamEnd {
     void *context = nullptr;  // CompleteTx
     uint64_t flags = 0;       // CompleteTx
     uint64_t rma_key = 0;     // ReadAccess
+    // Who is told (the provider whose operation the stream carries); nullptr: the Sender's
+    // listener.
+    StreamListener *to = nullptr;
 };
 
 // A payload in as many cells as it takes.
@@ -63,9 +68,9 @@ class StreamListener {
 
 // Who writes, the same for every Outbox of one endpoint: our claimant id in peers' rings and
 // our name as every cell carries it; how many of our Outboxes hold a backlog (so that
-// progress flushes only when one does); and who hears of a stream's end. The channel that
-// tandem builds holds one; the twin, which pushes every stream today, names itself its
-// listener (a stream of tandem's will carry whom to tell, step 3b's producer side).
+// progress flushes only when one does); and who hears of a stream's end that names nobody
+// (StreamEnd::to). The channel that tandem builds holds one; the twin names itself its
+// listener, and tandem's streams name tandem.
 class Sender {
   public:
     uint32_t producer = 0;                  // own_process_token()

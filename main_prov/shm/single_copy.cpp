@@ -8,6 +8,7 @@
 #include <rdma/fi_errno.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cerrno>
 #include <iterator>
 #include <vector>
@@ -22,6 +23,40 @@ int read_error(ssize_t got) {
 }
 
 }  // namespace
+
+void remote_iovecs(const uint8_t *body, size_t n, iovec *out) {
+    for (size_t i = 0; i < n; ++i) {
+        wire::LocalIov v;
+        memcpy(&v, body + i * sizeof v, sizeof v);
+        out[i] = {reinterpret_cast<void *>(v.addr), v.length};
+    }
+}
+
+void SingleCopy::write_part(Channel &channel, const wire::LocalHeader &cts, std::string_view reader,
+                            const uint8_t *body, const iovec *src, size_t nsrc) {
+    stop_at("local.cts_arrived");
+    PeerInbox *peer = channel.sender_peer(reader);
+    if (cts.rma_key != wire::kLocalNoClaim &&
+        !(peer && SplitClaims::take_for_sender(peer->split_claims, cts.rma_key)))
+        return;
+    stop_at("local.cts_claimed");
+    int status = FI_EIO;
+    if (src) {
+        iovec part[wire::kLocalMaxIov];
+        const size_t npart = iov_slice(src, nsrc, cts.offset, cts.total, part, wire::kLocalMaxIov);
+        iovec to[wire::kLocalMaxIov];
+        const size_t nto = std::min<size_t>(cts.iov_count, wire::kLocalMaxIov);
+        remote_iovecs(body, nto, to);
+        const ssize_t put = iov_length(part, npart) == cts.total
+                                ? cma_write(cts.pid, part, npart, to, nto)
+                                : -EINVAL;
+        status = (put >= 0 && uint64_t(put) == cts.total) ? 0 : FI_EIO;
+    }
+    if (!peer) return;
+    wire::LocalHeader done = channel.header(wire::LocalOp::WriteDone, cts.msg_id);
+    done.status = status;
+    peer->out.push(channel.sender(), done, nullptr, 0);
+}
 
 SingleCopy::SingleCopy(pid_t pid, const iovec *local, size_t nlocal, const iovec *remote,
                        size_t nremote, size_t n)

@@ -18,11 +18,16 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 namespace tandem::shm {
 
 class Channel;
 struct PeerInbox;
+
+// The buffers of another process a cell's body lists (n wire::LocalIov, maybe unaligned), as
+// iovecs for cross-memory attach.
+void remote_iovecs(const uint8_t *body, size_t n, iovec *out);
 
 class SingleCopy {
   public:
@@ -60,6 +65,15 @@ class SingleCopy {
     // FI_* code (FI_ECONNRESET: the process is gone).
     static int read_through_host(pid_t pid, const iovec *local, const hmem::MemRef *mem,
                                  size_t nlocal, const iovec *remote, size_t nremote, size_t n);
+
+    // The sending side of a split: the reader's Cts `cts` (its pid vouched for; body: the
+    // reader's buffers from cts.offset, wire::LocalIov) asks for bytes [cts.offset, +cts.total)
+    // of our message, whose buffers are `src` (nullptr: no operation of ours has that id any
+    // more). Once the claim is ours we write them and answer WriteDone (0, or FI_EIO: the
+    // reader then reads that part itself). A claim the reader took back already (it read the
+    // part) is not answered: nobody waits for it.
+    static void write_part(Channel &channel, const wire::LocalHeader &cts, std::string_view reader,
+                           const uint8_t *body, const iovec *src, size_t nsrc);
 
   private:
     bool send_cts(Channel &channel, PeerInbox &sender, uint64_t msg_id);

@@ -106,7 +106,7 @@ void Endpoint::progress_all(bool counted, bool check_due) {
     // send into the dead peer's ring and completed it.)
     const bool waiting = waiting_on_peers();
     if (check_due || (atomics_pending_ && passes_ % 32 == 0) || !pending_.empty() ||
-        !splits_.empty() || !restaging_.empty()) {
+        !splits_.empty() || !restaging_.empty() || channel_->owner_waits) {
         int64_t now = coarse_now_ms();
         if (now >= next_check_ms_)
             // (Again at the next tick while a dead peer's verdict waits for our inbox.)

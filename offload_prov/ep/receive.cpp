@@ -113,8 +113,7 @@ void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::str
         iov_scatter(entry->iov, entry->count, 0, data, n);
     } else if (n) {
         iovec remote[wire::kLocalMaxIov];
-        for (size_t i = 0; i < hdr.iov_count; ++i)
-            remote[i] = {reinterpret_cast<void *>(rts_iov[i].addr), rts_iov[i].length};
+        shm::remote_iovecs(reinterpret_cast<const uint8_t *>(rts_iov), hdr.iov_count, remote);
         if (device) {
             // Cross-memory attach cannot reach device memory: through a host bounce buffer.
             err = shm::SingleCopy::read_through_host(hdr.pid, entry->iov, mem, count, remote,

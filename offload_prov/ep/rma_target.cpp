@@ -12,7 +12,6 @@
 namespace tandem::off {
 
 using wire::LocalHeader;
-using wire::LocalIov;
 using wire::LocalOp;
 
 int Endpoint::resolve(uint64_t key, uint64_t addr, size_t len, uint64_t access, iovec *iov,
@@ -27,13 +26,6 @@ namespace {
 // with the initiator (its WriteDone finishes it), a read answered in ReadData cells, or one whose
 // initiator is gone. (Other returns are a status: 0 or a positive fabric errno.)
 constexpr int kNotFinished = -1;
-
-// The initiator's buffers a Write or Read cell names (for CMA).
-void remote_iovs(const uint8_t *body, size_t count, iovec *remote) {
-    auto *remote_iov = reinterpret_cast<const LocalIov *>(body);
-    for (size_t i = 0; i < count; ++i)
-        remote[i] = {reinterpret_cast<void *>(remote_iov[i].addr), remote_iov[i].length};
-}
 
 }  // namespace
 
@@ -134,7 +126,7 @@ int Endpoint::rma_write(const LocalHeader &hdr, std::string_view sender, const u
     const size_t len = hdr.total;
     if (hdr.iov_count == 0) return region.place(0, body, std::min<size_t>(hdr.size, len));
     iovec remote[wire::kLocalMaxIov];
-    remote_iovs(body, hdr.iov_count, remote);
+    shm::remote_iovecs(body, hdr.iov_count, remote);
     if (region.device)
         return shm::SingleCopy::read_through_host(hdr.pid, region.pieces, region.mem, region.count,
                                                   remote, hdr.iov_count, len);
@@ -152,7 +144,7 @@ int Endpoint::rma_read(const LocalHeader &hdr, std::string_view sender, const ui
                        const RmaRegion &region) {
     const size_t len = hdr.total;
     iovec remote[wire::kLocalMaxIov];
-    remote_iovs(body, hdr.iov_count, remote);
+    shm::remote_iovecs(body, hdr.iov_count, remote);
     ssize_t put = -EPERM;
     if (hdr.iov_count && !region.device)
         put = cma_write(hdr.pid, region.pieces, region.count, remote, hdr.iov_count);

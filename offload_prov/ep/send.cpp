@@ -7,11 +7,9 @@
 #include "common/iov.h"
 #include "common/test_hook.h"
 #include "offload_prov/config.h"
-#include "main_prov/shm/copy_costs.h"
+#include "main_prov/shm/send_choice.h"
 
-#include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstring>
 
 namespace tandem::off {
@@ -104,14 +102,14 @@ void Endpoint::send_host(const LocalRequest &r, PeerLink &link, LocalHeader &hdr
         return;
     }
     double rts_ns = 0;
-    if (link.cma && !stages_better(link, len, &rts_ns)) {
+    if (link.cma && !shm::stages_better(link, len, &rts_ns)) {
         send_rts(link, hdr,
                  Pending{.context = r.context,
                          .flags = cq_flags,
                          .len = len,
                          .link = &link,
                          .iov = {iov, iov + count},
-                         .posted_ns = now_ns(),
+                         .posted_ns = shm::now_ns(),
                          .expected_ns = rts_ns});
         return;
     }
@@ -212,44 +210,6 @@ LocalHeader Endpoint::message_header(size_t len, uint64_t tag, uint64_t data, ui
     return hdr;
 }
 
-// Staged or single copy, from what copying costs here (CopyCosts, measured) and whether the
-// receiver polls now:
-//  - staged: our memcpy into cells and the receiver's out of them, and each cell's handling
-//    (kCellNs a side); the send completes once the last cell is in the receiver's ring;
-//  - single copy: the receiver's CMA read (from kLocalSplitMin split between both sides, each
-//    copying half); the send completes at the receiver's Fin, so it waits for the receiver
-//    to have a core.
-// A receiver that has not polled lately (no core: more processes than cores) gets the
-// message staged when it fits the room left in its ring, so that the send completes without
-// it; otherwise the cheaper of the two.
-bool Endpoint::stages_better(PeerLink &link, size_t len, double *rts_ns) {
-    const CopyCosts &costs = CopyCosts::get();
-    if (!costs.cma_measured()) return true;
-    constexpr double kCellNs = 100;
-    const size_t cells = (len + wire::kLocalBodyRoom - 1) / wire::kLocalBodyRoom;
-    const double staged = 2 * costs.memcpy_ns(len) + 2 * kCellNs * double(cells);
-    *rts_ns = len >= wire::kLocalSplitMin ? costs.cma_ns(len / 2) : costs.cma_ns(len);
-    const bool fits = link.out.free_cells() >= cells;
-    if (fits && (!peer_polls(link) || staged < *rts_ns + link.rts_lateness_ns)) {
-        // Staged now: what we learnt of the receiver's lateness fades, so that single copy
-        // is tried again once in a while (otherwise the estimate could never come down).
-        link.rts_lateness_ns *= 0.875;
-        return true;
-    }
-    return false;
-}
-
-int64_t Endpoint::now_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
-
-bool Endpoint::peer_polls(PeerLink &link) {
-    uint32_t beat = __atomic_load_n(&link.info->heartbeat, __ATOMIC_RELAXED);
-    return uint32_t(coarse_now_ms()) - beat < kPeerPollMs;
-}
-
 // Single copy: the receiver reads the buffers of p.iov (or p.bounce) with CMA; they stay ours
 // until its Fin.
 void Endpoint::send_rts(PeerLink &link, LocalHeader hdr, Pending p) {
@@ -303,10 +263,7 @@ void Endpoint::finish_pending(uint64_t msg_id, int status) {
     if (it == pending_.end()) return;  // already failed (a dead peer) or a duplicate answer
     Pending p = std::move(it->second);
     pending_.erase(it);
-    if (p.posted_ns && !status && p.link) {
-        double late = std::max(0.0, double(now_ns() - p.posted_ns) - p.expected_ns);
-        p.link->rts_lateness_ns += (late - p.link->rts_lateness_ns) / 4;
-    }
+    if (p.posted_ns && !status && p.link) shm::learn_lateness(*p.link, p.posted_ns, p.expected_ns);
     if (p.ipc && status == FI_EOPNOTSUPP && p2p_.mode() != FI_HMEM_P2P_REQUIRED && !p.link->dead) {
         // The peer could not map our memory: the same message again, staged by our device's
         // copies into cells, for the receive it is holding (Frag); or the same write again

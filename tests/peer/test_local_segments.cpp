@@ -407,17 +407,38 @@ class ForgedSender {
     }
     // An Rts of a `total`-byte message naming one buffer of ours, `length` bytes at `at`.
     void rts(uint32_t pid, uint64_t msg_id, uint64_t total, const void *at, uint64_t length) {
-        void *slot = ring_->try_reserve(tandem::own_process_token());
-        ASSERT_NE(slot, nullptr);
-        auto *cell = static_cast<uint8_t *>(slot);
         tandem::wire::LocalHeader h{};
         h.op = uint8_t(tandem::wire::LocalOp::Rts);
-        h.name_len = uint8_t(name_len_);
-        h.iov_count = 1;
-        h.size = sizeof(tandem::wire::LocalIov);
         h.pid = int32_t(pid);
         h.msg_id = msg_id;
         h.total = total;
+        naming(h, at, length);
+    }
+    // A receiver's Cts for the Rts msg_id: write `total` bytes from `offset` of the message
+    // into our buffer `at` (no claim: nothing to take first).
+    void cts(uint32_t pid, uint64_t msg_id, uint64_t offset, uint64_t total, void *at) {
+        tandem::wire::LocalHeader h{};
+        h.op = uint8_t(tandem::wire::LocalOp::Cts);
+        h.pid = int32_t(pid);
+        h.msg_id = msg_id;
+        h.offset = offset;
+        h.total = total;
+        h.rma_key = tandem::wire::kLocalNoClaim;
+        naming(h, at, total);
+    }
+    // The first cell waiting in the inbox (read, not taken): what the endpoint's owner was
+    // sent while it did not poll. nullptr: none.
+    const uint8_t *peek() { return static_cast<const uint8_t *>(ring_->peek()); }
+
+  private:
+    // A cell under h (in our name) whose body names one buffer of ours, `length` bytes at `at`.
+    void naming(tandem::wire::LocalHeader h, const void *at, uint64_t length) {
+        void *slot = ring_->try_reserve(tandem::own_process_token());
+        ASSERT_NE(slot, nullptr);
+        auto *cell = static_cast<uint8_t *>(slot);
+        h.name_len = uint8_t(name_len_);
+        h.iov_count = 1;
+        h.size = sizeof(tandem::wire::LocalIov);
         const tandem::wire::LocalIov iov{reinterpret_cast<uint64_t>(at), length};
         memcpy(cell, &h, sizeof h);
         memset(cell + sizeof h, 0, tandem::wire::kLocalNameRoom);
@@ -425,11 +446,7 @@ class ForgedSender {
         memcpy(cell + sizeof h + tandem::wire::kLocalNameRoom, &iov, sizeof iov);
         ring_->publish(slot);
     }
-    // The first cell waiting in the inbox (read, not taken): what the endpoint's owner was
-    // sent while it did not poll. nullptr: none.
-    const uint8_t *peek() { return static_cast<const uint8_t *>(ring_->peek()); }
 
-  private:
     tandem::ShmSegment seg_;
     tandem::ShmRing *ring_ = nullptr;
     char name_[64] = {};
@@ -558,6 +575,45 @@ TEST_F(RtsFromLivePeer, OneWhoseBuffersDoNotHoldItsMessageIsRefusedAndItsSenderT
     EXPECT_EQ(fin.op, uint8_t(tandem::wire::LocalOp::Fin));
     EXPECT_EQ(fin.msg_id, 5u);
     EXPECT_EQ(fin.status, FI_EIO) << fi_strerror(fin.status);
+}
+
+// A large node-local message is copied by both sides at once: its receiver reads the first
+// half and asks the sender (a Cts) to write the second into the receive. Here b, the receiver,
+// does not poll; its Cts is forged (in its name, naming a buffer of this process, without a
+// claim) into a's inbox: a writes its part there. The Rts carries an id of tandem's own
+// operations (wire::kLocalOwnerOp), which the Cts echoes.
+TEST(LocalSegments, ASenderWritesItsPartOfASplitCopyWhenItsReceiverAsks) {
+    Rdm a, b;
+    std::string why;
+    ASSERT_TRUE(a.try_open(why)) << why;
+    ASSERT_TRUE(b.try_open(why)) << why;
+    const fi_addr_t to_b = a.insert(b);
+    constexpr size_t kLen = 4u << 20;  // more than b's ring holds: an Rts, never staged
+    std::vector<uint8_t> msg(kLen);
+    for (size_t i = 0; i < kLen; ++i) msg[i] = uint8_t(1 + (i * 7 + i / 4096) % 255);  // never 0
+    ASSERT_EQ(fi_send(a.ep, msg.data(), kLen, nullptr, to_b, &msg), 0);
+    ForgedSender at_b(b);
+    ASSERT_TRUE(at_b.ready());
+    const uint8_t *cell = at_b.peek();
+    ASSERT_NE(cell, nullptr) << "nothing reached b's inbox";
+    tandem::wire::LocalHeader rts;
+    memcpy(&rts, cell, sizeof rts);
+    ASSERT_EQ(rts.op, uint8_t(tandem::wire::LocalOp::Rts));
+    ASSERT_TRUE(rts.msg_id & tandem::wire::kLocalOwnerOp) << "not an id of tandem's";
+
+    std::vector<uint8_t> part(kLen / 2, 0);
+    ForgedSender to_a(a);
+    ASSERT_TRUE(to_a.ready());
+    ASSERT_TRUE(to_a.name_as(b));
+    to_a.cts(uint32_t(getpid()), rts.msg_id, kLen / 2, kLen / 2, part.data());
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    fi_cq_tagged_entry e{};
+    while (part.back() == 0 && std::chrono::steady_clock::now() < deadline)
+        ASSERT_EQ(fi_cq_read(a.cq, &e, 1), -FI_EAGAIN) << "the send completed without a Fin";
+    ASSERT_TRUE(std::equal(part.begin(), part.end(), msg.begin() + kLen / 2))
+        << "the sender did not write its part";
+    b.close();
+    a.close();
 }
 
 // A sender that cannot copy the rest of its staged message (its device copy failed) ends it

@@ -1,0 +1,167 @@
+// tandem's node-local messages of host memory that are no Short cell (engine_send.cpp writes
+// those): the one encoder of tandem's Eager cells, Rts cells and Frag streams, each through the
+// peer's Outbox in the channel, in the order of the peer's other cells. What ends them is
+// decoded here too: the receiver's Fin, the Cts of a split copy (we write our part), the end
+// of a stream (the last cell in the ring), and a peer's death. Our operation ids carry
+// wire::kLocalOwnerOp, so that the answers in our inbox are told from the twin's.
+#include "common/log.h"
+#include "main_prov/engine.h"
+#include "main_prov/local_path.h"
+#include "main_prov/shm/channel.h"
+#include "main_prov/shm/send_choice.h"
+#include "main_prov/shm/single_copy.h"
+
+#include <cstring>
+
+namespace tandem {
+
+// A message of host memory to a node-local peer: an Eager cell when it fits one, else by
+// single copy (an Rts naming our buffers, which the receiver reads) or staged through the ring
+// (Frag), as shm::stages_better judges. It completes once its cells are in the peer's ring
+// (or in our backlog to it: they are copies), except an Rts, which completes at the Fin, and a
+// delivery-complete send, which completes at the Fin the receiver sends once the message is in
+// a receive buffer. Back-pressure as for a Short cell: -FI_EAGAIN while cells wait for room in
+// the peer's ring.
+ssize_t Engine::send_local(SendRequest &r, Peer *peer) {
+    // (A new process at a dead peer's address is its peer from now on: relane.)
+    if ((peer->lane->out.blocked & shm::Outbox::kDead) && !relane(peer, r.dest))
+        return lane_refused(r, peer);
+    shm::PeerInbox &to = *peer->lane;
+    if (!to.out.admits()) return -FI_EAGAIN;
+    TxOp *op = new_send_op(r, peer);
+    const size_t len = r.payload.len;
+    const bool inject = r.flags & FI_INJECT;
+    const bool rts = len > wire::kLocalBodyRoom && to.cma;
+    // The source stays the application's until the send completes, except an inject's
+    // (copied now); an Rts keeps its list for the receiver's Cts.
+    if (inject || rts) take_payload(op, r.payload.iov, nullptr, r.payload.count, len, inject);
+    const iovec *iov = inject || rts ? op->iov.data() : r.payload.iov;
+    const size_t count = inject || rts ? op->iov.size() : r.payload.count;
+    shm::Channel &channel = *local_->channel();
+    wire::LocalHeader hdr = channel.header(wire::LocalOp::Eager, op->id | wire::kLocalOwnerOp);
+    hdr.flags = uint8_t((r.tagged ? wire::kLocalTagged : 0) |
+                        ((r.flags & FI_REMOTE_CQ_DATA) ? wire::kLocalCqData : 0) |
+                        ((r.flags & FI_DELIVERY_COMPLETE) ? wire::kLocalAckReq : 0));
+    hdr.tag = r.tag;
+    hdr.cq_data = r.data;
+    hdr.total = len;
+    ++tx_outstanding_;
+    double rts_ns = 0;
+    if (len <= wire::kLocalBodyRoom) {
+        hdr.size = static_cast<uint32_t>(len);
+        send_local_eager(op, to, hdr, iov, count);
+    } else if (rts && !shm::stages_better(to, len, &rts_ns)) {
+        send_local_rts(op, to, hdr, rts_ns);
+    } else {
+        send_local_frag(op, to, hdr, iov, count);
+    }
+    return 0;
+}
+
+void Engine::send_local_eager(TxOp *op, shm::PeerInbox &to, const wire::LocalHeader &hdr,
+                              const iovec *iov, size_t count) {
+    const bool ack = hdr.flags & wire::kLocalAckReq;
+    if (ack) await_local(op, to, 0, 0);
+    to.out.push_gather(local_->channel()->sender(), hdr, iov, count, 0, hdr.total);
+    if (!ack) finish_tx(op);
+}
+
+// Single copy: the receiver reads op->iov with CMA (half of it written by us after its Cts, from
+// wire::kLocalSplitMin); the buffers are the application's until the Fin.
+void Engine::send_local_rts(TxOp *op, shm::PeerInbox &to, wire::LocalHeader hdr, double rts_ns) {
+    wire::LocalIov body[wire::kLocalMaxIov];
+    size_t n = 0;
+    for (const iovec &v : op->iov)
+        if (v.iov_len) body[n++] = {reinterpret_cast<uint64_t>(v.iov_base), v.iov_len};
+    hdr.op = static_cast<uint8_t>(wire::LocalOp::Rts);
+    hdr.iov_count = static_cast<uint8_t>(n);
+    hdr.size = static_cast<uint32_t>(n * sizeof(wire::LocalIov));  // (the list is the body)
+    hdr.flags &= uint8_t(~wire::kLocalAckReq);  // the Fin comes anyway, once it is read
+    await_local(op, to, shm::now_ns(), rts_ns);
+    to.out.push(local_->channel()->sender(), hdr, body, n * sizeof(wire::LocalIov));
+}
+
+// Staged: as many cells as it takes, cut from the source as the ring makes room; the stream's
+// end (stream_ended) completes the send, or fails it.
+void Engine::send_local_frag(TxOp *op, shm::PeerInbox &to, wire::LocalHeader hdr, const iovec *iov,
+                             size_t count) {
+    const bool ack = hdr.flags & wire::kLocalAckReq;
+    hdr.op = static_cast<uint8_t>(wire::LocalOp::Frag);
+    if (ack) await_local(op, to, 0, 0);
+    shm::StreamEnd end{
+        .kind = ack ? shm::StreamEnd::Kind::FailPending : shm::StreamEnd::Kind::CompleteTx,
+        .context = op,
+        .to = this};
+    shm::Channel &channel = *local_->channel();
+    to.out.push_stream(channel.sender(), hdr, iov, count, hdr.total, nullptr, end);
+    flush_soon(channel);  // (the rest of the stream waits in the backlog)
+}
+
+void Engine::await_local(TxOp *op, shm::PeerInbox &to, int64_t posted_ns, double expected_ns) {
+    local_sends_.emplace(op->id | wire::kLocalOwnerOp, LocalSend{op, &to, posted_ns, expected_ns});
+    local_->channel()->owner_waits = true;  // (the twin's liveness check watches the peer)
+    *twin_quiet_ = false;
+}
+
+// The receiver's Fin (status 0, or its FI_* code) for our operation msg_id.
+void Engine::finish_local_send(uint64_t msg_id, int status) {
+    auto it = local_sends_.find(msg_id);
+    if (it == local_sends_.end()) return;  // ended already (a death, a stream that failed)
+    const LocalSend s = it->second;
+    local_sends_.erase(it);
+    local_->channel()->owner_waits = !local_sends_.empty();
+    if (s.posted_ns && !status) shm::learn_lateness(*s.to, s.posted_ns, s.expected_ns);
+    if (status)
+        fail_tx(s.op, status);
+    else
+        finish_tx(s.op);
+}
+
+// A stream of ours ended: its last cell is in the ring (0), or its peer died (FI_ECONNRESET).
+void Engine::stream_ended(const shm::Stream &stream, int status) {
+    if (stream.end.kind == shm::StreamEnd::Kind::FailPending) {
+        if (status) finish_local_send(stream.hdr.msg_id, status);
+        return;
+    }
+    auto *op = static_cast<TxOp *>(stream.end.context);
+    if (status)
+        fail_tx(op, status);
+    else
+        finish_tx(op);
+}
+
+// A receiver's Cts for an Rts of ours: our part written into its buffers (shm::SingleCopy).
+void Engine::receive_cts(const uint8_t *cell) {
+    wire::LocalHeader lh;
+    memcpy(&lh, cell, sizeof lh);
+    if (lh.name_len > wire::kLocalNameRoom || lh.iov_count > wire::kLocalMaxIov) [[unlikely]] {
+        TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed Cts\n");
+        return;
+    }
+    const std::string_view sender(reinterpret_cast<const char *>(cell + sizeof lh), lh.name_len);
+    shm::Channel &channel = *local_->channel();
+    // (Refused, and its sender told, when its name does not lead to the process it names.)
+    if (!channel.vouch_for_process(lh, sender)) return;
+    auto it = local_sends_.find(lh.msg_id);
+    const TxOp *op = it == local_sends_.end() ? nullptr : it->second.op;
+    const bool source = op && !op->iov.empty();
+    shm::SingleCopy::write_part(channel, lh, sender, cell + sizeof lh + wire::kLocalNameRoom,
+                                source ? op->iov.data() : nullptr, source ? op->iov.size() : 0);
+    flush_soon(channel);
+}
+
+// What waited on a peer found dead fails (its streams ended already, with the peer's backlog).
+void Engine::fail_sends_to_dead() {
+    for (auto it = local_sends_.begin(); it != local_sends_.end();) {
+        if (!it->second.to->dead) {
+            ++it;
+            continue;
+        }
+        TxOp *op = it->second.op;
+        it = local_sends_.erase(it);
+        fail_tx(op, FI_ECONNRESET);
+    }
+    local_->channel()->owner_waits = !local_sends_.empty();
+}
+
+}  // namespace tandem

@@ -1,0 +1,51 @@
+#include "main_prov/shm/send_choice.h"
+
+#include "common/coarse_clock.h"
+#include "main_prov/shm/copy_costs.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace tandem::shm {
+
+bool peer_polls(const PeerInbox &peer) {
+    uint32_t beat = __atomic_load_n(&peer.info->heartbeat, __ATOMIC_RELAXED);
+    return uint32_t(coarse_now_ms()) - beat < kPeerPollMs;
+}
+
+// Staged: our memcpy into cells and the receiver's out of them, and each cell's handling
+// (kCellNs a side); the send completes once the last cell is in the receiver's ring. Single
+// copy: the receiver's CMA read (from kLocalSplitMin split between both sides, each copying
+// half); the send completes at the receiver's Fin, so it waits for the receiver to have a
+// core. A receiver that has not polled lately (no core: more processes than cores) gets the
+// message staged when it fits the room left in its ring, so that the send completes without
+// it; otherwise the cheaper of the two.
+bool stages_better(PeerInbox &peer, size_t len, double *rts_ns) {
+    const CopyCosts &costs = CopyCosts::get();
+    if (!costs.cma_measured()) return true;
+    constexpr double kCellNs = 100;
+    const size_t cells = (len + wire::kLocalBodyRoom - 1) / wire::kLocalBodyRoom;
+    const double staged = 2 * costs.memcpy_ns(len) + 2 * kCellNs * double(cells);
+    *rts_ns = len >= wire::kLocalSplitMin ? costs.cma_ns(len / 2) : costs.cma_ns(len);
+    const bool fits = peer.out.free_cells() >= cells;
+    if (fits && (!peer_polls(peer) || staged < *rts_ns + peer.rts_lateness_ns)) {
+        // Staged now: what we learnt of the receiver's lateness fades, so that single copy
+        // is tried again once in a while (otherwise the estimate could never come down).
+        peer.rts_lateness_ns *= 0.875;
+        return true;
+    }
+    return false;
+}
+
+void learn_lateness(PeerInbox &peer, int64_t posted_ns, double expected_ns) {
+    const double late = std::max(0.0, double(now_ns() - posted_ns) - expected_ns);
+    peer.rts_lateness_ns += (late - peer.rts_lateness_ns) / 4;
+}
+
+int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+}  // namespace tandem::shm
