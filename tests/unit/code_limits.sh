@@ -102,6 +102,16 @@ check_routes() {
         # The one decoder: tandem's receive_short and its slow half, and the twin's for an
         # owner that is not tandem.
         "read_short|common/short_cell.h main_prov/endpoint_data.cpp main_prov/engine_local_rx.cpp offload_prov/ep/progress.cpp offload_prov/ep/progress.cpp"
+        # tandem's larger node-local messages of host memory: one way in (issue_send), one
+        # encoder each for Eager, Rts and Frag (declared, defined, called by send_local), and
+        # their answers decoded in one place each (the Fin by dispatch_cell, and by a failed
+        # stream's end; the Cts by dispatch_cell).
+        "send_local|main_prov/engine.h main_prov/engine_local_send.cpp main_prov/engine_send.cpp"
+        "send_local_eager|main_prov/engine.h main_prov/engine_local_send.cpp main_prov/engine_local_send.cpp"
+        "send_local_rts|main_prov/engine.h main_prov/engine_local_send.cpp main_prov/engine_local_send.cpp"
+        "send_local_frag|main_prov/engine.h main_prov/engine_local_send.cpp main_prov/engine_local_send.cpp"
+        "finish_local_send|main_prov/endpoint_data.cpp main_prov/engine.h main_prov/engine_local_send.cpp main_prov/engine_local_send.cpp"
+        "receive_cts|main_prov/endpoint_data.cpp main_prov/engine.h main_prov/engine_local_send.cpp"
     )
     for row in "${table[@]}"; do
         name=${row%%|*}
@@ -113,12 +123,11 @@ check_routes() {
             bad=1
         fi
     done
-    # A Short message is never posted through the twin: the only call of LocalPath::send is
-    # the general path's for what the lane does not carry (eager with FI_DELIVERY_COMPLETE,
-    # staged, single copy, device memory).
+    # No message of host memory is posted through the twin: the only call of LocalPath::send
+    # is send_through_twin's, for device memory.
     got=$(grep -c -- 'local_->send(' main_prov/*.cpp | awk -F: '{ n += $2 } END { print n + 0 }')
     if [ "$got" -ne 1 ]; then echo "FAIL: LocalPath::send has $got callers, the table lists 1"; bad=1; fi
-    if [ "$bad" -eq 0 ]; then echo "ok: the Short cell's encoder and decoder are called where the routes table says"; else status=1; fi
+    if [ "$bad" -eq 0 ]; then echo "ok: the node-local encoders and decoders are called where the routes table says"; else status=1; fi
 }
 
 check_extensions() {
