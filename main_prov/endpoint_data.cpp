@@ -419,10 +419,8 @@ void Engine::dispatch_cell(const uint8_t *cell) {
             if (!local_splits_.empty() && receive_write_done(cell)) return;
             break;
         case LocalOp::Fin:
-            if (uint64_t id = answer_id(cell); id & wire::kLocalOwnerOp) {
-                int32_t status;
-                memcpy(&status, cell + offsetof(wire::LocalHeader, status), sizeof status);
-                finish_local_send(id, status);
+            if (answer_id(cell) & wire::kLocalOwnerOp) {
+                receive_fin(cell);
                 return;
             }
             break;

@@ -410,7 +410,8 @@ class Engine : public CmSource, public RemoteKeyResolver, public shm::StreamList
     void send_local_frag(TxOp *op, shm::PeerInbox &to, wire::LocalHeader hdr, const iovec *iov,
                          size_t count);
     void await_local(TxOp *op, shm::PeerInbox &to, int64_t posted_ns, double expected_ns);
-    [[gnu::noinline]] void finish_local_send(uint64_t msg_id, int status);
+    [[gnu::noinline]] void receive_fin(const uint8_t *cell);
+    void finish_local_send(uint64_t msg_id, int status);
     [[gnu::noinline]] void receive_cts(const uint8_t *cell);
     void stream_ended(const shm::Stream &stream, int status) override;
     void fail_sends_to_dead();

@@ -11,6 +11,7 @@
 #include "main_prov/shm/send_choice.h"
 #include "main_prov/shm/single_copy.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace tandem {
@@ -103,7 +104,24 @@ void Engine::await_local(TxOp *op, shm::PeerInbox &to, int64_t posted_ns, double
     *twin_quiet_ = false;
 }
 
-// The receiver's Fin (status 0, or its FI_* code) for our operation msg_id.
+// A Fin for one of our operations. Only the peer the operation went to answers it: a Fin in
+// another's name (any local process of this user can write our inbox) would give the
+// application its buffers back while the receiver may still be reading them.
+void Engine::receive_fin(const uint8_t *cell) {
+    wire::LocalHeader lh;
+    memcpy(&lh, cell, sizeof lh);
+    auto it = local_sends_.find(lh.msg_id);
+    if (it == local_sends_.end()) return;  // ended already (a death, a stream that failed)
+    const std::string_view sender(reinterpret_cast<const char *>(cell + sizeof lh),
+                                  std::min<size_t>(lh.name_len, wire::kLocalNameRoom));
+    if (local_->channel()->sender_peer(sender) != it->second.to) [[unlikely]] {
+        TANDEM_WARN(FI_LOG_EP_DATA, "ignoring a Fin for an operation sent to another peer\n");
+        return;
+    }
+    finish_local_send(lh.msg_id, lh.status);
+}
+
+// The receiver's answer (status 0, or its FI_* code) for our operation msg_id.
 void Engine::finish_local_send(uint64_t msg_id, int status) {
     auto it = local_sends_.find(msg_id);
     if (it == local_sends_.end()) return;  // ended already (a death, a stream that failed)

@@ -426,6 +426,22 @@ class ForgedSender {
         h.rma_key = tandem::wire::kLocalNoClaim;
         naming(h, at, total);
     }
+    // A Fin (status) for the operation msg_id of the inbox's owner.
+    void fin(uint64_t msg_id, int32_t status) {
+        void *slot = ring_->try_reserve(tandem::own_process_token());
+        ASSERT_NE(slot, nullptr);
+        auto *cell = static_cast<uint8_t *>(slot);
+        tandem::wire::LocalHeader h{};
+        h.op = uint8_t(tandem::wire::LocalOp::Fin);
+        h.name_len = uint8_t(name_len_);
+        h.pid = int32_t(getpid());
+        h.msg_id = msg_id;
+        h.status = status;
+        memcpy(cell, &h, sizeof h);
+        memset(cell + sizeof h, 0, tandem::wire::kLocalNameRoom);
+        memcpy(cell + sizeof h, name_, name_len_);
+        ring_->publish(slot);
+    }
     // The first cell waiting in the inbox (read, not taken): what the endpoint's owner was
     // sent while it did not poll. nullptr: none.
     const uint8_t *peek() { return static_cast<const uint8_t *>(ring_->peek()); }
@@ -577,6 +593,16 @@ TEST_F(RtsFromLivePeer, OneWhoseBuffersDoNotHoldItsMessageIsRefusedAndItsSenderT
     EXPECT_EQ(fin.status, FI_EIO) << fi_strerror(fin.status);
 }
 
+// The header of the first cell waiting in `to`'s inbox (`to` does not poll), when it is an
+// Rts: what a large send to it put there.
+bool rts_waiting_at(const Rdm &to, tandem::wire::LocalHeader &rts) {
+    ForgedSender at(to);
+    const uint8_t *cell = at.ready() ? at.peek() : nullptr;
+    if (!cell) return false;
+    memcpy(&rts, cell, sizeof rts);
+    return rts.op == uint8_t(tandem::wire::LocalOp::Rts);
+}
+
 // A large node-local message is copied by both sides at once: its receiver reads the first
 // half and asks the sender (a Cts) to write the second into the receive. Here b, the receiver,
 // does not poll; its Cts is forged (in its name, naming a buffer of this process, without a
@@ -592,13 +618,8 @@ TEST(LocalSegments, ASenderWritesItsPartOfASplitCopyWhenItsReceiverAsks) {
     std::vector<uint8_t> msg(kLen);
     for (size_t i = 0; i < kLen; ++i) msg[i] = uint8_t(1 + (i * 7 + i / 4096) % 255);  // never 0
     ASSERT_EQ(fi_send(a.ep, msg.data(), kLen, nullptr, to_b, &msg), 0);
-    ForgedSender at_b(b);
-    ASSERT_TRUE(at_b.ready());
-    const uint8_t *cell = at_b.peek();
-    ASSERT_NE(cell, nullptr) << "nothing reached b's inbox";
     tandem::wire::LocalHeader rts;
-    memcpy(&rts, cell, sizeof rts);
-    ASSERT_EQ(rts.op, uint8_t(tandem::wire::LocalOp::Rts));
+    ASSERT_TRUE(rts_waiting_at(b, rts)) << "no Rts reached b's inbox";
     ASSERT_TRUE(rts.msg_id & tandem::wire::kLocalOwnerOp) << "not an id of tandem's";
 
     std::vector<uint8_t> part(kLen / 2, 0);
@@ -612,6 +633,40 @@ TEST(LocalSegments, ASenderWritesItsPartOfASplitCopyWhenItsReceiverAsks) {
         ASSERT_EQ(fi_cq_read(a.cq, &e, 1), -FI_EAGAIN) << "the send completed without a Fin";
     ASSERT_TRUE(std::equal(part.begin(), part.end(), msg.begin() + kLen / 2))
         << "the sender did not write its part";
+    b.close();
+    a.close();
+}
+
+// A sender's buffers are its own again at the Fin of the peer it sent to, and only then: a
+// Fin for the same operation in another live endpoint's name (any local process of the user
+// can write the inbox) is ignored, and the send completes at its receiver's.
+TEST(LocalSegments, OnlyTheReceiverOfAMessageEndsItsSend) {
+    Rdm a, b, c;
+    std::string why;
+    ASSERT_TRUE(a.try_open(why)) << why;
+    ASSERT_TRUE(b.try_open(why)) << why;
+    ASSERT_TRUE(c.try_open(why)) << why;
+    const fi_addr_t to_b = a.insert(b);
+    a.insert(c);                               // (c is a peer of a's too)
+    std::vector<uint8_t> msg(4u << 20, 0x5a);  // an Rts: its send completes at a Fin
+    ASSERT_EQ(fi_send(a.ep, msg.data(), msg.size(), nullptr, to_b, &msg), 0);
+    tandem::wire::LocalHeader rts;
+    ASSERT_TRUE(rts_waiting_at(b, rts)) << "no Rts reached b's inbox";
+
+    ForgedSender to_a(a);
+    ASSERT_TRUE(to_a.ready());
+    ASSERT_TRUE(to_a.name_as(c));
+    to_a.fin(rts.msg_id, 0);
+    fi_cq_tagged_entry e{};
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+    while (std::chrono::steady_clock::now() < until)
+        ASSERT_EQ(fi_cq_read(a.cq, &e, 1), -FI_EAGAIN) << "a Fin from c ended a send to b";
+    ASSERT_TRUE(to_a.name_as(b));
+    to_a.fin(rts.msg_id, 0);
+    fi_cq_err_entry err{};
+    ASSERT_EQ(next_completion(a, &e, &err), 1) << "b's Fin did not end the send";
+    EXPECT_EQ(e.op_context, &msg);
+    c.close();
     b.close();
     a.close();
 }
