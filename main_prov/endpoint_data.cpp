@@ -395,10 +395,9 @@ static uint64_t answer_id(const uint8_t *cell) {
     return id;
 }
 
-// Messages of host memory are ours (Short, Eager, Frag, Rts, and the WriteDone of a split copy
-// of ours), and the answers to our operations (Fin, Cts: ids with kLocalOwnerOp); RMA, atomics,
-// device messages (a restaged one's Frags included) and the answers to the twin's operations
-// are the twin's.
+// Messages are ours (Short, Eager, Frag, Rts, IpcRts, and the WriteDone of a split copy of
+// ours), and the answers to our operations (Fin, Cts: ids with kLocalOwnerOp); RMA, atomics
+// and the answers to the twin's operations are the twin's.
 void Engine::dispatch_cell(const uint8_t *cell) {
     using wire::LocalOp;
     switch (static_cast<LocalOp>(cell[0])) {
@@ -409,11 +408,13 @@ void Engine::dispatch_cell(const uint8_t *cell) {
             receive_eager_cell(cell);
             return;
         case LocalOp::Frag:
-            if (cell[offsetof(wire::LocalHeader, flags)] & wire::kLocalRestaged) break;
             receive_frag(cell);
             return;
         case LocalOp::Rts:
             receive_rts_cell(cell);
+            return;
+        case LocalOp::IpcRts:
+            receive_ipc_cell(cell);
             return;
         case LocalOp::WriteDone:
             if (!local_splits_.empty() && receive_write_done(cell)) return;

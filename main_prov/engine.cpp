@@ -137,8 +137,13 @@ int Engine::close() {
         local_.reset();  // the twin first: it holds entries of rx_ until it is closed
         // Receives that staged messages arriving here had taken go back to the front of the
         // queue (a shared receive context outlives us), unreported.
+        // (A restaged device message's went through matching in full, a multi-receive's slice
+        // perhaps: dropped, as a split copy's.)
         for (auto &[id, staged] : staged_)
-            if (staged.into) rx_->post_front(staged.into);
+            if (staged.into && staged.restaged)
+                rx_->drop(staged.into);
+            else if (staged.into)
+                rx_->post_front(staged.into);
         staged_.clear();
         rx_->forget_endpoint(this);
         if (srx_) SharedRxContext::of(srx_)->detach(this);

@@ -734,10 +734,19 @@ class Engine : public CmSource, public RemoteKeyResolver, public shm::StreamList
         size_t placed = 0;          // into: the bytes that fit the receive
         uint64_t received = 0;      // bytes of it so far (the next fragment's offset)
         std::vector<uint8_t> data;  // without into
+        // A device message the receiver could not map, sent again in cells (kLocalRestaged)
+        // into the receive its IpcRts matched (restage_local_ipc); status: what that receive
+        // completes with instead, its fragments not copied (FI_EOPNOTSUPP: a device receive
+        // under FI_HMEM_P2P_REQUIRED takes no staged copy).
+        bool restaged = false;
+        int status = 0;
     };
     using StagedMap = std::map<std::pair<std::string, uint64_t>, StagedMessage>;  // sender, id
     StagedMap::iterator start_staged(std::pair<std::string, uint64_t> id,
                                      const wire::LocalHeader &lh, std::string_view sender);
+    bool awaits_restaged(StagedMap::iterator it, const wire::LocalHeader &lh);
+    void place_device_fragment(StagedMessage &m, uint64_t offset, const uint8_t *body,
+                               uint32_t size);
     void finish_staged(StagedMap::iterator it);
     // The message will not come whole: a receive that took it fails with status (an FI_*
     // code), and what came of it goes.
@@ -753,10 +762,27 @@ class Engine : public CmSource, public RemoteKeyResolver, public shm::StreamList
     // as unexpected with the sender's buffer list until one is posted; the sender's Fin once
     // it is read, or discarded.
     [[gnu::noinline]] void receive_rts_cell(const uint8_t *cell);
+    // An Rts or IpcRts checked, its process vouched for (lh.pid): matched and started, or kept
+    // as unexpected (an IpcRts's handles, entries, in its data) until a receive takes it
+    // (deliver_unexpected ─ start_local_rendezvous).
+    void receive_local_rendezvous(const wire::LocalHeader &lh, std::string_view sender,
+                                  LocalRts rts, const uint8_t *entries);
+    void start_local_rendezvous(RxOp *rx, const wire::ProtoHeader &hdr, std::string_view sender,
+                                const LocalRts &rts, const uint8_t *entries, fi_addr_t src);
     void start_local_rts(RxOp *rx, const wire::ProtoHeader &hdr, std::string_view sender,
                          const LocalRts &rts, fi_addr_t src);
     void finish_local_rts(RxOp *rx, const wire::ProtoHeader &hdr, std::string_view sender,
                           fi_addr_t src, size_t n, int err);
+    // The decoder of IpcRts cells (engine_local_ipc.cpp): a message in its sender's device
+    // memory, mapped and copied by the twin (LocalPath::copy_ipc) into the posted receive it
+    // matches, or kept as unexpected with the sender's handles (Unexpected::data) until one is
+    // posted; the sender's Fin once it is copied, or FI_EOPNOTSUPP when it cannot be mapped
+    // here: the sender then restages it into the receive (restage_local_ipc).
+    [[gnu::noinline]] void receive_ipc_cell(const uint8_t *cell);
+    void start_local_ipc(RxOp *rx, const wire::ProtoHeader &hdr, std::string_view sender,
+                         const LocalRts &ipc, const uint8_t *entries, fi_addr_t src);
+    void restage_local_ipc(RxOp *rx, const wire::ProtoHeader &hdr, std::string_view sender,
+                           pid_t pid);
     // A WriteDone ending one of our split copies (false: not ours, the twin's RMA target's).
     [[gnu::noinline]] bool receive_write_done(const uint8_t *cell);
     // Split copies whose sender writes its part (by sender and id), until its WriteDone.

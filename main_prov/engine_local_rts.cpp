@@ -44,6 +44,11 @@ void Engine::receive_rts_cell(const uint8_t *cell) {
     // The process we are to read from is the one the sender's name leads to (answered as
     // refused otherwise).
     if (!channel->vouch_for_process(lh, sender)) return;
+    receive_local_rendezvous(lh, sender, rts, nullptr);
+}
+
+void Engine::receive_local_rendezvous(const wire::LocalHeader &lh, std::string_view sender,
+                                      LocalRts rts, const uint8_t *entries) {
     rts.pid = lh.pid;
     wire::ProtoHeader hdr = proto_header_of(lh);
     hdr.op = static_cast<uint8_t>(wire::ProtoOp::Rts);
@@ -52,7 +57,7 @@ void Engine::receive_rts_cell(const uint8_t *cell) {
     const fi_addr_t src = local_source(sender);
     RxMatcher &m = *rx_;
     if (RxOp *rx = m.match_posted(hdr.flags & wire::kProtoTagged, hdr.tag, src)) {
-        start_local_rts(slice_for(m, rx, hdr.size), hdr, sender, rts, src);
+        start_local_rendezvous(slice_for(m, rx, hdr.size), hdr, sender, rts, entries, src);
         return;
     }
     Unexpected ux;
@@ -62,7 +67,16 @@ void Engine::receive_rts_cell(const uint8_t *cell) {
     ux.answer_to = sender;
     ux.hdr = hdr;
     ux.local_rts = rts;
+    if (rts.ipc) ux.data.assign(entries, entries + rts.count * sizeof(wire::LocalIpc));
     m.push_unexpected(std::move(ux));
+}
+
+void Engine::start_local_rendezvous(RxOp *rx, const wire::ProtoHeader &hdr, std::string_view sender,
+                                    const LocalRts &rts, const uint8_t *entries, fi_addr_t src) {
+    if (rts.ipc)
+        start_local_ipc(rx, hdr, sender, rts, entries, src);
+    else
+        start_local_rts(rx, hdr, sender, rts, src);
 }
 
 // The message an Rts names into a receive: now, or our half now and the sender's part at its

@@ -4,9 +4,10 @@
 // staged message reassembled from its Frag cells end in receive_local, which matches,
 // delivers or keeps the message as any other (the one queue of unexpected messages), and
 // answers a sender that waits for a Fin through its Outbox; a staged message that a plain
-// posted receive takes at its first fragment is copied there fragment by fragment. Rts cells
-// are engine_local_rts.cpp's; device IPC, RMA and atomics are still the twin's
-// (docs/architecture.md, step 3).
+// posted receive takes at its first fragment is copied there fragment by fragment (so is a
+// restaged device message, into the receive its IpcRts matched). Rts cells are
+// engine_local_rts.cpp's, IpcRts cells engine_local_ipc.cpp's; RMA and atomics are still the
+// twin's (docs/architecture.md, step 3).
 #include "common/iov.h"
 #include "common/log.h"
 #include "main_prov/av.h"
@@ -49,7 +50,8 @@ void Engine::receive_eager_cell(const uint8_t *cell) {
 
 // A fragment of a staged message (Frag cells: one sender's come in order, each after the one
 // before). A Frag with a status ends its message instead (the sender could not copy its
-// memory). A restaged device message (kLocalRestaged) is the twin's, which matched it already.
+// memory). A restaged device message's (kLocalRestaged) go into the receive its IpcRts
+// matched (restage_local_ipc).
 void Engine::receive_frag(const uint8_t *cell) {
     wire::LocalHeader lh;
     memcpy(&lh, cell, sizeof lh);
@@ -75,7 +77,7 @@ void Engine::receive_frag(const uint8_t *cell) {
     // A first fragment where a message of that id is under way is a new process's at the
     // sender's address (the one before died mid message, and ids start again at 1): the dead
     // one's message ends as its death would have ended it.
-    if (lh.offset == 0) {
+    if (lh.offset == 0 && !awaits_restaged(it, lh)) {
         if (it != staged_.end()) end_staged(it, FI_ECONNRESET);
         it = start_staged(std::move(id), lh, sender);
     }
@@ -87,12 +89,37 @@ void Engine::receive_frag(const uint8_t *cell) {
     }
     StagedMessage &m = it->second;
     const uint8_t *body = cell + sizeof lh + wire::kLocalNameRoom;
-    if (m.into)
-        m.placed += iov_scatter(m.into->iov, m.into->count, lh.offset, body, lh.size);
-    else
+    if (!m.into)
         m.data.insert(m.data.end(), body, body + lh.size);
+    else if (!m.into->device)
+        m.placed += iov_scatter(m.into->iov, m.into->count, lh.offset, body, lh.size);
+    else if (!m.status)  // (a restaged message into device memory)
+        place_device_fragment(m, lh.offset, body, lh.size);
     m.received += lh.size;
     if (m.received == lh.total) finish_staged(it);
+}
+
+// A restaged message's first fragment, for the receive its IpcRts matched (from the process
+// that sent that IpcRts; the sender asks delivery complete on the fragments).
+bool Engine::awaits_restaged(StagedMap::iterator it, const wire::LocalHeader &lh) {
+    if (!(lh.flags & wire::kLocalRestaged) || it == staged_.end()) return false;
+    StagedMessage &m = it->second;
+    if (!m.restaged || m.received || m.pid != lh.pid) return false;
+    if (lh.flags & wire::kLocalAckReq) m.hdr.flags |= wire::kProtoAckReq;
+    return true;
+}
+
+void Engine::place_device_fragment(StagedMessage &m, uint64_t offset, const uint8_t *body,
+                                   uint32_t size) {
+    const ssize_t placed =
+        hmem::scatter(m.into->iov, m.into->mem, m.into->count, offset, body, size);
+    if (placed < 0) {
+        TANDEM_WARN(FI_LOG_EP_DATA, "a restaged fragment's copy failed: %s\n",
+                    fi_strerror(int(-placed)));
+        m.status = FI_EIO;
+        return;
+    }
+    m.placed += size_t(placed);
 }
 
 // A staged message's first fragment: the first posted receive it matches takes it now when
@@ -126,9 +153,11 @@ void Engine::finish_staged(StagedMap::iterator it) {
         return;
     }
     const size_t olen = m.hdr.size - m.placed;
-    rx_complete(m.into, m.placed, m.hdr.tag, m.hdr.cq_data, m.hdr.flags, src, olen ? FI_ETRUNC : 0,
-                olen);
-    if (m.hdr.flags & wire::kProtoAckReq) answer_local(sender, m.hdr.msg_id, 0);
+    int err = m.status ? m.status : olen ? FI_ETRUNC : 0;
+    if (m.status == FI_EOPNOTSUPP)
+        hmem::counters().refused_transfers.fetch_add(1, std::memory_order_relaxed);
+    rx_complete(m.into, m.placed, m.hdr.tag, m.hdr.cq_data, m.hdr.flags, src, err, olen);
+    if (m.hdr.flags & wire::kProtoAckReq) answer_local(sender, m.hdr.msg_id, m.status);
 }
 
 void Engine::end_staged(StagedMap::iterator it, int status) {

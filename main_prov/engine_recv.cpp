@@ -169,7 +169,7 @@ void Engine::deliver_unexpected(RxOp *rx, Unexpected &ux) {
         if (ux.conn)
             start_rendezvous(rx, ux.conn, ux.hdr, ux.rts, src);
         else
-            start_local_rts(rx, ux.hdr, ux.answer_to, ux.local_rts, src);
+            start_local_rendezvous(rx, ux.hdr, ux.answer_to, ux.local_rts, ux.data.data(), src);
         return;
     }
     int err = deliver_eager(rx, ux.conn, ux.hdr, ux.data.data(), src);

@@ -190,9 +190,6 @@ int LocalPath::open_twin_ops() {
     if (fi_open_ops(&twin_->fid, peer::kCollOpsName, 0, &coll, nullptr) == 0 &&
         static_cast<peer::CollOps *>(coll)->size >= sizeof(peer::CollOps))
         coll_ops_ = static_cast<peer::CollOps *>(coll);
-    rx_queue_.set_queued_info([this](fi_peer_rx_entry *entry, uint64_t *data, fi_addr_t *src) {
-        ops_->queued(twin_, entry, data, src);
-    });
     // We read our own twin's inbox, and decode every Short cell in it (peer::InboxView).
     inbox_ = ops_->take_inbox(twin_);
     return 0;

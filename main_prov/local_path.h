@@ -85,6 +85,12 @@ class LocalPath final : public peer::CqOwner {
     // The endpoint's node-local channel, built over its AV and lent to the twin
     // (peer::LocalPathOps::use_channel), which opens its inbox on it.
     shm::Channel *channel() { return &channel_; }
+    // A node-local device message's bytes (an IpcRts the endpoint matched), mapped and copied
+    // by the twin: 0, or a positive FI_* code (peer::LocalPathOps::copy_ipc).
+    int copy_ipc(pid_t pid, const wire::LocalIpc *ipc, size_t count, const iovec *to,
+                 const hmem::MemRef *to_mem, size_t nto, size_t len) {
+        return ops_->copy_ipc(twin_, pid, ipc, count, to, to_mem, nto, len);
+    }
     // The endpoint's FI_OPT_FI_HMEM_P2P, which the twin applies to its transfers.
     void set_p2p(int mode);
     // Before the application sleeps: the twin's wake descriptor, armed.

@@ -105,10 +105,8 @@ int PeerRxQueue::queue(fi_peer_rx_entry *entry, bool tagged) {
                    ((entry->flags & FI_REMOTE_CQ_DATA) ? wire::kProtoCqData : 0);
     ux.hdr.tag = entry->tag;
     ux.hdr.size = entry->size;
-    if (entry->flags & FI_REMOTE_CQ_DATA) {  // the twin tells; a peer of 1.19 on writes it here
+    if (entry->flags & FI_REMOTE_CQ_DATA)  // (a peer of 1.19 on writes it here)
         ux.hdr.cq_data = peer::OwnerRxEntry::of(entry)->cq_data;
-        if (queued_info_) queued_info_(entry, &ux.hdr.cq_data, nullptr);
-    }
     entry->flags |= tagged ? FI_TAGGED : FI_MSG;
     matcher_.push_unexpected(std::move(ux));
     return 0;
@@ -155,8 +153,6 @@ void PeerRxQueue::peer_free_entry(fi_peer_rx_entry *entry) {
 }
 
 fi_addr_t PeerRxQueue::source(peer::OwnerRxEntry *e) {
-    if (e->entry.addr == FI_ADDR_NOTAVAIL && queued_info_)
-        queued_info_(&e->entry, nullptr, &e->entry.addr);
     return e->entry.addr;
 }
 

@@ -37,11 +37,6 @@ class PeerRxQueue final : public peer::SrxOwner {
     // FI_DISCARD of a queued message.
     void discard(peer::OwnerRxEntry *e);
     static PeerRxQueue *of(peer::OwnerRxEntry *e) { return static_cast<PeerRxQueue *>(e->owner); }
-    // How to learn what fi_peer_rx_entry does not carry of a queued message, where the peer
-    // can tell (our twin: LocalPathOps::queued): its remote CQ data (for FI_PEEK), and its
-    // source once the sender is in the AV.
-    using QueuedInfo = std::function<void(fi_peer_rx_entry *, uint64_t *data, fi_addr_t *src)>;
-    void set_queued_info(QueuedInfo info) { queued_info_ = std::move(info); }
     // The source of a message the peer queued, as the AV names it now.
     fi_addr_t source(peer::OwnerRxEntry *e);
 
@@ -69,7 +64,6 @@ class PeerRxQueue final : public peer::SrxOwner {
     Mode mode_;
     bool selective_;
     peer::ExportedSrx export_;
-    QueuedInfo queued_info_;
     std::vector<peer::OwnerRxEntry *> spare_;  // entries to reuse: no allocation per message
 };
 

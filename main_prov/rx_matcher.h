@@ -132,9 +132,12 @@ static_assert(std::is_trivially_destructible_v<RxOp> && std::is_trivially_copyab
 // rendezvous only the sender's buffer description.
 // A node-local Rts (wire::LocalOp::Rts): the sender's buffers and its process (vouched for by
 // the channel, shm::Channel::vouch_for_process), read with cross-memory attach.
+// A node-local IpcRts (ipc): its process and count here, its handles (count wire::LocalIpc, 112
+// bytes each) in Unexpected::data, out of line.
 struct LocalRts {
     pid_t pid = 0;
     uint8_t count = 0;
+    bool ipc = false;
     wire::LocalIov iov[wire::kLocalMaxIov]{};
 };
 

@@ -73,10 +73,12 @@ fi_ops_rma rma_ops = {
     .injectdata = enosys<decltype(fi_ops_rma::injectdata)>,
 };
 
-void local_queued(fid_ep *ep, fi_peer_rx_entry *entry, uint64_t *data, fi_addr_t *src) noexcept {
-    auto *held = static_cast<HeldMessage *>(entry ? entry->peer_context : nullptr);
-    if (data) *data = held ? held->hdr.cq_data : 0;
-    if (src) *src = held ? Endpoint::of(ep)->held_source(*held) : FI_ADDR_NOTAVAIL;
+int local_copy_ipc(fid_ep *ep, pid_t pid, const wire::LocalIpc *ipc, size_t count, const iovec *to,
+                   const hmem::MemRef *to_mem, size_t nto, size_t len) noexcept try {
+    if (!ep || (count && !ipc) || (nto && !to)) return FI_EINVAL;
+    return Endpoint::of(ep)->copy_from_ipc(pid, ipc, count, to, to_mem, nto, len);
+} catch (...) {
+    return -current_exception_errno();
 }
 
 int local_use_channel(fid_ep *ep, shm::Channel *channel) noexcept {
@@ -95,7 +97,7 @@ void local_take_cell(fid_ep *ep, const uint8_t *cell) noexcept try {
 
 peer::LocalPathOps local_path_ops = {.size = sizeof(peer::LocalPathOps),
                                      .channel_bytes = sizeof(shm::Channel),
-                                     .queued = local_queued,
+                                     .copy_ipc = local_copy_ipc,
                                      .use_channel = local_use_channel,
                                      .take_inbox = local_take_inbox,
                                      .take_cell = local_take_cell};

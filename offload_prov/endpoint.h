@@ -151,8 +151,13 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     void transfer_complete(const fi_cq_tagged_entry &entry, fi_addr_t src);
     void transfer_error(const fi_cq_err_entry &err);
     static int start_held(fi_peer_rx_entry *entry);
-    // A held message's source, looked up again while it is not in the AV (ep/receive.cpp).
-    fi_addr_t held_source(HeldMessage &held);
+    // `len` bytes of a node-local peer's device buffers (`count` IpcRts entries of process
+    // `pid`, vouched for), mapped here (cached) and copied into `to` (where `to_mem` says; all
+    // host when null) by the devices' engines: 0, FI_EOPNOTSUPP when a buffer cannot be mapped
+    // here (the sender may restage it), another FI_* code when a copy fails (ep/receive.cpp;
+    // peer::LocalPathOps::copy_ipc for the owner's receives).
+    int copy_from_ipc(pid_t pid, const wire::LocalIpc *ipc, size_t count, const iovec *to,
+                      const hmem::MemRef *to_mem, size_t nto, size_t len);
     static int discard_held(fi_peer_rx_entry *entry);
     // (The owner's collective calls come through here: they bring work.)
     coll::Engine &coll() {
@@ -298,11 +303,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     void deliver(fi_peer_rx_entry *entry, const wire::LocalHeader &hdr, std::string_view sender,
                  const uint8_t *data, const wire::LocalIov *iov, fi_addr_t src,
                  const wire::LocalIpc *ipc = nullptr);
-    int deliver_ipc(fi_peer_rx_entry *entry, const hmem::MemRef *mem, const wire::LocalHeader &hdr,
-                    const wire::LocalIpc *ipc, size_t n);
-    int copy_from_ipc(const wire::LocalHeader &hdr, const wire::LocalIpc *ipc, const iovec *to,
-                      const hmem::MemRef *to_mem, size_t nto, size_t len);
-    int map_ipc(const wire::LocalHeader &hdr, const wire::LocalIpc *ipc, uint64_t local_device,
+    int map_ipc(pid_t pid, const wire::LocalIpc *ipc, size_t count, uint64_t local_device,
                 iovec *remote, hmem::MemRef *rmem);
     void complete_rx(fi_peer_rx_entry *entry, const wire::LocalHeader &hdr, size_t n, int err,
                      fi_addr_t src);

@@ -115,7 +115,7 @@ struct InboxView {
 // fi_trywait on the twin's CQ (off_tandem's fabric): its endpoints ask senders to signal that
 // descriptor and set their liveness timers while their operations wait on peers, and it
 // answers -FI_EAGAIN when work is pending (the descriptor is then readable at once).
-inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v15";
+inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v16";
 
 struct LocalPathOps {
     size_t size;
@@ -123,11 +123,15 @@ struct LocalPathOps {
     // object, which both providers must lay out alike (they are built together; an owner
     // built apart refuses the table).
     size_t channel_bytes;
-    // What fi_peer_rx_entry cannot carry of a message the twin queued with the owner's SRX:
-    // its remote CQ data (FI_PEEK reports it before the message is delivered), and its source
-    // as the AV names it now (entry->addr was fixed when the message came, perhaps before the
-    // application inserted the sender): FI_ADDR_NOTAVAIL while the sender is not in the AV.
-    void (*queued)(fid_ep *ep, fi_peer_rx_entry *entry, uint64_t *data, fi_addr_t *src);
+    // The owner's receive of a node-local device message (an IpcRts the owner decoded and
+    // matched): `len` bytes of the sender's device buffers (`count` entries, of process `pid`,
+    // which the owner vouched for through the channel) mapped by the twin, whose cache of
+    // imported handles and device engines they are, and copied into `to` (where `to_mem` says;
+    // all host when null). 0; FI_EOPNOTSUPP when a buffer cannot be mapped here (the owner
+    // answers so, and the sender restages the message in Frag cells); another positive FI_*
+    // code when a copy fails.
+    int (*copy_ipc)(fid_ep *ep, pid_t pid, const wire::LocalIpc *ipc, size_t count, const iovec *to,
+                    const hmem::MemRef *to_mem, size_t nto, size_t len);
     // The owner's node-local channel (main_prov/shm/channel.h), built over the owner's AV
     // (fi_peer(3)'s AV gives a peer no way to read an entry, and the channel finds a peer's
     // inbox by its address). Before fi_enable, once; it outlives the twin endpoint and is used

@@ -72,11 +72,6 @@ void Endpoint::place_message(int ret, fi_peer_rx_entry *entry, const LocalHeader
     srx_->owner().queue(entry, hdr.flags & wire::kLocalTagged);
 }
 
-fi_addr_t Endpoint::held_source(HeldMessage &held) {
-    if (held.src == FI_ADDR_NOTAVAIL) held.src = source_of(held.sender);
-    return held.src;
-}
-
 // Copies a message into the receive buffer the owner gave, writes its completion to the
 // owner's CQ and hands the entry back.
 void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::string_view sender,
@@ -96,7 +91,8 @@ void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::str
         if (mode == FI_HMEM_P2P_DISABLED)
             err = FI_EOPNOTSUPP;
         else if (n)
-            err = deliver_ipc(entry, device ? mem : nullptr, hdr, ipc, n);
+            err = copy_from_ipc(hdr.pid, ipc, hdr.iov_count, entry->iov, device ? mem : nullptr,
+                                count, n);
         if (err == FI_EOPNOTSUPP) {
             // We cannot map the sender's memory (IPC or peer access refused here): the sender
             // sends it again through cells, into this same receive.
@@ -136,48 +132,38 @@ void Endpoint::deliver(fi_peer_rx_entry *entry, const LocalHeader &hdr, std::str
     complete_rx(entry, hdr, n, err, src);
 }
 
-// IpcRts: map the sender's device buffers (cached) and copy them into the receive with the
-// device's engine: device to device, or device to host for a host buffer. FI_EOPNOTSUPP
-// when a buffer cannot be mapped here; another FI_* code when a copy fails.
-int Endpoint::deliver_ipc(fi_peer_rx_entry *entry, const hmem::MemRef *mem, const LocalHeader &hdr,
-                          const wire::LocalIpc *ipc, size_t n) {
-    return copy_from_ipc(hdr, ipc, entry->iov, mem, std::min(entry->count, peer::kMaxEntryIov), n);
-}
-
-// `len` bytes of a peer's device buffers (LocalIpc entries), mapped here, copied into our list
-// `to` (where `to_mem` says, all host when null) by the devices' engines, one copy per
-// overlapping piece: an IpcRts's receive, an IpcWrite's region.
-int Endpoint::copy_from_ipc(const LocalHeader &hdr, const wire::LocalIpc *ipc, const iovec *to,
+// One copy per overlapping piece of the two lists.
+int Endpoint::copy_from_ipc(pid_t pid, const wire::LocalIpc *ipc, size_t count, const iovec *to,
                             const hmem::MemRef *to_mem, size_t nto, size_t len) {
+    if (count > wire::kLocalMaxIov) return FI_EINVAL;
     iovec from[wire::kLocalMaxIov];
     hmem::MemRef from_mem[wire::kLocalMaxIov];
     uint64_t device = to_mem && !to_mem[0].on_host() ? to_mem[0].device : UINT64_MAX;
-    if (int err = map_ipc(hdr, ipc, device, from, from_mem)) return err;
-    size_t done = iov_walk2(to, nto, from, hdr.iov_count, len,
-                            [&](size_t i, uint8_t *dst, size_t j, uint8_t *src, size_t k) {
-                                return hmem::copy(to_mem ? to_mem[i] : hmem::kHost, dst,
-                                                  from_mem[j], src, k) == 0;
-                            });
+    if (int err = map_ipc(pid, ipc, count, device, from, from_mem)) return err;
+    size_t done = iov_walk2(
+        to, nto, from, count, len, [&](size_t i, uint8_t *dst, size_t j, uint8_t *src, size_t k) {
+            return hmem::copy(to_mem ? to_mem[i] : hmem::kHost, dst, from_mem[j], src, k) == 0;
+        });
     return done == len ? 0 : FI_EIO;
 }
 
-// A peer's device buffers (hdr.iov_count LocalIpc entries) mapped here (cached), each mapped
-// on `local_device` (the device of our memory the copy goes to or from; UINT64_MAX for host
+// A peer's device buffers (`count` LocalIpc entries of process `pid`) mapped here (cached), each
+// mapped on `local_device` (the device of our memory the copy goes to or from; UINT64_MAX for host
 // memory: the peer's device number, so that engine reads the peer's memory into ours).
 // FI_EOPNOTSUPP when a buffer cannot be mapped here, FI_EINVAL for a malformed entry.
-int Endpoint::map_ipc(const LocalHeader &hdr, const wire::LocalIpc *ipc, uint64_t local_device,
+int Endpoint::map_ipc(pid_t pid, const wire::LocalIpc *ipc, size_t count, uint64_t local_device,
                       iovec *remote, hmem::MemRef *rmem) {
-    for (size_t i = 0; i < hdr.iov_count; ++i) {
+    for (size_t i = 0; i < count; ++i) {
         const wire::LocalIpc &e = ipc[i];
-        if (hdr.pid == getpid()) {  // a peer in our own process: its memory is ours
+        if (pid == getpid()) {  // a peer in our own process: its memory is ours
             if (!hmem::ipc_entry_consistent(e)) return FI_EINVAL;
             remote[i] = {reinterpret_cast<void *>(e.addr), e.length};
             rmem[i] = {static_cast<fi_hmem_iface>(e.iface), e.device};
             continue;
         }
         void *addr = nullptr;
-        int ret = hmem::import_ipc_entry(ipc_import_, static_cast<uint64_t>(hdr.pid), local_device,
-                                         e, &addr, &rmem[i]);
+        int ret = hmem::import_ipc_entry(ipc_import_, static_cast<uint64_t>(pid), local_device, e,
+                                         &addr, &rmem[i]);
         if (ret == -FI_EINVAL) return FI_EINVAL;
         if (ret) return FI_EOPNOTSUPP;
         remote[i] = {addr, e.length};

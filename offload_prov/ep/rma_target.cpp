@@ -83,7 +83,8 @@ void Endpoint::handle_rma(const LocalHeader &hdr, std::string_view sender, const
             // The initiator's device buffers, mapped here; our region's device copies them in.
             wire::LocalIpc ipc[wire::kLocalMaxIov];  // (copied: the cell body is unaligned)
             memcpy(ipc, body, hdr.iov_count * sizeof(wire::LocalIpc));
-            status = copy_from_ipc(hdr, ipc, region.pieces, region.mem, region.count, len);
+            status = copy_from_ipc(hdr.pid, ipc, hdr.iov_count, region.pieces, region.mem,
+                                   region.count, len);
             break;
         }
         case LocalOp::WriteFrag:

@@ -426,6 +426,20 @@ class ForgedSender {
         h.rma_key = tandem::wire::kLocalNoClaim;
         naming(h, at, total);
     }
+    // An IpcRts of a `total`-byte message in one buffer of CUDA device memory (its handle all
+    // zeros: no process here can map it).
+    void ipc_rts(uint32_t pid, uint64_t msg_id, uint64_t total) {
+        tandem::wire::LocalHeader h{};
+        h.op = uint8_t(tandem::wire::LocalOp::IpcRts);
+        h.pid = int32_t(pid);
+        h.msg_id = msg_id;
+        h.total = total;
+        h.iov_count = 1;
+        tandem::wire::LocalIpc ipc{};
+        ipc.alloc_len = ipc.length = total;
+        ipc.iface = FI_HMEM_CUDA;
+        write(h, &ipc, sizeof ipc);
+    }
     // A Fin (status) for the operation msg_id of the inbox's owner.
     void fin(uint64_t msg_id, int32_t status) {
         void *slot = ring_->try_reserve(tandem::own_process_token());
@@ -449,17 +463,21 @@ class ForgedSender {
   private:
     // A cell under h (in our name) whose body names one buffer of ours, `length` bytes at `at`.
     void naming(tandem::wire::LocalHeader h, const void *at, uint64_t length) {
+        h.iov_count = 1;
+        const tandem::wire::LocalIov iov{reinterpret_cast<uint64_t>(at), length};
+        write(h, &iov, sizeof iov);
+    }
+    // A cell under h, in our name, with `size` bytes of body.
+    void write(tandem::wire::LocalHeader h, const void *body, uint32_t size) {
         void *slot = ring_->try_reserve(tandem::own_process_token());
         ASSERT_NE(slot, nullptr);
         auto *cell = static_cast<uint8_t *>(slot);
         h.name_len = uint8_t(name_len_);
-        h.iov_count = 1;
-        h.size = sizeof(tandem::wire::LocalIov);
-        const tandem::wire::LocalIov iov{reinterpret_cast<uint64_t>(at), length};
+        h.size = size;
         memcpy(cell, &h, sizeof h);
         memset(cell + sizeof h, 0, tandem::wire::kLocalNameRoom);
         memcpy(cell + sizeof h, name_, name_len_);
-        memcpy(cell + sizeof h + tandem::wire::kLocalNameRoom, &iov, sizeof iov);
+        memcpy(cell + sizeof h + tandem::wire::kLocalNameRoom, body, size);
         ring_->publish(slot);
     }
 
@@ -484,8 +502,8 @@ ssize_t next_completion(Rdm &a, fi_cq_tagged_entry *e, fi_cq_err_entry *err) {
 // receiver. A new process at the same address (a server restarted on its port) numbers its
 // messages from 1 again: its message of the same number must arrive whole, neither appended
 // to the dead one's part nor dropped as out of order. The cells are written into the inbox
-// as the two processes write them; restaged (a device message sent again through cells)
-// they are the twin's to reassemble, otherwise tandem's.
+// as the two processes write them, plain or flagged restaged (a device message sent again
+// through cells: with no IpcRts of theirs matched here, reassembled as any other).
 void staged_message_of_a_new_process_at_the_same_address(bool restaged) {
     Rdm a;
     std::string why;
@@ -682,6 +700,65 @@ TEST_F(StagedFromLivePeer, OneItsSenderGaveUpOnFailsTheReceiveThatTookIt) {
     ASSERT_EQ(next_completion(a, &e, &err), -FI_EAVAIL) << "the receive did not fail";
     EXPECT_EQ(err.op_context, &got);
     EXPECT_EQ(err.err, FI_EIO) << fi_strerror(err.err);
+}
+
+// A device message its receiver cannot map (the IpcRts's handle opens nowhere here, and a
+// receiver without FI_HMEM opens none) is answered FI_EOPNOTSUPP; its sender sends it again in
+// cells flagged kLocalRestaged, and those go into the receive the IpcRts matched, posted
+// before the IpcRts came (late_post false) or after (the IpcRts kept as unexpected till then).
+void restaged_device_message(bool late_post) {
+    constexpr uint32_t kPart = 1000;
+    Rdm a, b;
+    std::string why;
+    ASSERT_TRUE(a.try_open(why)) << why;
+    ASSERT_TRUE(b.try_open(why)) << why;
+    ForgedSender to_a(a), at_b(b);  // (b does not poll: the answer waits in its inbox)
+    ASSERT_TRUE(to_a.ready() && at_b.ready());
+    ASSERT_TRUE(to_a.name_as(b));
+    const uint32_t pid = uint32_t(getpid());
+    std::vector<uint8_t> got(2 * kPart, 0);
+    fi_cq_tagged_entry e{};
+    if (!late_post) {
+        ASSERT_EQ(fi_recv(a.ep, got.data(), got.size(), nullptr, FI_ADDR_UNSPEC, &got), 0);
+    }
+    to_a.ipc_rts(pid, 11, 2 * kPart);
+    if (late_post) {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+        while (std::chrono::steady_clock::now() < until)
+            ASSERT_EQ(fi_cq_read(a.cq, &e, 1), -FI_EAGAIN);
+        ASSERT_EQ(at_b.peek(), nullptr) << "an IpcRts with no receive yet was answered";
+        ASSERT_EQ(fi_recv(a.ep, got.data(), got.size(), nullptr, FI_ADDR_UNSPEC, &got), 0);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (!at_b.peek() && std::chrono::steady_clock::now() < deadline)
+        ASSERT_EQ(fi_cq_read(a.cq, &e, 1), -FI_EAGAIN) << "a completion before the message came";
+    const uint8_t *cell = at_b.peek();
+    ASSERT_NE(cell, nullptr) << "the IpcRts's sender was not answered";
+    tandem::wire::LocalHeader fin;
+    memcpy(&fin, cell, sizeof fin);
+    EXPECT_EQ(fin.op, uint8_t(tandem::wire::LocalOp::Fin));
+    EXPECT_EQ(fin.msg_id, 11u);
+    EXPECT_EQ(fin.status, FI_EOPNOTSUPP) << fi_strerror(fin.status);
+
+    const uint8_t restaged = tandem::wire::kLocalRestaged;
+    to_a.frag(pid, 11, 0, kPart, 2 * kPart, 0x81, restaged);
+    to_a.frag(pid, 11, kPart, kPart, 2 * kPart, 0x82, restaged | tandem::wire::kLocalLast);
+    fi_cq_err_entry err{};
+    ASSERT_EQ(next_completion(a, &e, &err), 1) << "the restaged message did not complete";
+    EXPECT_EQ(e.op_context, &got);
+    EXPECT_EQ(e.len, 2 * kPart);
+    for (uint32_t i = 0; i < 2 * kPart; ++i)
+        ASSERT_EQ(got[i], i < kPart ? 0x81 : 0x82) << "byte " << i;
+    b.close();
+    a.close();
+}
+
+TEST(LocalSegments, ADeviceMessageItsReceiverCannotMapIsRestagedIntoTheReceiveItMatched) {
+    restaged_device_message(false);
+}
+
+TEST(LocalSegments, ADeviceMessageKeptAsUnexpectedIsRestagedIntoTheReceiveThatTakesIt) {
+    restaged_device_message(true);
 }
 
 }  // namespace

@@ -113,6 +113,12 @@ check_routes() {
         "receive_fin|main_prov/endpoint_data.cpp main_prov/engine.h main_prov/engine_local_send.cpp"
         "finish_local_send|main_prov/engine.h main_prov/engine_local_send.cpp main_prov/engine_local_send.cpp main_prov/engine_local_send.cpp"
         "receive_cts|main_prov/endpoint_data.cpp main_prov/engine.h main_prov/engine_local_send.cpp"
+        # A device message (IpcRts) decoded by tandem alone (dispatch_cell), started as an Rts
+        # is, at its match or when a receive takes it (start_local_rendezvous), its bytes copied by the
+        # twin on tandem's one request (LocalPath::copy_ipc, declared and called).
+        "receive_ipc_cell|main_prov/endpoint_data.cpp main_prov/engine.h main_prov/engine_local_ipc.cpp"
+        "start_local_ipc|main_prov/engine.h main_prov/engine_local_ipc.cpp main_prov/engine_local_rts.cpp"
+        "copy_ipc|main_prov/engine_local_ipc.cpp main_prov/local_path.h main_prov/local_path.h"
     )
     for row in "${table[@]}"; do
         name=${row%%|*}
