@@ -809,6 +809,11 @@ class Engine : public CmSource, public RemoteKeyResolver, public shm::StreamList
     // core away: the sender may be waiting for it (more processes than cores), as the twin
     // does for what waits on its peers.
     [[gnu::noinline]] void wait_on_senders();
+    // Whether operations of ours wait on a node-local peer (a send's Fin, a split copy's
+    // WriteDone, a staged message's next fragments): told to the twin, whose liveness check
+    // then runs for them as for its own waits, on every pass and by a timer while we sleep
+    // (shm::Channel::owner_waits). Called wherever one starts or ends.
+    void note_owner_waits();
     static constexpr unsigned kYieldEvery = 4;
     unsigned split_waits_ = 0;
     // Whether a device receive refuses len bytes of a node-local message (deliver_eager).

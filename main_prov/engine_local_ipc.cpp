@@ -86,6 +86,7 @@ void Engine::restage_local_ipc(RxOp *rx, const wire::ProtoHeader &hdr, std::stri
     if (rx->device && rx->total && hdr.size && p2p_.mode() == FI_HMEM_P2P_REQUIRED)
         m.status = FI_EOPNOTSUPP;
     staged_.emplace(std::move(id), std::move(m));
+    note_owner_waits();
     answer_local(sender, hdr.msg_id, FI_EOPNOTSUPP);
 }
 

@@ -103,6 +103,7 @@ void Engine::start_local_rts(RxOp *rx, const wire::ProtoHeader &hdr, std::string
         if (!copy.start(*channel, channel->sender_peer(sender), hdr.msg_id)) {
             local_splits_.insert_or_assign(std::make_pair(std::string(sender), hdr.msg_id),
                                            LocalSplit{rx, hdr, src, copy});
+            note_owner_waits();
             flush_soon(*channel);  // (the Cts may wait in the sender's backlog)
             return;
         }
@@ -123,8 +124,16 @@ void Engine::finish_local_rts(RxOp *rx, const wire::ProtoHeader &hdr, std::strin
 
 void Engine::wait_on_senders() {
     forget_dead_senders();
+    note_owner_waits();
     if (!local_splits_.empty() && !inbox_ring_->peek() && ++split_waits_ % kYieldEvery == 0)
         sched_yield();
+}
+
+void Engine::note_owner_waits() {
+    if (!local_) return;
+    const bool waits = !local_sends_.empty() || !local_splits_.empty() || !staged_.empty();
+    local_->channel()->owner_waits = waits;
+    if (waits && twin_quiet_) *twin_quiet_ = false;  // (its next pass sees it)
 }
 
 bool Engine::receive_write_done(const uint8_t *cell) {
@@ -142,6 +151,7 @@ bool Engine::receive_write_done(const uint8_t *cell) {
     }
     LocalSplit split = std::move(it->second);
     local_splits_.erase(it);
+    note_owner_waits();
     split.copy.finish(*local_->channel(), lh.status);
     finish_local_rts(split.rx, split.hdr, sender, split.src, split.copy.length(),
                      split.copy.status());

@@ -140,13 +140,16 @@ Engine::StagedMap::iterator Engine::start_staged(std::pair<std::string, uint64_t
     // (Each fragment goes at the end of what came before, so the memory held is what was sent,
     // not what the first fragment claims.)
     if (!m.into) m.data.reserve(std::min<uint64_t>(lh.total, 64u << 20));
-    return staged_.insert_or_assign(std::move(id), std::move(m)).first;
+    auto it = staged_.insert_or_assign(std::move(id), std::move(m)).first;
+    note_owner_waits();
+    return it;
 }
 
 void Engine::finish_staged(StagedMap::iterator it) {
     StagedMessage m = std::move(it->second);
     const std::string sender = it->first.first;
     staged_.erase(it);
+    note_owner_waits();
     const fi_addr_t src = local_source(sender);
     if (!m.into) {
         receive_local(m.hdr, sender, m.data.data(), src, &m.data);
@@ -167,6 +170,7 @@ void Engine::end_staged(StagedMap::iterator it, int status) {
                     hdr.size);
     }
     staged_.erase(it);
+    note_owner_waits();
 }
 
 void Engine::forget_dead_senders() {

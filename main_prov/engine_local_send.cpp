@@ -100,8 +100,7 @@ void Engine::send_local_frag(TxOp *op, shm::PeerInbox &to, wire::LocalHeader hdr
 
 void Engine::await_local(TxOp *op, shm::PeerInbox &to, int64_t posted_ns, double expected_ns) {
     local_sends_.emplace(op->id | wire::kLocalOwnerOp, LocalSend{op, &to, posted_ns, expected_ns});
-    local_->channel()->owner_waits = true;  // (the twin's liveness check watches the peer)
-    *twin_quiet_ = false;
+    note_owner_waits();
 }
 
 // A Fin for one of our operations. Only the peer the operation went to answers it: a Fin in
@@ -127,7 +126,7 @@ void Engine::finish_local_send(uint64_t msg_id, int status) {
     if (it == local_sends_.end()) return;  // ended already (a death, a stream that failed)
     const LocalSend s = it->second;
     local_sends_.erase(it);
-    local_->channel()->owner_waits = !local_sends_.empty();
+    note_owner_waits();
     if (s.posted_ns && !status) shm::learn_lateness(*s.to, s.posted_ns, s.expected_ns);
     if (status)
         fail_tx(s.op, status);
@@ -179,7 +178,7 @@ void Engine::fail_sends_to_dead() {
         it = local_sends_.erase(it);
         fail_tx(op, FI_ECONNRESET);
     }
-    local_->channel()->owner_waits = !local_sends_.empty();
+    note_owner_waits();
 }
 
 }  // namespace tandem

@@ -91,7 +91,8 @@ class Channel {
         if (heartbeat_) __atomic_store_n(heartbeat_, uint32_t(now), __ATOMIC_RELAXED);
     }
     Sender &sender() const { return sender_; }
-    // Set by tandem while operations of its own wait on a peer's answer (a Fin): the twin's
+    // Set by tandem while operations of its own wait on a peer (a send's Fin, a split copy's
+    // WriteDone, a staged message's fragments: Engine::note_owner_waits): the twin's
     // liveness check then runs as for its own waits (every pass, and a timer while asleep),
     // so that a peer's death ends them.
     bool owner_waits = false;

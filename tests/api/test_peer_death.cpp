@@ -855,6 +855,32 @@ TEST_F(PeerDeathTest, PeerKilledAsleepInItsReadDoesNotKillTheSender) {
 class PeerDeathWaitTest : public PeerDeathTest {
   protected:
     void configure(FabricOptions &o) override { o.cq_wait = FI_WAIT_FD; }
+    // Kills the child 300 ms into a sleep on a's CQ descriptor (FI_GETWAIT, fi_trywait, poll)
+    // and sleeps until an entry can be read, 10 s at most: fi_cq_read's answer then (-FI_EAGAIN
+    // when the sleep ran out). (Not fi_cq_sread: it wakes every 100 ms by itself.)
+    ssize_t sleep_through_death() {
+        int fd = -1;
+        if (fi_control(&a().cq->fid, FI_GETWAIT, &fd)) return -FI_EOTHER;
+        std::thread killer([&] {
+            std::this_thread::sleep_for(300ms);
+            child.kill_and_reap();
+        });
+        const auto deadline = Clock::now() + 10s;
+        ssize_t n = -FI_EAGAIN;
+        fid *fids[] = {&a().cq->fid};
+        while (Clock::now() < deadline) {
+            fi_cq_tagged_entry e{};
+            if (fi_trywait(fabric, fids, 1) == FI_SUCCESS) {
+                pollfd pfd{fd, POLLIN, 0};
+                const auto left = std::chrono::duration_cast<Ms>(deadline - Clock::now()).count();
+                if (::poll(&pfd, 1, int(std::max<int64_t>(left, 0))) == 0) break;
+            }
+            n = fi_cq_read(a().cq, &e, 1);
+            if (n != -FI_EAGAIN) break;
+        }
+        killer.join();
+        return n;
+    }
     void before_enable(Endpoint &e, size_t index) override {
         if (index != 0) return;
         ASSERT_NO_FATAL_FAILURE(open_cntr(e.write_cntr));
@@ -878,30 +904,33 @@ TEST_F(PeerDeathWaitTest, SleeperWaitingOnADeadReceiverWakesWithTheError) {
     int status = 0;
     ASSERT_EQ(waitpid(child.pid, &status, WUNTRACED), child.pid);
     ASSERT_FI_OK(send_delivery_complete(*s, 64, ctx(1)));
-    int fd = -1;
-    ASSERT_FI_OK(fi_control(&a().cq->fid, FI_GETWAIT, &fd));
-    std::thread killer([&] {
-        std::this_thread::sleep_for(300ms);
-        child.kill_and_reap();
-    });
-    const auto deadline = Clock::now() + 10s;
-    ssize_t n = -FI_EAGAIN;
-    fid *fids[] = {&a().cq->fid};
-    while (Clock::now() < deadline) {
-        fi_cq_tagged_entry e{};
-        if (fi_trywait(fabric, fids, 1) == FI_SUCCESS) {
-            pollfd pfd{fd, POLLIN, 0};
-            const auto left = std::chrono::duration_cast<Ms>(deadline - Clock::now()).count();
-            if (::poll(&pfd, 1, int(std::max<int64_t>(left, 0))) == 0) break;
-        }
-        n = fi_cq_read(a().cq, &e, 1);
-        if (n != -FI_EAGAIN) break;
-    }
-    killer.join();
-    ASSERT_EQ(n, -FI_EAVAIL) << "the sleeper did not wake for the receiver's death within 10 s";
+    ASSERT_EQ(sleep_through_death(), -FI_EAVAIL)
+        << "the sleeper did not wake for the receiver's death within 10 s";
     fi_cq_err_entry err{};
     ASSERT_EQ(fi_cq_readerr(a().cq, &err, 0), 1);
     EXPECT_EQ(err.op_context, ctx(1));
+    EXPECT_EQ(err.err, FI_ECONNRESET) << fi_strerror(err.err);
+}
+
+// The same for a receive: asleep while a node-local sender is to write its part of a split
+// copy into our receive, the application wakes and reads the receive's error when that sender
+// dies (a receive waits on its sender as a send waits on its receiver's Fin). The sender stops
+// once it claimed its part (TANDEM_TEST_SPLIT_WAIT: we wait for its claim, see
+// KilledSenderLeavesReceiverUsable) and is killed 300 ms into our sleep.
+TEST_F(PeerDeathWaitTest, SleeperWhoseSenderDiesMidCopyWakesWithTheError) {
+    if (over_link()) GTEST_SKIP() << "a node-local split copy (a link reads the whole message)";
+    ScopedEnv wait("TANDEM_TEST_SPLIT_WAIT", "1");
+    auto r = buf(kChildMsg);
+    ASSERT_NO_FATAL_FAILURE(start_child("sender", "local.cts_claimed"));
+    ASSERT_FI_OK(post(
+        [&] { return fi_recv(a().ep, r->data(), kChildMsg, r->desc, FI_ADDR_UNSPEC, ctx(0)); }));
+    ASSERT_TRUE(child.wait_stopped([&] { progress(); }, 20s))
+        << "the child never claimed its part: " << a().log.summary();
+    ASSERT_EQ(sleep_through_death(), -FI_EAVAIL)
+        << "the sleeper did not wake for the sender's death within 10 s";
+    fi_cq_err_entry err{};
+    ASSERT_EQ(fi_cq_readerr(a().cq, &err, 0), 1);
+    EXPECT_EQ(err.op_context, ctx(0));
     EXPECT_EQ(err.err, FI_ECONNRESET) << fi_strerror(err.err);
 }
 
