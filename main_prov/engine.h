@@ -411,7 +411,6 @@ class Engine : public CmSource, public RemoteKeyResolver, public shm::StreamList
                          size_t count);
     void await_local(TxOp *op, shm::PeerInbox &to, int64_t posted_ns, double expected_ns);
     [[gnu::noinline]] void receive_fin(const uint8_t *cell);
-    void finish_local_send(uint64_t msg_id, int status);
     [[gnu::noinline]] void receive_cts(const uint8_t *cell);
     void stream_ended(const shm::Stream &stream, int status) override;
     void fail_sends_to_dead();
@@ -423,7 +422,10 @@ class Engine : public CmSource, public RemoteKeyResolver, public shm::StreamList
         int64_t posted_ns = 0;
         double expected_ns = 0;
     };
-    std::unordered_map<uint64_t, LocalSend> local_sends_;
+    using LocalSendMap = std::unordered_map<uint64_t, LocalSend>;
+    LocalSendMap local_sends_;
+    void finish_local_send(uint64_t msg_id, int status);
+    void finish_local_send(LocalSendMap::iterator it, int status);
     ssize_t send_over_link(TxOp *op, const SendRequest &r, bool device, const hmem::MemRef *mem);
     int prepare_eager(TxOp *op, const SendRequest &r, bool device, const hmem::MemRef *mem);
     int prepare_rts(TxOp *op, const SendRequest &r, bool device, const hmem::MemRef *mem,
@@ -476,6 +478,8 @@ class Engine : public CmSource, public RemoteKeyResolver, public shm::StreamList
     void issue_tx(TxOp *op);
     void finish_tx(TxOp *op);
     void fail_tx(TxOp *op, int err);
+    // finish_tx, or fail_tx with status (an FI_* code) when it is not 0.
+    void settle_tx(TxOp *op, int status) { status ? fail_tx(op, status) : finish_tx(op); }
     void tx_report(TxOp *op);
     void complete_injected(const SendRequest &r);
     // Whether a transmit posted with these flags writes a CQ entry (fi_inject and friends

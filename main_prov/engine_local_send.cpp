@@ -109,29 +109,32 @@ void Engine::await_local(TxOp *op, shm::PeerInbox &to, int64_t posted_ns, double
 void Engine::receive_fin(const uint8_t *cell) {
     wire::LocalHeader lh;
     memcpy(&lh, cell, sizeof lh);
+    if (lh.name_len > wire::kLocalNameRoom) [[unlikely]] {
+        TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed Fin\n");
+        return;
+    }
     auto it = local_sends_.find(lh.msg_id);
     if (it == local_sends_.end()) return;  // ended already (a death, a stream that failed)
-    const std::string_view sender(reinterpret_cast<const char *>(cell + sizeof lh),
-                                  std::min<size_t>(lh.name_len, wire::kLocalNameRoom));
+    const std::string_view sender(reinterpret_cast<const char *>(cell + sizeof lh), lh.name_len);
     if (local_->channel()->sender_peer(sender) != it->second.to) [[unlikely]] {
         TANDEM_WARN(FI_LOG_EP_DATA, "ignoring a Fin for an operation sent to another peer\n");
         return;
     }
-    finish_local_send(lh.msg_id, lh.status);
+    finish_local_send(it, lh.status);
 }
 
 // The receiver's answer (status 0, or its FI_* code) for our operation msg_id.
 void Engine::finish_local_send(uint64_t msg_id, int status) {
     auto it = local_sends_.find(msg_id);
-    if (it == local_sends_.end()) return;  // ended already (a death, a stream that failed)
+    if (it != local_sends_.end()) finish_local_send(it, status);  // (else ended already)
+}
+
+void Engine::finish_local_send(LocalSendMap::iterator it, int status) {
     const LocalSend s = it->second;
     local_sends_.erase(it);
     note_owner_waits();
     if (s.posted_ns && !status) shm::learn_lateness(*s.to, s.posted_ns, s.expected_ns);
-    if (status)
-        fail_tx(s.op, status);
-    else
-        finish_tx(s.op);
+    settle_tx(s.op, status);
 }
 
 // A stream of ours ended: its last cell is in the ring (0), or its peer died (FI_ECONNRESET).
@@ -140,11 +143,7 @@ void Engine::stream_ended(const shm::Stream &stream, int status) {
         if (status) finish_local_send(stream.hdr.msg_id, status);
         return;
     }
-    auto *op = static_cast<TxOp *>(stream.end.context);
-    if (status)
-        fail_tx(op, status);
-    else
-        finish_tx(op);
+    settle_tx(static_cast<TxOp *>(stream.end.context), status);
 }
 
 // A receiver's Cts for an Rts of ours: our part written into its buffers (shm::SingleCopy).
@@ -158,9 +157,15 @@ void Engine::receive_cts(const uint8_t *cell) {
     const std::string_view sender(reinterpret_cast<const char *>(cell + sizeof lh), lh.name_len);
     shm::Channel &channel = *local_->channel();
     // (Refused, and its sender told, when its name does not lead to the process it names.)
-    if (!channel.vouch_for_process(lh, sender)) return;
+    const shm::PeerInbox *from = channel.vouch_for_process(lh, sender);
+    if (!from) return;
+    // Only the peer the Rts went to asks for our part (anyone else's Cts is answered as one
+    // for an operation we no longer have: nothing of ours written into its memory).
     auto it = local_sends_.find(lh.msg_id);
-    const TxOp *op = it == local_sends_.end() ? nullptr : it->second.op;
+    const bool asked = it != local_sends_.end() && it->second.to == from;
+    if (it != local_sends_.end() && !asked) [[unlikely]]
+        TANDEM_WARN(FI_LOG_EP_DATA, "refusing a Cts for an operation sent to another peer\n");
+    const TxOp *op = asked ? it->second.op : nullptr;
     const bool source = op && !op->iov.empty();
     shm::SingleCopy::write_part(channel, lh, sender, cell + sizeof lh + wire::kLocalNameRoom,
                                 source ? op->iov.data() : nullptr, source ? op->iov.size() : 0);

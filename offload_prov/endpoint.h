@@ -220,6 +220,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         int64_t posted_ns = 0;
         double expected_ns = 0;
     };
+    using PendingMap = std::unordered_map<uint64_t, Pending>;
     struct Staged {  // a Frag message being assembled
         wire::LocalHeader hdr{};
         std::vector<uint8_t> data;  // what arrived so far, in order
@@ -264,6 +265,10 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         return {.kind = StreamEnd::Kind::CompleteTx, .context = context, .flags = flags};
     }
     void finish_pending(uint64_t msg_id, int status);
+    void finish_pending(PendingMap::iterator it, int status);
+    // Our operation an answer (Fin, ReadData, Cts) is for, when its sender is the peer the
+    // operation went to; pending_.end() otherwise (ep/progress.cpp).
+    PendingMap::iterator answered_by(const wire::LocalHeader &hdr, std::string_view sender);
 
     // ep/rma.cpp: RMA at the initiator.
     ssize_t issue_rma(LocalRequest &r);
@@ -324,7 +329,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     void handle_frag(const wire::LocalHeader &hdr, std::string_view sender, const uint8_t *body);
     void abandon_staged(const std::pair<std::string, uint64_t> &id, const wire::LocalHeader &hdr,
                         std::string_view sender);
-    void handle_read_data(const wire::LocalHeader &hdr, const uint8_t *body);
+    void handle_read_data(PendingMap::iterator it, const wire::LocalHeader &hdr,
+                          const uint8_t *body);
 
     // ep/send.cpp: issue_send's parts, host or device memory.
     void send_host(const LocalRequest &r, PeerLink &link, wire::LocalHeader &hdr,
@@ -391,7 +397,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     int64_t next_check_ms_ = 0;  // coarse_now_ms() of the next liveness check
 
     // ep/send.cpp, ep/rma.cpp
-    std::unordered_map<uint64_t, Pending> pending_;
+    PendingMap pending_;
     uint64_t next_id_ = 1;
 
     // ep/atomic.cpp

@@ -199,10 +199,12 @@ void Endpoint::handle_long_cell(const LocalHeader &hdr, std::string_view sender,
             handle_frag(hdr, sender, body);
             return;
         case LocalOp::Fin:
-            finish_pending(hdr.msg_id, hdr.status);
+            if (auto it = answered_by(hdr, sender); it != pending_.end())
+                finish_pending(it, hdr.status);
             return;
         case LocalOp::ReadData:
-            handle_read_data(hdr, body);
+            if (auto it = answered_by(hdr, sender); it != pending_.end())
+                handle_read_data(it, hdr, body);
             return;
         case LocalOp::Write:
         case LocalOp::Read:
@@ -283,14 +285,27 @@ void Endpoint::abandon_staged(const std::pair<std::string, uint64_t> &id, const 
     staged_.erase(id);
 }
 
+// Any local process of the user can write our inbox under a live endpoint's name: an answer
+// from another than the peer an operation went to would end it (its buffers back to the
+// application) or write into it while that peer may still read or write them. An answer for
+// an operation that ended already (a death, a failed stream) is no one's, quietly.
+Endpoint::PendingMap::iterator Endpoint::answered_by(const LocalHeader &hdr,
+                                                     std::string_view sender) {
+    auto it = pending_.find(hdr.msg_id);
+    if (it == pending_.end() || link_to(sender) == it->second.link) [[likely]]
+        return it;
+    TANDEM_WARN(FI_LOG_EP_DATA,
+                "ignoring an answer (op %u) for an operation sent to another peer\n", hdr.op);
+    return pending_.end();
+}
+
 // A part of what a Read we issued asked for (ReadData), scattered into the operation's
 // buffers; the operation finished with the last part, or at the first error.
-void Endpoint::handle_read_data(const LocalHeader &hdr, const uint8_t *body) {
-    auto it = pending_.find(hdr.msg_id);
-    if (it == pending_.end()) return;
+void Endpoint::handle_read_data(PendingMap::iterator it, const LocalHeader &hdr,
+                                const uint8_t *body) {
     Pending &p = it->second;
     if (hdr.status) {  // the target could not copy its memory
-        finish_pending(hdr.msg_id, hdr.status);
+        finish_pending(it, hdr.status);
         return;
     }
     if (p.mem.empty())
@@ -299,7 +314,7 @@ void Endpoint::handle_read_data(const LocalHeader &hdr, const uint8_t *body) {
              0)
         p.received = SIZE_MAX / 2;  // reported as an error when the last one came
     p.received += hdr.size;
-    if (hdr.flags & wire::kLocalLast) finish_pending(hdr.msg_id, p.received > p.len ? FI_EIO : 0);
+    if (hdr.flags & wire::kLocalLast) finish_pending(it, p.received > p.len ? FI_EIO : 0);
 }
 
 // A Short cell is an Eager message with the fields it leaves out implied. When our owner reads

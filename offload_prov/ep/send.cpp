@@ -260,7 +260,11 @@ bool Endpoint::post_ipc(PeerLink &link, LocalHeader hdr, const iovec *iov, const
 
 void Endpoint::finish_pending(uint64_t msg_id, int status) {
     auto it = pending_.find(msg_id);
-    if (it == pending_.end()) return;  // already failed (a dead peer) or a duplicate answer
+    if (it != pending_.end()) finish_pending(it, status);  // (else failed already: a dead peer)
+}
+
+void Endpoint::finish_pending(PendingMap::iterator it, int status) {
+    const uint64_t msg_id = it->first;
     Pending p = std::move(it->second);
     pending_.erase(it);
     if (p.posted_ns && !status && p.link) shm::learn_lateness(*p.link, p.posted_ns, p.expected_ns);

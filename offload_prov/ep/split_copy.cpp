@@ -11,7 +11,7 @@ using wire::LocalHeader;
 // Sender side of a split copy (shm::SingleCopy::write_part): our part of the Rts or RMA write
 // the Cts names, if we still have it.
 void Endpoint::handle_cts(const LocalHeader &hdr, std::string_view sender, const uint8_t *body) {
-    auto it = pending_.find(hdr.msg_id);
+    auto it = answered_by(hdr, sender);
     const bool ours = it != pending_.end() && !it->second.iov.empty();
     shm::SingleCopy::write_part(*channel_, hdr, sender, body,
                                 ours ? it->second.iov.data() : nullptr,

@@ -13,6 +13,7 @@
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
+#include <rdma/fi_rma.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_tagged.h>
 
@@ -611,14 +612,14 @@ TEST_F(RtsFromLivePeer, OneWhoseBuffersDoNotHoldItsMessageIsRefusedAndItsSenderT
     EXPECT_EQ(fin.status, FI_EIO) << fi_strerror(fin.status);
 }
 
-// The header of the first cell waiting in `to`'s inbox (`to` does not poll), when it is an
-// Rts: what a large send to it put there.
-bool rts_waiting_at(const Rdm &to, tandem::wire::LocalHeader &rts) {
+// The header of the first cell waiting in `to`'s inbox (`to` does not poll), when it is of
+// `op`: an Rts a large send to it put there, a Write an RMA write.
+bool waiting_at(const Rdm &to, tandem::wire::LocalOp op, tandem::wire::LocalHeader &h) {
     ForgedSender at(to);
     const uint8_t *cell = at.ready() ? at.peek() : nullptr;
     if (!cell) return false;
-    memcpy(&rts, cell, sizeof rts);
-    return rts.op == uint8_t(tandem::wire::LocalOp::Rts);
+    memcpy(&h, cell, sizeof h);
+    return h.op == uint8_t(op);
 }
 
 // A large node-local message is copied by both sides at once: its receiver reads the first
@@ -637,7 +638,7 @@ TEST(LocalSegments, ASenderWritesItsPartOfASplitCopyWhenItsReceiverAsks) {
     for (size_t i = 0; i < kLen; ++i) msg[i] = uint8_t(1 + (i * 7 + i / 4096) % 255);  // never 0
     ASSERT_EQ(fi_send(a.ep, msg.data(), kLen, nullptr, to_b, &msg), 0);
     tandem::wire::LocalHeader rts;
-    ASSERT_TRUE(rts_waiting_at(b, rts)) << "no Rts reached b's inbox";
+    ASSERT_TRUE(waiting_at(b, tandem::wire::LocalOp::Rts, rts)) << "no Rts reached b's inbox";
     ASSERT_TRUE(rts.msg_id & tandem::wire::kLocalOwnerOp) << "not an id of tandem's";
 
     std::vector<uint8_t> part(kLen / 2, 0);
@@ -655,6 +656,24 @@ TEST(LocalSegments, ASenderWritesItsPartOfASplitCopyWhenItsReceiverAsks) {
     a.close();
 }
 
+// a's operation msg_id (context) went to b: a Fin for it in c's name leaves it pending through
+// 300 ms of polling, b's completes it.
+void only_its_peer_ends(Rdm &a, const Rdm &b, const Rdm &c, uint64_t msg_id, void *context) {
+    ForgedSender to_a(a);
+    ASSERT_TRUE(to_a.ready());
+    ASSERT_TRUE(to_a.name_as(c));
+    to_a.fin(msg_id, 0);
+    fi_cq_tagged_entry e{};
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+    while (std::chrono::steady_clock::now() < until)
+        ASSERT_EQ(fi_cq_read(a.cq, &e, 1), -FI_EAGAIN) << "a Fin from c ended an operation to b";
+    ASSERT_TRUE(to_a.name_as(b));
+    to_a.fin(msg_id, 0);
+    fi_cq_err_entry err{};
+    ASSERT_EQ(next_completion(a, &e, &err), 1) << "b's Fin did not end the operation";
+    EXPECT_EQ(e.op_context, context);
+}
+
 // A sender's buffers are its own again at the Fin of the peer it sent to, and only then: a
 // Fin for the same operation in another live endpoint's name (any local process of the user
 // can write the inbox) is ignored, and the send completes at its receiver's.
@@ -669,21 +688,80 @@ TEST(LocalSegments, OnlyTheReceiverOfAMessageEndsItsSend) {
     std::vector<uint8_t> msg(4u << 20, 0x5a);  // an Rts: its send completes at a Fin
     ASSERT_EQ(fi_send(a.ep, msg.data(), msg.size(), nullptr, to_b, &msg), 0);
     tandem::wire::LocalHeader rts;
-    ASSERT_TRUE(rts_waiting_at(b, rts)) << "no Rts reached b's inbox";
+    ASSERT_TRUE(waiting_at(b, tandem::wire::LocalOp::Rts, rts)) << "no Rts reached b's inbox";
 
+    ASSERT_NO_FATAL_FAILURE(only_its_peer_ends(a, b, c, rts.msg_id, &msg));
+    c.close();
+    b.close();
+    a.close();
+}
+
+// The same for an operation off_tandem carries (an RMA write, which its target reads out of
+// the initiator's memory and answers with a Fin): a Fin in another live endpoint's name leaves
+// it pending, its target's completes it.
+TEST(LocalSegments, OnlyTheTargetOfAWriteEndsIt) {
+    Rdm a, b, c;
+    a.open(FI_MSG | FI_RMA);
+    b.open(FI_MSG | FI_RMA);
+    c.open();
+    const fi_addr_t to_b = a.insert(b);
+    a.insert(c);
+    const size_t len = 4u << 20;
+    std::vector<uint8_t> region(len, 0), local(len, 0x5b);
+    fid_mr *region_mr = nullptr, *local_mr = nullptr;
+    ASSERT_EQ(
+        fi_mr_reg(b.domain, region.data(), len, FI_REMOTE_WRITE, 0, 7, 0, &region_mr, nullptr), 0);
+    ASSERT_EQ(fi_mr_reg(a.domain, local.data(), len, FI_WRITE, 0, 8, 0, &local_mr, nullptr), 0);
+    const uint64_t at = (b.info->domain_attr->mr_mode & FI_MR_VIRT_ADDR)
+                            ? reinterpret_cast<uint64_t>(region.data())
+                            : 0;
+    fi_context ctx{};
+    ASSERT_EQ(fi_write(a.ep, local.data(), len, fi_mr_desc(local_mr), to_b, at,
+                       fi_mr_key(region_mr), &ctx),
+              0);
+    tandem::wire::LocalHeader write;
+    ASSERT_TRUE(waiting_at(b, tandem::wire::LocalOp::Write, write)) << "no Write reached b's inbox";
+
+    ASSERT_NO_FATAL_FAILURE(only_its_peer_ends(a, b, c, write.msg_id, &ctx));
+    fi_close(&local_mr->fid);
+    fi_close(&region_mr->fid);
+    c.close();
+    b.close();
+    a.close();
+}
+
+// A sender writes its part of a split copy only into the receive of the peer it sent the
+// message to: a Cts for it in another live endpoint's name gets nothing of the message.
+TEST(LocalSegments, ASplitCopysPartIsWrittenOnlyForItsReceiver) {
+    Rdm a, b, c;
+    std::string why;
+    ASSERT_TRUE(a.try_open(why)) << why;
+    ASSERT_TRUE(b.try_open(why)) << why;
+    ASSERT_TRUE(c.try_open(why)) << why;
+    const fi_addr_t to_b = a.insert(b);
+    a.insert(c);
+    constexpr size_t kLen = 4u << 20;  // an Rts, never staged
+    std::vector<uint8_t> msg(kLen, 0x6c);
+    ASSERT_EQ(fi_send(a.ep, msg.data(), kLen, nullptr, to_b, &msg), 0);
+    tandem::wire::LocalHeader rts;
+    ASSERT_TRUE(waiting_at(b, tandem::wire::LocalOp::Rts, rts)) << "no Rts reached b's inbox";
+
+    std::vector<uint8_t> part(kLen / 2, 0);
     ForgedSender to_a(a);
     ASSERT_TRUE(to_a.ready());
     ASSERT_TRUE(to_a.name_as(c));
-    to_a.fin(rts.msg_id, 0);
+    to_a.cts(uint32_t(getpid()), rts.msg_id, kLen / 2, kLen / 2, part.data());
     fi_cq_tagged_entry e{};
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
-    while (std::chrono::steady_clock::now() < until)
-        ASSERT_EQ(fi_cq_read(a.cq, &e, 1), -FI_EAGAIN) << "a Fin from c ended a send to b";
+    while (std::chrono::steady_clock::now() < until) ASSERT_EQ(fi_cq_read(a.cq, &e, 1), -FI_EAGAIN);
+    ASSERT_EQ(std::count(part.begin(), part.end(), 0), std::ptrdiff_t(kLen / 2))
+        << "the message's part was written for c";
     ASSERT_TRUE(to_a.name_as(b));
-    to_a.fin(rts.msg_id, 0);
-    fi_cq_err_entry err{};
-    ASSERT_EQ(next_completion(a, &e, &err), 1) << "b's Fin did not end the send";
-    EXPECT_EQ(e.op_context, &msg);
+    to_a.cts(uint32_t(getpid()), rts.msg_id, kLen / 2, kLen / 2, part.data());
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (part.back() == 0 && std::chrono::steady_clock::now() < deadline)
+        ASSERT_EQ(fi_cq_read(a.cq, &e, 1), -FI_EAGAIN);
+    ASSERT_EQ(part.back(), 0x6c) << "b's Cts did not get the part";
     c.close();
     b.close();
     a.close();

@@ -105,13 +105,14 @@ check_routes() {
         # tandem's larger node-local messages of host memory: one way in (issue_send), one
         # encoder each for Eager, Rts and Frag (declared, defined, called by send_local), and
         # their answers decoded in one place each (the Fin by dispatch_cell's receive_fin, and
-        # a failed stream's end; the Cts by dispatch_cell).
+        # a failed stream's end; finish_local_send's two forms, by id and by entry, declared
+        # and defined, the first calling the second; the Cts by dispatch_cell).
         "send_local|main_prov/engine.h main_prov/engine_local_send.cpp main_prov/engine_send.cpp"
         "send_local_eager|main_prov/engine.h main_prov/engine_local_send.cpp main_prov/engine_local_send.cpp"
         "send_local_rts|main_prov/engine.h main_prov/engine_local_send.cpp main_prov/engine_local_send.cpp"
         "send_local_frag|main_prov/engine.h main_prov/engine_local_send.cpp main_prov/engine_local_send.cpp"
         "receive_fin|main_prov/endpoint_data.cpp main_prov/engine.h main_prov/engine_local_send.cpp"
-        "finish_local_send|main_prov/engine.h main_prov/engine_local_send.cpp main_prov/engine_local_send.cpp main_prov/engine_local_send.cpp"
+        "finish_local_send|main_prov/engine.h main_prov/engine.h main_prov/engine_local_send.cpp main_prov/engine_local_send.cpp main_prov/engine_local_send.cpp main_prov/engine_local_send.cpp main_prov/engine_local_send.cpp"
         "receive_cts|main_prov/endpoint_data.cpp main_prov/engine.h main_prov/engine_local_send.cpp"
         # A device message (IpcRts) decoded by tandem alone (dispatch_cell), started as an Rts
         # is, at its match or when a receive takes it (start_local_rendezvous), its bytes copied by the
