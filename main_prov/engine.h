@@ -426,6 +426,7 @@ class Engine : public CmSource, public RemoteKeyResolver, public shm::StreamList
     LocalSendMap local_sends_;
     void finish_local_send(uint64_t msg_id, int status);
     void finish_local_send(LocalSendMap::iterator it, int status);
+    LocalSendMap::iterator local_send_to(uint64_t msg_id, const shm::PeerInbox *from);
     ssize_t send_over_link(TxOp *op, const SendRequest &r, bool device, const hmem::MemRef *mem);
     int prepare_eager(TxOp *op, const SendRequest &r, bool device, const hmem::MemRef *mem);
     int prepare_rts(TxOp *op, const SendRequest &r, bool device, const hmem::MemRef *mem,

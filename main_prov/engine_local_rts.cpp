@@ -124,7 +124,6 @@ void Engine::finish_local_rts(RxOp *rx, const wire::ProtoHeader &hdr, std::strin
 
 void Engine::wait_on_senders() {
     forget_dead_senders();
-    note_owner_waits();
     if (!local_splits_.empty() && !inbox_ring_->peek() && ++split_waits_ % kYieldEvery == 0)
         sched_yield();
 }

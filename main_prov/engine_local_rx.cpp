@@ -197,6 +197,7 @@ void Engine::forget_dead_senders() {
             LocalSplit split = std::move(it->second);
             const std::string sender = it->first.first;
             it = local_splits_.erase(it);
+            note_owner_waits();
             split.copy.abandon(*channel);
             finish_local_rts(split.rx, split.hdr, sender, split.src, split.copy.length(),
                              split.copy.status());

@@ -11,7 +11,6 @@
 #include "main_prov/shm/send_choice.h"
 #include "main_prov/shm/single_copy.h"
 
-#include <algorithm>
 #include <cstring>
 
 namespace tandem {
@@ -103,9 +102,9 @@ void Engine::await_local(TxOp *op, shm::PeerInbox &to, int64_t posted_ns, double
     note_owner_waits();
 }
 
-// A Fin for one of our operations. Only the peer the operation went to answers it: a Fin in
-// another's name (any local process of this user can write our inbox) would give the
-// application its buffers back while the receiver may still be reading them.
+// A Fin for one of our operations. Only the peer the operation went to answers it
+// (local_send_to): a Fin in another's name (any local process of this user can write our
+// inbox) would give the application its buffers back while the receiver may still read them.
 void Engine::receive_fin(const uint8_t *cell) {
     wire::LocalHeader lh;
     memcpy(&lh, cell, sizeof lh);
@@ -113,14 +112,19 @@ void Engine::receive_fin(const uint8_t *cell) {
         TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed Fin\n");
         return;
     }
-    auto it = local_sends_.find(lh.msg_id);
-    if (it == local_sends_.end()) return;  // ended already (a death, a stream that failed)
     const std::string_view sender(reinterpret_cast<const char *>(cell + sizeof lh), lh.name_len);
-    if (local_->channel()->sender_peer(sender) != it->second.to) [[unlikely]] {
-        TANDEM_WARN(FI_LOG_EP_DATA, "ignoring a Fin for an operation sent to another peer\n");
-        return;
-    }
-    finish_local_send(it, lh.status);
+    auto it = local_send_to(lh.msg_id, local_->channel()->sender_peer(sender));
+    if (it != local_sends_.end()) finish_local_send(it, lh.status);
+}
+
+// Our operation msg_id, when `from` is the peer it went to; local_sends_.end() otherwise (it
+// ended already: a death, a stream that failed; or another peer answers it, logged).
+Engine::LocalSendMap::iterator Engine::local_send_to(uint64_t msg_id, const shm::PeerInbox *from) {
+    auto it = local_sends_.find(msg_id);
+    if (it == local_sends_.end() || it->second.to == from) [[likely]]
+        return it;
+    TANDEM_WARN(FI_LOG_EP_DATA, "ignoring an answer for an operation sent to another peer\n");
+    return local_sends_.end();
 }
 
 // The receiver's answer (status 0, or its FI_* code) for our operation msg_id.
@@ -161,11 +165,8 @@ void Engine::receive_cts(const uint8_t *cell) {
     if (!from) return;
     // Only the peer the Rts went to asks for our part (anyone else's Cts is answered as one
     // for an operation we no longer have: nothing of ours written into its memory).
-    auto it = local_sends_.find(lh.msg_id);
-    const bool asked = it != local_sends_.end() && it->second.to == from;
-    if (it != local_sends_.end() && !asked) [[unlikely]]
-        TANDEM_WARN(FI_LOG_EP_DATA, "refusing a Cts for an operation sent to another peer\n");
-    const TxOp *op = asked ? it->second.op : nullptr;
+    auto it = local_send_to(lh.msg_id, from);
+    const TxOp *op = it != local_sends_.end() ? it->second.op : nullptr;
     const bool source = op && !op->iov.empty();
     shm::SingleCopy::write_part(channel, lh, sender, cell + sizeof lh + wire::kLocalNameRoom,
                                 source ? op->iov.data() : nullptr, source ? op->iov.size() : 0);

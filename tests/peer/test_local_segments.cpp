@@ -674,26 +674,37 @@ void only_its_peer_ends(Rdm &a, const Rdm &b, const Rdm &c, uint64_t msg_id, voi
     EXPECT_EQ(e.op_context, context);
 }
 
+// a, b and c open, b and c peers of a's, and a's 4 MiB send to b (an Rts: its send completes
+// at a Fin) waiting in b's inbox, which b does not poll.
+class RtsWaitingAtB : public ::testing::Test {
+  protected:
+    static constexpr size_t kLen = 4u << 20;  // more than b's ring holds: an Rts, never staged
+    static constexpr uint8_t kFill = 0x5a;
+    void SetUp() override {
+        std::string why;
+        ASSERT_TRUE(a.try_open(why)) << why;
+        ASSERT_TRUE(b.try_open(why)) << why;
+        ASSERT_TRUE(c.try_open(why)) << why;
+        const fi_addr_t to_b = a.insert(b);
+        a.insert(c);
+        ASSERT_EQ(fi_send(a.ep, msg.data(), kLen, nullptr, to_b, &msg), 0);
+        ASSERT_TRUE(waiting_at(b, tandem::wire::LocalOp::Rts, rts)) << "no Rts reached b's inbox";
+    }
+    void TearDown() override {
+        c.close();
+        b.close();
+        a.close();
+    }
+    Rdm a, b, c;
+    std::vector<uint8_t> msg = std::vector<uint8_t>(kLen, kFill);
+    tandem::wire::LocalHeader rts{};
+};
+
 // A sender's buffers are its own again at the Fin of the peer it sent to, and only then: a
 // Fin for the same operation in another live endpoint's name (any local process of the user
 // can write the inbox) is ignored, and the send completes at its receiver's.
-TEST(LocalSegments, OnlyTheReceiverOfAMessageEndsItsSend) {
-    Rdm a, b, c;
-    std::string why;
-    ASSERT_TRUE(a.try_open(why)) << why;
-    ASSERT_TRUE(b.try_open(why)) << why;
-    ASSERT_TRUE(c.try_open(why)) << why;
-    const fi_addr_t to_b = a.insert(b);
-    a.insert(c);                               // (c is a peer of a's too)
-    std::vector<uint8_t> msg(4u << 20, 0x5a);  // an Rts: its send completes at a Fin
-    ASSERT_EQ(fi_send(a.ep, msg.data(), msg.size(), nullptr, to_b, &msg), 0);
-    tandem::wire::LocalHeader rts;
-    ASSERT_TRUE(waiting_at(b, tandem::wire::LocalOp::Rts, rts)) << "no Rts reached b's inbox";
-
+TEST_F(RtsWaitingAtB, OnlyTheReceiverOfAMessageEndsItsSend) {
     ASSERT_NO_FATAL_FAILURE(only_its_peer_ends(a, b, c, rts.msg_id, &msg));
-    c.close();
-    b.close();
-    a.close();
 }
 
 // The same for an operation off_tandem carries (an RMA write, which its target reads out of
@@ -732,20 +743,7 @@ TEST(LocalSegments, OnlyTheTargetOfAWriteEndsIt) {
 
 // A sender writes its part of a split copy only into the receive of the peer it sent the
 // message to: a Cts for it in another live endpoint's name gets nothing of the message.
-TEST(LocalSegments, ASplitCopysPartIsWrittenOnlyForItsReceiver) {
-    Rdm a, b, c;
-    std::string why;
-    ASSERT_TRUE(a.try_open(why)) << why;
-    ASSERT_TRUE(b.try_open(why)) << why;
-    ASSERT_TRUE(c.try_open(why)) << why;
-    const fi_addr_t to_b = a.insert(b);
-    a.insert(c);
-    constexpr size_t kLen = 4u << 20;  // an Rts, never staged
-    std::vector<uint8_t> msg(kLen, 0x6c);
-    ASSERT_EQ(fi_send(a.ep, msg.data(), kLen, nullptr, to_b, &msg), 0);
-    tandem::wire::LocalHeader rts;
-    ASSERT_TRUE(waiting_at(b, tandem::wire::LocalOp::Rts, rts)) << "no Rts reached b's inbox";
-
+TEST_F(RtsWaitingAtB, ASplitCopysPartIsWrittenOnlyForItsReceiver) {
     std::vector<uint8_t> part(kLen / 2, 0);
     ForgedSender to_a(a);
     ASSERT_TRUE(to_a.ready());
@@ -761,10 +759,7 @@ TEST(LocalSegments, ASplitCopysPartIsWrittenOnlyForItsReceiver) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
     while (part.back() == 0 && std::chrono::steady_clock::now() < deadline)
         ASSERT_EQ(fi_cq_read(a.cq, &e, 1), -FI_EAGAIN);
-    ASSERT_EQ(part.back(), 0x6c) << "b's Cts did not get the part";
-    c.close();
-    b.close();
-    a.close();
+    ASSERT_EQ(part.back(), kFill) << "b's Cts did not get the part";
 }
 
 // A sender that cannot copy the rest of its staged message (its device copy failed) ends it
