@@ -180,9 +180,12 @@ void Engine::forget_dead_senders() {
     for (; deaths_seen_ < deaths.size(); ++deaths_seen_) {
         const shm::Channel::Death &dead = deaths[deaths_seen_];
         // (By process as well as address: a new process at the address may have begun a
-        // message under the same id before the death was judged.)
+        // message under the same id before the death was judged. An endpoint that closed,
+        // succeeded by another of its process at its address, cannot be told from that one
+        // by its cells: what they sent is left to end as it comes.)
         const auto sent_by_dead = [&dead](const std::string &sender, pid_t pid) {
-            return pid == dead.pid && shm::names_key(sender, dead.key);
+            return !dead.succeeded_in_process && pid == dead.pid &&
+                   shm::names_key(sender, dead.key);
         };
         for (auto it = staged_.begin(); it != staged_.end();) {
             auto next = std::next(it);

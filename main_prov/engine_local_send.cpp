@@ -23,9 +23,9 @@ namespace tandem {
 // a receive buffer. Back-pressure as for a Short cell: -FI_EAGAIN while cells wait for room in
 // the peer's ring.
 ssize_t Engine::send_local(SendRequest &r, Peer *peer) {
-    // (A new process at a dead peer's address is its peer from now on: relane.)
-    if ((peer->lane->out.blocked & shm::Outbox::kDead) && !relane(peer, r.dest))
-        return lane_refused(r, peer);
+    // (A new endpoint at the address of a peer that died or closed is its peer from now on:
+    // relane.)
+    if (!peer->lane->reachable() && !relane(peer, r.dest)) return lane_refused(r, peer);
     shm::PeerInbox &to = *peer->lane;
     if (!to.out.admits()) return -FI_EAGAIN;
     TxOp *op = new_send_op(r, peer);
@@ -121,7 +121,7 @@ void Engine::receive_fin(const uint8_t *cell) {
 // ended already: a death, a stream that failed; or another peer answers it, logged).
 Engine::LocalSendMap::iterator Engine::local_send_to(uint64_t msg_id, const shm::PeerInbox *from) {
     auto it = local_sends_.find(msg_id);
-    if (it == local_sends_.end() || it->second.to == from) [[likely]]
+    if (it == local_sends_.end() || shm::same_address(it->second.to, from)) [[likely]]
         return it;
     TANDEM_WARN(FI_LOG_EP_DATA, "ignoring an answer for an operation sent to another peer\n");
     return local_sends_.end();

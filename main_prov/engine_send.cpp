@@ -150,10 +150,14 @@ ssize_t Engine::inject_local(const SendRequest &r, Peer *peer, bool device) {
 }
 
 // A lane that took no cell: its peer died (the send fails with an error completion, as any
-// operation towards it does) or it has no room now (-FI_EAGAIN).
+// operation towards it does) or it has no room now (-FI_EAGAIN). A peer whose endpoint
+// closed (its process may run on) takes no cell either: a new endpoint at its address is
+// its peer from now on, and until there is one, or the closed one is judged dead (the
+// liveness check), the send waits (-FI_EAGAIN).
 ssize_t Engine::lane_refused(const SendRequest &r, Peer *peer) {
-    if (!(peer->lane->out.blocked & shm::Outbox::kDead)) return -FI_EAGAIN;
-    if (relane(peer, r.dest)) return -FI_EAGAIN;  // (try again: into the new peer's ring)
+    const bool dead = peer->lane->out.blocked & shm::Outbox::kDead;
+    if (!dead && !peer->lane->segment.closed()) return -FI_EAGAIN;
+    if (relane(peer, r.dest) || !dead) return -FI_EAGAIN;  // (again: into the new ring)
     TxOp *op = new_send_op(r, peer);
     ++tx_outstanding_;
     fail_tx(op, FI_ECONNRESET);
@@ -164,7 +168,7 @@ ssize_t Engine::lane_refused(const SendRequest &r, Peer *peer) {
 // channel then finds its inbox, which is this peer's lane from now on (true).
 bool Engine::relane(Peer *peer, fi_addr_t dest) {
     shm::PeerInbox *now = local_->channel()->peer_at(dest);
-    if (!now || now->dead) return false;
+    if (!now || !now->reachable()) return false;
     peer->lane = now;
     return true;
 }

@@ -313,7 +313,37 @@ if [ $parallel -eq 1 ] && [ -z "${FABTESTS_CHILD:-}" ] && ((${#mode_list[@]} > 1
         echo "-P: the modes run one after the other (their namespaces need root)"
     else
         declare -a stay=()
-        for mode in "${mode_list[@]}"; do
+        # One client-server test the runner does not list, as the runner runs one: the server, then
+# the client, both -p tandem, into $log.extra; its row into $log. Uses the mode's $log,
+# $addr, $envs, $rundir (set in the loop below). NAME as the row says it, then the binary
+# and its arguments.
+run_pair() {
+    local name=$1 binary=$2
+    shift 2
+    if [ $run_excluded -eq 0 ] && reason_for "$name" ex >/dev/null; then
+        printf -- '- name: %s -p "tandem"\n  result: Excluded\n' "$name" >>"$log"
+        return
+    fi
+    local targs=(-p tandem "$@") before after server res=Pass
+    # (grep -c exits 1 on no match: not a failure here.)
+    before=$(grep -c 'fi_getinfo().*ret=-61' "$log.extra" 2>/dev/null || true)
+    echo "== $name" >>"$log.extra"
+    (cd "$rundir" && env FI_PROVIDER_PATH="$build/lib" "${envs[@]}" \
+        timeout "$per_test_timeout" "$bin/$binary" "${targs[@]}" -s "$addr") \
+        >>"$log.extra" 2>&1 </dev/null &
+    server=$!
+    sleep 0.5
+    (cd "$rundir" && env FI_PROVIDER_PATH="$build/lib" "${envs[@]}" \
+        timeout "$per_test_timeout" "$bin/$binary" "${targs[@]}" -s "$addr" "$addr") \
+        >>"$log.extra" 2>&1 </dev/null || res=Fail
+    wait "$server" || res=Fail
+    # Both sides found nothing to run on (-FI_ENODATA): not run, as the runner says.
+    after=$(grep -c 'fi_getinfo().*ret=-61' "$log.extra" || true)
+    [ "$res" = Fail ] && [ $((after - ${before:-0})) -ge 2 ] && res=Notrun
+    printf -- '- name: %s -p "tandem"\n  result: %s\n' "$name" "$res" >>"$log"
+}
+
+for mode in "${mode_list[@]}"; do
             if [ "$mode" = nic ]; then
                 stay+=("$mode")
                 continue
@@ -355,7 +385,7 @@ for mode in "${mode_list[@]}"; do
     esac
     log=$rundir/$mode.log
     # This run's programs only: the side logs are appended to test by test.
-    : >"$log.deferred"
+    : >"$log.extra"
     : >"$log.multinode"
     excl_args=()
     prov=tandem hosts=() mode_excluded=$excluded_file
@@ -371,34 +401,19 @@ for mode in "${mode_list[@]}"; do
         "$bin/runfabtests.sh" -p "$bin" -v -T "$per_test_timeout" -t "$sets" \
         -s "$addr" -c "$addr" "${excl_args[@]}" "$prov" "${hosts[@]}") >"$log" 2>&1 </dev/null ||
         true
-    # The 1.17 runner does not list fi_rdm_deferred_wq: its variants run here as the runner
-    # runs a client-server test (server, then client, both -p tandem), into the same log.
+    # Client-server tests the runners do not list run here as the runner runs one (server,
+    # then client, both -p tandem), into the same log: the 1.17 runner has no
+    # fi_rdm_deferred_wq, and neither runner the address-reuse variants of
+    # fi_rdm_multi_client (-R: each client endpoint opened at the first one's address, which
+    # also happens by chance when the kernel hands the next endpoint the port the last freed).
     if [ "$mode" != lnx ] &&
         [[ ",$sets," == *,quick,* || ",$sets," == *,standard,* || ",$sets," == *,functional,* ]]; then
         for variant in "" msg tagged rma atomic f_atomic c_atomic; do
-            name="fi_rdm_deferred_wq${variant:+ -T $variant}"
-            if [ $run_excluded -eq 0 ] && reason_for "$name" ex >/dev/null; then
-                printf -- '- name: %s -p "tandem"\n  result: Excluded\n' "$name" >>"$log"
-                continue
-            fi
-            targs=(-p tandem ${variant:+-T "$variant"})
-            # (grep -c exits 1 on no match: not a failure here.)
-            before=$(grep -c 'fi_getinfo().*ret=-61' "$log.deferred" || true)
-            (cd "$rundir" && env FI_PROVIDER_PATH="$build/lib" "${envs[@]}" \
-                timeout "$per_test_timeout" "$bin/fi_rdm_deferred_wq" "${targs[@]}" -s "$addr") \
-                >>"$log.deferred" 2>&1 </dev/null &
-            server=$!
-            sleep 0.5
-            res=Pass
-            (cd "$rundir" && env FI_PROVIDER_PATH="$build/lib" "${envs[@]}" \
-                timeout "$per_test_timeout" "$bin/fi_rdm_deferred_wq" "${targs[@]}" -s "$addr" \
-                "$addr") >>"$log.deferred" 2>&1 </dev/null || res=Fail
-            wait "$server" || res=Fail
-            # Both sides found nothing to run on (-FI_ENODATA): not run, as the runner says.
-            after=$(grep -c 'fi_getinfo().*ret=-61' "$log.deferred" || true)
-            [ "$res" = Fail ] && [ $((after - before)) -ge 2 ] && res=Notrun
-            printf -- '- name: %s -p "tandem"\n  result: %s\n' "$name" "$res" >>"$log"
+            run_pair "fi_rdm_deferred_wq${variant:+ -T $variant}" fi_rdm_deferred_wq \
+                ${variant:+-T "$variant"}
         done
+        run_pair "fi_rdm_multi_client -C 10 -I 5 -R" fi_rdm_multi_client -C 10 -I 5 -R
+        run_pair "fi_rdm_multi_client -C 10 -I 5 -U -R" fi_rdm_multi_client -C 10 -I 5 -U -R
     fi
     # The runner's multinode set needs a job launcher; fi_multinode_coll's ranks meet at the
     # first one's address, so they run here directly: 2, 3, 4 and 8 processes, and in the
@@ -455,7 +470,7 @@ for mode in "${ran_modes[@]}"; do
 done
 
 bad=0
-declare -a notes=()
+declare -a notes=() failed=()
 printf '\n%-58s' "test"
 for mode in "${ran_modes[@]}"; do printf '%-10s' "$mode"; done
 printf '\n'
@@ -483,6 +498,7 @@ for name in "${order[@]}"; do
                     cell=FAIL!
                     bad=1
                     notes+=("$mode: $name FAILED (see $rundir/$mode.log)")
+                    failed+=("$mode|$name")
                 fi
                 ;;
             "") cell=- ;;
@@ -502,6 +518,19 @@ for mode in "${ran_modes[@]}"; do
     printf '\n'
 done
 if ((${#notes[@]})); then printf '%s\n' "${notes[@]}"; fi
+# What a failed test printed (its record in the runner's log, or its section of the side
+# logs), so that a failure CI met once can be read from CI's output: at most 60 lines each.
+for entry in "${failed[@]}"; do
+    mode=${entry%%|*} name=${entry#*|}
+    echo "--- $mode: $name"
+    {
+        awk -v n="$name" -v addr="$( [ "$mode" = nic ] && echo "${nic_addr:-$(first_global_ipv4)}" || echo 127.0.0.1)" '
+            index($0, "- name:") == 1 { s = $0; sub(/^- name: +/, "", s)
+                                        sub(/ -p "(tandem|lnx)"$/, "", s); gsub(addr, "ADDR", s)
+                                        on = s == n } on' "$rundir/$mode.log"
+        awk -v n="== $name" '/^== / { on = $0 == n } on' "$rundir/$mode.log.extra" 2>/dev/null
+    } | head -60
+done
 if [ $bad -ne 0 ]; then
     echo "fabtests: FAILED"
     exit 1

@@ -32,7 +32,7 @@ PeerInbox *Channel::find_peer_at(fi_addr_t addr) {
         peers_version_ = version;
     }
     PeerInbox *peer = nullptr;
-    if (auto it = peer_by_addr_.find(addr); it != peer_by_addr_.end() && !it->second->dead) {
+    if (auto it = peer_by_addr_.find(addr); it != peer_by_addr_.end() && it->second->reachable()) {
         peer = it->second;
     } else {
         uint8_t name[128];
@@ -52,7 +52,7 @@ PeerInbox *Channel::find_peer_at(fi_addr_t addr) {
 PeerInbox *Channel::peer_of(const std::string &key, std::string_view addr) {
     if (!segment_) return nullptr;
     auto it = peers_.find(key);
-    if (it != peers_.end() && (!it->second->dead || !reopen_due(*it->second)))
+    if (it != peers_.end() && (it->second->reachable() || !reopen_due(*it->second)))
         return it->second.get();
     // (None: no endpoint of this address on this node, not ours, not one that lives, or not a
     // peer of ours: open_peer.)
@@ -64,19 +64,29 @@ PeerInbox *Channel::peer_of(const std::string &key, std::string_view addr) {
         peers_.emplace(key, std::move(peer));
         return raw;
     }
-    // A new process at a dead peer's address: the key is its peer's now.
-    TANDEM_INFO(FI_LOG_EP_CTRL, "node-local peer %s: a new process (pid %d) after pid %d\n",
-                key.c_str(), raw->pid, it->second->pid);
-    buried_.push_back(std::move(it->second));
+    // A new endpoint at the address of one that died (a server restarted on its port) or
+    // closed (the same process may open the next one there, as fabtests' multi-client test
+    // does): the key is the new one's now. One that closed is judged as a dead one is, from
+    // the retiring list (check_peers): operations sent to it end by its answers, which may
+    // still wait in our inbox, or with FI_ECONNRESET once none can.
+    PeerInbox &old = *it->second;
+    TANDEM_INFO(FI_LOG_EP_CTRL, "node-local peer %s: a new endpoint (pid %d) after pid %d's %s\n",
+                key.c_str(), raw->pid, old.pid, old.dead ? "death" : "close");
+    if (old.dead) {
+        buried_.push_back(std::move(it->second));
+    } else {
+        old.succeeded_in_process = raw->pid == old.pid;
+        retiring_.push_back(std::move(it->second));
+    }
     it->second = std::move(peer);
     forget_lookups();
     return raw;
 }
 
-bool Channel::reopen_due(PeerInbox &dead) {
+bool Channel::reopen_due(PeerInbox &gone) {
     const int64_t now = coarse_now_ms();
-    if (now < dead.reopen_at_ms) return false;
-    dead.reopen_at_ms = now + kReopenEveryMs;
+    if (now < gone.reopen_at_ms) return false;
+    gone.reopen_at_ms = now + kReopenEveryMs;
     return true;
 }
 
@@ -91,7 +101,7 @@ void Channel::forget_lookups() {
 }
 
 PeerInbox *Channel::sender_peer(std::string_view sender) {
-    if (last_sender_peer_ && sender == last_sender_ && !last_sender_peer_->dead)
+    if (last_sender_peer_ && sender == last_sender_ && last_sender_peer_->reachable())
         return last_sender_peer_;
     auto key = local_key(sender.data(), sender.size());
     PeerInbox *peer = key ? peer_of(*key, sender) : nullptr;
@@ -190,7 +200,7 @@ void Channel::skip_dead_claims() {
 void Channel::mark_dead(PeerInbox &peer) {
     peer.dead = true;
     peer.out.close_dead(sender_);  // (its backlog's streams end with FI_ECONNRESET)
-    deaths_.push_back({peer.key, peer.pid});
+    deaths_.push_back({peer.key, peer.pid, peer.succeeded_in_process});
     TANDEM_INFO(FI_LOG_EP_DATA,
                 "node-local peer %s is gone (its endpoint closed or its process died)\n",
                 peer.key.c_str());

@@ -108,14 +108,15 @@ class Channel {
     // until the AV changes (an address removed and another inserted may reuse it); nullptr
     // when it is not a node-local peer (see open_peer) or we have no inbox. May be dead.
     PeerInbox *peer_at(fi_addr_t addr) {
-        if (addr == last_addr_ && last_peer_ && !last_peer_->dead &&
+        if (addr == last_addr_ && last_peer_ && last_peer_->reachable() &&
             book_version() == peers_version_)
             return last_peer_;
         return find_peer_at(addr);
     }
     // The peer the key names (addr: the address bytes it was made from), opened on first use.
-    // May be dead: then, every kReopenEveryMs at most, a new process at that address (a
-    // server restarted on its port) is looked for, and takes the key once it has an inbox.
+    // May be dead or closed: then, every kReopenEveryMs at most, a new endpoint at that
+    // address (a server restarted on its port, or an endpoint reopened there by the same
+    // process) is looked for, and takes the key once it has an inbox.
     PeerInbox *peer_of(const std::string &key, std::string_view addr);
     // The peer that sent a cell (named by its address bytes), if it lives.
     PeerInbox *sender_peer(std::string_view sender);
@@ -151,19 +152,18 @@ class Channel {
     bool check_peers(Bury &&bury) {
         skip_dead_claims();
         bool waiting = false;
-        for (auto &[key, peer] : peers_) {
-            if (peer->dead) continue;
-            switch (peer->verdict.judge(peer->segment, inbox_)) {
-                case DeathVerdict::State::kAlive:
-                    break;
-                case DeathVerdict::State::kDraining:
-                    waiting = true;
-                    break;
-                case DeathVerdict::State::kDead:
-                    mark_dead(*peer);
-                    bury(*peer);
-                    break;
+        for (auto &[key, peer] : peers_)
+            if (!peer->dead) waiting |= judge(*peer, bury) == DeathVerdict::State::kDraining;
+        // Closed peers a new endpoint at their address replaced (peer_of).
+        for (auto it = retiring_.begin(); it != retiring_.end();) {
+            const DeathVerdict::State state = judge(**it, bury);
+            waiting |= state == DeathVerdict::State::kDraining;
+            if (state != DeathVerdict::State::kDead) {
+                ++it;
+                continue;
             }
+            buried_.push_back(std::move(*it));
+            it = retiring_.erase(it);
         }
         return waiting;
     }
@@ -173,6 +173,9 @@ class Channel {
     struct Death {
         std::string key;
         pid_t pid = 0;
+        // A new endpoint of the same process took the key (PeerInbox::succeeded_in_process):
+        // what is kept by sender address and pid may be that one's.
+        bool succeeded_in_process = false;
     };
     const std::vector<Death> &deaths() const { return deaths_; }
     // Writes what waits in the peers' backlogs (the Sender counts the backlogged Outboxes).
@@ -186,7 +189,17 @@ class Channel {
     }
     PeerInbox *find_peer_at(fi_addr_t addr);
     static constexpr int64_t kReopenEveryMs = 100;
-    bool reopen_due(PeerInbox &dead);
+    bool reopen_due(PeerInbox &gone);
+    // One peer's verdict; marked dead and buried when it is kDead.
+    template <class Bury>
+    DeathVerdict::State judge(PeerInbox &peer, Bury &bury) {
+        const DeathVerdict::State state = peer.verdict.judge(peer.segment, inbox_);
+        if (state == DeathVerdict::State::kDead) {
+            mark_dead(peer);
+            bury(peer);
+        }
+        return state;
+    }
     void forget_lookups();
     fi_addr_t find_source(std::string_view sender);
     void skip_dead_claims();
@@ -212,9 +225,11 @@ class Channel {
 
     // Peers, by key (they live as long as the channel), and the caches of the lookups.
     std::unordered_map<std::string, std::unique_ptr<PeerInbox>> peers_;
-    // Dead peers whose key a new process took: kept, as peers_ keeps the dead, for what still
+    // Dead peers whose key a new endpoint took: kept, as peers_ keeps the dead, for what still
     // holds them (operations that waited on them).
     std::vector<std::unique_ptr<PeerInbox>> buried_;
+    // Closed peers whose key a new endpoint took, until their verdict (check_peers).
+    std::vector<std::unique_ptr<PeerInbox>> retiring_;
     std::vector<Death> deaths_;
     std::unordered_map<fi_addr_t, PeerInbox *> peer_by_addr_;
     fi_addr_t last_addr_ = FI_ADDR_NOTAVAIL;

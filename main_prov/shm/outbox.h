@@ -15,6 +15,7 @@
 #include "common/short_cell.h"
 #include "common/wire.h"
 #include "hmem/hmem.h"
+#include "main_prov/shm/shm_segment.h"
 #include "main_prov/shm/wake.h"
 
 #include <sys/uio.h>
@@ -84,7 +85,10 @@ class Sender {
 class Outbox {
   public:
     Outbox() = default;  // writes nowhere (ring nullptr) until assigned one that does
-    Outbox(ShmRing *ring, const std::string &key) : ring_(ring), wake_(key) {}
+    // peer_state: the `ready` word of the peer's segment (ShmSegment::ready_word), which says
+    // when its endpoint closed (nullptr: a ring of no segment, never closed).
+    Outbox(ShmRing *ring, const std::string &key, const std::atomic<uint32_t> *peer_state = nullptr)
+        : ring_(ring), peer_state_(peer_state ? peer_state : &kNoState), wake_(key) {}
 
     // Whether a new operation's cell could go now: nothing waits and the ring has a free cell
     // (another producer may take it first).
@@ -119,10 +123,14 @@ class Outbox {
     void close_dead(Sender &s);
 
     // A cell of the ring for a cell its caller builds (tandem's Short cells), or nullptr:
-    // something waits in the backlog (the cell would overtake it), the peer is dead, or the
+    // something waits in the backlog (the cell would overtake it), the peer is dead or its
+    // endpoint closed (nobody reads the ring: a new endpoint may be at its address), or the
     // ring is full. producer: the writer's claimant id (Sender::producer).
     [[gnu::always_inline]] void *claim(uint32_t producer) {
-        return blocked ? nullptr : ring_->try_reserve(producer, view);
+        if (blocked || peer_state_->load(std::memory_order_relaxed) == ShmSegmentHeader::kClosed)
+            [[unlikely]]
+            return nullptr;
+        return ring_->try_reserve(producer, view);
     }
     // The claimed cell, written, to the peer (woken if the claim found it asleep).
     [[gnu::always_inline]] void publish(void *cell) {
@@ -168,6 +176,8 @@ class Outbox {
     }
 
     ShmRing *ring_ = nullptr;
+    static constexpr std::atomic<uint32_t> kNoState{ShmSegmentHeader::kReady};
+    const std::atomic<uint32_t> *peer_state_ = &kNoState;
     PeerWake wake_{};
     std::deque<Outgoing> backlog_{};
 };

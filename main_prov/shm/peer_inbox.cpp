@@ -50,10 +50,12 @@ std::optional<PeerInbox> open_peer(const std::string &key, std::string_view addr
                     key.c_str());
         return std::nullopt;
     }
+    // (Taken before the segment moves into the PeerInbox; its mapping stays where it is.)
+    const std::atomic<uint32_t> *state = seg->segment.ready_word();
     // Named members: PeerInbox grows, and a positional {} once landed in a descriptor.
     PeerInbox peer{.key = key,
                    .segment = std::move(seg->segment),
-                   .out = Outbox(seg->ring, key),
+                   .out = Outbox(seg->ring, key, state),
                    .split_claims = seg->split_claims,
                    .info = info,
                    .pid = info->pid};

@@ -29,7 +29,12 @@ struct PeerInbox {
     bool same_pid_ns = false;
     bool cma = false;  // single copy by CMA works with it (the probe read its word)
     bool dead = false;
-    // Dead: when the channel next looks for a new process at its address (Channel::peer_of).
+    // Closed by its endpoint, and a new endpoint of the same process opened at the address
+    // (Channel::peer_of): what is kept by sender address and pid is that one's as much as this
+    // one's, so this one's burial leaves it be.
+    bool succeeded_in_process = false;
+    // Dead or closed: when the channel next looks for a new endpoint at its address
+    // (Channel::peer_of).
     int64_t reopen_at_ms = 0;
     // Whether its process is gone, and then whether the cells it published before it died
     // (a Fin, a WriteDone) are read.
@@ -37,7 +42,18 @@ struct PeerInbox {
     // What our sends to it learned: how much later than their copies' cost our Rts got
     // their Fin lately (a moving average, ns), the cost of waiting for this receiver.
     double rts_lateness_ns = 0;
+
+    // Whether what we write into its ring is read: it lives and its endpoint is open. (Its
+    // endpoint may close while its process runs on, and another open at the same address.)
+    bool reachable() const { return !dead && !segment.closed(); }
 };
+
+// Whether an answer from `from` (the peer its sender's name leads to now) comes from where an
+// operation sent to `to` went: the same address. Not the same PeerInbox only: an endpoint
+// that answered and then closed, with a new one at its address, names the new one by then.
+inline bool same_address(const PeerInbox *to, const PeerInbox *from) {
+    return to == from || (to && from && to->key == from->key);
+}
 
 // Who may be a node-local peer of ours, and whether we may copy with CMA at all.
 struct PeerPolicy {

@@ -384,8 +384,7 @@ bool ShmSegment::is_creator() const noexcept {
 }
 
 bool ShmSegment::owner_alive() const {
-    if (header()->ready.load(std::memory_order_acquire) == ShmSegmentHeader::kClosed)
-        return false;  // (its owner closed it, and runs on)
+    if (closed()) return false;  // (its owner let go of it, and runs on)
     if (owner_shares_pid_namespace())
         return process_alive(header()->owner_pid, header()->owner_start_time);
     return owner_lock_held(lock_fd_);

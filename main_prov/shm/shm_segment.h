@@ -112,6 +112,14 @@ class ShmSegment {
     // zombie, and its start time is the one recorded (so a recycled pid does not count).
     // In another one: it still holds its lock on the object.
     bool owner_alive() const;
+    // Whether its owner let go of it (closed that endpoint) and may run on: a peer that finds
+    // it so looks for a new endpoint at the address (Channel::peer_of). One load, for the
+    // send paths; owner_alive() says it too, among its dearer checks.
+    bool closed() const noexcept {
+        return header()->ready.load(std::memory_order_acquire) == ShmSegmentHeader::kClosed;
+    }
+    // The word that says so, for a writer that checks it before each cell (Outbox::claim).
+    const std::atomic<uint32_t> *ready_word() const noexcept { return &header()->ready; }
     // Whether the owner's pid means the same process here: only then may its pid be used
     // (cross-memory attach, kill).
     bool owner_shares_pid_namespace() const;

@@ -39,6 +39,9 @@ void Endpoint::bury(PeerLink &link) {
     }
     for (AtomicSlot &slot : atomics_)
         if (slot.link == &link) finish_atomic_slot(slot, FI_ECONNRESET);
+    // What is kept by sender address: a closed endpoint succeeded by another of its process
+    // at its address cannot be told from that one there (left to end as it comes).
+    if (link.succeeded_in_process) return;
     // Receives whose sender was still to write its half.
     for (auto it = splits_.begin(); it != splits_.end();) {
         if (!sent_by_it(it->first.first)) {

@@ -292,7 +292,7 @@ void Endpoint::abandon_staged(const std::pair<std::string, uint64_t> &id, const 
 Endpoint::PendingMap::iterator Endpoint::answered_by(const LocalHeader &hdr,
                                                      std::string_view sender) {
     auto it = pending_.find(hdr.msg_id);
-    if (it == pending_.end() || link_to(sender) == it->second.link) [[likely]]
+    if (it == pending_.end() || shm::same_address(it->second.link, link_to(sender))) [[likely]]
         return it;
     TANDEM_WARN(FI_LOG_EP_DATA,
                 "ignoring an answer (op %u) for an operation sent to another peer\n", hdr.op);

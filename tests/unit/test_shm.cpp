@@ -1820,6 +1820,53 @@ TEST(Channel, APeerWhoseProcessDiedIsBuriedOnceWhatItWroteUsIsRead) {
     EXPECT_EQ(ours.channel.deaths().size(), 1u) << "logged once";
 }
 
+// An endpoint closes and the same process opens another at its address (fabtests'
+// rdm_multi_client -R; or a port the kernel hands out again): what we send to that address,
+// by destination or as an answer to its cells, goes into the new one's ring at once, not into
+// the closed one's (which nobody reads), and the closed one is buried as a dead one is.
+TEST(Channel, AnEndpointReopenedAtAClosedOnesAddressTakesItsKey) {
+    FakeBook book;
+    const std::string a = loopback_address(9), c = loopback_address(10);
+    OpenChannel ours(a, book);
+    book.set(2, c);
+    auto first = std::make_unique<OpenChannel>(c, book);
+    shm::PeerInbox *closed = ours.channel.peer_at(2);
+    ASSERT_NE(closed, nullptr);
+    ASSERT_EQ(ours.channel.sender_peer(c), closed);
+    first.reset();  // (its endpoint closes; this process runs on)
+    EXPECT_EQ(closed->out.claim(ours.sender.producer), nullptr) << "nobody reads its ring";
+    OpenChannel second(c, book);
+
+    shm::PeerInbox *now = ours.channel.peer_at(2);
+    ASSERT_NE(now, nullptr);
+    ASSERT_NE(now, closed) << "the closed endpoint's ring, which nobody reads";
+    EXPECT_TRUE(now->reachable());
+    EXPECT_EQ(ours.channel.sender_peer(c), now);
+    now->out.push(ours.sender, fin_of(21), nullptr, 0);
+    EXPECT_TRUE(ours.channel.answer(c, 22, 0));
+    for (uint64_t id : {21u, 22u}) {
+        std::optional<wire::LocalHeader> got = read_header(second.channel.inbox());
+        ASSERT_TRUE(got) << "cell " << id << " is not in the new endpoint's inbox";
+        EXPECT_EQ(got->msg_id, id);
+    }
+
+    // The closed one is judged as a dead one (nothing of its is unread here): buried once,
+    // its death logged as one that a new endpoint of its process succeeded.
+    EXPECT_FALSE(closed->dead);
+    std::vector<shm::PeerInbox *> buried;
+    auto bury = [&](shm::PeerInbox &p) { buried.push_back(&p); };
+    EXPECT_FALSE(ours.channel.check_peers(bury));
+    ASSERT_EQ(buried.size(), 1u);
+    EXPECT_EQ(buried[0], closed);
+    EXPECT_TRUE(closed->dead);
+    ASSERT_EQ(ours.channel.deaths().size(), 1u);
+    EXPECT_TRUE(ours.channel.deaths()[0].succeeded_in_process);
+    EXPECT_FALSE(ours.channel.check_peers(bury));
+    EXPECT_EQ(buried.size(), 1u) << "buried once";
+    EXPECT_EQ(ours.channel.peer_at(2), now);
+    EXPECT_FALSE(now->dead);
+}
+
 // SenderHold: the cells of a sender behind its split write, kept by the inbox's reader.
 
 namespace {
