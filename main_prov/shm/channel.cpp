@@ -49,10 +49,10 @@ PeerInbox *Channel::find_peer_at(fi_addr_t addr) {
     return peer;
 }
 
-PeerInbox *Channel::peer_of(const std::string &key, std::string_view addr) {
+PeerInbox *Channel::peer_of(const std::string &key, std::string_view addr, bool sent_us) {
     if (!segment_) return nullptr;
     auto it = peers_.find(key);
-    if (it != peers_.end() && (it->second->reachable() || !reopen_due(*it->second)))
+    if (it != peers_.end() && (it->second->reachable() || (!sent_us && !reopen_due(*it->second))))
         return it->second.get();
     // (None: no endpoint of this address on this node, not ours, not one that lives, or not a
     // peer of ours: open_peer.)
@@ -104,7 +104,10 @@ PeerInbox *Channel::sender_peer(std::string_view sender) {
     if (last_sender_peer_ && sender == last_sender_ && last_sender_peer_->reachable())
         return last_sender_peer_;
     auto key = local_key(sender.data(), sender.size());
-    PeerInbox *peer = key ? peer_of(*key, sender) : nullptr;
+    // (A cell from an address whose peer died or closed is the news that a new endpoint may
+    // be there: looked for at once, whenever the last look was. Waiting for the next look
+    // due lost the answers to the first cells of an endpoint reopened there.)
+    PeerInbox *peer = key ? peer_of(*key, sender, true) : nullptr;
     if (peer) {
         last_sender_.assign(sender);
         last_sender_peer_ = peer;

@@ -116,8 +116,10 @@ class Channel {
     // The peer the key names (addr: the address bytes it was made from), opened on first use.
     // May be dead or closed: then, every kReopenEveryMs at most, a new endpoint at that
     // address (a server restarted on its port, or an endpoint reopened there by the same
-    // process) is looked for, and takes the key once it has an inbox.
-    PeerInbox *peer_of(const std::string &key, std::string_view addr);
+    // process) is looked for, and takes the key once it has an inbox. sent_us: a cell from
+    // that address is being read, which says that an endpoint may live there: looked for
+    // then whenever the last look was.
+    PeerInbox *peer_of(const std::string &key, std::string_view addr, bool sent_us = false);
     // The peer that sent a cell (named by its address bytes), if it lives.
     PeerInbox *sender_peer(std::string_view sender);
     // Whether a cell names a process we are to read from or write into (cross-memory attach),
