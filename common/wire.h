@@ -322,8 +322,9 @@ inline constexpr size_t local_short_body_offset(size_t name_len) {
 // takes two cache lines of the ring and its answer one (the long header would take three and
 // two): Atomic: `size` = bytes of the request (AtomicBody + operands) after the name, `tag` =
 // the initiator's operation id, `cq_data` = the remote CQ data (flag kLocalCqData).
-// AtomicResp: no name (name_len 0; the id finds the operation), `size` = bytes of previous
-// values that follow, `tag` = the id, `cq_data` = the status (0 or a positive FI_* error).
+// AtomicResp: the target's name (the initiator takes the answer only from the target it
+// asked), `size` = bytes of previous values that follow the name, `tag` = the id, `cq_data` =
+// the status (0 or a positive FI_* error).
 
 inline constexpr size_t kLocalMaxIov = 4;
 

@@ -215,6 +215,7 @@ void Endpoint::serve_atomic(const uint8_t *cell) {
     const size_t len = (!status && r.kind != atomic::Kind::Base) ? r.bytes() : 0;
     wire::LocalShortHeader out{};
     out.op = static_cast<uint8_t>(LocalOp::AtomicResp);
+    out.name_len = proto_.name_len;  // (the initiator takes the answer only from us)
     out.size = static_cast<uint32_t>(len);
     out.tag = h.tag;
     out.cq_data = static_cast<uint32_t>(status);
@@ -247,15 +248,27 @@ void Endpoint::finish_atomic_slot(AtomicSlot &slot, int status) {
     write_cq(w);
 }
 
+// An atomic's answer. Only the target it went to answers it (any local process of the user
+// can write our inbox under a live endpoint's name): another's would complete it with values
+// of its choosing while the target may still answer.
 void Endpoint::finish_atomic(const uint8_t *cell) {
     wire::LocalShortHeader h;
     memcpy(&h, cell, sizeof h);
+    if (h.name_len > wire::kLocalNameRoom) [[unlikely]] {
+        TANDEM_WARN(FI_LOG_EP_DATA, "dropping a malformed atomic answer\n");
+        return;
+    }
     AtomicSlot *slot = atomic_slot(h.tag);
     if (!slot) return;
+    const std::string_view sender(reinterpret_cast<const char *>(cell + sizeof h), h.name_len);
+    if (!shm::same_address(slot->link, link_to(sender))) [[unlikely]] {
+        TANDEM_WARN(FI_LOG_EP_DATA, "ignoring an atomic's answer from another than its target\n");
+        return;
+    }
     const uint8_t *values = cell + wire::local_short_body_offset(h.name_len);
     int status = static_cast<int>(h.cq_data);
     if (!status && slot->nresult) {
-        if (h.size != slot->len || h.name_len > wire::kLocalNameRoom)
+        if (h.size != slot->len)
             status = FI_EIO;
         else if (!slot->device)
             iov_scatter(slot->result, slot->nresult, 0, values, h.size);

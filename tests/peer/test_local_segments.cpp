@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <rdma/fabric.h>
+#include <rdma/fi_atomic.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
 #include <rdma/fi_endpoint.h>
@@ -457,6 +458,24 @@ class ForgedSender {
         memcpy(cell + sizeof h, name_, name_len_);
         ring_->publish(slot);
     }
+    // An atomic's answer (status 0) for the operation `id` of the inbox's owner, carrying
+    // the 8-byte previous value `value`.
+    void atomic_resp(uint64_t id, uint64_t value) {
+        void *slot = ring_->try_reserve(tandem::own_process_token());
+        ASSERT_NE(slot, nullptr);
+        auto *cell = static_cast<uint8_t *>(slot);
+        tandem::wire::LocalShortHeader h{};
+        h.op = uint8_t(tandem::wire::LocalOp::AtomicResp);
+        h.name_len = uint8_t(name_len_);
+        h.size = sizeof value;
+        h.tag = id;
+        const size_t at = tandem::wire::local_short_body_offset(name_len_);
+        memcpy(cell, &h, sizeof h);
+        memset(cell + sizeof h, 0, at - sizeof h);
+        memcpy(cell + sizeof h, name_, name_len_);
+        memcpy(cell + at, &value, sizeof value);
+        ring_->publish(slot);
+    }
     // The first cell waiting in the inbox (read, not taken): what the endpoint's owner was
     // sent while it did not poll. nullptr: none.
     const uint8_t *peek() { return static_cast<const uint8_t *>(ring_->peek()); }
@@ -736,6 +755,56 @@ TEST(LocalSegments, OnlyTheTargetOfAWriteEndsIt) {
     ASSERT_NO_FATAL_FAILURE(only_its_peer_ends(a, b, c, write.msg_id, &ctx));
     fi_close(&local_mr->fid);
     fi_close(&region_mr->fid);
+    c.close();
+    b.close();
+    a.close();
+}
+
+// The same for an atomic (off_tandem's, answered by an AtomicResp under the compact header):
+// a fetching atomic's answer in another live endpoint's name leaves it pending and its result
+// untouched; the target's completes it with the value the target sent.
+TEST(LocalSegments, OnlyTheTargetOfAnAtomicAnswersIt) {
+    Rdm a, b, c;
+    a.open(FI_MSG | FI_ATOMIC);
+    b.open(FI_MSG | FI_ATOMIC);
+    c.open();
+    const fi_addr_t to_b = a.insert(b);
+    a.insert(c);
+    uint64_t target = 5, operand = 1, result = 0;
+    fid_mr *target_mr = nullptr;
+    ASSERT_EQ(fi_mr_reg(b.domain, &target, sizeof target, FI_REMOTE_READ | FI_REMOTE_WRITE, 0, 9, 0,
+                        &target_mr, nullptr),
+              0);
+    const uint64_t at =
+        (b.info->domain_attr->mr_mode & FI_MR_VIRT_ADDR) ? reinterpret_cast<uint64_t>(&target) : 0;
+    fi_context ctx{};
+    ASSERT_EQ(fi_fetch_atomic(a.ep, &operand, 1, nullptr, &result, nullptr, to_b, at,
+                              fi_mr_key(target_mr), FI_UINT64, FI_SUM, &ctx),
+              0);
+    ForgedSender at_b(b);
+    ASSERT_TRUE(at_b.ready());
+    const uint8_t *request = at_b.peek();
+    ASSERT_NE(request, nullptr) << "no Atomic reached b's inbox";
+    tandem::wire::LocalShortHeader h;
+    memcpy(&h, request, sizeof h);
+    ASSERT_EQ(h.op, uint8_t(tandem::wire::LocalOp::Atomic));
+
+    ForgedSender to_a(a);
+    ASSERT_TRUE(to_a.ready());
+    ASSERT_TRUE(to_a.name_as(c));
+    to_a.atomic_resp(h.tag, 0x77);
+    fi_cq_tagged_entry e{};
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(300);
+    while (std::chrono::steady_clock::now() < until)
+        ASSERT_EQ(fi_cq_read(a.cq, &e, 1), -FI_EAGAIN) << "c's answer ended an atomic sent to b";
+    EXPECT_EQ(result, 0u) << "c's answer was written into the result";
+    ASSERT_TRUE(to_a.name_as(b));
+    to_a.atomic_resp(h.tag, 0x77);
+    fi_cq_err_entry err{};
+    ASSERT_EQ(next_completion(a, &e, &err), 1) << "b's answer did not end the atomic";
+    EXPECT_EQ(e.op_context, &ctx);
+    EXPECT_EQ(result, 0x77u);
+    fi_close(&target_mr->fid);
     c.close();
     b.close();
     a.close();
