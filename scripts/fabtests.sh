@@ -305,15 +305,7 @@ multinode_coll() {
 declare -a ran_modes=()
 IFS=, read -ra mode_list <<<"$modes"
 all_modes=("${mode_list[@]}")
-# -P: this script again for each mode but nic, in namespaces of its own, in the background
-# (FABTESTS_CHILD: it runs its mode and leaves the summary to this one); nic runs here.
-declare -A child_pid=()
-if [ $parallel -eq 1 ] && [ -z "${FABTESTS_CHILD:-}" ] && ((${#mode_list[@]} > 1)); then
-    if [ "$(id -u)" -ne 0 ] || ! command -v unshare >/dev/null; then
-        echo "-P: the modes run one after the other (their namespaces need root)"
-    else
-        declare -a stay=()
-        # One client-server test the runner does not list, as the runner runs one: the server, then
+# One client-server test the runner does not list, as the runner runs one: the server, then
 # the client, both -p tandem, into $log.extra; its row into $log. Uses the mode's $log,
 # $addr, $envs, $rundir (set in the loop below). NAME as the row says it, then the binary
 # and its arguments.
@@ -343,7 +335,15 @@ run_pair() {
     printf -- '- name: %s -p "tandem"\n  result: %s\n' "$name" "$res" >>"$log"
 }
 
-for mode in "${mode_list[@]}"; do
+# -P: this script again for each mode but nic, in namespaces of its own, in the background
+# (FABTESTS_CHILD: it runs its mode and leaves the summary to this one); nic runs here.
+declare -A child_pid=()
+if [ $parallel -eq 1 ] && [ -z "${FABTESTS_CHILD:-}" ] && ((${#mode_list[@]} > 1)); then
+    if [ "$(id -u)" -ne 0 ] || ! command -v unshare >/dev/null; then
+        echo "-P: the modes run one after the other (their namespaces need root)"
+    else
+        declare -a stay=()
+        for mode in "${mode_list[@]}"; do
             if [ "$mode" = nic ]; then
                 stay+=("$mode")
                 continue
