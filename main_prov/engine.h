@@ -400,33 +400,41 @@ class Engine : public CmSource, public RemoteKeyResolver, public shm::StreamList
     ssize_t lane_refused(const SendRequest &r, Peer *peer);
     bool relane(Peer *peer, fi_addr_t dest);
     TxOp *new_send_op(const SendRequest &r, Peer *peer);
-    ssize_t send_through_twin(TxOp *op, SendRequest &r, bool device, const hmem::MemRef *mem);
-    // engine_local_send.cpp: a node-local message of host memory that is no Short cell, as
-    // an Eager cell, an Rts or a Frag stream through the peer's Outbox; what ends it.
-    ssize_t send_local(SendRequest &r, Peer *peer);
+    // engine_local_send.cpp: a node-local message that is no Short cell, as an Eager cell, an
+    // Rts or a Frag stream through the peer's Outbox; what ends it. engine_local_ipc.cpp: one
+    // of device memory, peer to peer (an IpcRts) or staged by the device's copies.
+    ssize_t send_local(SendRequest &r, Peer *peer, const hmem::MemRef *mem);
+    wire::LocalHeader local_header(const TxOp *op, wire::LocalOp kind);
     void send_local_eager(TxOp *op, shm::PeerInbox &to, const wire::LocalHeader &hdr,
-                          const iovec *iov, size_t count);
-    void send_local_rts(TxOp *op, shm::PeerInbox &to, wire::LocalHeader hdr, double rts_ns);
+                          const iovec *iov, size_t count, const hmem::MemRef *mem);
+    void send_local_rts(TxOp *op, shm::PeerInbox &to, wire::LocalHeader hdr, int64_t posted_ns,
+                        double rts_ns);
     void send_local_frag(TxOp *op, shm::PeerInbox &to, wire::LocalHeader hdr, const iovec *iov,
-                         size_t count);
-    void await_local(TxOp *op, shm::PeerInbox &to, int64_t posted_ns, double expected_ns);
+                         size_t count, const hmem::MemRef *mem);
+    void send_local_device(TxOp *op, shm::PeerInbox &to, wire::LocalHeader hdr);
+    bool send_local_ipc(TxOp *op, shm::PeerInbox &to, wire::LocalHeader hdr);
+    void await_local(TxOp *op, shm::PeerInbox &to, int64_t posted_ns, double expected_ns,
+                     bool ipc = false);
     [[gnu::noinline]] void receive_fin(const uint8_t *cell);
     [[gnu::noinline]] void receive_cts(const uint8_t *cell);
     void stream_ended(const shm::Stream &stream, int status) override;
     void fail_sends_to_dead();
     // Our node-local operations waiting for an answer (a Fin), by id (with kLocalOwnerOp): the
-    // peer, and for an Rts when it was posted and what its copy was expected to take.
+    // peer, for an Rts when it was posted and what its copy was expected to take, and whether
+    // it is an IpcRts (restaged when the receiver cannot map it).
     struct LocalSend {
         TxOp *op = nullptr;
         shm::PeerInbox *to = nullptr;
         int64_t posted_ns = 0;
         double expected_ns = 0;
+        bool ipc = false;
     };
     using LocalSendMap = std::unordered_map<uint64_t, LocalSend>;
     LocalSendMap local_sends_;
     void finish_local_send(uint64_t msg_id, int status);
     void finish_local_send(LocalSendMap::iterator it, int status);
     LocalSendMap::iterator local_send_to(uint64_t msg_id, const shm::PeerInbox *from);
+    bool restage_local_send(const LocalSend &s);
     ssize_t send_over_link(TxOp *op, const SendRequest &r, bool device, const hmem::MemRef *mem);
     int prepare_eager(TxOp *op, const SendRequest &r, bool device, const hmem::MemRef *mem);
     int prepare_rts(TxOp *op, const SendRequest &r, bool device, const hmem::MemRef *mem,

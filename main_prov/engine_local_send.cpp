@@ -15,14 +15,16 @@
 
 namespace tandem {
 
-// A message of host memory to a node-local peer: an Eager cell when it fits one, else by
+// A message to a node-local peer. Of host memory: an Eager cell when it fits one, else by
 // single copy (an Rts naming our buffers, which the receiver reads) or staged through the ring
 // (Frag), as shm::stages_better judges. It completes once its cells are in the peer's ring
 // (or in our backlog to it: they are copies), except an Rts, which completes at the Fin, and a
 // delivery-complete send, which completes at the Fin the receiver sends once the message is in
-// a receive buffer. Back-pressure as for a Short cell: -FI_EAGAIN while cells wait for room in
-// the peer's ring.
-ssize_t Engine::send_local(SendRequest &r, Peer *peer) {
+// a receive buffer. Of device memory (`mem`, else null): peer to peer or staged by the
+// device's copies (send_local_device), except an inject's, copied into host memory now and
+// sent as host memory. Back-pressure as for a Short cell: -FI_EAGAIN while cells wait for room
+// in the peer's ring.
+ssize_t Engine::send_local(SendRequest &r, Peer *peer, const hmem::MemRef *mem) {
     // (A new endpoint at the address of a peer that died or closed is its peer from now on:
     // relane.)
     if (!peer->lane->reachable() && !relane(peer, r.dest)) return lane_refused(r, peer);
@@ -31,44 +33,70 @@ ssize_t Engine::send_local(SendRequest &r, Peer *peer) {
     TxOp *op = new_send_op(r, peer);
     const size_t len = r.payload.len;
     const bool inject = r.flags & FI_INJECT;
-    const bool rts = len > wire::kLocalBodyRoom && to.cma;
+    const bool device = mem && !inject;
+    const bool rts = !device && len > wire::kLocalBodyRoom && to.cma;
     // The source stays the application's until the send completes, except an inject's
-    // (copied now); an Rts keeps its list for the receiver's Cts.
-    if (inject || rts) take_payload(op, r.payload.iov, nullptr, r.payload.count, len, inject);
+    // (copied now); an Rts keeps its list for the receiver's Cts, a device message for its
+    // IPC handles or its device's copies.
+    if (inject || rts || device) {
+        if (int ret = take_payload(op, r.payload.iov, mem, r.payload.count, len, inject)) {
+            free_tx(op);  // (the device could not copy an inject's payload)
+            return ret;
+        }
+    }
     const iovec *iov = inject || rts ? op->iov.data() : r.payload.iov;
     const size_t count = inject || rts ? op->iov.size() : r.payload.count;
-    shm::Channel &channel = *local_->channel();
-    wire::LocalHeader hdr = channel.header(wire::LocalOp::Eager, op->id | wire::kLocalOwnerOp);
-    hdr.flags = uint8_t((r.tagged ? wire::kLocalTagged : 0) |
-                        ((r.flags & FI_REMOTE_CQ_DATA) ? wire::kLocalCqData : 0) |
-                        ((r.flags & FI_DELIVERY_COMPLETE) ? wire::kLocalAckReq : 0));
-    hdr.tag = r.tag;
-    hdr.cq_data = r.data;
-    hdr.total = len;
+    op->hdr.tag = r.tag;
+    op->hdr.cq_data = r.data;
+    wire::LocalHeader hdr = local_header(op, wire::LocalOp::Eager);
     ++tx_outstanding_;
     double rts_ns = 0;
-    if (len <= wire::kLocalBodyRoom) {
+    if (device) {
+        send_local_device(op, to, hdr);
+    } else if (len <= wire::kLocalBodyRoom) {
         hdr.size = static_cast<uint32_t>(len);
-        send_local_eager(op, to, hdr, iov, count);
+        send_local_eager(op, to, hdr, iov, count, nullptr);
     } else if (rts && !shm::stages_better(to, len, &rts_ns)) {
-        send_local_rts(op, to, hdr, rts_ns);
+        send_local_rts(op, to, hdr, shm::now_ns(), rts_ns);
     } else {
-        send_local_frag(op, to, hdr, iov, count);
+        send_local_frag(op, to, hdr, iov, count, nullptr);
     }
     return 0;
 }
 
+// The header of a cell of our message op (the size is the caller's).
+wire::LocalHeader Engine::local_header(const TxOp *op, wire::LocalOp kind) {
+    wire::LocalHeader hdr = local_->channel()->header(kind, op->id | wire::kLocalOwnerOp);
+    hdr.flags = uint8_t(((op->cq_flags & FI_TAGGED) ? wire::kLocalTagged : 0) |
+                        ((op->op_flags & FI_REMOTE_CQ_DATA) ? wire::kLocalCqData : 0) |
+                        ((op->op_flags & FI_DELIVERY_COMPLETE) ? wire::kLocalAckReq : 0));
+    hdr.tag = op->hdr.tag;
+    hdr.cq_data = op->hdr.cq_data;
+    hdr.total = op->len;
+    return hdr;
+}
+
+// One cell (mem: device buffers the device copies out of; the copy can fail: FI_EIO, nothing
+// sent).
 void Engine::send_local_eager(TxOp *op, shm::PeerInbox &to, const wire::LocalHeader &hdr,
-                              const iovec *iov, size_t count) {
+                              const iovec *iov, size_t count, const hmem::MemRef *mem) {
     const bool ack = hdr.flags & wire::kLocalAckReq;
     if (ack) await_local(op, to, 0, 0);
-    to.out.push_gather(local_->channel()->sender(), hdr, iov, count, 0, hdr.total);
+    if (!to.out.push_gather(local_->channel()->sender(), hdr, iov, count, 0, hdr.total, mem))
+        [[unlikely]] {
+        if (ack) local_sends_.erase(hdr.msg_id);
+        fail_tx(op, FI_EIO);
+        return;
+    }
     if (!ack) finish_tx(op);
 }
 
 // Single copy: the receiver reads op->iov with CMA (half of it written by us after its Cts, from
 // wire::kLocalSplitMin); the buffers are the application's until the Fin.
-void Engine::send_local_rts(TxOp *op, shm::PeerInbox &to, wire::LocalHeader hdr, double rts_ns) {
+// posted_ns and rts_ns: what the choice of single copy expected (0: no choice made, a device
+// message's host bounce).
+void Engine::send_local_rts(TxOp *op, shm::PeerInbox &to, wire::LocalHeader hdr, int64_t posted_ns,
+                            double rts_ns) {
     wire::LocalIov body[wire::kLocalMaxIov];
     size_t n = 0;
     for (const iovec &v : op->iov)
@@ -77,14 +105,15 @@ void Engine::send_local_rts(TxOp *op, shm::PeerInbox &to, wire::LocalHeader hdr,
     hdr.iov_count = static_cast<uint8_t>(n);
     hdr.size = static_cast<uint32_t>(n * sizeof(wire::LocalIov));  // (the list is the body)
     hdr.flags &= uint8_t(~wire::kLocalAckReq);  // the Fin comes anyway, once it is read
-    await_local(op, to, shm::now_ns(), rts_ns);
+    await_local(op, to, posted_ns, rts_ns);
     to.out.push(local_->channel()->sender(), hdr, body, n * sizeof(wire::LocalIov));
 }
 
 // Staged: as many cells as it takes, cut from the source as the ring makes room; the stream's
 // end (stream_ended) completes the send, or fails it.
+// (mem: device buffers, which the device copies out of cell by cell.)
 void Engine::send_local_frag(TxOp *op, shm::PeerInbox &to, wire::LocalHeader hdr, const iovec *iov,
-                             size_t count) {
+                             size_t count, const hmem::MemRef *mem) {
     const bool ack = hdr.flags & wire::kLocalAckReq;
     hdr.op = static_cast<uint8_t>(wire::LocalOp::Frag);
     if (ack) await_local(op, to, 0, 0);
@@ -93,12 +122,14 @@ void Engine::send_local_frag(TxOp *op, shm::PeerInbox &to, wire::LocalHeader hdr
         .context = op,
         .to = this};
     shm::Channel &channel = *local_->channel();
-    to.out.push_stream(channel.sender(), hdr, iov, count, hdr.total, nullptr, end);
+    to.out.push_stream(channel.sender(), hdr, iov, count, hdr.total, mem, end);
     flush_soon(channel);  // (the rest of the stream waits in the backlog)
 }
 
-void Engine::await_local(TxOp *op, shm::PeerInbox &to, int64_t posted_ns, double expected_ns) {
-    local_sends_.emplace(op->id | wire::kLocalOwnerOp, LocalSend{op, &to, posted_ns, expected_ns});
+void Engine::await_local(TxOp *op, shm::PeerInbox &to, int64_t posted_ns, double expected_ns,
+                         bool ipc) {
+    local_sends_.emplace(op->id | wire::kLocalOwnerOp,
+                         LocalSend{op, &to, posted_ns, expected_ns, ipc});
     note_owner_waits();
 }
 
@@ -137,6 +168,7 @@ void Engine::finish_local_send(LocalSendMap::iterator it, int status) {
     const LocalSend s = it->second;
     local_sends_.erase(it);
     note_owner_waits();
+    if (s.ipc && status == FI_EOPNOTSUPP && restage_local_send(s)) return;
     if (s.posted_ns && !status) shm::learn_lateness(*s.to, s.posted_ns, s.expected_ns);
     settle_tx(s.op, status);
 }

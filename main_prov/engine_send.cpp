@@ -110,15 +110,12 @@ ssize_t Engine::issue_send(SendRequest &r) {
     Peer *peer = peer_for(r.dest);
     bool peer_transfer = r.flags & FI_PEER_TRANSFER;
     if (peer_transfer && !local_) return -FI_EINVAL;  // only our offload twin posts these
+    // (The twin's traffic crosses the link: node-local twins talk over their own rings.)
     if (!peer_transfer) {
         if (ssize_t ret = inject_local(r, peer, device); ret != kNotTaken) return ret;
-        // (Device memory: the twin's P2P policy and IPC handles decide how it goes.)
-        if (!device && goes_local(peer, r.dest)) return send_local(r, peer);
+        if (goes_local(peer, r.dest)) return send_local(r, peer, device ? mem : nullptr);
     }
-    TxOp *op = new_send_op(r, peer);
-    // The twin's traffic crosses the link (node-local twins talk over their own rings).
-    if (!peer_transfer && goes_local(peer, r.dest)) return send_through_twin(op, r, device, mem);
-    return send_over_link(op, r, device, mem);
+    return send_over_link(new_send_op(r, peer), r, device, mem);
 }
 
 // A small node-local message of host memory is a Short cell: into the peer's ring through its
@@ -190,34 +187,6 @@ TxOp *Engine::new_send_op(const SendRequest &r, Peer *peer) {
     op->peer_transfer = peer_transfer;
     if (peer_transfer) op->report = true;  // the twin always hears of its own operations
     return op;
-}
-
-// A send of device memory to a node-local peer, posted to the offload twin: it copies (or has the
-// receiver read) the payload itself, except that an inject's buffer is the application's again when
-// we return: hand the twin our copy of it.
-ssize_t Engine::send_through_twin(TxOp *op, SendRequest &r, bool device, const hmem::MemRef *mem) {
-    const iovec *twin_iov = r.payload.iov;
-    void **twin_desc = r.payload.descs();
-    size_t twin_count = r.payload.count;
-    if (r.flags & FI_INJECT) {
-        int ret = take_payload(op, r.payload.iov, device ? mem : nullptr, r.payload.count,
-                               r.payload.len, true);
-        if (ret) {
-            free_tx(op);
-            return ret;
-        }
-        twin_iov = op->iov.data();
-        twin_desc = nullptr;  // our copy is host memory
-        twin_count = op->iov.size();
-    }
-    ++tx_outstanding_;
-    int ret =
-        local_->send(op, twin_iov, twin_desc, twin_count, r.dest, r.flags, r.tag, r.data, r.tagged);
-    if (ret) {
-        --tx_outstanding_;
-        free_tx(op);
-    }
-    return ret;
 }
 
 // A send over the link: an Eager message carrying the payload, or an Rts naming the source

@@ -204,27 +204,6 @@ LocalPath::~LocalPath() {
     if (eq_) fi_close(&eq_->fid);
 }
 
-int LocalPath::send(TxOp *op, const iovec *iov, void **desc, size_t count, fi_addr_t dest,
-                    uint64_t flags, uint64_t tag, uint64_t data, bool tagged) {
-    // The application's descriptors go to the twin as they are (peer::MrDesc): it learns
-    // where device buffers live from them. Without FI_HMEM they name host memory only and
-    // are not looked at (an application may pass anything there, even a descriptor where
-    // fi_msg_fetch wants a list of them).
-    desc = descs(desc);
-    fi_msg_tagged msg{};
-    msg.msg_iov = iov;
-    msg.desc = desc;
-    msg.iov_count = count;
-    msg.addr = dest;
-    msg.tag = tag;
-    msg.context = op;
-    msg.data = data;
-    flags = (flags & (FI_REMOTE_CQ_DATA | FI_DELIVERY_COMPLETE)) | FI_COMPLETION;
-    if (tagged) return static_cast<int>(fi_tsendmsg(twin_, &msg, flags));
-    fi_msg m{iov, desc, count, dest, op, data};
-    return static_cast<int>(fi_sendmsg(twin_, &m, flags));
-}
-
 int LocalPath::rma(TxOp *op, const iovec *iov, void **desc, size_t count, fi_addr_t peer,
                    uint64_t addr, uint64_t key, uint64_t flags, uint64_t data, bool write) {
     fi_rma_iov rma{addr, iov_length(iov, count), key};

@@ -63,11 +63,7 @@ class LocalPath final : public peer::CqOwner {
     ~LocalPath();
 
     // Post an operation; its completion arrives through peer_write / peer_writeerr with the
-    // op as context. A negative errno when the twin refused it (nothing will complete). A send
-    // here is of device memory (the twin's P2P policy and IPC handles): tandem sends host
-    // memory itself (Engine::send_local).
-    int send(TxOp *op, const iovec *iov, void **desc, size_t count, fi_addr_t dest, uint64_t flags,
-             uint64_t tag, uint64_t data, bool tagged);
+    // op as context. A negative errno when the twin refused it (nothing will complete).
     // The largest message a lane's Short cell takes.
     size_t inject_limit() const { return inject_limit_; }
     int rma(TxOp *op, const iovec *iov, void **desc, size_t count, fi_addr_t peer, uint64_t addr,
@@ -90,6 +86,11 @@ class LocalPath final : public peer::CqOwner {
     int copy_ipc(pid_t pid, const wire::LocalIpc *ipc, size_t count, const iovec *to,
                  const hmem::MemRef *to_mem, size_t nto, size_t len) {
         return ops_->copy_ipc(twin_, pid, ipc, count, to, to_mem, nto, len);
+    }
+    // The IPC handles of a node-local device send's buffers, exported by the twin (its cache):
+    // the number of entries written to `out`, or -FI_EOPNOTSUPP (peer::LocalPathOps::export_ipc).
+    int export_ipc(const iovec *iov, const hmem::MemRef *mem, size_t count, wire::LocalIpc *out) {
+        return ops_->export_ipc(twin_, iov, mem, count, out);
     }
     // The endpoint's FI_OPT_FI_HMEM_P2P, which the twin applies to its transfers.
     void set_p2p(int mode);

@@ -81,6 +81,14 @@ int local_copy_ipc(fid_ep *ep, pid_t pid, const wire::LocalIpc *ipc, size_t coun
     return -current_exception_errno();
 }
 
+int local_export_ipc(fid_ep *ep, const iovec *iov, const hmem::MemRef *mem, size_t count,
+                     wire::LocalIpc *out) noexcept try {
+    if (!ep || (count && (!iov || !mem || !out))) return -FI_EINVAL;
+    return Endpoint::of(ep)->export_ipc(iov, mem, count, out);
+} catch (...) {
+    return current_exception_errno();
+}
+
 int local_use_channel(fid_ep *ep, shm::Channel *channel) noexcept {
     if (!ep || !channel) return -FI_EINVAL;
     return Endpoint::of(ep)->use_channel(channel);
@@ -98,6 +106,7 @@ void local_take_cell(fid_ep *ep, const uint8_t *cell) noexcept try {
 peer::LocalPathOps local_path_ops = {.size = sizeof(peer::LocalPathOps),
                                      .channel_bytes = sizeof(shm::Channel),
                                      .copy_ipc = local_copy_ipc,
+                                     .export_ipc = local_export_ipc,
                                      .use_channel = local_use_channel,
                                      .take_inbox = local_take_inbox,
                                      .take_cell = local_take_cell};

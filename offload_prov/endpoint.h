@@ -99,9 +99,6 @@ struct HeldMessage {
 
 class Endpoint : public FidObject<Endpoint, fid_ep> {
   public:
-    // Staged device messages up to this size go through one host bounce read by CMA; larger
-    // ones through cells (no sender bounce of unbounded size).
-    static constexpr size_t kStagedRtsMax = 64u << 20;
     Endpoint(Domain *domain, const fi_info *info, fi_peer_transfer_context *transfer);
     ~Endpoint();
 
@@ -158,6 +155,11 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // peer::LocalPathOps::copy_ipc for the owner's receives).
     int copy_from_ipc(pid_t pid, const wire::LocalIpc *ipc, size_t count, const iovec *to,
                       const hmem::MemRef *to_mem, size_t nto, size_t len);
+    // The IPC handles of `count` device buffers (our cache of exports), as an IpcRts carries
+    // them: the number of entries written to `out` (empty buffers are left out), or
+    // -FI_EOPNOTSUPP when a buffer is host memory or the driver gives it no handle
+    // (peer::LocalPathOps::export_ipc for the owner's sends; post_ipc for ours).
+    int export_ipc(const iovec *iov, const hmem::MemRef *mem, size_t count, wire::LocalIpc *out);
     static int discard_held(fi_peer_rx_entry *entry);
     // (The owner's collective calls come through here: they bring work.)
     coll::Engine &coll() {

@@ -115,7 +115,7 @@ struct InboxView {
 // fi_trywait on the twin's CQ (off_tandem's fabric): its endpoints ask senders to signal that
 // descriptor and set their liveness timers while their operations wait on peers, and it
 // answers -FI_EAGAIN when work is pending (the descriptor is then readable at once).
-inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v16";
+inline constexpr const char *kLocalPathOpsName = "off_tandem_local_v17";
 
 struct LocalPathOps {
     size_t size;
@@ -132,6 +132,14 @@ struct LocalPathOps {
     // code when a copy fails.
     int (*copy_ipc)(fid_ep *ep, pid_t pid, const wire::LocalIpc *ipc, size_t count, const iovec *to,
                     const hmem::MemRef *to_mem, size_t nto, size_t len);
+    // The owner's send of a node-local device message peer to peer (the owner encodes the
+    // IpcRts): the IPC handles of its `count` buffers (`mem` says where each lives), from the
+    // twin's cache of exports, whose driver calls they are, written to `out` as the IpcRts
+    // carries them (kLocalMaxIov entries at most; empty buffers left out). The number of
+    // entries; -FI_EOPNOTSUPP when a buffer is host memory or the driver gives it no handle
+    // (the owner stages the message instead, or fails it under FI_HMEM_P2P_REQUIRED).
+    int (*export_ipc)(fid_ep *ep, const iovec *iov, const hmem::MemRef *mem, size_t count,
+                      wire::LocalIpc *out);
     // The owner's node-local channel (main_prov/shm/channel.h), built over the owner's AV
     // (fi_peer(3)'s AV gives a peer no way to read an entry, and the channel finds a peer's
     // inbox by its address). Before fi_enable, once; it outlives the twin endpoint and is used

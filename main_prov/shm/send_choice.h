@@ -12,6 +12,12 @@
 
 namespace tandem::shm {
 
+// A device message staged by the sender's device (no IPC handle, or the policy stages it) of
+// more than a cell and up to this size goes through one host bounce that the receiver reads
+// with cross-memory attach (an Rts); larger ones through cells, so that no sender holds a
+// bounce of unbounded size. Both providers' senders of device memory use it.
+inline constexpr size_t kDeviceBounceMax = 64u << 20;
+
 // Whether the peer has polled within the last kPeerPollMs, as far as its heartbeat (of the
 // coarse clock, a tick or so behind) tells.
 inline constexpr uint32_t kPeerPollMs = 6;

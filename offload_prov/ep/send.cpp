@@ -129,7 +129,7 @@ void Endpoint::send_device(const LocalRequest &r, PeerLink &link, LocalHeader &h
     const hmem::MemRef *const mem = r.mem;
     const size_t count = r.count, len = r.len;
     const bool ack = r.flags & FI_DELIVERY_COMPLETE;
-    if (len > Config::get().eager_limit && link.cma && len <= kStagedRtsMax) {
+    if (len > Config::get().eager_limit && link.cma && len <= shm::kDeviceBounceMax) {
         // Large: our device copies it once into a host bounce that the receiver reads
         // like any host message (single copy by CMA), instead of cell by cell.
         Pending p{.context = r.context, .flags = cq_flags, .len = len, .link = &link};
@@ -234,13 +234,26 @@ bool Endpoint::post_ipc(PeerLink &link, LocalHeader hdr, const iovec *iov, const
     // that names another process there rules it out.
     if (!link.same_pid_ns) return false;
     wire::LocalIpc body[wire::kLocalMaxIov];
-    size_t n = 0;
+    const int n = export_ipc(iov, mem, count, body);
+    if (n < 0) return false;
+    hdr.op = static_cast<uint8_t>(op);
+    hdr.iov_count = static_cast<uint8_t>(n);
+    hdr.flags &= ~uint8_t(wire::kLocalAckReq);  // Fin comes anyway, after delivery
+    pending_[hdr.msg_id] = std::move(p);
+    link.out.push(*sender_, hdr, body, n * sizeof(wire::LocalIpc));
+    return true;
+}
+
+int Endpoint::export_ipc(const iovec *iov, const hmem::MemRef *mem, size_t count,
+                         wire::LocalIpc *out) {
+    if (count > wire::kLocalMaxIov) return -FI_EINVAL;
+    int n = 0;
     for (size_t i = 0; i < count; ++i) {
         if (!iov[i].iov_len) continue;
         hmem::IpcExport ex;
         if (mem[i].on_host() || ipc_export_.get(mem[i], iov[i].iov_base, iov[i].iov_len, &ex))
-            return false;
-        wire::LocalIpc &e = body[n++];
+            return -FI_EOPNOTSUPP;
+        wire::LocalIpc &e = out[n++];
         memcpy(e.handle, ex.handle.bytes, sizeof e.handle);
         e.buffer_id = ex.buffer_id;
         e.alloc_len = ex.alloc_len;
@@ -250,12 +263,7 @@ bool Endpoint::post_ipc(PeerLink &link, LocalHeader hdr, const iovec *iov, const
         e.iface = static_cast<uint32_t>(ex.mem.iface);
         e.device = static_cast<uint32_t>(ex.mem.device);
     }
-    hdr.op = static_cast<uint8_t>(op);
-    hdr.iov_count = static_cast<uint8_t>(n);
-    hdr.flags &= ~uint8_t(wire::kLocalAckReq);  // Fin comes anyway, after delivery
-    pending_[hdr.msg_id] = std::move(p);
-    link.out.push(*sender_, hdr, body, n * sizeof(wire::LocalIpc));
-    return true;
+    return n;
 }
 
 void Endpoint::finish_pending(uint64_t msg_id, int status) {

@@ -1945,6 +1945,60 @@ TEST(Inject, FromDeviceMemory16B) {
     run_roles({{"sender", sender, {}}, {"receiver", receiver, {}}});
 }
 
+// An empty message from a device buffer moves no device memory: under REQUIRED (peer to peer
+// at any size) it is delivered all the same, with no IPC handle asked for or opened. (An
+// IpcRts names at least one buffer: the receiver refuses one that names none.)
+TEST(Required, EmptyMessageFromDeviceMemoryIsDelivered) {
+    REQUIRE_DEVICE();
+    if (net_variant()) return required_refused_by_setopt();
+    auto sender = [](Role &r) {
+        R_TRY(cuda_up(r));
+        Buf a;
+        R_TRY(a.alloc(r, 64, true));
+        Node n(r);
+        R_TRY(n.open());
+        R_TRY(apply_mode(r, n, FI_HMEM_P2P_REQUIRED, false));
+        R_TRY(n.enable() && n.connect());
+        fid_mr *mr = n.reg(a);
+        R_TRY(mr);
+        R_TRY(n.expect("posted"));
+        reset_stats();
+        fi_context ctx{};
+        R_POST(r, n, fi_tsend(n.ep, a.ptr(), 0, fi_mr_desc(mr), n.peer, kTag, &ctx));
+        Comp c;
+        R_TRY(n.wait(&ctx, c, "the empty send's completion"));
+        R_CHECK(r, !c.err, show(c));
+        Stats st = read_stats();
+        R_MECH(r, st, st.s.ipc_gets == 0);
+        R_TRY(n.expect("received"));
+        n.bye();
+    };
+    auto receiver = [](Role &r) {
+        R_TRY(cuda_up(r));
+        Buf b;
+        R_TRY(b.alloc(r, 64, true) && b.fill(r, kSeedStale));
+        Node n(r);
+        R_TRY(n.open());
+        R_TRY(apply_mode(r, n, FI_HMEM_P2P_REQUIRED, false));
+        R_TRY(n.enable() && n.connect());
+        fid_mr *mr = n.reg(b);
+        R_TRY(mr);
+        fi_context ctx{};
+        R_POST(r, n, fi_trecv(n.ep, b.ptr(), 64, fi_mr_desc(mr), n.peer, kTag, 0, &ctx));
+        reset_stats();
+        R_TRY(n.tell("posted"));
+        Comp c;
+        R_TRY(n.wait(&ctx, c, "the receive's completion"));
+        R_CHECK(r, !c.err && c.e.len == 0 && c.e.tag == kTag, show(c));
+        Stats st = read_stats();
+        R_MECH(r, st, st.s.ipc_opens == 0);
+        b.check(r, kSeedStale, "the device buffer an empty message went into");
+        R_TRY(n.tell("received"));
+        n.bye();
+    };
+    run_roles({{"sender", sender, {}}, {"receiver", receiver, {}}});
+}
+
 // ---- 7. a multi-receive buffer in device memory -----------------------------------------------
 
 TEST(MultiRecv, DeviceBufferTakesTwoMessages) {

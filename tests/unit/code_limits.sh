@@ -107,10 +107,18 @@ check_routes() {
         # their answers decoded in one place each (the Fin by dispatch_cell's receive_fin, and
         # a failed stream's end; finish_local_send's two forms, by id and by entry, declared
         # and defined, the first calling the second; the Cts by dispatch_cell).
+        # A device message goes the same way in (send_local), then peer to peer (its IpcRts
+        # encoded by send_local_ipc, the handles exported by the twin on tandem's one request,
+        # LocalPath::export_ipc) or staged through the same three encoders
+        # (send_local_device), and is restaged from one place when the receiver refuses its
+        # handles (restage_local_send, called by finish_local_send).
         "send_local|main_prov/engine.h main_prov/engine_local_send.cpp main_prov/engine_send.cpp"
-        "send_local_eager|main_prov/engine.h main_prov/engine_local_send.cpp main_prov/engine_local_send.cpp"
-        "send_local_rts|main_prov/engine.h main_prov/engine_local_send.cpp main_prov/engine_local_send.cpp"
-        "send_local_frag|main_prov/engine.h main_prov/engine_local_send.cpp main_prov/engine_local_send.cpp"
+        "send_local_eager|main_prov/engine.h main_prov/engine_local_ipc.cpp main_prov/engine_local_send.cpp main_prov/engine_local_send.cpp"
+        "send_local_rts|main_prov/engine.h main_prov/engine_local_ipc.cpp main_prov/engine_local_send.cpp main_prov/engine_local_send.cpp"
+        "send_local_frag|main_prov/engine.h main_prov/engine_local_ipc.cpp main_prov/engine_local_ipc.cpp main_prov/engine_local_send.cpp main_prov/engine_local_send.cpp"
+        "send_local_device|main_prov/engine.h main_prov/engine_local_ipc.cpp main_prov/engine_local_send.cpp"
+        "send_local_ipc|main_prov/engine.h main_prov/engine_local_ipc.cpp main_prov/engine_local_ipc.cpp"
+        "restage_local_send|main_prov/engine.h main_prov/engine_local_ipc.cpp main_prov/engine_local_send.cpp"
         "receive_fin|main_prov/endpoint_data.cpp main_prov/engine.h main_prov/engine_local_send.cpp"
         "finish_local_send|main_prov/engine.h main_prov/engine.h main_prov/engine_local_send.cpp main_prov/engine_local_send.cpp main_prov/engine_local_send.cpp main_prov/engine_local_send.cpp main_prov/engine_local_send.cpp"
         "receive_cts|main_prov/endpoint_data.cpp main_prov/engine.h main_prov/engine_local_send.cpp"
@@ -120,6 +128,9 @@ check_routes() {
         "receive_ipc_cell|main_prov/endpoint_data.cpp main_prov/engine.h main_prov/engine_local_ipc.cpp"
         "start_local_ipc|main_prov/engine.h main_prov/engine_local_ipc.cpp main_prov/engine_local_rts.cpp"
         "copy_ipc|main_prov/engine_local_ipc.cpp main_prov/local_path.h main_prov/local_path.h"
+        # The handles of a device message tandem sends: exported by the twin (declared and
+        # defined there, used by its own post_ipc and by the entry) on tandem's one request.
+        "export_ipc|main_prov/engine_local_ipc.cpp main_prov/local_path.h main_prov/local_path.h offload_prov/endpoint.cpp offload_prov/endpoint.h offload_prov/ep/send.cpp offload_prov/ep/send.cpp"
     )
     for row in "${table[@]}"; do
         name=${row%%|*}
@@ -131,10 +142,11 @@ check_routes() {
             bad=1
         fi
     done
-    # No message of host memory is posted through the twin: the only call of LocalPath::send
-    # is send_through_twin's, for device memory.
-    got=$(grep -c -- 'local_->send(' main_prov/*.cpp | awk -F: '{ n += $2 } END { print n + 0 }')
-    if [ "$got" -ne 1 ]; then echo "FAIL: LocalPath::send has $got callers, the table lists 1"; bad=1; fi
+    # No message of tandem's is posted through the twin (host or device memory): nothing in
+    # main_prov posts a send on the twin endpoint.
+    got=$(grep -E -c -- 'local_->send\(|fi_t?sendv?(msg)?\(twin_' main_prov/*.cpp main_prov/*.h |
+          awk -F: '{ n += $2 } END { print n + 0 }')
+    if [ "$got" -ne 0 ]; then echo "FAIL: $got sends of tandem's are posted through the twin"; bad=1; fi
     if [ "$bad" -eq 0 ]; then echo "ok: the node-local encoders and decoders are called where the routes table says"; else status=1; fi
 }
 
