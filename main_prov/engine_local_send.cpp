@@ -25,9 +25,9 @@ namespace tandem {
 // sent as host memory. Back-pressure as for a Short cell: -FI_EAGAIN while cells wait for room
 // in the peer's ring.
 ssize_t Engine::send_local(SendRequest &r, Peer *peer, const hmem::MemRef *mem) {
-    // (A new endpoint at the address of a peer that died or closed is its peer from now on:
-    // relane.)
-    if (!peer->lane->reachable() && !relane(peer, r.dest)) return lane_refused(r, peer);
+    if (!peer->lane->reachable()) [[unlikely]] {
+        if (ssize_t ret = lane_refused(r, peer); ret != kNotTaken) return ret;
+    }
     shm::PeerInbox &to = *peer->lane;
     if (!to.out.admits()) return -FI_EAGAIN;
     TxOp *op = new_send_op(r, peer);

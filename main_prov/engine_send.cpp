@@ -122,12 +122,13 @@ ssize_t Engine::issue_send(SendRequest &r) {
 // lane (the one encoder of our Short cells; send_by_lane is its one-buffer form), complete once
 // there (the data has reached the peer's endpoint: FI_TRANSMIT_COMPLETE), with no operation to
 // allocate or complete later. Completions carry no order (comp_order FI_ORDER_NONE), so earlier
-// operations through the twin still waiting for an answer do not hold it; the ring's order is
-// the message order. Not for FI_DELIVERY_COMPLETE (the receiver answers: an Eager cell of the
-// twin's) or device memory (the twin's P2P policy decides). When cells of the twin's wait for
-// room in that ring (ours would overtake them) or the ring is full: -FI_EAGAIN, back-pressure
-// as fi_msg(3) describes it, nothing queued without bound. When the peer died: an error
-// completion (FI_ECONNRESET). kNotTaken when the message is not one for the lane.
+// operations still waiting for an answer (an Rts's Fin) do not hold it; the ring's order is
+// the message order. Not for FI_DELIVERY_COMPLETE (the receiver answers: an Eager cell,
+// send_local) or device memory (send_local_device). When cells wait for room in that ring
+// (ours would overtake them) or the ring is full: -FI_EAGAIN, back-pressure as fi_msg(3)
+// describes it, nothing queued without bound. When the peer died: an error completion
+// (FI_ECONNRESET). kNotTaken when the message is not one for the lane, or when a new endpoint
+// took the address of a peer that closed or died (send_local writes into its ring).
 ssize_t Engine::inject_local(const SendRequest &r, Peer *peer, bool device) {
     if (device || (r.flags & FI_DELIVERY_COMPLETE) || !local_ || r.payload.len > lane_limit_ ||
         !goes_local(peer, r.dest) || !peer->lane)
@@ -146,15 +147,17 @@ ssize_t Engine::inject_local(const SendRequest &r, Peer *peer, bool device) {
     return 0;
 }
 
-// A lane that took no cell: its peer died (the send fails with an error completion, as any
-// operation towards it does) or it has no room now (-FI_EAGAIN). A peer whose endpoint
-// closed (its process may run on) takes no cell either: a new endpoint at its address is
-// its peer from now on, and until there is one, or the closed one is judged dead (the
-// liveness check), the send waits (-FI_EAGAIN).
+// A lane that took no cell: it has no room now (-FI_EAGAIN), or its peer is not there any
+// more (PeerInbox::reachable). A new endpoint at the peer's address is its peer from now on
+// (relane): kNotTaken, the caller goes on into its ring. Else a peer whose endpoint closed
+// (its process may run on) waits for one, or for the liveness check to judge the closed one
+// dead (-FI_EAGAIN); a dead one fails the send with an error completion (FI_ECONNRESET), as
+// any operation towards it.
 ssize_t Engine::lane_refused(const SendRequest &r, Peer *peer) {
-    const bool dead = peer->lane->out.blocked & shm::Outbox::kDead;
-    if (!dead && !peer->lane->segment.closed()) return -FI_EAGAIN;
-    if (relane(peer, r.dest) || !dead) return -FI_EAGAIN;  // (again: into the new ring)
+    const shm::PeerInbox &lane = *peer->lane;
+    if (lane.reachable()) return -FI_EAGAIN;
+    if (relane(peer, r.dest)) return kNotTaken;
+    if (!lane.dead) return -FI_EAGAIN;
     TxOp *op = new_send_op(r, peer);
     ++tx_outstanding_;
     fail_tx(op, FI_ECONNRESET);
