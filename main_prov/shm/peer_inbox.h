@@ -18,6 +18,15 @@
 
 namespace tandem::shm {
 
+// How late a receiver's Fins come beyond their copies' cost: a moving average (ns), and when
+// the last Fin came (steady clock, ns), from which an Rts posted behind others of ours counts
+// its wait (learn, in send_choice.cpp).
+struct RtsLateness {
+    double ns = 0;
+    int64_t last_fin_ns = 0;
+    void learn(int64_t posted_ns, double expected_ns);
+};
+
 struct PeerInbox {
     std::string key;
     ShmSegment segment;
@@ -40,8 +49,8 @@ struct PeerInbox {
     // (a Fin, a WriteDone) are read.
     DeathVerdict verdict{};
     // What our sends to it learned: how much later than their copies' cost our Rts got
-    // their Fin lately (a moving average, ns), the cost of waiting for this receiver.
-    double rts_lateness_ns = 0;
+    // their Fin lately, the cost of waiting for this receiver (shm::stages_better).
+    RtsLateness lateness{};
 
     // Whether what we write into its ring is read: it lives and its endpoint is open. (Its
     // endpoint may close while its process runs on, and another open at the same address.)

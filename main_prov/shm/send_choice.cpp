@@ -28,18 +28,31 @@ bool stages_better(PeerInbox &peer, size_t len, double *rts_ns) {
     const double staged = 2 * costs.memcpy_ns(len) + 2 * kCellNs * double(cells);
     *rts_ns = len >= wire::kLocalSplitMin ? costs.cma_ns(len / 2) : costs.cma_ns(len);
     const bool fits = peer.out.free_cells() >= cells;
-    if (fits && (!peer_polls(peer) || staged < *rts_ns + peer.rts_lateness_ns)) {
+    if (fits && (!peer_polls(peer) || staged < *rts_ns + peer.lateness.ns)) {
         // Staged now: what we learnt of the receiver's lateness fades, so that single copy
         // is tried again once in a while (otherwise the estimate could never come down).
-        peer.rts_lateness_ns *= 0.875;
+        peer.lateness.ns *= 0.875;
         return true;
     }
     return false;
 }
 
 void learn_lateness(PeerInbox &peer, int64_t posted_ns, double expected_ns) {
-    const double late = std::max(0.0, double(now_ns() - posted_ns) - expected_ns);
-    peer.rts_lateness_ns += (late - peer.rts_lateness_ns) / 4;
+    peer.lateness.learn(posted_ns, expected_ns);
+}
+
+// The receiver reads the cells of one sender in the order they were sent: an Rts posted
+// while earlier ones of ours were still being read waits for them, which is our own traffic's
+// cost, not the receiver's lateness (staging it would wait behind them too, and cost both
+// sides a copy more). So its wait counts from the previous Fin when that came after it was
+// posted. A stream of large messages to a receiver that keeps up teaches no lateness; one
+// that is off its core still does (the gap between two Fins is then its absence).
+void RtsLateness::learn(int64_t posted_ns, double expected_ns) {
+    const int64_t now = now_ns();
+    const int64_t since = std::max(posted_ns, last_fin_ns);
+    last_fin_ns = now;
+    const double late = std::max(0.0, double(now - since) - expected_ns);
+    ns += (late - ns) / 4;
 }
 
 int64_t now_ns() {

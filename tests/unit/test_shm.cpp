@@ -9,6 +9,7 @@
 #include "main_prov/shm/inbox_segment.h"
 #include "main_prov/shm/outbox.h"
 #include "main_prov/shm/peer_inbox.h"
+#include "main_prov/shm/send_choice.h"
 #include "main_prov/shm/sender_hold.h"
 #include "main_prov/shm/shm_segment.h"
 #include "main_prov/shm/split_claims.h"
@@ -1989,4 +1990,27 @@ TEST(SenderHold, ACellWhoseNameDoesNotFitIsNeverKept) {
     EXPECT_EQ(shm::SenderHold::sender_of(bad.data()), std::nullopt);
     EXPECT_EQ(shm::SenderHold::sender_of(held_cell(wire::LocalOp::Rts, "A", 1).data()),
               std::optional<std::string_view>("A"));
+}
+
+// shm::RtsLateness (learn_lateness), what makes a sender stage its large messages to a receiver
+// that is slow to answer: an Rts posted while earlier ones of ours were still being read waited for
+// them (our own traffic, which a staged message would wait behind too), so only its wait past
+// the previous Fin counts; one posted after that Fin counts all its wait.
+TEST(SendChoice, AnRtsQueuedBehindOursTeachesNoLateness) {
+    shm::RtsLateness peer;
+    // Two Rts posted 2 ms ago in one window; the receiver read the first after 2 ms.
+    const int64_t posted = shm::now_ns() - 2'000'000;
+    peer.learn(posted, 0);
+    const double first = peer.ns;
+    EXPECT_GT(first, 400'000.0) << "a quarter of 2 ms into the moving average";
+    // The second right after it: it could not be read sooner, nothing late in it.
+    peer.learn(posted, 0);
+    const double second = peer.ns;
+    EXPECT_LT(second, first);
+    // One posted once the receiver had answered, its Fin 3 ms later: all of that is late.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const int64_t later = shm::now_ns();
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    peer.learn(later, 0);
+    EXPECT_GT(peer.ns, second + 500'000.0);
 }
