@@ -1,7 +1,8 @@
 // fid_mc of a collective group (fi_collective(3)): what fi_join_collective hands back. The
 // group's members are its AV set's at the time of the join, in the set's order (which numbers
-// the ranks); the group runs in the endpoint's off_tandem twin (peer::CollOps), which reports
-// the join (FI_JOIN_COMPLETE on the endpoint's EQ) and each operation's end back here.
+// the ranks); the group runs in the endpoint's off_tandem twin (peer::OffloadOps, its
+// coll_* entries), which reports the join (FI_JOIN_COMPLETE on the endpoint's EQ) and each
+// operation's end back here.
 //
 // Collective addresses: fi_av_set_addr and fi_mc_addr hand out handles the domain keeps
 // (CollAddresses), never pointers, so an address that names nothing, or a group of another

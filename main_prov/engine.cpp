@@ -115,9 +115,9 @@ int Engine::close() {
         // unreported (the application closes what they would have reported on), and so do
         // its XPU trigger variables.
         if (OffloadDomain *off = used_triggers_ ? domain_->offload() : nullptr) {
-            if (off->triggers()) {
-                off->triggers()->discard_group(off->domain(), this);
-                off->triggers()->discard_group(off->domain(), work_group());
+            if (off->ops()) {
+                off->ops()->trigger_discard_group(off->domain(), this);
+                off->ops()->trigger_discard_group(off->domain(), work_group());
                 domain_->note_triggers();
             }
         }

@@ -687,7 +687,7 @@ class Engine : public CmSource, public RemoteKeyResolver, public shm::StreamList
     // or null without local_.
     fid_cq *twin_cq_ = nullptr;
     fid_ep *twin_ep_ = nullptr;
-    // The twin's inbox, which we read (LocalPathOps::take_inbox): its ring and whether the
+    // The twin's inbox, which we read (OffloadOps::take_inbox): its ring and whether the
     // twin is quiet (null without local_), the channel's holds of senders behind a split
     // write, the twin's handler of the cells that are not ours, the passes since the twin
     // last ran, and the last sender resolved.

@@ -1,7 +1,7 @@
 // fi_collective(3) on tandem's RDM endpoint: joining groups (fi_join_collective) and the
 // collective calls. tandem checks each call and keeps what the application sees (the fid_mc,
 // the EQ's FI_JOIN_COMPLETE, CQ entries); the twin runs the algorithms
-// (offload_prov/coll/) over peer transfers on this endpoint (peer::CollOps).
+// (offload_prov/coll/) over peer transfers on this endpoint (peer::OffloadOps, its coll_* entries).
 #include "common/log.h"
 #include "main_prov/av.h"
 #include "main_prov/av_set.h"
@@ -109,9 +109,9 @@ int Engine::join(const void *addr, uint64_t flags, fid_mc **mc, void *context) {
     if (!(caps_ & FI_COLLECTIVE)) return -FI_EOPNOTSUPP;
     if (!enabled_) return -FI_EOPBADSTATE;
     if (!eq_) return -FI_ENOEQ;  // fi_collective(3): FI_JOIN_COMPLETE goes to the EQ
-    if (!local_ || !local_->coll_ops()) {
+    if (!local_) {
         TANDEM_WARN(FI_LOG_EP_CTRL,
-                    "fi_join_collective: off_tandem's collective engine is missing\n");
+                    "fi_join_collective: no off_tandem twin, whose engine runs the groups\n");
         return -FI_EOPNOTSUPP;
     }
     const AvSet *set = AvSet::from(ca->set);
@@ -144,7 +144,7 @@ int Engine::join(const void *addr, uint64_t flags, fid_mc **mc, void *context) {
     j.local_path = Config::get().local_path && shm_permitted_;
     j.arg = g;
     j.joined = &CollGroup::on_joined;
-    if (int ret = local_->coll_ops()->join(local_->twin(), &j, &g->handle)) {
+    if (int ret = local_->ops().coll_join(local_->twin(), &j, &g->handle)) {
         delete g;
         return ret;
     }
@@ -163,8 +163,8 @@ void Engine::report_join(fid_t mc, void *context, int err) {
 }
 
 int Engine::leave_group(CollGroup &g) {
-    if (!local_ || !local_->coll_ops()) return 0;
-    return local_->coll_ops()->leave(local_->twin(), g.handle);
+    if (!local_) return 0;
+    return local_->ops().coll_leave(local_->twin(), g.handle);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -222,7 +222,7 @@ ssize_t Engine::issue_collective(CollRequest &r) {
     auto *done = new CollCompletion{this, r.context, r.flags, r.done};
     r.work.arg = done;
     r.work.done = &Engine::collective_done;
-    int ret = local_->coll_ops()->post(local_->twin(), r.group->handle, &r.work);
+    int ret = local_->ops().coll_post(local_->twin(), r.group->handle, &r.work);
     if (ret) delete done;
     return ret;
 }

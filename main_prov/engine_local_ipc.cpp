@@ -2,7 +2,7 @@
 //
 // Sending: a message of device memory goes peer to peer where the P2P policy allows and its
 // buffers have IPC handles (exported by off_tandem, whose driver calls and cache they are:
-// peer::LocalPathOps::export_ipc): an IpcRts naming them, which the receiver maps and copies
+// peer::OffloadOps::export_ipc): an IpcRts naming them, which the receiver maps and copies
 // from, and which ends at its Fin. Otherwise it is staged by the device's copies, never by the
 // CPU: an Eager cell, a host bounce read by CMA (an Rts), or Frag cells. A receiver that cannot
 // map the handles answers FI_EOPNOTSUPP: the same message again in Frag cells flagged
@@ -14,7 +14,7 @@
 // Fin once the message is read. It matches, is delivered or kept as unexpected as any other message
 // (the one queue, so that one sender's messages match in the order it sent them). Mapping and
 // copying are off_tandem's, whose cache of imported handles and device engines they are
-// (peer::LocalPathOps::copy_ipc); matching, answers and completions are ours. A message the
+// (peer::OffloadOps::copy_ipc); matching, answers and completions are ours. A message the
 // receiver cannot map (the handle refused here, no peer access, or FI_HMEM_P2P_DISABLED) is
 // answered FI_EOPNOTSUPP: the sender sends it again in Frag cells flagged kLocalRestaged,
 // which go into the receive the IpcRts matched (staged_, engine_local_rx.cpp).

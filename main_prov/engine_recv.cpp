@@ -387,7 +387,7 @@ ssize_t Engine::cancel_locked(void *context) {
     // operation from then on.
     if (tx_triggered_ + rx_triggered_) {
         OffloadDomain *off = domain_->offload();
-        if (off && off->triggers() && off->triggers()->cancel(off->domain(), this, context) == 0) {
+        if (off && off->ops() && off->ops()->trigger_cancel(off->domain(), this, context) == 0) {
             domain_->note_triggers();
             return 0;
         }

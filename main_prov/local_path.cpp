@@ -44,10 +44,29 @@ std::unique_ptr<OffloadDomain> OffloadDomain::open(Domain &owner) {
                     fi_strerror(-ret));
         return nullptr;
     }
-    void *ops = nullptr;
-    if (fi_open_ops(&off->domain_->fid, peer::kTriggerOpsName, 0, &ops, nullptr) == 0)
-        off->triggers_ = static_cast<peer::TriggerOps *>(ops);
+    off->open_ops();
     return off;
+}
+
+// off_tandem's table, taken only when it has every entry we call and lays our channel out as
+// we do (the two are built together; one built apart would share a C++ object wrongly).
+void OffloadDomain::open_ops() {
+    void *ops = nullptr;
+    int ret = fi_open_ops(&domain_->fid, peer::kOffloadOpsName, 0, &ops, nullptr);
+    auto *table = static_cast<const peer::OffloadOps *>(ops);
+    if (!ret && (!table || table->size < sizeof(peer::OffloadOps))) ret = -FI_ENOSYS;
+    if (ret) {
+        TANDEM_WARN(FI_LOG_DOMAIN,
+                    "%s has no table %s: node-local path, triggers and collectives off (%s)\n",
+                    peer::kOffloadProvName, peer::kOffloadOpsName, fi_strerror(-ret));
+    } else if (table->channel_bytes != sizeof(shm::Channel)) {
+        TANDEM_WARN(FI_LOG_DOMAIN,
+                    "%s was built apart from tandem (its channel has %zu bytes, ours %zu): "
+                    "node-local path, triggers and collectives off\n",
+                    peer::kOffloadProvName, table->channel_bytes, sizeof(shm::Channel));
+    } else {
+        ops_ = table;
+    }
 }
 
 OffloadDomain::~OffloadDomain() {
@@ -78,7 +97,9 @@ fi_addr_t LocalPath::AvBook::addr_of(const void *addr, size_t addrlen) const {
 
 std::unique_ptr<LocalPath> LocalPath::open(Engine &ep, OffloadDomain &off, Av &av, RxMatcher &rx,
                                            fid_eq *eq) {
+    if (!off.ops()) return nullptr;  // (OffloadDomain logged why)
     std::unique_ptr<LocalPath> lp(new LocalPath(ep, rx, av));
+    lp->ops_ = off.ops();
     lp->hmem_ = ep.caps_ & FI_HMEM;
     lp->twin_fabric_ = off.fabric();
     const char *step = "fi_cq_open";
@@ -103,8 +124,10 @@ std::unique_ptr<LocalPath> LocalPath::open(Engine &ep, OffloadDomain &off, Av &a
         ret = lp->open_twin(off);
     }
     if (!ret) {
-        step = "fi_open_ops";
-        ret = lp->lend_channel();
+        // Our channel, lent before the twin is enabled (it opens its inbox on it then), with
+        // our answers about remote keys.
+        step = "attach";
+        ret = lp->ops_->attach(lp->twin_, &lp->channel_, &OwnerFace::owner_ops());
     }
     if (!ret && !ep.shm_permitted_) {
         // FI_OPT_SHARED_MEMORY_PERMITTED, handed on: the twin makes no segment.
@@ -132,10 +155,8 @@ std::unique_ptr<LocalPath> LocalPath::open(Engine &ep, OffloadDomain &off, Av &a
         step = "fi_enable";
         ret = fi_enable(lp->twin_);
     }
-    if (!ret) {
-        step = "fi_open_ops";
-        ret = lp->open_twin_ops();
-    }
+    // We read our own twin's inbox, and decode every Short cell in it (peer::InboxView).
+    if (!ret) lp->inbox_ = lp->ops_->take_inbox(lp->twin_);
     if (ret) {
         TANDEM_WARN(FI_LOG_EP_CTRL, "node-local path not available (%s: %s)\n", step,
                     fi_strerror(-ret));
@@ -164,35 +185,6 @@ int LocalPath::open_twin(OffloadDomain &off) {
     const fi_ops_transfer_peer *t = transfer_.peer_ops;
     if (!ret && (!t || !t->complete || !t->comperr)) ret = -FI_EINVAL;
     return ret;
-}
-
-// The twin's node-local extension (peer::LocalPathOps), and our channel lent to it: the twin
-// opens its inbox on it when it is enabled.
-int LocalPath::lend_channel() {
-    void *ops = nullptr;
-    int ret = fi_open_ops(&twin_->fid, peer::kLocalPathOpsName, 0, &ops, nullptr);
-    ops_ = static_cast<peer::LocalPathOps *>(ops);
-    if (!ret && (!ops_ || ops_->size < sizeof(peer::LocalPathOps))) ret = -FI_ENOSYS;
-    if (!ret && ops_->channel_bytes != sizeof(shm::Channel)) {
-        TANDEM_WARN(FI_LOG_EP_CTRL,
-                    "off_tandem was built apart from tandem (its channel has %zu bytes, ours "
-                    "%zu): node-local path off\n",
-                    ops_->channel_bytes, sizeof(shm::Channel));
-        ret = -FI_ENOSYS;
-    }
-    return ret ? ret : ops_->use_channel(twin_, &channel_);
-}
-
-// What the owner's receive side takes from the enabled twin, and its collective engine when it
-// has one.
-int LocalPath::open_twin_ops() {
-    void *coll = nullptr;
-    if (fi_open_ops(&twin_->fid, peer::kCollOpsName, 0, &coll, nullptr) == 0 &&
-        static_cast<peer::CollOps *>(coll)->size >= sizeof(peer::CollOps))
-        coll_ops_ = static_cast<peer::CollOps *>(coll);
-    // We read our own twin's inbox, and decode every Short cell in it (peer::InboxView).
-    inbox_ = ops_->take_inbox(twin_);
-    return 0;
 }
 
 // The twin goes first: it holds the peer objects until it is closed (fi_peer(3)).

@@ -18,10 +18,9 @@
 #include "main_prov/owner_face.h"
 #include "main_prov/peer_rx_queue.h"
 #include "main_prov/shm/channel.h"
-#include "peer/peer_coll.h"
+#include "peer/offload_ops.h"
 #include "peer/peer_abi.h"
 #include "peer/peer_cq.h"
-#include "peer/peer_trigger.h"
 
 #include <rdma/fi_endpoint.h>
 
@@ -44,12 +43,14 @@ class OffloadDomain {
     fid_domain *domain() const { return domain_; }
     fid_fabric *fabric() const { return fabric_; }
     fi_info *info() const { return info_; }
-    // off_tandem's trigger queue (peer/peer_trigger.h); nullptr when it has none.
-    const peer::TriggerOps *triggers() const { return triggers_; }
+    // off_tandem's one private extension (peer/offload_ops.h): its node-local path, trigger
+    // queue and collectives. nullptr when it gave none tandem can use (the reason logged).
+    const peer::OffloadOps *ops() const { return ops_; }
 
   private:
     OffloadDomain() = default;
-    peer::TriggerOps *triggers_ = nullptr;
+    void open_ops();
+    const peer::OffloadOps *ops_ = nullptr;
     fi_info *info_ = nullptr;
     fid_fabric *fabric_ = nullptr;
     fid_domain *domain_ = nullptr;
@@ -79,16 +80,16 @@ class LocalPath final : public peer::CqOwner {
     peer::InboxView inbox() const { return inbox_; }
     void (*take_cell_entry() const)(fid_ep *, const uint8_t *) { return ops_->take_cell; }
     // The endpoint's node-local channel, built over its AV and lent to the twin
-    // (peer::LocalPathOps::use_channel), which opens its inbox on it.
+    // (peer::OffloadOps::attach), which opens its inbox on it.
     shm::Channel *channel() { return &channel_; }
     // A node-local device message's bytes (an IpcRts the endpoint matched), mapped and copied
-    // by the twin: 0, or a positive FI_* code (peer::LocalPathOps::copy_ipc).
+    // by the twin: 0, or a positive FI_* code (peer::OffloadOps::copy_ipc).
     int copy_ipc(pid_t pid, const wire::LocalIpc *ipc, size_t count, const iovec *to,
                  const hmem::MemRef *to_mem, size_t nto, size_t len) {
         return ops_->copy_ipc(twin_, pid, ipc, count, to, to_mem, nto, len);
     }
     // The IPC handles of a node-local device send's buffers, exported by the twin (its cache):
-    // the number of entries written to `out`, or -FI_EOPNOTSUPP (peer::LocalPathOps::export_ipc).
+    // the number of entries written to `out`, or -FI_EOPNOTSUPP (peer::OffloadOps::export_ipc).
     int export_ipc(const iovec *iov, const hmem::MemRef *mem, size_t count, wire::LocalIpc *out) {
         return ops_->export_ipc(twin_, iov, mem, count, out);
     }
@@ -97,8 +98,8 @@ class LocalPath final : public peer::CqOwner {
     // Before the application sleeps: the twin's wake descriptor, armed.
     void wait_fds(std::vector<WaitFd> &out);
 
-    // The twin's collective engine (peer::CollOps), or null when it has none.
-    const peer::CollOps *coll_ops() const { return coll_ops_; }
+    // The twin's table (peer::OffloadOps): its collectives (coll_*) are called with twin().
+    const peer::OffloadOps &ops() const { return *ops_; }
     fid_ep *twin() const { return twin_; }
 
     // Peer transfers (FI_PEER_TRANSFER): the twin posts its own traffic to remote twins on
@@ -116,11 +117,8 @@ class LocalPath final : public peer::CqOwner {
 
   private:
     LocalPath(Engine &ep, RxMatcher &rx, Av &av);
-    // open's steps: the twin endpoint; its extension table, which lends it the channel before
-    // it is enabled; what the owner's receive side takes from it once it is.
+    // The twin endpoint (fi_endpoint2 with FI_PEER_TRANSFER).
     int open_twin(OffloadDomain &off);
-    int lend_channel();
-    int open_twin_ops();
     void flush_transfers_now();
     // The descriptors the twin gets: the application's with FI_HMEM, none without.
     void **descs(void **desc) const { return hmem_ ? desc : nullptr; }
@@ -138,8 +136,7 @@ class LocalPath final : public peer::CqOwner {
     fid_av *av_ = nullptr;
     fid_ep *srx_ = nullptr;
     fid_ep *twin_ = nullptr;
-    peer::LocalPathOps *ops_ = nullptr;
-    peer::CollOps *coll_ops_ = nullptr;
+    const peer::OffloadOps *ops_ = nullptr;
     size_t inject_limit_ = 0;
     peer::InboxView inbox_{};
     // The AV as the channel reads it, inside tandem's calls (the domain lock held).

@@ -4,15 +4,13 @@
 #include "main_prov/domain.h"
 #include "main_prov/engine.h"
 #include "main_prov/lock_order.h"
-#include "peer/peer_abi.h"
-
-#include <cstring>
+#include "peer/offload_ops.h"
 
 namespace tandem {
 
 namespace {
 
-// peer::PeerEpOps: RMA arriving over the node-local path is checked against the owner's
+// peer::OwnerOps: RMA arriving over the node-local path is checked against the owner's
 // domain like RMA arriving over a link.
 int resolve_key(fid_ep *fid, uint64_t key, uint64_t addr, size_t len, uint64_t access, iovec *iov,
                 hmem::MemRef *mem, size_t *count) noexcept {
@@ -41,17 +39,16 @@ const std::atomic<uint64_t> *mr_generation(fid_ep *fid) noexcept {
     return OwnerFace::of(fid)->endpoint().domain()->mr_table().generation();
 }
 
-peer::PeerEpOps peer_ep_ops = {sizeof(peer::PeerEpOps), resolve_key, key_access_done,
-                               mr_generation};
+const peer::OwnerOps owner_ops_table = {sizeof(peer::OwnerOps), resolve_key, key_access_done,
+                                        mr_generation};
 
 // The face belongs to the endpoint's node-local path, which closes it: the twin never does.
 int refuse_close(fid *) noexcept {
     return -FI_EBUSY;
 }
 
-fi_ops face_fi_ops =
-    fid_ops(&refuse_close, enosys<decltype(fi_ops::bind)>, enosys<decltype(fi_ops::control)>,
-            &Trampoline<&OwnerFace::ops_open>::call<fid>);
+fi_ops face_fi_ops = fid_ops(&refuse_close, enosys<decltype(fi_ops::bind)>,
+                             enosys<decltype(fi_ops::control)>, enosys<decltype(fi_ops::ops_open)>);
 
 fi_ops_ep face_ep_ops = fid_ep_ops(&Trampoline<&OwnerFace::cancel>::call<fid>);
 
@@ -86,11 +83,8 @@ OwnerFace::OwnerFace(Engine &ep) : ep_(ep) {
     complete_ep_tables(*fid());
 }
 
-int OwnerFace::ops_open(const char *name, uint64_t, void **ops, void *) {
-    if (!name || !ops) return -FI_EINVAL;
-    if (strcmp(name, peer::kPeerEpOpsName) != 0) return -FI_ENOSYS;
-    *ops = &peer_ep_ops;
-    return 0;
+const peer::OwnerOps &OwnerFace::owner_ops() {
+    return owner_ops_table;
 }
 
 ssize_t OwnerFace::cancel(void *context) {

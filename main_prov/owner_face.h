@@ -1,8 +1,8 @@
 // The owner endpoint as its offload twin sees it: the fid_ep tandem hands off_tandem as
 // fi_peer_transfer_context.ep (fi_peer(3)). The twin posts its own traffic to remote twins on
 // it (fi_tsendmsg / fi_trecvmsg with FI_PEER_TRANSFER), cancels those receives, asks the
-// owner's name, and opens tandem's endpoint extension (peer::PeerEpOps: remote keys checked
-// by the owner). Nothing else: every other call is -FI_ENOSYS.
+// owner's name, and checks remote keys with the owner (owner_ops, handed to the twin with
+// peer::OffloadOps::attach). Nothing else: every other call is -FI_ENOSYS.
 //
 // Why a face of its own rather than the application's fid_ep: the twin runs only inside
 // tandem's calls, under the domain lock, and calls back from there. The application's entry
@@ -12,6 +12,7 @@
 
 #include "common/fid_adaptor.h"
 #include "main_prov/engine.h"
+#include "peer/offload_ops.h"
 
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_tagged.h>
@@ -25,7 +26,8 @@ class OwnerFace : public FidObject<OwnerFace, fid_ep> {
     OwnerFace &operator=(const OwnerFace &) = delete;
     Engine &endpoint() const { return ep_; }
 
-    int ops_open(const char *name, uint64_t flags, void **ops, void *context);
+    // The owner's answers about its memory registrations (peer::OwnerOps), for the twin.
+    static const peer::OwnerOps &owner_ops();
     ssize_t cancel(void *context);
     int getname(void *addr, size_t *addrlen);
     ssize_t sendmsg(const fi_msg *msg, uint64_t flags);

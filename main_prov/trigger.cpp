@@ -8,7 +8,7 @@
 #include "main_prov/domain.h"
 #include "main_prov/endpoint.h"
 #include "main_prov/local_path.h"
-#include "peer/peer_trigger.h"
+#include "peer/offload_ops.h"
 
 #include <rdma/fi_trigger.h>
 
@@ -301,11 +301,11 @@ ssize_t Engine::queue_xpu(TriggeredRequest &&r, fi_triggered_context *ctx,
     fi_trigger_xpu &xpu = ctx->trigger.xpu;
     if (xpu.count < 1 || !xpu.var) return -FI_EINVAL;
     OffloadDomain *off = domain_->offload();
-    if (!off || !off->triggers()) return -FI_EOPNOTSUPP;
+    if (!off || !off->ops()) return -FI_EOPNOTSUPP;
     uint64_t var = 0, value = 0;
     void *addr = nullptr;
-    if (int ret = off->triggers()->xpu_variable(off->domain(), this, xpu.iface, xpu.device.cuda,
-                                                &var, &addr, &value))
+    if (int ret = off->ops()->trigger_xpu_variable(off->domain(), this, xpu.iface, xpu.device.cuda,
+                                                   &var, &addr, &value))
         return ret;
     used_triggers_ = true;  // its variable goes at close
     work.kind = peer::TriggerWork::Kind::Xpu;
@@ -346,8 +346,8 @@ void Domain::add_counter(Cntr *cntr) {
 
 void Domain::remove_counter(Cntr *cntr) {
     counters_.erase(cntr->fid());
-    if (offload_ && offload_->triggers() && triggers_waiting()) {
-        size_t n = offload_->triggers()->flush_counter(offload_->domain(), cntr->fid());
+    if (offload_ && offload_->ops() && triggers_waiting()) {
+        size_t n = offload_->ops()->trigger_flush_counter(offload_->domain(), cntr->fid());
         if (n)
             TANDEM_WARN(FI_LOG_DOMAIN,
                         "counter closed with %zu triggered operations or work requests naming "
@@ -363,15 +363,15 @@ Cntr *Domain::counter_of(fid_cntr *cntr) const {
 
 void Domain::note_triggers() {
     size_t device = 0;
-    bool waiting = offload_ && offload_->triggers() &&
-                   offload_->triggers()->pending(offload_->domain(), &device) > 0;
+    bool waiting = offload_ && offload_->ops() &&
+                   offload_->ops()->trigger_pending(offload_->domain(), &device) > 0;
     triggers_waiting_.store(waiting, std::memory_order_relaxed);
     device_triggers_waiting_ = device > 0;
 }
 
 void Domain::start_triggers() {
-    if (!offload_ || !offload_->triggers()) return;
-    offload_->triggers()->progress(offload_->domain());
+    if (!offload_ || !offload_->ops()) return;
+    offload_->ops()->trigger_progress(offload_->domain());
     note_triggers();
 }
 
@@ -379,7 +379,7 @@ void Domain::start_triggers() {
 // the condition may hold already, in which case it starts before this returns.
 int Domain::queue_trigger(std::unique_ptr<TriggeredOp> op, peer::TriggerWork &work) {
     OffloadDomain *off = offload();
-    if (!off || !off->triggers()) {
+    if (!off || !off->ops()) {
         TANDEM_WARN(FI_LOG_DOMAIN, "triggered operations need %s, which is not available\n",
                     peer::kOffloadProvName);
         return -FI_EOPNOTSUPP;
@@ -388,7 +388,7 @@ int Domain::queue_trigger(std::unique_ptr<TriggeredOp> op, peer::TriggerWork &wo
     work.match = op->match;
     work.start = &TriggeredOp::start;
     work.discard = &TriggeredOp::discard;
-    if (int ret = off->triggers()->queue(off->domain(), &work)) return ret;
+    if (int ret = off->ops()->trigger_queue(off->domain(), &work)) return ret;
     op.release();  // the queue's now
     note_triggers();
     start_triggers();
@@ -552,24 +552,24 @@ int Domain::prepare_atomic_work(const fi_deferred_work &work, PreparedWork &out)
 int Domain::cancel_work(const fi_deferred_work *work) {
     if (!work) return -FI_EINVAL;
     std::lock_guard guard(lock());
-    if (!offload_ || !offload_->triggers()) return -FI_ENOENT;
+    if (!offload_ || !offload_->ops()) return -FI_ENOENT;
     // The group is the endpoint of the request's operation (or this domain for a counter
     // operation), which it may no longer name validly: try the domain's endpoints.
-    const peer::TriggerOps *t = offload_->triggers();
-    int ret = t->cancel(offload_->domain(), this, work);
+    const peer::OffloadOps *t = offload_->ops();
+    int ret = t->trigger_cancel(offload_->domain(), this, work);
     for (size_t i = 0; ret == -FI_ENOENT && i < endpoints_.size(); ++i)
-        ret = t->cancel(offload_->domain(), endpoints_[i]->work_group(), work);
+        ret = t->trigger_cancel(offload_->domain(), endpoints_[i]->work_group(), work);
     note_triggers();
     return ret;
 }
 
 int Domain::flush_work(const fi_deferred_work *work) {
     std::lock_guard guard(lock());
-    if (!offload_ || !offload_->triggers()) return 0;
+    if (!offload_ || !offload_->ops()) return 0;
     fid_cntr *cntr = work ? work->triggering_cntr : nullptr;
-    const peer::TriggerOps *t = offload_->triggers();
-    t->flush(offload_->domain(), this, cntr);
-    for (Engine *ep : endpoints_) t->flush(offload_->domain(), ep->work_group(), cntr);
+    const peer::OffloadOps *t = offload_->ops();
+    t->trigger_flush(offload_->domain(), this, cntr);
+    for (Engine *ep : endpoints_) t->trigger_flush(offload_->domain(), ep->work_group(), cntr);
     note_triggers();
     return 0;
 }

@@ -4,6 +4,7 @@
 #include "offload_prov/cq.h"
 #include "offload_prov/endpoint.h"
 #include "offload_prov/fabric.h"
+#include "offload_prov/offload_ops.h"
 #include "offload_prov/srx.h"
 
 #include <cstring>
@@ -15,40 +16,6 @@ namespace {
 fi_ops domain_fi_ops =
     fid_ops(&Trampoline<&Domain::close>::call<fid>, enosys<decltype(fi_ops::bind)>,
             enosys<decltype(fi_ops::control)>, &Trampoline<&Domain::ops_open>::call<fid>);
-
-// peer::TriggerOps: thin shims onto the domain's TriggerQueue.
-TriggerQueue &queue_of(fid_domain *d) {
-    return Domain::of(d)->triggers();
-}
-
-peer::TriggerOps trigger_ops = {
-    .size = sizeof(peer::TriggerOps),
-    .queue = [](fid_domain *d, const peer::TriggerWork *w) noexcept -> int {
-        try {
-            return queue_of(d).queue(*w);
-        } catch (...) {
-            return -FI_ENOMEM;
-        }
-    },
-    .progress = [](fid_domain *d) noexcept { return queue_of(d).progress(); },
-    .pending =
-        [](fid_domain *d, size_t *device) noexcept {
-            if (device) *device = queue_of(d).device_pending();
-            return queue_of(d).pending();
-        },
-    .cancel = [](fid_domain *d, const void *group,
-                 const void *match) noexcept { return queue_of(d).cancel(group, match); },
-    .flush = [](fid_domain *d, const void *group,
-                fid_cntr *cntr) noexcept { return queue_of(d).flush(group, cntr); },
-    .flush_counter = [](fid_domain *d,
-                        fid_cntr *cntr) noexcept { return queue_of(d).flush_counter(cntr); },
-    .discard_group = [](fid_domain *d,
-                        const void *group) noexcept { return Domain::of(d)->discard_group(group); },
-    .xpu_variable = [](fid_domain *d, const void *group, int iface, int device, uint64_t *var,
-                       void **addr, uint64_t *value) noexcept -> int {
-        return Domain::of(d)->xpu_variable(group, iface, device, var, addr, value);
-    },
-};
 
 fi_ops_domain domain_ops = {
     .size = sizeof(fi_ops_domain),
@@ -141,11 +108,10 @@ int Domain::endpoint2(fi_info *info, fid_ep **ep, uint64_t flags, void *context)
 
 int Domain::ops_open(const char *name, uint64_t, void **ops, void *) {
     if (!name || !ops) return -FI_EINVAL;
-    if (strcmp(name, peer::kTriggerOpsName) == 0) {
-        *ops = &trigger_ops;
-        return 0;
-    }
-    return -FI_ENOSYS;
+    if (strcmp(name, peer::kOffloadOpsName) != 0) return -FI_ENOSYS;
+    // (fi_open_ops hands out void *: the owner only reads the table.)
+    *ops = const_cast<peer::OffloadOps *>(&offload_ops());
+    return 0;
 }
 
 // One variable per owner endpoint and device, as fi_trigger(3) allows ("providers may return

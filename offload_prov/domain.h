@@ -36,7 +36,8 @@ class Domain : public FidObject<Domain, fid_domain> {
     int mr_regattr(const fi_mr_attr *attr, uint64_t flags, fid_mr **mr);
     int ops_open(const char *name, uint64_t flags, void **ops, void *context);
 
-    // Triggered operations and deferred work of the owner's domain (peer::TriggerOps).
+    // Triggered operations and deferred work of the owner's domain (peer::OffloadOps, its
+    // trigger_* entries).
     TriggerQueue &triggers() { return triggers_; }
     int xpu_variable(const void *group, int iface, int device, uint64_t *var, void **addr,
                      uint64_t *value);

@@ -1,6 +1,7 @@
-// off_tandem's fid_ep: its ops tables and the C entry points into them (the local path's and
-// peer transfers' tables too), and its lifecycle: construction, bind, enable, options, close.
-// What the endpoint does once enabled is in ep/, one file a job; endpoint.h names them.
+// off_tandem's fid_ep: its ops tables and the C entry points into them (the peer transfers'
+// table too; the owner's extension is offload_ops.cpp), and its lifecycle: construction,
+// bind, enable, options, close. What the endpoint does once enabled is in ep/, one file a
+// job; endpoint.h names them.
 #include "offload_prov/endpoint.h"
 
 #include "common/auth_key.h"
@@ -23,9 +24,9 @@ namespace tandem::off {
 
 namespace {
 
-fi_ops ep_fi_ops = fid_ops(
-    &Trampoline<&Endpoint::close>::call<fid>, &Trampoline<&Endpoint::bind>::call<fid>,
-    &Trampoline<&Endpoint::control>::call<fid>, &Trampoline<&Endpoint::ops_open>::call<fid>);
+fi_ops ep_fi_ops =
+    fid_ops(&Trampoline<&Endpoint::close>::call<fid>, &Trampoline<&Endpoint::bind>::call<fid>,
+            &Trampoline<&Endpoint::control>::call<fid>, enosys<decltype(fi_ops::ops_open)>);
 
 // Receives are the owner's to cancel.
 fi_ops_ep ep_ops =
@@ -73,65 +74,6 @@ fi_ops_rma rma_ops = {
     .injectdata = enosys<decltype(fi_ops_rma::injectdata)>,
 };
 
-int local_copy_ipc(fid_ep *ep, pid_t pid, const wire::LocalIpc *ipc, size_t count, const iovec *to,
-                   const hmem::MemRef *to_mem, size_t nto, size_t len) noexcept try {
-    if (!ep || (count && !ipc) || (nto && !to)) return FI_EINVAL;
-    return Endpoint::of(ep)->copy_from_ipc(pid, ipc, count, to, to_mem, nto, len);
-} catch (...) {
-    return -current_exception_errno();
-}
-
-int local_export_ipc(fid_ep *ep, const iovec *iov, const hmem::MemRef *mem, size_t count,
-                     wire::LocalIpc *out) noexcept try {
-    if (!ep || (count && (!iov || !mem || !out))) return -FI_EINVAL;
-    return Endpoint::of(ep)->export_ipc(iov, mem, count, out);
-} catch (...) {
-    return current_exception_errno();
-}
-
-int local_use_channel(fid_ep *ep, shm::Channel *channel) noexcept {
-    if (!ep || !channel) return -FI_EINVAL;
-    return Endpoint::of(ep)->use_channel(channel);
-}
-
-peer::InboxView local_take_inbox(fid_ep *ep) noexcept {
-    return Endpoint::of(ep)->take_inbox();
-}
-
-void local_take_cell(fid_ep *ep, const uint8_t *cell) noexcept try {
-    Endpoint::of(ep)->take_cell(cell);
-} catch (...) {
-}
-
-peer::LocalPathOps local_path_ops = {.size = sizeof(peer::LocalPathOps),
-                                     .channel_bytes = sizeof(shm::Channel),
-                                     .copy_ipc = local_copy_ipc,
-                                     .export_ipc = local_export_ipc,
-                                     .use_channel = local_use_channel,
-                                     .take_inbox = local_take_inbox,
-                                     .take_cell = local_take_cell};
-
-// peer::CollOps: the owner's collectives (coll/engine.h).
-int coll_join(fid_ep *ep, const peer::CollJoin *join, uint64_t *group) noexcept try {
-    if (!ep || !join) return -FI_EINVAL;
-    return Endpoint::of(ep)->coll().join(*join, group);
-} catch (...) {
-    return current_exception_errno();
-}
-int coll_post(fid_ep *ep, uint64_t group, const peer::CollWork *work) noexcept try {
-    if (!ep || !work) return -FI_EINVAL;
-    return Endpoint::of(ep)->coll().post(group, *work);
-} catch (...) {
-    return current_exception_errno();
-}
-int coll_leave(fid_ep *ep, uint64_t group) noexcept try {
-    if (!ep) return -FI_EINVAL;
-    return Endpoint::of(ep)->coll().leave(group);
-} catch (...) {
-    return current_exception_errno();
-}
-peer::CollOps coll_ops = {sizeof(peer::CollOps), coll_join, coll_post, coll_leave};
-
 // Completions of the transfers we post on the owner's endpoint (FI_PEER_TRANSFER).
 ssize_t transfer_complete(fid_ep *ep, fi_cq_tagged_entry *entry, fi_addr_t *src) noexcept try {
     if (!ep || !entry) return -FI_EINVAL;
@@ -177,14 +119,6 @@ Endpoint::Endpoint(Domain *domain, const fi_info *info, fi_peer_transfer_context
     fid()->atomic = atomic_ops();
     complete_ep_tables(*fid());
     transfer->peer_ops = &transfer_ops;
-    void *ops = nullptr;
-    struct fid *owner = &owner_ep_->fid;
-    if (owner->ops->ops_open &&
-        owner->ops->ops_open(owner, peer::kPeerEpOpsName, 0, &ops, nullptr) == 0)
-        owner_ep_ops_ = static_cast<peer::PeerEpOps *>(ops);
-    if (owner_ep_ops_ && owner_ep_ops_->size >= sizeof(peer::PeerEpOps) &&
-        owner_ep_ops_->mr_generation)
-        mr_generation_ = owner_ep_ops_->mr_generation(owner_ep_);
     domain_->hold();
 }
 
@@ -250,14 +184,11 @@ int Endpoint::control(int command, void *) {
     return 0;
 }
 
-int Endpoint::ops_open(const char *name, uint64_t, void **ops, void *) {
-    if (!name || !ops) return -FI_EINVAL;
-    if (strcmp(name, peer::kLocalPathOpsName) == 0)
-        *ops = &local_path_ops;
-    else if (strcmp(name, peer::kCollOpsName) == 0)
-        *ops = &coll_ops;
-    else
-        return -FI_ENOSYS;
+int Endpoint::attach(shm::Channel *channel, const peer::OwnerOps *owner_ops) {
+    if (enabled_ || channel_) return -FI_EOPBADSTATE;
+    channel_ = channel;
+    owner_ep_ops_ = owner_ops;
+    if (owner_ops && owner_ops->mr_generation) mr_generation_ = owner_ops->mr_generation(owner_ep_);
     return 0;
 }
 

@@ -10,7 +10,7 @@
 //    process_vm_readv (Rts, answered by Fin) where the kernel permits cross-memory attach,
 //    and otherwise staged through the ring in Frag cells;
 //  - RMA writes and reads resolve the target key through the owner's endpoint
-//    (peer::PeerEpOps) and copy with CMA (or WriteFrag / ReadData cells without it);
+//    (peer::OwnerOps) and copy with CMA (or WriteFrag / ReadData cells without it);
 //  - device memory (FI_HMEM) goes peer to peer where the policy lets it (IpcRts: the receiver
 //    maps the sender's IPC handles and its device copies), and is otherwise staged through
 //    cells by the device's own copies; the CPU never touches it.
@@ -36,6 +36,7 @@
 #include "common/shm_ring.h"
 #include "main_prov/shm/channel.h"
 #include "main_prov/shm/single_copy.h"
+#include "peer/offload_ops.h"
 #include "peer/peer_abi.h"
 #include "peer/peer_cq.h"
 
@@ -105,7 +106,6 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     int close();
     int bind(struct fid *bfid, uint64_t flags);
     int control(int command, void *arg);
-    int ops_open(const char *name, uint64_t flags, void **ops, void *context);
     ssize_t sendmsg(const fi_msg *msg, uint64_t flags);
     ssize_t tsendmsg(const fi_msg_tagged *msg, uint64_t flags);
     int setopt(int level, int optname, const void *optval, size_t optlen);
@@ -130,19 +130,16 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // armed by arm()). 1 when work is pending (the descriptor made readable already).
     // Through fi_trywait on our CQ (Cq::trywait).
     int arm();
-    // peer::LocalPathOps::use_channel: the owner's node-local channel, which we open our
-    // inbox on when enabled and send through (before fi_enable, once).
-    int use_channel(shm::Channel *channel) {
-        if (enabled_ || channel_) return -FI_EOPBADSTATE;
-        channel_ = channel;
-        return 0;
-    }
-    // peer::LocalPathOps::take_inbox: from now on the owner reads our inbox.
+    // peer::OffloadOps::attach: the owner's node-local channel, which we open our inbox on
+    // when enabled and send through, and its answers about remote keys (null: none, RMA and
+    // atomics that target us are refused). Before fi_enable, once.
+    int attach(shm::Channel *channel, const peer::OwnerOps *owner_ops);
+    // peer::OffloadOps::take_inbox: from now on the owner reads our inbox.
     peer::InboxView take_inbox() {
         owner_reads_ = owner_reads_ || channel_->has_inbox();  // (no inbox: nothing to read)
         return {channel_->inbox(), &quiet_};
     }
-    // peer::LocalPathOps::take_cell: a cell of ours the owner read (ep/progress.cpp).
+    // peer::OffloadOps::take_cell: a cell of ours the owner read (ep/progress.cpp).
     void take_cell(const uint8_t *cell);
     // Peer transfer completions from the owner (fi_ops_transfer_peer).
     void transfer_complete(const fi_cq_tagged_entry &entry, fi_addr_t src);
@@ -152,13 +149,13 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // `pid`, vouched for), mapped here (cached) and copied into `to` (where `to_mem` says; all
     // host when null) by the devices' engines: 0, FI_EOPNOTSUPP when a buffer cannot be mapped
     // here (the sender may restage it), another FI_* code when a copy fails (ep/receive.cpp;
-    // peer::LocalPathOps::copy_ipc for the owner's receives).
+    // peer::OffloadOps::copy_ipc for the owner's receives).
     int copy_from_ipc(pid_t pid, const wire::LocalIpc *ipc, size_t count, const iovec *to,
                       const hmem::MemRef *to_mem, size_t nto, size_t len);
     // The IPC handles of `count` device buffers (our cache of exports), as an IpcRts carries
     // them: the number of entries written to `out` (empty buffers are left out), or
     // -FI_EOPNOTSUPP when a buffer is host memory or the driver gives it no handle
-    // (peer::LocalPathOps::export_ipc for the owner's sends; post_ipc for ours).
+    // (peer::OffloadOps::export_ipc for the owner's sends; post_ipc for ours).
     int export_ipc(const iovec *iov, const hmem::MemRef *mem, size_t count, wire::LocalIpc *out);
     static int discard_held(fi_peer_rx_entry *entry);
     // (The owner's collective calls come through here: they bring work.)
@@ -372,7 +369,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     Domain *domain_;
     fi_info *info_;
     fid_ep *owner_ep_;
-    peer::PeerEpOps *owner_ep_ops_ = nullptr;
+    const peer::OwnerOps *owner_ep_ops_ = nullptr;
     Cq *cq_ = nullptr;
     Av *av_ = nullptr;
     Srx *srx_ = nullptr;
@@ -384,7 +381,7 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // Our Short cells' line (common/short_cell.h): the owner's carry it too (channel_->sender()).
     ShortLine short_line_;
 
-    // The node-local channel (main_prov/shm/channel.h), the owner's (use_channel) or, without
+    // The node-local channel (main_prov/shm/channel.h), the owner's (attach) or, without
     // one lent, our own: our inbox, its split-copy claims (ep/split_copy.cpp), the FIFO peers
     // wake us through and our liveness timer (a peer that dies writes nothing, so a sleeper
     // whose operations wait on peers must wake for the next check of them by itself:
@@ -498,7 +495,8 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     bool owner_reads_ = false;
     int cells_from_owner_ = 0;
 
-    // coll/: the owner's collective groups and their operations (peer::CollOps).
+    // coll/: the owner's collective groups and their operations (peer::OffloadOps, its coll_*
+    // entries).
     coll::Engine coll_{owner_ep_, [this](fi_addr_t a) { return reachable(a) == 1; }};
 };
 

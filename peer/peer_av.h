@@ -11,7 +11,7 @@ namespace tandem::peer {
 
 // What the owner of an AV implements: fi_ops_av_owner. (That gives a peer no way to read an
 // entry: tandem's twin finds node-local peers through the channel tandem lends it,
-// peer::LocalPathOps::use_channel.)
+// peer::OffloadOps::attach.)
 class AvOwner {
   public:
     virtual int peer_query(fi_av_attr *attr) = 0;

@@ -1,7 +1,8 @@
-// The peer object of collectives (fi_collective(3)), which libfabric 1.17's peer API does not
-// have: tandem's endpoint hands its groups and their operations to its off_tandem twin, which
-// runs them (offload_prov/coll/) over peer transfers on tandem's own endpoint, and reports
-// back through the callbacks. tandem keeps what the application sees: the fid_mc, the EQ's
+// What tandem's endpoint hands its off_tandem twin of collectives (fi_collective(3)), which
+// libfabric 1.17's peer API has no object for (the coll_* entries of peer::OffloadOps,
+// peer/offload_ops.h): its groups and their operations, which the twin runs
+// (offload_prov/coll/) over peer transfers on tandem's own endpoint, reporting back through
+// the callbacks. tandem keeps what the application sees: the fid_mc, the EQ's
 // FI_JOIN_COMPLETE, the CQ entries.
 //
 // Every call is made under tandem's serialisation (its domain lock, or the application's under
@@ -16,9 +17,6 @@
 #include <cstdint>
 
 namespace tandem::peer {
-
-// fi_open_ops name, on off_tandem's endpoint, of its collective engine.
-inline constexpr const char *kCollOpsName = "off_tandem_coll_v1";
 
 // Limits of the engine: members of a group (its ring algorithms take 2 (n - 1) rounds of the
 // 4096 an operation's tags have room for), and bytes of one buffer of a call.
@@ -89,15 +87,5 @@ inline CollIo coll_io_bytes(int coll, size_t block, uint32_t n, bool root) {
             return {0, 0};
     }
 }
-
-struct CollOps {
-    size_t size;
-    // 0 (the joined callback follows from progress), or a negative fabric errno.
-    int (*join)(fid_ep *twin, const CollJoin *join, uint64_t *group);
-    // 0 (done follows from progress), -FI_EAGAIN, or a negative fabric errno.
-    int (*post)(fid_ep *twin, uint64_t group, const CollWork *work);
-    // The group goes: 0, or -FI_EBUSY while its join or operations are still running.
-    int (*leave)(fid_ep *twin, uint64_t group);
-};
 
 }  // namespace tandem::peer

@@ -6,7 +6,7 @@
 // are the endpoint's; this class keeps the channel's state and its caches.
 //
 // Built by tandem's endpoint over its own AV (LocalPath) and lent to its offload twin
-// (peer::LocalPathOps::use_channel), which opens the inbox on it and still carries most of the
+// (peer::OffloadOps::attach), which opens the inbox on it and still carries most of the
 // node-local traffic through it; tandem writes its Short cells through the peers' Outboxes and
 // sleeps on its wake (docs/architecture.md, step 3b).
 #pragma once

@@ -7,11 +7,12 @@
 // first attempt, and two owner endpoints of its own (just enough of a fid_ep for the twin:
 // a name, and a tagged receive that is accepted and never completes), over tandem's AV and
 // SRX (exported, fi_export_fid) so that addressing and matching are real. Like tandem, each
-// owner endpoint lends its twin a node-local channel (peer::LocalPathOps::use_channel) that
+// owner endpoint lends its twin a node-local channel (peer::OffloadOps::attach) that
 // reads the AV, here with fi_av_lookup.
 #include <gtest/gtest.h>
 
 #include "main_prov/shm/channel.h"
+#include "peer/offload_ops.h"
 #include "peer/peer_abi.h"
 #include "tests/common/owner_cq.h"
 
@@ -180,13 +181,12 @@ class OffloadCqTest : public ::testing::Test {
         ASSERT_EQ(fi_endpoint2(odom, oinfo, &twin[i], FI_PEER_TRANSFER, &tctx), 0);
         if (lend) {
             void *ops = nullptr;
-            ASSERT_EQ(fi_open_ops(&twin[i]->fid, tandem::peer::kLocalPathOpsName, 0, &ops, nullptr),
-                      0);
-            auto *local = static_cast<tandem::peer::LocalPathOps *>(ops);
-            ASSERT_EQ(local->channel_bytes, sizeof(tandem::shm::Channel));
+            ASSERT_EQ(fi_open_ops(&odom->fid, tandem::peer::kOffloadOpsName, 0, &ops, nullptr), 0);
+            auto *table = static_cast<const tandem::peer::OffloadOps *>(ops);
+            ASSERT_EQ(table->channel_bytes, sizeof(tandem::shm::Channel));
             lent[i] = std::make_unique<LentChannel>(book);
-            ASSERT_EQ(local->use_channel(twin[i], &lent[i]->channel), 0);
-            EXPECT_EQ(local->use_channel(twin[i], &lent[i]->channel), -FI_EOPBADSTATE);
+            ASSERT_EQ(table->attach(twin[i], &lent[i]->channel, nullptr), 0);
+            EXPECT_EQ(table->attach(twin[i], &lent[i]->channel, nullptr), -FI_EOPBADSTATE);
         }
         ASSERT_EQ(fi_ep_bind(twin[i], &ocq->fid, FI_TRANSMIT | FI_RECV), 0);
         ASSERT_EQ(fi_ep_bind(twin[i], &oav->fid, 0), 0);
@@ -329,6 +329,38 @@ TEST_F(OffloadCqTest, ATwinLentNoChannelIsReachedButReachesNoPeer) {
     iovec iov{m.out, sizeof m.out};
     fi_msg_tagged back{&iov, nullptr, 1, addr[0], 0x7, 0, &m.send_ctx, 0};
     EXPECT_EQ(fi_tsendmsg(twin[1], &back, FI_COMPLETION), -FI_EHOSTUNREACH);
+}
+
+// tandem and off_tandem share one private extension, on the peer domain: every entry is there
+// (an owner refuses a table smaller than its own; a null entry would crash it).
+TEST_F(OffloadCqTest, ThePeerDomainHandsOneTableWithEveryEntry) {
+    void *ops = nullptr;
+    ASSERT_EQ(fi_open_ops(&odom->fid, tandem::peer::kOffloadOpsName, 0, &ops, nullptr), 0);
+    const auto *t = static_cast<const tandem::peer::OffloadOps *>(ops);
+    ASSERT_EQ(t->size, sizeof *t);
+    const void *entries[] = {
+        reinterpret_cast<const void *>(t->attach),
+        reinterpret_cast<const void *>(t->take_inbox),
+        reinterpret_cast<const void *>(t->take_cell),
+        reinterpret_cast<const void *>(t->copy_ipc),
+        reinterpret_cast<const void *>(t->export_ipc),
+        reinterpret_cast<const void *>(t->coll_join),
+        reinterpret_cast<const void *>(t->coll_post),
+        reinterpret_cast<const void *>(t->coll_leave),
+        reinterpret_cast<const void *>(t->trigger_queue),
+        reinterpret_cast<const void *>(t->trigger_progress),
+        reinterpret_cast<const void *>(t->trigger_pending),
+        reinterpret_cast<const void *>(t->trigger_cancel),
+        reinterpret_cast<const void *>(t->trigger_flush),
+        reinterpret_cast<const void *>(t->trigger_flush_counter),
+        reinterpret_cast<const void *>(t->trigger_discard_group),
+        reinterpret_cast<const void *>(t->trigger_xpu_variable),
+    };
+    static_assert(sizeof entries / sizeof *entries * sizeof(void (*)()) ==
+                      sizeof(tandem::peer::OffloadOps) - 2 * sizeof(size_t),
+                  "an entry of peer::OffloadOps is missing here");
+    for (size_t i = 0; i < sizeof entries / sizeof *entries; ++i)
+        EXPECT_NE(entries[i], nullptr) << "entry " << i;
 }
 
 }  // namespace
