@@ -9,7 +9,11 @@
 # old alternate too (the same tandem_bench, only FI_PROVIDER_PATH differs): local_lat,
 # link_lat, local_bw, link_bw and mpi_lat get a ".base" figure, and "new against baseline"
 # prints each ratio with a limit of 5% (latency new / base <= 1.05, bandwidth base / new
-# <= 1.05).
+# <= 1.05). Those ratios are medians of paired ratios: each new figure is divided by the
+# baseline's measured next to it (the i-th of a run with the i-th), because a VM's speed
+# moves by tens of percent within minutes, far more than the limit, and a ratio of two medians
+# taken minutes apart measures that drift. Bandwidth gets BW_PAIRS pairs a run (default 3:
+# the one beside the reference, then back-to-back pairs in alternating order).
 #
 # Every run measures, in pairs whose order is reversed every other run:
 #   local_lat   8 B tagged ping-pong (half round trip), node-local: tandem (tandem_bench)
@@ -146,6 +150,23 @@ pair() {
 on_base() { prov_path=$base/lib "$@"; }
 mpi_base=(--mca pml cm --mca mtl ofi --mca mtl_ofi_provider_include tandem -x FI_PROVIDER_PATH="$base/lib")
 c() { :; }
+# more_bw_pairs RUN METRIC [ENV...]: with a baseline, BW_PAIRS - 1 more back-to-back pairs of
+# the new build and the baseline at 1 MiB, the order alternating.
+bw_pairs=${BW_PAIRS:-3}
+more_bw_pairs() {
+    [ -n "$base" ] || return 0
+    local run=$1 m=$2 k
+    shift 2
+    for k in $(seq 2 "$bw_pairs"); do
+        if (((run + k) % 2)); then
+            record "$run" "$m.tandem" "$(tb_run tandem bw 1m "$@")" MB/s
+            record "$run" "$m.base" "$(on_base tb_run tandem bw 1m "$@")" MB/s
+        else
+            record "$run" "$m.base" "$(on_base tb_run tandem bw 1m "$@")" MB/s
+            record "$run" "$m.tandem" "$(tb_run tandem bw 1m "$@")" MB/s
+        fi
+    done
+}
 
 echo "bench.sh --targets: $runs runs on $(nproc) cores ($(hostname)), build $build"
 for run in $(seq 1 "$runs"); do
@@ -165,10 +186,12 @@ for run in $(seq 1 "$runs"); do
     b() { record "$run" local_bw.shm "$(tb_run shm bw 1m)" MB/s; }
     c() { record "$run" local_bw.base "$(on_base tb_run tandem bw 1m)" MB/s; }
     pair "$run" a b
+    more_bw_pairs "$run" local_bw
     a() { record "$run" link_bw.tandem "$(tb_run tandem bw 1m FI_TANDEM_LOCAL=0)" MB/s; }
     b() { record "$run" link_bw.tcp_rxm "$(tb_run 'tcp;ofi_rxm' bw 1m)" MB/s; }
     c() { record "$run" link_bw.base "$(on_base tb_run tandem bw 1m FI_TANDEM_LOCAL=0)" MB/s; }
     pair "$run" a b
+    more_bw_pairs "$run" link_bw FI_TANDEM_LOCAL=0
     a() { record "$run" mpi_lat.tandem "$(mpi_lat_run "${mpi_tandem[@]}")" us; }
     b() { record "$run" mpi_lat.vader "$(mpi_lat_run "${mpi_vader[@]}")" us; }
     c() { record "$run" mpi_lat.base "$(mpi_lat_run "${mpi_base[@]}")" us; }
@@ -252,14 +275,24 @@ target "allreduce 64 KiB, 4 ranks: tandem / vader" "$(med allreduce_64k.tandem)"
 target "allreduce 1 MiB, 4 ranks: tandem / vader" "$(med allreduce_1m.tandem)" "$(med allreduce_1m.vader)" 1.00
 target "memory, 64 peers: tandem / shm" "$(mem64 local.tandem)" "$(mem64 local.shm)" 1.00
 target "memory, 64 peers: tandem / tcp;ofi_rxm" "$(mem64 link.tandem)" "$(mem64 link.tcp_rxm)" 1.00
+# paired METRIC NUM DEN: the median over the runs' pairs (the i-th NUM figure of a run with
+# the i-th DEN figure of that run) of NUM / DEN, and how many pairs.
+paired() {
+    awk -v a="$1.$2" -v b="$1.$3" '
+        $2 == a { x[$1, ++nx[$1]] = $3; runs[$1] = 1 }
+        $2 == b { y[$1, ++ny[$1]] = $3 }
+        END { for (r in runs) for (i = 1; i <= nx[r] && i <= ny[r]; i++) if (y[r, i] > 0) print x[r, i] / y[r, i] }' \
+        "$tmp/results" | sort -g |
+        awk '{ v[++n] = $1 } END { if (n) printf "%.4f %d\n", (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2, n }'
+}
 if [ -n "$base" ]; then
     echo
-    echo "new against baseline ($base; ratio of medians, limit 5%)"
-    for m in local_lat link_lat mpi_lat; do
-        target "$m: new / baseline" "$(med "$m.tandem")" "$(med "$m.base")" 1.05
-    done
-    for m in local_bw link_bw; do
-        target "$m: baseline / new" "$(med "$m.base")" "$(med "$m.tandem")" 1.05
+    echo "new against baseline ($base; median of paired ratios, limit 5%)"
+    for m in local_lat link_lat mpi_lat local_bw link_bw; do
+        case $m in *_bw) num=base den=tandem label="$m: baseline / new" ;;
+                   *) num=tandem den=base label="$m: new / baseline" ;; esac
+        read -r ratio npairs <<<"$(paired "$m" "$num" "$den")"
+        target "$label (${npairs:-0} pairs)" "${ratio:-}" "${ratio:+1}" 1.05
     done
 fi
 echo
