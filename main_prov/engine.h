@@ -697,6 +697,7 @@ class Engine : public CmSource, public RemoteKeyResolver, public shm::StreamList
     void (*twin_take_cell_)(fid_ep *, const uint8_t *) = nullptr;
     static constexpr unsigned kTwinEvery = 16;
     unsigned express_passes_ = 0;
+    unsigned reading_passes_ = 0;  // passes that found a cell (read_inbox: the heartbeat)
     LastSender last_sender_;
     // The cells at the head of the twin's inbox, first `cell` (nullptr: only cells released
     // from a hold), up to a batch: each Short cell ours, every other one the twin's

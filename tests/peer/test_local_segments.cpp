@@ -3,6 +3,9 @@
 // without closing, by the next endpoint created.
 #include "common/shm_ring.h"
 #include "common/wire.h"
+#include "common/coarse_clock.h"
+#include "main_prov/shm/inbox_segment.h"
+#include "main_prov/shm/send_choice.h"
 #include "main_prov/shm/shm_segment.h"
 #include "peer/ep_diag.h"
 #include "tests/common/rdm_endpoint.h"
@@ -364,6 +367,37 @@ TEST(LocalSegments, AProducerKilledBeforePublishingDoesNotStallTheInbox) {
         EXPECT_EQ(received[i], &in[i]);
         EXPECT_EQ(in[i], 1000 + i);
     }
+    b.close();
+    a.close();
+}
+
+// A receiver whose inbox never empties still tells its senders that it polls: its heartbeat
+// (SegmentInfo::heartbeat, which a sender reads before a large message to tell a receiver
+// without a core from a busy one, shm::peer_polls) moves while it reads, though none of its
+// passes finds the inbox empty (and the twin, which beats on its own passes, is then never
+// driven). For 40 ms a puts one Short message into b's inbox before each of b's passes; at the
+// end b's heartbeat is younger than kPeerPollMs.
+TEST(LocalSegments, AReceiverReadingAnInboxThatNeverEmptiesKeepsItsHeartbeat) {
+    Rdm a, b;
+    a.open();
+    b.open();
+    const fi_addr_t to_b = a.insert(b);
+    tandem::ShmSegment seg = tandem::ShmSegment::open(inbox_name(b));
+    ASSERT_NE(seg.data(), nullptr) << "b has no inbox segment";
+    const auto *info = static_cast<const tandem::shm::SegmentInfo *>(seg.data());
+    const uint64_t payload = 7;
+    size_t passes = 0;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(40);
+    while (std::chrono::steady_clock::now() < until) {
+        ASSERT_EQ(fi_tinject(a.ep, &payload, sizeof payload, to_b, 0x61), 0);
+        fi_cq_tagged_entry e;
+        (void)fi_cq_read(b.cq, &e, 1);  // (nothing completes: the messages stay unexpected)
+        ++passes;
+    }
+    const uint32_t beat = __atomic_load_n(&info->heartbeat, __ATOMIC_RELAXED);
+    const uint32_t age = uint32_t(tandem::coarse_now_ms()) - beat;
+    EXPECT_LT(age, tandem::shm::kPeerPollMs)
+        << "b's heartbeat is " << age << " ms old after " << passes << " passes that read";
     b.close();
     a.close();
 }
