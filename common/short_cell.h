@@ -1,9 +1,8 @@
 // Short cells (wire::LocalShortHeader): the node-local path's small messages, written and
 // read in one place for both providers. tandem writes them into a peer's ring through the
-// peer's Outbox in the twin's channel (shm::Outbox::claim) and decodes every one that arrives
-// for it, reading its twin's
-// inbox itself (peer::InboxView); off_tandem writes them for the sends tandem posts through
-// it, and reads them only for an owner that is not tandem (the peer-API face).
+// peer's Outbox in its channel (shm::Outbox::claim) and decodes every one that arrives for it,
+// reading its channel's inbox itself (Channel::owner_reads); off_tandem writes them for its own
+// sends and reads them only for an owner that is not tandem (the peer-API face).
 #pragma once
 
 #include "common/iov.h"

@@ -284,17 +284,16 @@ int Engine::enable_locked() {
     if (local_ && (caps_ & FI_HMEM)) local_->set_p2p(p2p_.mode());
     if (local_) {
         lane_limit_ = std::min<size_t>(local_->inject_limit(), info_->ep_attr->max_msg_size);
-        if (shm::Channel *channel = local_->channel()) {
-            lane_producer_ = channel->sender().producer;
-            lane_line_ = channel->sender().short_line;
-        }
+        shm::Channel *channel = local_->channel();
+        lane_producer_ = channel->sender().producer;
+        lane_line_ = channel->sender().short_line;
         twin_cq_ = local_->twin_cq();
         twin_ep_ = local_->twin();
-        const peer::InboxView inbox = local_->inbox();
-        inbox_ring_ = inbox.ring;
-        twin_quiet_ = inbox.ring ? inbox.quiet : nullptr;
+        const bool reads = channel->owner_reads;  // (no inbox: shared memory not permitted)
+        inbox_ring_ = reads ? channel->inbox() : nullptr;
+        twin_quiet_ = reads ? &channel->twin_quiet : nullptr;
         twin_take_cell_ = local_->take_cell_entry();
-        holds_ = inbox.ring ? &local_->channel()->holds() : nullptr;
+        holds_ = reads ? &channel->holds() : nullptr;
     }
     transport_->set_device_p2p(p2p_.mode() != FI_HMEM_P2P_DISABLED);
     // What send_by_link takes: an eager message the link sends from the caller's buffer

@@ -301,7 +301,7 @@ class Engine : public CmSource, public RemoteKeyResolver, public shm::StreamList
     // comes through here; the twin's progress is called straight through its ops table.)
     void progress() {
         if (twin_quiet_) {
-            // We read the twin's inbox (peer::InboxView): Short cells with our own decoder,
+            // We read our channel's inbox (Channel::owner_reads): our cells with our decoders,
             // every other cell by the twin, a held sender's kept (shm::SenderHold). The twin
             // runs after, while it has work, and every kTwinEvery empty passes (its checks and
             // heartbeat).
@@ -687,10 +687,10 @@ class Engine : public CmSource, public RemoteKeyResolver, public shm::StreamList
     // or null without local_.
     fid_cq *twin_cq_ = nullptr;
     fid_ep *twin_ep_ = nullptr;
-    // The twin's inbox, which we read (OffloadOps::take_inbox): its ring and whether the
-    // twin is quiet (null without local_), the channel's holds of senders behind a split
-    // write, the twin's handler of the cells that are not ours, the passes since the twin
-    // last ran, and the last sender resolved.
+    // Our channel's inbox, which we read (Channel::owner_reads): its ring and whether the
+    // twin is quiet (Channel::twin_quiet; null without local_ or an inbox), the channel's holds
+    // of senders behind a split write, the twin's handler of the cells that are not ours, the
+    // passes since the twin last ran, and the last sender resolved.
     ShmRing *inbox_ring_ = nullptr;
     bool *twin_quiet_ = nullptr;
     shm::SenderHold *holds_ = nullptr;

@@ -155,8 +155,8 @@ std::unique_ptr<LocalPath> LocalPath::open(Engine &ep, OffloadDomain &off, Av &a
         step = "fi_enable";
         ret = fi_enable(lp->twin_);
     }
-    // We read our own twin's inbox, and decode every Short cell in it (peer::InboxView).
-    if (!ret) lp->inbox_ = lp->ops_->take_inbox(lp->twin_);
+    // We read the inbox the twin opened on our channel (OffloadOps::take_cell says how).
+    if (!ret) lp->channel_.owner_reads = lp->channel_.has_inbox();
     if (ret) {
         TANDEM_WARN(FI_LOG_EP_CTRL, "node-local path not available (%s: %s)\n", step,
                     fi_strerror(-ret));

@@ -75,9 +75,7 @@ class LocalPath final : public peer::CqOwner {
     // The twin's CQ: fi_peer(3)'s owner drives the peer's progress with fi_cq_read(cq, NULL, 0)
     // on it (Engine::progress).
     fid_cq *twin_cq() const { return cq_; }
-    // The twin's inbox, which the endpoint reads (peer::InboxView; null ring: it does not),
-    // and the twin's handler of the cells in it that are not Short ones.
-    peer::InboxView inbox() const { return inbox_; }
+    // The twin's handler of the cells of the inbox that are its own.
     void (*take_cell_entry() const)(fid_ep *, const uint8_t *) { return ops_->take_cell; }
     // The endpoint's node-local channel, built over its AV and lent to the twin
     // (peer::OffloadOps::attach), which opens its inbox on it.
@@ -138,7 +136,6 @@ class LocalPath final : public peer::CqOwner {
     fid_ep *twin_ = nullptr;
     const peer::OffloadOps *ops_ = nullptr;
     size_t inject_limit_ = 0;
-    peer::InboxView inbox_{};
     // The AV as the channel reads it, inside tandem's calls (the domain lock held).
     class AvBook final : public shm::AddressBook {
       public:

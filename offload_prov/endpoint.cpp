@@ -219,7 +219,6 @@ void Endpoint::enable() {
         // wake without a FIFO still ends a sleep for our checks (collectives probing their
         // members).
         channel_->open_wake_only();
-        owner_reads_ = true;
         enabled_ = true;
         return;
     }

@@ -17,7 +17,7 @@
 // Receives are the owner's: an arriving message asks the owner's SRX for a buffer
 // (get_msg / get_tag); a message that finds none is queued with the owner and held here until
 // the owner starts or discards it. When the owner is tandem, it reads our inbox itself
-// (take_inbox): it decodes the Short and Eager cells and hands us the others (take_cell),
+// (Channel::owner_reads): it decodes the Short and Eager cells and hands us the others (take_cell),
 // keeping a sender's cells behind a split write of theirs (the channel's shm::SenderHold,
 // which our RMA target sets and lifts). Completions go to the owner's CQ (fid_peer_cq); those
 // of sends that complete when posted are written at the next progress
@@ -134,11 +134,6 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
     // when enabled and send through, and its answers about remote keys (null: none, RMA and
     // atomics that target us are refused). Before fi_enable, once.
     int attach(shm::Channel *channel, const peer::OwnerOps *owner_ops);
-    // peer::OffloadOps::take_inbox: from now on the owner reads our inbox.
-    peer::InboxView take_inbox() {
-        owner_reads_ = owner_reads_ || channel_->has_inbox();  // (no inbox: nothing to read)
-        return {channel_->inbox(), &quiet_};
-    }
     // peer::OffloadOps::take_cell: a cell of ours the owner read (ep/progress.cpp).
     void take_cell(const uint8_t *cell);
     // Peer transfer completions from the owner (fi_ops_transfer_peer).
@@ -477,22 +472,24 @@ class Endpoint : public FidObject<Endpoint, fid_ep> {
         return now >= next_check_ms_;
     }
     // Nothing waits for a progress pass but what a cell may bring (no backlog, completion,
-    // pending operation, collective): progress only peeks at the inbox. Set at
-    // the end of a pass that leaves nothing behind; cleared by every call of the owner's that
-    // may bring work (note_work). One that forgot to would only wait for the whole pass that
-    // comes every 1024 passes.
-    bool quiet_ = false;
-    void note_work() { quiet_ = false; }
+    // pending operation, collective): progress only peeks at the inbox. Kept in the channel
+    // (Channel::twin_quiet), where an owner that reads the inbox sees it: set at the end of a
+    // pass that leaves nothing behind; cleared by every call of the owner's that may bring
+    // work (note_work). One that forgot to would only wait for the whole pass that comes every
+    // 1024 passes.
+    void note_work() {
+        if (channel_) channel_->twin_quiet = false;
+    }
     // FI_OPT_SHARED_MEMORY_PERMITTED (the owner's, handed on before fi_enable): false, and we
     // make no segment, have no inbox and reach no peer (link_for answers none).
     bool shm_permitted_ = true;
     // Passes in a row that found nothing while operations waited on a peer (progress_all).
     static constexpr unsigned kYieldAfter = 4;
     unsigned fruitless_passes_ = 0;
-    // Our own owner reads our inbox (take_inbox): our passes leave the ring alone, and the
-    // cells it hands us come through take_cell (counted for the pass's yield decision). It
-    // decodes every Short cell itself.
-    bool owner_reads_ = false;
+    // Our passes leave the ring alone: our own owner reads it (Channel::owner_reads; it
+    // decodes every Short cell itself and hands us the cells that are ours through take_cell,
+    // counted for the pass's yield decision), or we have none (shared memory not permitted).
+    bool owner_reads() const { return channel_->owner_reads || !channel_->inbox(); }
     int cells_from_owner_ = 0;
 
     // coll/: the owner's collective groups and their operations (peer::OffloadOps, its coll_*

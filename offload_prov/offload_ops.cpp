@@ -18,10 +18,6 @@ int local_attach(fid_ep *ep, shm::Channel *channel, const peer::OwnerOps *owner_
     return Endpoint::of(ep)->attach(channel, owner_ops);
 }
 
-peer::InboxView local_take_inbox(fid_ep *ep) noexcept {
-    return Endpoint::of(ep)->take_inbox();
-}
-
 void local_take_cell(fid_ep *ep, const uint8_t *cell) noexcept try {
     Endpoint::of(ep)->take_cell(cell);
 } catch (...) {
@@ -108,7 +104,6 @@ const peer::OffloadOps offload_ops_table = {
     .size = sizeof(peer::OffloadOps),
     .channel_bytes = sizeof(shm::Channel),
     .attach = local_attach,
-    .take_inbox = local_take_inbox,
     .take_cell = local_take_cell,
     .copy_ipc = local_copy_ipc,
     .export_ipc = local_export_ipc,

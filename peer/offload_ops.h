@@ -6,9 +6,9 @@
 // logged) unless it is at least as large as tandem's and was built with tandem's channel. The
 // entries come in three groups, each with its reason below:
 //  - the node-local path of one endpoint (the twin endpoint as fid): tandem's channel lent to
-//    the twin with the owner's answers the twin needs (attach), the twin's inbox read by tandem
-//    (take_inbox, take_cell), device memory mapped or exported through the twin's IPC caches
-//    (copy_ipc, export_ipc);
+//    the twin with the owner's answers the twin needs (attach), the cells of the inbox tandem
+//    reads that are the twin's (take_cell), device memory mapped or exported through the
+//    twin's IPC caches (copy_ipc, export_ipc);
 //  - collectives (the twin endpoint): join, post, leave;
 //  - triggered operations and deferred work (off_tandem's domain): its trigger queue.
 // The other way, the twin asks tandem about remote keys through OwnerOps, which tandem hands
@@ -60,21 +60,6 @@ struct OwnerOps {
     const std::atomic<uint64_t> *(*mr_generation)(fid_ep *ep);
 };
 
-// The twin's inbox once the owner reads it (take_inbox): the ring, of which the owner is then
-// the only reader, and whether the twin is quiet (no backlog, no operation waiting, no
-// completion held, no sender held behind a split write). The owner decodes every Short and
-// Eager cell itself and hands every other cell to take_cell; it keeps a sender's cells while
-// the channel holds that sender (shm::SenderHold, set and lifted by the twin's RMA target) and
-// replays them through the same dispatch once the hold is lifted. The owner calls the twin's
-// progress for its other work while it is not quiet, and every few passes while it is
-// (checks, heartbeat).
-struct InboxView {
-    ShmRing *ring;
-    // The owner clears it when it leaves the twin work: a cell of its own pushed into a
-    // peer's full ring waits in that peer's Outbox backlog, which the twin's pass flushes.
-    bool *quiet;
-};
-
 struct OffloadOps {
     size_t size;
     // sizeof(shm::Channel) as the twin was built: the owner's channel is shared as a C++
@@ -102,13 +87,14 @@ struct OffloadOps {
     // the twin makes a channel of its own that looks no address up: it receives, and reaches
     // no peer. -FI_EOPBADSTATE after fi_enable or a second time.
     int (*attach)(fid_ep *ep, shm::Channel *channel, const OwnerOps *owner_ops);
-    // Why: one reader per ring, and the owner decodes its own messages' cells. The owner
-    // becomes the reader of the twin's inbox (see InboxView). Its own twin only; once, after
-    // the twin is enabled.
-    InboxView (*take_inbox)(fid_ep *ep);
     // Why: the cells of the twin's own operations (RMA targets, atomics, answers to its
-    // transfers) are the twin's to handle. A cell the owner read off the inbox; the owner
-    // releases it from the ring afterwards.
+    // transfers) are the twin's to handle. Once the twin is enabled, the owner reads the inbox
+    // the twin opened on its channel (and says so: Channel::owner_reads); it decodes every
+    // Short, Eager, Frag, Rts and IpcRts cell itself, keeps a sender's cells while the channel
+    // holds that sender (shm::SenderHold, set and lifted by the twin's RMA target) and replays
+    // them once the hold is lifted, and hands every other cell here, releasing it from the
+    // ring afterwards. It drives the twin's passes while Channel::twin_quiet is clear, and
+    // every few of its empty passes while it is set (checks, heartbeat).
     void (*take_cell)(fid_ep *ep, const uint8_t *cell);
     // Why: mapped device memory is the twin's (its cache of imported handles and device
     // engines). The owner's receive of a node-local device message (an IpcRts the owner

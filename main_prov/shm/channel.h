@@ -6,9 +6,10 @@
 // are the endpoint's; this class keeps the channel's state and its caches.
 //
 // Built by tandem's endpoint over its own AV (LocalPath) and lent to its offload twin
-// (peer::OffloadOps::attach), which opens the inbox on it and still carries most of the
-// node-local traffic through it; tandem writes its Short cells through the peers' Outboxes and
-// sleeps on its wake (docs/architecture.md, step 3b).
+// (peer::OffloadOps::attach), which opens the inbox on it (with its settings, FI_OFF_TANDEM_*)
+// and sends its own cells (RMA, atomics, answers) through it; tandem reads the inbox, writes
+// its messages' cells through the peers' Outboxes and sleeps on its wake
+// (docs/architecture.md, step 3).
 #pragma once
 
 #include "main_prov/shm/inbox_segment.h"
@@ -96,6 +97,16 @@ class Channel {
     // liveness check then runs as for its own waits (every pass, and a timer while asleep),
     // so that a peer's death ends them.
     bool owner_waits = false;
+    // Set by tandem once it reads this inbox itself (LocalPath::open, after the twin opened
+    // it): the twin's passes then leave the ring alone and handle only the cells tandem hands
+    // it (OffloadOps::take_cell). An owner that does not set it leaves the reading to the twin.
+    bool owner_reads = false;
+    // Set by the twin at the end of a pass that leaves nothing for another (no backlog,
+    // operation, held completion, held sender or collective: only a cell can bring it work),
+    // cleared by the twin when a call brings work and by tandem when it leaves the twin some
+    // (a cell of its own kept in a full ring's backlog, which the twin's pass flushes). tandem
+    // drives the twin's passes while it is clear, and every few empty passes while it is set.
+    bool twin_quiet = false;
     // The long header of a cell we send to a peer (our name's length, our pid), for `op` of
     // operation msg_id: the answers (Fin, Cts, WriteDone) the channel's readers write.
     wire::LocalHeader header(wire::LocalOp op, uint64_t msg_id) const;

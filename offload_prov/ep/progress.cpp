@@ -30,18 +30,20 @@ const uint8_t *body_of(const uint8_t *cell) {
 }  // namespace
 
 void Endpoint::progress() {
-    if (quiet_) {
-        // Nothing of ours waits for a pass (see quiet_): only the inbox to look at (unless our
-        // owner reads it), and every 4th time our heartbeat, then a whole pass when the peers'
+    if (!enabled_) return;  // (no channel yet when the owner lent none)
+    if (channel_->twin_quiet) {
+        // Nothing of ours waits for a pass (see note_work): only the inbox to look at (unless
+        // our owner reads it), and every 4th time our heartbeat, then a whole pass when the peers'
         // liveness check is due. (tandem, which reads our inbox, calls us every 16th of its
         // empty passes while we are quiet: the clock is read once in its 64, as it is in a
         // busy pass's 64 below.) Short cells are taken here, and the pass stays quiet unless
         // one left a completion waiting for room in the owner's CQ.
+        const bool owner_reads = this->owner_reads();
         for (int i = 0; i < 64; ++i) {
             const auto *cell =
-                owner_reads_ ? nullptr : static_cast<const uint8_t *>(channel_->inbox()->peek());
+                owner_reads ? nullptr : static_cast<const uint8_t *>(channel_->inbox()->peek());
             if (!cell) {
-                if ((++passes_ & (owner_reads_ ? 3 : 63)) != 0 || !beat()) return;
+                if ((++passes_ & (owner_reads ? 3 : 63)) != 0 || !beat()) return;
                 progress_all(true, true);
                 return;
             }
@@ -51,7 +53,7 @@ void Endpoint::progress() {
             channel_->inbox()->release();
             if (!cq_backlog_.empty()) break;
         }
-        quiet_ = false;
+        channel_->twin_quiet = false;
     }
     progress_all(false);
 }
@@ -64,9 +66,10 @@ void Endpoint::progress_all(bool counted, bool check_due) {
     if (!coll_.idle()) coll_.progress();
     // A bounded batch: a sender that never stops must not starve the rest of the owner. (When
     // the owner reads the inbox, the cells it handed us since the last pass.)
-    int handled = owner_reads_ ? std::exchange(cells_from_owner_, 0) : 0;
+    const bool owner_reads = this->owner_reads();
+    int handled = owner_reads ? std::exchange(cells_from_owner_, 0) : 0;
     shm::SenderHold &holds = channel_->holds();
-    for (; !owner_reads_ && handled < 64; ++handled) {
+    for (; !owner_reads && handled < 64; ++handled) {
         // Cells released from a hold go first: they are older than their sender's in the ring.
         if (holds.has_released()) holds.replay([this](const uint8_t *c) { handle_cell(c); });
         const void *cell = channel_->inbox()->peek();
@@ -126,8 +129,8 @@ void Endpoint::progress_all(bool counted, bool check_due) {
     }
     // Quiet when nothing but a cell can give this endpoint work: then the next passes only
     // look at the inbox until a cell comes or a call of the owner's brings work (note_work).
-    quiet_ = coll_.idle() && !sender_->backlogged && cq_backlog_.empty() && tx_done_.empty() &&
-             !waiting && !holds.active();
+    channel_->twin_quiet = coll_.idle() && !sender_->backlogged && cq_backlog_.empty() &&
+                           tx_done_.empty() && !waiting && !holds.active();
 }
 
 void Endpoint::complete_tx(void *context, uint64_t flags, size_t len, int err) {

@@ -340,7 +340,6 @@ TEST_F(OffloadCqTest, ThePeerDomainHandsOneTableWithEveryEntry) {
     ASSERT_EQ(t->size, sizeof *t);
     const void *entries[] = {
         reinterpret_cast<const void *>(t->attach),
-        reinterpret_cast<const void *>(t->take_inbox),
         reinterpret_cast<const void *>(t->take_cell),
         reinterpret_cast<const void *>(t->copy_ipc),
         reinterpret_cast<const void *>(t->export_ipc),
