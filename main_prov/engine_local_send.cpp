@@ -80,15 +80,17 @@ wire::LocalHeader Engine::local_header(const TxOp *op, wire::LocalOp kind) {
 // sent).
 void Engine::send_local_eager(TxOp *op, shm::PeerInbox &to, const wire::LocalHeader &hdr,
                               const iovec *iov, size_t count, const hmem::MemRef *mem) {
-    const bool ack = hdr.flags & wire::kLocalAckReq;
-    if (ack) await_local(op, to, 0, 0);
     if (!to.out.push_gather(local_->channel()->sender(), hdr, iov, count, 0, hdr.total, mem))
         [[unlikely]] {
-        if (ack) local_sends_.erase(hdr.msg_id);
-        fail_tx(op, FI_EIO);
+        fail_tx(op, FI_EIO);  // (the device could not copy the payload: nothing was sent)
         return;
     }
-    if (!ack) finish_tx(op);
+    // Delivery complete: it waits for the receiver's Fin, which can only come with a later
+    // read of our inbox (under the same lock), so it is registered after the push.
+    if (hdr.flags & wire::kLocalAckReq)
+        await_local(op, to, 0, 0);
+    else
+        finish_tx(op);
 }
 
 // Single copy: the receiver reads op->iov with CMA (half of it written by us after its Cts, from
