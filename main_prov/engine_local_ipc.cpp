@@ -33,26 +33,20 @@ namespace tandem {
 // staged, or refused (FI_EOPNOTSUPP) as the P2P policy decides. The hmem counters count it
 // once, by how it went.
 void Engine::send_local_device(TxOp *op, shm::PeerInbox &to, wire::LocalHeader hdr) {
-    auto &counters = hmem::counters();
-    switch (op->len ? p2p_.decide(true, op->len, wire::kLocalBodyRoom) : hmem::P2pDecision::Stage) {
-        case hmem::P2pDecision::PeerToPeer:
-            if (send_local_ipc(op, to, hdr)) {
-                counters.p2p_transfers.fetch_add(1, std::memory_order_relaxed);
-                return;
-            }
-            if (p2p_.mode() != FI_HMEM_P2P_REQUIRED) break;  // no IPC handle: staged
-            [[fallthrough]];
-        case hmem::P2pDecision::Fail:
-            counters.refused_transfers.fetch_add(1, std::memory_order_relaxed);
-            fail_tx(op, FI_EOPNOTSUPP);
-            return;
-        case hmem::P2pDecision::Stage:
-            break;
-    }
     const size_t len = op->len;
-    // (An empty message moves no device memory: an empty Eager cell, counted as nothing.)
-    if (len) counters.staged_transfers.fetch_add(1, std::memory_order_relaxed);
-    if (len > wire::kLocalBodyRoom && to.cma && len <= shm::kDeviceBounceMax) {
+    using shm::DeviceSend;
+    DeviceSend how = shm::device_send(p2p_, len, wire::kLocalBodyRoom, to.cma);
+    if (how == DeviceSend::PeerToPeer) {
+        if (send_local_ipc(op, to, hdr)) {
+            shm::count_device_send(how, len);
+            return;
+        }
+        how = shm::device_send_staged(p2p_, len, wire::kLocalBodyRoom, to.cma);  // no handle
+    }
+    shm::count_device_send(how, len);
+    if (how == DeviceSend::Refuse) {
+        fail_tx(op, FI_EOPNOTSUPP);
+    } else if (how == DeviceSend::HostBounce) {
         // Our device copies it once into a host bounce that the receiver reads like any host
         // message (single copy), instead of cell by cell.
         op->inject_copy.resize(len);
@@ -64,7 +58,7 @@ void Engine::send_local_device(TxOp *op, shm::PeerInbox &to, wire::LocalHeader h
         op->iov.assign(1, iovec{op->inject_copy.data(), len});
         op->mem.clear();
         send_local_rts(op, to, hdr, 0, 0);
-    } else if (len > wire::kLocalBodyRoom) {
+    } else if (how == DeviceSend::Frag) {
         send_local_frag(op, to, hdr, op->iov.data(), op->iov.size(), op->mem.data());
     } else {
         hdr.size = static_cast<uint32_t>(len);

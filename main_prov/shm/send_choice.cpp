@@ -37,6 +37,39 @@ bool stages_better(PeerInbox &peer, size_t len, double *rts_ns) {
     return false;
 }
 
+DeviceSend device_send(const hmem::P2pPolicy &p2p, size_t len, size_t eager, bool cma) {
+    if (!len) return DeviceSend::Eager;
+    switch (p2p.decide(true, len, eager)) {
+        case hmem::P2pDecision::PeerToPeer:
+            return DeviceSend::PeerToPeer;
+        case hmem::P2pDecision::Fail:
+            return DeviceSend::Refuse;
+        case hmem::P2pDecision::Stage:
+            break;
+    }
+    return device_send_staged(p2p, len, eager, cma);
+}
+
+DeviceSend device_send_staged(const hmem::P2pPolicy &p2p, size_t len, size_t eager, bool cma) {
+    if (len && p2p.mode() == FI_HMEM_P2P_REQUIRED) return DeviceSend::Refuse;
+    if (len <= eager) return DeviceSend::Eager;
+    return cma && len <= kDeviceBounceMax ? DeviceSend::HostBounce : DeviceSend::Frag;
+}
+
+void count_device_send(DeviceSend how, size_t len) {
+    hmem::Counters &c = hmem::counters();
+    switch (how) {
+        case DeviceSend::PeerToPeer:
+            c.p2p_transfers.fetch_add(1, std::memory_order_relaxed);
+            return;
+        case DeviceSend::Refuse:
+            c.refused_transfers.fetch_add(1, std::memory_order_relaxed);
+            return;
+        default:
+            if (len) c.staged_transfers.fetch_add(1, std::memory_order_relaxed);
+    }
+}
+
 void learn_lateness(PeerInbox &peer, int64_t posted_ns, double expected_ns) {
     peer.lateness.learn(posted_ns, expected_ns);
 }

@@ -5,6 +5,7 @@
 // tandem), so a peer is judged one way.
 #pragma once
 
+#include "hmem/p2p_policy.h"
 #include "main_prov/shm/peer_inbox.h"
 
 #include <cstddef>
@@ -17,6 +18,25 @@ namespace tandem::shm {
 // with cross-memory attach (an Rts); larger ones through cells, so that no sender holds a
 // bounce of unbounded size. Both providers' senders of device memory use it.
 inline constexpr size_t kDeviceBounceMax = 64u << 20;
+
+// How a node-local message of device memory goes, one decision for both providers' senders
+// (tandem's Engine::send_local_device, off_tandem's send_device for an owner that is not
+// tandem), which also move the hmem counters by it (count_device_send):
+enum class DeviceSend {
+    PeerToPeer,  // an IpcRts naming the buffers' IPC handles (the receiver's device copies)
+    Refuse,      // FI_EOPNOTSUPP: the policy (FI_HMEM_P2P_REQUIRED) forbids staging it
+    Eager,       // one cell, the device copying into it (an empty message moves no device memory)
+    HostBounce,  // one host copy by the device, which the receiver reads like a host Rts
+    Frag,        // cells, the device copying into each
+};
+// The first choice: as the endpoint's P2P policy decides (up to `eager` bytes ENABLED stages),
+// then by size; `cma`: the receiver may read us by cross-memory attach.
+DeviceSend device_send(const hmem::P2pPolicy &p2p, size_t len, size_t eager, bool cma);
+// When peer to peer found no IPC handle (or the receiver could not map it): staged, unless
+// the policy requires peer to peer.
+DeviceSend device_send_staged(const hmem::P2pPolicy &p2p, size_t len, size_t eager, bool cma);
+// The hmem counters of a device send that went as `how` (PeerToPeer: once its IpcRts is sent).
+void count_device_send(DeviceSend how, size_t len);
 
 // Whether the peer has polled within the last kPeerPollMs, as far as its heartbeat (of the
 // coarse clock, a tick or so behind) tells.

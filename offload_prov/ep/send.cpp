@@ -123,13 +123,25 @@ void Endpoint::send_host(const LocalRequest &r, PeerLink &link, LocalHeader &hdr
 // else staged through cells by the device's copies (never by the CPU).
 void Endpoint::send_device(const LocalRequest &r, PeerLink &link, LocalHeader &hdr,
                            uint64_t cq_flags) {
-    if (send_peer_to_peer(r, link, hdr, cq_flags)) return;
-    hmem::counters().staged_transfers.fetch_add(1, std::memory_order_relaxed);
+    using shm::DeviceSend;
     const iovec *const iov = r.iov;
     const hmem::MemRef *const mem = r.mem;
-    const size_t count = r.count, len = r.len;
+    const size_t count = r.count, len = r.len, eager = Config::get().eager_limit;
+    DeviceSend how = shm::device_send(p2p_, len, eager, link.cma);
+    if (how == DeviceSend::PeerToPeer) {
+        if (send_peer_to_peer(r, link, hdr, cq_flags)) {
+            shm::count_device_send(how, len);
+            return;
+        }
+        how = shm::device_send_staged(p2p_, len, eager, link.cma);  // no IPC handle
+    }
+    shm::count_device_send(how, len);
+    if (how == DeviceSend::Refuse) {
+        complete_tx(r.context, cq_flags, len, FI_EOPNOTSUPP);
+        return;
+    }
     const bool ack = r.flags & FI_DELIVERY_COMPLETE;
-    if (len > Config::get().eager_limit && link.cma && len <= shm::kDeviceBounceMax) {
+    if (how == DeviceSend::HostBounce) {
         // Large: our device copies it once into a host bounce that the receiver reads
         // like any host message (single copy by CMA), instead of cell by cell.
         Pending p{.context = r.context, .flags = cq_flags, .len = len, .link = &link};
@@ -142,7 +154,7 @@ void Endpoint::send_device(const LocalRequest &r, PeerLink &link, LocalHeader &h
         return;
     }
     if (ack) await_delivery(hdr, link, r, cq_flags);
-    if (len > Config::get().eager_limit) {
+    if (how == DeviceSend::Frag) {
         hdr.op = static_cast<uint8_t>(LocalOp::Frag);
         link.out.push_stream(*sender_, hdr, iov, count, len, mem,
                              send_end(ack, r.context, cq_flags));
@@ -159,41 +171,22 @@ void Endpoint::send_device(const LocalRequest &r, PeerLink &link, LocalHeader &h
     }
 }
 
-// Device memory peer to peer, as the policy decides: true when the send is settled (an IpcRts
-// posted, or completed with an error), false when it is to be staged.
+// Device memory peer to peer: an IpcRts naming the request's buffers; false when one of them
+// has no IPC handle (nothing sent: the caller stages it, or refuses it under REQUIRED).
 bool Endpoint::send_peer_to_peer(const LocalRequest &r, PeerLink &link, const LocalHeader &hdr,
                                  uint64_t cq_flags) {
-    auto &c = hmem::counters();
-    switch (p2p_.decide(true, r.len, Config::get().eager_limit)) {
-        case hmem::P2pDecision::PeerToPeer: {
-            Pending p{.context = r.context,
-                      .flags = cq_flags,
-                      .len = r.len,
-                      .link = &link,
-                      .iov = {r.iov, r.iov + r.count},
-                      .mem = {r.mem, r.mem + r.count},
-                      .ipc = true,
-                      .ack = (r.flags & FI_DELIVERY_COMPLETE) != 0,
-                      .tag = r.tag,
-                      .data = r.data,
-                      .hdr_flags = hdr.flags};
-            if (post_ipc(link, hdr, r.iov, r.mem, r.count, std::move(p))) {
-                c.p2p_transfers.fetch_add(1, std::memory_order_relaxed);
-                return true;
-            }
-            if (p2p_.mode() != FI_HMEM_P2P_REQUIRED) return false;  // no IPC handle: staged
-            c.refused_transfers.fetch_add(1, std::memory_order_relaxed);
-            complete_tx(r.context, cq_flags, r.len, FI_EOPNOTSUPP);
-            return true;
-        }
-        case hmem::P2pDecision::Fail:
-            c.refused_transfers.fetch_add(1, std::memory_order_relaxed);
-            complete_tx(r.context, cq_flags, r.len, FI_EOPNOTSUPP);
-            return true;
-        case hmem::P2pDecision::Stage:
-            break;
-    }
-    return false;
+    Pending p{.context = r.context,
+              .flags = cq_flags,
+              .len = r.len,
+              .link = &link,
+              .iov = {r.iov, r.iov + r.count},
+              .mem = {r.mem, r.mem + r.count},
+              .ipc = true,
+              .ack = (r.flags & FI_DELIVERY_COMPLETE) != 0,
+              .tag = r.tag,
+              .data = r.data,
+              .hdr_flags = hdr.flags};
+    return post_ipc(link, hdr, r.iov, r.mem, r.count, std::move(p));
 }
 
 // The header of a message's first (or only) cell, with a fresh id; op and size are the

@@ -2014,3 +2014,45 @@ TEST(SendChoice, AnRtsQueuedBehindOursTeachesNoLateness) {
     peer.learn(later, 0);
     EXPECT_GT(peer.ns, second + 500'000.0);
 }
+
+// shm::device_send, the one decision both providers' senders make for a node-local message of
+// device memory. An empty one moves no device memory: one empty Eager cell under every policy
+// (an IpcRts naming no buffer is refused by its receiver as malformed).
+TEST(SendChoice, AnEmptyDeviceMessageIsAnEagerCellUnderEveryPolicy) {
+    for (int mode :
+         {FI_HMEM_P2P_ENABLED, FI_HMEM_P2P_PREFERRED, FI_HMEM_P2P_REQUIRED, FI_HMEM_P2P_DISABLED}) {
+        hmem::P2pPolicy p2p;
+        ASSERT_EQ(p2p.set(mode, true), 0);
+        EXPECT_EQ(shm::device_send(p2p, 0, wire::kLocalBodyRoom, true), shm::DeviceSend::Eager)
+            << "mode " << mode;
+    }
+}
+
+// Under FI_HMEM_P2P_REQUIRED a message peer to peer could not carry (no IPC handle) is refused,
+// not staged.
+TEST(SendChoice, RequiredRefusesADeviceMessageWithoutAHandle) {
+    hmem::P2pPolicy p2p;
+    ASSERT_EQ(p2p.set(FI_HMEM_P2P_REQUIRED, true), 0);
+    EXPECT_EQ(shm::device_send_staged(p2p, 1 << 20, wire::kLocalBodyRoom, true),
+              shm::DeviceSend::Refuse);
+}
+
+// Staged, a device message larger than a cell goes through one host bounce the receiver reads
+// by cross-memory attach, up to kDeviceBounceMax; past it, or without cross-memory attach, in
+// cells; up to a cell, in one.
+TEST(SendChoice, AStagedDeviceMessageTakesAHostBounceUpToItsLimit) {
+    hmem::P2pPolicy p2p;
+    ASSERT_EQ(p2p.set(FI_HMEM_P2P_DISABLED, false), 0);
+    const size_t cell = wire::kLocalBodyRoom;
+    const std::pair<std::tuple<size_t, bool>, shm::DeviceSend> cases[] = {
+        {{cell, true}, shm::DeviceSend::Eager},
+        {{cell + 1, true}, shm::DeviceSend::HostBounce},
+        {{shm::kDeviceBounceMax, true}, shm::DeviceSend::HostBounce},
+        {{shm::kDeviceBounceMax + 1, true}, shm::DeviceSend::Frag},
+        {{cell + 1, false}, shm::DeviceSend::Frag},
+    };
+    for (const auto &[in, want] : cases) {
+        const auto [len, cma] = in;
+        EXPECT_EQ(shm::device_send(p2p, len, cell, cma), want) << len << " bytes, cma " << cma;
+    }
+}
