@@ -27,6 +27,26 @@ struct RtsLateness {
     void learn(int64_t posted_ns, double expected_ns);
 };
 
+// How a split copy from this sender is cut (shm::SingleCopy): the part it is asked to write, in
+// 64ths of the message, at most half. Each time it had not begun its part by the time the
+// reader's was read (the reader took it back and copied it too: the sender was still busy,
+// with an earlier part or without a core), its next part is smaller; each time it had, one
+// 64th larger again. Halves wasted a core whenever the sender's write and its handling of the
+// next cells took a little longer than the reader's read: each message's Cts found it later,
+// until one in four or so was taken back and copied by the reader alone.
+struct SplitShare {
+    static constexpr uint32_t kHalf = 32, kLeast = 8, kDown = 4;
+    uint32_t sixty_fourths = kHalf;
+    // Where the reader's part of an n-byte copy ends (page-aligned): the sender's starts there.
+    size_t readers_part(size_t n) const { return (n - n / 64 * sixty_fourths) & ~size_t(4095); }
+    void taken_back() {
+        sixty_fourths = sixty_fourths > kLeast + kDown ? sixty_fourths - kDown : kLeast;
+    }
+    void in_time() {
+        if (sixty_fourths < kHalf) ++sixty_fourths;
+    }
+};
+
 struct PeerInbox {
     std::string key;
     ShmSegment segment;
@@ -51,6 +71,8 @@ struct PeerInbox {
     // What our sends to it learned: how much later than their copies' cost our Rts got
     // their Fin lately, the cost of waiting for this receiver (shm::stages_better).
     RtsLateness lateness{};
+    // What our reads of its split copies learned (SingleCopy::start).
+    SplitShare split{};
 
     // Whether what we write into its ring is read: it lives and its endpoint is open. (Its
     // endpoint may close while its process runs on, and another open at the same address.)

@@ -69,7 +69,7 @@ SingleCopy::SingleCopy(pid_t pid, const iovec *local, size_t nlocal, const iovec
 }
 
 bool SingleCopy::start(Channel &channel, PeerInbox *sender, uint64_t msg_id) {
-    half_ = (n_ / 2) & ~size_t(4095);
+    half_ = sender ? sender->split.readers_part(n_) : (n_ / 2) & ~size_t(4095);
     if (!(n_ >= wire::kLocalSplitMin && sender && sender->cma &&
           send_cts(channel, *sender, msg_id))) {
         half_ = n_;
@@ -79,9 +79,11 @@ bool SingleCopy::start(Channel &channel, PeerInbox *sender, uint64_t msg_id) {
     read(0, half_);
     // Ours is read: the sender's part too unless it has begun it (or a test makes us wait).
     if (!err_ && !test_split_wait() && channel.claims().take_back(claim_)) {
+        sender->split.taken_back();
         finish(channel, FI_EAGAIN);
         return true;
     }
+    sender->split.in_time();
     return false;
 }
 

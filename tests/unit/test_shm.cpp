@@ -2056,3 +2056,28 @@ TEST(SendChoice, AStagedDeviceMessageTakesAHostBounceUpToItsLimit) {
         EXPECT_EQ(shm::device_send(p2p, len, cell, cma), want) << len << " bytes, cma " << cma;
     }
 }
+
+// shm::SplitShare: a sender that had not begun its part of a split copy by the time the
+// reader's part was read (the reader took it back) is asked for less next time, down to an
+// eighth of the message, never nothing.
+TEST(SplitShare, ASenderLateWithItsPartIsAskedForLess) {
+    shm::SplitShare share;
+    constexpr size_t n = 1 << 20;
+    ASSERT_EQ(share.readers_part(n), n / 2);
+    share.taken_back();
+    EXPECT_EQ(share.readers_part(n), n - n / 64 * 28);
+    for (int i = 0; i < 20; ++i) share.taken_back();
+    EXPECT_EQ(share.readers_part(n), n - n / 8);
+}
+
+// ... and one that began its part in time is given back a 64th at a time, up to half (the
+// reader's part is never less than half).
+TEST(SplitShare, ASenderInTimeGetsItsShareBackUpToHalf) {
+    shm::SplitShare share;
+    constexpr size_t n = 1 << 20;
+    for (int i = 0; i < 20; ++i) share.taken_back();
+    share.in_time();
+    EXPECT_EQ(share.readers_part(n), n - n / 64 * 9);
+    for (int i = 0; i < 100; ++i) share.in_time();
+    EXPECT_EQ(share.readers_part(n), n / 2);
+}
