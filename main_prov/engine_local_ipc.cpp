@@ -35,15 +35,9 @@ namespace tandem {
 void Engine::send_local_device(TxOp *op, shm::PeerInbox &to, wire::LocalHeader hdr) {
     const size_t len = op->len;
     using shm::DeviceSend;
-    DeviceSend how = shm::device_send(p2p_, len, wire::kLocalBodyRoom, to.cma);
-    if (how == DeviceSend::PeerToPeer) {
-        if (send_local_ipc(op, to, hdr)) {
-            shm::count_device_send(how, len);
-            return;
-        }
-        how = shm::device_send_staged(p2p_, len, wire::kLocalBodyRoom, to.cma);  // no handle
-    }
-    shm::count_device_send(how, len);
+    const DeviceSend how = shm::decide_device_send(p2p_, len, wire::kLocalBodyRoom, to.cma,
+                                                   [&] { return send_local_ipc(op, to, hdr); });
+    if (how == DeviceSend::PeerToPeer) return;  // (sent)
     if (how == DeviceSend::Refuse) {
         fail_tx(op, FI_EOPNOTSUPP);
     } else if (how == DeviceSend::HostBounce) {

@@ -37,6 +37,18 @@ DeviceSend device_send(const hmem::P2pPolicy &p2p, size_t len, size_t eager, boo
 DeviceSend device_send_staged(const hmem::P2pPolicy &p2p, size_t len, size_t eager, bool cma);
 // The hmem counters of a device send that went as `how` (PeerToPeer: once its IpcRts is sent).
 void count_device_send(DeviceSend how, size_t len);
+// The whole decision, counted: `peer_to_peer()` sends the IpcRts when the first choice is peer
+// to peer and answers whether it could (false: no IPC handle, nothing sent). The answer is how
+// the message goes (PeerToPeer: sent already; Refuse: the caller fails it FI_EOPNOTSUPP).
+template <class PeerToPeer>
+DeviceSend decide_device_send(const hmem::P2pPolicy &p2p, size_t len, size_t eager, bool cma,
+                              PeerToPeer &&peer_to_peer) {
+    DeviceSend how = device_send(p2p, len, eager, cma);
+    if (how == DeviceSend::PeerToPeer && !peer_to_peer())
+        how = device_send_staged(p2p, len, eager, cma);
+    count_device_send(how, len);
+    return how;
+}
 
 // Whether the peer has polled within the last kPeerPollMs, as far as its heartbeat (of the
 // coarse clock, a tick or so behind) tells.

@@ -69,7 +69,7 @@ SingleCopy::SingleCopy(pid_t pid, const iovec *local, size_t nlocal, const iovec
 }
 
 bool SingleCopy::start(Channel &channel, PeerInbox *sender, uint64_t msg_id) {
-    half_ = sender ? sender->split.readers_part(n_) : (n_ / 2) & ~size_t(4095);
+    half_ = sender ? sender->split.readers_part(n_) : n_;  // (no sender: we read it all)
     if (!(n_ >= wire::kLocalSplitMin && sender && sender->cma &&
           send_cts(channel, *sender, msg_id))) {
         half_ = n_;

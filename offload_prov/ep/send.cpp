@@ -127,15 +127,9 @@ void Endpoint::send_device(const LocalRequest &r, PeerLink &link, LocalHeader &h
     const iovec *const iov = r.iov;
     const hmem::MemRef *const mem = r.mem;
     const size_t count = r.count, len = r.len, eager = Config::get().eager_limit;
-    DeviceSend how = shm::device_send(p2p_, len, eager, link.cma);
-    if (how == DeviceSend::PeerToPeer) {
-        if (send_peer_to_peer(r, link, hdr, cq_flags)) {
-            shm::count_device_send(how, len);
-            return;
-        }
-        how = shm::device_send_staged(p2p_, len, eager, link.cma);  // no IPC handle
-    }
-    shm::count_device_send(how, len);
+    const DeviceSend how = shm::decide_device_send(
+        p2p_, len, eager, link.cma, [&] { return send_peer_to_peer(r, link, hdr, cq_flags); });
+    if (how == DeviceSend::PeerToPeer) return;  // (sent)
     if (how == DeviceSend::Refuse) {
         complete_tx(r.context, cq_flags, len, FI_EOPNOTSUPP);
         return;
